@@ -1,0 +1,19 @@
+"""gluon_data: Gluon datasets and converters for images packed in MXNet RecordIO."""
+__version__ = "0.1.0"
+
+from .errors import (ConversionError, CorruptRecordError, DecodeError, FormatError,  # noqa: E402
+                     GluonDataError, SourceError)
+from .recordio import RecordFile, RecordWriter  # noqa: E402
+from .datasets import ImageRecordDataset, SegmentationRecordDataset  # noqa: E402
+from .convert import ConversionReport, convert  # noqa: E402
+from .batchify import SegmentationBatchify  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "ImageRecordDataset", "SegmentationRecordDataset",
+    "RecordFile", "RecordWriter",
+    "convert", "ConversionReport",
+    "SegmentationBatchify",
+    "GluonDataError", "FormatError", "CorruptRecordError", "DecodeError", "SourceError",
+    "ConversionError",
+]

@@ -1,0 +1,63 @@
+"""Batchify functions for segmentation: stack or pad (image with 0, mask with ignore)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import mxnet as mx
+import numpy as np
+
+__all__ = ["SegmentationBatchify"]
+
+
+def _np(x) -> np.ndarray:
+    return x.asnumpy() if isinstance(x, mx.nd.NDArray) else np.asarray(x)
+
+
+class SegmentationBatchify:
+    """Collate ``(image, mask)`` samples of possibly different sizes into one batch.
+
+    Images (HxWxC or CxHxW) are padded at the bottom/right with ``image_pad`` and masks
+    (HxW) with ``mask_pad`` up to the largest size in the batch, then stacked through
+    numpy into one NDArray each (one allocation per batch instead of ``nd.stack``).
+
+    Parameters
+    ----------
+    mask_pad : int, default -1
+        Value for padded mask pixels: the ignore value, so padding never trains a class.
+    image_pad : float, default 0
+        Value for padded image pixels.
+    channels_first : bool, default False
+        Whether images are CxHxW (after ``ToTensor``) rather than HxWxC.
+
+    Examples
+    --------
+    >>> b = SegmentationBatchify()
+    >>> imgs, masks = b([(np.zeros((2, 3, 3), np.uint8), np.zeros((2, 3), np.int32)),
+    ...                  (np.zeros((4, 2, 3), np.uint8), np.zeros((4, 2), np.int32))])
+    >>> imgs.shape, masks.shape, int(masks.asnumpy()[0, 3, 0])
+    ((2, 4, 3, 3), (2, 4, 3), -1)
+    """
+
+    def __init__(self, mask_pad: int = -1, image_pad: float = 0, channels_first: bool = False):
+        self.mask_pad = mask_pad
+        self.image_pad = image_pad
+        self.channels_first = channels_first
+
+    def __call__(self, samples: Sequence):
+        imgs = [_np(s[0]) for s in samples]
+        masks = [_np(s[1]) for s in samples]
+        hax = 1 if self.channels_first else 0
+        h = max(m.shape[0] for m in masks)
+        w = max(m.shape[1] for m in masks)
+        ishape = list(imgs[0].shape)
+        ishape[hax], ishape[hax + 1] = h, w
+        out_i = np.full([len(imgs)] + ishape, self.image_pad, dtype=imgs[0].dtype)
+        out_m = np.full((len(masks), h, w), self.mask_pad, dtype=masks[0].dtype)
+        for k, (im, m) in enumerate(zip(imgs, masks)):
+            mh, mw = m.shape
+            if self.channels_first:
+                out_i[k, :, :mh, :mw] = im
+            else:
+                out_i[k, :mh, :mw] = im
+            out_m[k, :mh, :mw] = m
+        return mx.nd.array(out_i, dtype=out_i.dtype), mx.nd.array(out_m, dtype=out_m.dtype)

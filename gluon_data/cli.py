@@ -1,0 +1,219 @@
+"""The ``gluon-data`` command: thin subcommands over the library functions."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import List, Optional
+
+__all__ = ["main"]
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _classes_arg(value: Optional[str]):
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return [ln.strip() for ln in f if ln.strip()]
+    return [c.strip() for c in value.split(",") if c.strip()]
+
+
+def _cmd_convert(a) -> int:
+    from .convert import convert
+    report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
+                     shuffle=a.shuffle, seed=a.seed, encoding=a.encoding, quality=a.quality,
+                     resize=a.resize, workers=a.workers, overwrite=a.overwrite,
+                     on_error=a.on_error, classes=_classes_arg(a.classes),
+                     num_classes=a.num_classes, ignore_label=a.ignore_label,
+                     images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
+                     max_pixels=a.max_pixels, progress=not a.quiet)
+    print(report)
+    return 1 if report.skipped else 0
+
+
+def describe(path: str) -> dict:
+    """What ``gluon-data info`` reports about a ``.rec``."""
+    from . import codec
+    from .meta import read_meta
+    from .recordio import RecordFile
+    meta = read_meta(path)
+    f = RecordFile(path, expected_count=meta["num_records"] if meta else None)
+    out = {"path": path, "records": len(f), "bytes": f.file_size}
+    if meta is None:
+        out.update(task="classification", format="stock MXNet RecordIO (no metadata)")
+        sizes = []
+        for i in range(min(len(f), 32)):
+            rec = codec.unpack(f.read(i), segmentation=False, verify=False)
+            hw = codec.image_size(rec.image)
+            if hw:
+                sizes.append(hw)
+        if sizes:
+            out["image_size_of_first_%d" % len(sizes)] = {
+                "min_hw": [min(s[0] for s in sizes), min(s[1] for s in sizes)],
+                "max_hw": [max(s[0] for s in sizes), max(s[1] for s in sizes)]}
+        return out
+    out.update(task=meta["task"], format="gluon_data v%d" % meta["format_version"],
+               split=meta.get("split"), classes=meta.get("classes"),
+               num_classes=meta.get("num_classes"), image_size=meta.get("image_size"),
+               image_encoding=meta.get("image_encoding"), checksum=meta.get("checksum"),
+               skipped=len(meta.get("skipped", [])), created_by=meta.get("created_by"))
+    if meta["task"] == "segmentation":
+        out["ignore_label"] = meta.get("ignore_label")
+        out["class_pixels"] = meta.get("class_pixels")
+    return out
+
+
+def _cmd_info(a) -> int:
+    info = describe(a.path)
+    if a.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    for k, v in info.items():
+        if k in ("class_pixels", "created_by") or v is None:
+            continue
+        print("%-16s %s" % (k + ":", v))
+    return 0
+
+
+def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: int = 8,
+             epochs: int = 2, out=sys.stdout) -> dict:
+    """Generate a VOC-like sample, pack it, and read it back through a multi-worker DataLoader."""
+    import mxnet as mx
+
+    from .batchify import SegmentationBatchify
+    from .convert import convert
+    from .datasets import SegmentationRecordDataset
+    from .sample import make_voc
+
+    def say(*args):
+        print(*args, file=out, flush=True)
+
+    voc = os.path.join(workdir, "VOCsample")
+    say("1. generating a VOC-style sample of %d images in %s" % (num_images, voc))
+    make_voc(voc, num_images=num_images, size_range=(96, 192))
+    rec = os.path.join(workdir, "voc.rec")
+    say("2. packing it: gluon-data convert %s %s --layout voc --split train,val --workers %d"
+        % (voc, rec, workers))
+    report = convert(voc, rec, "voc", split="train,val", workers=workers, overwrite=True)
+    say("   " + str(report).replace("\n", "\n   "))
+    ds = SegmentationRecordDataset(report.outputs["train"])
+    say("3. reading %r" % ds)
+    loader = mx.gluon.data.DataLoader(ds, batch_size=batch_size, shuffle=True,
+                                      num_workers=workers, batchify_fn=SegmentationBatchify())
+    result = {"records": len(ds), "epochs": []}
+    for epoch in range(epochs):
+        t0, seen, pixels = time.perf_counter(), 0, 0
+        for imgs, masks in loader:
+            seen += imgs.shape[0]
+            pixels += int((masks >= 0).sum().asscalar())
+        dt = time.perf_counter() - t0
+        result["epochs"].append({"samples": seen, "seconds": dt})
+        say("   epoch %d: %d samples in %d batches, %.0f samples/s, %d labelled pixels"
+            % (epoch + 1, seen, len(loader), seen / dt, pixels))
+    img, mask = ds[0]
+    present = sorted(set(mask.asnumpy().ravel().tolist()) - {-1})
+    say("4. sample 0: image %s %s, mask %s %s, classes %s"
+        % (img.shape, img.dtype.__name__, mask.shape, mask.dtype.__name__,
+           [ds.classes[i] for i in present]))
+    ok = all(e["samples"] == len(ds) for e in result["epochs"])
+    say("%s: %d records read %d times through DataLoader(num_workers=%d)"
+        % ("OK" if ok else "MISMATCH", len(ds), epochs, workers))
+    result["ok"] = ok
+    return result
+
+
+def _cmd_demo(a) -> int:
+    if a.workdir:
+        os.makedirs(a.workdir, exist_ok=True)
+        res = run_demo(a.workdir, a.num_images, a.workers, a.batch_size, a.epochs)
+    else:
+        with tempfile.TemporaryDirectory(prefix="gluon-data-demo-") as d:
+            res = run_demo(d, a.num_images, a.workers, a.batch_size, a.epochs)
+    return 0 if res["ok"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+    from .codec import DEFAULT_MAX_PIXELS
+    p = argparse.ArgumentParser(prog="gluon-data", formatter_class=_Formatter,
+                                description="Pack image datasets into MXNet RecordIO and "
+                                            "inspect them.")
+    p.add_argument("--version", action="version", version="gluon_data %s" % __version__)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    c = sub.add_parser("convert", formatter_class=_Formatter,
+                       help="pack a folder or .lst into .rec/.idx/.meta.json",
+                       description="Pack a source into RecordIO. Layouts: pairs (images/ + "
+                                   "masks/), voc, imagefolder, lst (im2rec list).")
+    c.add_argument("source", help="source folder, or .lst file for --layout lst")
+    c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec)")
+    c.add_argument("--layout", choices=["pairs", "voc", "imagefolder", "lst"],
+                   help="source layout (detected when omitted)")
+    c.add_argument("--split", help="VOC split(s), comma separated (default: train)")
+    c.add_argument("--val-ratio", type=float, default=0.0,
+                   help="move this fraction of the items into a 'val' split")
+    c.add_argument("--shuffle", action="store_true", help="shuffle items (with --seed)")
+    c.add_argument("--seed", type=int, default=0, help="seed for --shuffle")
+    c.add_argument("--encoding", choices=["passthrough", "jpg", "png"], default="passthrough",
+                   help="keep the original image bytes, or re-encode")
+    c.add_argument("--quality", type=int, default=95, help="JPEG quality when re-encoding")
+    c.add_argument("--resize", type=int, default=0,
+                   help="resize the shorter side to this size (0: keep)")
+    c.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1)),
+                   help="encoding processes")
+    c.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    c.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="on a bad item: abort writing nothing, or skip it and report it")
+    c.add_argument("--classes", help="class names: comma separated, or a file with one per line")
+    c.add_argument("--num-classes", type=int, help="number of classes (mask ids 0..N-1)")
+    c.add_argument("--ignore-label", type=int, default=255, help="mask value for 'unlabelled'")
+    c.add_argument("--images-dir", default="images", help="pairs layout: images folder")
+    c.add_argument("--masks-dir", default="masks", help="pairs layout: masks folder")
+    c.add_argument("--root", help="lst layout: folder the listed paths are relative to "
+                                  "(default: the .lst's folder)")
+    c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help="refuse images larger than this many pixels")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=_cmd_convert)
+
+    i = sub.add_parser("info", formatter_class=_Formatter,
+                       help="task, record count, classes, image sizes, format version")
+    i.add_argument("path", help=".rec file")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.set_defaults(func=_cmd_info)
+
+    d = sub.add_parser("demo", formatter_class=_Formatter,
+                       help="generate a VOC-style sample, pack it, read it through a DataLoader")
+    d.add_argument("--workdir", help="keep the files here (default: a temporary folder)")
+    d.add_argument("--num-images", type=int, default=96, help="images to generate")
+    d.add_argument("--workers", type=int, default=2, help="conversion and DataLoader workers")
+    d.add_argument("--batch-size", type=int, default=8, help="DataLoader batch size")
+    d.add_argument("--epochs", type=int, default=2, help="passes over the data")
+    d.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .errors import GluonDataError
+    try:
+        return args.func(args)
+    except (GluonDataError, FileNotFoundError, FileExistsError, ValueError) as e:
+        print("gluon-data: error: %s" % e, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gluon-data: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,463 @@
+"""Converters: pack a source layout into RecordIO, validating every image and mask.
+
+Each item is read and checked in a worker process (``workers``): images are decoded strictly
+with Pillow (a truncated file is an error, not a grey half), masks are turned into class
+indices (palette PNGs through their indices, never their colours), sizes and class ids are
+checked. One writer in the parent appends records in source order, so the output is
+deterministic for the same inputs and seed whatever the number of workers. Nothing appears
+under the output's final name unless the whole conversion succeeded.
+"""
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from . import __version__, codec
+from .errors import ConversionError, GluonDataError, SourceError
+from .meta import FORMAT_NAME, FORMAT_VERSION
+from .recordio import RecordWriter
+from .sources import Item, Source, open_source, voc_palette
+
+__all__ = ["convert", "ConversionReport", "EncodeOptions", "encode_item", "ENCODINGS",
+           "output_paths"]
+
+ENCODINGS = ("passthrough", "jpg", "png")
+_PASSTHROUGH_FORMATS = ("JPEG", "PNG")
+Image.MAX_IMAGE_PIXELS = None  # we apply our own cap (max_pixels) before decoding
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """How one item is validated and encoded (picklable, sent to worker processes)."""
+
+    task: str
+    encoding: str = "passthrough"
+    quality: int = 95
+    resize: int = 0
+    num_classes: Optional[int] = None
+    ignore_label: int = 255
+    max_pixels: int = codec.DEFAULT_MAX_PIXELS
+    checksum: bool = True
+
+
+@dataclass
+class ConversionReport:
+    """What a conversion wrote and skipped. ``str(report)`` is the CLI's summary."""
+
+    outputs: Dict[str, str] = field(default_factory=dict)
+    written: Dict[str, int] = field(default_factory=dict)
+    skipped: List[Dict[str, str]] = field(default_factory=list)
+    bytes_written: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total_written(self) -> int:
+        return sum(self.written.values())
+
+    def __str__(self) -> str:
+        lines = []
+        for split, path in self.outputs.items():
+            lines.append("wrote %d records to %s" % (self.written.get(split, 0), path))
+        rate = self.total_written / self.seconds if self.seconds > 0 else 0.0
+        lines.append("%d written, %d skipped, %.1f MB in %.1f s (%.0f items/s)"
+                     % (self.total_written, len(self.skipped), self.bytes_written / 1e6,
+                        self.seconds, rate))
+        for s in self.skipped:
+            lines.append("  skipped %s: %s" % (s["file"], s["reason"]))
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- per item
+def _read_bytes(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise SourceError("%s file not found" % what, path) from None
+    except IsADirectoryError:
+        raise SourceError("%s path is a directory" % what, path) from None
+    except OSError as e:
+        raise SourceError("cannot read %s: %s" % (what, e.strerror or e), path) from None
+    if not data:
+        raise SourceError("%s is an empty (0-byte) file" % what, path)
+    return data
+
+
+def _open_strict(data: bytes, path: str, what: str, max_pixels: int) -> Image.Image:
+    hw = codec.image_size(data)
+    if hw is not None and max_pixels and hw[0] * hw[1] > max_pixels:
+        raise SourceError("%s of %dx%d pixels exceeds max_pixels=%d" % (what, hw[1], hw[0],
+                                                                       max_pixels), path)
+    try:
+        im = Image.open(io.BytesIO(data))
+        if max_pixels and im.size[0] * im.size[1] > max_pixels:
+            raise SourceError("%s of %dx%d pixels exceeds max_pixels=%d"
+                              % (what, im.size[0], im.size[1], max_pixels), path)
+        im.load()  # strict: truncated data raises instead of decoding grey
+    except SourceError:
+        raise
+    except Exception as e:  # PIL raises many types (OSError, SyntaxError, ValueError...)
+        raise SourceError("%s is corrupt or not an image (%s: %s)"
+                          % (what, type(e).__name__, e), path) from None
+    return im
+
+
+def _mask_indices(im: Image.Image, path: str) -> Tuple[np.ndarray, Optional[List[int]]]:
+    """Class indices of a mask image and its palette (flat RGB list) if it has one."""
+    mode = im.mode
+    if mode == "P":
+        return np.asarray(im, dtype=np.uint8), im.getpalette()
+    if mode in ("L", "1"):
+        return np.asarray(im.convert("L") if mode == "1" else im, dtype=np.uint8), None
+    if mode.startswith("I"):
+        a = np.asarray(im)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            raise SourceError("mask ids %d..%d are outside 0..65535" % (a.min(), a.max()), path)
+        return a.astype(np.uint16), None
+    if mode in ("RGB", "RGBA", "LA"):
+        a = np.asarray(im)
+        chans = a[..., :3] if mode != "LA" else a[..., :1]
+        if all(np.array_equal(chans[..., 0], chans[..., c]) for c in range(1, chans.shape[-1])):
+            return np.ascontiguousarray(chans[..., 0]), None
+        raise SourceError("mask is a colour (%s) image; masks must hold class indices "
+                          "(single-channel or palette PNG)" % mode, path)
+    raise SourceError("unsupported mask mode %s; use a single-channel or palette PNG" % mode,
+                      path)
+
+
+def _resize_short(a: np.ndarray, size: int, interp: int) -> np.ndarray:
+    h, w = a.shape[:2]
+    if h <= w:
+        nh, nw = size, max(1, int(round(w * size / h)))
+    else:
+        nh, nw = max(1, int(round(h * size / w))), size
+    return cv2.resize(a, (nw, nh), interpolation=interp)
+
+
+def _encode_pixels(rgb: np.ndarray, fmt: str, quality: int) -> bytes:
+    if fmt == "jpg":
+        params = [cv2.IMWRITE_JPEG_QUALITY, int(quality)]
+    else:
+        params = [cv2.IMWRITE_PNG_COMPRESSION, 3]
+    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR) if rgb.ndim == 3 else rgb
+    ok, buf = cv2.imencode("." + fmt, bgr, params)
+    if not ok:
+        raise ValueError("OpenCV could not encode an image as %s" % fmt)
+    return buf.tobytes()
+
+
+def encode_item(item: Item, record_id: int, opts: EncodeOptions):
+    """Read, validate and encode one item into a record payload.
+
+    Returns ``(payload, info)``; raises :class:`SourceError` naming the bad file.
+    ``info`` holds the stored image size, the mask's palette and class pixel counts.
+    """
+    data = _read_bytes(item.image, "image")
+    im = _open_strict(data, item.image, "image", opts.max_pixels)
+    w, h = im.size
+    fmt = im.format
+    info: dict = {}
+    reencode = opts.encoding != "passthrough" or fmt not in _PASSTHROUGH_FORMATS or opts.resize
+    if reencode:
+        rgb = np.asarray(im.convert("RGB"))
+        if opts.resize:
+            rgb = _resize_short(rgb, opts.resize, cv2.INTER_AREA
+                                if min(h, w) > opts.resize else cv2.INTER_LINEAR)
+        target = opts.encoding if opts.encoding != "passthrough" else (
+            "jpg" if fmt == "JPEG" else "png")
+        data = _encode_pixels(rgb, target, opts.quality)
+    oh, ow = (rgb.shape[:2] if reencode else (h, w))
+    info["hw"] = (oh, ow)
+
+    if opts.task == "classification":
+        return codec.pack_classification(item.label, data, id=record_id,
+                                         checksum=opts.checksum), info
+
+    mdata = _read_bytes(item.mask, "mask")
+    if mdata[:2] == b"\xff\xd8":
+        raise SourceError("mask is a JPEG: lossy compression invents class ids at edges; "
+                          "provide PNG masks", item.mask)
+    mim = _open_strict(mdata, item.mask, "mask", opts.max_pixels)
+    mask, palette = _mask_indices(mim, item.mask)
+    if mask.shape != (h, w):
+        raise SourceError("mask is %dx%d but its image %s is %dx%d"
+                          % (mask.shape[1], mask.shape[0], item.image, w, h), item.mask)
+    if (oh, ow) != (h, w):
+        mask = cv2.resize(mask, (ow, oh), interpolation=cv2.INTER_NEAREST)
+    counts = np.bincount(mask.ravel(), minlength=256) if mask.dtype == np.uint8 else None
+    if counts is not None:
+        ids = np.flatnonzero(counts)
+        pix = counts[ids]
+    else:
+        ids, pix = np.unique(mask, return_counts=True)
+    if opts.num_classes is not None:
+        bad = [int(i) for i in ids if i >= opts.num_classes and i != opts.ignore_label]
+        if bad:
+            raise SourceError("mask holds class ids %s outside the %d declared classes "
+                              "(0..%d, ignore %d)" % (bad, opts.num_classes, opts.num_classes - 1,
+                                                      opts.ignore_label), item.mask)
+    info["class_pixels"] = {int(i): int(c) for i, c in zip(ids, pix)}
+    info["palette"] = palette
+    return codec.pack_segmentation(data, codec.encode_mask(mask), id=record_id,
+                                   checksum=opts.checksum), info
+
+
+def _work(job, opts: EncodeOptions):
+    pos, item = job
+    record_id = item.key if item.key is not None else pos
+    try:
+        payload, info = encode_item(item, record_id, opts)
+        return pos, payload, info, None
+    except GluonDataError as e:
+        return pos, None, None, (e.path or item.name, e.reason)
+
+
+def _worker_init():
+    cv2.setNumThreads(1)
+
+
+# --------------------------------------------------------------------------- driver
+def output_paths(output: str, splits: Sequence[str]) -> Dict[str, str]:
+    """One split: ``output`` itself. Several: ``NAME_<split>.rec`` beside it."""
+    if len(splits) == 1:
+        return {splits[0]: output}
+    stem, ext = os.path.splitext(output)
+    return {s: "%s_%s%s" % (stem, s, ext or ".rec") for s in splits}
+
+
+def _plan(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict[str, List[Item]]:
+    splits = {k: list(v) for k, v in src.splits.items()}
+    if shuffle:
+        rng = random.Random(seed)
+        for k in splits:
+            rng.shuffle(splits[k])
+    if val_ratio:
+        if not 0 < val_ratio < 1:
+            raise ValueError("val_ratio must lie in (0, 1), got %r" % val_ratio)
+        if len(splits) != 1:
+            raise ValueError("val_ratio splits a single list; this source already has splits %s"
+                             % sorted(splits))
+        (items,) = splits.values()
+        nval = min(len(items) - 1, max(1, int(round(len(items) * val_ratio))))
+        if nval < 1:
+            raise ValueError("val_ratio needs at least 2 items, source has %d" % len(items))
+        splits = {"train": items[:-nval], "val": items[-nval:]}
+    return splits
+
+
+def convert(source: str, output: str, layout: Optional[str] = None, *,
+            split: Optional[str] = None, val_ratio: float = 0.0, shuffle: bool = False,
+            seed: int = 0, encoding: str = "passthrough", quality: int = 95, resize: int = 0,
+            workers: int = 1, overwrite: bool = False, on_error: str = "fail",
+            classes: Optional[Sequence[str]] = None, num_classes: Optional[int] = None,
+            ignore_label: int = 255, images_dir: str = "images", masks_dir: str = "masks",
+            lst_root: Optional[str] = None, max_pixels: int = codec.DEFAULT_MAX_PIXELS,
+            progress: bool = False) -> ConversionReport:
+    """Convert a source folder or ``.lst`` into RecordIO (``.rec`` + ``.idx`` + metadata).
+
+    Parameters
+    ----------
+    source : str
+        Folder (``pairs``, ``voc``, ``imagefolder``) or ``.lst`` file (``lst``).
+    output : str
+        The ``.rec`` to write. With several splits, ``NAME_<split>.rec`` beside it.
+    layout : str, optional
+        One of ``pairs``, ``voc``, ``imagefolder``, ``lst``; detected when omitted.
+    split : str, optional
+        VOC split(s) to convert, comma separated (default ``train``).
+    val_ratio : float
+        Move this fraction of the (shuffled) items into a ``val`` split.
+    shuffle, seed
+        Shuffle the item order with ``random.Random(seed)``; output is deterministic.
+    encoding : {'passthrough', 'jpg', 'png'}
+        ``passthrough`` stores JPEG/PNG bytes unchanged (other formats become PNG).
+    quality : int
+        JPEG quality when re-encoding.
+    resize : int
+        Resize the shorter side to this many pixels (masks by nearest neighbour); 0 = keep.
+    workers : int
+        Processes that read, validate and encode; one ordered writer.
+    overwrite : bool
+        Replace existing outputs; otherwise an existing output is an error.
+    on_error : {'fail', 'skip'}
+        ``fail``: the first bad item aborts the conversion, nothing is written.
+        ``skip``: bad items are skipped and listed in the report and the metadata.
+    classes, num_classes
+        Declared classes (names, or only their number). Mask ids outside them, other than
+        ``ignore_label``, are errors. VOC declares its 21 classes.
+    ignore_label : int
+        Mask value meaning "not labelled" (VOC: 255).
+
+    Returns
+    -------
+    ConversionReport
+
+    Raises
+    ------
+    ConversionError
+        On a bad item (``on_error='fail'``), an empty source or a write failure.
+
+    Examples
+    --------
+    >>> report = convert("VOCdevkit", "voc_train.rec", layout="voc", split="train")  # doctest: +SKIP
+    >>> print(report)                                                                 # doctest: +SKIP
+    wrote 1464 records to voc_train.rec
+    """
+    if encoding not in ENCODINGS:
+        raise ValueError("unknown encoding %r; valid: %s" % (encoding, ", ".join(ENCODINGS)))
+    if on_error not in ("fail", "skip"):
+        raise ValueError("on_error must be 'fail' or 'skip', got %r" % (on_error,))
+    t0 = time.perf_counter()
+    try:
+        src = open_source(source, layout, split=split, images_dir=images_dir,
+                          masks_dir=masks_dir, lst_root=lst_root)
+    except SourceError as e:
+        raise ConversionError("cannot read source: %s" % e.reason, e.path or source) from None
+    if classes is None and src.classes is not None:
+        classes = src.classes
+    if classes is not None:
+        classes = list(classes)
+        if num_classes is not None and num_classes != len(classes):
+            raise ValueError("num_classes=%d disagrees with %d class names"
+                             % (num_classes, len(classes)))
+        num_classes = len(classes)
+    plan = _plan(src, val_ratio, shuffle, seed)
+    outputs = output_paths(os.fspath(output), list(plan))
+    report = ConversionReport(outputs=outputs)
+    for f, reason in src.problems:
+        if on_error == "fail":
+            raise ConversionError(reason, f)
+        report.skipped.append({"file": f, "reason": reason})
+    if not any(plan.values()):
+        raise ConversionError("source holds no items to convert (layout %r)" % src.layout,
+                              source)
+    opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
+                         num_classes=num_classes if src.task == "segmentation" else None,
+                         ignore_label=ignore_label, max_pixels=max_pixels)
+    writers: Dict[str, RecordWriter] = {}
+    stats: Dict[str, dict] = {}
+    pool = None
+    total = sum(len(v) for v in plan.values())
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit="img", desc="convert", dynamic_ncols=True)
+    try:
+        for s, path in outputs.items():  # refuse to overwrite before any work is done
+            writers[s] = RecordWriter(path, overwrite=overwrite)
+        if workers > 1:
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+        fn = partial(_work, opts=opts)
+        for s, items in plan.items():
+            w, st = writers[s], _Stats()
+            jobs = list(enumerate(items))
+            results = (pool.imap(fn, jobs, chunksize=4) if pool is not None else map(fn, jobs))
+            for pos, payload, info, err in results:
+                if bar is not None:
+                    bar.update(1)
+                item = items[pos]
+                if err is not None:
+                    if on_error == "fail":
+                        raise ConversionError(err[1], err[0])
+                    report.skipped.append({"file": err[0], "reason": err[1]})
+                    continue
+                w.write(item.key if item.key is not None else w.count, payload)
+                st.add(info)
+            stats[s] = st
+            report.written[s] = w.count
+        if report.total_written == 0:
+            raise ConversionError("no item could be converted (%d skipped)" % len(report.skipped),
+                                  source)
+        for s, w in writers.items():
+            if w.count == 0:
+                raise ConversionError("split %r would be empty" % s, source)
+            meta = _metadata(src, s, w.count, stats[s], opts, classes, num_classes,
+                             report.skipped, dict(encoding=encoding, quality=quality,
+                                                  resize=resize, shuffle=shuffle, seed=seed,
+                                                  val_ratio=val_ratio, on_error=on_error))
+            w.finish(meta)
+            report.bytes_written += w.bytes_written
+        for w in writers.values():
+            w.publish()
+    except BaseException as e:
+        for w in writers.values():
+            if w._state in ("open", "finished"):
+                w.abort()
+        if isinstance(e, OSError):
+            raise ConversionError("writing failed: %s" % (e.strerror or e),
+                                  getattr(e, "filename", None) or output) from e
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        if bar is not None:
+            bar.close()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+class _Stats:
+    def __init__(self):
+        self.hw: List[Tuple[int, int]] = []
+        self.class_pixels: Dict[int, int] = {}
+        self.class_images: Dict[int, int] = {}
+        self.palette = None
+
+    def add(self, info: dict) -> None:
+        self.hw.append(info["hw"])
+        for k, v in info.get("class_pixels", {}).items():
+            self.class_pixels[k] = self.class_pixels.get(k, 0) + v
+            self.class_images[k] = self.class_images.get(k, 0) + 1
+        if self.palette is None and info.get("palette"):
+            self.palette = info["palette"]
+
+
+def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptions,
+              classes, num_classes, skipped, options) -> dict:
+    hw = np.array(st.hw, dtype=np.int64).reshape(-1, 2)
+    meta = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "task": src.task,
+        "split": split,
+        "num_records": count,
+        "checksum": "crc32-id2",
+        "image_encoding": opts.encoding,
+        "image_size": {"min_hw": hw.min(0).tolist(), "max_hw": hw.max(0).tolist(),
+                       "mean_hw": [round(float(x), 1) for x in hw.mean(0)]},
+        "created_by": {"tool": "gluon_data %s" % __version__, "layout": src.layout,
+                       "source": os.path.abspath(src.root), "options": options},
+        "skipped": list(skipped),
+    }
+    if src.task == "segmentation":
+        present = sorted(st.class_pixels)
+        if num_classes is None:
+            real = [i for i in present if i != opts.ignore_label]
+            num_classes = (max(real) + 1) if real else 1
+        if classes is None:
+            classes = ["class_%d" % i for i in range(num_classes)]
+        pal = st.palette
+        palette = ([pal[3 * i:3 * i + 3] for i in range(min(len(pal) // 3, 256))] if pal
+                   else voc_palette(256))
+        meta.update({
+            "classes": list(classes), "num_classes": num_classes,
+            "ignore_label": opts.ignore_label, "mask_encoding": "png",
+            "palette": palette,
+            "class_pixels": {str(k): v for k, v in sorted(st.class_pixels.items())},
+            "class_images": {str(k): v for k, v in sorted(st.class_images.items())},
+        })
+    else:
+        meta.update({"classes": list(classes) if classes is not None else None,
+                     "num_classes": len(classes) if classes is not None else None})
+    return meta

@@ -1,0 +1,64 @@
+"""Typed exceptions: every failure names the file, the record and the reason."""
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = [
+    "GluonDataError",
+    "FormatError",
+    "CorruptRecordError",
+    "DecodeError",
+    "SourceError",
+    "ConversionError",
+]
+
+
+def _where(path: Optional[str], key=None, offset: Optional[int] = None) -> str:
+    parts = []
+    if path is not None:
+        parts.append(str(path))
+    if key is not None:
+        parts.append("record %s" % (key,))
+    if offset is not None:
+        parts.append("offset %d" % offset)
+    return ", ".join(parts)
+
+
+class GluonDataError(Exception):
+    """Base class of all gluon_data errors.
+
+    Attributes ``path``, ``key`` and ``offset`` say where the problem is (any may be
+    ``None``) and ``reason`` says what is wrong.
+    """
+
+    def __init__(self, reason: str, path: Optional[str] = None, key=None,
+                 offset: Optional[int] = None):
+        self.reason = reason
+        self.path = None if path is None else str(path)
+        self.key = key
+        self.offset = offset
+        where = _where(self.path, key, offset)
+        super().__init__("%s: %s" % (where, reason) if where else reason)
+
+    def __reduce__(self):  # keep the fields when sent back from a DataLoader worker
+        return (type(self), (self.reason, self.path, self.key, self.offset))
+
+
+class FormatError(GluonDataError, ValueError):
+    """A file is not in the expected format (bad index, truncated data, unknown version)."""
+
+
+class CorruptRecordError(FormatError):
+    """A record's bytes do not match its checksum or its framing."""
+
+
+class DecodeError(GluonDataError, ValueError):
+    """Image or mask bytes could not be decoded (garbage, truncated, too large)."""
+
+
+class SourceError(GluonDataError, ValueError):
+    """A source file given to a converter is missing, unreadable or inconsistent."""
+
+
+class ConversionError(GluonDataError):
+    """A conversion failed; nothing was written under the output's final name."""

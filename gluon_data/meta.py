@@ -1,0 +1,64 @@
+"""Dataset metadata: the JSON document stored beside a ``.rec`` (``PREFIX.meta.json``).
+
+The schema is documented in ``FORMAT.md``. A ``.rec`` without metadata is a stock MXNet
+file (e.g. from ``im2rec``): it is readable as classification data, without checksums.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional
+
+from .errors import FormatError
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "TASKS",
+           "meta_path", "read_meta", "check_meta", "dumps_meta"]
+
+FORMAT_NAME = "gluon_data"
+FORMAT_VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+TASKS = ("classification", "segmentation")
+
+
+def meta_path(rec_path: str) -> str:
+    """``data/voc_train.rec`` -> ``data/voc_train.meta.json``."""
+    return os.path.splitext(rec_path)[0] + ".meta.json"
+
+
+def check_meta(meta: Any, path: str) -> Dict[str, Any]:
+    """Validate a metadata document; raise :class:`FormatError` naming ``path`` if wrong."""
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise FormatError("not a gluon_data metadata document (missing \"format\": \"%s\")"
+                          % FORMAT_NAME, path)
+    version = meta.get("format_version")
+    if version not in SUPPORTED_VERSIONS:
+        raise FormatError("format version %r is not supported by this gluon_data (supports %s);"
+                          " upgrade gluon_data or re-convert the dataset"
+                          % (version, ", ".join(map(str, SUPPORTED_VERSIONS))), path)
+    if meta.get("task") not in TASKS:
+        raise FormatError("unknown task %r (expected one of %s)" % (meta.get("task"), TASKS),
+                          path)
+    n = meta.get("num_records")
+    if not isinstance(n, int) or n < 0:
+        raise FormatError("num_records must be a non-negative integer, got %r" % (n,), path)
+    return meta
+
+
+def read_meta(rec_path: str) -> Optional[Dict[str, Any]]:
+    """Metadata of a ``.rec``, or ``None`` when there is none (a stock MXNet file)."""
+    path = meta_path(rec_path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FormatError("metadata is not valid JSON (%s)" % e, path) from None
+    return check_meta(meta, path)
+
+
+def dumps_meta(meta: Dict[str, Any]) -> bytes:
+    """Serialize deterministically (sorted keys), so equal inputs give equal files."""
+    return (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode("utf-8")

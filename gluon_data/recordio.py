@@ -1,0 +1,369 @@
+"""RecordIO container: ``.rec`` + ``.idx`` files in MXNet's format, bytes in and bytes out.
+
+:class:`RecordFile` reads by offset with ``os.pread`` on a descriptor opened lazily in each
+process, so one instance is safe to share between threads (``DataLoader(thread_pool=True)``),
+to inherit across ``fork`` and to pickle (``spawn``). Its index is a pair of numpy arrays
+(16 bytes per record), validated on open against the data file.
+
+:class:`RecordWriter` writes the same bytes as ``mx.recordio.MXIndexedRecordIO`` under
+temporary names and publishes them by rename only when complete.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Iterator, Optional, Tuple
+
+import numpy as np
+
+from . import codec
+from .errors import FormatError
+from .meta import dumps_meta, meta_path
+
+__all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for"]
+
+_LARGE_EXTENT = 64 << 20  # read records bigger than this header-first, not in one pread
+
+
+def idx_path_for(rec_path: str) -> str:
+    """``a/b.rec`` -> ``a/b.idx`` (the convention of ``ImageRecordDataset`` and im2rec)."""
+    return os.path.splitext(rec_path)[0] + ".idx"
+
+
+def _bad_line(lines, path: str, reason_for) -> FormatError:
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        reason = reason_for(line)
+        if reason:
+            return FormatError("line %d (%r): %s" % (lineno, line[:80].decode("latin-1"), reason),
+                               path)
+    return FormatError("unparsable index", path)
+
+
+def _line_problem(line: bytes) -> Optional[str]:
+    fields = line.split()
+    if len(fields) != 2:
+        return "expected 'key<TAB>offset', found %d fields" % len(fields)
+    for f in fields:
+        try:
+            int(f)
+        except ValueError:
+            return "%r is not an integer" % f.decode("latin-1")
+    return None
+
+
+def read_index(idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
+    """Parse an MXNet ``.idx`` (``key<TAB>offset`` lines) into ``(keys, offsets)`` int64 arrays.
+
+    Blank lines and CRLF line ends are tolerated; anything else that is not two integers
+    per line raises :class:`FormatError` naming the file and the line.
+    """
+    try:
+        with open(idx_path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
+                                "name, .idx suffix) for random access" % idx_path) from None
+    lines = raw.splitlines()
+    content = [ln for ln in lines if ln.strip()]
+    if not content:
+        raise FormatError("index lists no records (empty file)", idx_path)
+    tokens = b"\n".join(content).split()
+    if len(tokens) != 2 * len(content):
+        raise _bad_line(lines, idx_path, _line_problem)
+    try:
+        values = np.array(tokens).astype(np.int64).reshape(-1, 2)
+    except (ValueError, OverflowError):
+        raise _bad_line(lines, idx_path, _line_problem) from None
+    return values[:, 0].copy(), values[:, 1].copy()
+
+
+class RecordFile:
+    """Random-access reader of one ``.rec``/``.idx`` pair.
+
+    Parameters
+    ----------
+    path : str
+        The ``.rec`` file.
+    idx_path : str, optional
+        Its index; by default the ``.rec`` path with an ``.idx`` suffix.
+    expected_count : int, optional
+        Record count promised by metadata; a shorter or longer index is an error
+        (an interrupted writer leaves an index shorter than the data).
+
+    Examples
+    --------
+    >>> f = RecordFile("voc_train.rec")            # doctest: +SKIP
+    >>> payload = f.read(0)                        # bytes of record 0 in index order
+    """
+
+    def __init__(self, path: str, idx_path: Optional[str] = None, *,
+                 expected_count: Optional[int] = None):
+        self.path = os.fspath(path)
+        self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
+        if not os.path.exists(self.path):
+            raise FileNotFoundError("record file %s not found" % self.path)
+        keys, offsets = read_index(self.idx_path)
+        self.file_size = os.stat(self.path).st_size
+        self._validate(keys, offsets, expected_count)
+        n = len(offsets)
+        self._keys = None if np.array_equal(keys, np.arange(n)) else keys
+        self._offsets = offsets
+        uniq = np.unique(offsets)
+        bounds = np.append(uniq, self.file_size)
+        self._ends = bounds[np.searchsorted(uniq, offsets, side="right")]
+        self._key_pos: Optional[Dict[int, int]] = None
+        self._fd_pid: Optional[Tuple[int, int]] = None
+        self._lock = threading.Lock()
+        self._check_tail()
+
+    # -- validation -------------------------------------------------------------------
+    def _validate(self, keys, offsets, expected_count):
+        def fail(i, reason):
+            raise FormatError("%s (line %d of the index)" % (reason, i + 1), self.idx_path,
+                              int(keys[i]), int(offsets[i]))
+
+        bad = np.flatnonzero(offsets < 0)
+        if bad.size:
+            fail(bad[0], "negative offset")
+        bad = np.flatnonzero(offsets % 4)
+        if bad.size:
+            fail(bad[0], "offset not a multiple of 4: records start on 4-byte boundaries")
+        bad = np.flatnonzero(offsets + 8 > self.file_size)
+        if bad.size:
+            fail(bad[0], "offset past the end of %s (%d bytes): the .rec is truncated or the "
+                 "index belongs to another file" % (self.path, self.file_size))
+        uniq, first, counts = np.unique(keys, return_index=True, return_counts=True)
+        if uniq.size != keys.size:
+            dup = uniq[counts > 1][0]
+            i = int(np.flatnonzero(keys == dup)[1])
+            fail(i, "duplicate key %d" % dup)
+        if expected_count is not None and keys.size != expected_count:
+            raise FormatError(
+                "index lists %d records but the metadata promises %d: the conversion was "
+                "interrupted or the files are mismatched; re-convert the dataset"
+                % (keys.size, expected_count), self.idx_path)
+
+    def _check_tail(self):
+        """The record at the largest offset must end exactly at the end of the file."""
+        last = int(np.argmax(self._offsets))
+        start, end = int(self._offsets[last]), int(self._ends[last])
+        if end - start > _LARGE_EXTENT:
+            return
+        buf = self._pread(end - start, start)
+        _, used = codec.unframe(buf, 0, path=self.path, key=self.key(last), base_offset=start)
+        if used != len(buf):
+            raise FormatError(
+                "%d bytes of data follow the last indexed record: the .idx is shorter than the "
+                ".rec (an interrupted writer?); rebuild the index or re-convert"
+                % (len(buf) - used), self.idx_path, self.key(last), start + used)
+
+    # -- process-local descriptor -----------------------------------------------------
+    def _fd(self) -> int:
+        pid = os.getpid()
+        cur = self._fd_pid
+        if cur is not None and cur[1] == pid:
+            return cur[0]
+        with self._lock:
+            cur = self._fd_pid
+            if cur is None or cur[1] != pid:
+                fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._fd_pid = (fd, pid)  # a descriptor inherited from the parent is left alone
+            return self._fd_pid[0]
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        return os.pread(self._fd(), n, offset)
+
+    def close(self) -> None:
+        cur, self._fd_pid = self._fd_pid, None
+        if cur is not None and cur[1] == os.getpid():
+            os.close(cur[0])
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_fd_pid"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- access -----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def key(self, i: int) -> int:
+        """Key (first column of the ``.idx``) of the record at position ``i``."""
+        return int(i) if self._keys is None else int(self._keys[i])
+
+    def keys(self) -> np.ndarray:
+        return np.arange(len(self)) if self._keys is None else self._keys.copy()
+
+    def offset(self, i: int) -> int:
+        return int(self._offsets[i])
+
+    def read(self, i: int) -> bytes:
+        """Payload of the record at position ``i`` (index order), unframed."""
+        start, end = int(self._offsets[i]), int(self._ends[i])
+        if end - start <= _LARGE_EXTENT:
+            buf = self._pread(end - start, start)
+            return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start)[0]
+        return self._read_large(i, start)
+
+    def _read_large(self, i: int, start: int) -> bytes:
+        """Header-first read for records too big to fetch with one ``pread`` of the extent."""
+        chunks, pos = [], start
+        while True:
+            head = self._pread(8, pos)
+            if len(head) < 8:
+                break  # unframe() below reports the truncation
+            lrec = int.from_bytes(head[4:8], "little")
+            length = lrec & codec.MAX_RECORD_BYTES
+            want = 8 + length + (-length) % 4
+            body = self._pread(want, pos)
+            chunks.append(body)
+            pos += len(body)
+            if len(body) < want or (lrec >> 29) in (0, 3):
+                break
+        return codec.unframe(b"".join(chunks), 0, path=self.path, key=self.key(i),
+                             base_offset=start)[0]
+
+    def read_key(self, key: int) -> bytes:
+        """Payload of the record with ``key`` (like ``MXIndexedRecordIO.read_idx``)."""
+        if self._keys is None:
+            if not 0 <= key < len(self):
+                raise KeyError(key)
+            return self.read(key)
+        if self._key_pos is None:
+            self._key_pos = {int(k): i for i, k in enumerate(self._keys)}
+        return self.read(self._key_pos[int(key)])
+
+    def __iter__(self) -> Iterator[bytes]:
+        for i in range(len(self)):
+            yield self.read(i)
+
+    def __repr__(self):
+        return "RecordFile(%r, %d records)" % (self.path, len(self))
+
+
+class RecordWriter:
+    """Write a ``.rec``/``.idx`` pair (plus optional metadata) atomically.
+
+    Records go to ``NAME.partial`` files; :meth:`finish` flushes them to disk and
+    :meth:`publish` renames them to their final names, metadata last. Until then nothing
+    exists under the final names; :meth:`abort` removes the partial files. The bytes are
+    identical to ``mx.recordio.MXIndexedRecordIO(idx, rec, 'w').write_idx(key, payload)``.
+
+    Examples
+    --------
+    >>> with RecordWriter("out.rec") as w:         # doctest: +SKIP
+    ...     w.write(0, payload)
+    ...     w.finish({"format": "gluon_data", ...})
+    ...     w.publish()
+    """
+
+    PARTIAL = ".partial"
+
+    def __init__(self, path: str, idx_path: Optional[str] = None, *, overwrite: bool = False):
+        self.path = os.fspath(path)
+        self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
+        self.meta_path = meta_path(self.path)
+        self._finals = [self.path, self.idx_path, self.meta_path]
+        if not overwrite:
+            for p in self._finals[:2]:
+                if os.path.exists(p):
+                    raise FileExistsError("%s already exists; pass overwrite=True (CLI: "
+                                          "--overwrite) to replace it" % p)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._tmp = [p + self.PARTIAL for p in self._finals]
+        self._rec = open(self._tmp[0], "wb")
+        self._idx = open(self._tmp[1], "w", encoding="ascii", newline="\n")
+        self._pos = 0
+        self.count = 0
+        self._state = "open"
+
+    def write(self, key: int, payload: bytes) -> int:
+        """Append one record under integer ``key``; return its offset."""
+        if self._state != "open":
+            raise RuntimeError("RecordWriter is %s" % self._state)
+        data = b"".join(codec.frame(payload))
+        offset = self._pos
+        self._rec.write(data)
+        self._idx.write("%d\t%d\n" % (int(key), offset))
+        self._pos += len(data)
+        self.count += 1
+        return offset
+
+    @property
+    def bytes_written(self) -> int:
+        return self._pos
+
+    def finish(self, meta: Optional[dict] = None) -> None:
+        """Flush everything to stable storage under the partial names."""
+        for f in (self._rec, self._idx):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        if meta is not None:
+            with open(self._tmp[2], "wb") as f:
+                f.write(dumps_meta(meta))
+                f.flush()
+                os.fsync(f.fileno())
+        self._has_meta = meta is not None
+        self._state = "finished"
+
+    def publish(self) -> None:
+        """Rename the partial files to their final names (metadata last)."""
+        if self._state != "finished":
+            raise RuntimeError("call finish() before publish()")
+        if os.path.exists(self.meta_path):  # a stale sidecar must never describe new data
+            os.remove(self.meta_path)
+        os.replace(self._tmp[0], self.path)
+        os.replace(self._tmp[1], self.idx_path)
+        if self._has_meta:
+            os.replace(self._tmp[2], self.meta_path)
+        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        self._state = "published"
+
+    def abort(self) -> None:
+        """Close and delete the partial files; the final names are untouched."""
+        for f in (self._rec, self._idx):
+            try:
+                f.close()
+            except OSError:
+                pass
+        for p in self._tmp:
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+        self._state = "aborted"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None and self._state in ("open", "finished"):
+            self.abort()
+        return False
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

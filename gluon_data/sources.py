@@ -1,0 +1,208 @@
+"""Source layouts: turn a folder (or an im2rec ``.lst``) into a list of items to convert.
+
+A layout only lists files; it opens none of them. Reading and validating happens in
+:mod:`gluon_data.convert`, in worker processes.
+
+=============  ====================================================================
+``pairs``      ``images/`` and ``masks/`` folders matched by file stem (segmentation)
+``voc``        Pascal VOC: ``JPEGImages``, ``SegmentationClass``, ``ImageSets/Segmentation``
+``imagefolder`` one sub-folder per class, classes sorted by name (classification)
+``lst``        an im2rec ``.lst`` file: ``index<TAB>label[<TAB>label...]<TAB>relative/path``
+=============  ====================================================================
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import SourceError
+
+__all__ = ["Item", "Source", "LAYOUTS", "open_source", "detect_layout",
+           "VOC_CLASSES", "voc_palette", "IMAGE_EXTENSIONS"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+MASK_EXTENSIONS = (".png", ".bmp", ".tif", ".tiff", ".pgm", ".jpg", ".jpeg")  # jpeg refused later
+
+VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car",
+               "cat", "chair", "cow", "diningtable", "dog", "horse", "motorbike", "person",
+               "potted-plant", "sheep", "sofa", "train", "tv")
+
+
+def voc_palette(num_classes: int = 256) -> List[List[int]]:
+    """The Pascal VOC colour map (the bit-interleaving scheme gluoncv and VOC use)."""
+    out = []
+    for j in range(num_classes):
+        lab, r, g, b, i = j, 0, 0, 0, 0
+        while lab:
+            r |= ((lab >> 0) & 1) << (7 - i)
+            g |= ((lab >> 1) & 1) << (7 - i)
+            b |= ((lab >> 2) & 1) << (7 - i)
+            i += 1
+            lab >>= 3
+        out.append([r, g, b])
+    return out
+
+
+@dataclass(frozen=True)
+class Item:
+    """One sample to convert: file paths plus, for classification, its label."""
+
+    name: str                     # shown in reports: path relative to the source root
+    image: str
+    mask: Optional[str] = None
+    label: object = None          # float or tuple of floats (classification)
+    key: Optional[int] = None     # record key to use (lst layout); else the position
+
+
+@dataclass
+class Source:
+    """What a layout found: the task, the items (per split when the layout has splits)."""
+
+    layout: str
+    root: str
+    task: str
+    splits: Dict[str, List[Item]]
+    classes: Optional[List[str]] = None
+    problems: List[Tuple[str, str]] = field(default_factory=list)  # (file, reason)
+
+
+def _inside(root: str, path: str) -> bool:
+    root_real = os.path.realpath(root)
+    real = os.path.realpath(path)
+    return real == root_real or real.startswith(root_real + os.sep)
+
+
+def _list_files(folder: str, exts: Sequence[str], root: str) -> Dict[str, str]:
+    """stem -> path for files with ``exts`` under ``folder`` (recursively), inside ``root``."""
+    out: Dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            if os.path.splitext(fn)[1].lower() not in exts:
+                continue
+            path = os.path.join(dirpath, fn)
+            stem = os.path.splitext(os.path.relpath(path, folder))[0]
+            out.setdefault(stem, path)
+    return out
+
+
+def _pairs(root: str, split=None, images_dir="images", masks_dir="masks", **_) -> Source:
+    img_dir, mask_dir = os.path.join(root, images_dir), os.path.join(root, masks_dir)
+    for d in (img_dir, mask_dir):
+        if not os.path.isdir(d):
+            raise SourceError("layout 'pairs' needs folder %s (set --images-dir / --masks-dir)"
+                              % d, root)
+    images = _list_files(img_dir, IMAGE_EXTENSIONS, root)
+    masks = _list_files(mask_dir, MASK_EXTENSIONS, root)
+    items, problems = [], []
+    for stem in sorted(images):
+        rel = os.path.relpath(images[stem], root)
+        if stem not in masks:
+            items.append(Item(rel, images[stem], os.path.join(mask_dir, stem + ".png")))
+        else:
+            items.append(Item(rel, images[stem], masks[stem]))
+    for stem in sorted(set(masks) - set(images)):
+        problems.append((masks[stem], "mask has no matching image in %s" % img_dir))
+    return Source("pairs", root, "segmentation", {split or "train": items}, None, problems)
+
+
+def _voc_base(root: str) -> str:
+    for cand in (root, os.path.join(root, "VOC2012"), os.path.join(root, "VOCdevkit", "VOC2012")):
+        if os.path.isdir(os.path.join(cand, "JPEGImages")):
+            return cand
+    raise SourceError("not a VOC folder: no JPEGImages/ in it, in VOC2012/ or in "
+                      "VOCdevkit/VOC2012/", root)
+
+
+def _voc(root: str, split=None, **_) -> Source:
+    base = _voc_base(root)
+    sets = os.path.join(base, "ImageSets", "Segmentation")
+    available = sorted(os.path.splitext(f)[0] for f in os.listdir(sets)
+                       if f.endswith(".txt")) if os.path.isdir(sets) else []
+    wanted = split.split(",") if split else ["train"]
+    splits = {}
+    for s in wanted:
+        if s not in available:
+            raise SourceError("VOC split %r not found in %s; available: %s"
+                              % (s, sets, ", ".join(available) or "none"), root)
+        with open(os.path.join(sets, s + ".txt"), encoding="utf-8") as f:
+            ids = [ln.strip() for ln in f if ln.strip()]
+        splits[s] = [Item(os.path.join("JPEGImages", i + ".jpg"),
+                          os.path.join(base, "JPEGImages", i + ".jpg"),
+                          os.path.join(base, "SegmentationClass", i + ".png")) for i in ids]
+    return Source("voc", root, "segmentation", splits, list(VOC_CLASSES))
+
+
+def _imagefolder(root: str, split=None, **_) -> Source:
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    if not classes:
+        raise SourceError("layout 'imagefolder' needs one sub-folder per class; none found", root)
+    items = []
+    for label, cls in enumerate(classes):
+        for stem, path in sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS,
+                                             root).items()):
+            items.append(Item(os.path.relpath(path, root), path, None, float(label)))
+    return Source("imagefolder", root, "classification", {split or "train": items}, classes)
+
+
+def _lst(path: str, split=None, lst_root=None, **_) -> Source:
+    root = lst_root or os.path.dirname(os.path.abspath(path))
+    items, problems = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            fields = line.rstrip("\r\n").split("\t")
+            where = "%s line %d" % (path, lineno)
+            if len(fields) < 3:
+                raise SourceError("expected 'index<TAB>label...<TAB>path', found %d fields"
+                                  % len(fields), where)
+            try:
+                key = int(fields[0])
+                labels = [float(x) for x in fields[1:-1]]
+            except ValueError as e:
+                raise SourceError("bad index or label (%s)" % e, where) from None
+            rel = fields[-1]
+            full = rel if os.path.isabs(rel) else os.path.join(root, rel)
+            if os.path.isabs(rel) or not _inside(root, full):
+                problems.append((where, "path %r leaves the image root %s" % (rel, root)))
+                continue
+            label = labels[0] if len(labels) == 1 else tuple(labels)
+            items.append(Item(rel, full, None, label, key))
+    return Source("lst", root, "classification", {split or "train": items}, None, problems)
+
+
+LAYOUTS = {"pairs": _pairs, "voc": _voc, "imagefolder": _imagefolder, "lst": _lst}
+
+
+def detect_layout(path: str) -> str:
+    """Guess the layout of ``path``; raise :class:`SourceError` listing the valid ones."""
+    if os.path.isfile(path) and path.endswith(".lst"):
+        return "lst"
+    if os.path.isdir(path):
+        try:
+            _voc_base(path)
+            return "voc"
+        except SourceError:
+            pass
+        if os.path.isdir(os.path.join(path, "images")) and os.path.isdir(os.path.join(path,
+                                                                                     "masks")):
+            return "pairs"
+        if any(os.path.isdir(os.path.join(path, d)) for d in os.listdir(path)):
+            return "imagefolder"
+    raise SourceError("cannot tell the layout of this source; pass --layout, one of: %s"
+                      % ", ".join(sorted(LAYOUTS)), path)
+
+
+def open_source(path: str, layout: Optional[str] = None, **options) -> Source:
+    """List the items of a source folder or file in the given (or detected) layout."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise SourceError("source not found", path)
+    if layout is None:
+        layout = detect_layout(path)
+    if layout not in LAYOUTS:
+        raise SourceError("unknown layout %r; valid layouts: %s"
+                          % (layout, ", ".join(sorted(LAYOUTS))), path)
+    return LAYOUTS[layout](path, **options)
