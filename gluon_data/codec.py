@@ -50,11 +50,11 @@ def frame(payload: bytes) -> List[bytes]:
     >>> b"".join(frame(b"abc")).hex()
     '0a23d7ce03000000616263' + '00'
     """
-    payload = bytes(payload)
     n = len(payload)
     if n > MAX_RECORD_BYTES:
         raise FormatError("record of %d bytes exceeds RecordIO's limit of %d bytes (2**29 - 1)"
                           % (n, MAX_RECORD_BYTES))
+    payload = bytes(payload)
     lower = n & ~3
     hits: Sequence[int] = ()
     if lower and _MAGIC_BYTES in payload:

@@ -393,7 +393,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         for w in writers.values():
             if w._state in ("open", "finished"):
                 w.abort()
-        if isinstance(e, OSError):
+        if isinstance(e, OSError) and not isinstance(e, FileExistsError):
             raise ConversionError("writing failed: %s" % (e.strerror or e),
                                   getattr(e, "filename", None) or output) from e
         raise

@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny real datasets written by our own converters and by stock im2rec."""
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+import pytest
+
+from gluon_data import convert
+from gluon_data.sample import make_imagefolder, make_voc
+
+IM2REC = os.path.join(os.path.dirname(mx.__file__), "tools", "im2rec.py")
+
+
+def run_im2rec(root, prefix, *extra):
+    """Run MXNet's own im2rec.py: list the folder, then pack it."""
+    subprocess.run([sys.executable, IM2REC, "--list", "--recursive", prefix, root],
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, IM2REC, "--num-thread", "1", *extra, prefix, root],
+                   check=True, capture_output=True)
+    return prefix + ".rec"
+
+
+@pytest.fixture(scope="session")
+def voc_root(tmp_path_factory):
+    return make_voc(str(tmp_path_factory.mktemp("voc") / "VOC2012"), num_images=16,
+                    size_range=(20, 48), seed=1)
+
+
+@pytest.fixture(scope="session")
+def voc_rec(voc_root, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("voc_rec") / "voc.rec")
+    convert(voc_root, out, "voc", split="trainval")
+    return out
+
+
+@pytest.fixture(scope="session")
+def folder_root(tmp_path_factory):
+    return make_imagefolder(str(tmp_path_factory.mktemp("folder") / "data"), per_class=4)
+
+
+@pytest.fixture(scope="session")
+def cls_rec(folder_root, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("cls_rec") / "cls.rec")
+    convert(folder_root, out, "imagefolder")
+    return out
+
+
+@pytest.fixture(scope="session")
+def im2rec_rec(folder_root, tmp_path_factory):
+    """A stock im2rec .rec (re-encoded JPEG, shuffled keys)."""
+    return run_im2rec(folder_root, str(tmp_path_factory.mktemp("im2rec") / "stock"))

@@ -1,0 +1,258 @@
+"""Converters: round trips, options, determinism and every kind of bad input."""
+import json
+import os
+import shutil
+
+import mxnet as mx
+import numpy as np
+import pytest
+from PIL import Image
+
+from gluon_data import ImageRecordDataset, SegmentationRecordDataset, codec, convert
+from gluon_data.errors import ConversionError
+from gluon_data.recordio import RecordFile
+from gluon_data.sample import make_voc, synthetic_pair
+
+from conftest import run_im2rec
+
+
+def files_of(tmp):
+    return sorted(os.listdir(tmp))
+
+
+def make_pairs(root, n=6, mode="P", maxid=20, size=(24, 32)):
+    os.makedirs(os.path.join(root, "images"))
+    os.makedirs(os.path.join(root, "masks"))
+    rng = np.random.default_rng(5)
+    for i in range(n):
+        img, mask = synthetic_pair(rng, *size, num_classes=maxid + 1)
+        Image.fromarray(img).save(os.path.join(root, "images", "s%02d.png" % i))
+        if mode == "I;16":
+            m = mask.astype(np.uint16) * 50  # ids up to 1000
+            m[mask == 255] = 255
+            Image.fromarray(m).save(os.path.join(root, "masks", "s%02d.png" % i))
+        else:
+            Image.fromarray(mask, mode="L").save(os.path.join(root, "masks", "s%02d.png" % i))
+    return root
+
+
+# ---------------------------------------------------------------- round trips
+def test_pairs_layout_round_trip_lossless(tmp_path):
+    src = make_pairs(str(tmp_path / "src"))
+    out = str(tmp_path / "p.rec")
+    rep = convert(src, out, "pairs", num_classes=21)
+    ds = SegmentationRecordDataset(out, ignore_value=None)
+    assert rep.written == {"train": 6} and len(ds) == 6 and ds.num_class == 21
+    for i in range(6):
+        img, mask = ds[i]
+        name = "s%02d.png" % i
+        np.testing.assert_array_equal(img.asnumpy(),
+                                      np.asarray(Image.open(os.path.join(src, "images", name))))
+        np.testing.assert_array_equal(mask.asnumpy(),
+                                      np.asarray(Image.open(os.path.join(src, "masks", name))))
+
+
+def test_sixteen_bit_masks_keep_ids_above_255(tmp_path):
+    src = make_pairs(str(tmp_path / "src"), mode="I;16")
+    out = str(tmp_path / "p16.rec")
+    convert(src, out, "pairs", num_classes=1001, ignore_label=255)
+    ds = SegmentationRecordDataset(out, ignore_value=None)
+    got = np.concatenate([ds[i][1].asnumpy().ravel() for i in range(len(ds))])
+    assert got.max() > 255
+    for i in range(len(ds)):
+        want = np.asarray(Image.open(os.path.join(src, "masks", "s%02d.png" % i)))
+        np.testing.assert_array_equal(ds[i][1].asnumpy(), want)
+
+
+def test_palette_masks_are_stored_as_indices_with_palette_in_metadata(voc_rec, voc_root):
+    meta = json.load(open(voc_rec[:-4] + ".meta.json"))
+    assert meta["palette"][15] == [192, 128, 128] and meta["task"] == "segmentation"
+    assert meta["num_records"] == 16 and meta["format_version"] == 1
+    assert sum(meta["class_pixels"].values()) == sum(
+        np.asarray(Image.open(os.path.join(voc_root, "SegmentationClass", f))).size
+        for f in os.listdir(os.path.join(voc_root, "SegmentationClass")))
+    mask = codec.unpack(RecordFile(voc_rec).read(0)).mask
+    assert codec.decode_mask(mask).ndim == 2  # single-channel indices, not colours
+
+
+def test_lst_pass_through_matches_stock_im2rec_payloads(tmp_path, folder_root):
+    prefix = str(tmp_path / "stock")
+    stock = run_im2rec(folder_root, prefix, "--pass-through")
+    ours = str(tmp_path / "ours.rec")
+    convert(prefix + ".lst", ours, "lst", lst_root=folder_root)
+    a, b = RecordFile(stock), RecordFile(ours)
+    assert list(a.keys()) == list(b.keys())
+    for i in range(len(a)):
+        pa, pb = a.read(i), b.read(i)
+        assert pa[:16] == pb[:16] and pa[24:] == pb[24:]  # all but id2 (our checksum)
+
+
+def test_imagefolder_labels_follow_sorted_class_folders(cls_rec, folder_root):
+    ds = ImageRecordDataset(cls_rec)
+    assert ds.classes == ["cat", "dog", "fish"]
+    assert [ds[i][1] for i in range(len(ds))] == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
+
+
+def test_output_is_deterministic_whatever_the_worker_count(tmp_path, voc_root):
+    outs = []
+    for workers in (1, 2):
+        out = str(tmp_path / ("w%d.rec" % workers))
+        convert(voc_root, out, "voc", split="trainval", workers=workers, shuffle=True, seed=3)
+        outs.append(out)
+    for ext in (".rec", ".idx"):
+        assert open(outs[0][:-4] + ext, "rb").read() == open(outs[1][:-4] + ext, "rb").read()
+    other = str(tmp_path / "seed4.rec")
+    convert(voc_root, other, "voc", split="trainval", shuffle=True, seed=4)
+    assert open(other, "rb").read() != open(outs[0], "rb").read()
+
+
+def test_val_ratio_and_multiple_splits(tmp_path, voc_root):
+    rep = convert(voc_root, str(tmp_path / "r.rec"), "voc", split="trainval", val_ratio=0.25,
+                  shuffle=True)
+    assert rep.written == {"train": 12, "val": 4}
+    assert set(files_of(tmp_path)) >= {"r_train.rec", "r_val.rec", "r_val.idx",
+                                       "r_train.meta.json"}
+    rep = convert(voc_root, str(tmp_path / "v.rec"), "voc", split="train,val")
+    assert rep.written == {"train": 12, "val": 4}
+    assert SegmentationRecordDataset(str(tmp_path / "v_val.rec")).meta["split"] == "val"
+
+
+def test_resize_and_reencode(tmp_path, voc_root):
+    out = str(tmp_path / "small.rec")
+    convert(voc_root, out, "voc", split="train", resize=16, encoding="png")
+    ds = SegmentationRecordDataset(out, ignore_value=None)
+    for i in range(len(ds)):
+        img, mask = ds[i]
+        assert min(img.shape[:2]) == 16 and img.shape[:2] == mask.shape
+        assert codec.unpack(RecordFile(out).read(i)).image[:4] == b"\x89PNG"
+        assert set(np.unique(mask.asnumpy())) <= set(range(21)) | {255}
+
+
+def test_refuses_to_overwrite_unless_asked(tmp_path, voc_root):
+    out = str(tmp_path / "o.rec")
+    convert(voc_root, out, "voc")
+    before = open(out, "rb").read()
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        convert(voc_root, out, "voc", split="val")
+    assert open(out, "rb").read() == before
+    convert(voc_root, out, "voc", split="val", overwrite=True)
+    assert len(SegmentationRecordDataset(out)) == 4
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.fixture
+def voc_copy(tmp_path, voc_root):
+    dst = str(tmp_path / "VOC")
+    shutil.copytree(voc_root, dst)
+    return dst
+
+
+def _damage(voc, what):
+    jpg = os.path.join(voc, "JPEGImages", "2007_000002.jpg")
+    png = os.path.join(voc, "SegmentationClass", "2007_000002.png")
+    if what == "missing image":
+        os.remove(jpg)
+    elif what == "missing mask":
+        os.remove(png)
+    elif what == "zero-byte image":
+        open(jpg, "wb").close()
+    elif what == "garbage image":
+        open(jpg, "wb").write(b"this is not a jpeg at all" * 10)
+    elif what == "truncated image":
+        data = open(jpg, "rb").read()
+        open(jpg, "wb").write(data[:len(data) // 2])
+    elif what == "size mismatch":
+        Image.open(png).resize((7, 5)).save(png)
+    elif what == "jpeg mask":
+        Image.open(png).convert("L").save(png, format="JPEG")
+    elif what == "ids outside classes":
+        m = np.asarray(Image.open(png)).copy()
+        m[0, 0] = 42
+        Image.fromarray(m, mode="L").save(png)
+    elif what == "colour mask":
+        Image.open(png).convert("RGB").save(png)
+    return jpg if "image" in what else png
+
+
+BAD = {"missing image": "not found", "missing mask": "not found",
+       "zero-byte image": "empty", "garbage image": "corrupt or not an image",
+       "truncated image": "corrupt or not an image", "size mismatch": "mask is 7x5",
+       "jpeg mask": "JPEG", "ids outside classes": r"\[42\]", "colour mask": "colour"}
+
+
+@pytest.mark.parametrize("what", sorted(BAD))
+def test_bad_item_fails_naming_the_file_and_writes_nothing(tmp_path, voc_copy, what):
+    bad_file = _damage(voc_copy, what)
+    out_dir = tmp_path / "out"
+    with pytest.raises(ConversionError, match=BAD[what]) as e:
+        convert(voc_copy, str(out_dir / "voc.rec"), "voc", split="trainval", workers=2)
+    assert e.value.path == bad_file
+    assert files_of(out_dir) == []  # no final names, no partial files left behind
+
+
+@pytest.mark.parametrize("what", ["truncated image", "ids outside classes"])
+def test_on_error_skip_lists_each_skip_in_report_and_metadata(tmp_path, voc_copy, what):
+    bad_file = _damage(voc_copy, what)
+    out = str(tmp_path / "skip.rec")
+    rep = convert(voc_copy, out, "voc", split="trainval", on_error="skip")
+    assert rep.written == {"trainval": 15}
+    assert [s["file"] for s in rep.skipped] == [bad_file] and bad_file in str(rep)
+    ds = SegmentationRecordDataset(out)
+    assert len(ds) == 15 and ds.meta["skipped"][0]["file"] == bad_file
+
+
+def test_nothing_convertible_is_an_error_even_when_skipping(tmp_path):
+    src = make_pairs(str(tmp_path / "src"), n=2)
+    for f in os.listdir(os.path.join(src, "images")):
+        open(os.path.join(src, "images", f), "wb").close()
+    with pytest.raises(ConversionError, match="no item could be converted"):
+        convert(src, str(tmp_path / "o.rec"), "pairs", on_error="skip")
+    assert not os.path.exists(str(tmp_path / "o.rec"))
+
+
+def test_empty_source_and_unknown_layout_and_split(tmp_path, voc_root):
+    empty = tmp_path / "empty"
+    (empty / "images").mkdir(parents=True)
+    (empty / "masks").mkdir()
+    with pytest.raises(ConversionError, match="no items"):
+        convert(str(empty), str(tmp_path / "o.rec"), "pairs")
+    with pytest.raises(ConversionError, match="valid layouts: imagefolder, lst, pairs, voc"):
+        convert(str(empty), str(tmp_path / "o.rec"), "coco")
+    with pytest.raises(ConversionError, match="available: train, trainval, val"):
+        convert(voc_root, str(tmp_path / "o.rec"), "voc", split="test")
+    with pytest.raises(ConversionError, match="source not found"):
+        convert(str(tmp_path / "nope"), str(tmp_path / "o.rec"))
+
+
+def test_mask_without_image_and_lst_paths_leaving_the_root(tmp_path, folder_root):
+    src = make_pairs(str(tmp_path / "src"), n=3)
+    os.remove(os.path.join(src, "images", "s01.png"))
+    with pytest.raises(ConversionError, match="no matching image"):
+        convert(src, str(tmp_path / "o.rec"), "pairs")
+    lst = tmp_path / "evil.lst"
+    lst.write_text("0\t1\tcat/000.jpg\n1\t1\t../../etc/passwd\n2\t0\t/etc/hostname\n")
+    with pytest.raises(ConversionError, match="leaves the image root"):
+        convert(str(lst), str(tmp_path / "e.rec"), "lst", lst_root=folder_root)
+    rep = convert(str(lst), str(tmp_path / "e.rec"), "lst", lst_root=folder_root,
+                  on_error="skip")
+    assert rep.written == {"train": 1} and len(rep.skipped) == 2
+
+
+def test_disk_full_leaves_nothing_under_final_name(tmp_path, voc_root, monkeypatch):
+    """A write failure (ENOSPC) mid-conversion aborts cleanly."""
+    import errno
+    from gluon_data import recordio
+    real = recordio.RecordWriter.write
+    calls = {"n": 0}
+
+    def failing(self, key, payload):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError(errno.ENOSPC, "No space left on device", self._tmp[0])
+        return real(self, key, payload)
+
+    monkeypatch.setattr(recordio.RecordWriter, "write", failing)
+    out_dir = tmp_path / "out"
+    with pytest.raises(ConversionError, match="No space left"):
+        convert(voc_root, str(out_dir / "o.rec"), "voc", split="trainval")
+    assert files_of(out_dir) == []

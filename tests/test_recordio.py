@@ -1,0 +1,185 @@
+"""RecordIO container: byte compatibility with MXIndexedRecordIO and index validation."""
+import os
+import pickle
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from gluon_data import codec
+from gluon_data.errors import CorruptRecordError, FormatError
+from gluon_data.recordio import RecordFile, RecordWriter, read_index
+
+MAGIC = codec.struct.pack("<I", codec.RECORDIO_MAGIC)
+PAYLOADS = [b"first", MAGIC + b"with magic" + MAGIC, b"", b"x" * 1001, b"last!"]
+
+
+def write_ours(path, payloads, keys=None):
+    with RecordWriter(path) as w:
+        for i, p in enumerate(payloads):
+            w.write(keys[i] if keys else i, p)
+        w.finish()
+        w.publish()
+    return path
+
+
+def write_native(path, payloads, keys=None):
+    w = mx.recordio.MXIndexedRecordIO(path[:-4] + ".idx", path, "w")
+    for i, p in enumerate(payloads):
+        w.write_idx(keys[i] if keys else i, p)
+    w.close()
+    return path
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_writer_output_is_byte_identical_to_mxindexedrecordio(tmp_path):
+    ours = write_ours(str(tmp_path / "ours.rec"), PAYLOADS)
+    native = write_native(str(tmp_path / "native.rec"), PAYLOADS)
+    assert read(ours) == read(native)
+    assert read(ours[:-4] + ".idx") == read(native[:-4] + ".idx")
+
+
+def test_reader_reads_native_files_including_sparse_keys(tmp_path):
+    keys = [10, 3, 7, 100, 5]
+    path = write_native(str(tmp_path / "n.rec"), PAYLOADS, keys)
+    f = RecordFile(path)
+    assert len(f) == len(PAYLOADS)
+    assert [f.read(i) for i in range(len(f))] == PAYLOADS
+    assert f.read_key(100) == b"x" * 1001
+    native = mx.recordio.MXIndexedRecordIO(path[:-4] + ".idx", path, "r")
+    assert all(native.read_idx(k) == f.read_key(k) for k in keys)
+
+
+def test_native_reader_reads_our_files(tmp_path):
+    path = write_ours(str(tmp_path / "o.rec"), PAYLOADS)
+    native = mx.recordio.MXIndexedRecordIO(path[:-4] + ".idx", path, "r")
+    assert [native.read_idx(k) for k in native.keys] == PAYLOADS
+
+
+def test_index_is_compact_and_survives_pickle(tmp_path):
+    path = write_ours(str(tmp_path / "o.rec"), PAYLOADS)
+    f = RecordFile(path)
+    assert f._keys is None and f._offsets.dtype == np.int64  # dense keys are not stored
+    f.read(0)
+    g = pickle.loads(pickle.dumps(f))
+    assert g._fd_pid is None and [g.read(i) for i in range(len(g))] == PAYLOADS
+
+
+def test_writer_leaves_nothing_under_final_names_until_published(tmp_path):
+    path = str(tmp_path / "a.rec")
+    w = RecordWriter(path)
+    w.write(0, b"abc")
+    w.finish()
+    assert not os.path.exists(path) and not os.path.exists(path[:-4] + ".idx")
+    w.abort()
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError):
+        with RecordWriter(path) as w:
+            w.write(0, b"abc")
+            raise ValueError("boom")
+    assert os.listdir(tmp_path) == []
+
+
+def test_writer_refuses_to_overwrite(tmp_path):
+    path = write_ours(str(tmp_path / "a.rec"), [b"a"])
+    with pytest.raises(FileExistsError, match="overwrite"):
+        RecordWriter(path)
+    write_ours_over = RecordWriter(path, overwrite=True)
+    write_ours_over.abort()
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"", "no records"),
+    (b"\n\n", "no records"),
+    (b"0\t0\n1\n", "line 2"),
+    (b"0\t0\nx\t16\n", "line 2.*not an integer"),
+    (b"0\t0\n1\t16\t9\n", "3 fields"),
+])
+def test_garbled_index_names_file_and_line(tmp_path, content, match):
+    path = write_ours(str(tmp_path / "a.rec"), [b"abcd", b"efgh"])
+    with open(path[:-4] + ".idx", "wb") as f:
+        f.write(content)
+    with pytest.raises(FormatError, match=match) as e:
+        RecordFile(path)
+    assert e.value.path.endswith("a.idx")
+
+
+def test_index_with_blank_lines_and_crlf_is_accepted(tmp_path):
+    path = write_ours(str(tmp_path / "a.rec"), [b"abcd", b"efgh"])
+    with open(path[:-4] + ".idx", "wb") as f:
+        f.write(b"0\t0\r\n\r\n1\t12\r\n")
+    assert [RecordFile(path).read(i) for i in range(2)] == [b"abcd", b"efgh"]
+
+
+@pytest.mark.parametrize("lines,match", [
+    (b"0\t0\n1\t-12\n", "negative"),
+    (b"0\t0\n1\t13\n", "multiple of 4"),
+    (b"0\t0\n1\t4096\n", "past the end"),
+    (b"0\t0\n0\t12\n", "duplicate key"),
+    (b"0\t0\n1\t4\n", "bad magic"),
+])
+def test_bad_offsets_are_rejected_on_open_or_read(tmp_path, lines, match):
+    path = write_ours(str(tmp_path / "a.rec"), [b"abcd", b"efgh"])
+    with open(path[:-4] + ".idx", "wb") as f:
+        f.write(lines)
+    with pytest.raises(FormatError, match=match):
+        f = RecordFile(path)
+        [f.read(i) for i in range(len(f))]
+
+
+def test_missing_index_is_a_clear_error(tmp_path):
+    path = write_ours(str(tmp_path / "a.rec"), [b"abcd"])
+    os.remove(path[:-4] + ".idx")
+    with pytest.raises(FileNotFoundError, match="a.idx"):
+        RecordFile(path)
+    with pytest.raises(FileNotFoundError, match="nope.rec"):
+        RecordFile(str(tmp_path / "nope.rec"))
+
+
+def test_index_shorter_than_data_is_detected(tmp_path):
+    path = write_ours(str(tmp_path / "a.rec"), [b"abcd", b"efgh", b"ijkl"])
+    with open(path[:-4] + ".idx", "wb") as f:
+        f.write(b"0\t0\n1\t12\n")  # a killed writer: the last line never made it
+    with pytest.raises(FormatError, match="shorter than the .rec"):
+        RecordFile(path)
+    with open(path[:-4] + ".idx", "wb") as f:
+        f.write(b"0\t0\n1\t12\n2\t24\n")
+    with pytest.raises(FormatError, match="promises 4"):
+        RecordFile(path, expected_count=4)
+
+
+@pytest.mark.parametrize("cut", [0, 3, 10])  # at a record boundary, mid-header, mid-payload
+def test_truncated_rec_is_detected(tmp_path, cut):
+    path = write_ours(str(tmp_path / "a.rec"), [b"abcd", b"efgh"])
+    data = read(path)
+    with open(path, "wb") as f:
+        f.write(data[:len(data) - 12 + cut])
+    with pytest.raises(FormatError):
+        f = RecordFile(path)
+        [f.read(i) for i in range(len(f))]
+
+
+def test_corrupted_length_field_is_detected(tmp_path):
+    path = write_ours(str(tmp_path / "a.rec"), [b"abcdabcd", b"efgh"])
+    data = bytearray(read(path))
+    data[4] = 4  # first record now claims 4 bytes instead of 8
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    with pytest.raises(CorruptRecordError):
+        f = RecordFile(path)
+        payload = f.read(0)
+        codec.unpack(payload + b"\0" * 20)  # a short payload can only pass unchecked
+        f.read(1)
+
+
+def test_read_index_parses_large_files_into_int64(tmp_path):
+    p = tmp_path / "big.idx"
+    n = 20000
+    p.write_bytes(b"".join(b"%d\t%d\n" % (i, 16 * i) for i in range(n)))
+    keys, offs = read_index(str(p))
+    assert keys.dtype == offs.dtype == np.int64
+    np.testing.assert_array_equal(offs, np.arange(n) * 16)
