@@ -1,16 +1,19 @@
-"""gluon_data: Gluon datasets and converters for images packed in MXNet RecordIO."""
+"""gluon_data: Gluon datasets and converters for images packed in MXNet RecordIO or LMDB."""
 __version__ = "0.1.0"
 
 from .errors import (ConversionError, CorruptRecordError, DecodeError, FormatError,  # noqa: E402
                      GluonDataError, SourceError)
 from .recordio import RecordFile, RecordWriter  # noqa: E402
-from .datasets import ImageRecordDataset, SegmentationRecordDataset  # noqa: E402
+from .datasets import (ImageLMDBDataset, ImageRecordDataset, SegmentationLMDBDataset,  # noqa: E402
+                       SegmentationRecordDataset)
+from .lmdbio import LMDBFile, LMDBWriter  # noqa: E402
 from .convert import ConversionReport, convert  # noqa: E402
 from .batchify import SegmentationBatchify  # noqa: E402
 
 __all__ = [
     "__version__",
-    "ImageRecordDataset", "SegmentationRecordDataset",
+    "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
+    "SegmentationLMDBDataset", "LMDBFile", "LMDBWriter",
     "RecordFile", "RecordWriter",
     "convert", "ConversionReport",
     "SegmentationBatchify",

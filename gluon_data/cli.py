@@ -33,16 +33,36 @@ def _cmd_convert(a) -> int:
                      on_error=a.on_error, classes=_classes_arg(a.classes),
                      num_classes=a.num_classes, ignore_label=a.ignore_label,
                      images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
-                     max_pixels=a.max_pixels, progress=not a.quiet)
+                     max_pixels=a.max_pixels, format=a.format, progress=not a.quiet)
     print(report)
     return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
 
 
+def _summary(meta: dict) -> dict:
+    out = dict(task=meta["task"], format="gluon_data v%d" % meta["format_version"],
+               split=meta.get("split"), classes=meta.get("classes"),
+               num_classes=meta.get("num_classes"), image_size=meta.get("image_size"),
+               image_encoding=meta.get("image_encoding"), checksum=meta.get("checksum"),
+               skipped=len(meta.get("skipped", [])), created_by=meta.get("created_by"))
+    if meta["task"] == "segmentation":
+        out["ignore_label"] = meta.get("ignore_label")
+        out["class_pixels"] = meta.get("class_pixels")
+    return out
+
+
 def describe(path: str) -> dict:
-    """What ``gluon-data info`` reports about a ``.rec``."""
+    """What ``gluon-data info`` reports about a ``.rec`` or ``.lmdb`` dataset."""
     from . import codec
+    from .lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
     from .meta import read_meta
     from .recordio import RecordFile
+    if is_lmdb(path) or path.rstrip("/").endswith(".lmdb"):
+        metas = read_lmdb_meta(path)
+        splits = {}
+        for s in sorted(metas):
+            splits[s] = dict(_summary(metas[s]), records=len(LMDBFile(path, s)))
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        return {"path": path, "container": "lmdb", "bytes": size, "splits": splits}
     meta = read_meta(path)
     f = RecordFile(path, expected_count=meta["num_records"] if meta else None)
     out = {"path": path, "records": len(f), "bytes": f.file_size}
@@ -59,14 +79,7 @@ def describe(path: str) -> dict:
                 "min_hw": [min(s[0] for s in sizes), min(s[1] for s in sizes)],
                 "max_hw": [max(s[0] for s in sizes), max(s[1] for s in sizes)]}
         return out
-    out.update(task=meta["task"], format="gluon_data v%d" % meta["format_version"],
-               split=meta.get("split"), classes=meta.get("classes"),
-               num_classes=meta.get("num_classes"), image_size=meta.get("image_size"),
-               image_encoding=meta.get("image_encoding"), checksum=meta.get("checksum"),
-               skipped=len(meta.get("skipped", [])), created_by=meta.get("created_by"))
-    if meta["task"] == "segmentation":
-        out["ignore_label"] = meta.get("ignore_label")
-        out["class_pixels"] = meta.get("class_pixels")
+    out.update(_summary(meta))
     return out
 
 
@@ -75,10 +88,17 @@ def _cmd_info(a) -> int:
     if a.json:
         print(json.dumps(info, indent=1))
         return 0
-    for k, v in info.items():
-        if k in ("class_pixels", "created_by") or v is None:
-            continue
-        print("%-16s %s" % (k + ":", v))
+    def show(d, indent=""):
+        for k, v in d.items():
+            if k in ("class_pixels", "created_by") or v is None:
+                continue
+            if isinstance(v, dict) and k == "splits":
+                for s, sub in v.items():
+                    print("%ssplit %s:" % (indent, s))
+                    show(sub, indent + "  ")
+                continue
+            print("%s%-16s %s" % (indent, k + ":", v))
+    show(info)
     return 0
 
 
@@ -143,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .codec import DEFAULT_MAX_PIXELS
     p = argparse.ArgumentParser(prog="gluon-data", formatter_class=_Formatter,
-                                description="Pack image datasets into MXNet RecordIO and "
-                                            "inspect them.")
+                                description="Pack image datasets into MXNet RecordIO or "
+                                            "LMDB and inspect them.")
     p.add_argument("--version", action="version", version="gluon_data %s" % __version__)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -153,17 +173,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pack a folder or .lst into .rec/.idx/.meta.json",
                        description="Pack a source into RecordIO. Layouts: pairs (images/ + "
                                    "masks/), voc, imagefolder, lst (im2rec list).")
-    c.add_argument("source", help="source folder, or .lst file for --layout lst")
-    c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec)")
+    c.add_argument("source", help="source folder, .lst file (--layout lst), or a .rec / .lmdb "
+                                  "dataset to copy into the other container")
+    c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec) or .lmdb")
     c.add_argument("--layout", choices=["pairs", "voc", "imagefolder", "lst"],
                    help="source layout (detected when omitted)")
-    c.add_argument("--split", help="VOC split(s), comma separated (default: train)")
+    c.add_argument("--format", choices=["rec", "lmdb"],
+                   help="output container (default: lmdb if OUTPUT ends in .lmdb, else rec)")
+    c.add_argument("--split", help="VOC split(s), or the splits of an .lmdb source, comma "
+                                   "separated (default: train / all)")
     c.add_argument("--val-ratio", type=float, default=0.0,
                    help="move this fraction of the items into a 'val' split")
     c.add_argument("--shuffle", action="store_true", help="shuffle items (with --seed)")
     c.add_argument("--seed", type=int, default=0, help="seed for --shuffle")
-    c.add_argument("--encoding", choices=["passthrough", "jpg", "png"], default="passthrough",
-                   help="keep the original image bytes, or re-encode")
+    c.add_argument("--encoding", choices=["passthrough", "jpg", "png", "raw"],
+                   default="passthrough",
+                   help="keep the original image bytes, re-encode, or store decoded arrays "
+                        "(raw: no decode cost, several times the disk)")
     c.add_argument("--quality", type=int, default=95, help="JPEG quality when re-encoding")
     c.add_argument("--resize", type=int, default=0,
                    help="resize the shorter side to this size (0: keep)")
@@ -186,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", formatter_class=_Formatter,
                        help="task, record count, classes, image sizes, format version")
-    i.add_argument("path", help=".rec file")
+    i.add_argument("path", help=".rec file or .lmdb directory")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(func=_cmd_info)
 

@@ -25,13 +25,15 @@ from PIL import Image
 from . import __version__, codec
 from .errors import ConversionError, GluonDataError, SourceError
 from .meta import FORMAT_NAME, FORMAT_VERSION
-from .recordio import RecordWriter
+from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, read_lmdb_meta
+from .meta import read_meta
+from .recordio import RecordFile, RecordWriter
 from .sources import Item, Source, open_source, voc_palette
 
-__all__ = ["convert", "ConversionReport", "EncodeOptions", "encode_item", "ENCODINGS",
-           "output_paths"]
+__all__ = ["convert", "copy_dataset", "ConversionReport", "EncodeOptions", "encode_item",
+           "ENCODINGS", "FORMATS", "output_paths", "output_format"]
 
-ENCODINGS = ("passthrough", "jpg", "png")
+ENCODINGS = ("passthrough", "jpg", "png", "raw")
 _PASSTHROUGH_FORMATS = ("JPEG", "PNG")
 Image.MAX_IMAGE_PIXELS = None  # we apply our own cap (max_pixels) before decoding
 
@@ -175,7 +177,8 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
                                 if min(h, w) > opts.resize else cv2.INTER_LINEAR)
         target = opts.encoding if opts.encoding != "passthrough" else (
             "jpg" if fmt == "JPEG" else "png")
-        data = _encode_pixels(rgb, target, opts.quality)
+        data = (codec.encode_raw(rgb) if target == "raw"
+                else _encode_pixels(rgb, target, opts.quality))
     oh, ow = (rgb.shape[:2] if reencode else (h, w))
     info["hw"] = (oh, ow)
 
@@ -208,8 +211,8 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
                                                       opts.ignore_label), item.mask)
     info["class_pixels"] = {int(i): int(c) for i, c in zip(ids, pix)}
     info["palette"] = palette
-    return codec.pack_segmentation(data, codec.encode_mask(mask), id=record_id,
-                                   checksum=opts.checksum), info
+    mbytes = codec.encode_raw(mask) if opts.encoding == "raw" else codec.encode_mask(mask)
+    return codec.pack_segmentation(data, mbytes, id=record_id, checksum=opts.checksum), info
 
 
 def _work(job, opts: EncodeOptions):
@@ -227,12 +230,48 @@ def _worker_init():
 
 
 # --------------------------------------------------------------------------- driver
-def output_paths(output: str, splits: Sequence[str]) -> Dict[str, str]:
-    """One split: ``output`` itself. Several: ``NAME_<split>.rec`` beside it."""
-    if len(splits) == 1:
-        return {splits[0]: output}
+FORMATS = ("rec", "lmdb")
+
+
+def output_format(output: str, fmt: Optional[str] = None) -> str:
+    """``fmt`` if given, else ``lmdb`` for a ``.lmdb`` output and ``rec`` otherwise."""
+    if fmt is None:
+        fmt = "lmdb" if os.fspath(output).rstrip("/").endswith(".lmdb") else "rec"
+    if fmt not in FORMATS:
+        raise ValueError("unknown format %r; valid: %s" % (fmt, ", ".join(FORMATS)))
+    return fmt
+
+
+def output_paths(output: str, splits: Sequence[str], fmt: str = "rec") -> Dict[str, str]:
+    """RecordIO: one split is ``output`` itself, several ``NAME_<split>.rec`` beside it.
+    LMDB: every split lives in the one ``output`` environment."""
+    if fmt == "lmdb" or len(splits) == 1:
+        return {s: output for s in splits}
     stem, ext = os.path.splitext(output)
     return {s: "%s_%s%s" % (stem, s, ext or ".rec") for s in splits}
+
+
+def open_writers(output: str, splits: Sequence[str], fmt: str, overwrite: bool):
+    """One writer per split with the RecordWriter interface; nothing visible until publish."""
+    paths = output_paths(os.fspath(output), list(splits), fmt)
+    if fmt == "lmdb":
+        env = LMDBWriter(os.fspath(output), overwrite=overwrite)
+        return paths, {s: env.split(s) for s in splits}
+    writers = {}
+    try:
+        for s, path in paths.items():  # refuse to overwrite before any work is done
+            writers[s] = RecordWriter(path, overwrite=overwrite)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    return paths, writers
+
+
+def _abort_all(writers) -> None:
+    for w in writers.values():
+        if w._state in ("open", "finished"):
+            w.abort()
 
 
 def _plan(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict[str, List[Item]]:
@@ -262,15 +301,17 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             classes: Optional[Sequence[str]] = None, num_classes: Optional[int] = None,
             ignore_label: int = 255, images_dir: str = "images", masks_dir: str = "masks",
             lst_root: Optional[str] = None, max_pixels: int = codec.DEFAULT_MAX_PIXELS,
-            progress: bool = False) -> ConversionReport:
+            format: Optional[str] = None, progress: bool = False) -> ConversionReport:
     """Convert a source folder or ``.lst`` into RecordIO (``.rec`` + ``.idx`` + metadata).
 
     Parameters
     ----------
     source : str
-        Folder (``pairs``, ``voc``, ``imagefolder``) or ``.lst`` file (``lst``).
+        Folder (``pairs``, ``voc``, ``imagefolder``), ``.lst`` file (``lst``), or a dataset
+        to copy into the other container: a ``.rec`` or a ``.lmdb`` directory.
     output : str
-        The ``.rec`` to write. With several splits, ``NAME_<split>.rec`` beside it.
+        The ``.rec`` to write (several splits: ``NAME_<split>.rec`` beside it), or a
+        ``.lmdb`` directory holding every split.
     layout : str, optional
         One of ``pairs``, ``voc``, ``imagefolder``, ``lst``; detected when omitted.
     split : str, optional
@@ -279,8 +320,9 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         Move this fraction of the (shuffled) items into a ``val`` split.
     shuffle, seed
         Shuffle the item order with ``random.Random(seed)``; output is deterministic.
-    encoding : {'passthrough', 'jpg', 'png'}
-        ``passthrough`` stores JPEG/PNG bytes unchanged (other formats become PNG).
+    encoding : {'passthrough', 'jpg', 'png', 'raw'}
+        ``passthrough`` stores JPEG/PNG bytes unchanged (other formats become PNG);
+        ``raw`` stores decoded uint8 arrays with their shape (no decode cost, more disk).
     quality : int
         JPEG quality when re-encoding.
     resize : int
@@ -297,6 +339,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         ``ignore_label``, are errors. VOC declares its 21 classes.
     ignore_label : int
         Mask value meaning "not labelled" (VOC: 255).
+    format : {'rec', 'lmdb'}, optional
+        Output container; by default ``lmdb`` when ``output`` ends in ``.lmdb``.
 
     Returns
     -------
@@ -317,6 +361,11 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         raise ValueError("unknown encoding %r; valid: %s" % (encoding, ", ".join(ENCODINGS)))
     if on_error not in ("fail", "skip"):
         raise ValueError("on_error must be 'fail' or 'skip', got %r" % (on_error,))
+    fmt = output_format(output, format)
+    source = os.fspath(source)
+    if source.endswith(".rec") or is_lmdb(source):
+        return copy_dataset(source, output, split=split, format=fmt, overwrite=overwrite,
+                            progress=progress)
     t0 = time.perf_counter()
     try:
         src = open_source(source, layout, split=split, images_dir=images_dir,
@@ -332,8 +381,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                              % (num_classes, len(classes)))
         num_classes = len(classes)
     plan = _plan(src, val_ratio, shuffle, seed)
-    outputs = output_paths(os.fspath(output), list(plan))
-    report = ConversionReport(outputs=outputs)
+    report = ConversionReport(outputs=output_paths(os.fspath(output), list(plan), fmt))
     for f, reason in src.problems:
         if on_error == "fail":
             raise ConversionError(reason, f)
@@ -353,8 +401,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         from tqdm import tqdm
         bar = tqdm(total=total, unit="img", desc="convert", dynamic_ncols=True)
     try:
-        for s, path in outputs.items():  # refuse to overwrite before any work is done
-            writers[s] = RecordWriter(path, overwrite=overwrite)
+        _, writers = open_writers(output, list(plan), fmt, overwrite)
         if workers > 1:
             pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
         fn = partial(_work, opts=opts)
@@ -390,9 +437,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         for w in writers.values():
             w.publish()
     except BaseException as e:
-        for w in writers.values():
-            if w._state in ("open", "finished"):
-                w.abort()
+        _abort_all(writers)
         if isinstance(e, OSError) and not isinstance(e, FileExistsError):
             raise ConversionError("writing failed: %s" % (e.strerror or e),
                                   getattr(e, "filename", None) or output) from e
@@ -452,7 +497,8 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
                    else voc_palette(256))
         meta.update({
             "classes": list(classes), "num_classes": num_classes,
-            "ignore_label": opts.ignore_label, "mask_encoding": "png",
+            "ignore_label": opts.ignore_label,
+            "mask_encoding": "raw" if opts.encoding == "raw" else "png",
             "palette": palette,
             "class_pixels": {str(k): v for k, v in sorted(st.class_pixels.items())},
             "class_images": {str(k): v for k, v in sorted(st.class_images.items())},
@@ -461,3 +507,69 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
         meta.update({"classes": list(classes) if classes is not None else None,
                      "num_classes": len(classes) if classes is not None else None})
     return meta
+
+
+def _stock_meta(path: str, count: int) -> dict:
+    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "task": "classification",
+            "split": "train", "num_records": count, "checksum": None,
+            "image_encoding": "passthrough", "classes": None, "num_classes": None,
+            "created_by": {"tool": "gluon_data %s" % __version__, "layout": "stock-rec",
+                           "source": os.path.abspath(path), "options": {}},
+            "skipped": []}
+
+
+def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
+                 format: Optional[str] = None, overwrite: bool = False,
+                 progress: bool = False) -> ConversionReport:
+    """Copy a dataset between containers (``.rec`` <-> ``.lmdb``) without re-encoding.
+
+    Record payloads are copied byte for byte after their checksum is verified; keys and
+    metadata travel with them, so ``rec -> lmdb -> rec`` reproduces the ``.rec``, ``.idx``
+    and ``.meta.json`` exactly. A stock ``.rec`` (no metadata) gets classification metadata.
+    """
+    fmt = output_format(output, format)
+    t0 = time.perf_counter()
+    sources: Dict[str, Tuple[object, dict]] = {}
+    if is_lmdb(source):
+        metas = read_lmdb_meta(source)
+        names = split.split(",") if split else sorted(metas)
+        for s in names:
+            f = LMDBFile(source, s)  # raises listing the available splits
+            sources[s] = (f, f.meta)
+    else:
+        meta = read_meta(source)
+        f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
+        meta = meta or _stock_meta(source, len(f))
+        sources[meta.get("split") or "train"] = (f, meta)
+    report = ConversionReport(outputs=output_paths(os.fspath(output), list(sources), fmt))
+    writers: Dict[str, object] = {}
+    try:
+        _, writers = open_writers(output, list(sources), fmt, overwrite)
+        for s, (f, meta) in sources.items():
+            w = writers[s]
+            keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
+            meta = {k: v for k, v in meta.items() if k not in ("container", "record_keys")}
+            task_seg = meta["task"] == "segmentation"
+            for i in range(len(f)):
+                payload = f.read(i)
+                codec.unpack(payload, segmentation=task_seg, verify=True, path=f.path,
+                             key=f.key(i), offset=f.offset(i))
+                key = keys[i] if keys is not None else f.key(i)
+                w.write(key, payload)
+            if fmt == "lmdb":
+                rk = [f.key(i) for i in range(len(f))] if keys is None else keys
+                if rk != list(range(len(f))):
+                    meta["record_keys"] = rk
+            w.finish(meta)
+            report.written[s] = w.count
+            report.bytes_written += w.bytes_written
+        for w in writers.values():
+            w.publish()
+    except BaseException as e:
+        _abort_all(writers)
+        if isinstance(e, OSError) and not isinstance(e, FileExistsError):
+            raise ConversionError("writing failed: %s" % (e.strerror or e),
+                                  getattr(e, "filename", None) or output) from e
+        raise
+    report.seconds = time.perf_counter() - t0
+    return report

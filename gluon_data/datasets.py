@@ -15,33 +15,43 @@ import numpy as np
 from . import codec
 from .errors import CorruptRecordError, DecodeError, FormatError
 from .meta import read_meta
+from .lmdbio import LMDBFile
 from .recordio import RecordFile
 
-__all__ = ["ImageRecordDataset", "SegmentationRecordDataset"]
+__all__ = ["ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
+           "SegmentationLMDBDataset"]
 
 
 class _RecordDataset(mx.gluon.data.Dataset):
     """Shared machinery: metadata, index, checksum policy, error context."""
 
     _task = "classification"
+    _container = "rec"
 
-    def __init__(self, filename: str, *, verify: bool = True,
+    def __init__(self, filename: str, *, split: Optional[str] = None, verify: bool = True,
                  max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
         super().__init__()
         self.filename = os.fspath(filename)
-        self.meta = read_meta(self.filename)
-        if self.meta is None:
-            if self._task == "segmentation":
+        if self._container == "lmdb":
+            self._file = LMDBFile(self.filename, split or "train")
+            self.meta = self._file.meta
+        else:
+            if split is not None:
+                raise TypeError("split= applies to LMDB datasets; a .rec holds one split")
+            self.meta = read_meta(self.filename)
+            if self.meta is None and self._task == "segmentation":
                 raise FormatError("no metadata (%s) beside it: not a gluon_data segmentation "
                                   "dataset; create one with `gluon-data convert`"
                                   % (os.path.splitext(self.filename)[0] + ".meta.json"),
                                   self.filename)
-        elif self.meta["task"] != self._task:
-            raise FormatError("this is a %s dataset; open it with the %s class"
-                              % (self.meta["task"], _CLASS_FOR[self.meta["task"]]),
+        if self.meta is not None and self.meta["task"] != self._task:
+            raise FormatError("this is a %s dataset; open it with %s"
+                              % (self.meta["task"],
+                                 _CLASS_FOR[self._container, self.meta["task"]]),
                               self.filename)
-        expected = self.meta["num_records"] if self.meta else None
-        self._file = RecordFile(self.filename, expected_count=expected)
+        if self._container != "lmdb":
+            expected = self.meta["num_records"] if self.meta else None
+            self._file = RecordFile(self.filename, expected_count=expected)
         self._verify = verify
         self._checksummed = bool(self.meta) and self.meta.get("checksum") == "crc32-id2"
         self._max_pixels = max_pixels
@@ -80,7 +90,9 @@ class _RecordDataset(mx.gluon.data.Dataset):
         classes = self.classes
         shown = "" if classes is None else ", classes=%s" % (
             classes if len(classes) <= 8 else classes[:8] + ["... %d more" % (len(classes) - 8)])
-        return "%s(%r, %d records%s)" % (type(self).__name__, self.filename, len(self), shown)
+        split = ", split=%r" % self._file.split if self._container == "lmdb" else ""
+        return "%s(%r%s, %d records%s)" % (type(self).__name__, self.filename, split, len(self),
+                                           shown)
 
 
 class ImageRecordDataset(_RecordDataset):
@@ -204,5 +216,62 @@ class SegmentationRecordDataset(_RecordDataset):
         return img, mask
 
 
-_CLASS_FOR = {"classification": "ImageRecordDataset",
-              "segmentation": "SegmentationRecordDataset"}
+class ImageLMDBDataset(ImageRecordDataset):
+    """Classification images and labels from one split of an LMDB dataset.
+
+    Same outputs and options as :class:`ImageRecordDataset`; the environment is opened
+    lazily, read-only and lock-free in each process.
+
+    Parameters
+    ----------
+    path : str
+        The ``NAME.lmdb`` directory written by ``gluon-data convert``.
+    split : str, default 'train'
+        Split (sub-database) to read.
+    flag, transform, verify, max_pixels
+        As for :class:`ImageRecordDataset`.
+
+    Examples
+    --------
+    >>> ds = ImageLMDBDataset("photos.lmdb", split="val")   # doctest: +SKIP
+    >>> img, label = ds[0]
+    """
+
+    _container = "lmdb"
+
+    def __init__(self, path: str, split: str = "train", flag: int = 1,
+                 transform: Optional[Callable] = None, **kwargs):
+        super().__init__(path, flag, transform, split=split, **kwargs)
+
+
+class SegmentationLMDBDataset(SegmentationRecordDataset):
+    """Image and mask pairs from one split of an LMDB dataset.
+
+    Same outputs and options as :class:`SegmentationRecordDataset`.
+
+    Parameters
+    ----------
+    path : str
+        The ``NAME.lmdb`` directory written by ``gluon-data convert``.
+    split : str, default 'train'
+        Split (sub-database) to read.
+    transform, ignore_value, verify, max_pixels
+        As for :class:`SegmentationRecordDataset`.
+
+    Examples
+    --------
+    >>> ds = SegmentationLMDBDataset("voc.lmdb", split="train")  # doctest: +SKIP
+    >>> img, mask = ds[0]
+    """
+
+    _container = "lmdb"
+
+    def __init__(self, path: str, split: str = "train", transform: Optional[Callable] = None,
+                 ignore_value: Optional[int] = -1, **kwargs):
+        super().__init__(path, transform, ignore_value, split=split, **kwargs)
+
+
+_CLASS_FOR = {("rec", "classification"): "ImageRecordDataset",
+              ("rec", "segmentation"): "SegmentationRecordDataset",
+              ("lmdb", "classification"): "ImageLMDBDataset",
+              ("lmdb", "segmentation"): "SegmentationLMDBDataset"}

@@ -1,0 +1,347 @@
+"""LMDB container: the same record payloads as RecordIO, one named sub-database per split.
+
+Layout of ``NAME.lmdb/`` (an LMDB environment directory):
+
+* sub-database ``<split>``: key ``b"%010d" % position`` -> record payload (the exact bytes a
+  ``.rec`` holds for that record, checksum included), so key order is record order;
+* sub-database ``__meta__``: key ``<split>`` -> the split's metadata JSON (same schema as a
+  ``.meta.json`` sidecar).
+
+Readers open the environment lazily in each process, read-only and without the lock file
+(``lock=False``: datasets are immutable once published, it works on read-only mounts, and no
+reader slot can leak), with one short read transaction per read. Before mapping, the file
+size is checked against the newest meta page so a truncated ``data.mdb`` raises
+:class:`FormatError` instead of killing the process with SIGBUS.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import threading
+from typing import Dict, List, Optional, Tuple
+
+import lmdb
+
+from .errors import FormatError
+from .meta import check_meta, dumps_meta
+
+__all__ = ["LMDBFile", "LMDBWriter", "lmdb_splits", "read_lmdb_meta", "is_lmdb",
+           "record_key", "shared_env"]
+
+META_DB = b"__meta__"
+_MAX_DBS = 64
+_LMDB_MAGIC = 0xBEEFC0DE
+
+
+def record_key(position: int) -> bytes:
+    """LMDB key of the record at ``position``: zero-padded so byte order is numeric order."""
+    return b"%010d" % position
+
+
+def is_lmdb(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "data.mdb"))
+
+
+def _check_data_file(path: str) -> None:
+    """Refuse a missing, empty or truncated ``data.mdb`` before LMDB maps it (SIGBUS)."""
+    if not os.path.isdir(path):
+        raise FormatError("not an LMDB environment: %s" % ("no such directory"
+                          if not os.path.exists(path) else "not a directory"), path)
+    data = os.path.join(path, "data.mdb")
+    if not os.path.isfile(data):
+        raise FormatError("not an LMDB environment: no data.mdb in it", path)
+    size = os.path.getsize(data)
+    with open(data, "rb") as f:
+        head = f.read(2 * 65536)
+    if len(head) < 160:
+        raise FormatError("data.mdb is empty or truncated (%d bytes)" % size, data)
+    magic, = struct.unpack_from("<I", head, 16)
+    if magic != _LMDB_MAGIC:
+        raise FormatError("data.mdb has no LMDB meta page (magic 0x%08x)" % magic, data)
+    psize, = struct.unpack_from("<I", head, 40)
+    metas = []
+    for base in (0, psize):
+        if base + 152 <= len(head) and struct.unpack_from("<I", head, base + 16)[0] == _LMDB_MAGIC:
+            last_pg, txnid = struct.unpack_from("<QQ", head, base + 136)
+            metas.append((txnid, last_pg))
+    if not metas:
+        raise FormatError("data.mdb meta pages unreadable", data)
+    txnid, last_pg = max(metas)
+    need = (last_pg + 1) * psize
+    if size < need:
+        raise FormatError("data.mdb is truncated: %d bytes, its meta page needs %d; the copy is "
+                          "incomplete" % (size, need), data)
+
+
+def _open_env(path: str) -> lmdb.Environment:
+    _check_data_file(path)
+    try:
+        return lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
+                         max_dbs=_MAX_DBS, subdir=True, create=False)
+    except lmdb.Error as e:
+        raise FormatError("cannot open LMDB environment: %s" % e, path) from None
+
+
+# One read-only environment per (file, process). LMDB forbids opening an environment twice
+# in a process (py-lmdb refuses it), and forbids using one inherited across fork: a child
+# closes what it inherited (which leaves the parent's untouched) and opens its own.
+_ENVS: Dict[tuple, Tuple[int, lmdb.Environment]] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _reset_lock_after_fork():
+    global _ENVS_LOCK
+    _ENVS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_after_fork)
+
+
+def shared_env(path: str) -> lmdb.Environment:
+    """The process's read-only environment for ``path`` (opened on first use)."""
+    data = os.path.join(path, "data.mdb")
+    try:
+        st = os.stat(data)
+        key = (os.path.realpath(path), st.st_dev, st.st_ino)
+    except OSError:
+        key = (os.path.realpath(path), 0, 0)
+    pid = os.getpid()
+    with _ENVS_LOCK:
+        ent = _ENVS.get(key)
+        if ent is not None and ent[0] == pid:
+            return ent[1]
+        for k in [k for k, (p, _) in _ENVS.items() if p != pid]:
+            try:
+                _ENVS.pop(k)[1].close()  # inherited across fork: release this process's copy
+            except Exception:
+                pass
+        env = _open_env(path)
+        _ENVS[key] = (pid, env)
+        return env
+
+
+def _read_all_meta(env: lmdb.Environment, path: str) -> Dict[str, dict]:
+    try:
+        mdb = env.open_db(META_DB, create=False)
+    except lmdb.NotFoundError:
+        raise FormatError("LMDB environment has no gluon_data metadata (%r sub-database); "
+                          "legacy layouts need `gluon-data convert --layout raw-lmdb`"
+                          % META_DB.decode(), path) from None
+    out = {}
+    with env.begin(db=mdb) as txn:
+        for k, v in txn.cursor():
+            where = "%s [split %s]" % (path, k.decode("utf-8", "replace"))
+            try:
+                meta = json.loads(bytes(v).decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                raise FormatError("metadata is not valid JSON (%s)" % e, where) from None
+            out[k.decode()] = check_meta(meta, where)
+    return out
+
+
+def read_lmdb_meta(path: str) -> Dict[str, dict]:
+    """Metadata of every split of an LMDB dataset: ``{split: meta}``."""
+    return _read_all_meta(shared_env(path), path)
+
+
+def lmdb_splits(path: str) -> List[str]:
+    return sorted(read_lmdb_meta(path))
+
+
+class LMDBFile:
+    """Random-access reader of one split of an LMDB dataset (same interface as RecordFile).
+
+    Parameters
+    ----------
+    path : str
+        The ``NAME.lmdb`` directory.
+    split : str
+        Sub-database to read; :class:`FormatError` lists the available ones if absent.
+    """
+
+    def __init__(self, path: str, split: str = "train"):
+        self.path = os.fspath(path)
+        self.split = split
+        env = shared_env(self.path)
+        metas = _read_all_meta(env, self.path)
+        if split not in metas:
+            raise FormatError("split %r not found; available splits: %s"
+                              % (split, ", ".join(sorted(metas)) or "none"), self.path)
+        self.meta = metas[split]
+        db = env.open_db(split.encode(), create=False)
+        with env.begin(db=db) as txn:
+            n = txn.stat(db)["entries"]
+        if n != self.meta["num_records"]:
+            raise FormatError("split %r holds %d records but its metadata promises %d"
+                              % (split, n, self.meta["num_records"]), self.path)
+        self._n = n
+        self._state: Optional[Tuple[int, lmdb.Environment, object]] = None
+        self._lock = threading.Lock()
+
+    def _env(self):
+        pid = os.getpid()
+        st = self._state
+        if st is not None and st[0] == pid:
+            return st[1], st[2]
+        with self._lock:
+            st = self._state
+            if st is None or st[0] != pid:
+                env = shared_env(self.path)
+                self._state = (pid, env, env.open_db(self.split.encode(), create=False))
+            return self._state[1], self._state[2]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def key(self, i: int) -> int:
+        return int(i)
+
+    def offset(self, i: int) -> Optional[int]:
+        return None
+
+    def read(self, i: int) -> bytes:
+        env, db = self._env()
+        k = record_key(int(i))
+        for attempt in (0, 1):
+            try:
+                with env.begin(db=db) as txn:
+                    v = txn.get(k)
+                break
+            except lmdb.MapResizedError:  # another process grew the map: adopt its size
+                env.set_mapsize(0)
+        if v is None:
+            raise FormatError("record key %r missing from split %r" % (k.decode(), self.split),
+                              self.path, i)
+        return v
+
+    def close(self) -> None:
+        """Forget this reader's handle (the shared environment stays for other readers)."""
+        self._state = None
+
+    def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_state"] = None
+        d["_lock"] = None
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
+
+    def __repr__(self):
+        return "LMDBFile(%r, split=%r, %d records)" % (self.path, self.split, self._n)
+
+
+class LMDBWriter:
+    """Write one LMDB dataset (several splits) atomically, growing the map as needed.
+
+    Records are buffered and committed every ``commit_every`` puts. When the map is full
+    the transaction is aborted, the map doubled and the *whole* batch replayed, so no put
+    is lost. The environment is built in ``NAME.lmdb.partial`` and renamed on
+    :meth:`publish`.
+    """
+
+    PARTIAL = ".partial"
+
+    def __init__(self, path: str, *, overwrite: bool = False, map_size: int = 64 << 20,
+                 commit_every: int = 256):
+        self.path = os.fspath(path).rstrip("/")
+        if os.path.exists(self.path) and not overwrite:
+            raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
+                                  "to replace it" % self.path)
+        self.tmp = self.path + self.PARTIAL
+        if os.path.exists(self.tmp):
+            shutil.rmtree(self.tmp)
+        os.makedirs(self.tmp)
+        self.env = lmdb.open(self.tmp, map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
+                             sync=False, metasync=False, writemap=False)
+        self.commit_every = commit_every
+        self.grows = 0
+        self._state = "open"
+
+    def split(self, name: str) -> "_SplitWriter":
+        if name == META_DB.decode() or not name:
+            raise ValueError("invalid split name %r" % name)
+        return _SplitWriter(self, name)
+
+    def _commit(self, db, batch) -> None:
+        while True:
+            try:
+                with self.env.begin(write=True, db=db) as txn:
+                    for k, v in batch:
+                        txn.put(k, v, db=db)
+                return
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+                self.grows += 1
+
+    def put_meta(self, split: str, meta: dict) -> None:
+        self._commit(self.env.open_db(META_DB), [(split.encode(), dumps_meta(meta))])
+
+    def publish(self) -> None:
+        if self._state == "published":
+            return
+        self.env.sync(True)
+        self.env.close()
+        if os.path.exists(self.path):
+            old = self.path + ".old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(self.path, old)
+            os.replace(self.tmp, self.path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.path)
+        self._state = "published"
+
+    def abort(self) -> None:
+        if self._state in ("published", "aborted"):
+            return
+        try:
+            self.env.close()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self._state = "aborted"
+
+
+class _SplitWriter:
+    """The RecordWriter interface for one split of an :class:`LMDBWriter`."""
+
+    def __init__(self, parent: LMDBWriter, name: str):
+        self.parent, self.name = parent, name
+        self.db = parent.env.open_db(name.encode())
+        self.count = 0
+        self.bytes_written = 0
+        self._batch: List[Tuple[bytes, bytes]] = []
+        self._state = "open"
+
+    def write(self, key: int, payload: bytes) -> int:
+        """Append a record (``key`` is ignored: LMDB keys are positions)."""
+        pos = self.count
+        self._batch.append((record_key(pos), bytes(payload)))
+        self.count += 1
+        self.bytes_written += len(payload)
+        if len(self._batch) >= self.parent.commit_every:
+            self._flush()
+        return pos
+
+    def _flush(self):
+        if self._batch:
+            self.parent._commit(self.db, self._batch)
+            self._batch = []
+
+    def finish(self, meta: Optional[dict] = None) -> None:
+        self._flush()
+        if meta is not None:
+            self.parent.put_meta(self.name, dict(meta, container="lmdb"))
+        self._state = "finished"
+
+    def publish(self) -> None:
+        self.parent.publish()
+        self._state = "published"
+
+    def abort(self) -> None:
+        self.parent.abort()
+        self._state = "aborted"
