@@ -268,10 +268,15 @@ def open_writers(output: str, splits: Sequence[str], fmt: str, overwrite: bool):
     return paths, writers
 
 
-def _abort_all(writers) -> None:
+def _fail(exc: BaseException, writers, output: str) -> None:
+    """Remove every partial output, then re-raise (an I/O error as ConversionError)."""
     for w in writers.values():
         if w._state in ("open", "finished"):
             w.abort()
+    if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+        raise ConversionError("writing failed: %s" % (exc.strerror or exc),
+                              getattr(exc, "filename", None) or output) from exc
+    raise exc
 
 
 def _plan(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict[str, List[Item]]:
@@ -437,11 +442,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         for w in writers.values():
             w.publish()
     except BaseException as e:
-        _abort_all(writers)
-        if isinstance(e, OSError) and not isinstance(e, FileExistsError):
-            raise ConversionError("writing failed: %s" % (e.strerror or e),
-                                  getattr(e, "filename", None) or output) from e
-        raise
+        _fail(e, writers, output)
     finally:
         if pool is not None:
             pool.terminate()
@@ -566,10 +567,6 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
         for w in writers.values():
             w.publish()
     except BaseException as e:
-        _abort_all(writers)
-        if isinstance(e, OSError) and not isinstance(e, FileExistsError):
-            raise ConversionError("writing failed: %s" % (e.strerror or e),
-                                  getattr(e, "filename", None) or output) from e
-        raise
+        _fail(e, writers, output)
     report.seconds = time.perf_counter() - t0
     return report
