@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
@@ -65,17 +66,23 @@ def read_index(idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
     except FileNotFoundError:
         raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
                                 "name, .idx suffix) for random access" % idx_path) from None
-    lines = raw.splitlines()
-    content = [ln for ln in lines if ln.strip()]
-    if not content:
+    # Vectorised and strict: every non-blank line must hold exactly two tokens, and the C
+    # parser must consume every token as an integer; otherwise find the line to blame.
+    b = np.frombuffer(raw, dtype=np.uint8)
+    ws = (b == 32) | (b == 9) | (b == 10) | (b == 13)
+    starts = np.flatnonzero(~ws & np.concatenate(([True], ws[:-1])))
+    if starts.size == 0:
         raise FormatError("index lists no records (empty file)", idx_path)
-    tokens = b"\n".join(content).split()
-    if len(tokens) != 2 * len(content):
-        raise _bad_line(lines, idx_path, _line_problem)
-    try:
-        values = np.array(tokens).astype(np.int64).reshape(-1, 2)
-    except (ValueError, OverflowError):
-        raise _bad_line(lines, idx_path, _line_problem) from None
+    line_of = np.searchsorted(np.flatnonzero(b == 10), starts)
+    per_line = np.bincount(line_of)
+    if np.any(per_line[per_line > 0] != 2):
+        raise _bad_line(raw.splitlines(), idx_path, _line_problem)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        flat = np.fromstring(raw, dtype=np.int64, sep=" ")
+    if flat.size != starts.size:
+        raise _bad_line(raw.splitlines(), idx_path, _line_problem)
+    values = flat.reshape(-1, 2)
     return values[:, 0].copy(), values[:, 1].copy()
 
 
