@@ -25,6 +25,16 @@ def _classes_arg(value: Optional[str]):
     return [c.strip() for c in value.split(",") if c.strip()]
 
 
+def _shape_arg(value: str):
+    try:
+        shape = tuple(int(v) for v in value.replace("x", ",").split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a shape like 256,256,3, got %r" % value)
+    if not 2 <= len(shape) <= 3 or min(shape) <= 0:
+        raise argparse.ArgumentTypeError("expected 2 or 3 positive sizes, got %r" % value)
+    return shape
+
+
 def _cmd_convert(a) -> int:
     from .convert import convert
     report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
@@ -33,7 +43,9 @@ def _cmd_convert(a) -> int:
                      on_error=a.on_error, classes=_classes_arg(a.classes),
                      num_classes=a.num_classes, ignore_label=a.ignore_label,
                      images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
-                     max_pixels=a.max_pixels, format=a.format, progress=not a.quiet)
+                     max_pixels=a.max_pixels, format=a.format, image_shape=a.image_shape,
+                     mask_shape=a.mask_shape, channels_first=a.channels_first, bgr=a.bgr,
+                     progress=not a.quiet)
     print(report)
     return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
 
@@ -171,13 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("convert", formatter_class=_Formatter,
                        help="pack a folder or .lst into .rec/.idx/.meta.json",
-                       description="Pack a source into RecordIO. Layouts: pairs (images/ + "
-                                   "masks/), voc, imagefolder, lst (im2rec list).")
+                       description="Pack a source into RecordIO or LMDB. Layouts: pairs "
+                                   "(images/ + masks/), voc, imagefolder, lst (im2rec list), "
+                                   "raw-lmdb (the classic <split>_data/<split>_label recipe), "
+                                   "caffe-lmdb (convert_imageset). A .rec or .lmdb source is "
+                                   "copied into the other container.")
     c.add_argument("source", help="source folder, .lst file (--layout lst), or a .rec / .lmdb "
                                   "dataset to copy into the other container")
     c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec) or .lmdb")
-    c.add_argument("--layout", choices=["pairs", "voc", "imagefolder", "lst"],
-                   help="source layout (detected when omitted)")
+    c.add_argument("--layout", choices=["pairs", "voc", "imagefolder", "lst", "raw-lmdb",
+                                        "caffe-lmdb"],
+                   help="source layout (detected when omitted; the LMDB imports must be named)")
     c.add_argument("--format", choices=["rec", "lmdb"],
                    help="output container (default: lmdb if OUTPUT ends in .lmdb, else rec)")
     c.add_argument("--split", help="VOC split(s), or the splits of an .lmdb source, comma "
@@ -207,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(default: the .lst's folder)")
     c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                    help="refuse images larger than this many pixels")
+    c.add_argument("--image-shape", type=_shape_arg,
+                   help="raw-lmdb: stored image shape, e.g. 256,256,3 (H,W,C) or 3,256,256 with "
+                        "--channels-first")
+    c.add_argument("--mask-shape", type=_shape_arg,
+                   help="raw-lmdb: stored mask shape H,W (default: the image's H,W)")
+    c.add_argument("--channels-first", action="store_true",
+                   help="raw-lmdb: images are stored C,H,W")
+    c.add_argument("--bgr", action="store_true", help="raw-lmdb: image channels are BGR")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=_cmd_convert)
 

@@ -23,14 +23,15 @@ import numpy as np
 from PIL import Image
 
 from . import __version__, codec
-from .errors import ConversionError, GluonDataError, SourceError
+from .errors import ConversionError, FormatError, GluonDataError, SourceError
 from .meta import FORMAT_NAME, FORMAT_VERSION
+from .legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items
 from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, read_lmdb_meta
 from .meta import read_meta
 from .recordio import RecordFile, RecordWriter
 from .sources import Item, Source, open_source, voc_palette
 
-__all__ = ["convert", "copy_dataset", "ConversionReport", "EncodeOptions", "encode_item",
+__all__ = ["convert", "copy_dataset", "import_lmdb", "ConversionReport", "EncodeOptions", "encode_item",
            "ENCODINGS", "FORMATS", "output_paths", "output_format"]
 
 ENCODINGS = ("passthrough", "jpg", "png", "raw")
@@ -175,10 +176,7 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
         if opts.resize:
             rgb = _resize_short(rgb, opts.resize, cv2.INTER_AREA
                                 if min(h, w) > opts.resize else cv2.INTER_LINEAR)
-        target = opts.encoding if opts.encoding != "passthrough" else (
-            "jpg" if fmt == "JPEG" else "png")
-        data = (codec.encode_raw(rgb) if target == "raw"
-                else _encode_pixels(rgb, target, opts.quality))
+        data = image_part(rgb, opts, "jpg" if fmt == "JPEG" else "png")
     oh, ow = (rgb.shape[:2] if reencode else (h, w))
     info["hw"] = (oh, ow)
 
@@ -197,6 +195,14 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
                           % (mask.shape[1], mask.shape[0], item.image, w, h), item.mask)
     if (oh, ow) != (h, w):
         mask = cv2.resize(mask, (ow, oh), interpolation=cv2.INTER_NEAREST)
+    mbytes = mask_part(mask, opts, item.mask, info)
+    info["palette"] = palette
+    return codec.pack_segmentation(data, mbytes, id=record_id, checksum=opts.checksum), info
+
+
+def mask_part(mask: np.ndarray, opts: EncodeOptions, where: str, info: dict) -> bytes:
+    """Check a mask's class ids against the declared classes, count its pixels per class
+    into ``info["class_pixels"]``, and encode it (PNG, or raw for ``encoding='raw'``)."""
     counts = np.bincount(mask.ravel(), minlength=256) if mask.dtype == np.uint8 else None
     if counts is not None:
         ids = np.flatnonzero(counts)
@@ -208,11 +214,17 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
         if bad:
             raise SourceError("mask holds class ids %s outside the %d declared classes "
                               "(0..%d, ignore %d)" % (bad, opts.num_classes, opts.num_classes - 1,
-                                                      opts.ignore_label), item.mask)
+                                                      opts.ignore_label), where)
     info["class_pixels"] = {int(i): int(c) for i, c in zip(ids, pix)}
-    info["palette"] = palette
-    mbytes = codec.encode_raw(mask) if opts.encoding == "raw" else codec.encode_mask(mask)
-    return codec.pack_segmentation(data, mbytes, id=record_id, checksum=opts.checksum), info
+    return codec.encode_raw(mask) if opts.encoding == "raw" else codec.encode_mask(mask)
+
+
+def image_part(rgb: np.ndarray, opts: EncodeOptions, fmt_if_passthrough: str) -> bytes:
+    """Encode decoded RGB pixels for storage as ``opts.encoding`` asks."""
+    target = opts.encoding if opts.encoding != "passthrough" else fmt_if_passthrough
+    if target == "raw":
+        return codec.encode_raw(rgb)
+    return _encode_pixels(rgb, target, opts.quality)
 
 
 def _work(job, opts: EncodeOptions):
@@ -306,7 +318,9 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             classes: Optional[Sequence[str]] = None, num_classes: Optional[int] = None,
             ignore_label: int = 255, images_dir: str = "images", masks_dir: str = "masks",
             lst_root: Optional[str] = None, max_pixels: int = codec.DEFAULT_MAX_PIXELS,
-            format: Optional[str] = None, progress: bool = False) -> ConversionReport:
+            format: Optional[str] = None, image_shape: Optional[Sequence[int]] = None,
+            mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
+            bgr: bool = False, progress: bool = False) -> ConversionReport:
     """Convert a source folder or ``.lst`` into RecordIO (``.rec`` + ``.idx`` + metadata).
 
     Parameters
@@ -346,6 +360,9 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         Mask value meaning "not labelled" (VOC: 255).
     format : {'rec', 'lmdb'}, optional
         Output container; by default ``lmdb`` when ``output`` ends in ``.lmdb``.
+    image_shape, mask_shape, channels_first, bgr
+        Layout ``raw-lmdb`` only (see :mod:`gluon_data.legacy`): the stored array shapes,
+        whether images are stored CxHxW, and whether their channels are BGR.
 
     Returns
     -------
@@ -362,12 +379,16 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     >>> print(report)                                                                 # doctest: +SKIP
     wrote 1464 records to voc_train.rec
     """
-    if encoding not in ENCODINGS:
-        raise ValueError("unknown encoding %r; valid: %s" % (encoding, ", ".join(ENCODINGS)))
-    if on_error not in ("fail", "skip"):
-        raise ValueError("on_error must be 'fail' or 'skip', got %r" % (on_error,))
+    _check_choices(encoding, on_error)
     fmt = output_format(output, format)
     source = os.fspath(source)
+    if layout in LEGACY_LAYOUTS:
+        return import_lmdb(source, output, layout, split=split, image_shape=image_shape,
+                           mask_shape=mask_shape, channels_first=channels_first, bgr=bgr,
+                           encoding=encoding, quality=quality, classes=classes,
+                           num_classes=num_classes, ignore_label=ignore_label, format=fmt,
+                           overwrite=overwrite, on_error=on_error, max_pixels=max_pixels,
+                           progress=progress)
     if source.endswith(".rec") or is_lmdb(source):
         return copy_dataset(source, output, split=split, format=fmt, overwrite=overwrite,
                             progress=progress)
@@ -508,6 +529,108 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
         meta.update({"classes": list(classes) if classes is not None else None,
                      "num_classes": len(classes) if classes is not None else None})
     return meta
+
+
+def _check_choices(encoding: str, on_error: str) -> None:
+    if encoding not in ENCODINGS:
+        raise ValueError("unknown encoding %r; valid: %s" % (encoding, ", ".join(ENCODINGS)))
+    if on_error not in ("fail", "skip"):
+        raise ValueError("on_error must be 'fail' or 'skip', got %r" % (on_error,))
+
+
+def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] = None,
+                image_shape: Optional[Sequence[int]] = None,
+                mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
+                bgr: bool = False, encoding: str = "passthrough", quality: int = 95,
+                classes: Optional[Sequence[str]] = None, num_classes: Optional[int] = None,
+                ignore_label: int = 255, format: Optional[str] = None,
+                overwrite: bool = False, on_error: str = "fail",
+                max_pixels: int = codec.DEFAULT_MAX_PIXELS,
+                progress: bool = False) -> ConversionReport:
+    """Import a ``raw-lmdb`` (the original recipe) or ``caffe-lmdb`` into our format.
+
+    Raw arrays are kept raw by ``encoding='passthrough'`` for ``raw-lmdb`` (lossless, no
+    decode cost) and stored as PNG for Caffe; encoded Caffe images keep their bytes.
+    """
+    _check_choices(encoding, on_error)
+    fmt = output_format(output, format)
+    t0 = time.perf_counter()
+    split = split or "train"
+    try:
+        if layout == "raw-lmdb":
+            task, raw_as = "segmentation", "raw"
+            n, items = raw_lmdb_items(source, split, image_shape, mask_shape, channels_first,
+                                      bgr)
+        elif layout == "caffe-lmdb":
+            task, raw_as = "classification", "png"
+            n, items = caffe_lmdb_items(source)
+        else:
+            raise SourceError("unknown LMDB layout %r; valid: %s"
+                              % (layout, ", ".join(LEGACY_LAYOUTS)), source)
+    except (SourceError, FormatError) as e:
+        raise ConversionError("cannot read source: %s" % e.reason, e.path or source) from None
+    if classes is not None:
+        classes = list(classes)
+        num_classes = len(classes)
+    opts = EncodeOptions(task=task, encoding=encoding, quality=quality,
+                         num_classes=num_classes if task == "segmentation" else None,
+                         ignore_label=ignore_label, max_pixels=max_pixels)
+    src = Source(layout, source, task, {split: []}, classes)
+    report = ConversionReport(outputs=output_paths(os.fspath(output), [split], fmt))
+    writers: Dict[str, object] = {}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=n, unit="img", desc="import", dynamic_ncols=True)
+    try:
+        _, writers = open_writers(output, [split], fmt, overwrite)
+        w, st = writers[split], _Stats()
+        for pos, (where, image, extra) in enumerate(items):
+            if bar is not None:
+                bar.update(1)
+            info: dict = {}
+            try:
+                if isinstance(image, SourceError):
+                    raise image
+                if isinstance(image, bytes):  # an encoded Caffe image: validate strictly
+                    im = _open_strict(image, where, "image", max_pixels)
+                    info["hw"] = (im.size[1], im.size[0])
+                    data = image if (encoding == "passthrough" and im.format in
+                                     _PASSTHROUGH_FORMATS) else \
+                        image_part(np.asarray(im.convert("RGB")), opts, "png")
+                else:
+                    info["hw"] = image.shape[:2]
+                    data = image_part(image, opts, raw_as)
+                if task == "classification":
+                    payload = codec.pack_classification(extra, data, id=pos)
+                else:
+                    payload = codec.pack_segmentation(data, mask_part(extra, opts, where, info),
+                                                      id=pos)
+            except SourceError as e:
+                if on_error == "fail":
+                    raise ConversionError(e.reason, e.path or where) from None
+                report.skipped.append({"file": e.path or where, "reason": e.reason})
+                continue
+            w.write(w.count, payload)
+            st.add(info)
+        report.written[split] = w.count
+        if w.count == 0:
+            raise ConversionError("no item could be imported (%d skipped)"
+                                  % len(report.skipped), source)
+        w.finish(_metadata(src, split, w.count, st, opts, classes, num_classes,
+                           report.skipped, dict(encoding=encoding, quality=quality,
+                                                image_shape=image_shape,
+                                                mask_shape=mask_shape,
+                                                channels_first=channels_first, bgr=bgr)))
+        report.bytes_written += w.bytes_written
+        w.publish()
+    except BaseException as e:
+        _fail(e, writers, output)
+    finally:
+        if bar is not None:
+            bar.close()
+    report.seconds = time.perf_counter() - t0
+    return report
 
 
 def _stock_meta(path: str, count: int) -> dict:

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 
 import lmdb
 
-from .errors import FormatError
+from .errors import CorruptRecordError, FormatError
 from .meta import check_meta, dumps_meta
 
 __all__ = ["LMDBFile", "LMDBWriter", "lmdb_splits", "read_lmdb_meta", "is_lmdb",
@@ -205,13 +205,17 @@ class LMDBFile:
     def read(self, i: int) -> bytes:
         env, db = self._env()
         k = record_key(int(i))
-        for attempt in (0, 1):
+        try:
             try:
                 with env.begin(db=db) as txn:
                     v = txn.get(k)
-                break
             except lmdb.MapResizedError:  # another process grew the map: adopt its size
                 env.set_mapsize(0)
+                with env.begin(db=db) as txn:
+                    v = txn.get(k)
+        except lmdb.Error as e:
+            raise CorruptRecordError("LMDB could not read the value (%s: %s)"
+                                     % (type(e).__name__, e), self.path, i) from None
         if v is None:
             raise FormatError("record key %r missing from split %r" % (k.decode(), self.split),
                               self.path, i)
@@ -286,6 +290,10 @@ class LMDBWriter:
             return
         self.env.sync(True)
         self.env.close()
+        try:  # readers run lock-free; a published dataset is just data.mdb
+            os.remove(os.path.join(self.tmp, "lock.mdb"))
+        except FileNotFoundError:
+            pass
         if os.path.exists(self.path):
             old = self.path + ".old"
             shutil.rmtree(old, ignore_errors=True)

@@ -215,3 +215,51 @@ def test_overwrite_replaces_an_open_lmdb(tmp_path, voc_root):
         convert(voc_root, out, "voc", split="val")
     convert(voc_root, out, "voc", split="val", overwrite=True)
     assert len(SegmentationLMDBDataset(out, "val")) == 4
+
+
+def test_reads_from_a_read_only_filesystem(voc_lmdb, voc_split_recs, tmp_path):
+    """A real read-only bind mount, in a private mount namespace (no lock file can be made)."""
+    import shutil as sh
+    if not sh.which("unshare"):
+        pytest.skip("unshare not available")
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    sh.copytree(voc_lmdb, src / "voc.lmdb")
+    for ext in (".rec", ".idx", ".meta.json"):
+        sh.copy(voc_split_recs["train"][:-4] + ext, src / ("t" + ext))
+    code = ("from gluon_data import SegmentationLMDBDataset as L, SegmentationRecordDataset as R\n"
+            "import errno\n"
+            "try:\n    open(%r, 'w')\n    raise SystemExit('mount is writable')\n"
+            "except OSError as e:\n    assert e.errno == errno.EROFS, e\n"
+            "a, b = L(%r, 'train'), R(%r)\n"
+            "assert all((a[i][1].asnumpy() == b[i][1].asnumpy()).all() for i in range(len(a)))\n"
+            "print('read', len(a))\n" % (str(mnt / "probe"), str(mnt / "voc.lmdb"),
+                                         str(mnt / "t.rec")))
+    script = ("mount --bind %s %s && mount -o remount,bind,ro %s && %s -c \"$CODE\""
+              % (src, mnt, mnt, sys.executable))
+    p = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True,
+                       env=dict(os.environ, CODE=code), timeout=120)
+    if p.returncode != 0 and "mount" in p.stderr and "read" not in p.stdout:
+        pytest.skip("cannot make a read-only bind mount here: %s" % p.stderr.strip()[-200:])
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "read 12"
+    assert not os.path.exists(os.path.join(str(src / "voc.lmdb"), "lock.mdb"))
+
+
+def test_map_grown_by_another_process_is_handled(voc_root, tmp_path):
+    out = str(tmp_path / "grow.lmdb")
+    convert(voc_root, out, "voc", split="train")
+    ds = SegmentationLMDBDataset(out)
+    first = ds[0][1].asnumpy()
+    env_size = os.path.getsize(os.path.join(out, "data.mdb"))
+    code = ("import lmdb\n"
+            "e = lmdb.open(%r, max_dbs=64, map_size=%d)\n"
+            "db = e.open_db(b'scratch')\n"
+            "with e.begin(write=True) as t:\n"
+            "    t.put(b'big', b'x' * %d, db=db)\n"
+            "e.close()\n" % (out, 64 * env_size + (256 << 20), 32 * env_size + (128 << 20)))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert os.path.getsize(os.path.join(out, "data.mdb")) > 16 * env_size
+    np.testing.assert_array_equal(ds[0][1].asnumpy(), first)
+    assert all(ds[i][0].shape[2] == 3 for i in range(len(ds)))

@@ -1,0 +1,177 @@
+"""Readers for LMDBs in layouts that predate gluon_data, for import with ``gluon-data convert``.
+
+``raw-lmdb``
+    The layout of the recipe this project started from: sub-databases ``<split>_data`` and
+    ``<split>_label``, decimal-string keys (``b"0"``, ``b"1"``, ... ``b"10"``), values raw
+    uint8 arrays whose shape is not stored (the user supplies it).
+``caffe-lmdb``
+    Caffe's ``convert_imageset``: the main database maps ``"%08d_<path>"`` keys to serialized
+    ``caffe.Datum`` protobuf messages, either ``encoded`` (the image file's bytes) or raw
+    ``channels x height x width`` uint8 data in BGR order.
+
+Values are parsed as arrays or protobuf only; nothing is ever unpickled. Both iterators
+yield ``(where, SourceError, None)`` for an item they cannot read, so the converter can skip
+it (``--on-error skip``) and go on.
+"""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Sequence, Tuple, Union  # noqa: F401
+
+import numpy as np
+
+from .errors import SourceError
+from .lmdbio import shared_env
+
+__all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS"]
+
+LEGACY_LAYOUTS = ("raw-lmdb", "caffe-lmdb")
+
+
+def _subdbs(env) -> List[str]:
+    with env.begin() as txn:
+        return [bytes(k).decode("utf-8", "replace") for k, _ in txn.cursor()]
+
+
+def _to_rgb(arr: np.ndarray, channels_first: bool, bgr: bool) -> np.ndarray:
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    elif channels_first:
+        arr = arr.transpose(1, 2, 0)
+    c = arr.shape[2]
+    if c == 1:
+        arr = np.repeat(arr, 3, axis=2)
+    elif c == 4:
+        arr = arr[:, :, :3]  # a 4th (alpha / extra) channel has no place in an RGB sample
+    elif c != 3:
+        raise ValueError("images must have 1, 3 or 4 channels, got %d" % c)
+    if bgr:
+        arr = arr[:, :, ::-1]
+    return np.ascontiguousarray(arr)
+
+
+def _reshape(value: bytes, shape: Sequence[int], where: str, what: str) -> np.ndarray:
+    need = int(np.prod(shape))
+    if len(value) != need:
+        raise SourceError("%s holds %d bytes, but shape %s needs %d: wrong --%s-shape, or "
+                          "not a raw uint8 array" % (what, len(value), tuple(shape), need, what),
+                          where)
+    return np.frombuffer(value, dtype=np.uint8).reshape(tuple(shape))
+
+
+def raw_lmdb_items(path: str, split: str, image_shape: Sequence[int],
+                   mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
+                   bgr: bool = False) -> Tuple[int, Iterator[Tuple[str, np.ndarray, np.ndarray]]]:
+    """Count and iterate ``(where, rgb HxWx3, mask HxW)`` in numeric key order.
+
+    ``image_shape`` is the stored shape: ``(H, W, C)``, or ``(C, H, W)`` with
+    ``channels_first``, or ``(H, W)`` for grey. ``mask_shape`` defaults to ``(H, W)``.
+    """
+    if image_shape is None:
+        raise SourceError("layout 'raw-lmdb' stores no shapes: pass --image-shape "
+                          "(e.g. 256,256,3)", path)
+    env = shared_env(path)
+    names = _subdbs(env)
+    dname, lname = split + "_data", split + "_label"
+    if dname not in names:
+        raise SourceError("no sub-database %r; found: %s (split = the part before _data)"
+                          % (dname, ", ".join(names) or "none"), path)
+    if lname not in names:
+        raise SourceError("no sub-database %r beside %r: raw-lmdb imports image + mask pairs"
+                          % (lname, dname), path)
+    ddb = env.open_db(dname.encode(), create=False)
+    ldb = env.open_db(lname.encode(), create=False)
+    with env.begin(db=ddb) as txn:
+        raw_keys = [bytes(k) for k in txn.cursor().iternext(values=False)]
+    keyed = []
+    for k in raw_keys:
+        try:
+            keyed.append((int(k.decode("ascii")), k))
+        except (UnicodeDecodeError, ValueError):
+            raise SourceError("key %r of %s is not a decimal record number" % (k, dname),
+                              path) from None
+    keyed.sort()
+    shape = tuple(int(x) for x in image_shape)
+    hw = (shape[1:3] if channels_first else shape[:2]) if len(shape) == 3 else shape
+    mshape = tuple(int(x) for x in mask_shape) if mask_shape else hw
+
+    def items():
+        for _, k in keyed:
+            where = "%s [%s/%s]" % (path, dname, k.decode())
+            with env.begin() as txn:
+                v = txn.get(k, db=ddb)
+                lab = txn.get(k, db=ldb)
+            try:
+                img = _to_rgb(_reshape(v, shape, where, "image"), channels_first, bgr)
+                if lab is None:
+                    raise SourceError("no label under the same key in %s" % lname, where)
+                mask = _reshape(lab, mshape, where, "mask")
+                if mask.shape != img.shape[:2]:
+                    raise SourceError("mask shape %s differs from image %s"
+                                      % (mask.shape, img.shape[:2]), where)
+            except SourceError as e:
+                yield where, e, None  # the caller skips or fails; iteration goes on
+                continue
+            yield where, img, mask
+    return len(keyed), items()
+
+
+_DATUM = None
+
+
+def datum_class():
+    """The ``caffe.Datum`` message class, built from its descriptor (no protoc needed)."""
+    global _DATUM
+    if _DATUM is None:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+        F = descriptor_pb2.FieldDescriptorProto
+        fdp = descriptor_pb2.FileDescriptorProto(name="gluon_data/caffe_datum.proto",
+                                                 package="caffe", syntax="proto2")
+        msg = fdp.message_type.add(name="Datum")
+        for name, num, typ, label in (("channels", 1, F.TYPE_INT32, F.LABEL_OPTIONAL),
+                                      ("height", 2, F.TYPE_INT32, F.LABEL_OPTIONAL),
+                                      ("width", 3, F.TYPE_INT32, F.LABEL_OPTIONAL),
+                                      ("data", 4, F.TYPE_BYTES, F.LABEL_OPTIONAL),
+                                      ("label", 5, F.TYPE_INT32, F.LABEL_OPTIONAL),
+                                      ("float_data", 6, F.TYPE_FLOAT, F.LABEL_REPEATED),
+                                      ("encoded", 7, F.TYPE_BOOL, F.LABEL_OPTIONAL)):
+            msg.field.add(name=name, number=num, type=typ, label=label)
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(fdp)
+        _DATUM = message_factory.GetMessageClass(pool.FindMessageTypeByName("caffe.Datum"))
+    return _DATUM
+
+
+def caffe_lmdb_items(path: str) -> Tuple[int, Iterator[Tuple[str, Union[bytes, np.ndarray],
+                                                             float]]]:
+    """Count and iterate ``(where, image, label)``: encoded bytes, or an RGB HxWx3 array."""
+    from google.protobuf.message import DecodeError as PBDecodeError
+    env = shared_env(path)
+    Datum = datum_class()
+    with env.begin() as txn:
+        n = txn.stat()["entries"]
+
+    def items():
+        with env.begin() as txn:
+            for k, v in txn.cursor():
+                where = "%s [%s]" % (path, bytes(k).decode("utf-8", "replace"))
+                d = Datum()
+                try:
+                    try:
+                        d.ParseFromString(bytes(v))
+                    except PBDecodeError as e:
+                        raise SourceError("value is not a caffe.Datum protobuf (%s)" % e,
+                                          where) from None
+                    if d.encoded:
+                        yield where, bytes(d.data), float(d.label)
+                        continue
+                    shape = (d.channels, d.height, d.width)
+                    if min(shape) <= 0 or not d.data:
+                        raise SourceError("Datum without pixel data (channels/height/width %s)"
+                                          % (shape,), where)
+                    arr = _reshape(bytes(d.data), shape, where, "image")
+                    img = _to_rgb(arr, channels_first=True, bgr=d.channels == 3)
+                except SourceError as e:
+                    yield where, e, None  # the caller skips or fails; iteration goes on
+                    continue
+                yield where, img, float(d.label)
+    return n, items()

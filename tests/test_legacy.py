@@ -1,0 +1,163 @@
+"""Importing LMDBs in the original recipe's layout and Caffe's, built here with py-lmdb."""
+import os
+import pickle
+
+import lmdb
+import numpy as np
+import pytest
+from PIL import Image
+
+from gluon_data import ImageRecordDataset, SegmentationLMDBDataset, SegmentationRecordDataset
+from gluon_data import convert
+from gluon_data.errors import ConversionError
+from gluon_data.sample import synthetic_pair
+
+
+def make_recipe_lmdb(path, n=12, shape=(24, 32), channels_first=False, bgr=False):
+    """Exactly the seed recipe's layout: <split>_data/<split>_label, str(idx) keys, raw uint8."""
+    rng = np.random.default_rng(7)
+    env = lmdb.open(path, max_dbs=4, map_size=1 << 26)
+    dbs = {name: env.open_db(name.encode()) for name in
+           ("train_data", "train_label", "val_data", "val_label")}
+    pairs = []
+    with env.begin(write=True) as txn:
+        for idx in range(n):
+            img, mask = synthetic_pair(rng, *shape)
+            stored = img[:, :, ::-1] if bgr else img
+            stored = stored.transpose(2, 0, 1) if channels_first else stored
+            txn.put(str(idx).encode(), np.ascontiguousarray(stored).tobytes(),
+                    db=dbs["train_data"])
+            txn.put(str(idx).encode(), mask.tobytes(), db=dbs["train_label"])
+            pairs.append((img, mask))
+    env.close()
+    return pairs
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def datum_bytes(label, data, encoded, c=0, h=0, w=0):
+    """caffe.Datum wire format, encoded by hand (independent of the reader's protobuf class)."""
+    out = b""
+    if not encoded:
+        out += b"\x08" + _varint(c) + b"\x10" + _varint(h) + b"\x18" + _varint(w)
+    out += b"\x22" + _varint(len(data)) + data + b"\x28" + _varint(label)
+    if encoded:
+        out += b"\x38\x01"
+    return out
+
+
+def test_recipe_lmdb_imports_in_numeric_key_order(tmp_path):
+    src = str(tmp_path / "recipe")
+    pairs = make_recipe_lmdb(src)
+    for out in (str(tmp_path / "r.rec"), str(tmp_path / "r.lmdb")):
+        rep = convert(src, out, "raw-lmdb", split="train", image_shape=(24, 32, 3),
+                      num_classes=21)
+        assert rep.written == {"train": 12}
+        ds = (SegmentationLMDBDataset(out) if out.endswith(".lmdb")
+              else SegmentationRecordDataset(out, ignore_value=None))
+        assert ds.meta["image_encoding"] == "passthrough" and ds.meta["mask_encoding"] == "png"
+        for i, (img, mask) in enumerate(pairs):  # 0, 1, 2, ..., 10, 11 — not "0", "1", "10"
+            np.testing.assert_array_equal(ds[i][0].asnumpy(), img)
+            got = ds[i][1].asnumpy()
+            np.testing.assert_array_equal(got if out.endswith(".rec") else
+                                          np.where(got == -1, 255, got), mask)
+
+
+def test_recipe_lmdb_channels_first_bgr(tmp_path):
+    src = str(tmp_path / "recipe")
+    pairs = make_recipe_lmdb(src, channels_first=True, bgr=True)
+    out = str(tmp_path / "r.rec")
+    convert(src, out, "raw-lmdb", image_shape=(3, 24, 32), channels_first=True, bgr=True,
+            encoding="raw")
+    ds = SegmentationRecordDataset(out)
+    np.testing.assert_array_equal(ds[5][0].asnumpy(), pairs[5][0])
+    assert ds.meta["mask_encoding"] == "raw"
+
+
+def test_recipe_lmdb_errors_name_the_key_and_sizes(tmp_path):
+    src = str(tmp_path / "recipe")
+    make_recipe_lmdb(src)
+    with pytest.raises(ConversionError, match=r"train_data/0\].*2304 bytes, but shape"):
+        convert(src, str(tmp_path / "a.rec"), "raw-lmdb", image_shape=(24, 30, 3))
+    with pytest.raises(ConversionError, match="found: train_data, train_label, val_data"):
+        convert(src, str(tmp_path / "a.rec"), "raw-lmdb", split="test", image_shape=(24, 32, 3))
+    with pytest.raises(ConversionError, match="--image-shape"):
+        convert(src, str(tmp_path / "a.rec"), "raw-lmdb")
+    assert sorted(os.listdir(tmp_path)) == ["recipe"]
+
+
+class _Boom:
+    def __reduce__(self):
+        return (open, ("/tmp/gluon-data-unpickled-%d" % os.getpid(), "w"))
+
+
+def test_pickled_values_are_never_unpickled(tmp_path):
+    src = str(tmp_path / "evil")
+    env = lmdb.open(src, max_dbs=4)
+    d, lab = env.open_db(b"train_data"), env.open_db(b"train_label")
+    with env.begin(write=True) as txn:
+        txn.put(b"0", pickle.dumps(_Boom()), db=d)
+        txn.put(b"0", pickle.dumps(_Boom()), db=lab)
+        txn.put(b"1", pickle.dumps(_Boom()))
+    env.close()
+    marker = "/tmp/gluon-data-unpickled-%d" % os.getpid()
+    with pytest.raises(ConversionError, match="not a raw uint8 array"):
+        convert(src, str(tmp_path / "a.rec"), "raw-lmdb", image_shape=(2, 2, 3))
+    assert not os.path.exists(marker)
+
+
+def make_caffe_lmdb(path, folder_root):
+    """Like convert_imageset: '%08d_<path>' keys; encoded files, then raw BGR CHW Datums."""
+    files = sorted(os.path.join(c, f) for c in sorted(os.listdir(folder_root))
+                   for f in sorted(os.listdir(os.path.join(folder_root, c))))
+    env = lmdb.open(path, map_size=1 << 26)
+    want = []
+    with env.begin(write=True) as txn:
+        for i, rel in enumerate(files):
+            label = sorted(os.listdir(folder_root)).index(rel.split(os.sep)[0])
+            full = os.path.join(folder_root, rel)
+            if i % 2 == 0:
+                data = open(full, "rb").read()
+                txn.put(b"%08d_%s" % (i, rel.encode()), datum_bytes(label, data, True))
+            else:
+                rgb = np.asarray(Image.open(full).convert("RGB"))
+                chw = np.ascontiguousarray(rgb[:, :, ::-1].transpose(2, 0, 1))
+                txn.put(b"%08d_%s" % (i, rel.encode()),
+                        datum_bytes(label, chw.tobytes(), False, *chw.shape))
+            want.append((full, label, i % 2 == 0))
+    env.close()
+    return want
+
+
+def test_caffe_lmdb_imports_encoded_and_raw_datums(tmp_path, folder_root):
+    src = str(tmp_path / "caffe")
+    want = make_caffe_lmdb(src, folder_root)
+    out = str(tmp_path / "c.rec")
+    rep = convert(src, out, "caffe-lmdb")
+    assert rep.written == {"train": len(want)}
+    ds = ImageRecordDataset(out)
+    import mxnet as mx
+    stock = mx.gluon.data.vision.ImageRecordDataset(out)  # PNG/JPEG: stock-readable
+    for i, (full, label, encoded) in enumerate(want):
+        img, lab = ds[i]
+        assert lab == label == stock[i][1]
+        ref = (mx.image.imread(full).asnumpy() if encoded
+               else np.asarray(Image.open(full).convert("RGB")))
+        np.testing.assert_array_equal(img.asnumpy(), ref)
+
+
+def test_caffe_lmdb_garbage_value_is_named(tmp_path):
+    src = str(tmp_path / "bad")
+    env = lmdb.open(src)
+    with env.begin(write=True) as txn:
+        txn.put(b"00000000_x.jpg", b"\xff\xff\xff not protobuf")
+    env.close()
+    with pytest.raises(ConversionError, match=r"00000000_x.jpg\]: value is not a caffe.Datum"):
+        convert(src, str(tmp_path / "a.rec"), "caffe-lmdb")
