@@ -7,13 +7,14 @@ from .recordio import RecordFile, RecordWriter  # noqa: E402
 from .datasets import (ImageLMDBDataset, ImageRecordDataset, SegmentationLMDBDataset,  # noqa: E402
                        SegmentationRecordDataset)
 from .lmdbio import LMDBFile, LMDBWriter  # noqa: E402
+from .legacy import CaffeLMDBDataset, RecipeLMDBDataset  # noqa: E402
 from .convert import ConversionReport, convert  # noqa: E402
 from .batchify import SegmentationBatchify  # noqa: E402
 
 __all__ = [
     "__version__",
     "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
-    "SegmentationLMDBDataset", "LMDBFile", "LMDBWriter",
+    "SegmentationLMDBDataset", "LMDBFile", "LMDBWriter", "RecipeLMDBDataset", "CaffeLMDBDataset",
     "RecordFile", "RecordWriter",
     "convert", "ConversionReport",
     "SegmentationBatchify",

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional, Sequence, Tuple, Union  # noqa: F401
 
+import os
+
+import mxnet as mx
 import numpy as np
 
-from .errors import SourceError
-from .lmdbio import shared_env
+from . import codec
+from .errors import DecodeError, FormatError, SourceError
+from .lmdbio import ProcessEnv, shared_env
 
-__all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS"]
+__all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
+           "RecipeLMDBDataset", "CaffeLMDBDataset"]
 
 LEGACY_LAYOUTS = ("raw-lmdb", "caffe-lmdb")
 
@@ -144,9 +149,7 @@ def datum_class():
 def caffe_lmdb_items(path: str) -> Tuple[int, Iterator[Tuple[str, Union[bytes, np.ndarray],
                                                              float]]]:
     """Count and iterate ``(where, image, label)``: encoded bytes, or an RGB HxWx3 array."""
-    from google.protobuf.message import DecodeError as PBDecodeError
     env = shared_env(path)
-    Datum = datum_class()
     with env.begin() as txn:
         n = txn.stat()["entries"]
 
@@ -154,13 +157,8 @@ def caffe_lmdb_items(path: str) -> Tuple[int, Iterator[Tuple[str, Union[bytes, n
         with env.begin() as txn:
             for k, v in txn.cursor():
                 where = "%s [%s]" % (path, bytes(k).decode("utf-8", "replace"))
-                d = Datum()
                 try:
-                    try:
-                        d.ParseFromString(bytes(v))
-                    except PBDecodeError as e:
-                        raise SourceError("value is not a caffe.Datum protobuf (%s)" % e,
-                                          where) from None
+                    d = _parse_datum(v, where)
                     if d.encoded:
                         yield where, bytes(d.data), float(d.label)
                         continue
@@ -175,3 +173,166 @@ def caffe_lmdb_items(path: str) -> Tuple[int, Iterator[Tuple[str, Union[bytes, n
                     continue
                 yield where, img, float(d.label)
     return n, items()
+
+
+def _parse_datum(value: bytes, where: str):
+    from google.protobuf.message import DecodeError as PBDecodeError
+    d = datum_class()()
+    try:
+        d.ParseFromString(bytes(value))
+    except PBDecodeError as e:
+        raise SourceError("value is not a caffe.Datum protobuf (%s)" % e, where) from None
+    return d
+
+
+class RecipeLMDBDataset(mx.gluon.data.Dataset):
+    """Read an LMDB in the original recipe's layout in place (no conversion).
+
+    Same outputs as :class:`~gluon_data.SegmentationLMDBDataset`: ``(image uint8 HxWx3 RGB,
+    mask int32 HxW)`` NDArrays. Opened lazily and lock-free in each process, so unlike the
+    recipe's own class it works in forked DataLoader workers and pickles.
+
+    Parameters
+    ----------
+    path : str
+        The LMDB directory with ``<split>_data`` / ``<split>_label`` sub-databases.
+    split : str, default 'train'
+    image_shape : tuple of int
+        Stored image shape, ``(H, W, C)`` or ``(C, H, W)`` with ``channels_first``.
+    mask_shape : tuple of int, optional
+        Stored mask shape (default: the image's ``(H, W)``).
+    channels_first, bgr : bool
+        Storage order of the image arrays.
+    ignore_label : int, optional
+        Mask value meaning "unlabelled", returned as ``ignore_value``.
+    transform : callable, optional
+        Joint ``transform(image, mask)``.
+
+    Examples
+    --------
+    >>> ds = RecipeLMDBDataset("old.lmdb", "train", image_shape=(256, 256, 3))  # doctest: +SKIP
+    >>> img, mask = ds[0]
+    """
+
+    def __init__(self, path: str, split: str = "train", image_shape=None, mask_shape=None,
+                 channels_first: bool = False, bgr: bool = False, transform=None,
+                 ignore_label: Optional[int] = None, ignore_value: int = -1):
+        super().__init__()
+        if image_shape is None:
+            raise ValueError("image_shape is required: this layout does not store shapes")
+        self.path, self.split = os.fspath(path), split
+        env = shared_env(self.path)
+        names = _subdbs(env)
+        self._dname, self._lname = split + "_data", split + "_label"
+        for name in (self._dname, self._lname):
+            if name not in names:
+                raise FormatError("no sub-database %r; found: %s" % (name, ", ".join(names)),
+                                  self.path)
+        counts = []
+        for name in (self._dname, self._lname):
+            with env.begin(db=env.open_db(name.encode(), create=False)) as txn:
+                counts.append(txn.stat()["entries"])
+        if counts[0] != counts[1]:
+            raise FormatError("%s holds %d entries but %s holds %d"
+                              % (self._dname, counts[0], self._lname, counts[1]), self.path)
+        self._n = counts[0]
+        self._shape = tuple(int(x) for x in image_shape)
+        hw = ((self._shape[1:3] if channels_first else self._shape[:2])
+              if len(self._shape) == 3 else self._shape)
+        self._mshape = tuple(int(x) for x in mask_shape) if mask_shape else hw
+        self._channels_first, self._bgr = channels_first, bgr
+        self._transform = transform
+        self._ignore = (ignore_label, ignore_value)
+        self._env = ProcessEnv(self.path)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _get(self, db: str, i: int) -> bytes:
+        k = str(i).encode()
+        v = self._env.get_value(k, db, record=i)
+        if v is None:
+            raise FormatError("key %r missing from %s: the recipe's keys are 0..%d"
+                              % (k.decode(), db, self._n - 1), self.path, i)
+        return v
+
+    def __getitem__(self, idx):
+        i = int(idx) + (self._n if int(idx) < 0 else 0)
+        if not 0 <= i < self._n:
+            raise IndexError("index %d out of range for %d records" % (idx, self._n))
+        where = "%s [%s/%d]" % (self.path, self._dname, i)
+        try:
+            img = _to_rgb(_reshape(self._get(self._dname, i), self._shape, where, "image"),
+                          self._channels_first, self._bgr)
+            mask = _reshape(self._get(self._lname, i), self._mshape, where, "mask")
+        except SourceError as e:
+            raise FormatError(e.reason, self.path, i) from None
+        mask = mask.astype(np.int32)
+        if self._ignore[0] is not None:
+            mask[mask == self._ignore[0]] = self._ignore[1]
+        img, mask = mx.nd.array(img, dtype=np.uint8), mx.nd.array(mask, dtype=np.int32)
+        if self._transform is not None:
+            return self._transform(img, mask)
+        return img, mask
+
+    def __repr__(self):
+        return "RecipeLMDBDataset(%r, split=%r, %d records)" % (self.path, self.split, self._n)
+
+
+class CaffeLMDBDataset(mx.gluon.data.Dataset):
+    """Read a Caffe ``convert_imageset`` LMDB in place: ``(image uint8 HxWxC, label float)``.
+
+    Parameters
+    ----------
+    path : str
+        The LMDB directory.
+    flag : {0, 1}, default 1
+        1: RGB; 0: greyscale (HxWx1), as in :class:`~gluon_data.ImageRecordDataset`.
+    transform : callable, optional
+        ``transform(image, label)``.
+
+    Examples
+    --------
+    >>> ds = CaffeLMDBDataset("ilsvrc12_train_lmdb")     # doctest: +SKIP
+    >>> img, label = ds[0]
+    """
+
+    def __init__(self, path: str, flag: int = 1, transform=None,
+                 max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
+        super().__init__()
+        self.path = os.fspath(path)
+        env = shared_env(self.path)
+        with env.begin() as txn:
+            self._keys = np.array([bytes(k) for k in txn.cursor().iternext(values=False)])
+        if not len(self._keys):
+            raise FormatError("the LMDB holds no records", self.path)
+        self._flag, self._transform, self._max_pixels = flag, transform, max_pixels
+        self._env = ProcessEnv(self.path)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, idx):
+        key = bytes(self._keys[idx])
+        where = "%s [%s]" % (self.path, key.decode("utf-8", "replace"))
+        v = self._env.get_value(key, where=self.path, record=int(idx))
+        if v is None:
+            raise FormatError("key vanished from the database", self.path, key.decode())
+        try:
+            d = _parse_datum(v, where)
+            if d.encoded:
+                img = codec.decode_image(bytes(d.data), self._flag, max_pixels=self._max_pixels)
+            else:
+                arr = _reshape(bytes(d.data), (d.channels, d.height, d.width), where, "image")
+                img = _to_rgb(arr, channels_first=True, bgr=d.channels == 3)
+                if self._flag == 0:
+                    img = codec.decode_image(codec.encode_raw(img), 0)
+        except (SourceError, DecodeError) as e:
+            raise FormatError(e.reason, self.path, key.decode("utf-8", "replace")) from None
+        img, label = mx.nd.array(img, dtype=np.uint8), float(d.label)
+        if self._transform is not None:
+            return self._transform(img, label)
+        return img, label
+
+    def __repr__(self):
+        return "CaffeLMDBDataset(%r, %d records)" % (self.path, len(self))

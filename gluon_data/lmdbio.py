@@ -27,7 +27,7 @@ import lmdb
 from .errors import CorruptRecordError, FormatError
 from .meta import check_meta, dumps_meta
 
-__all__ = ["LMDBFile", "LMDBWriter", "lmdb_splits", "read_lmdb_meta", "is_lmdb",
+__all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "lmdb_splits", "read_lmdb_meta", "is_lmdb",
            "record_key", "shared_env"]
 
 META_DB = b"__meta__"
@@ -123,6 +123,53 @@ def shared_env(path: str) -> lmdb.Environment:
         return env
 
 
+class ProcessEnv:
+    """Picklable handle to :func:`shared_env` that re-resolves after fork or unpickling."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._state: Optional[Tuple[int, lmdb.Environment, dict]] = None
+        self._lock = threading.Lock()
+
+    def get(self, db_name: Optional[str] = None):
+        """``(env, db)`` for this process; ``db`` is the named sub-database (or main)."""
+        pid = os.getpid()
+        st = self._state
+        if st is None or st[0] != pid:
+            with self._lock:
+                st = self._state
+                if st is None or st[0] != pid:
+                    st = self._state = (pid, shared_env(self.path), {})
+        dbs = st[2]
+        if db_name not in dbs:
+            dbs[db_name] = (st[1].open_db(db_name.encode(), create=False)
+                            if db_name is not None else None)
+        return st[1], dbs[db_name]
+
+    def get_value(self, key: bytes, db_name: Optional[str] = None, *, where=None,
+                  record=None) -> Optional[bytes]:
+        """One short read transaction; handles a map grown by another process."""
+        env, db = self.get(db_name)
+        try:
+            try:
+                with env.begin(db=db) as txn:
+                    return txn.get(key)
+            except lmdb.MapResizedError:  # another process grew the map: adopt its size
+                env.set_mapsize(0)
+                with env.begin(db=db) as txn:
+                    return txn.get(key)
+        except lmdb.Error as e:
+            raise CorruptRecordError("LMDB could not read the value (%s: %s)"
+                                     % (type(e).__name__, e), where or self.path,
+                                     record) from None
+
+    def __getstate__(self):
+        return {"path": self.path}
+
+    def __setstate__(self, d):
+        self.__init__(d["path"])
+
+
 def _read_all_meta(env: lmdb.Environment, path: str) -> Dict[str, dict]:
     try:
         mdb = env.open_db(META_DB, create=False)
@@ -178,20 +225,7 @@ class LMDBFile:
             raise FormatError("split %r holds %d records but its metadata promises %d"
                               % (split, n, self.meta["num_records"]), self.path)
         self._n = n
-        self._state: Optional[Tuple[int, lmdb.Environment, object]] = None
-        self._lock = threading.Lock()
-
-    def _env(self):
-        pid = os.getpid()
-        st = self._state
-        if st is not None and st[0] == pid:
-            return st[1], st[2]
-        with self._lock:
-            st = self._state
-            if st is None or st[0] != pid:
-                env = shared_env(self.path)
-                self._state = (pid, env, env.open_db(self.split.encode(), create=False))
-            return self._state[1], self._state[2]
+        self._env = ProcessEnv(self.path)
 
     def __len__(self) -> int:
         return self._n
@@ -203,19 +237,8 @@ class LMDBFile:
         return None
 
     def read(self, i: int) -> bytes:
-        env, db = self._env()
         k = record_key(int(i))
-        try:
-            try:
-                with env.begin(db=db) as txn:
-                    v = txn.get(k)
-            except lmdb.MapResizedError:  # another process grew the map: adopt its size
-                env.set_mapsize(0)
-                with env.begin(db=db) as txn:
-                    v = txn.get(k)
-        except lmdb.Error as e:
-            raise CorruptRecordError("LMDB could not read the value (%s: %s)"
-                                     % (type(e).__name__, e), self.path, i) from None
+        v = self._env.get_value(k, self.split, record=i)
         if v is None:
             raise FormatError("record key %r missing from split %r" % (k.decode(), self.split),
                               self.path, i)
@@ -223,17 +246,7 @@ class LMDBFile:
 
     def close(self) -> None:
         """Forget this reader's handle (the shared environment stays for other readers)."""
-        self._state = None
-
-    def __getstate__(self):
-        d = self.__dict__.copy()
-        d["_state"] = None
-        d["_lock"] = None
-        return d
-
-    def __setstate__(self, d):
-        self.__dict__.update(d)
-        self._lock = threading.Lock()
+        self._env = ProcessEnv(self.path)
 
     def __repr__(self):
         return "LMDBFile(%r, split=%r, %d records)" % (self.path, self.split, self._n)

@@ -161,3 +161,41 @@ def test_caffe_lmdb_garbage_value_is_named(tmp_path):
     env.close()
     with pytest.raises(ConversionError, match=r"00000000_x.jpg\]: value is not a caffe.Datum"):
         convert(src, str(tmp_path / "a.rec"), "caffe-lmdb")
+
+
+@pytest.mark.slow
+def test_recipe_lmdb_read_in_place_through_forked_workers(tmp_path):
+    from gluon_data import RecipeLMDBDataset, SegmentationBatchify
+    import mxnet as mx
+    src = str(tmp_path / "recipe")
+    pairs = make_recipe_lmdb(src)
+    ds = RecipeLMDBDataset(src, "train", image_shape=(24, 32, 3), ignore_label=255)
+    assert len(ds) == 12 and "12 records" in repr(ds)
+    for i, (img, mask) in enumerate(pairs):
+        np.testing.assert_array_equal(ds[i][0].asnumpy(), img)
+        np.testing.assert_array_equal(ds[i][1].asnumpy(), np.where(mask == 255, -1, mask))
+    for _ in range(3):  # the parent has the environment open; workers fork each epoch
+        loader = mx.gluon.data.DataLoader(ds, batch_size=4, num_workers=2,
+                                          batchify_fn=SegmentationBatchify())
+        assert sum(b[0].shape[0] for b in loader) == 12
+    with pytest.raises(Exception, match="found: train_data"):
+        RecipeLMDBDataset(src, "test", image_shape=(24, 32, 3))
+    bad = RecipeLMDBDataset(src, "train", image_shape=(24, 31, 3))
+    with pytest.raises(Exception, match=r"record 0: image holds 2304 bytes"):
+        bad[0]
+
+
+def test_caffe_lmdb_read_in_place(tmp_path, folder_root):
+    from gluon_data import CaffeLMDBDataset
+    import mxnet as mx
+    src = str(tmp_path / "caffe")
+    want = make_caffe_lmdb(src, folder_root)
+    ds = CaffeLMDBDataset(src)
+    assert len(ds) == len(want)
+    for i, (full, label, encoded) in enumerate(want):
+        img, lab = ds[i]
+        ref = (mx.image.imread(full).asnumpy() if encoded
+               else np.asarray(Image.open(full).convert("RGB")))
+        np.testing.assert_array_equal(img.asnumpy(), ref)
+        assert lab == label
+    assert CaffeLMDBDataset(src, flag=0)[1][0].shape[2] == 1
