@@ -9,7 +9,8 @@ from .datasets import (ImageLMDBDataset, ImageRecordDataset, SegmentationLMDBDat
 from .lmdbio import LMDBFile, LMDBWriter  # noqa: E402
 from .legacy import CaffeLMDBDataset, RecipeLMDBDataset  # noqa: E402
 from .convert import ConversionReport, convert  # noqa: E402
-from .batchify import SegmentationBatchify  # noqa: E402
+from .batchify import MultiSizeBatchify, SegmentationBatchify  # noqa: E402
+from . import transforms  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -17,7 +18,7 @@ __all__ = [
     "SegmentationLMDBDataset", "LMDBFile", "LMDBWriter", "RecipeLMDBDataset", "CaffeLMDBDataset",
     "RecordFile", "RecordWriter",
     "convert", "ConversionReport",
-    "SegmentationBatchify",
+    "SegmentationBatchify", "MultiSizeBatchify", "transforms",
     "GluonDataError", "FormatError", "CorruptRecordError", "DecodeError", "SourceError",
     "ConversionError",
 ]

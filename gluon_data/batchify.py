@@ -6,7 +6,7 @@ from typing import Sequence
 import mxnet as mx
 import numpy as np
 
-__all__ = ["SegmentationBatchify"]
+__all__ = ["SegmentationBatchify", "MultiSizeBatchify"]
 
 
 def _np(x) -> np.ndarray:
@@ -61,3 +61,25 @@ class SegmentationBatchify:
                 out_i[k, :mh, :mw] = im
             out_m[k, :mh, :mw] = m
         return mx.nd.array(out_i, dtype=out_i.dtype), mx.nd.array(out_m, dtype=out_m.dtype)
+
+
+class MultiSizeBatchify:
+    """Keep samples of different sizes as lists, like gluoncv's ``ms_batchify_fn``.
+
+    ``[(img1, mask1), (img2, mask2)] -> [[img1, img2], [mask1, mask2]]``; strings (``test``
+    mode names) and NDArrays are left as they are. For multi-scale evaluation.
+
+    Examples
+    --------
+    >>> out = MultiSizeBatchify()([(mx.nd.zeros((2, 3)), "a"), (mx.nd.zeros((4, 5)), "b")])
+    >>> [x.shape for x in out[0]], out[1]
+    ([(2, 3), (4, 5)], ['a', 'b'])
+    """
+
+    def __call__(self, data):
+        first = data[0]
+        if isinstance(first, (str, mx.nd.NDArray, np.ndarray)):
+            return list(data)
+        if isinstance(first, (tuple, list)):
+            return [self(list(field)) for field in zip(*data)]
+        raise TypeError("cannot batchify samples of type %s" % type(first).__name__)

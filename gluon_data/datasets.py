@@ -13,6 +13,7 @@ import mxnet as mx
 import numpy as np
 
 from . import codec
+from . import transforms as T
 from .errors import CorruptRecordError, DecodeError, FormatError
 from .meta import read_meta
 from .lmdbio import LMDBFile
@@ -147,18 +148,53 @@ class ImageRecordDataset(_RecordDataset):
         return img, rec.label
 
 
+MODES = ("train", "val", "testval", "test")
+
+
+def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
+                            seed: Optional[int] = None):
+    """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
+    (train: mirror, random scale, pad + random crop, blur; val: short-side resize + centre
+    crop), except that padded mask pixels get the ignore value instead of class 0."""
+    if mode == "train":
+        return T.Compose([T.RandomHorizontalFlip(), T.RandomScale(base_size),
+                          T.RandomCrop(crop_size, image_fill=0, mask_fill=mask_fill),
+                          T.RandomGaussianBlur()], seed=seed)
+    if mode == "val":
+        return T.Compose([T.ResizeShort(crop_size), T.CenterCrop(crop_size, 0, mask_fill)])
+    return None
+
+
 class SegmentationRecordDataset(_RecordDataset):
     """Image and mask pairs from a ``.rec`` written by ``gluon-data convert``.
+
+    Without ``mode``, returns the stored samples. With ``mode``, behaves like gluoncv's
+    ``SegmentationDataset`` (e.g. ``VOCSegmentation``) so it drops into gluoncv's
+    ``train.py``: ``train`` applies the seeded random joint augmentation, ``val`` resizes and
+    centre-crops, ``testval`` returns full-size samples, ``test`` returns ``(image, name)``;
+    ``transform`` is then the image-only transform (e.g. ``ToTensor`` + ``Normalize``).
 
     Parameters
     ----------
     filename : str
         Path to the ``.rec``; ``.idx`` and ``.meta.json`` lie beside it.
     transform : callable, optional
-        Joint ``transform(image, mask) -> sample``.
+        Without ``mode``: joint ``transform(image, mask)``. With ``mode``: image-only
+        ``transform(image)``, applied last, as in gluoncv.
     ignore_value : int or None, default -1
         Value returned for the dataset's ignore label (VOC: 255), following gluoncv's
         convention of -1. ``None`` returns the stored value.
+    mode : {None, 'train', 'val', 'testval', 'test'}
+    base_size : int, default 520
+        ``train``: the long side is drawn from ``[0.5, 2.0] x base_size``.
+    crop_size : int, default 480
+        Output size in ``train`` and ``val``.
+    joint_transform : callable, optional
+        Replaces the mode's built-in joint transform: ``(image, mask) -> (image, mask)`` on
+        numpy arrays (see :mod:`gluon_data.transforms`).
+    seed : int, optional
+        Seed of the built-in ``train`` augmentation (repeatable draws; see
+        :mod:`gluon_data.transforms` for how workers differ).
     verify : bool, default True
         Check each record's CRC-32.
     max_pixels : int, optional
@@ -167,7 +203,7 @@ class SegmentationRecordDataset(_RecordDataset):
     Returns
     -------
     (NDArray, NDArray)
-        ``uint8`` HxWx3 RGB image and ``int32`` HxW mask of class indices.
+        ``uint8`` HxWx3 RGB image (or what ``transform`` makes of it) and ``int32`` HxW mask.
 
     Examples
     --------
@@ -175,29 +211,59 @@ class SegmentationRecordDataset(_RecordDataset):
     >>> img, mask = ds[0]
     >>> img.shape, mask.shape, mask.dtype
     ((281, 500, 3), (281, 500), <class 'numpy.int32'>)
+    >>> train = SegmentationRecordDataset("voc_train.rec", mode="train", base_size=520,
+    ...                                   crop_size=480, transform=input_transform)  # doctest: +SKIP
     """
 
     _task = "segmentation"
 
     def __init__(self, filename: str, transform: Optional[Callable] = None,
-                 ignore_value: Optional[int] = -1, **kwargs):
+                 ignore_value: Optional[int] = -1, *, mode: Optional[str] = None,
+                 base_size: int = 520, crop_size: int = 480,
+                 joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
+                 **kwargs):
+        if mode is not None and mode not in MODES:
+            raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
+        if mode in ("train", "val"):
+            if int(crop_size) <= 0 or int(base_size) <= 0:
+                raise ValueError("crop_size and base_size must be positive, got %r and %r"
+                                 % (crop_size, base_size))
+            if mode == "train" and crop_size > 2 * base_size:
+                raise ValueError("crop_size %d is larger than the largest scaled image "
+                                 "(2 x base_size = %d): every crop would be mostly padding; "
+                                 "raise base_size or lower crop_size" % (crop_size,
+                                                                       2 * base_size))
         super().__init__(filename, **kwargs)
         self._transform = transform
         self._ignore_value = ignore_value
         self.ignore_label = int(self.meta.get("ignore_label", 255))
+        self.mode, self.base_size, self.crop_size = mode, base_size, crop_size
+        fill = ignore_value if ignore_value is not None else self.ignore_label
+        self._joint = (joint_transform if joint_transform is not None else
+                       default_joint_transform(mode, base_size, crop_size, fill, seed)
+                       if mode else None)
 
     @property
     def num_class(self) -> int:
         """Number of classes (gluoncv's name)."""
         return int(self.meta["num_classes"])
 
+    NUM_CLASS = num_class
+
+    @property
+    def pred_offset(self) -> int:
+        """Add this to predicted class ids to get the dataset's original ids (ADE20K: 1)."""
+        return int(self.meta.get("pred_offset", 0))
+
     @property
     def palette(self) -> List[List[int]]:
         return self.meta.get("palette") or []
 
-    def _arrays(self, idx):
+    def _arrays(self, idx, with_mask: bool = True):
         rec, key, offset = self._record(idx)
         img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
+        if not with_mask:
+            return img, None
         mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask")
         if mask.shape != img.shape[:2]:
             raise CorruptRecordError("mask is %dx%d but image is %dx%d"
@@ -209,11 +275,21 @@ class SegmentationRecordDataset(_RecordDataset):
         return img, mask
 
     def __getitem__(self, idx):
+        if self.mode == "test":
+            img = mx.nd.array(self._arrays(idx, with_mask=False)[0], dtype=np.uint8)
+            if self._transform is not None:
+                img = self._transform(img)
+            return img, "record %d" % self._file.key(int(idx) % len(self))
         img, mask = self._arrays(idx)
-        img, mask = mx.nd.array(img, dtype=np.uint8), mx.nd.array(mask, dtype=np.int32)
-        if self._transform is not None:
-            return self._transform(img, mask)
-        return img, mask
+        if self._joint is not None:
+            img, mask = self._joint(img, mask)
+        img = mx.nd.array(img, dtype=np.uint8)
+        mask = mx.nd.array(mask, dtype=np.int32)
+        if self._transform is None:
+            return img, mask
+        if self.mode is not None:
+            return self._transform(img), mask
+        return self._transform(img, mask)
 
 
 class ImageLMDBDataset(ImageRecordDataset):
@@ -255,7 +331,8 @@ class SegmentationLMDBDataset(SegmentationRecordDataset):
         The ``NAME.lmdb`` directory written by ``gluon-data convert``.
     split : str, default 'train'
         Split (sub-database) to read.
-    transform, ignore_value, verify, max_pixels
+    transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify,
+    max_pixels
         As for :class:`SegmentationRecordDataset`.
 
     Examples

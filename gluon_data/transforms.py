@@ -1,0 +1,374 @@
+"""Joint (image, mask) transforms for segmentation, in numpy/OpenCV, seeded explicitly.
+
+Every transform takes ``(image, mask)`` — image HxWxC uint8 (numpy or NDArray), mask HxW
+integer — and returns numpy arrays. Geometry is applied to both (images bilinear, masks
+nearest neighbour with pixel-centre sampling, as PIL does); photometric changes touch the image
+only. Padding fills masks with the ignore value, never with a class.
+
+Randomness: each random transform draws its parameters first (two-phase, as tensorpack's
+imgaug does) from its own generator. With ``seed=s`` the sequence of draws repeats exactly in
+the process that built the transform (``num_workers=0``); a DataLoader worker process gets its
+own stream derived from ``s`` and its pid, so workers never repeat each other's draws (the
+global ``random``/``numpy`` state they inherit through ``fork`` is never used). With
+``seed=None`` every process draws from fresh OS entropy.
+
+>>> import numpy as np
+>>> t = Compose([RandomHorizontalFlip(), RandomScale(base_size=64), RandomCrop(48)], seed=0)
+>>> img, mask = t(np.zeros((40, 60, 3), np.uint8), np.zeros((40, 60), np.int32))
+>>> img.shape, mask.shape
+((48, 48, 3), (48, 48))
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional, Sequence, Tuple, Union
+
+import cv2
+import numpy as np
+
+__all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomRotation",
+           "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
+           "ToTensorNormalize", "SeededRandom"]
+
+_MASK_INTERP = getattr(cv2, "INTER_NEAREST_EXACT", cv2.INTER_NEAREST)
+
+
+def _np(x) -> np.ndarray:
+    return x.asnumpy() if hasattr(x, "asnumpy") else np.asarray(x)
+
+
+def _resize_pair(img, mask, ow: int, oh: int):
+    img = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR)
+    if img.ndim == 2:
+        img = img[:, :, None]
+    m = cv2.resize(mask, (ow, oh), interpolation=_MASK_INTERP)
+    return img, m
+
+
+def _mask_for_cv(mask: np.ndarray) -> Tuple[np.ndarray, np.dtype]:
+    """OpenCV warps int32/uint8/uint16 masks fine; int64 and others go through int32."""
+    if mask.dtype in (np.uint8, np.uint16, np.int16, np.int32, np.float32):
+        return mask, mask.dtype
+    return mask.astype(np.int32), mask.dtype
+
+
+class SeededRandom:
+    """A process-aware ``numpy.random.Generator`` (see the module docstring)."""
+
+    def __init__(self, seed: Optional[int] = None):
+        self.seed = seed
+        self._owner = os.getpid()
+        self._pid = None
+        self._gen = None
+        self._lock = threading.Lock()
+
+    def generator(self) -> np.random.Generator:
+        pid = os.getpid()
+        if self._pid != pid:
+            if self.seed is None:
+                self._gen = np.random.default_rng()
+            elif pid == self._owner:
+                self._gen = np.random.default_rng(self.seed)
+            else:
+                self._gen = np.random.default_rng([self.seed, pid])
+            self._pid = pid
+        return self._gen
+
+    def draw(self, fn):
+        """Run ``fn(generator)`` under a lock (threads of a thread-pool loader share it)."""
+        with self._lock:
+            return fn(self.generator())
+
+    def __getstate__(self):
+        return {"seed": self.seed, "_owner": self._owner}
+
+    def __setstate__(self, d):
+        self.__init__(d["seed"])
+        self._owner = d["_owner"]
+
+
+class _Random:
+    """Base of random transforms: a :class:`SeededRandom` and ``reseed``."""
+
+    def __init__(self, seed: Optional[int] = None):
+        self.rng = SeededRandom(seed)
+
+    def reseed(self, seed: Optional[int]) -> None:
+        self.rng = SeededRandom(seed)
+
+
+class Compose:
+    """Apply joint transforms in order. ``seed`` reseeds every random child (seed + i).
+
+    Parameters
+    ----------
+    transforms : sequence of callables
+        Each maps ``(image, mask) -> (image, mask)``.
+    seed : int, optional
+        Makes the whole pipeline repeatable; children get ``seed + position``.
+    """
+
+    def __init__(self, transforms: Sequence, seed: Optional[int] = None):
+        self.transforms = list(transforms)
+        if seed is not None:
+            for i, t in enumerate(self.transforms):
+                if hasattr(t, "reseed"):
+                    t.reseed(seed + i)
+
+    def reseed(self, seed: Optional[int]) -> None:
+        for i, t in enumerate(self.transforms):
+            if hasattr(t, "reseed"):
+                t.reseed(None if seed is None else seed + i)
+
+    def __call__(self, img, mask):
+        img, mask = _np(img), _np(mask)
+        for t in self.transforms:
+            img, mask = t(img, mask)
+        return img, mask
+
+    def __repr__(self):
+        return "Compose(%s)" % ", ".join(repr(t) for t in self.transforms)
+
+
+class RandomHorizontalFlip(_Random):
+    """Mirror image and mask left-right with probability ``p``."""
+
+    def __init__(self, p: float = 0.5, seed: Optional[int] = None):
+        super().__init__(seed)
+        self.p = p
+
+    def __call__(self, img, mask):
+        img, mask = _np(img), _np(mask)
+        if self.rng.draw(lambda g: g.random()) < self.p:
+            return np.ascontiguousarray(img[:, ::-1]), np.ascontiguousarray(mask[:, ::-1])
+        return img, mask
+
+    def __repr__(self):
+        return "RandomHorizontalFlip(p=%g)" % self.p
+
+
+class RandomScale(_Random):
+    """gluoncv's random scale: the long side drawn uniformly from
+    ``[int(scale[0] * base_size), int(scale[1] * base_size)]``, aspect ratio kept."""
+
+    def __init__(self, base_size: int, scale: Tuple[float, float] = (0.5, 2.0),
+                 seed: Optional[int] = None):
+        super().__init__(seed)
+        if base_size <= 0:
+            raise ValueError("base_size must be positive, got %r" % base_size)
+        self.base_size, self.scale = base_size, tuple(scale)
+
+    def __call__(self, img, mask):
+        img, mask = _np(img), _np(mask)
+        lo, hi = int(self.base_size * self.scale[0]), int(self.base_size * self.scale[1])
+        long_size = int(self.rng.draw(lambda g: g.integers(lo, hi + 1)))
+        h, w = mask.shape
+        if h > w:
+            oh, ow = long_size, int(1.0 * w * long_size / h + 0.5)
+        else:
+            ow, oh = long_size, int(1.0 * h * long_size / w + 0.5)
+        m, dt = _mask_for_cv(mask)
+        img, m = _resize_pair(img, m, max(ow, 1), max(oh, 1))
+        return img, m.astype(dt, copy=False)
+
+    def __repr__(self):
+        return "RandomScale(base_size=%d, scale=%s)" % (self.base_size, self.scale)
+
+
+def _pad_to(img, mask, th: int, tw: int, image_fill, mask_fill):
+    h, w = mask.shape
+    ph, pw = max(th - h, 0), max(tw - w, 0)
+    if not ph and not pw:
+        return img, mask
+    fill = image_fill if np.ndim(image_fill) else [image_fill] * img.shape[2]
+    out_i = np.empty((h + ph, w + pw, img.shape[2]), img.dtype)
+    out_i[...] = np.asarray(fill, dtype=img.dtype)
+    out_i[:h, :w] = img
+    out_m = np.full((h + ph, w + pw), mask_fill, dtype=mask.dtype)
+    out_m[:h, :w] = mask
+    return out_i, out_m
+
+
+class RandomCrop(_Random):
+    """Pad (bottom/right) to at least ``crop_size``, then crop a random ``crop_size`` square.
+
+    Parameters
+    ----------
+    crop_size : int or (h, w)
+    image_fill : number or per-channel sequence, default 0
+        Padding value of the image (e.g. the dataset's mean pixel).
+    mask_fill : int, default -1
+        Padding value of the mask: the ignore value, so padding never trains a class.
+    """
+
+    def __init__(self, crop_size: Union[int, Tuple[int, int]], image_fill=0, mask_fill: int = -1,
+                 seed: Optional[int] = None):
+        super().__init__(seed)
+        self.size = (crop_size, crop_size) if np.isscalar(crop_size) else tuple(crop_size)
+        if min(self.size) <= 0:
+            raise ValueError("crop_size must be positive, got %r" % (crop_size,))
+        self.image_fill, self.mask_fill = image_fill, mask_fill
+
+    def __call__(self, img, mask):
+        img, mask = _np(img), _np(mask)
+        ch, cw = self.size
+        img, mask = _pad_to(img, mask, ch, cw, self.image_fill, self.mask_fill)
+        h, w = mask.shape
+        y1, x1 = self.rng.draw(lambda g: (int(g.integers(0, h - ch + 1)),
+                                          int(g.integers(0, w - cw + 1))))
+        return img[y1:y1 + ch, x1:x1 + cw], mask[y1:y1 + ch, x1:x1 + cw]
+
+    def __repr__(self):
+        return "RandomCrop(%s, mask_fill=%d)" % (self.size, self.mask_fill)
+
+
+class RandomRotation(_Random):
+    """Rotate by an angle drawn from ``[-degrees, degrees]`` with probability ``p``.
+
+    Corners uncovered by the rotation get ``image_fill`` and ``mask_fill`` (ignore).
+    """
+
+    def __init__(self, degrees: float = 10.0, p: float = 1.0, image_fill=0, mask_fill: int = -1,
+                 seed: Optional[int] = None):
+        super().__init__(seed)
+        self.degrees, self.p, self.image_fill, self.mask_fill = degrees, p, image_fill, mask_fill
+
+    def __call__(self, img, mask):
+        img, mask = _np(img), _np(mask)
+        apply, angle = self.rng.draw(lambda g: (g.random() < self.p,
+                                                g.uniform(-self.degrees, self.degrees)))
+        if not apply:
+            return img, mask
+        h, w = mask.shape
+        mat = cv2.getRotationMatrix2D((w / 2.0, h / 2.0), angle, 1.0)
+        fill = self.image_fill if np.ndim(self.image_fill) else [self.image_fill] * 3
+        out = cv2.warpAffine(img, mat, (w, h), flags=cv2.INTER_LINEAR,
+                             borderMode=cv2.BORDER_CONSTANT, borderValue=tuple(fill))
+        if out.ndim == 2:
+            out = out[:, :, None]
+        m, dt = _mask_for_cv(mask)
+        m = cv2.warpAffine(m, mat, (w, h), flags=cv2.INTER_NEAREST,
+                           borderMode=cv2.BORDER_CONSTANT, borderValue=self.mask_fill)
+        return out, m.astype(dt, copy=False)
+
+    def __repr__(self):
+        return "RandomRotation(degrees=%g, p=%g)" % (self.degrees, self.p)
+
+
+class ColorJitter(_Random):
+    """Random brightness, contrast and saturation (image only), factors in ``[1-x, 1+x]``."""
+
+    def __init__(self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0,
+                 seed: Optional[int] = None):
+        super().__init__(seed)
+        self.brightness, self.contrast, self.saturation = brightness, contrast, saturation
+
+    def __call__(self, img, mask):
+        img = _np(img)
+
+        def factors(g):
+            return [g.uniform(max(0.0, 1 - x), 1 + x) if x else 1.0
+                    for x in (self.brightness, self.contrast, self.saturation)]
+        b, c, s = self.rng.draw(factors)
+        out = img.astype(np.float32)
+        if b != 1.0:
+            out *= b
+        if c != 1.0:
+            mean = out.mean()
+            out = (out - mean) * c + mean
+        if s != 1.0 and out.shape[2] == 3:
+            grey = out @ np.array([0.299, 0.587, 0.114], np.float32)
+            out = (out - grey[:, :, None]) * s + grey[:, :, None]
+        return np.clip(out, 0, 255).astype(np.uint8), _np(mask)
+
+    def __repr__(self):
+        return "ColorJitter(brightness=%g, contrast=%g, saturation=%g)" % (
+            self.brightness, self.contrast, self.saturation)
+
+
+class RandomGaussianBlur(_Random):
+    """Blur the image (only) with probability ``p``, sigma drawn from ``[0, max_sigma)``
+    (gluoncv/PSPNet: ``p=0.5``, radius ``random.random()``)."""
+
+    def __init__(self, p: float = 0.5, max_sigma: float = 1.0, seed: Optional[int] = None):
+        super().__init__(seed)
+        self.p, self.max_sigma = p, max_sigma
+
+    def __call__(self, img, mask):
+        img = _np(img)
+        apply, sigma = self.rng.draw(lambda g: (g.random() < self.p,
+                                                g.random() * self.max_sigma))
+        if apply and sigma > 0.05:
+            out = cv2.GaussianBlur(img, (0, 0), sigmaX=sigma)
+            img = out[:, :, None] if out.ndim == 2 else out
+        return img, _np(mask)
+
+    def __repr__(self):
+        return "RandomGaussianBlur(p=%g, max_sigma=%g)" % (self.p, self.max_sigma)
+
+
+class ResizeShort:
+    """Resize so the short side is ``size`` (gluoncv's validation resize, truncating)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, img, mask):
+        img, mask = _np(img), _np(mask)
+        h, w = mask.shape
+        if w > h:
+            oh, ow = self.size, int(1.0 * w * self.size / h)
+        else:
+            ow, oh = self.size, int(1.0 * h * self.size / w)
+        m, dt = _mask_for_cv(mask)
+        img, m = _resize_pair(img, m, ow, oh)
+        return img, m.astype(dt, copy=False)
+
+    def __repr__(self):
+        return "ResizeShort(%d)" % self.size
+
+
+class Resize:
+    """Resize to exactly ``(height, width)``."""
+
+    def __init__(self, size: Union[int, Tuple[int, int]]):
+        self.size = (size, size) if np.isscalar(size) else tuple(size)
+
+    def __call__(self, img, mask):
+        m, dt = _mask_for_cv(_np(mask))
+        img, m = _resize_pair(_np(img), m, self.size[1], self.size[0])
+        return img, m.astype(dt, copy=False)
+
+
+class CenterCrop:
+    """Crop the centre ``size`` square (offsets rounded as gluoncv does); pads if smaller."""
+
+    def __init__(self, size: int, image_fill=0, mask_fill: int = -1):
+        self.size, self.image_fill, self.mask_fill = size, image_fill, mask_fill
+
+    def __call__(self, img, mask):
+        img, mask = _pad_to(_np(img), _np(mask), self.size, self.size, self.image_fill,
+                            self.mask_fill)
+        h, w = mask.shape
+        x1, y1 = int(round((w - self.size) / 2.)), int(round((h - self.size) / 2.))
+        return (img[y1:y1 + self.size, x1:x1 + self.size],
+                mask[y1:y1 + self.size, x1:x1 + self.size])
+
+    def __repr__(self):
+        return "CenterCrop(%d)" % self.size
+
+
+class ToTensorNormalize:
+    """uint8 HxWxC -> float32 CxHxW, ``(x / 255 - mean) / std``; the mask passes through.
+
+    Same result as Gluon's ``Compose([ToTensor(), Normalize(mean, std)])`` in one numpy pass.
+    """
+
+    def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+        self.mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
+        self.std = np.asarray(std, np.float32).reshape(-1, 1, 1)
+
+    def __call__(self, img, mask):
+        x = _np(img).astype(np.float32).transpose(2, 0, 1) / 255.0
+        return (x - self.mean) / self.std, _np(mask)
