@@ -184,15 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", formatter_class=_Formatter,
                        help="pack a folder or .lst into .rec/.idx/.meta.json",
                        description="Pack a source into RecordIO or LMDB. Layouts: pairs "
-                                   "(images/ + masks/), voc, imagefolder, lst (im2rec list), "
+                                   "(images/ + masks/), voc, ade20k, cityscapes, imagefolder, lst (im2rec list), "
                                    "raw-lmdb (the classic <split>_data/<split>_label recipe), "
                                    "caffe-lmdb (convert_imageset). A .rec or .lmdb source is "
                                    "copied into the other container.")
     c.add_argument("source", help="source folder, .lst file (--layout lst), or a .rec / .lmdb "
                                   "dataset to copy into the other container")
     c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec) or .lmdb")
-    c.add_argument("--layout", choices=["pairs", "voc", "imagefolder", "lst", "raw-lmdb",
-                                        "caffe-lmdb"],
+    c.add_argument("--layout", choices=["pairs", "voc", "ade20k", "cityscapes", "imagefolder",
+                                        "lst", "raw-lmdb", "caffe-lmdb"],
                    help="source layout (detected when omitted; the LMDB imports must be named)")
     c.add_argument("--format", choices=["rec", "lmdb"],
                    help="output container (default: lmdb if OUTPUT ends in .lmdb, else rec)")

@@ -51,6 +51,7 @@ class EncodeOptions:
     ignore_label: int = 255
     max_pixels: int = codec.DEFAULT_MAX_PIXELS
     checksum: bool = True
+    mask_lut: Optional[Tuple[int, ...]] = None  # stored value -> class id (256 entries)
 
 
 @dataclass
@@ -190,6 +191,11 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
                           "provide PNG masks", item.mask)
     mim = _open_strict(mdata, item.mask, "mask", opts.max_pixels)
     mask, palette = _mask_indices(mim, item.mask)
+    if opts.mask_lut is not None:
+        if mask.dtype != np.uint8:
+            raise SourceError("this layout expects 8-bit masks, got %s" % mask.dtype, item.mask)
+        mask = np.asarray(opts.mask_lut, dtype=np.uint8)[mask]
+        palette = None  # the source's colours described the old ids
     if mask.shape != (h, w):
         raise SourceError("mask is %dx%d but its image %s is %dx%d"
                           % (mask.shape[1], mask.shape[0], item.image, w, h), item.mask)
@@ -417,7 +423,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                               source)
     opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
                          num_classes=num_classes if src.task == "segmentation" else None,
-                         ignore_label=ignore_label, max_pixels=max_pixels)
+                         ignore_label=ignore_label, max_pixels=max_pixels,
+                         mask_lut=src.mask_lut)
     writers: Dict[str, RecordWriter] = {}
     stats: Dict[str, dict] = {}
     pool = None
@@ -515,7 +522,8 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
         if classes is None:
             classes = ["class_%d" % i for i in range(num_classes)]
         pal = st.palette
-        palette = ([pal[3 * i:3 * i + 3] for i in range(min(len(pal) // 3, 256))] if pal
+        palette = (src.palette if src.palette else
+                   [pal[3 * i:3 * i + 3] for i in range(min(len(pal) // 3, 256))] if pal
                    else voc_palette(256))
         meta.update({
             "classes": list(classes), "num_classes": num_classes,
@@ -524,6 +532,7 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
             "palette": palette,
             "class_pixels": {str(k): v for k, v in sorted(st.class_pixels.items())},
             "class_images": {str(k): v for k, v in sorted(st.class_images.items())},
+            "pred_offset": src.pred_offset,
         })
     else:
         meta.update({"classes": list(classes) if classes is not None else None,

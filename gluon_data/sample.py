@@ -10,7 +10,7 @@ from PIL import Image
 
 from .sources import voc_palette
 
-__all__ = ["make_voc", "make_imagefolder", "synthetic_pair"]
+__all__ = ["make_voc", "make_imagefolder", "make_ade20k", "make_cityscapes", "synthetic_pair"]
 
 
 def synthetic_pair(rng: np.random.Generator, h: int, w: int, num_classes: int = 21,
@@ -86,4 +86,43 @@ def make_imagefolder(root: str, classes: Sequence[str] = ("cat", "dog", "fish"),
             h, w = (int(v) for v in rng.integers(size_range[0], size_range[1] + 1, size=2))
             img, _ = synthetic_pair(rng, h, w, boundary=False)
             Image.fromarray(img).save(os.path.join(root, c, "%03d%s" % (i, ext)))
+    return root
+
+
+def make_ade20k(root: str, num_train: int = 6, num_val: int = 3, seed: int = 0) -> str:
+    """``ADEChallengeData2016/{images,annotations}/{training,validation}``; masks hold
+    0 (unlabelled) and classes 1..150 as in ADE20K. Returns the ADEChallengeData2016 folder."""
+    rng = np.random.default_rng(seed)
+    base = os.path.join(root, "ADEChallengeData2016")
+    for folder, n in (("training", num_train), ("validation", num_val)):
+        os.makedirs(os.path.join(base, "images", folder), exist_ok=True)
+        os.makedirs(os.path.join(base, "annotations", folder), exist_ok=True)
+        for i in range(n):
+            h, w = (int(v) for v in rng.integers(24, 64, size=2))
+            img, mask = synthetic_pair(rng, h, w, num_classes=151, ignore_label=0)
+            name = "ADE_%s_%08d" % ("train" if folder == "training" else "val", i + 1)
+            Image.fromarray(img).save(os.path.join(base, "images", folder, name + ".jpg"))
+            Image.fromarray(mask, mode="L").save(os.path.join(base, "annotations", folder,
+                                                              name + ".png"))
+    return base
+
+
+def make_cityscapes(root: str, per_city: int = 2, cities: Sequence[str] = ("aachen", "bonn"),
+                    seed: int = 0) -> str:
+    """``leftImg8bit/{train,val}/<city>/*_leftImg8bit.png`` and ``gtFine`` ``*_labelIds.png``
+    with Cityscapes label ids 0..33 (only 19 of them are evaluated). Returns ``root``."""
+    rng = np.random.default_rng(seed)
+    for split in ("train", "val"):
+        for city in cities:
+            idir = os.path.join(root, "leftImg8bit", split, city)
+            mdir = os.path.join(root, "gtFine", split, city)
+            os.makedirs(idir, exist_ok=True)
+            os.makedirs(mdir, exist_ok=True)
+            for i in range(per_city):
+                h, w = (int(v) for v in rng.integers(24, 48, size=2))
+                img, mask = synthetic_pair(rng, h, w, num_classes=34, boundary=False)
+                stem = "%s_%06d_%06d" % (city, i, 19)
+                Image.fromarray(img).save(os.path.join(idir, stem + "_leftImg8bit.png"))
+                Image.fromarray(mask, mode="L").save(os.path.join(mdir,
+                                                                  stem + "_gtFine_labelIds.png"))
     return root

@@ -8,6 +8,8 @@ A layout only lists files; it opens none of them. Reading and validating happens
 ``voc``        Pascal VOC: ``JPEGImages``, ``SegmentationClass``, ``ImageSets/Segmentation``
 ``imagefolder`` one sub-folder per class, classes sorted by name (classification)
 ``lst``        an im2rec ``.lst`` file: ``index<TAB>label[<TAB>label...]<TAB>relative/path``
+``ade20k``     ``ADEChallengeData2016``: ``images/`` + ``annotations/`` x ``training``/``validation``
+``cityscapes`` ``leftImg8bit/<split>/<city>/*_leftImg8bit.png`` + ``gtFine`` ``*_labelIds.png``
 =============  ====================================================================
 """
 from __future__ import annotations
@@ -57,7 +59,12 @@ class Item:
 
 @dataclass
 class Source:
-    """What a layout found: the task, the items (per split when the layout has splits)."""
+    """What a layout found: the task, the items (per split when the layout has splits).
+
+    ``mask_lut`` (256 entries) maps stored mask values to class ids at conversion time
+    (ADE20K's shift, Cityscapes' label ids to train ids); ``pred_offset`` is recorded in the
+    metadata so predictions can be mapped back to the dataset's original ids.
+    """
 
     layout: str
     root: str
@@ -65,6 +72,9 @@ class Source:
     splits: Dict[str, List[Item]]
     classes: Optional[List[str]] = None
     problems: List[Tuple[str, str]] = field(default_factory=list)  # (file, reason)
+    mask_lut: Optional[Tuple[int, ...]] = None
+    pred_offset: int = 0
+    palette: Optional[List[List[int]]] = None
 
 
 def _inside(root: str, path: str) -> bool:
@@ -173,7 +183,92 @@ def _lst(path: str, split=None, lst_root=None, **_) -> Source:
     return Source("lst", root, "classification", {split or "train": items}, None, problems)
 
 
-LAYOUTS = {"pairs": _pairs, "voc": _voc, "imagefolder": _imagefolder, "lst": _lst}
+def _split_dirs(root: str, split: Optional[str], names: Dict[str, str], where: str,
+                 default: str = "train") -> Dict[str, str]:
+    """Map requested splits (``train``, ``val``, ...) to their folder names under ``where``."""
+    wanted = split.split(",") if split else [default]
+    out = {}
+    for s in wanted:
+        folder = names.get(s, s)
+        if not os.path.isdir(os.path.join(where, folder)):
+            have = sorted(k for k, v in names.items() if os.path.isdir(os.path.join(where, v)))
+            raise SourceError("split %r not found (no %s); available: %s"
+                              % (s, os.path.join(where, folder), ", ".join(have) or "none"),
+                              root)
+        out[s] = folder
+    return out
+
+
+def _ade20k_base(root: str) -> str:
+    for cand in (root, os.path.join(root, "ADEChallengeData2016")):
+        if os.path.isdir(os.path.join(cand, "images")) and \
+                os.path.isdir(os.path.join(cand, "annotations")):
+            return cand
+    raise SourceError("not an ADE20K folder: no images/ and annotations/ in it or in "
+                      "ADEChallengeData2016/", root)
+
+
+def _ade20k(root: str, split=None, **_) -> Source:
+    base = _ade20k_base(root)
+    splits = {}
+    for s, folder in _split_dirs(root, split, {"train": "training", "val": "validation"},
+                                 os.path.join(base, "images")).items():
+        images = _list_files(os.path.join(base, "images", folder), IMAGE_EXTENSIONS, root)
+        masks = os.path.join(base, "annotations", folder)
+        splits[s] = [Item(os.path.relpath(images[stem], base), images[stem],
+                          os.path.join(masks, stem + ".png")) for stem in sorted(images)]
+    # ADE20K stores 0 = "other" and classes 1..150; gluoncv subtracts 1 when reading. The shift
+    # happens here, once: stored ids are 0..149 and 0 becomes the ignore label 255.
+    lut = (255,) + tuple(range(0, 255))
+    return Source("ade20k", root, "segmentation", splits, list(ade20k_classes()),
+                  mask_lut=lut, pred_offset=1)
+
+
+def ade20k_classes() -> Tuple[str, ...]:
+    from gluoncv.data.ade20k.segmentation import ADE20KSegmentation
+    return tuple(ADE20KSegmentation.CLASSES)
+
+
+CITYSCAPES_CLASSES = ("road", "sidewalk", "building", "wall", "fence", "pole", "traffic light",
+                      "traffic sign", "vegetation", "terrain", "sky", "person", "rider", "car",
+                      "truck", "bus", "train", "motorcycle", "bicycle")
+#: Cityscapes label ids of the 19 evaluated classes, in train-id order.
+CITYSCAPES_LABEL_IDS = (7, 8, 11, 12, 13, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 31, 32, 33)
+CITYSCAPES_PALETTE = [[128, 64, 128], [244, 35, 232], [70, 70, 70], [102, 102, 156],
+                      [190, 153, 153], [153, 153, 153], [250, 170, 30], [220, 220, 0],
+                      [107, 142, 35], [152, 251, 152], [70, 130, 180], [220, 20, 60],
+                      [255, 0, 0], [0, 0, 142], [0, 0, 70], [0, 60, 100], [0, 80, 100],
+                      [0, 0, 230], [119, 11, 32]]
+
+
+def _cityscapes(root: str, split=None, **_) -> Source:
+    splits = {}
+    for s, folder in _split_dirs(root, split, {"train": "train", "val": "val", "test": "test"},
+                                 os.path.join(root, "leftImg8bit")).items():
+        img_dir = os.path.join(root, "leftImg8bit", folder)
+        items = []
+        for city in sorted(os.listdir(img_dir)):
+            cdir = os.path.join(img_dir, city)
+            if not os.path.isdir(cdir):
+                continue
+            for fn in sorted(os.listdir(cdir)):
+                if not fn.endswith("_leftImg8bit.png"):
+                    continue
+                mask = os.path.join(root, "gtFine", folder, city,
+                                    fn.replace("_leftImg8bit.png", "_gtFine_labelIds.png"))
+                items.append(Item(os.path.join("leftImg8bit", folder, city, fn),
+                                  os.path.join(cdir, fn), mask))
+        splits[s] = items
+    lut = [255] * 256
+    for train_id, label_id in enumerate(CITYSCAPES_LABEL_IDS):
+        lut[label_id] = train_id
+    palette = CITYSCAPES_PALETTE + [[0, 0, 0]] * (255 - len(CITYSCAPES_PALETTE)) + [[0, 0, 0]]
+    return Source("cityscapes", root, "segmentation", splits, list(CITYSCAPES_CLASSES),
+                  mask_lut=tuple(lut), palette=palette)
+
+
+LAYOUTS = {"pairs": _pairs, "voc": _voc, "imagefolder": _imagefolder, "lst": _lst,
+           "ade20k": _ade20k, "cityscapes": _cityscapes}
 
 
 def detect_layout(path: str) -> str:
@@ -186,6 +281,14 @@ def detect_layout(path: str) -> str:
             return "voc"
         except SourceError:
             pass
+        try:
+            _ade20k_base(path)
+            return "ade20k"
+        except SourceError:
+            pass
+        if os.path.isdir(os.path.join(path, "leftImg8bit")) and \
+                os.path.isdir(os.path.join(path, "gtFine")):
+            return "cityscapes"
         if os.path.isdir(os.path.join(path, "images")) and os.path.isdir(os.path.join(path,
                                                                                      "masks")):
             return "pairs"
