@@ -7,6 +7,8 @@ import os
 import sys
 import tempfile
 import time
+
+import numpy as np
 from typing import List, Optional
 
 __all__ = ["main"]
@@ -93,6 +95,56 @@ def describe(path: str) -> dict:
         return out
     out.update(_summary(meta))
     return out
+
+
+def _load_meta(path: str, split=None) -> dict:
+    from .errors import FormatError
+    from .lmdbio import is_lmdb, read_lmdb_meta
+    from .meta import read_meta
+    if is_lmdb(path) or path.rstrip("/").endswith(".lmdb"):
+        metas = read_lmdb_meta(path)
+        split = split or ("train" if "train" in metas else sorted(metas)[0])
+        if split not in metas:
+            raise FormatError("split %r not found; available splits: %s"
+                              % (split, ", ".join(sorted(metas))), path)
+        return metas[split]
+    meta = read_meta(path)
+    if meta is None:
+        if not os.path.exists(path):
+            raise FileNotFoundError("%s not found" % path)
+        raise FormatError("no metadata: a stock RecordIO file has no statistics", path)
+    return meta
+
+
+def _cmd_stats(a) -> int:
+    from .stats import class_statistics, format_statistics
+    stats = class_statistics(_load_meta(a.path, a.split), a.path)
+    if a.json:
+        out = dict(stats)
+        out["weights"] = {k: [r[k] for r in stats["classes"]] for k in ("median_freq", "enet")}
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_statistics(stats))
+    return 0
+
+
+def _cmd_show(a) -> int:
+    from .datasets import SegmentationLMDBDataset, SegmentationRecordDataset
+    from .lmdbio import is_lmdb
+    from .preview import render_preview
+    if is_lmdb(a.path) or a.path.rstrip("/").endswith(".lmdb"):
+        ds = SegmentationLMDBDataset(a.path, a.split or "train", ignore_value=None)
+    else:
+        ds = SegmentationRecordDataset(a.path, ignore_value=None)
+    if not -len(ds) <= a.index < len(ds):
+        raise ValueError("--index %d out of range: the dataset has %d records"
+                         % (a.index, len(ds)))
+    img, mask = ds._arrays(a.index)
+    pic = render_preview(img, mask, ds.palette, ds.classes, ds.ignore_label, alpha=a.alpha)
+    pic.save(a.out)
+    print("wrote %s (record %d of %s: %dx%d, %d classes present)"
+          % (a.out, a.index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
+    return 0
 
 
 def _cmd_info(a) -> int:
@@ -239,6 +291,22 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("path", help=".rec file or .lmdb directory")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(func=_cmd_info)
+
+    st = sub.add_parser("stats", formatter_class=_Formatter,
+                        help="class pixel counts, image counts, class weights, mean/std")
+    st.add_argument("path", help=".rec file or .lmdb directory")
+    st.add_argument("--split", help="LMDB split (default: train)")
+    st.add_argument("--json", action="store_true", help="print JSON (weights as lists)")
+    st.set_defaults(func=_cmd_stats)
+
+    sh = sub.add_parser("show", formatter_class=_Formatter,
+                        help="write a PNG of a sample: image, mask overlay and class legend")
+    sh.add_argument("path", help=".rec file or .lmdb directory (segmentation)")
+    sh.add_argument("--index", type=int, default=0, help="record position")
+    sh.add_argument("--out", default="sample.png", help="output PNG")
+    sh.add_argument("--split", help="LMDB split (default: train)")
+    sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity")
+    sh.set_defaults(func=_cmd_show)
 
     d = sub.add_parser("demo", formatter_class=_Formatter,
                        help="generate a VOC-style sample, pack it, read it through a DataLoader")

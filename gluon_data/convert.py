@@ -180,6 +180,7 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
         data = image_part(rgb, opts, "jpg" if fmt == "JPEG" else "png")
     oh, ow = (rgb.shape[:2] if reencode else (h, w))
     info["hw"] = (oh, ow)
+    _pixel_stats(rgb if reencode else np.asarray(im.convert("RGB")), info)
 
     if opts.task == "classification":
         return codec.pack_classification(item.label, data, id=record_id,
@@ -204,6 +205,12 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     mbytes = mask_part(mask, opts, item.mask, info)
     info["palette"] = palette
     return codec.pack_segmentation(data, mbytes, id=record_id, checksum=opts.checksum), info
+
+
+def _pixel_stats(rgb: np.ndarray, info: dict) -> None:
+    """Per-channel sum and sum of squares (for the dataset's mean and std)."""
+    flat = rgb.reshape(-1, rgb.shape[-1]).astype(np.float64)
+    info["pix"] = (flat.shape[0], flat.sum(0).tolist(), np.einsum("ij,ij->j", flat, flat).tolist())
 
 
 def mask_part(mask: np.ndarray, opts: EncodeOptions, where: str, info: dict) -> bytes:
@@ -482,19 +489,41 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
 
 
 class _Stats:
+    """Accumulates what the metadata reports: sizes, class statistics, pixel mean/std."""
+
     def __init__(self):
         self.hw: List[Tuple[int, int]] = []
         self.class_pixels: Dict[int, int] = {}
         self.class_images: Dict[int, int] = {}
+        self.class_image_pixels: Dict[int, int] = {}  # pixels of the images holding the class
         self.palette = None
+        self.n = 0
+        self.sum = np.zeros(3)
+        self.sq = np.zeros(3)
 
     def add(self, info: dict) -> None:
         self.hw.append(info["hw"])
-        for k, v in info.get("class_pixels", {}).items():
+        cp = info.get("class_pixels", {})
+        total = sum(cp.values())
+        for k, v in cp.items():
             self.class_pixels[k] = self.class_pixels.get(k, 0) + v
             self.class_images[k] = self.class_images.get(k, 0) + 1
+            self.class_image_pixels[k] = self.class_image_pixels.get(k, 0) + total
         if self.palette is None and info.get("palette"):
             self.palette = info["palette"]
+        if "pix" in info:
+            n, s, q = info["pix"]
+            self.n += n
+            self.sum += s
+            self.sq += q
+
+    def mean_std(self):
+        if not self.n:
+            return None
+        mean = self.sum / self.n
+        std = np.sqrt(np.maximum(self.sq / self.n - mean ** 2, 0))
+        return {"mean": [round(float(x) / 255, 6) for x in mean],
+                "std": [round(float(x) / 255, 6) for x in std], "pixels": int(self.n)}
 
 
 def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptions,
@@ -513,6 +542,7 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
         "created_by": {"tool": "gluon_data %s" % __version__, "layout": src.layout,
                        "source": os.path.abspath(src.root), "options": options},
         "skipped": list(skipped),
+        "image_stats": st.mean_std(),
     }
     if src.task == "segmentation":
         present = sorted(st.class_pixels)
@@ -532,6 +562,8 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
             "palette": palette,
             "class_pixels": {str(k): v for k, v in sorted(st.class_pixels.items())},
             "class_images": {str(k): v for k, v in sorted(st.class_images.items())},
+            "class_image_pixels": {str(k): v for k, v in
+                                   sorted(st.class_image_pixels.items())},
             "pred_offset": src.pred_offset,
         })
     else:
@@ -604,11 +636,13 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
                 if isinstance(image, bytes):  # an encoded Caffe image: validate strictly
                     im = _open_strict(image, where, "image", max_pixels)
                     info["hw"] = (im.size[1], im.size[0])
+                    _pixel_stats(np.asarray(im.convert("RGB")), info)
                     data = image if (encoding == "passthrough" and im.format in
                                      _PASSTHROUGH_FORMATS) else \
                         image_part(np.asarray(im.convert("RGB")), opts, "png")
                 else:
                     info["hw"] = image.shape[:2]
+                    _pixel_stats(image, info)
                     data = image_part(image, opts, raw_as)
                 if task == "classification":
                     payload = codec.pack_classification(extra, data, id=pos)

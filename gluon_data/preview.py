@@ -1,0 +1,55 @@
+"""Previews: an image beside its mask overlaid in the dataset's palette, with a legend."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+__all__ = ["render_preview"]
+
+
+def render_preview(image: np.ndarray, mask: np.ndarray, palette: Sequence[Sequence[int]],
+                   classes: Optional[List[str]] = None, ignore_label: int = 255,
+                   alpha: float = 0.55, min_side: int = 256) -> Image.Image:
+    """Return a PIL image: the RGB image, the overlay, and a legend of the classes present.
+
+    ``mask`` holds stored class ids (ignore label included). Small images are enlarged
+    (nearest neighbour) so that the short side is at least ``min_side`` pixels.
+    """
+    img = np.asarray(image, dtype=np.uint8)
+    m = np.asarray(mask).astype(np.int64)
+    lut = np.zeros((max(256, int(m.max()) + 1 if m.size else 256), 3), np.uint8)
+    pal = np.asarray(palette, dtype=np.uint8).reshape(-1, 3)[:len(lut)]
+    lut[:len(pal)] = pal
+    if ignore_label < len(lut) and (ignore_label >= len(pal) or not pal[ignore_label].any()):
+        lut[ignore_label] = (255, 255, 255)
+    colour = lut[np.clip(m, 0, len(lut) - 1)]
+    overlay = (img.astype(np.float32) * (1 - alpha) + colour * alpha).astype(np.uint8)
+    h, w = m.shape
+    scale = max(1, int(np.ceil(min_side / max(1, min(h, w)))))
+    left = Image.fromarray(img).resize((w * scale, h * scale), Image.NEAREST)
+    right = Image.fromarray(overlay).resize((w * scale, h * scale), Image.NEAREST)
+
+    present = [int(c) for c in np.unique(m)]
+    font = ImageFont.load_default()
+    row = 18
+    legend_h = row * (len(present) + 1) + 8
+    gap = 8
+    out = Image.new("RGB", (2 * w * scale + gap, h * scale + legend_h), (255, 255, 255))
+    out.paste(left, (0, 0))
+    out.paste(right, (w * scale + gap, 0))
+    draw = ImageDraw.Draw(out)
+    y = h * scale + 6
+    draw.text((4, y), "classes present (pixels):", fill=(0, 0, 0), font=font)
+    total = m.size
+    for c in present:
+        y += row
+        draw.rectangle([6, y + 2, 20, y + 14], fill=tuple(int(v) for v in lut[c]),
+                       outline=(0, 0, 0))
+        name = ("ignore" if c == ignore_label else
+                classes[c] if classes and c < len(classes) else "class %d" % c)
+        share = 100.0 * int((m == c).sum()) / total
+        draw.text((26, y + 2), "%3d  %s  (%.1f%%)" % (c, name, share), fill=(0, 0, 0),
+                  font=font)
+    return out
