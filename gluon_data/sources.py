@@ -271,6 +271,10 @@ LAYOUTS = {"pairs": _pairs, "voc": _voc, "imagefolder": _imagefolder, "lst": _ls
            "ade20k": _ade20k, "cityscapes": _cityscapes}
 
 
+#: Every layout ``convert`` accepts: the folder layouts above and the LMDB imports.
+ALL_LAYOUTS = tuple(sorted(list(LAYOUTS) + ["raw-lmdb", "caffe-lmdb"]))
+
+
 def detect_layout(path: str) -> str:
     """Guess the layout of ``path``; raise :class:`SourceError` listing the valid ones."""
     if os.path.isfile(path) and path.endswith(".lst"):
@@ -295,7 +299,7 @@ def detect_layout(path: str) -> str:
         if any(os.path.isdir(os.path.join(path, d)) for d in os.listdir(path)):
             return "imagefolder"
     raise SourceError("cannot tell the layout of this source; pass --layout, one of: %s"
-                      % ", ".join(sorted(LAYOUTS)), path)
+                      % ", ".join(ALL_LAYOUTS), path)
 
 
 def open_source(path: str, layout: Optional[str] = None, **options) -> Source:
@@ -307,5 +311,5 @@ def open_source(path: str, layout: Optional[str] = None, **options) -> Source:
         layout = detect_layout(path)
     if layout not in LAYOUTS:
         raise SourceError("unknown layout %r; valid layouts: %s"
-                          % (layout, ", ".join(sorted(LAYOUTS))), path)
+                          % (layout, ", ".join(ALL_LAYOUTS)), path)
     return LAYOUTS[layout](path, **options)

@@ -216,7 +216,8 @@ def test_empty_source_and_unknown_layout_and_split(tmp_path, voc_root):
     (empty / "masks").mkdir()
     with pytest.raises(ConversionError, match="no items"):
         convert(str(empty), str(tmp_path / "o.rec"), "pairs")
-    with pytest.raises(ConversionError, match="valid layouts: imagefolder, lst, pairs, voc"):
+    with pytest.raises(ConversionError, match="valid layouts: ade20k, caffe-lmdb, cityscapes, imagefolder, lst, pairs, "
+                                            "raw-lmdb, voc"):
         convert(str(empty), str(tmp_path / "o.rec"), "coco")
     with pytest.raises(ConversionError, match="available: train, trainval, val"):
         convert(voc_root, str(tmp_path / "o.rec"), "voc", split="test")
