@@ -1,24 +1,40 @@
-"""gluon_data: Gluon datasets and converters for images packed in MXNet RecordIO or LMDB."""
+"""gluon_data: Gluon datasets and converters for images packed in MXNet RecordIO or LMDB.
+
+Names are imported on first use (PEP 562), so command-line tools that only convert or check
+files do not pay for importing MXNet.
+"""
+import importlib
+
 __version__ = "0.1.0"
 
-from .errors import (ConversionError, CorruptRecordError, DecodeError, FormatError,  # noqa: E402
-                     GluonDataError, SourceError)
-from .recordio import RecordFile, RecordWriter  # noqa: E402
-from .datasets import (ImageLMDBDataset, ImageRecordDataset, SegmentationLMDBDataset,  # noqa: E402
-                       SegmentationRecordDataset)
-from .lmdbio import LMDBFile, LMDBWriter  # noqa: E402
-from .legacy import CaffeLMDBDataset, RecipeLMDBDataset  # noqa: E402
-from .convert import ConversionReport, convert  # noqa: E402
-from .batchify import MultiSizeBatchify, SegmentationBatchify  # noqa: E402
-from . import transforms  # noqa: E402
+_EXPORTS = {
+    "ImageRecordDataset": "datasets", "SegmentationRecordDataset": "datasets",
+    "ImageLMDBDataset": "datasets", "SegmentationLMDBDataset": "datasets",
+    "RecipeLMDBDataset": "legacy", "CaffeLMDBDataset": "legacy",
+    "RecordFile": "recordio", "RecordWriter": "recordio",
+    "LMDBFile": "lmdbio", "LMDBWriter": "lmdbio",
+    "convert": "convert", "ConversionReport": "convert",
+    "verify": "verify", "salvage": "salvage",
+    "SegmentationBatchify": "batchify", "MultiSizeBatchify": "batchify",
+    "DataLoader": "loader",
+    "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",
+    "DecodeError": "errors", "SourceError": "errors", "ConversionError": "errors",
+}
+_MODULES = ("codec", "transforms", "sample", "stats", "preview", "sources", "meta")
 
-__all__ = [
-    "__version__",
-    "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
-    "SegmentationLMDBDataset", "LMDBFile", "LMDBWriter", "RecipeLMDBDataset", "CaffeLMDBDataset",
-    "RecordFile", "RecordWriter",
-    "convert", "ConversionReport",
-    "SegmentationBatchify", "MultiSizeBatchify", "transforms",
-    "GluonDataError", "FormatError", "CorruptRecordError", "DecodeError", "SourceError",
-    "ConversionError",
-]
+__all__ = ["__version__"] + sorted(_EXPORTS) + list(_MODULES)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module("." + _EXPORTS[name], __name__), name)
+    elif name in _MODULES:
+        value = importlib.import_module("." + name, __name__)
+    else:
+        raise AttributeError("module 'gluon_data' has no attribute %r" % name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

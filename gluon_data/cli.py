@@ -47,7 +47,8 @@ def _cmd_convert(a) -> int:
                      images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
                      max_pixels=a.max_pixels, format=a.format, image_shape=a.image_shape,
                      mask_shape=a.mask_shape, channels_first=a.channels_first, bgr=a.bgr,
-                     progress=not a.quiet)
+                     resume=a.resume, progress=not a.quiet,
+                     checkpoint_every=int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64")))
     print(report)
     return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
 
@@ -145,6 +146,20 @@ def _cmd_show(a) -> int:
     print("wrote %s (record %d of %s: %dx%d, %d classes present)"
           % (a.out, a.index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
     return 0
+
+
+def _cmd_verify(a) -> int:
+    from .verify import verify
+    report = verify(a.path, deep=a.deep, split=a.split)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def _cmd_salvage(a) -> int:
+    from .salvage import salvage
+    report = salvage(a.path, overwrite=a.overwrite)
+    print(report)
+    return 0 if report.records else 1
 
 
 def _cmd_info(a) -> int:
@@ -264,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1)),
                    help="encoding processes")
     c.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    c.add_argument("--resume", action="store_true",
+                   help="continue an interrupted conversion (.rec output) from its last "
+                        "checkpoint; the result is identical to an uninterrupted run")
     c.add_argument("--on-error", choices=["fail", "skip"], default="fail",
                    help="on a bad item: abort writing nothing, or skip it and report it")
     c.add_argument("--classes", help="class names: comma separated, or a file with one per line")
@@ -307,6 +325,21 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--split", help="LMDB split (default: train)")
     sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity")
     sh.set_defaults(func=_cmd_show)
+
+    v = sub.add_parser("verify", formatter_class=_Formatter,
+                       help="check structure, index, counts and every checksum (--deep: decode)")
+    v.add_argument("path", help=".rec file or .lmdb directory")
+    v.add_argument("--deep", action="store_true",
+                   help="also decode every image and mask and check mask ids")
+    v.add_argument("--split", help="LMDB: only this split")
+    v.set_defaults(func=_cmd_verify)
+
+    sv = sub.add_parser("salvage", formatter_class=_Formatter,
+                        help="rebuild a lost or short .idx by scanning the .rec")
+    sv.add_argument("path", help=".rec file")
+    sv.add_argument("--overwrite", action="store_true",
+                    help="replace an existing .idx (kept as .idx.bak)")
+    sv.set_defaults(func=_cmd_salvage)
 
     d = sub.add_parser("demo", formatter_class=_Formatter,
                        help="generate a VOC-style sample, pack it, read it through a DataLoader")

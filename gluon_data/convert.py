@@ -25,7 +25,6 @@ from PIL import Image
 from . import __version__, codec
 from .errors import ConversionError, FormatError, GluonDataError, SourceError
 from .meta import FORMAT_NAME, FORMAT_VERSION
-from .legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items
 from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, read_lmdb_meta
 from .meta import read_meta
 from .recordio import RecordFile, RecordWriter
@@ -333,7 +332,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             lst_root: Optional[str] = None, max_pixels: int = codec.DEFAULT_MAX_PIXELS,
             format: Optional[str] = None, image_shape: Optional[Sequence[int]] = None,
             mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
-            bgr: bool = False, progress: bool = False) -> ConversionReport:
+            bgr: bool = False, resume: bool = False, checkpoint_every: int = 64,
+            progress: bool = False) -> ConversionReport:
     """Convert a source folder or ``.lst`` into RecordIO (``.rec`` + ``.idx`` + metadata).
 
     Parameters
@@ -376,6 +376,11 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     image_shape, mask_shape, channels_first, bgr
         Layout ``raw-lmdb`` only (see :mod:`gluon_data.legacy`): the stored array shapes,
         whether images are stored CxHxW, and whether their channels are BGR.
+    resume : bool
+        ``.rec`` outputs: continue an interrupted conversion from its last checkpoint
+        (``OUTPUT.resume.json``, written every ``checkpoint_every`` items after an fsync).
+        The result is byte-identical to an uninterrupted run; a checkpoint made with other
+        inputs or options is refused.
 
     Returns
     -------
@@ -395,7 +400,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     _check_choices(encoding, on_error)
     fmt = output_format(output, format)
     source = os.fspath(source)
-    if layout in LEGACY_LAYOUTS:
+    if layout in ("raw-lmdb", "caffe-lmdb"):
         return import_lmdb(source, output, layout, split=split, image_shape=image_shape,
                            mask_shape=mask_shape, channels_first=channels_first, bgr=bgr,
                            encoding=encoding, quality=quality, classes=classes,
@@ -433,21 +438,45 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                          ignore_label=ignore_label, max_pixels=max_pixels,
                          mask_lut=src.mask_lut)
     writers: Dict[str, RecordWriter] = {}
-    stats: Dict[str, dict] = {}
+    stats: Dict[str, _Stats] = {}
     pool = None
     total = sum(len(v) for v in plan.values())
+    options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
+                   seed=seed, val_ratio=val_ratio, on_error=on_error)
+    ckpt = _Checkpoint(output, _plan_digest(src, plan, opts, options), fmt) if \
+        fmt == "rec" else None
+    state = ckpt.load() if (ckpt is not None and resume) else None
+    if ckpt is not None and not resume:
+        ckpt.remove()
+    if resume and ckpt is not None:
+        done = _resume_finished(state, ckpt, report, src, options)
+        if done is not None:
+            done.seconds = time.perf_counter() - t0
+            return done
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=total, unit="img", desc="convert", dynamic_ncols=True)
     try:
-        _, writers = open_writers(output, list(plan), fmt, overwrite)
+        if state is None:
+            _, writers = open_writers(output, list(plan), fmt, overwrite)
+        else:
+            report.skipped[:] = state["skipped"]
+            writers = {s: RecordWriter(p, resume=tuple(state["splits"][s]["writer"])
+                                       if s in state["splits"] else None, overwrite=True)
+                       for s, p in report.outputs.items()}
         if workers > 1:
             pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
         fn = partial(_work, opts=opts)
         for s, items in plan.items():
-            w, st = writers[s], _Stats()
-            jobs = list(enumerate(items))
+            w = writers[s]
+            done = state["splits"][s] if state is not None and s in state["splits"] else None
+            st = _Stats.from_state(done["stats"]) if done else _Stats()
+            start = done["done"] if done else 0
+            stats[s] = st
+            if bar is not None:
+                bar.update(start)
+            jobs = list(enumerate(items))[start:]
             results = (pool.imap(fn, jobs, chunksize=4) if pool is not None else map(fn, jobs))
             for pos, payload, info, err in results:
                 if bar is not None:
@@ -457,10 +486,13 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                     if on_error == "fail":
                         raise ConversionError(err[1], err[0])
                     report.skipped.append({"file": err[0], "reason": err[1]})
-                    continue
-                w.write(item.key if item.key is not None else w.count, payload)
-                st.add(info)
-            stats[s] = st
+                else:
+                    w.write(item.key if item.key is not None else w.count, payload)
+                    st.add(info)
+                if ckpt is not None and (pos + 1) % checkpoint_every == 0:
+                    ckpt.save(s, pos + 1, w, st, report.skipped)
+            if ckpt is not None:
+                ckpt.save(s, len(items), w, st, report.skipped)
             report.written[s] = w.count
         if report.total_written == 0:
             raise ConversionError("no item could be converted (%d skipped)" % len(report.skipped),
@@ -469,17 +501,23 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             if w.count == 0:
                 raise ConversionError("split %r would be empty" % s, source)
             meta = _metadata(src, s, w.count, stats[s], opts, classes, num_classes,
-                             report.skipped, dict(encoding=encoding, quality=quality,
-                                                  resize=resize, shuffle=shuffle, seed=seed,
-                                                  val_ratio=val_ratio, on_error=on_error))
+                             report.skipped, options)
             w.finish(meta)
             report.bytes_written += w.bytes_written
+        if ckpt is not None:
+            ckpt.mark_publishing()
         for w in writers.values():
             w.publish()
+        if ckpt is not None:
+            ckpt.remove()
+        if pool is not None:  # all results are in: let the workers exit on their own
+            pool.close()
+            pool.join()
+            pool = None
     except BaseException as e:
         _fail(e, writers, output)
     finally:
-        if pool is not None:
+        if pool is not None:  # a failure left tasks in flight
             pool.terminate()
             pool.join()
         if bar is not None:
@@ -489,20 +527,31 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
 
 
 class _Stats:
-    """Accumulates what the metadata reports: sizes, class statistics, pixel mean/std."""
+    """Accumulates what the metadata reports: sizes, class statistics, pixel mean/std.
+
+    Only aggregates are kept, so the state is small and goes into resume checkpoints
+    (:meth:`state` / :meth:`from_state` round-trip exactly through JSON).
+    """
 
     def __init__(self):
-        self.hw: List[Tuple[int, int]] = []
+        self.count = 0
+        self.hw_min = [1 << 62, 1 << 62]
+        self.hw_max = [0, 0]
+        self.hw_sum = [0, 0]
         self.class_pixels: Dict[int, int] = {}
         self.class_images: Dict[int, int] = {}
         self.class_image_pixels: Dict[int, int] = {}  # pixels of the images holding the class
         self.palette = None
         self.n = 0
-        self.sum = np.zeros(3)
-        self.sq = np.zeros(3)
+        self.sum = [0.0, 0.0, 0.0]
+        self.sq = [0.0, 0.0, 0.0]
 
     def add(self, info: dict) -> None:
-        self.hw.append(info["hw"])
+        h, w = info["hw"]
+        self.count += 1
+        self.hw_min = [min(self.hw_min[0], h), min(self.hw_min[1], w)]
+        self.hw_max = [max(self.hw_max[0], h), max(self.hw_max[1], w)]
+        self.hw_sum = [self.hw_sum[0] + h, self.hw_sum[1] + w]
         cp = info.get("class_pixels", {})
         total = sum(cp.values())
         for k, v in cp.items():
@@ -510,25 +559,43 @@ class _Stats:
             self.class_images[k] = self.class_images.get(k, 0) + 1
             self.class_image_pixels[k] = self.class_image_pixels.get(k, 0) + total
         if self.palette is None and info.get("palette"):
-            self.palette = info["palette"]
+            self.palette = list(info["palette"])
         if "pix" in info:
             n, s, q = info["pix"]
             self.n += n
-            self.sum += s
-            self.sq += q
+            self.sum = [a + b for a, b in zip(self.sum, s)]
+            self.sq = [a + b for a, b in zip(self.sq, q)]
+
+    def image_size(self) -> dict:
+        return {"min_hw": self.hw_min, "max_hw": self.hw_max,
+                "mean_hw": [round(x / max(self.count, 1), 1) for x in self.hw_sum]}
 
     def mean_std(self):
         if not self.n:
             return None
-        mean = self.sum / self.n
-        std = np.sqrt(np.maximum(self.sq / self.n - mean ** 2, 0))
+        mean = np.array(self.sum) / self.n
+        std = np.sqrt(np.maximum(np.array(self.sq) / self.n - mean ** 2, 0))
         return {"mean": [round(float(x) / 255, 6) for x in mean],
                 "std": [round(float(x) / 255, 6) for x in std], "pixels": int(self.n)}
+
+    _DICTS = ("class_pixels", "class_images", "class_image_pixels")
+
+    def state(self) -> dict:
+        d = {k: getattr(self, k) for k in ("count", "hw_min", "hw_max", "hw_sum", "palette",
+                                           "n", "sum", "sq")}
+        d.update({k: {str(c): v for c, v in getattr(self, k).items()} for k in self._DICTS})
+        return d
+
+    @classmethod
+    def from_state(cls, d: dict) -> "_Stats":
+        st = cls()
+        for k, v in d.items():
+            setattr(st, k, {int(c): n for c, n in v.items()} if k in cls._DICTS else v)
+        return st
 
 
 def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptions,
               classes, num_classes, skipped, options) -> dict:
-    hw = np.array(st.hw, dtype=np.int64).reshape(-1, 2)
     meta = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -537,8 +604,7 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
         "num_records": count,
         "checksum": "crc32-id2",
         "image_encoding": opts.encoding,
-        "image_size": {"min_hw": hw.min(0).tolist(), "max_hw": hw.max(0).tolist(),
-                       "mean_hw": [round(float(x), 1) for x in hw.mean(0)]},
+        "image_size": st.image_size(),
         "created_by": {"tool": "gluon_data %s" % __version__, "layout": src.layout,
                        "source": os.path.abspath(src.root), "options": options},
         "skipped": list(skipped),
@@ -572,6 +638,102 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
     return meta
 
 
+def _plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,
+                 options: dict) -> str:
+    """Identity of a conversion: a checkpoint only resumes the same inputs and options."""
+    import hashlib
+    import json
+    doc = {"source": os.path.abspath(src.root), "layout": src.layout, "options": options,
+           "opts": repr(opts), "plan": {s: [(i.name, i.image, i.mask, i.label, i.key)
+                                            for i in items] for s, items in plan.items()}}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class _Checkpoint:
+    """``OUTPUT.resume.json``: per split, items done, writer sizes and statistics; written
+    atomically after the partial files were fsynced, so it never promises unwritten bytes."""
+
+    def __init__(self, output: str, digest: str, fmt: str):
+        self.path = os.fspath(output) + ".resume.json"
+        self.digest = digest
+        self.splits: Dict[str, dict] = {}
+
+    def load(self) -> Optional[dict]:
+        import json
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            return None
+        except ValueError as e:
+            raise ConversionError("resume checkpoint is unreadable (%s); rerun without "
+                                  "--resume" % e, self.path) from None
+        if state.get("digest") != self.digest:
+            raise ConversionError("this checkpoint belongs to a conversion with other inputs or "
+                                  "options; rerun with the same ones, or without --resume",
+                                  self.path)
+        self.splits = state["splits"]
+        return state
+
+    def save(self, split: str, done: int, writer, stats: "_Stats", skipped) -> None:
+        import json
+        self.splits[split] = {"done": done, "writer": list(writer.sync()),
+                              "stats": stats.state()}
+        tmp = self.path + ".partial"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"digest": self.digest, "splits": self.splits, "skipped": skipped}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def mark_publishing(self) -> None:
+        """Everything is on disk under partial names; from here a resume only renames."""
+        import json
+        tmp = self.path + ".partial"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"digest": self.digest, "splits": self.splits, "publishing": True}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        for p in (self.path, self.path + ".partial"):
+            try:
+                os.remove(p)
+            except FileNotFoundError:
+                pass
+
+
+def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, src: Source,
+                     options: dict) -> Optional[ConversionReport]:
+    """With ``resume``: finish a publish that a crash interrupted, or recognise outputs that
+    are already complete (same source and options); else ``None`` (convert as usual)."""
+    outputs = report.outputs
+    if state is not None and state.get("publishing"):
+        for path in outputs.values():
+            RecordWriter.complete_publish(path)
+        ckpt.remove()
+    elif state is not None:
+        return None
+    metas = {}
+    for split, path in outputs.items():
+        try:
+            meta = read_meta(path)
+        except GluonDataError:
+            return None
+        if meta is None or not os.path.exists(path):
+            return None
+        made = meta.get("created_by", {})
+        if made.get("options") != options or made.get("source") != os.path.abspath(src.root):
+            return None
+        metas[split] = meta
+    for split, meta in metas.items():
+        report.written[split] = meta["num_records"]
+        report.bytes_written += os.path.getsize(outputs[split])
+    report.skipped[:] = next(iter(metas.values())).get("skipped", [])
+    return report
+
+
 def _check_choices(encoding: str, on_error: str) -> None:
     if encoding not in ENCODINGS:
         raise ValueError("unknown encoding %r; valid: %s" % (encoding, ", ".join(ENCODINGS)))
@@ -593,6 +755,7 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
     Raw arrays are kept raw by ``encoding='passthrough'`` for ``raw-lmdb`` (lossless, no
     decode cost) and stored as PNG for Caffe; encoded Caffe images keep their bytes.
     """
+    from .legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items  # imports MXNet
     _check_choices(encoding, on_error)
     fmt = output_format(output, format)
     t0 = time.perf_counter()

@@ -279,7 +279,10 @@ class RecordWriter:
 
     PARTIAL = ".partial"
 
-    def __init__(self, path: str, idx_path: Optional[str] = None, *, overwrite: bool = False):
+    def __init__(self, path: str, idx_path: Optional[str] = None, *, overwrite: bool = False,
+                 resume: Optional[Tuple[int, int, int]] = None):
+        """``resume=(rec_bytes, idx_bytes, count)`` continues partial files from a checkpoint
+        taken with :meth:`sync`: they are cut back to those sizes and appended to."""
         self.path = os.fspath(path)
         self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
         self.meta_path = meta_path(self.path)
@@ -291,10 +294,21 @@ class RecordWriter:
                                           "--overwrite) to replace it" % p)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._tmp = [p + self.PARTIAL for p in self._finals]
-        self._rec = open(self._tmp[0], "wb")
-        self._idx = open(self._tmp[1], "w", encoding="ascii", newline="\n")
-        self._pos = 0
-        self.count = 0
+        if resume is None:
+            self._rec = open(self._tmp[0], "wb")
+            self._idx = open(self._tmp[1], "w", encoding="ascii", newline="\n")
+            self._pos, self._idx_bytes, self.count = 0, 0, 0
+        else:
+            rec_bytes, idx_bytes, count = resume
+            for p, n in ((self._tmp[0], rec_bytes), (self._tmp[1], idx_bytes)):
+                have = os.path.getsize(p) if os.path.exists(p) else -1
+                if have < n:
+                    raise FormatError("cannot resume: %s has %d bytes, its checkpoint promises "
+                                      "%d; rerun without --resume" % (p, have, n), p)
+                os.truncate(p, n)  # drop whatever was written after the checkpoint
+            self._rec = open(self._tmp[0], "ab")
+            self._idx = open(self._tmp[1], "a", encoding="ascii", newline="\n")
+            self._pos, self._idx_bytes, self.count = rec_bytes, idx_bytes, count
         self._state = "open"
 
     def write(self, key: int, payload: bytes) -> int:
@@ -304,10 +318,20 @@ class RecordWriter:
         data = b"".join(codec.frame(payload))
         offset = self._pos
         self._rec.write(data)
-        self._idx.write("%d\t%d\n" % (int(key), offset))
+        line = "%d\t%d\n" % (int(key), offset)
+        self._idx.write(line)
         self._pos += len(data)
+        self._idx_bytes += len(line)
         self.count += 1
         return offset
+
+    def sync(self) -> Tuple[int, int, int]:
+        """Make everything written so far durable; return ``(rec_bytes, idx_bytes, count)``,
+        the argument ``resume`` takes to continue from exactly here."""
+        for f in (self._rec, self._idx):
+            f.flush()
+            os.fsync(f.fileno())
+        return self._pos, self._idx_bytes, self.count
 
     @property
     def bytes_written(self) -> int:
@@ -331,14 +355,22 @@ class RecordWriter:
         """Rename the partial files to their final names (metadata last)."""
         if self._state != "finished":
             raise RuntimeError("call finish() before publish()")
-        if os.path.exists(self.meta_path):  # a stale sidecar must never describe new data
-            os.remove(self.meta_path)
-        os.replace(self._tmp[0], self.path)
-        os.replace(self._tmp[1], self.idx_path)
-        if self._has_meta:
-            os.replace(self._tmp[2], self.meta_path)
-        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        self.complete_publish(self.path, self.idx_path)
         self._state = "published"
+
+    @classmethod
+    def complete_publish(cls, path: str, idx_path: Optional[str] = None) -> None:
+        """Rename whatever partial files of ``path`` remain (also after a crash mid-publish)."""
+        idx_path = idx_path or idx_path_for(path)
+        finals = [path, idx_path, meta_path(path)]
+        tmps = [p + cls.PARTIAL for p in finals]
+        if os.path.exists(tmps[0]) or os.path.exists(tmps[1]):
+            if os.path.exists(finals[2]):  # a stale sidecar must never describe new data
+                os.remove(finals[2])
+        for tmp, final in zip(tmps, finals):
+            if os.path.exists(tmp):
+                os.replace(tmp, final)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
     def abort(self) -> None:
         """Close and delete the partial files; the final names are untouched."""

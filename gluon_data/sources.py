@@ -84,7 +84,11 @@ def _inside(root: str, path: str) -> bool:
 
 
 def _list_files(folder: str, exts: Sequence[str], root: str) -> Dict[str, str]:
-    """stem -> path for files with ``exts`` under ``folder`` (recursively), inside ``root``."""
+    """stem -> path for files with ``exts`` under ``folder`` (recursively).
+
+    Directory symlinks are not followed (no loops); a file symlink that resolves outside
+    ``root`` raises :class:`SourceError` naming it.
+    """
     out: Dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         dirnames.sort()
@@ -92,6 +96,9 @@ def _list_files(folder: str, exts: Sequence[str], root: str) -> Dict[str, str]:
             if os.path.splitext(fn)[1].lower() not in exts:
                 continue
             path = os.path.join(dirpath, fn)
+            if os.path.islink(path) and not _inside(root, path):
+                raise SourceError("symlink leaves the source root %s (points to %s)"
+                               % (root, os.path.realpath(path)), path)
             stem = os.path.splitext(os.path.relpath(path, folder))[0]
             out.setdefault(stem, path)
     return out

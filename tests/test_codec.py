@@ -10,6 +10,8 @@ from hypothesis import given, settings, strategies as st
 from gluon_data import codec
 from gluon_data.errors import CorruptRecordError, DecodeError, FormatError, GluonDataError
 
+pytestmark = pytest.mark.reliability
+
 MAGIC = struct.pack("<I", codec.RECORDIO_MAGIC)
 
 

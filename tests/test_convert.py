@@ -180,6 +180,7 @@ BAD = {"missing image": "not found", "missing mask": "not found",
        "jpeg mask": "JPEG", "ids outside classes": r"\[42\]", "colour mask": "colour"}
 
 
+@pytest.mark.reliability
 @pytest.mark.parametrize("what", sorted(BAD))
 def test_bad_item_fails_naming_the_file_and_writes_nothing(tmp_path, voc_copy, what):
     bad_file = _damage(voc_copy, what)
@@ -190,6 +191,7 @@ def test_bad_item_fails_naming_the_file_and_writes_nothing(tmp_path, voc_copy, w
     assert files_of(out_dir) == []  # no final names, no partial files left behind
 
 
+@pytest.mark.reliability
 @pytest.mark.parametrize("what", ["truncated image", "ids outside classes"])
 def test_on_error_skip_lists_each_skip_in_report_and_metadata(tmp_path, voc_copy, what):
     bad_file = _damage(voc_copy, what)
@@ -201,6 +203,7 @@ def test_on_error_skip_lists_each_skip_in_report_and_metadata(tmp_path, voc_copy
     assert len(ds) == 15 and ds.meta["skipped"][0]["file"] == bad_file
 
 
+@pytest.mark.reliability
 def test_nothing_convertible_is_an_error_even_when_skipping(tmp_path):
     src = make_pairs(str(tmp_path / "src"), n=2)
     for f in os.listdir(os.path.join(src, "images")):
@@ -225,6 +228,7 @@ def test_empty_source_and_unknown_layout_and_split(tmp_path, voc_root):
         convert(str(tmp_path / "nope"), str(tmp_path / "o.rec"))
 
 
+@pytest.mark.reliability
 def test_mask_without_image_and_lst_paths_leaving_the_root(tmp_path, folder_root):
     src = make_pairs(str(tmp_path / "src"), n=3)
     os.remove(os.path.join(src, "images", "s01.png"))
@@ -239,6 +243,7 @@ def test_mask_without_image_and_lst_paths_leaving_the_root(tmp_path, folder_root
     assert rep.written == {"train": 1} and len(rep.skipped) == 2
 
 
+@pytest.mark.reliability
 def test_disk_full_leaves_nothing_under_final_name(tmp_path, voc_root, monkeypatch):
     """A write failure (ENOSPC) mid-conversion aborts cleanly."""
     import errno

@@ -191,6 +191,7 @@ def test_wrong_task_or_missing_metadata_is_a_clear_error(voc_rec, cls_rec, im2re
         SegmentationRecordDataset(im2rec_rec)
 
 
+@pytest.mark.reliability
 def test_unknown_format_version_is_refused(voc_rec, tmp_path):
     path = copy_rec(voc_rec, tmp_path)
     meta_file = path[:-4] + ".meta.json"
@@ -204,6 +205,7 @@ def test_unknown_format_version_is_refused(voc_rec, tmp_path):
         SegmentationRecordDataset(path)
 
 
+@pytest.mark.reliability
 def test_metadata_count_mismatch_is_detected(voc_rec, tmp_path):
     path = copy_rec(voc_rec, tmp_path)
     lines = open(path[:-4] + ".idx").read().splitlines(True)
@@ -212,6 +214,7 @@ def test_metadata_count_mismatch_is_detected(voc_rec, tmp_path):
         SegmentationRecordDataset(path)
 
 
+@pytest.mark.reliability
 def test_flipped_bit_raises_checksum_error_naming_file_key_offset(voc_rec, tmp_path):
     path = copy_rec(voc_rec, tmp_path)
     f = RecordFile(path)
@@ -228,6 +231,7 @@ def test_flipped_bit_raises_checksum_error_naming_file_key_offset(voc_rec, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.reliability
 def test_worker_error_reaches_the_training_loop_with_file_and_key(voc_rec, tmp_path):
     path = copy_rec(voc_rec, tmp_path)
     f = RecordFile(path)

@@ -81,6 +81,7 @@ def test_recipe_lmdb_channels_first_bgr(tmp_path):
     assert ds.meta["mask_encoding"] == "raw"
 
 
+@pytest.mark.reliability
 def test_recipe_lmdb_errors_name_the_key_and_sizes(tmp_path):
     src = str(tmp_path / "recipe")
     make_recipe_lmdb(src)
@@ -98,6 +99,7 @@ class _Boom:
         return (open, ("/tmp/gluon-data-unpickled-%d" % os.getpid(), "w"))
 
 
+@pytest.mark.reliability
 def test_pickled_values_are_never_unpickled(tmp_path):
     src = str(tmp_path / "evil")
     env = lmdb.open(src, max_dbs=4)
@@ -153,6 +155,7 @@ def test_caffe_lmdb_imports_encoded_and_raw_datums(tmp_path, folder_root):
         np.testing.assert_array_equal(img.asnumpy(), ref)
 
 
+@pytest.mark.reliability
 def test_caffe_lmdb_garbage_value_is_named(tmp_path):
     src = str(tmp_path / "bad")
     env = lmdb.open(src)

@@ -118,6 +118,7 @@ def test_lmdb_dataset_pickles_and_two_datasets_share_a_path(voc_lmdb):
     np.testing.assert_array_equal(c[1][1].asnumpy(), a[1][1].asnumpy())
 
 
+@pytest.mark.reliability
 def test_map_grows_from_a_tiny_map_without_losing_a_put(tmp_path):
     w = LMDBWriter(str(tmp_path / "g.lmdb"), map_size=64 << 10, commit_every=50)
     s = w.split("train")
@@ -145,6 +146,7 @@ def test_raw_encoding_round_trips_in_both_containers(voc_root, voc_rec, tmp_path
 
 
 # ---------------------------------------------------------------- bad input
+@pytest.mark.reliability
 def test_not_an_lmdb_and_missing_split(voc_lmdb, tmp_path):
     with pytest.raises(FormatError, match="not an LMDB"):
         SegmentationLMDBDataset(str(tmp_path))
@@ -156,6 +158,7 @@ def test_not_an_lmdb_and_missing_split(voc_lmdb, tmp_path):
         ImageLMDBDataset(voc_lmdb, "train")
 
 
+@pytest.mark.reliability
 def test_foreign_lmdb_without_metadata_is_refused(tmp_path):
     env = lmdb.open(str(tmp_path / "foreign"), max_dbs=4)
     with env.begin(write=True) as txn:
@@ -165,6 +168,7 @@ def test_foreign_lmdb_without_metadata_is_refused(tmp_path):
         ImageLMDBDataset(str(tmp_path / "foreign"))
 
 
+@pytest.mark.reliability
 @pytest.mark.parametrize("size", [0, 100, "half"])
 def test_truncated_data_mdb_is_an_error_not_sigbus(voc_lmdb, tmp_path, size):
     bad = str(tmp_path / "bad.lmdb")
@@ -181,6 +185,7 @@ def test_truncated_data_mdb_is_an_error_not_sigbus(voc_lmdb, tmp_path, size):
     assert p.stdout.startswith("FormatError") and "data.mdb" in p.stdout
 
 
+@pytest.mark.reliability
 def test_corrupt_value_raises_checksum_error_naming_the_key(voc_lmdb, tmp_path):
     bad = str(tmp_path / "bad.lmdb")
     shutil.copytree(voc_lmdb, bad)
@@ -198,6 +203,7 @@ def test_corrupt_value_raises_checksum_error_naming_the_key(voc_lmdb, tmp_path):
     assert e.value.path == bad
 
 
+@pytest.mark.reliability
 def test_failed_conversion_leaves_no_lmdb(tmp_path, voc_root):
     src = str(tmp_path / "VOC")
     shutil.copytree(voc_root, src)
@@ -217,6 +223,7 @@ def test_overwrite_replaces_an_open_lmdb(tmp_path, voc_root):
     assert len(SegmentationLMDBDataset(out, "val")) == 4
 
 
+@pytest.mark.reliability
 def test_reads_from_a_read_only_filesystem(voc_lmdb, voc_split_recs, tmp_path):
     """A real read-only bind mount, in a private mount namespace (no lock file can be made)."""
     import shutil as sh
@@ -247,6 +254,7 @@ def test_reads_from_a_read_only_filesystem(voc_lmdb, voc_split_recs, tmp_path):
     assert not os.path.exists(os.path.join(str(src / "voc.lmdb"), "lock.mdb"))
 
 
+@pytest.mark.reliability
 def test_map_grown_by_another_process_is_handled(voc_root, tmp_path):
     out = str(tmp_path / "grow.lmdb")
     convert(voc_root, out, "voc", split="train")

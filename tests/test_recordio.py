@@ -10,6 +10,8 @@ from gluon_data import codec
 from gluon_data.errors import CorruptRecordError, FormatError
 from gluon_data.recordio import RecordFile, RecordWriter, read_index
 
+pytestmark = pytest.mark.reliability
+
 MAGIC = codec.struct.pack("<I", codec.RECORDIO_MAGIC)
 PAYLOADS = [b"first", MAGIC + b"with magic" + MAGIC, b"", b"x" * 1001, b"last!"]
 

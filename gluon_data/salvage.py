@@ -1,0 +1,144 @@
+"""``gluon-data salvage``: rebuild a lost or short ``.idx`` by scanning the ``.rec``.
+
+The scan looks for the RecordIO magic word at 4-byte aligned offsets, parses the framing from
+there (multi-part records included) and keeps a record only if it is whole and, when it
+carries one, its CRC-32 matches. Everything between kept records is reported as a damaged
+byte range. The new index numbers the recovered records 0..N-1 in file order.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+from . import codec
+from .errors import GluonDataError
+from .meta import dumps_meta, meta_path, read_meta
+from .recordio import idx_path_for
+
+__all__ = ["salvage", "SalvageReport", "scan_records"]
+
+_MAGIC = codec.struct.pack("<I", codec.RECORDIO_MAGIC)
+
+
+@dataclass
+class SalvageReport:
+    path: str
+    idx_path: str
+    records: int = 0
+    damaged: List[Tuple[int, int]] = field(default_factory=list)  # [start, end) byte ranges
+    file_size: int = 0
+    tail_moved_to: str = None  # where a damaged tail's bytes were moved
+
+    def __str__(self):
+        lost = sum(e - s for s, e in self.damaged)
+        lines = ["%s: recovered %d records into %s; %d damaged byte range(s), %d bytes"
+                 % (self.path, self.records, self.idx_path, len(self.damaged), lost)]
+        lines += ["  damaged bytes %d..%d (%d bytes)" % (s, e, e - s) for s, e in self.damaged]
+        if self.tail_moved_to:
+            lines.append("  the damaged tail was moved to %s and the .rec truncated"
+                         % self.tail_moved_to)
+        return "\n".join(lines)
+
+
+def scan_records(buf, segmentation=None, require_checksum: bool = False):
+    """Yield ``(offset, end)`` of every intact record in a RecordIO byte buffer, and
+    ``(start, end, None)`` markers for damaged ranges between them. With
+    ``require_checksum`` a record whose checksum tag is gone counts as damaged."""
+    n = len(buf)
+    pos, bad_start = 0, None
+    while pos + 8 <= n:
+        if buf[pos:pos + 4] == _MAGIC:
+            try:
+                payload, end = codec.unframe(buf, pos)
+                rec = codec.unpack(payload, segmentation=segmentation, verify=True)
+                intact = rec.checksum is not None or not require_checksum
+            except GluonDataError:
+                intact = False
+            if intact:
+                if bad_start is not None:
+                    yield bad_start, pos, None
+                    bad_start = None
+                yield pos, end
+                pos = end
+                continue
+        if bad_start is None:
+            bad_start = pos
+        nxt = buf.find(_MAGIC, pos + 4)
+        while nxt != -1 and nxt % 4:
+            nxt = buf.find(_MAGIC, nxt + 1)
+        pos = n if nxt == -1 else nxt
+    if pos < n and bad_start is None:
+        bad_start = pos
+    if bad_start is not None:
+        yield bad_start, n, None
+
+
+def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> SalvageReport:
+    """Rebuild ``idx_path`` (default: beside the ``.rec``) from the records found in the file.
+
+    An existing index is kept as ``.idx.bak`` (only with ``overwrite``); metadata, if any, is
+    updated to the recovered count (the old one kept as ``.meta.json.bak``) and records what
+    was salvaged. Damaged bytes at the very end of the ``.rec`` (a writer killed mid-record)
+    are moved to ``.rec.damaged-tail`` so the ``.rec`` ends with its last intact record.
+    """
+    rec_path = os.fspath(rec_path)
+    idx_path = idx_path or idx_path_for(rec_path)
+    if os.path.exists(idx_path) and not overwrite:
+        raise FileExistsError("%s exists; pass overwrite=True (CLI: --overwrite) to replace it "
+                              "(the old one is kept as .idx.bak)" % idx_path)
+    try:
+        meta = read_meta(rec_path)
+    except GluonDataError:
+        meta = None
+    seg = None if meta is None else meta["task"] == "segmentation"
+    require = meta is not None and meta.get("checksum") == "crc32-id2"
+    report = SalvageReport(rec_path, idx_path, file_size=os.path.getsize(rec_path))
+    offsets = []
+    with open(rec_path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if report.file_size else b""
+        try:
+            for item in scan_records(buf, seg, require):
+                if len(item) == 3:
+                    report.damaged.append((item[0], item[1]))
+                else:
+                    offsets.append(item[0])
+        finally:
+            if report.file_size:
+                buf.close()
+    report.records = len(offsets)
+    if report.damaged and report.damaged[-1][1] == report.file_size:
+        # Unreadable bytes at the end (a writer killed mid-record): move them aside, so the
+        # .rec ends with its last intact record and readers accept the rebuilt index.
+        start = report.damaged[-1][0]
+        with open(rec_path, "r+b") as f:
+            f.seek(start)
+            tail = f.read()
+            with open(rec_path + ".damaged-tail", "wb") as t:
+                t.write(tail)
+                t.flush()
+                os.fsync(t.fileno())
+            f.truncate(start)
+            f.flush()
+            os.fsync(f.fileno())
+        report.tail_moved_to = rec_path + ".damaged-tail"
+    tmp = idx_path + ".partial"
+    with open(tmp, "w", encoding="ascii", newline="\n") as f:
+        f.write("".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)))
+        f.flush()
+        os.fsync(f.fileno())
+    if os.path.exists(idx_path):
+        shutil.copy2(idx_path, idx_path + ".bak")
+    os.replace(tmp, idx_path)
+    if meta is not None and meta["num_records"] != len(offsets):
+        mp = meta_path(rec_path)
+        shutil.copy2(mp, mp + ".bak")
+        meta = dict(meta, num_records=len(offsets),
+                    salvaged={"records_before": meta["num_records"],
+                              "damaged_ranges": [list(r) for r in report.damaged]})
+        with open(mp + ".partial", "wb") as f:
+            f.write(dumps_meta(meta))
+        os.replace(mp + ".partial", mp)
+    return report

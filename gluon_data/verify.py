@@ -1,0 +1,177 @@
+"""``gluon-data verify``: check a dataset end to end and name every bad record.
+
+Checks, in order: metadata (version, task), the index against the data (offsets, duplicates,
+an index shorter than the data), the record count against the metadata, every record's framing
+and CRC-32, and with ``deep`` the decoding of every image and mask and the mask ids against the
+declared classes. LMDB datasets are scanned in a child process: LMDB trusts its B-tree pages,
+and a damaged page can crash the reading process, which must not be the caller.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+
+from . import codec
+from .errors import GluonDataError
+
+__all__ = ["verify", "VerifyReport"]
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found. ``ok`` is True when nothing is wrong."""
+
+    path: str
+    records: int = 0
+    checked: int = 0
+    deep: bool = False
+    problems: List[dict] = field(default_factory=list)  # {"where", "key", "offset", "reason"}
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, err: Exception, where: Optional[str] = None, key=None, offset=None) -> None:
+        if isinstance(err, GluonDataError):
+            self.problems.append({"where": err.path or where, "key": err.key if err.key
+                                  is not None else key, "offset": err.offset if err.offset
+                                  is not None else offset, "reason": err.reason})
+        else:
+            self.problems.append({"where": where, "key": key, "offset": offset,
+                                  "reason": "%s: %s" % (type(err).__name__, err)})
+
+    def __str__(self) -> str:
+        head = "%s: %d records, %d checked%s: %s" % (
+            self.path, self.records, self.checked, " (deep: decoded)" if self.deep else "",
+            "OK" if self.ok else "%d problem(s)" % len(self.problems))
+        lines = [head]
+        for p in self.problems[:200]:
+            loc = ", ".join(x for x in (
+                p["where"], None if p["key"] is None else "record %s" % p["key"],
+                None if p["offset"] is None else "offset %d" % p["offset"]) if x)
+            lines.append("  BAD %s: %s" % (loc, p["reason"]))
+        if len(self.problems) > 200:
+            lines.append("  ... %d more" % (len(self.problems) - 200))
+        return "\n".join(lines)
+
+
+def _check_records(store, meta, report: VerifyReport, deep: bool, where: str) -> None:
+    seg = bool(meta) and meta.get("task") == "segmentation"
+    checksummed = bool(meta) and meta.get("checksum") == "crc32-id2"
+    ncls = meta.get("num_classes") if seg else None
+    ignore = meta.get("ignore_label", 255) if seg else None
+    for i in range(len(store)):
+        key, off = store.key(i), store.offset(i)
+        try:
+            rec = codec.unpack(store.read(i), segmentation=seg, verify=True, path=where,
+                               key=key, offset=off)
+            if checksummed and rec.checksum is None:
+                raise GluonDataError("checksum missing from a record of a checksummed dataset",
+                                     where, key, off)
+            if deep:
+                codec.decode_image(rec.image, 1, what="image")
+                if seg:
+                    mask = codec.decode_mask(rec.mask, what="mask")
+                    if ncls is not None:
+                        ids = np.unique(mask)
+                        bad = [int(x) for x in ids if x >= ncls and x != ignore]
+                        if bad:
+                            raise GluonDataError("mask ids %s outside the %d classes"
+                                                 % (bad, ncls), where, key, off)
+        except Exception as e:  # every problem is reported, the scan goes on
+            report.add(e, where, key, off)
+        report.checked += 1
+
+
+def _verify_rec(path: str, deep: bool) -> VerifyReport:
+    from .meta import read_meta
+    from .recordio import RecordFile
+    report = VerifyReport(path, deep=deep)
+    try:
+        meta = read_meta(path)
+    except GluonDataError as e:
+        report.add(e)
+        meta = None
+    try:
+        store = RecordFile(path, expected_count=meta["num_records"] if meta else None)
+    except (GluonDataError, OSError) as e:
+        report.add(e, path)
+        report.problems[-1]["reason"] += " (gluon-data salvage can rebuild the index)"
+        return report
+    report.records = len(store)
+    _check_records(store, meta, report, deep, path)
+    return report
+
+
+def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyReport:
+    from .lmdbio import LMDBFile, read_lmdb_meta
+    report = VerifyReport(path, deep=deep)
+    try:
+        metas = read_lmdb_meta(path)
+    except GluonDataError as e:
+        report.add(e, path)
+        return report
+    for s in ([split] if split else sorted(metas)):
+        try:
+            store = LMDBFile(path, s)
+        except GluonDataError as e:
+            report.add(e, path)
+            continue
+        report.records += len(store)
+        _check_records(store, store.meta, report, deep, "%s [split %s]" % (path, s))
+    return report
+
+
+def _child(conn, path, deep, split):
+    try:
+        conn.send(_verify_lmdb_here(path, deep, split))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        conn.send(e)
+    finally:
+        conn.close()
+
+
+def verify(path: str, deep: bool = False, split: Optional[str] = None,
+           isolate: bool = True) -> VerifyReport:
+    """Check a ``.rec`` or ``.lmdb`` dataset; return a :class:`VerifyReport`.
+
+    Parameters
+    ----------
+    path : str
+    deep : bool
+        Also decode every image and mask and check mask ids against the classes.
+    split : str, optional
+        LMDB: check only this split.
+    isolate : bool
+        LMDB: scan in a child process, so a crash of LMDB on a damaged page is reported.
+    """
+    from .lmdbio import is_lmdb
+    path = os.fspath(path)
+    if not (is_lmdb(path) or path.rstrip("/").endswith(".lmdb")):
+        return _verify_rec(path, deep)
+    if not isolate:
+        return _verify_lmdb_here(path, deep, split)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, path, deep, split))
+    proc.start()
+    child.close()
+    try:
+        result = parent.recv()
+    except EOFError:
+        result = None
+    proc.join()
+    if isinstance(result, VerifyReport):
+        return result
+    report = VerifyReport(path, deep=deep)
+    if isinstance(result, BaseException):
+        report.add(result, path)
+    else:
+        report.problems.append({"where": os.path.join(path, "data.mdb"), "key": None,
+                                "offset": None, "reason": "LMDB crashed while reading the file "
+                                "(exit code %s): data.mdb is damaged" % proc.exitcode})
+    return report
