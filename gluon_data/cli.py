@@ -341,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replace an existing .idx (kept as .idx.bak)")
     sv.set_defaults(func=_cmd_salvage)
 
+    sub.add_parser("bench", help="benchmark our loaders against the baselines (see "
+                                 "`gluon-data bench --help`)", add_help=False)
+
     d = sub.add_parser("demo", formatter_class=_Formatter,
                        help="generate a VOC-style sample, pack it, read it through a DataLoader")
     d.add_argument("--workdir", help="keep the files here (default: a temporary folder)")
@@ -353,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own parser: gluon_data/bench.py
+        from .bench import main as bench_main
+        return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     from .errors import GluonDataError

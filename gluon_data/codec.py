@@ -321,6 +321,24 @@ def image_size(buf) -> Optional[Tuple[int, int]]:
     return None
 
 
+try:  # libjpeg-turbo with warnings as errors: corrupt entropy data fails instead of decoding
+    import simplejpeg as _sj
+except ImportError:  # pragma: no cover - optional; OpenCV then decodes every JPEG
+    _sj = None
+
+
+def _decode_jpeg_strict(buf, flag: int, what: str):
+    """Strict JPEG decode (RGB or grey), or ``None`` without simplejpeg. Like
+    ``mx.image.imdecode`` (whose OpenCV predates EXIF support), EXIF orientation is ignored."""
+    if _sj is None:
+        return None
+    try:
+        return _sj.decode_jpeg(bytes(buf), colorspace="RGB" if flag == 1 else "GRAY",
+                               strict=True)
+    except ValueError as e:
+        raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
+
+
 def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
     """Reject bytes that decoders would silently 'repair' (truncation) or that are too big."""
     n = len(buf)
@@ -349,8 +367,10 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
                  what: str = "image") -> np.ndarray:
     """Decode image bytes to an HWC uint8 numpy array, RGB for ``flag=1``, HW1 grey for 0.
 
-    Same output as ``mx.image.imdecode(buf, flag)``. Raw arrays (:func:`encode_raw`) are
-    returned as stored. Raises :class:`DecodeError` for every kind of bad input.
+    Same output as ``mx.image.imdecode(buf, flag)`` (EXIF orientation is ignored, as there).
+    JPEGs are decoded strictly with libjpeg-turbo (simplejpeg): corrupt entropy data is an
+    error instead of a grey or smeared picture. Raw arrays (:func:`encode_raw`) are returned
+    as stored. Raises :class:`DecodeError` for every kind of bad input.
     """
     if flag not in (0, 1):
         raise ValueError("flag must be 0 (grey) or 1 (colour), got %r" % (flag,))
@@ -364,8 +384,13 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
             img = cv2.cvtColor(np.ascontiguousarray(img), cv2.COLOR_RGB2GRAY)[:, :, None]
         return img
     _check_structure(buf, what, max_pixels)
+    if bytes(buf[:2]) == b"\xff\xd8":
+        img = _decode_jpeg_strict(buf, flag, what)
+        if img is not None:
+            return img if img.ndim == 3 else img[:, :, None]
     arr = np.frombuffer(buf, dtype=np.uint8)
-    img = cv2.imdecode(arr, cv2.IMREAD_COLOR if flag == 1 else cv2.IMREAD_GRAYSCALE)
+    img = cv2.imdecode(arr, (cv2.IMREAD_COLOR if flag == 1 else cv2.IMREAD_GRAYSCALE)
+                       | cv2.IMREAD_IGNORE_ORIENTATION)  # as mx.image.imdecode does
     if img is None:
         raise DecodeError("%s: %d bytes are not a decodable image" % (what, len(arr)))
     if flag == 1:

@@ -250,7 +250,7 @@ def _work(job, opts: EncodeOptions):
 
 
 def _worker_init():
-    cv2.setNumThreads(1)
+    cv2.setNumThreads(1)  # one process per core already; safe in a fresh (spawned) process
 
 
 # --------------------------------------------------------------------------- driver
@@ -466,7 +466,9 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                                        if s in state["splits"] else None, overwrite=True)
                        for s, p in report.outputs.items()}
         if workers > 1:
-            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init)
+            # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
+            # the parent's threads left it and can deadlock in its first OpenCV call.
+            pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
         fn = partial(_work, opts=opts)
         for s, items in plan.items():
             w = writers[s]

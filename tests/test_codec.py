@@ -171,6 +171,37 @@ def test_bad_image_bytes_give_one_uniform_error(bad):
         codec.decode_image(bad)
 
 
+def _photo_jpeg(exif=None, h=48, w=64):
+    import io
+    from PIL import Image
+    rng = np.random.default_rng(4)
+    img = cv2.GaussianBlur(rng.integers(0, 255, (h, w, 3), dtype=np.uint8), (0, 0), 2)
+    out = io.BytesIO()
+    Image.fromarray(img).save(out, format="JPEG", quality=90,
+                              **({"exif": exif} if exif is not None else {}))
+    return out.getvalue()
+
+
+def test_mid_stream_corrupt_jpeg_is_an_error_not_a_silent_picture():
+    buf = bytearray(_photo_jpeg(h=300, w=400))
+    mid = len(buf) // 2
+    buf[mid:mid + 40] = b"\x55" * 40  # entropy data damaged; the file still ends in FFD9
+    assert cv2.imdecode(np.frombuffer(bytes(buf), np.uint8), 1) is not None  # OpenCV: silent
+    with pytest.raises(DecodeError, match="corrupt JPEG"):
+        codec.decode_image(bytes(buf))
+
+
+@pytest.mark.parametrize("orientation", [1, 3, 6, 8])
+def test_exif_orientation_is_ignored_as_mx_imdecode_ignores_it(orientation):
+    from PIL import Image
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = _photo_jpeg(exif.tobytes())
+    np.testing.assert_array_equal(codec.decode_image(buf), mx.image.imdecode(buf).asnumpy())
+    np.testing.assert_array_equal(codec.decode_image(buf, 0),
+                                  mx.image.imdecode(buf, 0).asnumpy())
+
+
 def test_image_size_read_from_headers_and_capped_before_decoding():
     assert codec.image_size(_jpeg(13, 21)) == (13, 21)
     assert codec.image_size(_png(7, 9)) == (7, 9)
