@@ -377,9 +377,10 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         Layout ``raw-lmdb`` only (see :mod:`gluon_data.legacy`): the stored array shapes,
         whether images are stored CxHxW, and whether their channels are BGR.
     resume : bool
-        ``.rec`` outputs: continue an interrupted conversion from its last checkpoint
-        (``OUTPUT.resume.json``, written every ``checkpoint_every`` items after an fsync).
-        The result is byte-identical to an uninterrupted run; a checkpoint made with other
+        Continue an interrupted conversion from its last checkpoint, taken every
+        ``checkpoint_every`` items (RecordIO: ``OUTPUT.resume.json`` after an fsync; LMDB:
+        inside the partial environment, in the same transaction as the records). The result
+        equals an uninterrupted run (RecordIO: byte for byte); a checkpoint made with other
         inputs or options is refused.
 
     Returns
@@ -443,13 +444,12 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     total = sum(len(v) for v in plan.values())
     options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
                    seed=seed, val_ratio=val_ratio, on_error=on_error)
-    ckpt = _Checkpoint(output, _plan_digest(src, plan, opts, options), fmt) if \
-        fmt == "rec" else None
-    state = ckpt.load() if (ckpt is not None and resume) else None
-    if ckpt is not None and not resume:
+    ckpt = _Checkpoint(output, _plan_digest(src, plan, opts, options), fmt)
+    state = ckpt.load() if resume else None
+    if not resume:
         ckpt.remove()
-    if resume and ckpt is not None:
-        done = _resume_finished(state, ckpt, report, src, options)
+    if resume:
+        done = _resume_finished(state, ckpt, report, src, options, fmt)
         if done is not None:
             done.seconds = time.perf_counter() - t0
             return done
@@ -460,6 +460,11 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     try:
         if state is None:
             _, writers = open_writers(output, list(plan), fmt, overwrite)
+        elif fmt == "lmdb":
+            report.skipped[:] = state["skipped"]
+            env = LMDBWriter(os.fspath(output), overwrite=True, resume=True)
+            writers = {s: env.split(s, tuple(state["splits"][s]["writer"])
+                                    if s in state["splits"] else (0, 0)) for s in plan}
         else:
             report.skipped[:] = state["skipped"]
             writers = {s: RecordWriter(p, resume=tuple(state["splits"][s]["writer"])
@@ -491,10 +496,9 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                 else:
                     w.write(item.key if item.key is not None else w.count, payload)
                     st.add(info)
-                if ckpt is not None and (pos + 1) % checkpoint_every == 0:
+                if (pos + 1) % checkpoint_every == 0:
                     ckpt.save(s, pos + 1, w, st, report.skipped)
-            if ckpt is not None:
-                ckpt.save(s, len(items), w, st, report.skipped)
+            ckpt.save(s, len(items), w, st, report.skipped)
             report.written[s] = w.count
         if report.total_written == 0:
             raise ConversionError("no item could be converted (%d skipped)" % len(report.skipped),
@@ -506,12 +510,10 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                              report.skipped, options)
             w.finish(meta)
             report.bytes_written += w.bytes_written
-        if ckpt is not None:
-            ckpt.mark_publishing()
+        ckpt.mark_publishing()
         for w in writers.values():
             w.publish()
-        if ckpt is not None:
-            ckpt.remove()
+        ckpt.remove()
         if pool is not None:  # all results are in: let the workers exit on their own
             pool.close()
             pool.join()
@@ -652,19 +654,31 @@ def _plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,
 
 
 class _Checkpoint:
-    """``OUTPUT.resume.json``: per split, items done, writer sizes and statistics; written
-    atomically after the partial files were fsynced, so it never promises unwritten bytes."""
+    """Resume state: per split, items done, writer position and statistics.
+
+    RecordIO: ``OUTPUT.resume.json``, replaced atomically after the partial files were
+    fsynced, so it never promises bytes that are not on disk. LMDB: the same document in the
+    partial environment, committed in the same transaction as the records it describes.
+    """
 
     def __init__(self, output: str, digest: str, fmt: str):
-        self.path = os.fspath(output) + ".resume.json"
+        self.output = os.fspath(output)
+        self.path = self.output + ".resume.json"
         self.digest = digest
+        self.fmt = fmt
         self.splits: Dict[str, dict] = {}
 
     def load(self) -> Optional[dict]:
         import json
         try:
-            with open(self.path, encoding="utf-8") as f:
-                state = json.load(f)
+            if self.fmt == "lmdb":
+                raw = LMDBWriter.read_progress(self.output)
+                if raw is None:
+                    return None
+                state = json.loads(raw.decode("utf-8"))
+            else:
+                with open(self.path, encoding="utf-8") as f:
+                    state = json.load(f)
         except FileNotFoundError:
             return None
         except ValueError as e:
@@ -673,24 +687,36 @@ class _Checkpoint:
         if state.get("digest") != self.digest:
             raise ConversionError("this checkpoint belongs to a conversion with other inputs or "
                                   "options; rerun with the same ones, or without --resume",
-                                  self.path)
+                                  self.path if self.fmt == "rec" else self.output)
         self.splits = state["splits"]
         return state
 
+    def _doc(self, skipped, **extra) -> dict:
+        return dict({"digest": self.digest, "splits": self.splits, "skipped": skipped}, **extra)
+
     def save(self, split: str, done: int, writer, stats: "_Stats", skipped) -> None:
         import json
-        self.splits[split] = {"done": done, "writer": list(writer.sync()),
-                              "stats": stats.state()}
+        entry = {"done": done, "stats": stats.state()}
+        if self.fmt == "lmdb":
+            entry["writer"] = [writer.count, writer.bytes_written]  # buffered ones included
+            self.splits[split] = entry
+            writer.checkpoint(json.dumps(self._doc(skipped)).encode("utf-8"))
+            return
+        entry["writer"] = list(writer.sync())
+        self.splits[split] = entry
         tmp = self.path + ".partial"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"digest": self.digest, "splits": self.splits, "skipped": skipped}, f)
+            json.dump(self._doc(skipped), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
     def mark_publishing(self) -> None:
-        """Everything is on disk under partial names; from here a resume only renames."""
+        """RecordIO: everything is on disk under partial names; a resume only renames.
+        (An LMDB is published by one directory rename, which needs no such record.)"""
         import json
+        if self.fmt == "lmdb":
+            return
         tmp = self.path + ".partial"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"digest": self.digest, "splits": self.splits, "publishing": True}, f)
@@ -707,7 +733,7 @@ class _Checkpoint:
 
 
 def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, src: Source,
-                     options: dict) -> Optional[ConversionReport]:
+                     options: dict, fmt: str) -> Optional[ConversionReport]:
     """With ``resume``: finish a publish that a crash interrupted, or recognise outputs that
     are already complete (same source and options); else ``None`` (convert as usual)."""
     outputs = report.outputs
@@ -718,9 +744,14 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, src: 
     elif state is not None:
         return None
     metas = {}
+    try:
+        lmdb_metas = read_lmdb_meta(ckpt.output) if fmt == "lmdb" and is_lmdb(ckpt.output) \
+            else None
+    except GluonDataError:
+        return None
     for split, path in outputs.items():
         try:
-            meta = read_meta(path)
+            meta = (lmdb_metas or {}).get(split) if fmt == "lmdb" else read_meta(path)
         except GluonDataError:
             return None
         if meta is None or not os.path.exists(path):
@@ -731,7 +762,8 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, src: 
         metas[split] = meta
     for split, meta in metas.items():
         report.written[split] = meta["num_records"]
-        report.bytes_written += os.path.getsize(outputs[split])
+        if fmt == "rec":
+            report.bytes_written += os.path.getsize(outputs[split])
     report.skipped[:] = next(iter(metas.values())).get("skipped", [])
     return report
 

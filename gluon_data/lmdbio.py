@@ -262,34 +262,60 @@ class LMDBWriter:
     """
 
     PARTIAL = ".partial"
+    PROGRESS_DB = b"__progress__"
 
     def __init__(self, path: str, *, overwrite: bool = False, map_size: int = 64 << 20,
-                 commit_every: int = 256):
+                 commit_every: int = 256, resume: bool = False):
         self.path = os.fspath(path).rstrip("/")
         if os.path.exists(self.path) and not overwrite:
             raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
                                   "to replace it" % self.path)
         self.tmp = self.path + self.PARTIAL
-        if os.path.exists(self.tmp):
+        if os.path.exists(self.tmp) and not resume:
             shutil.rmtree(self.tmp)
-        os.makedirs(self.tmp)
+        os.makedirs(self.tmp, exist_ok=True)
         self.env = lmdb.open(self.tmp, map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
                              sync=False, metasync=False, writemap=False)
+        self.env.set_mapsize(max(map_size, self.env.info()["map_size"]))
         self.commit_every = commit_every
         self.grows = 0
         self._state = "open"
 
-    def split(self, name: str) -> "_SplitWriter":
+    def split(self, name: str, resume: Optional[Tuple[int, int]] = None) -> "_SplitWriter":
+        """A writer for split ``name``; ``resume=(count, bytes)`` continues a checkpoint."""
         if name == META_DB.decode() or not name:
             raise ValueError("invalid split name %r" % name)
-        return _SplitWriter(self, name)
+        return _SplitWriter(self, name, resume)
 
-    def _commit(self, db, batch) -> None:
+    @classmethod
+    def read_progress(cls, path: str) -> Optional[bytes]:
+        """The progress document of an interrupted write of ``path``, if there is one."""
+        tmp = os.fspath(path).rstrip("/") + cls.PARTIAL
+        if not os.path.isfile(os.path.join(tmp, "data.mdb")):
+            return None
+        env = lmdb.open(tmp, readonly=True, lock=False, max_dbs=_MAX_DBS, subdir=True)
+        try:
+            try:
+                db = env.open_db(cls.PROGRESS_DB, create=False)
+            except lmdb.NotFoundError:
+                return None
+            with env.begin(db=db) as txn:
+                v = txn.get(b"state")
+                return None if v is None else bytes(v)
+        finally:
+            env.close()
+
+    def _commit(self, db, batch, progress: Optional[bytes] = None) -> None:
+        """Put ``batch`` (and the progress document) in one transaction; on a full map, grow
+        it and replay the whole batch, so nothing is lost and nothing is half-written."""
+        pdb = self.env.open_db(self.PROGRESS_DB) if progress is not None else None
         while True:
             try:
                 with self.env.begin(write=True, db=db) as txn:
                     for k, v in batch:
                         txn.put(k, v, db=db)
+                    if pdb is not None:
+                        txn.put(b"state", progress, db=pdb)
                 return
             except lmdb.MapFullError:
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
@@ -301,6 +327,11 @@ class LMDBWriter:
     def publish(self) -> None:
         if self._state == "published":
             return
+        with self.env.begin(write=True) as txn:  # resume bookkeeping does not ship
+            try:
+                txn.drop(self.env.open_db(self.PROGRESS_DB, txn=txn), delete=True)
+            except lmdb.NotFoundError:
+                pass
         self.env.sync(True)
         self.env.close()
         try:  # readers run lock-free; a published dataset is just data.mdb
@@ -330,11 +361,19 @@ class LMDBWriter:
 class _SplitWriter:
     """The RecordWriter interface for one split of an :class:`LMDBWriter`."""
 
-    def __init__(self, parent: LMDBWriter, name: str):
+    def __init__(self, parent: LMDBWriter, name: str,
+                 resume: Optional[Tuple[int, int]] = None):
         self.parent, self.name = parent, name
         self.db = parent.env.open_db(name.encode())
-        self.count = 0
-        self.bytes_written = 0
+        count, nbytes = resume or (0, 0)
+        if resume is not None:  # drop whatever was committed after the checkpoint
+            with parent.env.begin(write=True, db=self.db) as txn:
+                cur = txn.cursor()
+                if cur.set_range(record_key(count)):
+                    while cur.delete():
+                        pass
+        self.count = count
+        self.bytes_written = nbytes
         self._batch: List[Tuple[bytes, bytes]] = []
         self._state = "open"
 
@@ -348,10 +387,14 @@ class _SplitWriter:
             self._flush()
         return pos
 
-    def _flush(self):
-        if self._batch:
-            self.parent._commit(self.db, self._batch)
+    def _flush(self, progress: Optional[bytes] = None):
+        if self._batch or progress is not None:
+            self.parent._commit(self.db, self._batch, progress)
             self._batch = []
+
+    def checkpoint(self, progress: bytes) -> None:
+        """Commit the buffered records together with ``progress`` (atomically)."""
+        self._flush(progress)
 
     def finish(self, meta: Optional[dict] = None) -> None:
         self._flush()

@@ -78,6 +78,42 @@ def test_sigkill_at_20_random_moments_then_resume_is_byte_identical(big_voc, tmp
     assert kills == 20
 
 
+def test_lmdb_conversion_resumes_after_sigkill_with_nothing_lost(big_voc, tmp_path):
+    """Expected: same keys and values as an uninterrupted conversion, per split."""
+    from gluon_data.lmdbio import LMDBFile, read_lmdb_meta
+    ref = str(tmp_path / "ref.lmdb")
+    convert(big_voc, ref, "voc", split="train,val", encoding="png")
+    out = str(tmp_path / "out.lmdb")
+    cmd = [sys.executable, "-m", "gluon_data", "convert", big_voc, out, "--layout", "voc",
+           "--split", "train,val", "--encoding", "png", "--workers", "1", "--quiet",
+           "--resume"]
+    env = dict(os.environ, GLUON_DATA_CHECKPOINT_EVERY="4")
+    t0 = time.monotonic()
+    subprocess.run(cmd[:5] + [str(tmp_path / "calib.lmdb")] + cmd[6:], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    full = time.monotonic() - t0
+    rng = random.Random(1)
+    kills = 0
+    for _ in range(40):
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.35 * full, 0.6 * full))
+        if p.poll() is not None:
+            assert p.returncode == 0, p.stderr.read().decode()[-2000:]
+            break
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        kills += 1
+    else:
+        subprocess.run(cmd, check=True, env=env)
+    assert kills >= 2, "too few kills landed mid-conversion (%d)" % kills
+    assert sorted(os.listdir(out)) == ["data.mdb"] and not os.path.exists(out + ".partial")
+    for split in ("train", "val"):
+        a, b = LMDBFile(ref, split), LMDBFile(out, split)
+        assert len(a) == len(b) > 0
+        assert all(a.read(i) == b.read(i) for i in range(len(a)))
+    assert read_lmdb_meta(ref) == read_lmdb_meta(out)
+
+
 def test_resume_refuses_a_checkpoint_of_other_options(big_voc, tmp_path):
     out = str(tmp_path / "o.rec")
     code = ("import importlib, os, signal\nfrom gluon_data import convert\n"
