@@ -68,10 +68,10 @@ def _summary(meta: dict) -> dict:
 def describe(path: str) -> dict:
     """What ``gluon-data info`` reports about a ``.rec`` or ``.lmdb`` dataset."""
     from . import codec
-    from .lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
+    from .lmdbio import LMDBFile, names_lmdb, read_lmdb_meta
     from .meta import read_meta
     from .recordio import RecordFile
-    if is_lmdb(path) or path.rstrip("/").endswith(".lmdb"):
+    if names_lmdb(path):
         metas = read_lmdb_meta(path)
         splits = {}
         for s in sorted(metas):
@@ -100,9 +100,9 @@ def describe(path: str) -> dict:
 
 def _load_meta(path: str, split=None) -> dict:
     from .errors import FormatError
-    from .lmdbio import is_lmdb, read_lmdb_meta
+    from .lmdbio import names_lmdb, read_lmdb_meta
     from .meta import read_meta
-    if is_lmdb(path) or path.rstrip("/").endswith(".lmdb"):
+    if names_lmdb(path):
         metas = read_lmdb_meta(path)
         split = split or ("train" if "train" in metas else sorted(metas)[0])
         if split not in metas:
@@ -130,13 +130,9 @@ def _cmd_stats(a) -> int:
 
 
 def _cmd_show(a) -> int:
-    from .datasets import SegmentationLMDBDataset, SegmentationRecordDataset
-    from .lmdbio import is_lmdb
+    from .datasets import open_segmentation
     from .preview import render_preview
-    if is_lmdb(a.path) or a.path.rstrip("/").endswith(".lmdb"):
-        ds = SegmentationLMDBDataset(a.path, a.split or "train", ignore_value=None)
-    else:
-        ds = SegmentationRecordDataset(a.path, ignore_value=None)
+    ds = open_segmentation(a.path, a.split, ignore_value=None)
     if not -len(ds) <= a.index < len(ds):
         raise ValueError("--index %d out of range: the dataset has %d records"
                          % (a.index, len(ds)))

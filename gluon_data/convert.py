@@ -25,7 +25,7 @@ from PIL import Image
 from . import __version__, codec
 from .errors import ConversionError, FormatError, GluonDataError, SourceError
 from .meta import FORMAT_NAME, FORMAT_VERSION
-from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, read_lmdb_meta
+from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from .meta import read_meta
 from .recordio import RecordFile, RecordWriter
 from .sources import Item, Source, open_source, voc_palette
@@ -260,7 +260,7 @@ FORMATS = ("rec", "lmdb")
 def output_format(output: str, fmt: Optional[str] = None) -> str:
     """``fmt`` if given, else ``lmdb`` for a ``.lmdb`` output and ``rec`` otherwise."""
     if fmt is None:
-        fmt = "lmdb" if os.fspath(output).rstrip("/").endswith(".lmdb") else "rec"
+        fmt = "lmdb" if names_lmdb(output) else "rec"
     if fmt not in FORMATS:
         raise ValueError("unknown format %r; valid: %s" % (fmt, ", ".join(FORMATS)))
     return fmt

@@ -16,11 +16,11 @@ from . import codec
 from . import transforms as T
 from .errors import CorruptRecordError, DecodeError, FormatError
 from .meta import read_meta
-from .lmdbio import LMDBFile
+from .lmdbio import LMDBFile, names_lmdb
 from .recordio import RecordFile
 
 __all__ = ["ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
-           "SegmentationLMDBDataset"]
+           "SegmentationLMDBDataset", "open_segmentation"]
 
 
 class _RecordDataset(mx.gluon.data.Dataset):
@@ -352,3 +352,11 @@ _CLASS_FOR = {("rec", "classification"): "ImageRecordDataset",
               ("rec", "segmentation"): "SegmentationRecordDataset",
               ("lmdb", "classification"): "ImageLMDBDataset",
               ("lmdb", "segmentation"): "SegmentationLMDBDataset"}
+
+
+def open_segmentation(path: str, split: Optional[str] = None, **kwargs):
+    """``SegmentationLMDBDataset(path, split)`` for an LMDB, else
+    ``SegmentationRecordDataset(path)``; ``kwargs`` go to the class."""
+    if names_lmdb(path):
+        return SegmentationLMDBDataset(path, split or "train", **kwargs)
+    return SegmentationRecordDataset(path, **kwargs)

@@ -41,7 +41,14 @@ def record_key(position: int) -> bytes:
 
 
 def is_lmdb(path: str) -> bool:
+    """Whether ``path`` is an LMDB environment directory (holds a ``data.mdb``)."""
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, "data.mdb"))
+
+
+def names_lmdb(path: str) -> bool:
+    """Whether ``path`` is, or by its ``.lmdb`` suffix is meant to be, an LMDB dataset."""
+    path = os.fspath(path)
+    return is_lmdb(path) or path.rstrip("/").endswith(".lmdb")
 
 
 def _check_data_file(path: str) -> None:

@@ -149,9 +149,9 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     isolate : bool
         LMDB: scan in a child process, so a crash of LMDB on a damaged page is reported.
     """
-    from .lmdbio import is_lmdb
+    from .lmdbio import names_lmdb
     path = os.fspath(path)
-    if not (is_lmdb(path) or path.rstrip("/").endswith(".lmdb")):
+    if not names_lmdb(path):
         return _verify_rec(path, deep)
     if not isolate:
         return _verify_lmdb_here(path, deep, split)

@@ -21,14 +21,8 @@ import numpy as np
 from mxnet import autograd, gluon
 from mxnet.gluon.data.vision import transforms
 
-from gluon_data import SegmentationBatchify, SegmentationLMDBDataset, SegmentationRecordDataset
-from gluon_data.lmdbio import is_lmdb
-
-
-def open_dataset(path, split, **kwargs):
-    if is_lmdb(path) or path.rstrip("/").endswith(".lmdb"):
-        return SegmentationLMDBDataset(path, split, **kwargs)
-    return SegmentationRecordDataset(path, **kwargs)
+from gluon_data import SegmentationBatchify
+from gluon_data.datasets import open_segmentation as open_dataset
 
 
 def parse_args(argv=None):
