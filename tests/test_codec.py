@@ -218,3 +218,44 @@ def test_mask_must_be_single_channel_png():
         codec.decode_mask(_png())
     with pytest.raises(DecodeError, match="PNG"):
         codec.decode_mask(_jpeg())
+
+
+_IMG = cv2.imencode(".jpg", np.random.default_rng(5).integers(0, 255, (20, 24, 3),
+                                                               dtype=np.uint8))[1].tobytes()
+_MASK = codec.encode_mask(np.random.default_rng(6).integers(0, 21, (20, 24)).astype(np.uint8))
+_VALID = [b"".join(codec.frame(codec.pack_segmentation(_IMG, _MASK, id=3))),
+          b"".join(codec.frame(codec.pack_classification([1, 2], _IMG, id=4)))]
+FUZZED = {"bytes": 0, "cases": 0}
+
+
+@settings(max_examples=400, deadline=None)
+@given(which=st.integers(0, 1), cut=st.integers(0, 4000), flips=st.lists(
+    st.tuples(st.integers(0, 4000), st.integers(0, 7)), max_size=4),
+    run=st.one_of(st.none(), st.tuples(st.integers(0, 4000), st.binary(min_size=1,
+                                                                          max_size=16))))
+def test_mutated_records_give_typed_errors_or_flagged_or_exact_data(which, cut, flips, run):
+    """Truncate / flip bits / overwrite a run in a valid framed record. Whatever happens, the
+    outcome is a GluonDataError, a record flagged as unchecked (checksum tag destroyed; the
+    dataset layer then refuses it), or exactly the original content — never silent garbage."""
+    data = bytearray(_VALID[which])
+    original = codec.unframe(bytes(data))[0]
+    for pos, bit in flips:
+        data[pos % len(data)] ^= 1 << bit
+    if run is not None:
+        pos, junk = run
+        pos %= len(data)
+        data[pos:pos + len(junk)] = junk
+    data = bytes(data[:max(1, cut % (len(data) + 1))])
+    FUZZED["bytes"] += len(data)
+    FUZZED["cases"] += 1
+    try:
+        payload, _ = codec.unframe(data)
+        rec = codec.unpack(payload, segmentation=which == 0)
+        if rec.checksum is None:
+            return  # unchecked: SegmentationRecordDataset / verify refuse it as "checksum missing"
+        assert payload == original
+        codec.decode_image(rec.image)
+        if rec.mask is not None:
+            codec.decode_mask(rec.mask)
+    except GluonDataError:
+        pass
