@@ -6,11 +6,9 @@ from typing import Sequence
 import mxnet as mx
 import numpy as np
 
+from .transforms import _np
+
 __all__ = ["SegmentationBatchify", "MultiSizeBatchify"]
-
-
-def _np(x) -> np.ndarray:
-    return x.asnumpy() if isinstance(x, mx.nd.NDArray) else np.asarray(x)
 
 
 class SegmentationBatchify:

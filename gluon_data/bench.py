@@ -95,8 +95,7 @@ class _CountBatchify:
         return (mx.nd.array([s[0].shape[0] for s in samples]),)
 
 
-def run_bench(workdir: str, n: int = 2000, workers: int = 2, quick: bool = False,
-              out=sys.stdout) -> dict:
+def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout) -> dict:
     import mxnet as mx
     from mxnet.gluon.data.vision import transforms
 
@@ -222,7 +221,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     n = 200 if a.quick else a.num_images
     workdir = a.workdir + ("-quick" if a.quick else "")
-    run_bench(workdir, n, a.workers, a.quick)
+    run_bench(workdir, n, a.workers)
     return 0
 
 

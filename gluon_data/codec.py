@@ -340,12 +340,16 @@ def _decode_jpeg_strict(buf, flag: int, what: str):
 
 
 def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
-    """Reject bytes that decoders would silently 'repair' (truncation) or that are too big."""
+    """Reject bytes that decoders would silently 'repair' (truncation) or that are too big.
+
+    A JPEG's end marker is only looked for when OpenCV will decode it: the strict
+    libjpeg-turbo decoder reports truncation itself, without another pass over the bytes.
+    """
     n = len(buf)
     if n == 0:
         raise DecodeError("%s: empty image data" % what)
     head = bytes(buf[:8])
-    if head.startswith(b"\xff\xd8"):
+    if head.startswith(b"\xff\xd8") and _sj is None:
         # Entropy-coded data never contains FF D9 (0xFF is always stuffed), so a JPEG cut
         # short has no end-of-image marker after its last start-of-scan.
         data = bytes(buf)

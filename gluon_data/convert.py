@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -35,7 +36,6 @@ __all__ = ["convert", "copy_dataset", "import_lmdb", "ConversionReport", "Encode
 
 ENCODINGS = ("passthrough", "jpg", "png", "raw")
 _PASSTHROUGH_FORMATS = ("JPEG", "PNG")
-Image.MAX_IMAGE_PIXELS = None  # we apply our own cap (max_pixels) before decoding
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,9 @@ def _open_strict(data: bytes, path: str, what: str, max_pixels: int) -> Image.Im
         raise SourceError("%s of %dx%d pixels exceeds max_pixels=%d" % (what, hw[1], hw[0],
                                                                        max_pixels), path)
     try:
-        im = Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():  # our own cap applies (above); PIL's warning is noise
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data))
         if max_pixels and im.size[0] * im.size[1] > max_pixels:
             raise SourceError("%s of %dx%d pixels exceeds max_pixels=%d"
                               % (what, im.size[0], im.size[1], max_pixels), path)

@@ -27,7 +27,7 @@ import lmdb
 from .errors import CorruptRecordError, FormatError
 from .meta import check_meta, dumps_meta
 
-__all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "lmdb_splits", "read_lmdb_meta", "is_lmdb",
+__all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
            "record_key", "shared_env"]
 
 META_DB = b"__meta__"
@@ -199,10 +199,6 @@ def _read_all_meta(env: lmdb.Environment, path: str) -> Dict[str, dict]:
 def read_lmdb_meta(path: str) -> Dict[str, dict]:
     """Metadata of every split of an LMDB dataset: ``{split: meta}``."""
     return _read_all_meta(shared_env(path), path)
-
-
-def lmdb_splits(path: str) -> List[str]:
-    return sorted(read_lmdb_meta(path))
 
 
 class LMDBFile:

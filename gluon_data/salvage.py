@@ -10,6 +10,7 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import struct
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
@@ -20,7 +21,7 @@ from .recordio import idx_path_for
 
 __all__ = ["salvage", "SalvageReport", "scan_records"]
 
-_MAGIC = codec.struct.pack("<I", codec.RECORDIO_MAGIC)
+_MAGIC = struct.pack("<I", codec.RECORDIO_MAGIC)
 
 
 @dataclass

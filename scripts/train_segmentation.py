@@ -12,7 +12,6 @@ No pretrained weights are loaded (this machine has no network): the backbone sta
 scratch, so the numbers only show that the pipeline trains.
 """
 import argparse
-import os
 import sys
 import time
 

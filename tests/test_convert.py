@@ -3,7 +3,6 @@ import json
 import os
 import shutil
 
-import mxnet as mx
 import numpy as np
 import pytest
 from PIL import Image
@@ -11,7 +10,7 @@ from PIL import Image
 from gluon_data import ImageRecordDataset, SegmentationRecordDataset, codec, convert
 from gluon_data.errors import ConversionError
 from gluon_data.recordio import RecordFile
-from gluon_data.sample import make_voc, synthetic_pair
+from gluon_data.sample import synthetic_pair
 
 from conftest import run_im2rec
 

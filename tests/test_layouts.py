@@ -1,6 +1,4 @@
 """ADE20K and Cityscapes layouts: same samples as gluoncv's own dataset classes."""
-import os
-
 import numpy as np
 import pytest
 

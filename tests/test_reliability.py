@@ -12,7 +12,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_data import (DataLoader, ImageRecordDataset, RecordFile, RecordWriter,
+from gluon_data import (DataLoader, RecordFile, RecordWriter,
                         SegmentationLMDBDataset, SegmentationRecordDataset, codec, convert,
                         salvage, verify)
 from gluon_data.errors import ConversionError, GluonDataError
