@@ -6,7 +6,7 @@ from typing import Sequence
 import mxnet as mx
 import numpy as np
 
-from .transforms import _np
+from .buffers import batch_buffer, host_view
 
 __all__ = ["SegmentationBatchify", "MultiSizeBatchify"]
 
@@ -15,8 +15,11 @@ class SegmentationBatchify:
     """Collate ``(image, mask)`` samples of possibly different sizes into one batch.
 
     Images (HxWxC or CxHxW) are padded at the bottom/right with ``image_pad`` and masks
-    (HxW) with ``mask_pad`` up to the largest size in the batch, then stacked through
-    numpy into one NDArray each (one allocation per batch instead of ``nd.stack``).
+    (HxW) with ``mask_pad`` up to the largest size in the batch, and copied once, straight
+    into one NDArray per field: samples are read in place (no ``asnumpy``) and, in a
+    DataLoader worker, the batch is allocated in shared memory, so it reaches the main
+    process without another copy. Only padding pixels are filled. Samples may be NDArrays
+    or numpy arrays.
 
     Parameters
     ----------
@@ -42,23 +45,36 @@ class SegmentationBatchify:
         self.channels_first = channels_first
 
     def __call__(self, samples: Sequence):
-        imgs = [_np(s[0]) for s in samples]
-        masks = [_np(s[1]) for s in samples]
+        imgs = [host_view(s[0]) for s in samples]
+        masks = [host_view(s[1]) for s in samples]
         hax = 1 if self.channels_first else 0
         h = max(m.shape[0] for m in masks)
         w = max(m.shape[1] for m in masks)
         ishape = list(imgs[0].shape)
         ishape[hax], ishape[hax + 1] = h, w
-        out_i = np.full([len(imgs)] + ishape, self.image_pad, dtype=imgs[0].dtype)
-        out_m = np.full((len(masks), h, w), self.mask_pad, dtype=masks[0].dtype)
+        nd_i, out_i = batch_buffer([len(imgs)] + ishape, imgs[0].dtype)
+        nd_m, out_m = batch_buffer((len(masks), h, w), masks[0].dtype)
         for k, (im, m) in enumerate(zip(imgs, masks)):
             mh, mw = m.shape
-            if self.channels_first:
-                out_i[k, :, :mh, :mw] = im
-            else:
-                out_i[k, :mh, :mw] = im
-            out_m[k, :mh, :mw] = m
-        return mx.nd.array(out_i, dtype=out_i.dtype), mx.nd.array(out_m, dtype=out_m.dtype)
+            dst = out_i[k] if self.channels_first else out_i[k].transpose(2, 0, 1)
+            src = im if self.channels_first else im.transpose(2, 0, 1)
+            if src.shape[0] != dst.shape[0] or mh != src.shape[1] or mw != src.shape[2]:
+                raise ValueError("sample %d: image %s and mask %s do not match (or the channel "
+                                 "count differs from sample 0's); is channels_first=%s right?"
+                                 % (k, im.shape, m.shape, self.channels_first))
+            _paste(dst, src, self.image_pad)
+            _paste(out_m[k], m, self.mask_pad)
+        return nd_i, nd_m
+
+
+def _paste(dst: np.ndarray, src: np.ndarray, fill) -> None:
+    """``dst[..., :h, :w] = src``; the rest of ``dst`` (the padding) set to ``fill``."""
+    h, w = src.shape[-2:]
+    dst[..., :h, :w] = src
+    if h < dst.shape[-2]:
+        dst[..., h:, :] = fill
+    if w < dst.shape[-1]:
+        dst[..., :h, w:] = fill
 
 
 class MultiSizeBatchify:

@@ -79,16 +79,24 @@ def frame(payload: bytes) -> List[bytes]:
 
 
 def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
-            base_offset: int = 0) -> Tuple[bytes, int]:
+            base_offset: int = 0, copy: bool = True) -> Tuple[bytes, int]:
     """Read one framed record from ``buf`` starting at ``pos``.
 
     Returns ``(payload, end)`` where ``end`` is the position after the record's padding.
+    With ``copy=False`` a single-part payload is a ``memoryview`` into ``buf``.
     Raises :class:`CorruptRecordError` (naming ``path``, ``key`` and the absolute offset
     ``base_offset + pos``) on a bad magic word, an impossible continuation flag or
     truncated data.
     """
     mv = memoryview(buf)
     size = len(mv)
+    if pos + 8 <= size:  # fast path: a whole single-part record
+        magic, lrec = _FRAME.unpack_from(mv, pos)
+        length = lrec & _LEN_MASK
+        end = pos + 8 + length
+        if magic == RECORDIO_MAGIC and lrec >> 29 == 0 and end <= size:
+            payload = mv[pos + 8:end]
+            return (bytes(payload) if copy else payload), min(end + (-length) % 4, size)
     parts = []
     first = True
     while True:
@@ -120,7 +128,7 @@ def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
         parts.append(_MAGIC_BYTES)
         first = False
     if len(parts) == 1:
-        return bytes(parts[0]), min(pos, size)
+        return (bytes(parts[0]) if copy else parts[0]), min(pos, size)
     return b"".join(parts), min(pos, size)
 
 

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional
 import mxnet as mx
 import numpy as np
 
-from . import codec
+from . import buffers, codec
 from . import transforms as T
 from .errors import CorruptRecordError, DecodeError, FormatError
 from .meta import read_meta
@@ -20,7 +20,7 @@ from .lmdbio import LMDBFile, names_lmdb
 from .recordio import RecordFile
 
 __all__ = ["ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
-           "SegmentationLMDBDataset", "open_segmentation"]
+           "SegmentationLMDBDataset", "open_segmentation", "numpy_image_transform"]
 
 
 class _RecordDataset(mx.gluon.data.Dataset):
@@ -73,7 +73,7 @@ class _RecordDataset(mx.gluon.data.Dataset):
         if not 0 <= i < n:
             raise IndexError("index %d out of range for %d records" % (idx, n))
         key, offset = self._file.key(i), self._file.offset(i)
-        payload = self._file.read(i)
+        payload = self._file.view(i)  # parsed (and image/mask copied out) before the next read
         rec = codec.unpack(payload, segmentation=self._task == "segmentation",
                            verify=self._verify, path=self.filename, key=key, offset=offset)
         if self._checksummed and self._verify and rec.checksum is None:
@@ -142,7 +142,7 @@ class ImageRecordDataset(_RecordDataset):
     def __getitem__(self, idx):
         rec, key, offset = self._record(idx)
         img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=self._flag)
-        img = mx.nd.array(img, dtype=np.uint8)
+        img = _as_ndarray(img, np.uint8)
         if self._transform is not None:
             return self._transform(img, rec.label)
         return img, rec.label
@@ -154,14 +154,53 @@ MODES = ("train", "val", "testval", "test")
 def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
                             seed: Optional[int] = None):
     """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
-    (train: mirror, random scale, pad + random crop, blur; val: short-side resize + centre
-    crop), except that padded mask pixels get the ignore value instead of class 0."""
+    (train: mirror, random scale, pad + random crop, blur, fused into one
+    :class:`~gluon_data.transforms.RandomScaleCrop`; val: short-side resize + centre crop),
+    except that padded mask pixels get ``mask_fill`` (the ignore value) instead of class 0."""
     if mode == "train":
-        return T.Compose([T.RandomHorizontalFlip(), T.RandomScale(base_size),
-                          T.RandomCrop(crop_size, image_fill=0, mask_fill=mask_fill),
-                          T.RandomGaussianBlur()], seed=seed)
+        return T.RandomScaleCrop(base_size, crop_size, image_fill=0, mask_fill=mask_fill,
+                                 seed=seed)
     if mode == "val":
         return T.Compose([T.ResizeShort(crop_size), T.CenterCrop(crop_size, 0, mask_fill)])
+    return None
+
+
+def _as_ndarray(x: np.ndarray, dtype) -> mx.nd.NDArray:
+    """A CPU NDArray over ``x`` without copying it (``x`` is ours and never touched again)."""
+    x = np.ascontiguousarray(x, dtype=dtype)
+    if not x.flags.writeable or x.dtype.str[1:] not in ("u1", "i4", "f4"):
+        return mx.nd.array(x, dtype=x.dtype)
+    return mx.nd.from_numpy(x, zero_copy=True)
+
+
+def numpy_image_transform(transform) -> Optional[T.ToTensorNormalize]:
+    """The numpy equivalent of a Gluon ``ToTensor()`` or ``Compose([ToTensor(),
+    Normalize(mean, std)])`` image transform, else ``None``.
+
+    The segmentation datasets run such a transform as :class:`~gluon_data.transforms.
+    ToTensorNormalize` (bit-for-bit the same values) instead of two NDArray operators per
+    sample, which cost more than decoding the JPEG in a DataLoader worker.
+    """
+    from mxnet.gluon import nn
+    from mxnet.gluon.data.vision import transforms as VT
+
+    leaves = []
+
+    def walk(block) -> bool:
+        if block._forward_hooks or block._forward_pre_hooks:
+            return False
+        if type(block) in (VT.Compose, nn.Sequential, nn.HybridSequential):
+            return all(walk(child) for child in block._children.values())
+        leaves.append(block)
+        return True
+
+    if not isinstance(transform, mx.gluon.Block) or not walk(transform):
+        return None
+    kinds = [type(b) for b in leaves]
+    if kinds == [VT.ToTensor]:
+        return T.ToTensorNormalize(0.0, 1.0)
+    if kinds == [VT.ToTensor, VT.Normalize]:
+        return T.ToTensorNormalize(leaves[1]._mean, leaves[1]._std)
     return None
 
 
@@ -238,10 +277,12 @@ class SegmentationRecordDataset(_RecordDataset):
         self._ignore_value = ignore_value
         self.ignore_label = int(self.meta.get("ignore_label", 255))
         self.mode, self.base_size, self.crop_size = mode, base_size, crop_size
-        fill = ignore_value if ignore_value is not None else self.ignore_label
+        self._builtin_joint = joint_transform is None and mode in ("train", "val")
         self._joint = (joint_transform if joint_transform is not None else
-                       default_joint_transform(mode, base_size, crop_size, fill, seed)
-                       if mode else None)
+                       default_joint_transform(mode, base_size, crop_size, self.ignore_label,
+                                               seed) if mode else None)
+        # In a mode, a Gluon ToTensor(+Normalize) image transform runs as numpy (same values).
+        self._tensorize = numpy_image_transform(transform) if mode else None
 
     @property
     def num_class(self) -> int:
@@ -260,6 +301,7 @@ class SegmentationRecordDataset(_RecordDataset):
         return self.meta.get("palette") or []
 
     def _arrays(self, idx, with_mask: bool = True):
+        """Decoded image (HxWx3 uint8) and mask as stored (HxW uint8/uint16)."""
         rec, key, offset = self._record(idx)
         img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
         if not with_mask:
@@ -269,26 +311,43 @@ class SegmentationRecordDataset(_RecordDataset):
             raise CorruptRecordError("mask is %dx%d but image is %dx%d"
                                      % (mask.shape[1], mask.shape[0], img.shape[1],
                                         img.shape[0]), self.filename, key, offset)
-        mask = mask.astype(np.int32)
-        if self._ignore_value is not None and self._ignore_value != self.ignore_label:
-            mask[mask == self.ignore_label] = self._ignore_value
         return img, mask
+
+    def _labels(self, mask: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Stored mask -> int32 labels with the ignore value mapped (into ``out``)."""
+        if out is None:
+            out = np.empty(mask.shape, np.int32)
+        np.copyto(out, mask, casting="unsafe")
+        if self._ignore_value is not None and self._ignore_value != self.ignore_label:
+            out[mask == self.ignore_label] = self._ignore_value
+        return out
+
+    def _image_out(self, img: np.ndarray):
+        if self._tensorize is not None and self._tensorize.channels in (1, img.shape[2]):
+            buf = buffers.samples.take((img.shape[2],) + img.shape[:2], np.float32)
+            return buffers.samples.wrap(self._tensorize.image(img, out=buf))
+        img = _as_ndarray(img, np.uint8)
+        return img if self._transform is None else self._transform(img)
 
     def __getitem__(self, idx):
         if self.mode == "test":
-            img = mx.nd.array(self._arrays(idx, with_mask=False)[0], dtype=np.uint8)
-            if self._transform is not None:
-                img = self._transform(img)
+            img = self._image_out(self._arrays(idx, with_mask=False)[0])
             return img, "record %d" % self._file.key(int(idx) % len(self))
         img, mask = self._arrays(idx)
-        if self._joint is not None:
+        if self._builtin_joint:  # works on the stored mask, padding with the stored ignore
             img, mask = self._joint(img, mask)
-        img = mx.nd.array(img, dtype=np.uint8)
-        mask = mx.nd.array(mask, dtype=np.int32)
+            mask = buffers.samples.wrap(
+                self._labels(mask, buffers.samples.take(mask.shape, np.int32)))
+        else:
+            mask = self._labels(mask)
+            if self._joint is not None:
+                img, mask = self._joint(img, mask)
+            mask = _as_ndarray(mask, np.int32)
+        if self.mode is not None:
+            return self._image_out(img), mask
+        img = _as_ndarray(img, np.uint8)
         if self._transform is None:
             return img, mask
-        if self.mode is not None:
-            return self._transform(img), mask
         return self._transform(img, mask)
 
 

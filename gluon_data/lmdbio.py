@@ -247,6 +247,8 @@ class LMDBFile:
                               self.path, i)
         return v
 
+    view = read  # same contract as RecordFile.view (bytes are a valid "view")
+
     def close(self) -> None:
         """Forget this reader's handle (the shared environment stays for other readers)."""
         self._env = ProcessEnv(self.path)

@@ -55,7 +55,16 @@ class _WatchedIter(_dl._MultiWorkerIter):
                 ret.wait(self._poll)
                 if not ret.ready():
                     self._check_workers()
-        return super().__next__()
+        try:
+            return super().__next__()
+        except (OSError, EOFError):
+            # A worker killed after finishing a batch but before the main process fetched
+            # its shared-memory descriptor: the fetch fails with a connection error.
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                self._check_workers()
+                time.sleep(0.05)
+            raise
 
 
 class DataLoader(_dl.DataLoader):

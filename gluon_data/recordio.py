@@ -24,6 +24,7 @@ from .meta import dumps_meta, meta_path
 __all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for"]
 
 _LARGE_EXTENT = 64 << 20  # read records bigger than this header-first, not in one pread
+_SCRATCH_MAX = 8 << 20    # records up to this size are read into a reused per-thread buffer
 
 
 def idx_path_for(rec_path: str) -> str:
@@ -123,6 +124,7 @@ class RecordFile:
         self._key_pos: Optional[Dict[int, int]] = None
         self._fd_pid: Optional[Tuple[int, int]] = None
         self._lock = threading.Lock()
+        self._scratch = threading.local()
         self._check_tail()
 
     # -- validation -------------------------------------------------------------------
@@ -182,6 +184,16 @@ class RecordFile:
     def _pread(self, n: int, offset: int) -> bytes:
         return os.pread(self._fd(), n, offset)
 
+    def _pread_scratch(self, n: int, offset: int) -> memoryview:
+        """``n`` bytes at ``offset`` in this thread's reused buffer (valid until its next
+        read). A fresh ``bytes`` per read costs more than the copy: the allocator hands the
+        memory back to the kernel between reads and every page faults in again."""
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or len(buf) < n:
+            buf = self._scratch.buf = bytearray(max(n, 1 << 20))
+        view = memoryview(buf)[:n]
+        return view[:os.preadv(self._fd(), [view], offset)]
+
     def close(self) -> None:
         cur, self._fd_pid = self._fd_pid, None
         if cur is not None and cur[1] == os.getpid():
@@ -197,11 +209,13 @@ class RecordFile:
         state = self.__dict__.copy()
         state["_fd_pid"] = None
         state["_lock"] = None
+        state["_scratch"] = None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._scratch = threading.local()
 
     # -- access -----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -219,7 +233,16 @@ class RecordFile:
 
     def read(self, i: int) -> bytes:
         """Payload of the record at position ``i`` (index order), unframed."""
+        return bytes(self.view(i))
+
+    def view(self, i: int):
+        """Like :meth:`read`, but the payload may be a ``memoryview`` into a per-thread
+        buffer that the thread's next read overwrites: parse it (or copy it) before that."""
         start, end = int(self._offsets[i]), int(self._ends[i])
+        if end - start <= _SCRATCH_MAX:
+            buf = self._pread_scratch(end - start, start)
+            return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start,
+                                 copy=False)[0]
         if end - start <= _LARGE_EXTENT:
             buf = self._pread(end - start, start)
             return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start)[0]
@@ -254,8 +277,34 @@ class RecordFile:
         return self.read(self._key_pos[int(key)])
 
     def __iter__(self) -> Iterator[bytes]:
-        for i in range(len(self)):
-            yield self.read(i)
+        """Every payload in index order (as :meth:`read`), read in large sequential chunks."""
+        for payload in self.scan():
+            yield bytes(payload)
+
+    def scan(self, chunk_bytes: int = 1 << 20) -> Iterator[memoryview]:
+        """Every payload in index order, zero-copy: each is a ``memoryview`` into a chunk
+        buffer, valid until the next one is produced (copy it to keep it).
+
+        Where consecutive records lie back to back in the file (any file written in index
+        order, ours and im2rec's alike) they are fetched ``chunk_bytes`` at a time, so a
+        scan costs about what ``cat`` costs; scattered records are read one by one.
+        """
+        buf = bytearray(chunk_bytes)
+        mv = memoryview(buf)
+        lo = hi = 0  # file range currently in buf
+        n = len(self)
+        for i in range(n):
+            start, end = int(self._offsets[i]), int(self._ends[i])
+            if end - start > chunk_bytes:
+                yield memoryview(self.view(i))
+                continue
+            if not (lo <= start and end <= hi):
+                sequential = i + 1 < n and int(self._offsets[i + 1]) == end
+                want = chunk_bytes if sequential else end - start
+                lo = start
+                hi = start + os.preadv(self._fd(), [mv[:want]], start)
+            yield codec.unframe(mv[:hi - lo], start - lo, path=self.path, key=self.key(i),
+                                base_offset=lo, copy=False)[0]
 
     def __repr__(self):
         return "RecordFile(%r, %d records)" % (self.path, len(self))

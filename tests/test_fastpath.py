@@ -1,0 +1,199 @@
+"""The fast train path: fused augmentation, numpy ToTensor/Normalize, pooled buffers and
+shared batches. Each piece must give what the plain path gives."""
+import gc
+
+import cv2
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet.gluon.data.vision import transforms as VT
+
+from gluon_data import SegmentationBatchify, SegmentationRecordDataset, buffers
+from gluon_data import transforms as T
+from gluon_data.datasets import numpy_image_transform
+
+from test_transforms import IGNORE, assert_aligned, painted_pair
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def smooth_pair(h=90, w=120):
+    """A smooth image (interpolation differences stay small) and a blocky mask."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) * 255 // (h + w)], -1)
+    mask = (yy // 15 * 8 + xx // 15).astype(np.int32) % 21
+    return img.astype(np.uint8), mask
+
+
+def reference_scale_crop(img, mask, params, crop, fill=IGNORE):
+    """gluoncv's order: flip the whole image, resize it all, pad, then crop."""
+    flip, oh, ow, y1, x1 = params[:5]
+    if flip:
+        img, mask = img[:, ::-1], mask[:, ::-1]
+    img = cv2.resize(np.ascontiguousarray(img), (ow, oh), interpolation=cv2.INTER_LINEAR)
+    mask = cv2.resize(np.ascontiguousarray(mask), (ow, oh),
+                      interpolation=cv2.INTER_NEAREST_EXACT)
+    img, mask = T._pad_to(img, mask, crop, crop, 0, fill)
+    return img[y1:y1 + crop, x1:x1 + crop], mask[y1:y1 + crop, x1:x1 + crop], mask
+
+
+@pytest.mark.parametrize("base,crop", [(100, 64), (40, 64), (160, 48)])
+def test_fused_scale_crop_matches_scale_then_crop(base, crop):
+    img, mask = smooth_pair()
+    h, w = mask.shape
+    flips = 0
+    for seed in range(40):
+        t = T.RandomScaleCrop(base, crop, blur=0.0, seed=seed)
+        params = t._draw(np.random.default_rng(seed), h, w)  # what t will draw
+        out_i, out_m = t(img, mask)
+        ref_i, ref_m, whole = reference_scale_crop(img, mask, params, crop)
+        assert out_i.shape == ref_i.shape == (crop, crop, 3) and out_m.shape == (crop, crop)
+        assert out_m.dtype == mask.dtype
+        # Same geometry up to where a resampled pixel falls (< 1 source pixel apart): a
+        # label differs from the reference only next to a class boundary.
+        assert (out_m == ref_m).mean() > 0.85, seed
+        assert ((out_m == IGNORE) == (ref_m == IGNORE)).all()  # padding exactly where due
+        r, (y1, x1) = 2, params[3:5]
+        padded = np.pad(whole, r, constant_values=-99)
+        for y, x in zip(*np.nonzero(out_m != ref_m)):
+            near = padded[y1 + y:y1 + y + 2 * r + 1, x1 + x:x1 + x + 2 * r + 1]
+            assert out_m[y, x] in near, (seed, y, x)
+        valid = ref_m != IGNORE
+        assert np.abs(out_i.astype(int) - ref_i.astype(int))[valid].mean() < 3, seed
+        flips += params[0]
+    assert 5 < flips < 35  # both branches exercised
+
+
+def test_fused_scale_crop_keeps_alignment_range_and_fill():
+    for seed in range(20):
+        img, mask = painted_pair(seed, h=60, w=80)
+        t = T.RandomScaleCrop(70, 64, seed=seed, blur=0.0)
+        out_i, out_m = t(img, mask)
+        assert out_i.shape == (64, 64, 3) and out_m.shape == (64, 64)
+        assert set(np.unique(out_m)) <= set(np.unique(mask)) | {IGNORE}
+        assert_aligned(out_i, out_m)
+    # uint8 masks keep their dtype; a fill that does not fit widens them
+    img, mask = smooth_pair()
+    out = T.RandomScaleCrop(40, 64, mask_fill=255, seed=0)(img, mask.astype(np.uint8))[1]
+    assert out.dtype == np.uint8 and (out == 255).any()
+    out = T.RandomScaleCrop(40, 64, mask_fill=-1, seed=0)(img, mask.astype(np.uint8))[1]
+    assert out.dtype == np.int32 and (out == -1).any()
+
+
+def test_fused_scale_crop_draws_cover_the_scale_range():
+    img, mask = smooth_pair(100, 100)
+    t = T.RandomScaleCrop(100, 32, seed=3)
+    g = np.random.default_rng(3)
+    sizes = [t._draw(g, 100, 100)[1] for _ in range(400)]
+    assert min(sizes) < 60 and max(sizes) > 190 and all(50 <= s <= 200 for s in sizes)
+
+
+# ------------------------------------------------------------ numpy ToTensor/Normalize
+def test_numpy_image_transform_recognises_only_plain_to_tensor_normalize():
+    tn = numpy_image_transform(VT.Compose([VT.ToTensor(), VT.Normalize(MEAN, STD)]))
+    assert isinstance(tn, T.ToTensorNormalize) and np.allclose(tn.mean, MEAN)
+    assert numpy_image_transform(VT.ToTensor()).channels == 1
+    for other in (VT.Compose([VT.ToTensor(), VT.RandomFlipLeftRight()]),
+                  VT.Compose([VT.Resize(8), VT.ToTensor()]), VT.Normalize(MEAN, STD),
+                  lambda x: x, None):
+        assert numpy_image_transform(other) is None
+    hooked = VT.Compose([VT.ToTensor(), VT.Normalize(MEAN, STD)])
+    hooked.register_forward_hook(lambda *a: None)
+    assert numpy_image_transform(hooked) is None
+
+
+@pytest.mark.parametrize("shape", [(37, 53, 3), (320, 320, 3), (5, 7, 1)])
+def test_to_tensor_normalize_equals_gluon_to_float_rounding(shape):
+    img = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    mean, std = (MEAN, STD) if shape[2] == 3 else (0.5, 0.25)
+    ref = VT.Compose([VT.ToTensor(), VT.Normalize(mean, std)])(mx.nd.array(img, dtype="uint8"))
+    ours = T.ToTensorNormalize(mean, std).image(img)
+    assert ours.dtype == np.float32 and ours.shape == ref.shape
+    np.testing.assert_allclose(ours, ref.asnumpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(T.ToTensorNormalize(mean, std).image(img.astype(np.float32)),
+                               ref.asnumpy(), rtol=0, atol=1e-6)
+
+
+def test_dataset_fast_transform_gives_what_the_gluon_transform_gives(voc_rec):
+    tf = VT.Compose([VT.ToTensor(), VT.Normalize(MEAN, STD)])
+    for mode in ("val", "testval", "test"):
+        fast = SegmentationRecordDataset(voc_rec, mode=mode, crop_size=24, transform=tf)
+        plain = SegmentationRecordDataset(voc_rec, mode=mode, crop_size=24)
+        assert fast._tensorize is not None
+        for i in range(3):
+            (fi, fm), (pi, pm) = fast[i], plain[i]
+            assert isinstance(fi, mx.nd.NDArray) and fi.dtype == np.float32
+            np.testing.assert_allclose(fi.asnumpy(), tf(pi).asnumpy(), rtol=0, atol=1e-6)
+            if mode != "test":
+                assert fm.dtype == np.int32
+                np.testing.assert_array_equal(fm.asnumpy(), pm.asnumpy())
+
+
+# ------------------------------------------------------------ pooled memory
+def test_sample_pool_reuses_a_buffer_once_mxnet_frees_the_ndarray():
+    pool = buffers.SamplePool()
+    buf = pool.take((4, 5), np.float32)
+    buf[...] = 7
+    nd = pool.wrap(buf)
+    assert pool.take((4, 5), np.float32) is not buf  # still in use
+    assert (nd.asnumpy() == 7).all()
+    del nd
+    mx.nd.waitall()
+    gc.collect()
+    assert pool.take((4, 5), np.float32) is buf
+    assert pool.take((4, 6), np.float32) is not buf
+
+
+def test_host_view_reads_ndarrays_in_place():
+    a = mx.nd.array(np.arange(12).reshape(3, 4), dtype="int32")
+    v = buffers.host_view(a)
+    np.testing.assert_array_equal(v, a.asnumpy())
+    b = a + 1  # pending engine work is waited for
+    np.testing.assert_array_equal(buffers.host_view(b), np.arange(12).reshape(3, 4) + 1)
+
+
+class _Numbered(mx.gluon.data.Dataset):
+    """Sample i is filled with i: any reuse of memory still in use shows up."""
+
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        return np.full((3, 8, 8), i, np.float32), np.full((8, 8), i, np.int32)
+
+
+class _WithPoolSize:
+    def __init__(self):
+        self.inner = SegmentationBatchify(channels_first=True)
+
+    def __call__(self, samples):
+        imgs, masks = self.inner(samples)
+        pool = buffers._get_pool()
+        return imgs, masks, mx.nd.array([len(pool.segments), pool.fallbacks])
+
+
+def _check(batch):
+    imgs, masks = batch[0].asnumpy(), batch[1].asnumpy()
+    ids = imgs[:, 0, 0, 0]
+    assert (imgs == ids[:, None, None, None]).all() and (masks == ids[:, None, None]).all()
+    return ids.astype(int).tolist()
+
+
+@pytest.mark.slow
+def test_worker_batches_reuse_shared_segments_and_never_overwrite_held_ones():
+    loader = mx.gluon.data.DataLoader(_Numbered(), batch_size=8, shuffle=True, num_workers=2,
+                                      batchify_fn=_WithPoolSize())
+    for _ in range(3):  # batches released as they are consumed: segments are reused
+        seen = []
+        for batch in loader:
+            seen += _check(batch)
+            segments, fallbacks = batch[2].asnumpy().astype(int)
+            assert segments <= 2 * buffers.SEGMENTS_PER_SIZE and fallbacks == 0
+        assert sorted(seen) == list(range(96))
+    held = []
+    for _ in range(3):  # every batch kept alive: the pools run dry and fall back
+        held += list(loader)
+    gc.collect()
+    assert max(int(b[2].asnumpy()[1]) for b in held) > 0
+    ids = sum((_check(b) for b in held), [])
+    assert sorted(ids) == sorted(list(range(96)) * 3)
