@@ -51,6 +51,7 @@ class EncodeOptions:
     max_pixels: int = codec.DEFAULT_MAX_PIXELS
     checksum: bool = True
     mask_lut: Optional[Tuple[int, ...]] = None  # stored value -> class id (256 entries)
+    mask_encoding: str = "zraw"  # "zraw" (zlib-compressed array) or "png"; raw with encoding=raw
 
 
 @dataclass
@@ -230,7 +231,11 @@ def mask_part(mask: np.ndarray, opts: EncodeOptions, where: str, info: dict) -> 
                               "(0..%d, ignore %d)" % (bad, opts.num_classes, opts.num_classes - 1,
                                                       opts.ignore_label), where)
     info["class_pixels"] = {int(i): int(c) for i, c in zip(ids, pix)}
-    return codec.encode_raw(mask) if opts.encoding == "raw" else codec.encode_mask(mask)
+    if opts.encoding == "raw":
+        return codec.encode_raw(mask)
+    if opts.mask_encoding == "png":
+        return codec.encode_mask(mask)
+    return codec.encode_raw(mask, compress=6)
 
 
 def image_part(rgb: np.ndarray, opts: EncodeOptions, fmt_if_passthrough: str) -> bytes:
@@ -335,7 +340,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             format: Optional[str] = None, image_shape: Optional[Sequence[int]] = None,
             mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
             bgr: bool = False, resume: bool = False, checkpoint_every: int = 64,
-            progress: bool = False) -> ConversionReport:
+            progress: bool = False, mask_encoding: str = "zraw") -> ConversionReport:
     """Convert a source folder or ``.lst`` into RecordIO (``.rec`` + ``.idx`` + metadata).
 
     Parameters
@@ -361,6 +366,9 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         JPEG quality when re-encoding.
     resize : int
         Resize the shorter side to this many pixels (masks by nearest neighbour); 0 = keep.
+    mask_encoding : {'zraw', 'png'}
+        How masks are stored: ``zraw`` (default), the class ids as one zlib stream (as small
+        as PNG, ~3x faster to decode and ~7x faster to encode), or a single-channel PNG.
     workers : int
         Processes that read, validate and encode; one ordered writer.
     overwrite : bool
@@ -401,6 +409,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     wrote 1464 records to voc_train.rec
     """
     _check_choices(encoding, on_error)
+    if mask_encoding not in ("zraw", "png"):
+        raise ValueError("unknown mask_encoding %r; valid: zraw, png" % (mask_encoding,))
     fmt = output_format(output, format)
     source = os.fspath(source)
     if layout in ("raw-lmdb", "caffe-lmdb"):
@@ -439,7 +449,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
                          num_classes=num_classes if src.task == "segmentation" else None,
                          ignore_label=ignore_label, max_pixels=max_pixels,
-                         mask_lut=src.mask_lut)
+                         mask_lut=src.mask_lut, mask_encoding=mask_encoding)
     writers: Dict[str, RecordWriter] = {}
     stats: Dict[str, _Stats] = {}
     pool = None
@@ -630,7 +640,7 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
         meta.update({
             "classes": list(classes), "num_classes": num_classes,
             "ignore_label": opts.ignore_label,
-            "mask_encoding": "raw" if opts.encoding == "raw" else "png",
+            "mask_encoding": "raw" if opts.encoding == "raw" else opts.mask_encoding,
             "palette": palette,
             "class_pixels": {str(k): v for k, v in sorted(st.class_pixels.items())},
             "class_images": {str(k): v for k, v in sorted(st.class_images.items())},

@@ -55,6 +55,40 @@ def _line_problem(line: bytes) -> Optional[str]:
     return None
 
 
+_INDEX_BYTES = np.zeros(256, bool)
+_INDEX_BYTES[list(b"0123456789+-\t\n\r ")] = True
+
+
+def _int_tokens(raw: bytes) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return np.fromstring(raw, dtype=np.int64, sep=" ")
+
+
+def _parse_strict_index(raw: bytes, b: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """The common case, as MXNet and we write it (``key<TAB>offset<LF>`` on every line), in
+    three vectorised passes; ``None`` for anything else (blank lines, CRLF, spaces, errors),
+    which the general parser then accepts or blames on a line."""
+    nl = np.flatnonzero(b == 10)
+    tabs = np.flatnonzero(b == 9)
+    n = nl.size
+    if n == 0 or tabs.size != n or nl[-1] != b.size - 1:
+        return None
+    line_starts = np.concatenate(([0], nl[:-1] + 1))
+    # one tab per line, with a digit (or sign) right after the line start and the tab...
+    if not ((line_starts < tabs) & (tabs < nl - 1)).all():
+        return None
+    first = np.concatenate((b[line_starts], b[tabs + 1]))
+    if not (((first >= 48) & (first <= 57)) | (first == 45)).all():
+        return None
+    # ...so each field holds >= 1 token; exactly 2n integers then means exactly one each.
+    flat = _int_tokens(raw)
+    if flat.size != 2 * n:
+        return None
+    values = flat.reshape(-1, 2)
+    return values[:, 0].copy(), values[:, 1].copy()
+
+
 def read_index(idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
     """Parse an MXNet ``.idx`` (``key<TAB>offset`` lines) into ``(keys, offsets)`` int64 arrays.
 
@@ -67,9 +101,14 @@ def read_index(idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
     except FileNotFoundError:
         raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
                                 "name, .idx suffix) for random access" % idx_path) from None
+    b = np.frombuffer(raw, dtype=np.uint8)
+    if not _INDEX_BYTES[b].all():  # the C parser would stop quietly at "16x" and keep 16
+        raise _bad_line(raw.splitlines(), idx_path, _line_problem)
+    fast = _parse_strict_index(raw, b)
+    if fast is not None:
+        return fast
     # Vectorised and strict: every non-blank line must hold exactly two tokens, and the C
     # parser must consume every token as an integer; otherwise find the line to blame.
-    b = np.frombuffer(raw, dtype=np.uint8)
     ws = (b == 32) | (b == 9) | (b == 10) | (b == 13)
     starts = np.flatnonzero(~ws & np.concatenate(([True], ws[:-1])))
     if starts.size == 0:
@@ -78,9 +117,7 @@ def read_index(idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
     per_line = np.bincount(line_of)
     if np.any(per_line[per_line > 0] != 2):
         raise _bad_line(raw.splitlines(), idx_path, _line_problem)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        flat = np.fromstring(raw, dtype=np.int64, sep=" ")
+    flat = _int_tokens(raw)
     if flat.size != starts.size:
         raise _bad_line(raw.splitlines(), idx_path, _line_problem)
     values = flat.reshape(-1, 2)

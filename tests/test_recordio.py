@@ -185,3 +185,62 @@ def test_read_index_parses_large_files_into_int64(tmp_path):
     keys, offs = read_index(str(p))
     assert keys.dtype == offs.dtype == np.int64
     np.testing.assert_array_equal(offs, np.arange(n) * 16)
+
+
+def _reference_index(content: bytes):
+    """What the format allows, in plain Python: blank lines skipped, otherwise exactly two
+    integers per line."""
+    rows = []
+    for line in content.split(b"\n"):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            return None
+        try:
+            rows.append([int(fields[0]), int(fields[1])])
+        except ValueError:
+            return None
+    return np.array(rows, np.int64).reshape(-1, 2) if rows else None
+
+
+@pytest.mark.parametrize("content", [
+    b"0\t0\n1\t16\n", b"-3\t0\n7\t16\n", b"0\t0\n1\t16", b"0\t0\n\n1\t16\n",
+    b"\t1 2 3\n5\t\n", b"1 2\t3\n4\t5\n", b"0\t0\n1\t1x\n", b"0\t \n1\t16\n",
+    b"0\t0\t\n1\t16\n", b"0\t0\r\n1\t16\r\n", b" 0\t0\n1\t16\n", b"0\t+5\n",
+])
+def test_fast_and_general_index_parsers_agree_with_the_format(tmp_path, content):
+    p = tmp_path / "x.idx"
+    p.write_bytes(content)
+    want = _reference_index(content)
+    if want is None:
+        with pytest.raises(FormatError):
+            read_index(str(p))
+    else:
+        keys, offs = read_index(str(p))
+        np.testing.assert_array_equal(np.stack([keys, offs], 1), want)
+
+
+def test_scan_and_view_give_every_payload_in_index_order(tmp_path):
+    payloads = PAYLOADS * 40 + [b"y" * 300_000]
+    path = write_ours(str(tmp_path / "a.rec"), payloads)
+    f = RecordFile(path)
+    assert [bytes(v) for v in f.scan(chunk_bytes=4096)] == payloads  # chunks < records
+    assert [bytes(v) for v in f.scan()] == payloads
+    assert [bytes(f.view(i)) for i in range(len(f))] == payloads == list(f)
+    # an index listing records out of file order still reads each one correctly
+    keys, offs = read_index(path[:-4] + ".idx")
+    with open(path[:-4] + ".idx", "w") as out:
+        out.write("".join("%d\t%d\n" % (k, o) for k, o in zip(keys[::-1], offs[::-1])))
+    assert [bytes(v) for v in RecordFile(path).scan(chunk_bytes=8192)] == payloads[::-1]
+
+
+def test_scan_of_a_damaged_file_names_the_record(tmp_path):
+    path = write_ours(str(tmp_path / "a.rec"), [b"a" * 100] * 50)
+    f = RecordFile(path)
+    with open(path, "r+b") as fh:  # overwrite record 30's magic word
+        fh.seek(f.offset(30))
+        fh.write(b"\0\0\0\0")
+    with pytest.raises(CorruptRecordError, match="bad magic") as e:
+        list(RecordFile(path).scan())
+    assert e.value.key == 30 and e.value.offset == f.offset(30)
