@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 
 from . import __version__, codec
-from .errors import ConversionError, FormatError, GluonDataError, SourceError
+from .errors import ConversionError, DecodeError, FormatError, GluonDataError, SourceError
 from .meta import FORMAT_NAME, FORMAT_VERSION
 from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from .meta import read_meta
@@ -97,11 +97,15 @@ def _read_bytes(path: str, what: str) -> bytes:
     return data
 
 
-def _open_strict(data: bytes, path: str, what: str, max_pixels: int) -> Image.Image:
+def _check_pixels(data: bytes, path: str, what: str, max_pixels: int) -> None:
     hw = codec.image_size(data)
     if hw is not None and max_pixels and hw[0] * hw[1] > max_pixels:
         raise SourceError("%s of %dx%d pixels exceeds max_pixels=%d" % (what, hw[1], hw[0],
                                                                        max_pixels), path)
+
+
+def _open_strict(data: bytes, path: str, what: str, max_pixels: int) -> Image.Image:
+    _check_pixels(data, path, what, max_pixels)
     try:
         with warnings.catch_warnings():  # our own cap applies (above); PIL's warning is noise
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -116,6 +120,21 @@ def _open_strict(data: bytes, path: str, what: str, max_pixels: int) -> Image.Im
         raise SourceError("%s is corrupt or not an image (%s: %s)"
                           % (what, type(e).__name__, e), path) from None
     return im
+
+
+def _decode_like_reader(data: bytes, path: str, max_pixels: int) -> Optional[np.ndarray]:
+    """RGB pixels of a JPEG, decoded strictly by the decoder the datasets use (so what
+    converts also reads), or ``None`` for other formats and for JPEGs that decoder does not
+    support (CMYK, ...), which Pillow then decodes and the converter re-encodes."""
+    if data[:2] != b"\xff\xd8" or codec._sj is None:
+        return None
+    _check_pixels(data, path, "image", max_pixels)
+    try:
+        return codec.decode_image(data, 1, max_pixels=max_pixels)
+    except DecodeError as e:
+        if "nsupported" in e.reason:
+            return None
+        raise SourceError("image is corrupt or not an image (%s)" % e.reason, path) from None
 
 
 def _mask_indices(im: Image.Image, path: str) -> Tuple[np.ndarray, Optional[List[int]]]:
@@ -169,11 +188,18 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     ``info`` holds the stored image size, the mask's palette and class pixel counts.
     """
     data = _read_bytes(item.image, "image")
-    im = _open_strict(data, item.image, "image", opts.max_pixels)
-    w, h = im.size
-    fmt = im.format
     info: dict = {}
-    reencode = opts.encoding != "passthrough" or fmt not in _PASSTHROUGH_FORMATS or opts.resize
+    rgb = (_decode_like_reader(data, item.image, opts.max_pixels)
+           if opts.encoding == "passthrough" and not opts.resize else None)
+    if rgb is not None:  # a JPEG kept as is, validated by the decoder that will read it
+        (h, w), fmt, reencode = rgb.shape[:2], "JPEG", False
+    else:
+        im = _open_strict(data, item.image, "image", opts.max_pixels)
+        w, h = im.size
+        fmt = im.format
+        # (a pass-through JPEG gets here only when the reader's decoder cannot read it)
+        reencode = (opts.encoding != "passthrough" or fmt not in _PASSTHROUGH_FORMATS
+                    or opts.resize or fmt == "JPEG")
     if reencode:
         rgb = np.asarray(im.convert("RGB"))
         if opts.resize:
@@ -182,7 +208,7 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
         data = image_part(rgb, opts, "jpg" if fmt == "JPEG" else "png")
     oh, ow = (rgb.shape[:2] if reencode else (h, w))
     info["hw"] = (oh, ow)
-    _pixel_stats(rgb if reencode else np.asarray(im.convert("RGB")), info)
+    _pixel_stats(rgb if rgb is not None else np.asarray(im.convert("RGB")), info)
 
     if opts.task == "classification":
         return codec.pack_classification(item.label, data, id=record_id,
@@ -209,16 +235,34 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     return codec.pack_segmentation(data, mbytes, id=record_id, checksum=opts.checksum), info
 
 
+_LEVELS = np.arange(256, dtype=np.float64)
+
+
 def _pixel_stats(rgb: np.ndarray, info: dict) -> None:
-    """Per-channel sum and sum of squares (for the dataset's mean and std)."""
-    flat = rgb.reshape(-1, rgb.shape[-1]).astype(np.float64)
+    """Per-channel sum and sum of squares (for the dataset's mean and std), exact: from a
+    histogram of each channel for uint8 images (OpenCV's float32 bins count exactly up to
+    2**24 pixels), else in float64."""
+    c = rgb.shape[-1] if rgb.ndim == 3 else 1
+    n = rgb.size // c
+    if rgb.dtype == np.uint8 and n < (1 << 24):
+        img = np.ascontiguousarray(rgb)
+        hists = [cv2.calcHist([img], [k], None, [256], [0, 256]).ravel().astype(np.float64)
+                 for k in range(c)]
+        info["pix"] = (n, [float(h @ _LEVELS) for h in hists],
+                       [float(h @ (_LEVELS * _LEVELS)) for h in hists])
+        return
+    flat = rgb.reshape(-1, c).astype(np.float64)
     info["pix"] = (flat.shape[0], flat.sum(0).tolist(), np.einsum("ij,ij->j", flat, flat).tolist())
 
 
 def mask_part(mask: np.ndarray, opts: EncodeOptions, where: str, info: dict) -> bytes:
     """Check a mask's class ids against the declared classes, count its pixels per class
     into ``info["class_pixels"]``, and encode it (PNG, or raw for ``encoding='raw'``)."""
-    counts = np.bincount(mask.ravel(), minlength=256) if mask.dtype == np.uint8 else None
+    if mask.dtype == np.uint8 and mask.size < (1 << 24):  # float32 bins count exactly
+        counts = cv2.calcHist([np.ascontiguousarray(mask)], [0], None, [256],
+                              [0, 256]).ravel().astype(np.int64)
+    else:
+        counts = np.bincount(mask.ravel(), minlength=256) if mask.dtype == np.uint8 else None
     if counts is not None:
         ids = np.flatnonzero(counts)
         pix = counts[ids]
@@ -235,7 +279,7 @@ def mask_part(mask: np.ndarray, opts: EncodeOptions, where: str, info: dict) -> 
         return codec.encode_raw(mask)
     if opts.mask_encoding == "png":
         return codec.encode_mask(mask)
-    return codec.encode_raw(mask, compress=6)
+    return codec.encode_raw(mask, compress=1)
 
 
 def image_part(rgb: np.ndarray, opts: EncodeOptions, fmt_if_passthrough: str) -> bytes:

@@ -142,6 +142,33 @@ def test_raw_arrays_round_trip():
         codec.decode_image(codec.encode_raw(img)[:-1])
 
 
+@pytest.mark.parametrize("dtype,maxid", [(np.uint8, 255), (np.uint16, 1000)])
+def test_compressed_masks_round_trip_bit_exact(dtype, maxid):
+    m = np.random.default_rng(1).integers(0, maxid + 1, (17, 23)).astype(dtype)
+    buf = codec.encode_raw(m, compress=6)
+    assert buf[:4] == codec.RAWZ_MAGIC and codec.is_raw(buf)
+    out = codec.decode_mask(buf)
+    assert out.dtype == dtype
+    np.testing.assert_array_equal(out, m)
+
+
+def test_compressed_arrays_refuse_damage_and_bombs():
+    m = np.zeros((64, 64), np.uint8)
+    m[10:20, 5:50] = 7
+    good = codec.encode_raw(m, compress=6)
+    head = len(good) - len(codec.zlib.compress(m.tobytes(), 6))
+    for bad, why in [(good[:-3], "cut short"), (good[:head] + b"\x00" * 20, "corrupt"),
+                     (good + b"junk", "more|expected"),
+                     (good[:head] + codec.zlib.compress(m[:32].tobytes()), "expected")]:
+        with pytest.raises(DecodeError, match=why):
+            codec.decode_mask(bad)
+    # a header claiming 40000 x 40000 pixels is refused before anything is inflated
+    bomb = codec._RAW_HEAD.pack(codec.RAWZ_MAGIC, 1, 2) + struct.pack("<2I", 40000, 40000)
+    bomb += codec.zlib.compress(b"\0" * (1 << 20))
+    with pytest.raises(DecodeError, match="max_pixels"):
+        codec.decode_mask(bomb)
+
+
 def _jpeg(h=16, w=16):
     img = np.random.default_rng(3).integers(0, 255, (h, w, 3), dtype=np.uint8)
     return cv2.imencode(".jpg", img)[1].tobytes()

@@ -261,3 +261,20 @@ def test_disk_full_leaves_nothing_under_final_name(tmp_path, voc_root, monkeypat
     with pytest.raises(ConversionError, match="No space left"):
         convert(voc_root, str(out_dir / "o.rec"), "voc", split="trainval")
     assert files_of(out_dir) == []
+
+
+def test_mask_encodings_store_the_same_labels(voc_root, tmp_path):
+    from gluon_data import SegmentationRecordDataset, codec
+    from gluon_data.recordio import RecordFile
+    outs = {}
+    for enc in ("zraw", "png"):
+        out = str(tmp_path / ("m_%s.rec" % enc))
+        convert(voc_root, out, "voc", split="train", mask_encoding=enc)
+        ds = SegmentationRecordDataset(out)
+        assert ds.meta["mask_encoding"] == enc
+        first = codec.unpack(RecordFile(out).read(0), segmentation=True).mask
+        assert first[:4] == (codec.RAWZ_MAGIC if enc == "zraw" else b"\x89PNG")
+        outs[enc] = [ds[i][1].asnumpy() for i in range(len(ds))]
+    assert all(np.array_equal(a, b) for a, b in zip(outs["zraw"], outs["png"]))
+    with pytest.raises(ValueError, match="mask_encoding"):
+        convert(voc_root, str(tmp_path / "x.rec"), "voc", mask_encoding="bmp")
