@@ -1,8 +1,10 @@
 """Converters: round trips, options, determinism and every kind of bad input."""
+import io
 import json
 import os
 import shutil
 
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
@@ -19,13 +21,13 @@ def files_of(tmp):
     return sorted(os.listdir(tmp))
 
 
-def make_pairs(root, n=6, mode="P", maxid=20, size=(24, 32)):
+def make_pairs(root, n=6, mode="P", maxid=20, size=(24, 32), ext=".png"):
     os.makedirs(os.path.join(root, "images"))
     os.makedirs(os.path.join(root, "masks"))
     rng = np.random.default_rng(5)
     for i in range(n):
         img, mask = synthetic_pair(rng, *size, num_classes=maxid + 1)
-        Image.fromarray(img).save(os.path.join(root, "images", "s%02d.png" % i))
+        Image.fromarray(img).save(os.path.join(root, "images", "s%02d%s" % (i, ext)))
         if mode == "I;16":
             m = mask.astype(np.uint16) * 50  # ids up to 1000
             m[mask == 255] = 255
@@ -278,3 +280,33 @@ def test_mask_encodings_store_the_same_labels(voc_root, tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(outs["zraw"], outs["png"]))
     with pytest.raises(ValueError, match="mask_encoding"):
         convert(voc_root, str(tmp_path / "x.rec"), "voc", mask_encoding="bmp")
+
+
+def test_jpeg_the_reader_cannot_decode_is_re_encoded_and_a_corrupt_one_refused(tmp_path,
+                                                                              monkeypatch):
+    from gluon_data.errors import DecodeError
+    src = make_pairs(str(tmp_path / "src"), n=3, ext=".jpg")
+    real = codec.decode_image
+
+    def picky(data, *a, **k):  # as the strict decoder answers a JPEG flavour it lacks
+        if data == open(os.path.join(src, "images", "s01.jpg"), "rb").read():
+            raise DecodeError("image: corrupt JPEG data (Unsupported JPEG process)")
+        return real(data, *a, **k)
+
+    monkeypatch.setattr(codec, "decode_image", picky)
+    out = str(tmp_path / "o.rec")
+    convert(src, out, "pairs")
+    payload = codec.unpack(RecordFile(out).read(1), segmentation=True).image
+    assert payload != open(os.path.join(src, "images", "s01.jpg"), "rb").read()  # re-encoded
+    monkeypatch.setattr(codec, "decode_image", real)
+    assert SegmentationRecordDataset(out)[1][0].shape[:2] == (
+        SegmentationRecordDataset(out)[1][1].shape)
+    # damaged entropy data that Pillow decodes quietly into a smeared picture
+    photo = np.random.default_rng(0).integers(0, 255, (300, 400, 3), dtype=np.uint8)
+    buf = bytearray(cv2.imencode(".jpg", photo)[1].tobytes())
+    buf[len(buf) // 2:len(buf) // 2 + 40] = b"\x55" * 40
+    Image.open(io.BytesIO(bytes(buf))).load()
+    open(os.path.join(src, "images", "s02.jpg"), "wb").write(bytes(buf))
+    Image.fromarray(np.zeros((300, 400), np.uint8)).save(os.path.join(src, "masks", "s02.png"))
+    with pytest.raises(ConversionError, match="s02.jpg.*corrupt"):
+        convert(src, str(tmp_path / "p.rec"), "pairs")
