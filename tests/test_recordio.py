@@ -244,3 +244,35 @@ def test_scan_of_a_damaged_file_names_the_record(tmp_path):
     with pytest.raises(CorruptRecordError, match="bad magic") as e:
         list(RecordFile(path).scan())
     assert e.value.key == 30 and e.value.offset == f.offset(30)
+
+
+def test_binary_index_is_written_used_and_ignored_when_stale_or_damaged(tmp_path):
+    from gluon_data.recordio import BINARY_INDEX_SUFFIX, _read_binary_index, write_binary_index
+    path = write_ours(str(tmp_path / "a.rec"), PAYLOADS, keys=[3, 9, 12, 40, 41])
+    idx = path[:-4] + ".idx"
+    gdx = idx + BINARY_INDEX_SUFFIX
+    assert os.path.exists(gdx)  # the writer leaves one beside every index
+    keys, offs = _read_binary_index(idx)
+    np.testing.assert_array_equal(keys, [3, 9, 12, 40, 41])
+    np.testing.assert_array_equal(offs, read_index(idx, binary=False)[1])
+    # a rewritten .idx (same size, different content) makes the copy stale: ignored
+    text = read(idx).replace(b"3\t", b"4\t", 1)
+    with open(idx, "wb") as f:
+        f.write(text)
+    assert _read_binary_index(idx) is None and RecordFile(path).key(0) == 4
+    # damaged or truncated copies are ignored too; the .idx is the truth
+    write_binary_index(idx)
+    assert RecordFile(path).key(0) == 4
+    for damage in (lambda b: b[:-5], lambda b: b"XXXX" + b[4:], lambda b: b[:10]):
+        good = read(gdx)
+        with open(gdx, "wb") as f:
+            f.write(damage(good))
+        assert _read_binary_index(idx) is None
+        assert [RecordFile(path).read(i) for i in range(5)] == PAYLOADS
+        with open(gdx, "wb") as f:
+            f.write(good)
+    # stock im2rec indexes get one on request, with implicit 0..n-1 keys stored compactly
+    native = write_native(str(tmp_path / "n.rec"), PAYLOADS)
+    out = write_binary_index(native[:-4] + ".idx")
+    assert os.path.getsize(out) < 8 * 2 * len(PAYLOADS) + 64
+    assert [RecordFile(native).read(i) for i in range(5)] == PAYLOADS
