@@ -16,6 +16,7 @@ _EXPORTS = {
     "convert": "convert", "ConversionReport": "convert",
     "verify": "verify", "salvage": "salvage",
     "SegmentationBatchify": "batchify", "MultiSizeBatchify": "batchify",
+    "StackBatchify": "batchify",
     "DataLoader": "loader",
     "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",
     "DecodeError": "errors", "SourceError": "errors", "ConversionError": "errors",

@@ -8,7 +8,7 @@ import numpy as np
 
 from .buffers import batch_buffer, host_view
 
-__all__ = ["SegmentationBatchify", "MultiSizeBatchify"]
+__all__ = ["SegmentationBatchify", "MultiSizeBatchify", "StackBatchify"]
 
 
 class SegmentationBatchify:
@@ -75,6 +75,44 @@ def _paste(dst: np.ndarray, src: np.ndarray, fill) -> None:
         dst[..., h:, :] = fill
     if w < dst.shape[-1]:
         dst[..., :h, w:] = fill
+
+
+class StackBatchify:
+    """Stack samples of equal shapes, field by field — Gluon's default batchify, faster.
+
+    ``[(img1, label1), (img2, label2)] -> [imgs, labels]`` (a bare array per sample gives one
+    array), with the same shapes and dtypes Gluon's default gives, but each field copied once
+    straight into its batch, which a DataLoader worker allocates in reusable shared memory
+    (see :class:`SegmentationBatchify`). For classification, e.g. after
+    ``ImageRecordDataset(...).transform_first(...)``.
+
+    Examples
+    --------
+    >>> imgs, labels = StackBatchify()([(np.zeros((3, 2, 2), np.float32), 1.0),
+    ...                                 (np.ones((3, 2, 2), np.float32), 0.0)])
+    >>> imgs.shape, labels.asnumpy().tolist()
+    ((2, 3, 2, 2), [1.0, 0.0])
+    """
+
+    def __call__(self, samples: Sequence):
+        if isinstance(samples[0], (tuple, list)):
+            return [self._stack([s[k] for s in samples], k) for k in range(len(samples[0]))]
+        return self._stack(samples, 0)
+
+    @staticmethod
+    def _stack(items, field: int):
+        arrays = [host_view(x) for x in items]
+        shape, dtype = arrays[0].shape, arrays[0].dtype
+        for k, a in enumerate(arrays):
+            if a.shape != shape:
+                raise ValueError("field %d of sample %d has shape %s, sample 0's has %s: "
+                                 "StackBatchify needs equal shapes (pad with "
+                                 "SegmentationBatchify, or keep lists with MultiSizeBatchify)"
+                                 % (field, k, a.shape, shape))
+        nd, view = batch_buffer((len(arrays),) + shape, dtype)
+        for k, a in enumerate(arrays):
+            view[k] = a
+        return nd
 
 
 class MultiSizeBatchify:

@@ -233,23 +233,34 @@ def _forked_private(obj, read_all) -> float:
     return float(data or "nan")
 
 
-def _dali_rate(python: str, rec: str, workers: int, n: int) -> float:
-    """DALI's CPU pipeline on ``rec`` (decode, random 320 crop, normalize to float CHW),
-    run by an interpreter that has DALI; items/s."""
+def _dali_rate(python: str, rec: str, workers: int, n: int, recipe: str) -> float:
+    """DALI's CPU pipeline on ``rec``, run by an interpreter that has DALI; items/s.
+    ``recipe`` ``crop320``: decode, random 320 crop, mirror, normalize to float CHW;
+    ``rrc224``: DALI's ImageNet recipe (decode a random area/aspect region, resize to 224,
+    mirror, normalize) — what ``RandomResizedCrop(224)`` + flip + ``ToTensor`` +
+    ``Normalize`` do."""
     code = r"""
 import sys, time
 from nvidia.dali import pipeline_def, fn, types
-rec, idx, threads, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rec, idx, threads, n, recipe = (sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                                sys.argv[5])
 @pipeline_def(batch_size=16, num_threads=threads, device_id=None)
 def pipe():
     jpegs, labels = fn.readers.mxnet(path=[rec], index_path=[idx], random_shuffle=True,
                                      name="r")
-    images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
-    images = fn.crop_mirror_normalize(
-        images, crop=(320, 320), crop_pos_x=fn.random.uniform(range=(0, 1)),
-        crop_pos_y=fn.random.uniform(range=(0, 1)), mirror=fn.random.coin_flip(),
-        mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], dtype=types.FLOAT,
-        output_layout="CHW", out_of_bounds_policy="pad")
+    norm = dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
+                dtype=types.FLOAT, output_layout="CHW", mirror=fn.random.coin_flip())
+    if recipe == "rrc224":
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=[0.08, 1.0],
+                                               random_aspect_ratio=[0.75, 4.0 / 3])
+        images = fn.resize(images, resize_x=224, resize_y=224)
+        images = fn.crop_mirror_normalize(images, **norm)
+    else:
+        images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        images = fn.crop_mirror_normalize(
+            images, crop=(320, 320), crop_pos_x=fn.random.uniform(range=(0, 1)),
+            crop_pos_y=fn.random.uniform(range=(0, 1)), out_of_bounds_policy="pad", **norm)
     return images, labels
 p = pipe()
 p.build()
@@ -260,7 +271,8 @@ while seen < n:
     seen += 16
 print(seen / (time.perf_counter() - t0))
 """
-    res = subprocess.run([python, "-c", code, rec, rec[:-4] + ".idx", str(workers), str(n)],
+    res = subprocess.run([python, "-c", code, rec, rec[:-4] + ".idx", str(workers), str(n),
+                          recipe],
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError("DALI run failed: %s" % res.stderr.strip()[-500:])
@@ -275,7 +287,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     import mxnet as mx
     from mxnet.gluon.data.vision import transforms
 
-    from .batchify import SegmentationBatchify
+    from .batchify import SegmentationBatchify, StackBatchify
     from .convert import convert
     from .datasets import ImageRecordDataset, SegmentationLMDBDataset, SegmentationRecordDataset
     from .recordio import RecordFile
@@ -361,10 +373,8 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         SegmentationRecordDataset(rec, seed=0, **kw), 16, workers, None, epochs)
     if dali_python:
         try:
-            results["DALI CPU crop+normalize, image only"] = _dali_rate(dali_python, rec,
-                                                                       workers, n)
-            results["DALI CPU crop+normalize on stock .rec"] = _dali_rate(dali_python,
-                                                                         stock_rec, workers, n)
+            results["DALI CPU crop 320+normalize, image only"] = _dali_rate(
+                dali_python, rec, workers, n, "crop320")
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             notes["DALI"] = str(e)
 
@@ -375,6 +385,21 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         mx.gluon.data.vision.ImageRecordDataset(stock_rec), 16, workers, cb, epochs)
     results["ours ImageRecordDataset"] = _loader_rate(ImageRecordDataset(stock_rec), 16,
                                                       workers, cb, epochs)
+    recipe = transforms.Compose([transforms.RandomResizedCrop(224),
+                                 transforms.RandomFlipLeftRight(), transforms.ToTensor(),
+                                 transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
+    results["stock ImageRecordDataset + RandomResizedCrop 224 recipe"] = _loader_rate(
+        mx.gluon.data.vision.ImageRecordDataset(stock_rec).transform_first(recipe), 16,
+        workers, None, epochs)
+    results["ours ImageRecordDataset + RandomResizedCrop 224 recipe"] = _loader_rate(
+        ImageRecordDataset(stock_rec).transform_first(recipe), 16, workers, StackBatchify(),
+        epochs)
+    if dali_python:
+        try:
+            results["DALI CPU RandomResizedCrop 224 recipe"] = _dali_rate(
+                dali_python, stock_rec, workers, n, "rrc224")
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            notes["DALI"] = str(e)
     it = mx.io.ImageRecordIter(path_imgrec=stock_rec, data_shape=(3, 224, 224), batch_size=16,
                                preprocess_threads=workers, rand_crop=True)
     t0, seen = time.perf_counter(), 0
@@ -433,8 +458,12 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
          "stock ImageRecordDataset", 1.5),
         ("ours cls / stock ImageRecordIter", "ours ImageRecordDataset",
          "stock ImageRecordIter (crop 224)", 1.5),
-        ("ours .rec train / DALI (image only)", "ours .rec train",
-         "DALI CPU crop+normalize, image only", 1.0),
+        ("ours cls recipe / stock cls recipe", "ours ImageRecordDataset + RandomResizedCrop "
+         "224 recipe", "stock ImageRecordDataset + RandomResizedCrop 224 recipe", None),
+        ("ours cls recipe / DALI same recipe", "ours ImageRecordDataset + RandomResizedCrop "
+         "224 recipe", "DALI CPU RandomResizedCrop 224 recipe", 1.0),
+        ("ours .rec train / DALI crop 320 (image only)", "ours .rec train",
+         "DALI CPU crop 320+normalize, image only", None),
         ("sequential reads / cat (warm)", "ours sequential reads (warm)", "cat .rec (warm)",
          0.8),
         ("sequential reads / cat (cold)", "ours sequential reads (cold)", "cat .rec (cold)",
@@ -450,27 +479,27 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
          "ours convert re-encode, 1 workers", 1.5 if workers > 1 else None),
     ]
     say("")
-    say("%-44s %12s" % ("measurement (items/s)", "rate"))
+    say("%-56s %12s" % ("measurement (items/s)", "rate"))
     for k, v in results.items():
-        say("%-44s %12.0f" % (k, v))
+        say("%-56s %12.0f" % (k, v))
     say("")
-    say("%-44s %12s" % ("index (scaled to 1M records)", "value"))
+    say("%-56s %12s" % ("index (scaled to 1M records)", "value"))
     for k, v in index.items():
-        say("%-44s %12.3f" % (k, v))
+        say("%-56s %12.3f" % (k, v))
     say("")
     if rss:
         say("per-worker RSS after epochs 1..3, MB, private (+ shared batch segments): %s"
             % "; ".join("worker %d: %s" % (k, " ".join("%.0f (+%.0f)" % e[k] for e in rss))
                         for k in range(len(rss[0]))))
     say("")
-    say("%-44s %8s %8s  %s" % ("ratio (same run)", "value", "target", ""))
+    say("%-56s %8s %8s  %s" % ("ratio (same run)", "value", "target", ""))
     table = {}
 
     def row(name, value, target, lower=False):
         table[name] = value
         ok = target is not None and (value <= target if lower else value >= target)
         verdict = "" if target is None else ("met" if ok else "MISSED")
-        say("%-44s %8.2f %8s  %s" % (name, value, "-" if target is None else
+        say("%-56s %8.2f %8s  %s" % (name, value, "-" if target is None else
                                       ("<=%.2f" if lower else "%.2f") % target, verdict))
 
     for name, a, b, target in ratios:

@@ -6,6 +6,7 @@ Every dataset opens its files lazily in each process and holds no OS handle acro
 """
 from __future__ import annotations
 
+import copy
 import os
 from typing import Callable, List, Optional
 
@@ -20,7 +21,8 @@ from .lmdbio import LMDBFile, names_lmdb
 from .recordio import RecordFile
 
 __all__ = ["ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
-           "SegmentationLMDBDataset", "open_segmentation", "numpy_image_transform"]
+           "SegmentationLMDBDataset", "open_segmentation", "numpy_image_transform",
+           "numpy_classification_transform"]
 
 
 class _RecordDataset(mx.gluon.data.Dataset):
@@ -139,13 +141,34 @@ class ImageRecordDataset(_RecordDataset):
         self._flag = flag
         self._transform = transform
 
+    _fast_first = None  # set by transform_first for a recognised Gluon image transform
+
     def __getitem__(self, idx):
         rec, key, offset = self._record(idx)
         img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=self._flag)
+        fast = self._fast_first
+        if fast is not None and fast.tensor.channels in (1, img.shape[2]):
+            buf = buffers.samples.take(fast.out_shape(img.shape), np.float32)
+            return buffers.samples.wrap(fast(img, out=buf)), rec.label
         img = _as_ndarray(img, np.uint8)
+        if fast is not None:
+            return self._fast_source(img), rec.label
         if self._transform is not None:
             return self._transform(img, rec.label)
         return img, rec.label
+
+    def transform_first(self, fn, lazy: bool = True):
+        """Gluon's ``transform_first``; a recognised image transform (``RandomResizedCrop`` /
+        ``CenterCrop``, ``RandomFlipLeftRight``, ``ToTensor``, ``Normalize``: see
+        :func:`numpy_classification_transform`) runs in numpy on the decoded image instead
+        of as NDArray operators, with the same results (the random draws come from a seeded
+        per-worker generator). Anything else goes to Gluon's implementation."""
+        fast = numpy_classification_transform(fn) if self._transform is None else None
+        if fast is None:
+            return super().transform_first(fn, lazy)
+        clone = copy.copy(self)
+        clone._fast_first, clone._fast_source = fast, fn
+        return clone
 
 
 MODES = ("train", "val", "testval", "test")
@@ -181,6 +204,20 @@ def numpy_image_transform(transform) -> Optional[T.ToTensorNormalize]:
     ToTensorNormalize` (bit-for-bit the same values) instead of two NDArray operators per
     sample, which cost more than decoding the JPEG in a DataLoader worker.
     """
+    from mxnet.gluon.data.vision import transforms as VT
+
+    leaves = _gluon_leaves(transform)
+    if leaves is None:
+        return None
+    kinds = [type(b) for b in leaves]
+    if kinds == [VT.ToTensor]:
+        return T.ToTensorNormalize(0.0, 1.0)
+    if kinds == [VT.ToTensor, VT.Normalize]:
+        return T.ToTensorNormalize(leaves[1]._mean, leaves[1]._std)
+    return None
+
+
+def _gluon_leaves(transform) -> Optional[list]:
     from mxnet.gluon import nn
     from mxnet.gluon.data.vision import transforms as VT
 
@@ -196,11 +233,42 @@ def numpy_image_transform(transform) -> Optional[T.ToTensorNormalize]:
 
     if not isinstance(transform, mx.gluon.Block) or not walk(transform):
         return None
+    return leaves
+
+
+def numpy_classification_transform(transform) -> Optional[T.ImageCropNormalize]:
+    """The numpy equivalent of a Gluon image transform made of an optional
+    ``RandomResizedCrop`` or ``CenterCrop``, an optional ``RandomFlipLeftRight``, then
+    ``ToTensor`` and optionally ``Normalize`` — the usual training recipe — else ``None``.
+
+    :meth:`ImageRecordDataset.transform_first` runs such a transform as
+    :class:`~gluon_data.transforms.ImageCropNormalize` (the same crop arithmetic, draws and
+    OpenCV interpolation) instead of four NDArray operators per sample.
+    """
+    from mxnet.gluon.data.vision import transforms as VT
+
+    leaves = _gluon_leaves(transform)
+    if not leaves:
+        return None
+    crop = None
+    if type(leaves[0]) is VT.RandomResizedCrop:
+        size, scale, ratio, interp = leaves[0]._args
+        crop = ("random", tuple(int(v) for v in size), scale, tuple(ratio), interp)
+    elif type(leaves[0]) is VT.CenterCrop:
+        size, interp = leaves[0]._args
+        crop = ("center", tuple(int(v) for v in size), interp)
+    if crop is not None:
+        if crop[-1] not in (0, 1, 2, 3, 4, 9):
+            return None  # 10 = a random method per call: leave it to MXNet
+        leaves = leaves[1:]
+    flip = bool(leaves) and type(leaves[0]) is VT.RandomFlipLeftRight
+    if flip:
+        leaves = leaves[1:]
     kinds = [type(b) for b in leaves]
     if kinds == [VT.ToTensor]:
-        return T.ToTensorNormalize(0.0, 1.0)
+        return T.ImageCropNormalize(crop, flip)
     if kinds == [VT.ToTensor, VT.Normalize]:
-        return T.ToTensorNormalize(leaves[1]._mean, leaves[1]._std)
+        return T.ImageCropNormalize(crop, flip, leaves[1]._mean, leaves[1]._std)
     return None
 
 

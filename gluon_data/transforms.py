@@ -30,7 +30,7 @@ import numpy as np
 __all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
            "RandomRotation",
            "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
-           "ToTensorNormalize", "SeededRandom"]
+           "ToTensorNormalize", "SeededRandom", "ImageCropNormalize"]
 
 _MASK_INTERP = getattr(cv2, "INTER_NEAREST_EXACT", cv2.INTER_NEAREST)
 
@@ -516,3 +516,96 @@ class ToTensorNormalize:
 
     def __repr__(self):
         return "ToTensorNormalize(mean=%s, std=%s)" % (self.mean.tolist(), self.std.tolist())
+
+
+# ------------------------------------------------------------------ image-only (classification)
+def _interp(code: int, sizes: Tuple[int, int, int, int]) -> int:
+    """MXNet's interpolation codes (0-4 as OpenCV's, 9 = by direction) -> OpenCV's."""
+    if code == 9:
+        oh, ow, nh, nw = sizes
+        return 2 if nh > oh and nw > ow else 3 if nh < oh and nw < ow else 1
+    return code
+
+
+def _scale_down(src_wh, size_wh):
+    """``mx.image.scale_down``: shrink a crop size that does not fit the image."""
+    w, h = size_wh
+    sw, sh = src_wh
+    if sh < h:
+        w, h = float(w * sh) / h, sh
+    if sw < w:
+        w, h = sw, float(h * sw) / w
+    return int(w), int(h)
+
+
+class ImageCropNormalize(_Random):
+    """Gluon's classification transforms in numpy/OpenCV: an optional ``RandomResizedCrop`` or
+    ``CenterCrop``, an optional ``RandomFlipLeftRight``, then ``ToTensor`` (+ ``Normalize``).
+
+    The geometry follows ``mx.image.random_size_crop`` / ``center_crop`` / ``fixed_crop`` (same
+    draws of area and aspect ratio, same crop arithmetic, the same OpenCV interpolation), with
+    draws from a seeded, per-worker generator instead of the global ``random`` module. Returns a
+    CxHxW float32 array, written into ``out`` when given.
+
+    Parameters
+    ----------
+    crop : None, ('random', (w, h), scale, ratio, interp) or ('center', (w, h), interp)
+    flip : bool
+        Mirror left-right with probability 1/2.
+    mean, std
+        As for :class:`ToTensorNormalize` (``0, 1``: ``ToTensor`` alone).
+    """
+
+    def __init__(self, crop=None, flip: bool = False, mean=0.0, std=1.0,
+                 seed: Optional[int] = None):
+        super().__init__(seed)
+        self.crop, self.flip = crop, flip
+        self.tensor = ToTensorNormalize(mean, std)
+
+    def out_shape(self, img_shape) -> Tuple[int, int, int]:
+        h, w, c = img_shape
+        if self.crop is not None:
+            w, h = self.crop[1]
+        return c, h, w
+
+    def _draw_crop(self, g, h: int, w: int):
+        _, (cw, ch), area, ratio, interp = self.crop
+        src_area = h * w
+        area = (area, 1.0) if np.isscalar(area) else area
+        for _ in range(10):
+            target_area = g.uniform(area[0], area[1]) * src_area
+            new_ratio = np.exp(g.uniform(np.log(ratio[0]), np.log(ratio[1])))
+            new_w = int(round(np.sqrt(target_area * new_ratio)))
+            new_h = int(round(np.sqrt(target_area / new_ratio)))
+            if new_w <= w and new_h <= h:
+                return (int(g.integers(0, w - new_w + 1)), int(g.integers(0, h - new_h + 1)),
+                        new_w, new_h)
+        return None  # fall back to the centre crop, as MXNet does
+
+    def __call__(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
+        x = _np(img)
+        h, w = x.shape[:2]
+        box, flip = None, False
+        if self.crop is not None or self.flip:
+            def draw(g):
+                b = self._draw_crop(g, h, w) if self.crop and self.crop[0] == "random" else None
+                return b, bool(self.flip and g.random() < 0.5)
+            box, flip = self.rng.draw(draw)
+        if self.crop is not None:
+            size = self.crop[1]
+            interp = self.crop[-1]
+            if box is None:  # centre crop (or the random crop's fallback)
+                nw, nh = _scale_down((w, h), size)
+                box = (int((w - nw) / 2), int((h - nh) / 2), nw, nh)
+            x0, y0, cw, ch = box
+            x = x[y0:y0 + ch, x0:x0 + cw]
+            if (cw, ch) != tuple(size):
+                x = cv2.resize(x, tuple(size), interpolation=_interp(interp, (ch, cw, size[1],
+                                                                              size[0])))
+                x = x[:, :, None] if x.ndim == 2 else x
+        if flip:
+            x = _flip(x)
+        return self.tensor.image(x, out=out)
+
+    def __repr__(self):
+        return "ImageCropNormalize(crop=%r, flip=%s, %r)" % (self.crop, self.flip, self.tensor)

@@ -197,3 +197,81 @@ def test_worker_batches_reuse_shared_segments_and_never_overwrite_held_ones():
     assert max(int(b[2].asnumpy()[1]) for b in held) > 0
     ids = sum((_check(b) for b in held), [])
     assert sorted(ids) == sorted(list(range(96)) * 3)
+
+
+# ------------------------------------------------------------ classification
+def _recipe(*head, normalize=True):
+    tail = [VT.ToTensor()] + ([VT.Normalize(MEAN, STD)] if normalize else [])
+    return VT.Compose(list(head) + tail)
+
+
+def test_numpy_classification_transform_recognises_the_usual_recipes():
+    from gluon_data.datasets import numpy_classification_transform as rec
+    t = rec(_recipe(VT.RandomResizedCrop(24), VT.RandomFlipLeftRight()))
+    assert t.crop[0] == "random" and t.crop[1] == (24, 24) and t.flip
+    assert rec(_recipe(VT.CenterCrop((20, 10)))).crop == ("center", (20, 10), 1)
+    assert rec(_recipe(normalize=False)).crop is None
+    for other in (_recipe(VT.Resize(32)), _recipe(VT.RandomResizedCrop(24, interpolation=10)),
+                  _recipe(VT.RandomFlipLeftRight(), VT.CenterCrop(8)),
+                  VT.Compose([VT.CenterCrop(8), VT.RandomColorJitter(0.1), VT.ToTensor()])):
+        assert rec(other) is None
+
+
+def test_center_crop_fast_path_equals_gluon(cls_rec):
+    from gluon_data import ImageRecordDataset
+    for size in (16, (40, 30), 400):  # the last is larger than the images: scaled down
+        tf = _recipe(VT.CenterCrop(size))
+        ds = ImageRecordDataset(cls_rec)
+        fast = ds.transform_first(tf)
+        slow = mx.gluon.data.Dataset.transform_first(ds, tf)  # Gluon's own path
+        assert fast._fast_first is not None
+        for i in range(len(ds)):
+            (a, la), (b, lb) = fast[i], slow[i]
+            assert a.shape == b.shape and a.dtype == np.float32 and la == lb
+            # OpenCV inside libmxnet and the cv2 wheel may round a resized pixel differently
+            diff = np.abs(a.asnumpy() - b.asnumpy())
+            assert diff.max() <= 1.01 / 255 / min(STD) and diff.mean() < 1e-3
+
+
+def test_random_resized_crop_is_a_resized_region_and_repeats_with_a_seed():
+    img = np.random.default_rng(0).integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    crop = ("random", (32, 24), (0.08, 1.0), (3 / 4, 4 / 3), 1)
+    a = T.ImageCropNormalize(crop, flip=False, seed=5)
+    b = T.ImageCropNormalize(crop, flip=False, seed=5)
+    g = np.random.default_rng(5)  # the draws `a` will make
+    outs = []
+    for _ in range(6):
+        x0, y0, w, h = a._draw_crop(g, 60, 80)
+        want = cv2.resize(img[y0:y0 + h, x0:x0 + w], (32, 24), interpolation=cv2.INTER_LINEAR)
+        got = a(img)
+        assert got.shape == (3, 24, 32)
+        np.testing.assert_allclose(got, want.transpose(2, 0, 1) / 255.0, atol=1e-6)
+        np.testing.assert_array_equal(got, b(img))
+        outs.append(got.tobytes())
+    assert len(set(outs)) == 6
+    flips = T.ImageCropNormalize(None, flip=True, seed=1)
+    seen = {flips(img).tobytes() for _ in range(20)}
+    assert len(seen) == 2  # mirrored or not, nothing else
+
+
+def test_unrecognised_transform_first_is_gluons(cls_rec):
+    from gluon_data import ImageRecordDataset
+    ds = ImageRecordDataset(cls_rec)
+    tf = VT.Compose([VT.Resize(16), VT.ToTensor()])
+    lazy = ds.transform_first(tf)
+    assert not isinstance(lazy, ImageRecordDataset)
+    np.testing.assert_array_equal(lazy[0][0].asnumpy(), tf(ds[0][0]).asnumpy())
+
+
+@pytest.mark.slow
+def test_classification_fast_path_through_workers_keeps_labels(cls_rec):
+    from gluon_data import ImageRecordDataset, StackBatchify
+    ds = ImageRecordDataset(cls_rec)
+    train = ds.transform_first(_recipe(VT.RandomResizedCrop(20), VT.RandomFlipLeftRight()))
+    loader = mx.gluon.data.DataLoader(train, batch_size=4, num_workers=2,
+                                      batchify_fn=StackBatchify())
+    labels = []
+    for imgs, lab in loader:
+        assert imgs.shape[1:] == (3, 20, 20) and imgs.dtype == np.float32
+        labels += lab.asnumpy().tolist()
+    assert labels == [ds[i][1] for i in range(len(ds))]
