@@ -34,7 +34,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-__all__ = ["run_bench", "main"]
+__all__ = ["run_bench", "index_costs", "main"]
 
 
 def _photo(rng, h, w):
@@ -153,7 +153,7 @@ def _raw_copy(files, out_path) -> None:
                 out.write(f.read())
 
 
-def _index_costs(workdir: str, n: int) -> dict:
+def index_costs(workdir: str, n: int) -> dict:
     """Load time and memory of our index and stock MXIndexedRecordIO for ``n`` records,
     scaled to one million, and the private memory a forked child gains reading all of it."""
     import gc
@@ -371,12 +371,14 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
                                               16, workers, batchify, epochs)
     results["ours .rec train, Gluon's default batchify"] = _loader_rate(
         SegmentationRecordDataset(rec, seed=0, **kw), 16, workers, None, epochs)
-    if dali_python:
-        try:
-            results["DALI CPU crop 320+normalize, image only"] = _dali_rate(
-                dali_python, rec, workers, n, "crop320")
-        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-            notes["DALI"] = str(e)
+    def dali(name, path, recipe):  # optional: only with --dali-python
+        if dali_python:
+            try:
+                results[name] = _dali_rate(dali_python, path, workers, n, recipe)
+            except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+                notes["DALI"] = str(e)
+
+    dali("DALI CPU crop 320+normalize, image only", rec, "crop320")
 
     # -- classification on a stock im2rec .rec -------------------------------------------
     say("classification ...")
@@ -394,12 +396,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     results["ours ImageRecordDataset + RandomResizedCrop 224 recipe"] = _loader_rate(
         ImageRecordDataset(stock_rec).transform_first(recipe), 16, workers, StackBatchify(),
         epochs)
-    if dali_python:
-        try:
-            results["DALI CPU RandomResizedCrop 224 recipe"] = _dali_rate(
-                dali_python, stock_rec, workers, n, "rrc224")
-        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-            notes["DALI"] = str(e)
+    dali("DALI CPU RandomResizedCrop 224 recipe", stock_rec, "rrc224")
     it = mx.io.ImageRecordIter(path_imgrec=stock_rec, data_shape=(3, 224, 224), batch_size=16,
                                preprocess_threads=workers, rand_crop=True)
     t0, seen = time.perf_counter(), 0
@@ -441,7 +438,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
 
     # -- index -------------------------------------------------------------------------
     say("index ...")
-    index = _index_costs(workdir, index_records or (100_000 if quick else 1_000_000))
+    index = index_costs(workdir, index_records or (100_000 if quick else 1_000_000))
 
     # -- report ------------------------------------------------------------------------
     dl = results["decode limit, OpenCV, %d processes" % workers]

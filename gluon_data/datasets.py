@@ -201,20 +201,13 @@ def numpy_image_transform(transform) -> Optional[T.ToTensorNormalize]:
     Normalize(mean, std)])`` image transform, else ``None``.
 
     The segmentation datasets run such a transform as :class:`~gluon_data.transforms.
-    ToTensorNormalize` (bit-for-bit the same values) instead of two NDArray operators per
-    sample, which cost more than decoding the JPEG in a DataLoader worker.
+    ToTensorNormalize` (the same values to float32 rounding) instead of two NDArray operators
+    per sample, which cost more than decoding the JPEG in a DataLoader worker.
     """
-    from mxnet.gluon.data.vision import transforms as VT
-
-    leaves = _gluon_leaves(transform)
-    if leaves is None:
+    fast = numpy_classification_transform(transform)
+    if fast is None or fast.crop is not None or fast.flip:
         return None
-    kinds = [type(b) for b in leaves]
-    if kinds == [VT.ToTensor]:
-        return T.ToTensorNormalize(0.0, 1.0)
-    if kinds == [VT.ToTensor, VT.Normalize]:
-        return T.ToTensorNormalize(leaves[1]._mean, leaves[1]._std)
-    return None
+    return fast.tensor
 
 
 def _gluon_leaves(transform) -> Optional[list]:
