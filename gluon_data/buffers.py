@@ -13,8 +13,8 @@ allocates and zeroes each of its pages on first touch, and the main process maps
 For a 16 x 3 x 320 x 320 float32 batch that costs about 20 ms on a 2-core machine, ten times
 the copy of the samples into it, and more than decoding three of its JPEGs.
 
-Here each worker keeps a few anonymous shared-memory segments (``memfd``) per batch size and
-reuses one once the main process has released the batch built in it:
+Here each worker keeps a few anonymous shared-memory segments (``memfd``) sized for its
+batches and reuses one once the main process has released the batch built in it:
 
 * the worker builds the batch in a free segment and returns an NDArray over it;
 * pickling that NDArray (Gluon's worker-to-main transport) passes the segment's file
@@ -26,9 +26,10 @@ reuses one once the main process has released the batch built in it:
   no longer holds its own NDArray over it.
 
 Each counter has one writer (``sent``: the worker, ``returned``: the main process), so no
-lock spans processes. When all of a size's segments are busy (say the training loop keeps
-batches alive), the batch falls back to a plain ``cpu_shared`` allocation: slower, never
-wrong. Segments have no name, so nothing is left behind in ``/dev/shm`` when a worker is
+lock spans processes. A worker holds at most ``SEGMENTS_PER_SIZE`` of its largest batch in
+segments (free ones of other sizes are evicted to make room); when none is free and there is no
+room (say the training loop keeps batches alive), the batch falls back to a plain
+``cpu_shared`` allocation: slower, never wrong. Segments have no name, so nothing is left behind in ``/dev/shm`` when a worker is
 killed.
 """
 from __future__ import annotations
@@ -47,46 +48,70 @@ import numpy as np
 
 __all__ = ["batch_buffer", "host_view", "SamplePool", "samples"]
 
-#: Segments kept per batch size and worker: the batches a worker can have in flight (Gluon
-#: prefetches ``2 * num_workers``) plus the one being built and the one being consumed.
+#: A worker keeps at most this many segments' worth of its largest batch: the batches it can
+#: have in flight (Gluon prefetches ``2 * num_workers``), the one being built and the one
+#: being consumed. Batches of varying sizes (``testval`` padding) share segments big enough.
 SEGMENTS_PER_SIZE = 6
 _HEADER = 64  # int64 counters [sent, returned], padded to a cache line
 
 
 class _Segment:
-    def __init__(self, nbytes: int):
-        self.nbytes = nbytes
+    def __init__(self, capacity: int):
+        self.capacity = capacity
         self.fd = os.memfd_create("gluon_data-batch", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, _HEADER + nbytes)
-        self.map = mmap.mmap(self.fd, _HEADER + nbytes)
+        os.ftruncate(self.fd, _HEADER + capacity)
+        self.map = mmap.mmap(self.fd, _HEADER + capacity)
         self.counts = np.frombuffer(self.map, np.int64, 2)
         self.local = False   # the worker still holds its own NDArray over the segment
 
     def free(self) -> bool:
         return not self.local and self.counts[0] == self.counts[1]
 
+    def close(self) -> bool:
+        """Unmap and close a free segment; False if a view of it is still alive."""
+        counts, self.counts = self.counts, None
+        del counts
+        try:
+            self.map.close()
+        except BufferError:
+            self.counts = np.frombuffer(self.map, np.int64, 2)
+            return False
+        os.close(self.fd)
+        return True
+
 
 class _Pool:
     def __init__(self):
         self.pid = os.getpid()
         self.segments = []
-        self.fallbacks = 0   # batches that found every segment of their size busy
+        self.largest = 0
+        self.fallbacks = 0   # batches that found no free segment and no room for a new one
         self.lock = threading.Lock()
 
     def acquire(self, nbytes: int) -> Optional[_Segment]:
         with self.lock:
-            same = [s for s in self.segments if s.nbytes == nbytes]
-            for s in same:
-                if s.free():
-                    s.local = True
-                    return s
-            if len(same) >= SEGMENTS_PER_SIZE:
+            fits = [s for s in self.segments
+                    if s.free() and nbytes <= s.capacity <= 2 * nbytes]
+            if fits:
+                seg = min(fits, key=lambda s: s.capacity)
+                seg.local = True
+                return seg
+            self.largest = max(self.largest, nbytes)
+            budget = SEGMENTS_PER_SIZE * self.largest
+            total = sum(s.capacity for s in self.segments)
+            for s in sorted((s for s in self.segments if s.free()), key=lambda s: s.capacity):
+                if total + nbytes <= budget:
+                    break
+                if s.close():  # evict free segments of other sizes to make room
+                    self.segments.remove(s)
+                    total -= s.capacity
+            if total + nbytes > budget:
                 self.fallbacks += 1
                 return None
-            s = _Segment(nbytes)
-            s.local = True
-            self.segments.append(s)
-            return s
+            seg = _Segment(nbytes)
+            seg.local = True
+            self.segments.append(seg)
+            return seg
 
 
 _pool: Optional[_Pool] = None
@@ -105,8 +130,9 @@ class SamplePool:
     """Free numpy buffers by (shape, dtype), handed out by :meth:`take` and returned when
     the NDArray made by :meth:`wrap` is freed. Thread-safe (the GIL orders the list ops)."""
 
-    def __init__(self, keep: int = 64):
-        self.keep = keep
+    def __init__(self, max_bytes: int = 256 << 20):
+        self.max_bytes = max_bytes
+        self.held = 0   # bytes of free buffers kept
         self._free = {}
 
     def take(self, shape, dtype) -> np.ndarray:
@@ -115,9 +141,12 @@ class SamplePool:
         free = self._free.get(key)
         if free:
             try:
-                return free.pop()
+                buf = free.pop()
             except IndexError:  # another thread took the last one
                 pass
+            else:
+                self.held -= buf.nbytes
+                return buf
         return np.empty(key[0], key[1])
 
     def wrap(self, buf: np.ndarray) -> mx.nd.NDArray:
@@ -128,9 +157,11 @@ class SamplePool:
         return mx.nd.from_numpy(view, zero_copy=True)
 
     def _give_back(self, buf: np.ndarray) -> None:
-        free = self._free.setdefault((buf.shape, buf.dtype.str), [])
-        if len(free) < self.keep:
-            free.append(buf)
+        # Bounded by bytes, not per shape: samples of ever-new sizes (full images in
+        # ``testval``) are simply not kept once the budget is used.
+        if self.held + buf.nbytes <= self.max_bytes:
+            self._free.setdefault((buf.shape, buf.dtype.str), []).append(buf)
+            self.held += buf.nbytes
 
 
 #: The process-wide pool the datasets use for sample outputs.
@@ -155,13 +186,14 @@ def _reduce_pooled(arr: _PooledArray):
     seg = arr._gd_segment
     arr.wait_to_read()
     seg.counts[0] += 1
-    return _rebuild, (reduction.DupFd(seg.fd), seg.nbytes, arr.shape, np.dtype(arr.dtype).str)
+    return _rebuild, (reduction.DupFd(seg.fd), seg.capacity, arr.shape,
+                      np.dtype(arr.dtype).str)
 
 
-def _rebuild(dupfd, nbytes: int, shape: Tuple[int, ...], dtype: str) -> mx.nd.NDArray:
+def _rebuild(dupfd, capacity: int, shape: Tuple[int, ...], dtype: str) -> mx.nd.NDArray:
     fd = dupfd.detach()
     try:
-        m = mmap.mmap(fd, _HEADER + nbytes)
+        m = mmap.mmap(fd, _HEADER + capacity)
     finally:
         os.close(fd)
     counts = np.frombuffer(m, np.int64, 2)

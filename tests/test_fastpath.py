@@ -275,3 +275,53 @@ def test_classification_fast_path_through_workers_keeps_labels(cls_rec):
         assert imgs.shape[1:] == (3, 20, 20) and imgs.dtype == np.float32
         labels += lab.asnumpy().tolist()
     assert labels == [ds[i][1] for i in range(len(ds))]
+
+
+def test_sample_pool_is_bounded_by_bytes_not_by_shape():
+    pool = buffers.SamplePool(max_bytes=10_000)
+    for k in range(50):  # ever-new shapes, as full-size testval images are
+        nd = pool.wrap(pool.take((10, 10 + k), np.float32))
+        del nd
+        mx.nd.waitall()
+        gc.collect()
+        assert pool.held <= 10_000
+    assert sum(len(v) for v in pool._free.values()) < 50
+
+
+def test_segment_pool_shares_segments_across_sizes_and_stays_in_budget():
+    pool = buffers._Pool()
+    big = pool.acquire(1000)
+    big.local = False  # released
+    small = pool.acquire(600)  # fits the free 1000-byte segment (at most 2x): reused
+    assert small is big
+    small.local = False
+    tiny = pool.acquire(100)  # too small to waste a 1000-byte segment on: a new one
+    assert tiny is not big and tiny.capacity == 100
+    tiny.local = False
+    held = [pool.acquire(1000) for _ in range(buffers.SEGMENTS_PER_SIZE)]
+    assert held[0] is big and all(s is not None and s.capacity == 1000 for s in held)
+    # the budget is SEGMENTS_PER_SIZE x the largest batch: the free 100-byte one made room
+    assert tiny not in pool.segments and tiny.counts is None
+    assert sum(s.capacity for s in pool.segments) == buffers.SEGMENTS_PER_SIZE * 1000
+    assert pool.acquire(1000) is None and pool.fallbacks == 1  # all busy, no room: fall back
+    for s in pool.segments:
+        s.local = False
+    huge = pool.acquire(4000)  # a new largest size: old free segments make room
+    assert huge is not None
+    assert sum(s.capacity for s in pool.segments) <= buffers.SEGMENTS_PER_SIZE * 4000
+
+
+@pytest.mark.slow
+def test_variable_size_batches_through_workers_equal_the_in_process_ones(voc_rec):
+    tf = VT.Compose([VT.ToTensor(), VT.Normalize(MEAN, STD)])
+    ds = SegmentationRecordDataset(voc_rec, mode="testval", transform=tf)
+    batchify = SegmentationBatchify(channels_first=True)
+    want = [(b[0].asnumpy(), b[1].asnumpy())
+            for b in mx.gluon.data.DataLoader(ds, batch_size=3, batchify_fn=batchify)]
+    loader = mx.gluon.data.DataLoader(ds, batch_size=3, num_workers=2, batchify_fn=batchify)
+    for _ in range(3):  # padded shapes differ per batch: segments are shared across sizes
+        got = [(b[0].asnumpy(), b[1].asnumpy()) for b in loader]
+        assert len(got) == len(want)
+        for (gi, gm), (wi, wm) in zip(got, want):
+            np.testing.assert_array_equal(gm, wm)
+            np.testing.assert_allclose(gi, wi, atol=1e-6)
