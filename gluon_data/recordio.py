@@ -218,7 +218,8 @@ class RecordFile:
         n = len(offsets)
         self._keys = None if np.array_equal(keys, np.arange(n)) else keys
         self._offsets = offsets
-        if n > 1 and (offsets[1:] > offsets[:-1]).all():  # records in file order
+        self._in_file_order = bool(n > 1 and (offsets[1:] > offsets[:-1]).all())
+        if self._in_file_order:
             self._ends = np.append(offsets[1:], self.file_size)
         else:
             uniq = np.unique(offsets)
@@ -395,20 +396,41 @@ class RecordFile:
         """
         buf = bytearray(chunk_bytes)
         mv = memoryview(buf)
-        lo = hi = 0  # file range currently in buf
+        offsets, ends = self._offsets, self._ends
+        frame, magic_word, mask = codec._FRAME.unpack_from, codec.RECORDIO_MAGIC, codec._LEN_MASK
         n = len(self)
-        for i in range(n):
-            start, end = int(self._offsets[i]), int(self._ends[i])
+        i = 0
+        while i < n:
+            start, end = int(offsets[i]), int(ends[i])
             if end - start > chunk_bytes:
                 yield memoryview(self.view(i))
+                i += 1
                 continue
-            if not (lo <= start and end <= hi):
-                sequential = i + 1 < n and int(self._offsets[i + 1]) == end
-                want = chunk_bytes if sequential else end - start
-                lo = start
-                hi = start + os.preadv(self._fd(), [mv[:want]], start)
-            yield codec.unframe(mv[:hi - lo], start - lo, path=self.path, key=self.key(i),
-                                base_offset=lo, copy=False)[0]
+            sequential = i + 1 < n and int(offsets[i + 1]) == end
+            lo = start
+            hi = start + os.preadv(self._fd(), [mv[:chunk_bytes if sequential else end - start]],
+                                   start)
+            # every record lying wholly in this chunk; a multi-part or damaged one goes
+            # through unframe(), which reassembles it or names what is wrong
+            while True:
+                r = start - lo
+                if end - start >= 8 and end <= hi:
+                    magic, lrec = frame(mv, r)
+                    size = lrec & mask
+                    if magic == magic_word and not lrec >> 29 and r + 8 + size <= end - lo:
+                        yield mv[r + 8:r + 8 + size]
+                    else:
+                        yield codec.unframe(mv[:end - lo], r, path=self.path, key=self.key(i),
+                                            base_offset=lo, copy=False)[0]
+                else:
+                    yield codec.unframe(mv[:hi - lo], r, path=self.path, key=self.key(i),
+                                        base_offset=lo, copy=False)[0]
+                i += 1
+                if i >= n:
+                    break
+                start, end = int(offsets[i]), int(ends[i])
+                if start < lo or end > hi:
+                    break
 
     def __repr__(self):
         return "RecordFile(%r, %d records)" % (self.path, len(self))
