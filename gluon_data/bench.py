@@ -99,22 +99,32 @@ def _rss_mb(pid: int) -> Tuple[float, float]:
     return fields.get("RssAnon", 0) + fields.get("RssFile", 0), fields.get("RssShmem", 0)
 
 
-def _loader_rate(dataset, batch_size, workers, batchify, epochs=1, rss=None):
-    """Best items/s over ``epochs`` (after a warm-up batch); appends each worker's RSS (MB)
-    after every epoch to ``rss`` when given."""
+def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None) -> dict:
+    """Best items/s of each ``(name, dataset, batchify)`` through
+    ``DataLoader(batch_size=16, shuffle=True, num_workers=workers)``. Every loader first runs
+    one whole epoch (workers started, caches warm, nothing left unread), then each round runs
+    one epoch of every loader in turn, so a change of load on this shared machine hits them
+    all alike. ``rss`` collects the first loader's per-worker RSS after every round;
+    ``between`` runs after every round."""
     import mxnet as mx
-    loader = mx.gluon.data.DataLoader(dataset, batch_size=batch_size, shuffle=True,
-                                      num_workers=workers, batchify_fn=batchify,
-                                      last_batch="keep")
-    next(iter(loader))  # warm-up: workers started, caches hot
-    best = 0.0
+    loaders = {}
+    for name, dataset, batchify in pipelines:
+        loaders[name] = mx.gluon.data.DataLoader(dataset, batch_size=16, shuffle=True,
+                                                 num_workers=workers, batchify_fn=batchify,
+                                                 last_batch="keep")
+        for _ in loaders[name]:
+            pass
+    best = dict.fromkeys(loaders, 0.0)
     for _ in range(epochs):
-        t0, seen = time.perf_counter(), 0
-        for batch in loader:
-            seen += batch[0].shape[0]
-        best = max(best, seen / (time.perf_counter() - t0))
-        if rss is not None and workers:
-            rss.append([_rss_mb(p.pid) for p in loader._worker_pool._pool])
+        for k, (name, loader) in enumerate(loaders.items()):
+            t0, seen = time.perf_counter(), 0
+            for batch in loader:
+                seen += batch[0].shape[0]
+            best[name] = max(best[name], seen / (time.perf_counter() - t0))
+            if k == 0 and rss is not None and workers:
+                rss.append([_rss_mb(p.pid) for p in loader._worker_pool._pool])
+        if between is not None:
+            between()
     return best
 
 
@@ -360,17 +370,16 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     kw = dict(mode="train", base_size=400, crop_size=320, transform=tf)
     from gluoncv.data import VOCSegmentation
     gcv = VOCSegmentation(root=workdir, split="train", **kw)
-    results["gluoncv VOCSegmentation train"] = _loader_rate(gcv, 16, workers, None, epochs)
     batchify = SegmentationBatchify(channels_first=True)
     rss = []
-    decode_limit()
-    results["ours .rec train"] = _loader_rate(SegmentationRecordDataset(rec, seed=0, **kw), 16,
-                                              workers, batchify, max(epochs, 3), rss=rss)
-    decode_limit()
-    results["ours LMDB train"] = _loader_rate(SegmentationLMDBDataset(lm, "train", seed=0, **kw),
-                                              16, workers, batchify, epochs)
-    results["ours .rec train, Gluon's default batchify"] = _loader_rate(
-        SegmentationRecordDataset(rec, seed=0, **kw), 16, workers, None, epochs)
+    results.update(_loader_rates([
+        ("ours .rec train", SegmentationRecordDataset(rec, seed=0, **kw), batchify),
+        ("ours LMDB train", SegmentationLMDBDataset(lm, "train", seed=0, **kw), batchify),
+        ("ours .rec train, Gluon's default batchify",
+         SegmentationRecordDataset(rec, seed=0, **kw), None),
+        ("gluoncv VOCSegmentation train", gcv, None),
+    ], workers, max(epochs, 3), rss=rss, between=decode_limit))
+
     def dali(name, path, recipe):  # optional: only with --dali-python
         if dali_python:
             try:
@@ -383,19 +392,18 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     # -- classification on a stock im2rec .rec -------------------------------------------
     say("classification ...")
     cb = _CountBatchify()
-    results["stock ImageRecordDataset"] = _loader_rate(
-        mx.gluon.data.vision.ImageRecordDataset(stock_rec), 16, workers, cb, epochs)
-    results["ours ImageRecordDataset"] = _loader_rate(ImageRecordDataset(stock_rec), 16,
-                                                      workers, cb, epochs)
     recipe = transforms.Compose([transforms.RandomResizedCrop(224),
                                  transforms.RandomFlipLeftRight(), transforms.ToTensor(),
                                  transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
-    results["stock ImageRecordDataset + RandomResizedCrop 224 recipe"] = _loader_rate(
-        mx.gluon.data.vision.ImageRecordDataset(stock_rec).transform_first(recipe), 16,
-        workers, None, epochs)
-    results["ours ImageRecordDataset + RandomResizedCrop 224 recipe"] = _loader_rate(
-        ImageRecordDataset(stock_rec).transform_first(recipe), 16, workers, StackBatchify(),
-        epochs)
+    stock_ds = mx.gluon.data.vision.ImageRecordDataset
+    results.update(_loader_rates([
+        ("stock ImageRecordDataset", stock_ds(stock_rec), cb),
+        ("ours ImageRecordDataset", ImageRecordDataset(stock_rec), cb),
+        ("stock ImageRecordDataset + RandomResizedCrop 224 recipe",
+         stock_ds(stock_rec).transform_first(recipe), None),
+        ("ours ImageRecordDataset + RandomResizedCrop 224 recipe",
+         ImageRecordDataset(stock_rec).transform_first(recipe), StackBatchify()),
+    ], workers, epochs))
     dali("DALI CPU RandomResizedCrop 224 recipe", stock_rec, "rrc224")
     it = mx.io.ImageRecordIter(path_imgrec=stock_rec, data_shape=(3, 224, 224), batch_size=16,
                                preprocess_threads=workers, rand_crop=True)

@@ -8,6 +8,7 @@ subclass waits for each batch in short slices and checks the worker processes in
 """
 from __future__ import annotations
 
+import pickle
 import signal
 import time
 
@@ -31,11 +32,36 @@ def _describe(code: int) -> str:
     return "exit code %s" % code
 
 
+#: Batches still in flight when their iterator was dropped (a loop that breaks early).
+_abandoned: list = []
+
+
+def _drain_abandoned() -> None:
+    """Unpickle (and so release) the finished batches of dropped iterators: a batch left
+    pickled would keep its worker's reusable shared segment reserved for good."""
+    keep = []
+    for ret in _abandoned:
+        if not ret.ready():
+            keep.append(ret)
+            continue
+        try:
+            pickle.loads(ret.get(0))
+        except Exception:  # a failed or lost batch: nothing left to release
+            pass
+    _abandoned[:] = keep
+
+
 class _WatchedIter(_dl._MultiWorkerIter):
     def __init__(self, *args, poll: float = 0.2, **kwargs):
         self._procs = list(getattr(kwargs.get("worker_pool") or args[0], "_pool", []))
         self._poll = poll
+        _drain_abandoned()
         super().__init__(*args, **kwargs)
+
+    def __del__(self):
+        if getattr(self, "_dataset", True) is None:  # results are pickled batches
+            _abandoned.extend(getattr(self, "_data_buffer", {}).values())
+            _drain_abandoned()
 
     def _check_workers(self) -> None:
         for p in self._procs:
@@ -48,6 +74,8 @@ class _WatchedIter(_dl._MultiWorkerIter):
                     "in native code, or the process was killed" % (p.pid, _describe(code)))
 
     def __next__(self):
+        if _abandoned:
+            _drain_abandoned()
         ret = self._data_buffer.get(self._rcvd_idx)
         if ret is not None:
             deadline = time.monotonic() + self._timeout
@@ -71,7 +99,9 @@ class DataLoader(_dl.DataLoader):
     """``mx.gluon.data.DataLoader`` with dead-worker detection; same arguments.
 
     With ``num_workers > 0`` (processes), a worker that dies raises :class:`WorkerDiedError`
-    within about ``poll`` seconds instead of blocking for ``timeout`` seconds.
+    within about ``poll`` seconds instead of blocking for ``timeout`` seconds. The batches a
+    loop leaves unread when it breaks early are released as they finish, so their workers
+    can reuse the shared memory they were built in (see :mod:`gluon_data.buffers`).
 
     Examples
     --------

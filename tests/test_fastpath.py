@@ -1,6 +1,7 @@
 """The fast train path: fused augmentation, numpy ToTensor/Normalize, pooled buffers and
 shared batches. Each piece must give what the plain path gives."""
 import gc
+import time
 
 import cv2
 import mxnet as mx
@@ -325,3 +326,28 @@ def test_variable_size_batches_through_workers_equal_the_in_process_ones(voc_rec
         for (gi, gm), (wi, wm) in zip(got, want):
             np.testing.assert_array_equal(gm, wm)
             np.testing.assert_allclose(gi, wi, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_loops_that_break_early_never_corrupt_and_ours_releases_the_rest():
+    from gluon_data import DataLoader
+    for loader_cls in (mx.gluon.data.DataLoader, DataLoader):
+        loader = loader_cls(_Numbered(), batch_size=8, shuffle=True, num_workers=2,
+                            batchify_fn=_WithPoolSize())
+        for _ in range(4):  # each break leaves prefetched batches unread
+            for k, batch in enumerate(loader):
+                _check(batch)
+                if k == 1:
+                    break
+            del batch
+            gc.collect()
+        time.sleep(0.5)  # let the abandoned batches finish
+        fallbacks = []
+        for _ in range(2):
+            seen = []
+            for batch in loader:
+                seen += _check(batch)
+                fallbacks.append(int(batch[2].asnumpy()[1]))
+            assert sorted(seen) == list(range(96))
+        if loader_cls is DataLoader:  # drained: every segment came back
+            assert max(fallbacks) == 0
