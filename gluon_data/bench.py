@@ -427,16 +427,18 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         subprocess.run(["cat", rec], stdout=subprocess.DEVNULL, check=True)
 
     cold_ok = True
-    for state in ("warm", "cold"):
-        for name, fn in [("cat .rec", cat), ("ours sequential reads", scan),
-                         ("ours random reads", lambda: _consume(f.read, order)),
-                         ("stock read_idx random reads",
-                          lambda: _consume(stock.read_idx, order))]:
-            if state == "cold":
-                cold_ok = _evict([rec]) and cold_ok
-            else:
-                fn()  # the page cache holds the file
-            results["%s (%s)" % (name, state)] = _rate(fn, len(f))
+    readers = [("cat .rec", cat), ("ours sequential reads", scan),
+               ("ours random reads", lambda: _consume(f.read, order)),
+               ("stock read_idx random reads", lambda: _consume(stock.read_idx, order))]
+    for state, rounds in (("warm", 5), ("cold", 3)):
+        for _ in range(rounds):  # rounds of every reader in turn; each keeps its best
+            for name, fn in readers:
+                if state == "cold":
+                    cold_ok = _evict([rec]) and cold_ok
+                else:
+                    fn()  # the page cache holds the file
+                key = "%s (%s)" % (name, state)
+                results[key] = max(results.get(key, 0.0), _rate(fn, len(f)))
     if cold_ok:
         _evict(jpg_files + png_files)
         results["small files, read each (cold)"] = _rate(
