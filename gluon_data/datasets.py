@@ -146,12 +146,11 @@ class ImageRecordDataset(_RecordDataset):
     def __getitem__(self, idx):
         rec, key, offset = self._record(idx)
         img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=self._flag)
-        fast = self._fast_first
-        if fast is not None and fast.tensor.channels in (1, img.shape[2]):
-            buf = buffers.samples.take(fast.out_shape(img.shape), np.float32)
-            return buffers.samples.wrap(fast(img, out=buf)), rec.label
+        tensor = _fast_tensor(self._fast_first, img)
+        if tensor is not None:
+            return tensor, rec.label
         img = _as_ndarray(img, np.uint8)
-        if fast is not None:
+        if self._fast_first is not None:  # a channel count its mean/std do not fit
             return self._fast_source(img), rec.label
         if self._transform is not None:
             return self._transform(img, rec.label)
@@ -204,10 +203,23 @@ def numpy_image_transform(transform) -> Optional[T.ToTensorNormalize]:
     ToTensorNormalize` (the same values to float32 rounding) instead of two NDArray operators
     per sample, which cost more than decoding the JPEG in a DataLoader worker.
     """
+    fast = _tensor_only(transform)
+    return None if fast is None else fast.tensor
+
+
+def _tensor_only(transform) -> Optional[T.ImageCropNormalize]:
     fast = numpy_classification_transform(transform)
-    if fast is None or fast.crop is not None or fast.flip:
+    return None if fast is None or fast.crop is not None or fast.flip else fast
+
+
+def _fast_tensor(fast: Optional[T.ImageCropNormalize], img: np.ndarray):
+    """``fast(img)`` as an NDArray over a pooled buffer, or ``None`` without ``fast`` or when
+    its mean/std do not fit the image's channels (the Gluon transform then runs, and fails
+    as Gluon fails)."""
+    if fast is None or fast.tensor.channels not in (1, img.shape[2]):
         return None
-    return fast.tensor
+    buf = buffers.samples.take(fast.out_shape(img.shape), np.float32)
+    return buffers.samples.wrap(fast(img, out=buf))
 
 
 def _gluon_leaves(transform) -> Optional[list]:
@@ -343,7 +355,7 @@ class SegmentationRecordDataset(_RecordDataset):
                        default_joint_transform(mode, base_size, crop_size, self.ignore_label,
                                                seed) if mode else None)
         # In a mode, a Gluon ToTensor(+Normalize) image transform runs as numpy (same values).
-        self._tensorize = numpy_image_transform(transform) if mode else None
+        self._tensorize = _tensor_only(transform) if mode else None
 
     @property
     def num_class(self) -> int:
@@ -384,9 +396,9 @@ class SegmentationRecordDataset(_RecordDataset):
         return out
 
     def _image_out(self, img: np.ndarray):
-        if self._tensorize is not None and self._tensorize.channels in (1, img.shape[2]):
-            buf = buffers.samples.take((img.shape[2],) + img.shape[:2], np.float32)
-            return buffers.samples.wrap(self._tensorize.image(img, out=buf))
+        tensor = _fast_tensor(self._tensorize, img)
+        if tensor is not None:
+            return tensor
         img = _as_ndarray(img, np.uint8)
         return img if self._transform is None else self._transform(img)
 

@@ -39,17 +39,15 @@ def _np(x) -> np.ndarray:
     return x.asnumpy() if hasattr(x, "asnumpy") else np.asarray(x)
 
 
+def _hwc(img: np.ndarray) -> np.ndarray:
+    """OpenCV returns single-channel images as HxW: give them their channel axis back."""
+    return img[:, :, None] if img.ndim == 2 else img
+
+
 def _resize_pair(img, mask, ow: int, oh: int):
-    img = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR)
-    if img.ndim == 2:
-        img = img[:, :, None]
+    img = _hwc(cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR))
     m = cv2.resize(mask, (ow, oh), interpolation=_MASK_INTERP)
     return img, m
-
-
-def _flip(img: np.ndarray) -> np.ndarray:
-    out = cv2.flip(img, 1)
-    return out[:, :, None] if out.ndim == 2 else out
 
 
 def _mask_for_cv(mask: np.ndarray) -> Tuple[np.ndarray, np.dtype]:
@@ -320,14 +318,13 @@ class RandomScaleCrop(_Random):
             m, dt = m.astype(np.int32), np.dtype(np.int32)
         part_i, part_m = _resize_pair(img[ya:yb, xa:xb], m[ya:yb, xa:xb], vw, vh)
         if flip:
-            part_i, part_m = _flip(part_i), cv2.flip(part_m, 1)
+            part_i, part_m = _hwc(cv2.flip(part_i, 1)), cv2.flip(part_m, 1)
         if (vh, vw) == (ch, cw):
             out_i, out_m = np.ascontiguousarray(part_i), np.ascontiguousarray(part_m)
         else:
             out_i, out_m = _pad_to(part_i, part_m, ch, cw, self.image_fill, self.mask_fill)
         if blur:
-            out = cv2.GaussianBlur(out_i, (0, 0), sigmaX=sigma)
-            out_i = out[:, :, None] if out.ndim == 2 else out
+            out_i = _hwc(cv2.GaussianBlur(out_i, (0, 0), sigmaX=sigma))
         return out_i, out_m.astype(dt, copy=False)
 
     def __repr__(self):
@@ -355,10 +352,8 @@ class RandomRotation(_Random):
         h, w = mask.shape
         mat = cv2.getRotationMatrix2D((w / 2.0, h / 2.0), angle, 1.0)
         fill = self.image_fill if np.ndim(self.image_fill) else [self.image_fill] * 3
-        out = cv2.warpAffine(img, mat, (w, h), flags=cv2.INTER_LINEAR,
-                             borderMode=cv2.BORDER_CONSTANT, borderValue=tuple(fill))
-        if out.ndim == 2:
-            out = out[:, :, None]
+        out = _hwc(cv2.warpAffine(img, mat, (w, h), flags=cv2.INTER_LINEAR,
+                                  borderMode=cv2.BORDER_CONSTANT, borderValue=tuple(fill)))
         m, dt = _mask_for_cv(mask)
         m = cv2.warpAffine(m, mat, (w, h), flags=cv2.INTER_NEAREST,
                            borderMode=cv2.BORDER_CONSTANT, borderValue=self.mask_fill)
@@ -412,8 +407,7 @@ class RandomGaussianBlur(_Random):
         apply, sigma = self.rng.draw(lambda g: (g.random() < self.p,
                                                 g.random() * self.max_sigma))
         if apply and sigma > 0.05:
-            out = cv2.GaussianBlur(img, (0, 0), sigmaX=sigma)
-            img = out[:, :, None] if out.ndim == 2 else out
+            img = _hwc(cv2.GaussianBlur(img, (0, 0), sigmaX=sigma))
         return img, _np(mask)
 
     def __repr__(self):
@@ -600,11 +594,10 @@ class ImageCropNormalize(_Random):
             x0, y0, cw, ch = box
             x = x[y0:y0 + ch, x0:x0 + cw]
             if (cw, ch) != tuple(size):
-                x = cv2.resize(x, tuple(size), interpolation=_interp(interp, (ch, cw, size[1],
-                                                                              size[0])))
-                x = x[:, :, None] if x.ndim == 2 else x
+                x = _hwc(cv2.resize(x, tuple(size), interpolation=_interp(
+                    interp, (ch, cw, size[1], size[0]))))
         if flip:
-            x = _flip(x)
+            x = _hwc(cv2.flip(x, 1))
         return self.tensor.image(x, out=out)
 
     def __repr__(self):
