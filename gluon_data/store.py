@@ -1,0 +1,137 @@
+"""The record-store protocol: "record i" of a dataset, wherever its bytes live.
+
+A *store* is a read-only, random-access sequence of record payloads (the exact bytes a
+``.rec`` frame holds, as :mod:`gluon_data.codec` packs them) plus the dataset's metadata.
+Datasets, ``verify``, ``stats``, ``show`` and the converters' copy path see only this
+protocol, so one ``.rec``, one LMDB split, a legacy LMDB, N shards behind a manifest or
+objects in S3 are the same thing to them. Adding a backend means one class that satisfies
+:class:`RecordStore` and one :func:`register_opener` call; nothing above this layer branches
+on the container.
+
+This module imports no MXNet (nor anything above it), so a numpy-level reader works in any
+framework, and backends may import it without creating a cycle: they register themselves,
+and :func:`open_store` imports the modules that hold the built-in backends lazily.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from typing import Callable, Iterator, List, Optional, Tuple, Union
+
+try:  # Python >= 3.8
+    from typing import Protocol, runtime_checkable
+except ImportError:  # pragma: no cover
+    from typing_extensions import Protocol, runtime_checkable  # type: ignore
+
+__all__ = ["RecordStore", "open_store", "register_opener", "is_uri"]
+
+Buffer = Union[bytes, memoryview]
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+@runtime_checkable
+class RecordStore(Protocol):
+    """What every backend provides. Positions ``i`` run over ``range(len(store))``.
+
+    Attributes
+    ----------
+    location : str
+        The path or URI the store was opened from (what errors name).
+    split : str or None
+        The split it holds (LMDB environments hold several; a ``.rec`` holds one: ``None``).
+    meta : dict or None
+        The dataset's metadata (``None`` for stock files that carry none).
+    """
+
+    location: str
+    split: Optional[str]
+    meta: Optional[dict]
+
+    def __len__(self) -> int:
+        """Number of records."""
+
+    def key(self, i: int) -> int:
+        """The record's key (the ``.idx`` key, the LMDB position) at position ``i``."""
+
+    def offset(self, i: int) -> Optional[int]:
+        """Byte offset of record ``i`` in its container where that means something (errors
+        name it), else ``None``."""
+
+    def read(self, i: int) -> bytes:
+        """Payload of record ``i`` as an owned ``bytes``."""
+
+    def view(self, i: int) -> Buffer:
+        """Payload of record ``i``, possibly a zero-copy view valid only until the calling
+        thread's next read from this store: parse or copy it before then."""
+
+    def scan(self) -> Iterator[Buffer]:
+        """Every payload in position order, read sequentially (views as :meth:`view`)."""
+
+    def identity(self) -> str:
+        """A stamp of the bytes this store was opened on (e.g. the metadata's conversion
+        id, or size + mtime + inode): a reader compares it on reopen and raises when the
+        dataset was replaced underneath it."""
+
+    def __getstate__(self) -> dict:
+        """Pickles carry the location and options only, never an OS handle."""
+
+
+# (priority, predicate(location) -> bool, opener(location, split, **options) -> RecordStore)
+_OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore]]] = []
+# modules whose import registers the built-in backends (imported on first open_store)
+_BUILTIN_BACKENDS = ("gluon_data.recordio", "gluon_data.lmdbio")
+_loaded = False
+
+
+def register_opener(predicate: Callable[[str], bool], opener: Callable[..., RecordStore],
+                    priority: int = 0) -> None:
+    """Make :func:`open_store` hand locations for which ``predicate(location)`` is true to
+    ``opener(location, split, **options)``. Higher ``priority`` is asked first."""
+    _OPENERS.append((priority, predicate, opener))
+    _OPENERS.sort(key=lambda t: -t[0])
+
+
+def is_uri(location: str) -> bool:
+    """Whether ``location`` names a remote object (``scheme://...``) rather than a path."""
+    return _URI.match(os.fspath(location)) is not None
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if not _loaded:
+        for name in _BUILTIN_BACKENDS:
+            importlib.import_module(name)
+        _loaded = True
+
+
+def open_store(location: str, split: Optional[str] = None, **options) -> RecordStore:
+    """Open the store at ``location`` (a path or a URI) for ``split``.
+
+    Parameters
+    ----------
+    location : str or os.PathLike
+        A ``.rec``, an LMDB directory, a ``.shards.json`` manifest, or a URI.
+    split : str, optional
+        The split, for containers that hold several (LMDB); ``None`` takes the default.
+    **options
+        Backend options (e.g. ``storage_options`` for remote stores).
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing is at ``location``.
+    FormatError
+        Something is there, but no backend recognises it.
+    """
+    from .errors import FormatError
+
+    location = os.fspath(location)
+    _load_builtins()
+    for _, predicate, opener in _OPENERS:
+        if predicate(location):
+            return opener(location, split, **options)
+    if not is_uri(location) and not os.path.exists(location):
+        raise FileNotFoundError("no dataset at %s" % location)
+    raise FormatError("not a dataset gluon_data can read (expected a .rec with its .idx, an "
+                      "LMDB directory, a .shards.json manifest or a supported URI)", location)
