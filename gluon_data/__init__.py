@@ -10,18 +10,21 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ImageRecordDataset": "datasets", "SegmentationRecordDataset": "datasets",
     "ImageLMDBDataset": "datasets", "SegmentationLMDBDataset": "datasets",
-    "RecipeLMDBDataset": "legacy", "CaffeLMDBDataset": "legacy",
+    "RecipeLMDBDataset": "datasets", "CaffeLMDBDataset": "datasets",
+    "ClassificationDataset": "datasets", "SegmentationDataset": "datasets",
+    "RecordStore": "store", "open_store": "store", "SampleKey": "sampler",
     "RecordFile": "recordio", "RecordWriter": "recordio",
     "LMDBFile": "lmdbio", "LMDBWriter": "lmdbio",
     "convert": "convert", "ConversionReport": "convert",
     "verify": "verify", "salvage": "salvage",
     "SegmentationBatchify": "batchify", "MultiSizeBatchify": "batchify",
     "StackBatchify": "batchify",
-    "DataLoader": "loader",
+    "DataLoader": "loader", "WorkerDiedError": "loader",
     "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",
     "DecodeError": "errors", "SourceError": "errors", "ConversionError": "errors",
 }
-_MODULES = ("codec", "transforms", "sample", "stats", "preview", "sources", "meta")
+_MODULES = ("codec", "transforms", "sample", "stats", "preview", "sources", "meta", "store",
+            "sampler")
 
 __all__ = ["__version__"] + sorted(_EXPORTS) + list(_MODULES)
 

@@ -564,6 +564,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                 raise ConversionError("split %r would be empty" % s, source)
             meta = _metadata(src, s, w.count, stats[s], opts, classes, num_classes,
                              report.skipped, options)
+            meta["conversion_id"] = _conversion_id(ckpt.digest, s, w, stats[s])
             w.finish(meta)
             report.bytes_written += w.bytes_written
         ckpt.mark_publishing()
@@ -696,6 +697,16 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
         meta.update({"classes": list(classes) if classes is not None else None,
                      "num_classes": len(classes) if classes is not None else None})
     return meta
+
+
+def _conversion_id(digest: str, split: str, writer, st: "_Stats") -> str:
+    """The identity stamp readers compare on reopen (FORMAT.md): derived from the plan, the
+    split and what was written, so equal inputs still give byte-identical outputs while a
+    conversion that wrote anything else gets another id."""
+    import hashlib
+    import json
+    doc = [digest, split, writer.count, writer.bytes_written, st.state()]
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def _plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,

@@ -1,14 +1,24 @@
-"""Gluon datasets over packed records: classification and segmentation, from RecordIO.
+"""Gluon datasets over record stores: one classification and one segmentation dataset.
 
-Every dataset opens its files lazily in each process and holds no OS handle across
-``fork`` or pickling, so it works unchanged under ``DataLoader(num_workers=N)``,
+:class:`ClassificationDataset` and :class:`SegmentationDataset` read any
+:class:`~gluon_data.store.RecordStore` (a ``.rec``, an LMDB split, a legacy LMDB read in place,
+or whatever :func:`~gluon_data.store.open_store` opens); the public classes
+(``ImageRecordDataset``, ``SegmentationLMDBDataset``, ``RecipeLMDBDataset``, ...) are thin views
+that open a store and pass every option through. Stores hold no OS handle across ``fork`` or
+pickling, so every dataset works unchanged under ``DataLoader(num_workers=N)``,
 ``DataLoader(thread_pool=True)`` and the ``spawn`` start method.
+
+Every dataset accepts a :class:`~gluon_data.sampler.SampleKey` wherever it accepts an ``int``;
+seeded random transforms then draw from ``sample_rng(seed, epoch, index)`` only (see
+:class:`SegmentationDataset` and the README's "Randomness").
 """
 from __future__ import annotations
 
 import copy
 import os
-from typing import Callable, List, Optional
+import threading
+import warnings
+from typing import Callable, List, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -16,48 +26,56 @@ import numpy as np
 from . import buffers, codec
 from . import transforms as T
 from .errors import CorruptRecordError, DecodeError, FormatError
-from .meta import read_meta
-from .lmdbio import LMDBFile, names_lmdb
-from .recordio import RecordFile
+from .sampler import split_key
+from .store import RecordStore, open_store
 
-__all__ = ["ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
-           "SegmentationLMDBDataset", "open_segmentation", "numpy_image_transform",
-           "numpy_classification_transform"]
+__all__ = ["ClassificationDataset", "SegmentationDataset",
+           "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
+           "SegmentationLMDBDataset", "RecipeLMDBDataset", "CaffeLMDBDataset",
+           "open_segmentation", "numpy_image_transform", "numpy_classification_transform"]
+
+_DEFAULT_MAX_PIXELS = codec.DEFAULT_MAX_PIXELS
 
 
-class _RecordDataset(mx.gluon.data.Dataset):
-    """Shared machinery: metadata, index, checksum policy, error context."""
+def _container(store) -> str:
+    return "lmdb" if store.split is not None else "rec"
+
+
+class _StoreDataset(mx.gluon.data.Dataset):
+    """Shared machinery: the store, metadata, checksum policy, sample keys, error context."""
 
     _task = "classification"
-    _container = "rec"
 
-    def __init__(self, filename: str, *, split: Optional[str] = None, verify: bool = True,
-                 max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
+    def __init__(self, store: RecordStore, *, seed: Optional[int], verify: bool,
+                 max_pixels: Optional[int]):
         super().__init__()
-        self.filename = os.fspath(filename)
-        if self._container == "lmdb":
-            self._file = LMDBFile(self.filename, split or "train")
-            self.meta = self._file.meta
-        else:
-            if split is not None:
-                raise TypeError("split= applies to LMDB datasets; a .rec holds one split")
-            self.meta = read_meta(self.filename)
-            if self.meta is None and self._task == "segmentation":
-                raise FormatError("no metadata (%s) beside it: not a gluon_data segmentation "
-                                  "dataset; create one with `gluon-data convert`"
-                                  % (os.path.splitext(self.filename)[0] + ".meta.json"),
-                                  self.filename)
+        if not isinstance(store, RecordStore):
+            raise TypeError("expected a record store (see gluon_data.store.open_store), got %r"
+                            % (store,))
+        self._file = store
+        self.filename = store.location
+        self.meta = store.meta
+        if self.meta is None and self._task == "segmentation":
+            raise FormatError("no metadata beside it (%s): not a gluon_data segmentation "
+                              "dataset; create one with `gluon-data convert`"
+                              % (os.path.splitext(self.filename)[0] + ".meta.json"),
+                              self.filename)
         if self.meta is not None and self.meta["task"] != self._task:
             raise FormatError("this is a %s dataset; open it with %s"
                               % (self.meta["task"],
-                                 _CLASS_FOR[self._container, self.meta["task"]]),
+                                 _CLASS_FOR[_container(store), self.meta["task"]]),
                               self.filename)
-        if self._container != "lmdb":
-            expected = self.meta["num_records"] if self.meta else None
-            self._file = RecordFile(self.filename, expected_count=expected)
         self._verify = verify
         self._checksummed = bool(self.meta) and self.meta.get("checksum") == "crc32-id2"
         self._max_pixels = max_pixels
+        self.seed = seed
+        self._passes: Optional[np.ndarray] = None  # per-index request counts (plain ints)
+        self._passes_lock = threading.Lock()
+
+    @property
+    def store(self) -> RecordStore:
+        """The record store this dataset reads."""
+        return self._file
 
     def __len__(self) -> int:
         return len(self._file)
@@ -67,13 +85,30 @@ class _RecordDataset(mx.gluon.data.Dataset):
         """Class names from the metadata (``None`` for stock files)."""
         return None if self.meta is None else self.meta.get("classes")
 
-    def _record(self, idx):
+    def _position(self, idx) -> Tuple[int, Optional[int]]:
+        """``(position, epoch)`` of an int or a :class:`~gluon_data.sampler.SampleKey`."""
+        i, epoch = split_key(idx)
         n = len(self._file)
-        i = int(idx)
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError("index %d out of range for %d records" % (idx, n))
+            raise IndexError("index %d out of range for %d records" % (int(idx), n))
+        return i, epoch
+
+    def _sample(self, i: int, epoch: Optional[int]) -> T.sample_context:
+        """The context a sample's random transforms draw in. A plain int (``epoch=None``)
+        counts as epoch ``k`` on its ``k``-th request in this process: the first pass is epoch
+        0 everywhere; later passes are reproducible within one process (``num_workers=0``,
+        ``thread_pool=True``) — give :class:`~gluon_data.sampler.SampleKey` for the rest."""
+        if epoch is None:
+            with self._passes_lock:
+                if self._passes is None:
+                    self._passes = np.zeros(len(self._file), np.uint32)
+                epoch = int(self._passes[i])
+                self._passes[i] += 1
+        return T.sample_context(epoch, i)
+
+    def _record(self, i: int):
         key, offset = self._file.key(i), self._file.offset(i)
         payload = self._file.view(i)  # parsed (and image/mask copied out) before the next read
         rec = codec.unpack(payload, segmentation=self._task == "segmentation",
@@ -89,30 +124,38 @@ class _RecordDataset(mx.gluon.data.Dataset):
         except DecodeError as e:
             raise DecodeError(e.reason, self.filename, key, offset) from None
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_passes_lock"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._passes_lock = threading.Lock()
+
     def __repr__(self) -> str:
         classes = self.classes
         shown = "" if classes is None else ", classes=%s" % (
             classes if len(classes) <= 8 else classes[:8] + ["... %d more" % (len(classes) - 8)])
-        split = ", split=%r" % self._file.split if self._container == "lmdb" else ""
+        split = "" if self._file.split is None else ", split=%r" % self._file.split
         return "%s(%r%s, %d records%s)" % (type(self).__name__, self.filename, split, len(self),
                                            shown)
 
 
-class ImageRecordDataset(_RecordDataset):
-    """Classification images and labels from a ``.rec`` (ours or stock im2rec output).
-
-    A drop-in for :class:`mxnet.gluon.data.vision.ImageRecordDataset` with the same
-    outputs, but safe under ``thread_pool=True``, with a compact index shared by forked
-    workers, checksums verified and typed errors naming file, record and offset.
+class ClassificationDataset(_StoreDataset):
+    """Classification images and labels from any record store.
 
     Parameters
     ----------
-    filename : str
-        Path to the ``.rec``; its ``.idx`` (and ``.meta.json`` if present) lie beside it.
+    store : RecordStore
+        From :func:`gluon_data.store.open_store` (or any object satisfying the protocol).
     flag : {0, 1}, default 1
         1: RGB images (HxWx3); 0: greyscale (HxWx1).
     transform : callable, optional
         ``transform(image, label) -> sample``, as in Gluon.
+    seed : int, optional
+        Seed of a recognised ``transform_first`` fast path's random crop and flip: sample
+        ``i`` of epoch ``e`` draws from ``sample_rng(seed, e, i)``. ``None``: fresh entropy.
     verify : bool, default True
         Check each record's CRC-32 when it has one.
     max_pixels : int, optional
@@ -125,17 +168,17 @@ class ImageRecordDataset(_RecordDataset):
 
     Examples
     --------
-    >>> ds = ImageRecordDataset("train.rec")          # doctest: +SKIP
+    >>> from gluon_data.store import open_store
+    >>> ds = ClassificationDataset(open_store("train.rec"))   # doctest: +SKIP
     >>> img, label = ds[0]
-    >>> img.shape, img.dtype, label
-    ((375, 500, 3), <class 'numpy.uint8'>, 3.0)
     """
 
     _task = "classification"
 
-    def __init__(self, filename: str, flag: int = 1, transform: Optional[Callable] = None,
-                 **kwargs):
-        super().__init__(filename, **kwargs)
+    def __init__(self, store: RecordStore, flag: int = 1, transform: Optional[Callable] = None,
+                 *, seed: Optional[int] = None, verify: bool = True,
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
         if flag not in (0, 1):
             raise ValueError("flag must be 0 or 1, got %r" % (flag,))
         self._flag = flag
@@ -143,15 +186,22 @@ class ImageRecordDataset(_RecordDataset):
 
     _fast_first = None  # set by transform_first for a recognised Gluon image transform
 
+    @property
+    def fast_path(self) -> Optional[T.ImageCropNormalize]:
+        """The numpy transform ``transform_first`` recognised (``None`` if it runs as Gluon)."""
+        return self._fast_first
+
     def __getitem__(self, idx):
-        rec, key, offset = self._record(idx)
+        i, epoch = self._position(idx)
+        rec, key, offset = self._record(i)
         img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=self._flag)
-        tensor = _fast_tensor(self._fast_first, img)
-        if tensor is not None:
-            return tensor, rec.label
+        if self._fast_first is not None:
+            with self._sample(i, epoch):
+                tensor = _fast_tensor(self._fast_first, img)
+            if tensor is not None:
+                return tensor, rec.label
+            return self._fast_source(_as_ndarray(img, np.uint8)), rec.label  # channel mismatch
         img = _as_ndarray(img, np.uint8)
-        if self._fast_first is not None:  # a channel count its mean/std do not fit
-            return self._fast_source(img), rec.label
         if self._transform is not None:
             return self._transform(img, rec.label)
         return img, rec.label
@@ -160,9 +210,12 @@ class ImageRecordDataset(_RecordDataset):
         """Gluon's ``transform_first``; a recognised image transform (``RandomResizedCrop`` /
         ``CenterCrop``, ``RandomFlipLeftRight``, ``ToTensor``, ``Normalize``: see
         :func:`numpy_classification_transform`) runs in numpy on the decoded image instead
-        of as NDArray operators, with the same results (the random draws come from a seeded
-        per-worker generator). Anything else goes to Gluon's implementation."""
-        fast = numpy_classification_transform(fn) if self._transform is None else None
+        of as NDArray operators, with the same results; its random draws come from
+        ``sample_rng(seed, epoch, index)`` with the dataset's ``seed``. The fast path is
+        visible as :attr:`fast_path` of the returned dataset. Anything else (and any second
+        ``transform_first``) goes to Gluon's implementation, composed as Gluon composes it."""
+        fast = (numpy_classification_transform(fn, seed=self.seed)
+                if self._transform is None and self._fast_first is None else None)
         if fast is None:
             return super().transform_first(fn, lazy)
         clone = copy.copy(self)
@@ -241,7 +294,8 @@ def _gluon_leaves(transform) -> Optional[list]:
     return leaves
 
 
-def numpy_classification_transform(transform) -> Optional[T.ImageCropNormalize]:
+def numpy_classification_transform(transform, seed: Optional[int] = None
+                                   ) -> Optional[T.ImageCropNormalize]:
     """The numpy equivalent of a Gluon image transform made of an optional
     ``RandomResizedCrop`` or ``CenterCrop``, an optional ``RandomFlipLeftRight``, then
     ``ToTensor`` and optionally ``Normalize`` — the usual training recipe — else ``None``.
@@ -271,14 +325,14 @@ def numpy_classification_transform(transform) -> Optional[T.ImageCropNormalize]:
         leaves = leaves[1:]
     kinds = [type(b) for b in leaves]
     if kinds == [VT.ToTensor]:
-        return T.ImageCropNormalize(crop, flip)
+        return T.ImageCropNormalize(crop, flip, seed=seed)
     if kinds == [VT.ToTensor, VT.Normalize]:
-        return T.ImageCropNormalize(crop, flip, leaves[1]._mean, leaves[1]._std)
+        return T.ImageCropNormalize(crop, flip, leaves[1]._mean, leaves[1]._std, seed=seed)
     return None
 
 
-class SegmentationRecordDataset(_RecordDataset):
-    """Image and mask pairs from a ``.rec`` written by ``gluon-data convert``.
+class SegmentationDataset(_StoreDataset):
+    """Image and mask pairs from any segmentation record store.
 
     Without ``mode``, returns the stored samples. With ``mode``, behaves like gluoncv's
     ``SegmentationDataset`` (e.g. ``VOCSegmentation``) so it drops into gluoncv's
@@ -288,8 +342,8 @@ class SegmentationRecordDataset(_RecordDataset):
 
     Parameters
     ----------
-    filename : str
-        Path to the ``.rec``; ``.idx`` and ``.meta.json`` lie beside it.
+    store : RecordStore
+        From :func:`gluon_data.store.open_store` (or any object satisfying the protocol).
     transform : callable, optional
         Without ``mode``: joint ``transform(image, mask)``. With ``mode``: image-only
         ``transform(image)``, applied last, as in gluoncv.
@@ -305,8 +359,11 @@ class SegmentationRecordDataset(_RecordDataset):
         Replaces the mode's built-in joint transform: ``(image, mask) -> (image, mask)`` on
         numpy arrays (see :mod:`gluon_data.transforms`).
     seed : int, optional
-        Seed of the built-in ``train`` augmentation (repeatable draws; see
-        :mod:`gluon_data.transforms` for how workers differ).
+        Seed of the random joint transforms: sample ``i`` of epoch ``e`` (a
+        :class:`~gluon_data.sampler.SampleKey`; a plain int counts its requests in this
+        process as the epoch) draws from ``sample_rng(seed, e, i)`` only, whatever runs it.
+        Also reseeds a given ``joint_transform``. ``None``: fresh entropy (a seeded
+        ``joint_transform`` keeps its own seed).
     verify : bool, default True
         Check each record's CRC-32.
     max_pixels : int, optional
@@ -319,21 +376,19 @@ class SegmentationRecordDataset(_RecordDataset):
 
     Examples
     --------
-    >>> ds = SegmentationRecordDataset("voc_train.rec")  # doctest: +SKIP
+    >>> from gluon_data.store import open_store
+    >>> ds = SegmentationDataset(open_store("voc.lmdb", "val"), mode="val",
+    ...                          crop_size=480)                     # doctest: +SKIP
     >>> img, mask = ds[0]
-    >>> img.shape, mask.shape, mask.dtype
-    ((281, 500, 3), (281, 500), <class 'numpy.int32'>)
-    >>> train = SegmentationRecordDataset("voc_train.rec", mode="train", base_size=520,
-    ...                                   crop_size=480, transform=input_transform)  # doctest: +SKIP
     """
 
     _task = "segmentation"
 
-    def __init__(self, filename: str, transform: Optional[Callable] = None,
+    def __init__(self, store: RecordStore, transform: Optional[Callable] = None,
                  ignore_value: Optional[int] = -1, *, mode: Optional[str] = None,
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
-                 **kwargs):
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
         if mode is not None and mode not in MODES:
             raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
         if mode in ("train", "val"):
@@ -345,22 +400,31 @@ class SegmentationRecordDataset(_RecordDataset):
                                  "(2 x base_size = %d): every crop would be mostly padding; "
                                  "raise base_size or lower crop_size" % (crop_size,
                                                                        2 * base_size))
-        super().__init__(filename, **kwargs)
+        super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
         self._transform = transform
         self._ignore_value = ignore_value
-        self.ignore_label = int(self.meta.get("ignore_label", 255))
+        stored = self.meta.get("ignore_label", 255)
+        self.ignore_label = None if stored is None else int(stored)
         self.mode, self.base_size, self.crop_size = mode, base_size, crop_size
         self._builtin_joint = joint_transform is None and mode in ("train", "val")
+        fill = self.ignore_label if self.ignore_label is not None else (
+            -1 if ignore_value is None else ignore_value)
+        if joint_transform is not None and seed is not None and hasattr(joint_transform,
+                                                                        "reseed"):
+            joint_transform.reseed(seed)
         self._joint = (joint_transform if joint_transform is not None else
-                       default_joint_transform(mode, base_size, crop_size, self.ignore_label,
-                                               seed) if mode else None)
+                       default_joint_transform(mode, base_size, crop_size, fill, seed)
+                       if mode else None)
         # In a mode, a Gluon ToTensor(+Normalize) image transform runs as numpy (same values).
         self._tensorize = _tensor_only(transform) if mode else None
 
     @property
     def num_class(self) -> int:
         """Number of classes (gluoncv's name)."""
-        return int(self.meta["num_classes"])
+        n = self.meta.get("num_classes")
+        if n is None:
+            raise AttributeError("the store records no class count (pass num_classes=)")
+        return int(n)
 
     NUM_CLASS = num_class
 
@@ -373,9 +437,14 @@ class SegmentationRecordDataset(_RecordDataset):
     def palette(self) -> List[List[int]]:
         return self.meta.get("palette") or []
 
-    def _arrays(self, idx, with_mask: bool = True):
+    @property
+    def fast_path(self) -> Optional[T.ToTensorNormalize]:
+        """The numpy form of the image ``transform`` in a mode (``None``: it runs as given)."""
+        return None if self._tensorize is None else self._tensorize.tensor
+
+    def _arrays(self, i: int, with_mask: bool = True):
         """Decoded image (HxWx3 uint8) and mask as stored (HxW uint8/uint16)."""
-        rec, key, offset = self._record(idx)
+        rec, key, offset = self._record(i)
         img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
         if not with_mask:
             return img, None
@@ -391,7 +460,8 @@ class SegmentationRecordDataset(_RecordDataset):
         if out is None:
             out = np.empty(mask.shape, np.int32)
         np.copyto(out, mask, casting="unsafe")
-        if self._ignore_value is not None and self._ignore_value != self.ignore_label:
+        if (self._ignore_value is not None and self.ignore_label is not None
+                and self._ignore_value != self.ignore_label):
             out[mask == self.ignore_label] = self._ignore_value
         return out
 
@@ -403,18 +473,21 @@ class SegmentationRecordDataset(_RecordDataset):
         return img if self._transform is None else self._transform(img)
 
     def __getitem__(self, idx):
+        i, epoch = self._position(idx)
         if self.mode == "test":
-            img = self._image_out(self._arrays(idx, with_mask=False)[0])
-            return img, "record %d" % self._file.key(int(idx) % len(self))
-        img, mask = self._arrays(idx)
+            img = self._image_out(self._arrays(i, with_mask=False)[0])
+            return img, "record %d" % self._file.key(i)
+        img, mask = self._arrays(i)
         if self._builtin_joint:  # works on the stored mask, padding with the stored ignore
-            img, mask = self._joint(img, mask)
+            with self._sample(i, epoch):
+                img, mask = self._joint(img, mask)
             mask = buffers.samples.wrap(
                 self._labels(mask, buffers.samples.take(mask.shape, np.int32)))
         else:
             mask = self._labels(mask)
             if self._joint is not None:
-                img, mask = self._joint(img, mask)
+                with self._sample(i, epoch):
+                    img, mask = self._joint(img, mask)
             mask = _as_ndarray(mask, np.int32)
         if self.mode is not None:
             return self._image_out(img), mask
@@ -424,7 +497,46 @@ class SegmentationRecordDataset(_RecordDataset):
         return self._transform(img, mask)
 
 
-class ImageLMDBDataset(ImageRecordDataset):
+# ------------------------------------------------------------------ public views
+def _legacy_split(cls: str, value, default):
+    """Before the store layer, ``split`` was the second positional argument of the LMDB
+    classes: a string there is still taken as the split, with a warning."""
+    warnings.warn("%s(path, %r, ...): split is keyword-only now; write split=%r"
+                  % (cls, value, value), DeprecationWarning, stacklevel=3)
+    return value, default
+
+
+class ImageRecordDataset(ClassificationDataset):
+    """Classification images and labels from a ``.rec`` (ours or stock im2rec output).
+
+    A drop-in for :class:`mxnet.gluon.data.vision.ImageRecordDataset` with the same
+    outputs, but safe under ``thread_pool=True``, with a compact index shared by forked
+    workers, checksums verified and typed errors naming file, record and offset. A view of
+    :class:`ClassificationDataset` over ``open_store(filename)``.
+
+    Parameters
+    ----------
+    filename : str
+        Path to the ``.rec``; its ``.idx`` (and ``.meta.json`` if present) lie beside it.
+    flag, transform, seed, verify, max_pixels
+        As for :class:`ClassificationDataset`.
+
+    Examples
+    --------
+    >>> ds = ImageRecordDataset("train.rec")          # doctest: +SKIP
+    >>> img, label = ds[0]
+    >>> img.shape, img.dtype, label
+    ((375, 500, 3), <class 'numpy.uint8'>, 3.0)
+    """
+
+    def __init__(self, filename: str, flag: int = 1, transform: Optional[Callable] = None,
+                 *, seed: Optional[int] = None, verify: bool = True,
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        super().__init__(open_store(filename), flag, transform, seed=seed, verify=verify,
+                         max_pixels=max_pixels)
+
+
+class ImageLMDBDataset(ClassificationDataset):
     """Classification images and labels from one split of an LMDB dataset.
 
     Same outputs and options as :class:`ImageRecordDataset`; the environment is opened
@@ -434,10 +546,10 @@ class ImageLMDBDataset(ImageRecordDataset):
     ----------
     path : str
         The ``NAME.lmdb`` directory written by ``gluon-data convert``.
+    flag, transform, seed, verify, max_pixels
+        As for :class:`ClassificationDataset`.
     split : str, default 'train'
         Split (sub-database) to read.
-    flag, transform, verify, max_pixels
-        As for :class:`ImageRecordDataset`.
 
     Examples
     --------
@@ -445,27 +557,86 @@ class ImageLMDBDataset(ImageRecordDataset):
     >>> img, label = ds[0]
     """
 
-    _container = "lmdb"
+    def __init__(self, path: str, flag: int = 1, transform: Optional[Callable] = None,
+                 *, split: str = "train", seed: Optional[int] = None, verify: bool = True,
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        if isinstance(flag, str):  # the old ImageLMDBDataset(path, split, flag)
+            split, flag = _legacy_split("ImageLMDBDataset", flag, None)
+            flag, transform = (1, transform) if callable(transform) or transform is None \
+                else (transform, None)
+        super().__init__(open_store(path, split), flag, transform, seed=seed, verify=verify,
+                         max_pixels=max_pixels)
 
-    def __init__(self, path: str, split: str = "train", flag: int = 1,
-                 transform: Optional[Callable] = None, **kwargs):
-        super().__init__(path, flag, transform, split=split, **kwargs)
+
+class CaffeLMDBDataset(ClassificationDataset):
+    """A Caffe ``convert_imageset`` LMDB read in place: ``(image uint8 HxWxC, label float)``,
+    the same outputs and options as :class:`ImageRecordDataset` (a view of
+    :class:`ClassificationDataset` over :class:`~gluon_data.legacy.CaffeLMDBStore`).
+
+    Parameters
+    ----------
+    path : str
+        The LMDB directory.
+    flag, transform, seed, verify, max_pixels
+        As for :class:`ClassificationDataset`.
+
+    Examples
+    --------
+    >>> ds = CaffeLMDBDataset("ilsvrc12_train_lmdb")     # doctest: +SKIP
+    >>> img, label = ds[0]
+    """
+
+    def __init__(self, path: str, flag: int = 1, transform: Optional[Callable] = None,
+                 *, seed: Optional[int] = None, verify: bool = True,
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        super().__init__(open_store(path, layout="caffe-lmdb"), flag, transform, seed=seed,
+                         verify=verify, max_pixels=max_pixels)
 
 
-class SegmentationLMDBDataset(SegmentationRecordDataset):
-    """Image and mask pairs from one split of an LMDB dataset.
+class SegmentationRecordDataset(SegmentationDataset):
+    """Image and mask pairs from a ``.rec`` written by ``gluon-data convert``: a view of
+    :class:`SegmentationDataset` over ``open_store(filename)``.
 
-    Same outputs and options as :class:`SegmentationRecordDataset`.
+    Parameters
+    ----------
+    filename : str
+        Path to the ``.rec``; ``.idx`` and ``.meta.json`` lie beside it.
+    transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
+        As for :class:`SegmentationDataset`.
+
+    Examples
+    --------
+    >>> ds = SegmentationRecordDataset("voc_train.rec")  # doctest: +SKIP
+    >>> img, mask = ds[0]
+    >>> img.shape, mask.shape, mask.dtype
+    ((281, 500, 3), (281, 500), <class 'numpy.int32'>)
+    >>> train = SegmentationRecordDataset("voc_train.rec", mode="train", base_size=520,
+    ...                                   crop_size=480, transform=input_transform)  # doctest: +SKIP
+    """
+
+    def __init__(self, filename: str, transform: Optional[Callable] = None,
+                 ignore_value: Optional[int] = -1, *, mode: Optional[str] = None,
+                 base_size: int = 520, crop_size: int = 480,
+                 joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        super().__init__(open_store(filename), transform, ignore_value, mode=mode,
+                         base_size=base_size, crop_size=crop_size,
+                         joint_transform=joint_transform, seed=seed, verify=verify,
+                         max_pixels=max_pixels)
+
+
+class SegmentationLMDBDataset(SegmentationDataset):
+    """Image and mask pairs from one split of an LMDB dataset: a view of
+    :class:`SegmentationDataset` over ``open_store(path, split)``.
 
     Parameters
     ----------
     path : str
         The ``NAME.lmdb`` directory written by ``gluon-data convert``.
+    transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
+        As for :class:`SegmentationDataset`.
     split : str, default 'train'
         Split (sub-database) to read.
-    transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify,
-    max_pixels
-        As for :class:`SegmentationRecordDataset`.
 
     Examples
     --------
@@ -473,11 +644,68 @@ class SegmentationLMDBDataset(SegmentationRecordDataset):
     >>> img, mask = ds[0]
     """
 
-    _container = "lmdb"
+    def __init__(self, path: str, transform: Optional[Callable] = None,
+                 ignore_value: Optional[int] = -1, *, split: str = "train",
+                 mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
+                 joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        if isinstance(transform, str):
+            (split, transform) = _legacy_split("SegmentationLMDBDataset", transform, None)
+        super().__init__(open_store(path, split), transform, ignore_value, mode=mode,
+                         base_size=base_size, crop_size=crop_size,
+                         joint_transform=joint_transform, seed=seed, verify=verify,
+                         max_pixels=max_pixels)
 
-    def __init__(self, path: str, split: str = "train", transform: Optional[Callable] = None,
-                 ignore_value: Optional[int] = -1, **kwargs):
-        super().__init__(path, transform, ignore_value, split=split, **kwargs)
+
+class RecipeLMDBDataset(SegmentationDataset):
+    """An LMDB in the original recipe's layout, read in place (no conversion): a view of
+    :class:`SegmentationDataset` over :class:`~gluon_data.legacy.RecipeLMDBStore`, so it has
+    the same outputs, modes, ignore mapping and fast paths as
+    :class:`SegmentationLMDBDataset`, and unlike the recipe's own class it works in forked
+    DataLoader workers and pickles.
+
+    Parameters
+    ----------
+    path : str
+        The LMDB directory with ``<split>_data`` / ``<split>_label`` sub-databases.
+    transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
+        As for :class:`SegmentationDataset`.
+    split : str, default 'train'
+    image_shape : tuple of int
+        Stored image shape, ``(H, W, C)`` or ``(C, H, W)`` with ``channels_first``.
+    mask_shape : tuple of int, optional
+        Stored mask shape (default: the image's ``(H, W)``).
+    channels_first, bgr : bool
+        Storage order of the image arrays.
+    ignore_label : int, optional
+        Mask value meaning "unlabelled", returned as ``ignore_value`` (``None``: no mapping).
+    num_classes : int, optional
+        The class count (``num_class``); the layout does not store it.
+
+    Examples
+    --------
+    >>> ds = RecipeLMDBDataset("old.lmdb", split="train",
+    ...                        image_shape=(256, 256, 3))          # doctest: +SKIP
+    >>> img, mask = ds[0]
+    """
+
+    def __init__(self, path: str, transform: Optional[Callable] = None,
+                 ignore_value: Optional[int] = -1, *, split: str = "train",
+                 image_shape: Optional[Tuple[int, ...]] = None,
+                 mask_shape: Optional[Tuple[int, ...]] = None, channels_first: bool = False,
+                 bgr: bool = False, ignore_label: Optional[int] = None,
+                 num_classes: Optional[int] = None, mode: Optional[str] = None,
+                 base_size: int = 520, crop_size: int = 480,
+                 joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        if isinstance(transform, str):
+            (split, transform) = _legacy_split("RecipeLMDBDataset", transform, None)
+        store = open_store(path, split, layout="raw-lmdb", image_shape=image_shape,
+                           mask_shape=mask_shape, channels_first=channels_first, bgr=bgr,
+                           ignore_label=ignore_label, num_classes=num_classes)
+        super().__init__(store, transform, ignore_value, mode=mode, base_size=base_size,
+                         crop_size=crop_size, joint_transform=joint_transform, seed=seed,
+                         verify=verify, max_pixels=max_pixels)
 
 
 _CLASS_FOR = {("rec", "classification"): "ImageRecordDataset",
@@ -486,9 +714,7 @@ _CLASS_FOR = {("rec", "classification"): "ImageRecordDataset",
               ("lmdb", "segmentation"): "SegmentationLMDBDataset"}
 
 
-def open_segmentation(path: str, split: Optional[str] = None, **kwargs):
-    """``SegmentationLMDBDataset(path, split)`` for an LMDB, else
-    ``SegmentationRecordDataset(path)``; ``kwargs`` go to the class."""
-    if names_lmdb(path):
-        return SegmentationLMDBDataset(path, split or "train", **kwargs)
-    return SegmentationRecordDataset(path, **kwargs)
+def open_segmentation(path: str, split: Optional[str] = None, **kwargs) -> SegmentationDataset:
+    """A :class:`SegmentationDataset` over ``open_store(path, split)`` (any store);
+    ``kwargs`` are its options."""
+    return SegmentationDataset(open_store(path, split), **kwargs)

@@ -12,6 +12,13 @@
 Values are parsed as arrays or protobuf only; nothing is ever unpickled. Both iterators
 yield ``(where, SourceError, None)`` for an item they cannot read, so the converter can skip
 it (``--on-error skip``) and go on.
+
+Read in place, both layouts are record stores (:class:`RecipeLMDBStore`,
+:class:`CaffeLMDBStore`: ``open_store(path, split, layout="raw-lmdb", image_shape=...)``)
+whose payloads are packed as :mod:`gluon_data.codec` records (raw arrays, or a Caffe
+``Datum``'s encoded image bytes), so :class:`~gluon_data.RecipeLMDBDataset` and
+:class:`~gluon_data.CaffeLMDBDataset` are the same datasets as the others over another
+store. This module imports no MXNet.
 """
 from __future__ import annotations
 
@@ -19,14 +26,14 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union  # noqa: F40
 
 import os
 
-import mxnet as mx
 import numpy as np
 
 from . import codec
-from .errors import DecodeError, FormatError, SourceError
+from .errors import FormatError, SourceError
 from .lmdbio import ProcessEnv, shared_env
 
 __all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
+           "RecipeLMDBStore", "CaffeLMDBStore", "open_legacy_store",
            "RecipeLMDBDataset", "CaffeLMDBDataset"]
 
 LEGACY_LAYOUTS = ("raw-lmdb", "caffe-lmdb")
@@ -185,17 +192,74 @@ def _parse_datum(value: bytes, where: str):
     return d
 
 
-class RecipeLMDBDataset(mx.gluon.data.Dataset):
-    """Read an LMDB in the original recipe's layout in place (no conversion).
+class _LegacyStore:
+    """Shared part of the legacy stores: lazy per-process environment, identity, scan."""
 
-    Same outputs as :class:`~gluon_data.SegmentationLMDBDataset`: ``(image uint8 HxWx3 RGB,
-    mask int32 HxW)`` NDArrays. Opened lazily and lock-free in each process, so unlike the
-    recipe's own class it works in forked DataLoader workers and pickles.
+    meta: dict
+    split: Optional[str]
+
+    def _init_env(self, path: str) -> None:
+        self.path = os.fspath(path)
+        self._identity = self._stamp()
+        self._checked_pid = os.getpid()
+        self._env = ProcessEnv(self.path)
+
+    @property
+    def location(self) -> str:
+        return self.path
+
+    def _stamp(self) -> str:
+        try:
+            st = os.stat(os.path.join(self.path, "data.mdb"))
+        except OSError as e:
+            raise FormatError("cannot stat data.mdb (%s)" % e.strerror, self.path) from None
+        return "-/%d:%d" % (st.st_dev, st.st_ino)
+
+    def identity(self) -> str:
+        """Device and inode of ``data.mdb`` when opened (legacy layouts carry no id)."""
+        return self._identity
+
+    def _check(self) -> None:
+        if self._checked_pid != os.getpid():
+            now = self._stamp()
+            if now != self._identity:
+                raise FormatError("the LMDB environment was replaced after this dataset was "
+                                  "opened (identity %s, now %s); open the dataset again"
+                                  % (self._identity, now), self.path)
+            self._checked_pid = os.getpid()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def key(self, i: int) -> int:
+        return int(i)
+
+    def offset(self, i: int) -> Optional[int]:
+        return None
+
+    def view(self, i: int) -> bytes:
+        return self.read(i)
+
+    def scan(self) -> Iterator[bytes]:
+        for i in range(self._n):
+            yield self.read(i)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_checked_pid"] = None
+        return state
+
+
+class RecipeLMDBStore(_LegacyStore):
+    """The recipe layout (``<split>_data`` / ``<split>_label``, keys ``str(i)``, raw uint8
+    arrays of a shape the caller gives) as a segmentation record store.
+
+    Each payload is a segmentation record holding the image as an RGB raw array and the
+    mask as a raw array (no decode cost), unchecksummed.
 
     Parameters
     ----------
     path : str
-        The LMDB directory with ``<split>_data`` / ``<split>_label`` sub-databases.
     split : str, default 'train'
     image_shape : tuple of int
         Stored image shape, ``(H, W, C)`` or ``(C, H, W)`` with ``channels_first``.
@@ -204,49 +268,49 @@ class RecipeLMDBDataset(mx.gluon.data.Dataset):
     channels_first, bgr : bool
         Storage order of the image arrays.
     ignore_label : int, optional
-        Mask value meaning "unlabelled", returned as ``ignore_value``.
-    transform : callable, optional
-        Joint ``transform(image, mask)``.
+        The mask value meaning "unlabelled" (recorded in :attr:`meta`).
+    num_classes : int, optional
+        Recorded in :attr:`meta` (``num_class`` of the dataset).
 
     Examples
     --------
-    >>> ds = RecipeLMDBDataset("old.lmdb", "train", image_shape=(256, 256, 3))  # doctest: +SKIP
-    >>> img, mask = ds[0]
+    >>> s = RecipeLMDBStore("old.lmdb", "train", image_shape=(256, 256, 3))  # doctest: +SKIP
+    >>> codec.unpack(s.read(0)).mask[:4]
+    b'GDRW'
     """
 
-    def __init__(self, path: str, split: str = "train", image_shape=None, mask_shape=None,
-                 channels_first: bool = False, bgr: bool = False, transform=None,
-                 ignore_label: Optional[int] = None, ignore_value: int = -1):
-        super().__init__()
+    def __init__(self, path: str, split: str = "train", *, image_shape=None, mask_shape=None,
+                 channels_first: bool = False, bgr: bool = False,
+                 ignore_label: Optional[int] = None, num_classes: Optional[int] = None):
         if image_shape is None:
             raise ValueError("image_shape is required: this layout does not store shapes")
-        self.path, self.split = os.fspath(path), split
-        env = shared_env(self.path)
+        self.split = split
+        path = os.fspath(path)
+        env = shared_env(path)
         names = _subdbs(env)
         self._dname, self._lname = split + "_data", split + "_label"
         for name in (self._dname, self._lname):
             if name not in names:
                 raise FormatError("no sub-database %r; found: %s" % (name, ", ".join(names)),
-                                  self.path)
+                                  path)
         counts = []
         for name in (self._dname, self._lname):
             with env.begin(db=env.open_db(name.encode(), create=False)) as txn:
                 counts.append(txn.stat()["entries"])
         if counts[0] != counts[1]:
             raise FormatError("%s holds %d entries but %s holds %d"
-                              % (self._dname, counts[0], self._lname, counts[1]), self.path)
+                              % (self._dname, counts[0], self._lname, counts[1]), path)
         self._n = counts[0]
         self._shape = tuple(int(x) for x in image_shape)
         hw = ((self._shape[1:3] if channels_first else self._shape[:2])
               if len(self._shape) == 3 else self._shape)
         self._mshape = tuple(int(x) for x in mask_shape) if mask_shape else hw
         self._channels_first, self._bgr = channels_first, bgr
-        self._transform = transform
-        self._ignore = (ignore_label, ignore_value)
-        self._env = ProcessEnv(self.path)
-
-    def __len__(self) -> int:
-        return self._n
+        self.meta = {"format": "gluon_data", "format_version": 1, "task": "segmentation",
+                     "split": split, "num_records": self._n, "image_encoding": "raw",
+                     "ignore_label": ignore_label, "num_classes": num_classes,
+                     "layout": "raw-lmdb"}
+        self._init_env(path)
 
     def _get(self, db: str, i: int) -> bytes:
         k = str(i).encode()
@@ -256,10 +320,9 @@ class RecipeLMDBDataset(mx.gluon.data.Dataset):
                               % (k.decode(), db, self._n - 1), self.path, i)
         return v
 
-    def __getitem__(self, idx):
-        i = int(idx) + (self._n if int(idx) < 0 else 0)
-        if not 0 <= i < self._n:
-            raise IndexError("index %d out of range for %d records" % (idx, self._n))
+    def read(self, i: int) -> bytes:
+        self._check()
+        i = int(i)
         where = "%s [%s/%d]" % (self.path, self._dname, i)
         try:
             img = _to_rgb(_reshape(self._get(self._dname, i), self._shape, where, "image"),
@@ -267,72 +330,86 @@ class RecipeLMDBDataset(mx.gluon.data.Dataset):
             mask = _reshape(self._get(self._lname, i), self._mshape, where, "mask")
         except SourceError as e:
             raise FormatError(e.reason, self.path, i) from None
-        mask = mask.astype(np.int32)
-        if self._ignore[0] is not None:
-            mask[mask == self._ignore[0]] = self._ignore[1]
-        img, mask = mx.nd.array(img, dtype=np.uint8), mx.nd.array(mask, dtype=np.int32)
-        if self._transform is not None:
-            return self._transform(img, mask)
-        return img, mask
+        return codec.pack_segmentation(codec.encode_raw(img), codec.encode_raw(mask), id=i,
+                                       checksum=False)
 
     def __repr__(self):
-        return "RecipeLMDBDataset(%r, split=%r, %d records)" % (self.path, self.split, self._n)
+        return "RecipeLMDBStore(%r, split=%r, %d records)" % (self.path, self.split, self._n)
 
 
-class CaffeLMDBDataset(mx.gluon.data.Dataset):
-    """Read a Caffe ``convert_imageset`` LMDB in place: ``(image uint8 HxWxC, label float)``.
+class CaffeLMDBStore(_LegacyStore):
+    """A Caffe ``convert_imageset`` LMDB as a classification record store.
 
-    Parameters
-    ----------
-    path : str
-        The LMDB directory.
-    flag : {0, 1}, default 1
-        1: RGB; 0: greyscale (HxWx1), as in :class:`~gluon_data.ImageRecordDataset`.
-    transform : callable, optional
-        ``transform(image, label)``.
+    Payloads are classification records: an ``encoded`` Datum keeps its image bytes, raw BGR
+    CHW data becomes an RGB raw array; the label is the Datum's. Keys are positions in the
+    database's key order; errors name the Caffe key.
 
     Examples
     --------
-    >>> ds = CaffeLMDBDataset("ilsvrc12_train_lmdb")     # doctest: +SKIP
-    >>> img, label = ds[0]
+    >>> s = CaffeLMDBStore("ilsvrc12_train_lmdb")      # doctest: +SKIP
+    >>> len(s), codec.unpack(s.read(0)).label
+    (1281167, 0.0)
     """
 
-    def __init__(self, path: str, flag: int = 1, transform=None,
-                 max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
-        super().__init__()
-        self.path = os.fspath(path)
-        env = shared_env(self.path)
+    split = None
+
+    def __init__(self, path: str):
+        path = os.fspath(path)
+        env = shared_env(path)
         with env.begin() as txn:
             self._keys = np.array([bytes(k) for k in txn.cursor().iternext(values=False)])
         if not len(self._keys):
-            raise FormatError("the LMDB holds no records", self.path)
-        self._flag, self._transform, self._max_pixels = flag, transform, max_pixels
-        self._env = ProcessEnv(self.path)
+            raise FormatError("the LMDB holds no records", path)
+        self._n = len(self._keys)
+        self.meta = {"format": "gluon_data", "format_version": 1, "task": "classification",
+                     "num_records": self._n, "layout": "caffe-lmdb"}
+        self._init_env(path)
 
-    def __len__(self) -> int:
-        return len(self._keys)
+    def caffe_key(self, i: int) -> str:
+        """The Caffe key of record ``i`` (what errors name)."""
+        return bytes(self._keys[int(i)]).decode("utf-8", "replace")
 
-    def __getitem__(self, idx):
-        key = bytes(self._keys[idx])
-        where = "%s [%s]" % (self.path, key.decode("utf-8", "replace"))
-        v = self._env.get_value(key, where=self.path, record=int(idx))
+    def read(self, i: int) -> bytes:
+        self._check()
+        key = bytes(self._keys[int(i)])
+        name = key.decode("utf-8", "replace")
+        where = "%s [%s]" % (self.path, name)
+        v = self._env.get_value(key, where=self.path, record=name)
         if v is None:
-            raise FormatError("key vanished from the database", self.path, key.decode())
+            raise FormatError("key vanished from the database", self.path, name)
         try:
             d = _parse_datum(v, where)
             if d.encoded:
-                img = codec.decode_image(bytes(d.data), self._flag, max_pixels=self._max_pixels)
+                image = bytes(d.data)
             else:
                 arr = _reshape(bytes(d.data), (d.channels, d.height, d.width), where, "image")
-                img = _to_rgb(arr, channels_first=True, bgr=d.channels == 3)
-                if self._flag == 0:
-                    img = codec.decode_image(codec.encode_raw(img), 0)
-        except (SourceError, DecodeError) as e:
-            raise FormatError(e.reason, self.path, key.decode("utf-8", "replace")) from None
-        img, label = mx.nd.array(img, dtype=np.uint8), float(d.label)
-        if self._transform is not None:
-            return self._transform(img, label)
-        return img, label
+                image = codec.encode_raw(_to_rgb(arr, channels_first=True, bgr=d.channels == 3))
+        except SourceError as e:
+            raise FormatError(e.reason, self.path, name) from None
+        return codec.pack_classification(float(d.label), image, id=int(i), checksum=False)
 
     def __repr__(self):
-        return "CaffeLMDBDataset(%r, %d records)" % (self.path, len(self))
+        return "CaffeLMDBStore(%r, %d records)" % (self.path, self._n)
+
+
+def open_legacy_store(path: str, split: Optional[str] = None, *, layout: str, **options):
+    """A legacy LMDB read in place: ``layout`` is ``'raw-lmdb'`` (options as
+    :class:`RecipeLMDBStore`) or ``'caffe-lmdb'`` (no options, no split)."""
+    if layout == "raw-lmdb":
+        return RecipeLMDBStore(path, split or "train", **options)
+    if layout == "caffe-lmdb":
+        if options:
+            raise TypeError("a caffe-lmdb store takes no options, got %s"
+                            % ", ".join(sorted(options)))
+        if split is not None:
+            raise ValueError("a Caffe LMDB holds one split; got split=%r" % (split,))
+        return CaffeLMDBStore(path)
+    raise ValueError("unknown LMDB layout %r; valid: gluon_data, %s"
+                     % (layout, ", ".join(LEGACY_LAYOUTS)))
+
+
+def __getattr__(name):  # the dataset classes live with the other datasets (they need MXNet)
+    if name in ("RecipeLMDBDataset", "CaffeLMDBDataset"):
+        from . import datasets
+        return getattr(datasets, name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -26,6 +26,7 @@ import lmdb
 
 from .errors import CorruptRecordError, FormatError
 from .meta import check_meta, dumps_meta
+from .store import is_uri, register_opener
 
 __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
            "record_key", "shared_env"]
@@ -202,7 +203,8 @@ def read_lmdb_meta(path: str) -> Dict[str, dict]:
 
 
 class LMDBFile:
-    """Random-access reader of one split of an LMDB dataset (same interface as RecordFile).
+    """Random-access reader of one split of an LMDB dataset; a
+    :class:`~gluon_data.store.RecordStore` (the same interface as :class:`RecordFile`).
 
     Parameters
     ----------
@@ -210,6 +212,16 @@ class LMDBFile:
         The ``NAME.lmdb`` directory.
     split : str
         Sub-database to read; :class:`FormatError` lists the available ones if absent.
+
+    Keys are positions (``key(i) == i``) and records have no byte offset (``offset(i)`` is
+    ``None``). The first read in every process (a forked or spawned worker, an unpickled
+    copy) compares :meth:`identity` with the one taken when the dataset was opened and raises
+    :class:`FormatError` if the environment was replaced meanwhile.
+
+    Examples
+    --------
+    >>> f = LMDBFile("voc.lmdb", "val")             # doctest: +SKIP
+    >>> payload = f.read(0)
     """
 
     def __init__(self, path: str, split: str = "train"):
@@ -228,7 +240,43 @@ class LMDBFile:
             raise FormatError("split %r holds %d records but its metadata promises %d"
                               % (split, n, self.meta["num_records"]), self.path)
         self._n = n
+        self._identity = self._current_identity(self.meta)
+        self._checked_pid = os.getpid()
         self._env = ProcessEnv(self.path)
+
+    # -- store protocol ---------------------------------------------------------------
+    @property
+    def location(self) -> str:
+        return self.path
+
+    def _current_identity(self, meta: dict) -> str:
+        try:
+            st = os.stat(os.path.join(self.path, "data.mdb"))
+        except OSError as e:
+            raise FormatError("cannot stat data.mdb (%s)" % e.strerror, self.path) from None
+        return "%s/%d:%d" % (meta.get("conversion_id") or "-", st.st_dev, st.st_ino)
+
+    def identity(self) -> str:
+        """``conversion_id`` of the split's metadata (``-`` without one) and the device and
+        inode of ``data.mdb`` when the split was opened: ``id/device:inode``."""
+        return self._identity
+
+    def _check_identity(self) -> None:
+        """First use in this process: the environment must still be the one opened."""
+        env, _ = self._env.get(None)
+        try:
+            mdb = env.open_db(META_DB, create=False)
+            with env.begin(db=mdb) as txn:
+                raw = txn.get(self.split.encode())
+            meta = json.loads(bytes(raw).decode("utf-8")) if raw is not None else {}
+        except (lmdb.Error, UnicodeDecodeError, ValueError):
+            meta = {}
+        now = self._current_identity(meta if isinstance(meta, dict) else {})
+        if now != self._identity:
+            raise FormatError("the LMDB environment was replaced after this dataset was opened "
+                              "(identity %s, now %s): its records are not the ones indexed; "
+                              "open the dataset again" % (self._identity, now), self.path)
+        self._checked_pid = os.getpid()
 
     def __len__(self) -> int:
         return self._n
@@ -236,10 +284,18 @@ class LMDBFile:
     def key(self, i: int) -> int:
         return int(i)
 
+    def keys(self):
+        """Keys of every record in position order (positions: ``0 .. len - 1``)."""
+        import numpy as np
+        return np.arange(self._n)
+
     def offset(self, i: int) -> Optional[int]:
+        """``None``: an LMDB record has no byte offset a reader could use."""
         return None
 
     def read(self, i: int) -> bytes:
+        if self._checked_pid != os.getpid():
+            self._check_identity()
         k = record_key(int(i))
         v = self._env.get_value(k, self.split, record=i)
         if v is None:
@@ -249,12 +305,61 @@ class LMDBFile:
 
     view = read  # same contract as RecordFile.view (bytes are a valid "view")
 
+    def scan(self):
+        """Every payload in position order, read with one cursor in one read transaction
+        (each a ``memoryview`` valid until the next one is produced)."""
+        if self._checked_pid != os.getpid():
+            self._check_identity()
+        env, db = self._env.get(self.split)
+        n = 0
+        try:
+            with env.begin(db=db, buffers=True) as txn:
+                for k, v in txn.cursor().iternext():
+                    if bytes(k) != record_key(n):
+                        raise FormatError("unexpected key %r at position %d of split %r (keys "
+                                          "must be %r ...)" % (bytes(k), n, self.split,
+                                                              record_key(n)), self.path, n)
+                    n += 1
+                    yield v
+        except lmdb.Error as e:
+            raise CorruptRecordError("LMDB could not read the split (%s: %s)"
+                                     % (type(e).__name__, e), self.path, n) from None
+        if n != self._n:
+            raise FormatError("split %r yielded %d records, its metadata promises %d"
+                              % (self.split, n, self._n), self.path)
+
     def close(self) -> None:
         """Forget this reader's handle (the shared environment stays for other readers)."""
         self._env = ProcessEnv(self.path)
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_checked_pid"] = None  # an unpickled copy checks the identity on first read
+        return state
+
     def __repr__(self):
         return "LMDBFile(%r, split=%r, %d records)" % (self.path, self.split, self._n)
+
+
+def _open_lmdb(location: str, split: Optional[str] = None, *, layout: Optional[str] = None,
+               **options):
+    """The :func:`~gluon_data.store.open_store` opener of an LMDB directory: one split of
+    our layout, or (``layout='raw-lmdb'`` / ``'caffe-lmdb'``) a legacy LMDB read in place."""
+    if layout is not None and layout != "gluon_data":
+        from .legacy import open_legacy_store
+        return open_legacy_store(location, split, layout=layout, **options)
+    if options:
+        raise TypeError("an LMDB store takes no options but layout=, got %s"
+                        % ", ".join(sorted(options)))
+    return LMDBFile(location, split or "train")
+
+
+def _names_lmdb_store(location: str) -> bool:
+    """A directory (only LMDB environments are directories) or a ``.lmdb`` name."""
+    return not is_uri(location) and (os.path.isdir(location) or names_lmdb(location))
+
+
+register_opener(_names_lmdb_store, _open_lmdb, priority=10)
 
 
 class LMDBWriter:

@@ -21,7 +21,8 @@ import numpy as np
 
 from . import codec
 from .errors import FormatError
-from .meta import dumps_meta, meta_path
+from .meta import dumps_meta, meta_path, read_meta
+from .store import is_uri, register_opener
 
 __all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for"]
 
@@ -187,8 +188,17 @@ def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarr
     return values[:, 0].copy(), values[:, 1].copy()
 
 
+_UNREAD = object()
+
+
+def file_stamp(st: os.stat_result) -> Tuple[int, int, int, int]:
+    """``(device, inode, size, mtime_ns)``: what changes when a file is replaced or rewritten."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class RecordFile:
-    """Random-access reader of one ``.rec``/``.idx`` pair.
+    """Random-access reader of one ``.rec``/``.idx`` pair; a
+    :class:`~gluon_data.store.RecordStore` (``split`` is ``None``: a ``.rec`` holds one).
 
     Parameters
     ----------
@@ -199,6 +209,14 @@ class RecordFile:
     expected_count : int, optional
         Record count promised by metadata; a shorter or longer index is an error
         (an interrupted writer leaves an index shorter than the data).
+    meta : dict or None, optional
+        The dataset's metadata if the caller has read it; by default the ``.meta.json``
+        beside the file is read on first use of :attr:`meta`.
+
+    The ``.rec`` is stamped when opened (device, inode, size, mtime): every later open of
+    its descriptor (in a forked or spawned worker, after unpickling) compares the stamp and
+    raises :class:`FormatError` if the file was replaced or rewritten meanwhile, instead of
+    reading the new file's bytes through the old index.
 
     Examples
     --------
@@ -206,14 +224,19 @@ class RecordFile:
     >>> payload = f.read(0)                        # bytes of record 0 in index order
     """
 
+    split = None
+
     def __init__(self, path: str, idx_path: Optional[str] = None, *,
-                 expected_count: Optional[int] = None):
+                 expected_count: Optional[int] = None, meta=_UNREAD):
         self.path = os.fspath(path)
         self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
         if not os.path.exists(self.path):
             raise FileNotFoundError("record file %s not found" % self.path)
+        self._meta = meta
         keys, offsets = read_index(self.idx_path)
-        self.file_size = os.stat(self.path).st_size
+        st = os.stat(self.path)
+        self._stamp = file_stamp(st)
+        self.file_size = st.st_size
         self._validate(keys, offsets, expected_count)
         n = len(offsets)
         self._keys = None if np.array_equal(keys, np.arange(n)) else keys
@@ -273,6 +296,25 @@ class RecordFile:
                 ".rec (an interrupted writer?); rebuild the index or re-convert"
                 % (len(buf) - used), self.idx_path, self.key(last), start + used)
 
+    # -- store protocol ---------------------------------------------------------------
+    @property
+    def location(self) -> str:
+        return self.path
+
+    @property
+    def meta(self) -> Optional[dict]:
+        """The ``.meta.json`` beside the file (``None`` for a stock im2rec file)."""
+        if self._meta is _UNREAD:
+            self._meta = read_meta(self.path)
+        return self._meta
+
+    def identity(self) -> str:
+        """``conversion_id`` from the metadata (``-`` without one) and the stamp of the
+        ``.rec`` when it was opened: ``id/device:inode:size:mtime_ns``."""
+        meta = self.meta
+        cid = (meta or {}).get("conversion_id") or "-"
+        return "%s/%d:%d:%d:%d" % ((cid,) + self._stamp)
+
     # -- process-local descriptor -----------------------------------------------------
     def _fd(self) -> int:
         pid = os.getpid()
@@ -283,6 +325,14 @@ class RecordFile:
             cur = self._fd_pid
             if cur is None or cur[1] != pid:
                 fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                stamp = file_stamp(os.fstat(fd))
+                if stamp != self._stamp:
+                    os.close(fd)
+                    raise FormatError(
+                        "the file was replaced or rewritten after this dataset was opened "
+                        "(device:inode:size:mtime %d:%d:%d:%d, now %d:%d:%d:%d): its index no "
+                        "longer describes it; open the dataset again" % (self._stamp + stamp),
+                        self.path)
                 self._fd_pid = (fd, pid)  # a descriptor inherited from the parent is left alone
             return self._fd_pid[0]
 
@@ -434,6 +484,28 @@ class RecordFile:
 
     def __repr__(self):
         return "RecordFile(%r, %d records)" % (self.path, len(self))
+
+
+def _open_record_file(location: str, split: Optional[str] = None, **options) -> RecordFile:
+    """The :func:`~gluon_data.store.open_store` opener of a local ``.rec``: metadata read
+    once, its record count enforced against the index."""
+    if options:
+        raise TypeError("a .rec store takes no options, got %s" % ", ".join(sorted(options)))
+    if not os.path.exists(location):
+        raise FileNotFoundError("record file %s not found" % location)
+    meta = read_meta(location)
+    if split is not None and (meta or {}).get("split", split) != split:
+        raise ValueError("%s holds split %r, not %r: a .rec holds one split (the LMDB "
+                         "container holds several)" % (location, meta["split"], split))
+    return RecordFile(location, expected_count=meta["num_records"] if meta else None, meta=meta)
+
+
+def _names_rec(location: str) -> bool:
+    return not is_uri(location) and not os.path.isdir(location) \
+        and not location.rstrip("/").endswith(".lmdb")
+
+
+register_opener(_names_rec, _open_record_file, priority=0)
 
 
 class RecordWriter:

@@ -6,11 +6,19 @@ nearest neighbour with pixel-centre sampling, as PIL does); photometric changes 
 only. Padding fills masks with the ignore value, never with a class.
 
 Randomness: each random transform draws its parameters first (two-phase, as tensorpack's
-imgaug does) from its own generator. With ``seed=s`` the sequence of draws repeats exactly in
-the process that built the transform (``num_workers=0``); a DataLoader worker process gets its
-own stream derived from ``s`` and its pid, so workers never repeat each other's draws (the
-global ``random``/``numpy`` state they inherit through ``fork`` is never used). With
-``seed=None`` every process draws from fresh OS entropy.
+imgaug does) from its own generator, never from the global ``random``/``numpy`` state that
+DataLoader workers inherit identically through ``fork``.
+
+* Inside a dataset (``seed=s``): the dataset runs the transform within
+  :func:`sample_context` ``(epoch, index)``, and each random transform draws from
+  ``sample_rng(s, epoch, index)`` (:func:`gluon_data.sampler.sample_rng`; children of a
+  :class:`Compose` get ``s + position``). A sample's draws are then a pure function of
+  ``(seed, epoch, index)``: bit-identical with any number of workers, threads or ranks, in any
+  order, and after a resume.
+* Called directly, outside a sample context (``seed=s``): the sequence of draws repeats
+  exactly in the process that built the transform; another process (a DataLoader worker)
+  gets its own stream derived from ``s`` and its pid.
+* ``seed=None``: fresh OS entropy in every process, always.
 
 >>> import numpy as np
 >>> t = Compose([RandomHorizontalFlip(), RandomScale(base_size=64), RandomCrop(48)], seed=0)
@@ -27,10 +35,12 @@ from typing import Optional, Sequence, Tuple, Union
 import cv2
 import numpy as np
 
+from .sampler import sample_rng
+
 __all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
            "RandomRotation",
            "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
-           "ToTensorNormalize", "SeededRandom", "ImageCropNormalize"]
+           "ToTensorNormalize", "SeededRandom", "ImageCropNormalize", "sample_context"]
 
 _MASK_INTERP = getattr(cv2, "INTER_NEAREST_EXACT", cv2.INTER_NEAREST)
 
@@ -57,8 +67,45 @@ def _mask_for_cv(mask: np.ndarray) -> Tuple[np.ndarray, np.dtype]:
     return mask.astype(np.int32), mask.dtype
 
 
+_SAMPLE = threading.local()
+
+
+class sample_context:
+    """Within ``with sample_context(epoch, index):`` every seeded random transform called by
+    this thread draws from ``sample_rng(seed, epoch, index)`` (one generator per transform
+    and sample), so the sample's draws depend on nothing else. Datasets enter it around their
+    transforms; contexts nest (the innermost wins).
+
+    >>> import numpy as np
+    >>> t = RandomCrop(4, seed=7)
+    >>> img, mask = np.arange(64, dtype=np.uint8).reshape(8, 8, 1), np.zeros((8, 8), np.int32)
+    >>> with sample_context(epoch=2, index=5):
+    ...     a = t(img, mask)[0]
+    >>> with sample_context(epoch=2, index=5):
+    ...     b = t(img, mask)[0]
+    >>> bool((a == b).all())
+    True
+    """
+
+    __slots__ = ("epoch", "index", "generators", "_prev")
+
+    def __init__(self, epoch: Optional[int], index: int):
+        self.epoch, self.index = epoch, int(index)
+        self.generators: dict = {}
+        self._prev = None
+
+    def __enter__(self) -> "sample_context":
+        self._prev = getattr(_SAMPLE, "ctx", None)
+        _SAMPLE.ctx = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _SAMPLE.ctx = self._prev
+
+
 class SeededRandom:
-    """A process-aware ``numpy.random.Generator`` (see the module docstring)."""
+    """A process-aware ``numpy.random.Generator`` that follows :func:`sample_context`
+    (see the module docstring)."""
 
     def __init__(self, seed: Optional[int] = None):
         self.seed = seed
@@ -80,7 +127,15 @@ class SeededRandom:
         return self._gen
 
     def draw(self, fn):
-        """Run ``fn(generator)`` under a lock (threads of a thread-pool loader share it)."""
+        """Run ``fn(generator)``: the sample's own generator inside a :class:`sample_context`
+        (seeded transforms), else this transform's stream under a lock (threads of a
+        thread-pool loader share it)."""
+        ctx = getattr(_SAMPLE, "ctx", None)
+        if ctx is not None and self.seed is not None:
+            g = ctx.generators.get(id(self))
+            if g is None:
+                g = ctx.generators[id(self)] = sample_rng(self.seed, ctx.epoch, ctx.index)
+            return fn(g)
         with self._lock:
             return fn(self.generator())
 
