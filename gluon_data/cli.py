@@ -66,21 +66,21 @@ def _summary(meta: dict) -> dict:
 
 
 def describe(path: str) -> dict:
-    """What ``gluon-data info`` reports about a ``.rec`` or ``.lmdb`` dataset."""
+    """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens)."""
     from . import codec
-    from .lmdbio import LMDBFile, names_lmdb, read_lmdb_meta
-    from .meta import read_meta
-    from .recordio import RecordFile
-    if names_lmdb(path):
-        metas = read_lmdb_meta(path)
-        splits = {}
-        for s in sorted(metas):
-            splits[s] = dict(_summary(metas[s]), records=len(LMDBFile(path, s)))
-        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-        return {"path": path, "container": "lmdb", "bytes": size, "splits": splits}
-    meta = read_meta(path)
-    f = RecordFile(path, expected_count=meta["num_records"] if meta else None)
-    out = {"path": path, "records": len(f), "bytes": f.file_size}
+    from .store import open_store, store_splits
+    splits = store_splits(path)
+    if splits != [None]:
+        out = {}
+        for s in splits:
+            st = open_store(path, s)
+            out[s] = dict(_summary(st.meta), records=len(st))
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) \
+            if os.path.isdir(path) else None
+        return {"path": path, "container": "lmdb", "bytes": size, "splits": out}
+    f = open_store(path)
+    meta = f.meta
+    out = {"path": path, "records": len(f), "bytes": getattr(f, "file_size", None)}
     if meta is None:
         out.update(task="classification", format="stock MXNet RecordIO (no metadata)")
         sizes = []
@@ -100,19 +100,9 @@ def describe(path: str) -> dict:
 
 def _load_meta(path: str, split=None) -> dict:
     from .errors import FormatError
-    from .lmdbio import names_lmdb, read_lmdb_meta
-    from .meta import read_meta
-    if names_lmdb(path):
-        metas = read_lmdb_meta(path)
-        split = split or ("train" if "train" in metas else sorted(metas)[0])
-        if split not in metas:
-            raise FormatError("split %r not found; available splits: %s"
-                              % (split, ", ".join(sorted(metas))), path)
-        return metas[split]
-    meta = read_meta(path)
+    from .store import open_store
+    meta = open_store(path, split).meta
     if meta is None:
-        if not os.path.exists(path):
-            raise FileNotFoundError("%s not found" % path)
         raise FormatError("no metadata: a stock RecordIO file has no statistics", path)
     return meta
 

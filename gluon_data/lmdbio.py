@@ -351,7 +351,14 @@ def _open_lmdb(location: str, split: Optional[str] = None, *, layout: Optional[s
     if options:
         raise TypeError("an LMDB store takes no options but layout=, got %s"
                         % ", ".join(sorted(options)))
-    return LMDBFile(location, split or "train")
+    if split is None:  # the "train" split if there is one, else the first
+        names = _lmdb_splits(location)
+        split = "train" if "train" in names or not names else names[0]
+    return LMDBFile(location, split)
+
+
+def _lmdb_splits(location: str) -> List[str]:
+    return sorted(read_lmdb_meta(location))
 
 
 def _names_lmdb_store(location: str) -> bool:
@@ -359,7 +366,7 @@ def _names_lmdb_store(location: str) -> bool:
     return not is_uri(location) and (os.path.isdir(location) or names_lmdb(location))
 
 
-register_opener(_names_lmdb_store, _open_lmdb, priority=10)
+register_opener(_names_lmdb_store, _open_lmdb, priority=10, splits=_lmdb_splits)
 
 
 class LMDBWriter:

@@ -24,7 +24,7 @@ try:  # Python >= 3.8
 except ImportError:  # pragma: no cover
     from typing_extensions import Protocol, runtime_checkable  # type: ignore
 
-__all__ = ["RecordStore", "open_store", "register_opener", "is_uri"]
+__all__ = ["RecordStore", "open_store", "store_splits", "register_opener", "is_uri"]
 
 Buffer = Union[bytes, memoryview]
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -77,18 +77,23 @@ class RecordStore(Protocol):
         """Pickles carry the location and options only, never an OS handle."""
 
 
-# (priority, predicate(location) -> bool, opener(location, split, **options) -> RecordStore)
-_OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore]]] = []
+# (priority, predicate(location) -> bool, opener(location, split, **options) -> RecordStore,
+#  splits(location) -> list of split names, or None: the location holds one (split None))
+_OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore],
+                     Optional[Callable[[str], List[str]]]]] = []
 # modules whose import registers the built-in backends (imported on first open_store)
 _BUILTIN_BACKENDS = ("gluon_data.recordio", "gluon_data.lmdbio")
 _loaded = False
 
 
 def register_opener(predicate: Callable[[str], bool], opener: Callable[..., RecordStore],
-                    priority: int = 0) -> None:
+                    priority: int = 0,
+                    splits: Optional[Callable[[str], List[str]]] = None) -> None:
     """Make :func:`open_store` hand locations for which ``predicate(location)`` is true to
-    ``opener(location, split, **options)``. Higher ``priority`` is asked first."""
-    _OPENERS.append((priority, predicate, opener))
+    ``opener(location, split, **options)``. Higher ``priority`` is asked first. A container
+    that holds several splits also gives ``splits(location)`` (their names, for
+    :func:`store_splits`)."""
+    _OPENERS.append((priority, predicate, opener, splits))
     _OPENERS.sort(key=lambda t: -t[0])
 
 
@@ -124,13 +129,24 @@ def open_store(location: str, split: Optional[str] = None, **options) -> RecordS
     FormatError
         Something is there, but no backend recognises it.
     """
+    return _backend(location)[1](os.fspath(location), split, **options)
+
+
+def store_splits(location: str) -> List[Optional[str]]:
+    """The splits :func:`open_store` can open at ``location``: their names for containers
+    that hold several (LMDB), ``[None]`` for one that holds one (a ``.rec``)."""
+    splits = _backend(location)[2]
+    return [None] if splits is None else list(splits(os.fspath(location)))
+
+
+def _backend(location):
     from .errors import FormatError
 
     location = os.fspath(location)
     _load_builtins()
-    for _, predicate, opener in _OPENERS:
+    for _, predicate, opener, splits in _OPENERS:
         if predicate(location):
-            return opener(location, split, **options)
+            return predicate, opener, splits
     if not is_uri(location) and not os.path.exists(location):
         raise FileNotFoundError("no dataset at %s" % location)
     raise FormatError("not a dataset gluon_data can read (expected a .rec with its .idx, an "
