@@ -374,7 +374,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     rss = []
     results.update(_loader_rates([
         ("ours .rec train", SegmentationRecordDataset(rec, seed=0, **kw), batchify),
-        ("ours LMDB train", SegmentationLMDBDataset(lm, "train", seed=0, **kw), batchify),
+        ("ours LMDB train", SegmentationLMDBDataset(lm, split="train", seed=0, **kw), batchify),
         ("ours .rec train, Gluon's default batchify",
          SegmentationRecordDataset(rec, seed=0, **kw), None),
         ("gluoncv VOCSegmentation train", gcv, None),

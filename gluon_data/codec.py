@@ -47,8 +47,8 @@ def frame(payload: bytes) -> List[bytes]:
     4-byte aligned offset is split there into parts flagged 1 (first), 2 (middle) and
     3 (last); the magic word itself is dropped and re-inserted by the reader.
 
-    >>> b"".join(frame(b"abc")).hex()
-    '0a23d7ce03000000616263' + '00'
+    >>> b"".join(frame(b"abc")).hex()   # magic, length 3, 'abc', one byte of padding
+    '0a23d7ce0300000061626300'
     """
     n = len(payload)
     if n > MAX_RECORD_BYTES:

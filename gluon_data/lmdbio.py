@@ -220,8 +220,10 @@ class LMDBFile:
 
     Examples
     --------
-    >>> f = LMDBFile("voc.lmdb", "val")             # doctest: +SKIP
+    >>> f = LMDBFile("voc.lmdb", "val")
     >>> payload = f.read(0)
+    >>> payload == bytes(next(iter(f.scan()))), f.split, f.offset(0)
+    (True, 'val', None)
     """
 
     def __init__(self, path: str, split: str = "train"):

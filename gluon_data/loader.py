@@ -105,7 +105,7 @@ class DataLoader(_dl.DataLoader):
 
     Examples
     --------
-    >>> from gluon_data import DataLoader, SegmentationRecordDataset   # doctest: +SKIP
+    >>> from gluon_data import DataLoader, SegmentationRecordDataset
     >>> loader = DataLoader(SegmentationRecordDataset("voc_train.rec", mode="train"),
     ...                     batch_size=16, shuffle=True, num_workers=4)
     """

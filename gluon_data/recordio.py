@@ -220,8 +220,10 @@ class RecordFile:
 
     Examples
     --------
-    >>> f = RecordFile("voc_train.rec")            # doctest: +SKIP
+    >>> f = RecordFile("voc_train.rec")
     >>> payload = f.read(0)                        # bytes of record 0 in index order
+    >>> payload == bytes(next(iter(f.scan()))), f.split, f.key(0)
+    (True, None, 0)
     """
 
     split = None
@@ -518,10 +520,12 @@ class RecordWriter:
 
     Examples
     --------
-    >>> with RecordWriter("out.rec") as w:         # doctest: +SKIP
-    ...     w.write(0, payload)
-    ...     w.finish({"format": "gluon_data", ...})
+    >>> with RecordWriter("out.rec", overwrite=True) as w:
+    ...     offset = w.write(0, codec.pack_classification(1.0, b"image bytes"))
+    ...     w.finish()                 # or w.finish(meta): the .meta.json document
     ...     w.publish()
+    >>> len(RecordFile("out.rec")), codec.unpack(RecordFile("out.rec").read(0)).image
+    (1, b'image bytes')
     """
 
     PARTIAL = ".partial"

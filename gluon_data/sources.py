@@ -26,8 +26,9 @@ __all__ = ["Item", "Source", "LAYOUTS", "open_source", "detect_layout",
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 MASK_EXTENSIONS = (".png", ".bmp", ".tif", ".tiff", ".pgm", ".jpg", ".jpeg")  # jpeg refused later
 
-VOC_CLASSES = ("background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car",
-               "cat", "chair", "cow", "diningtable", "dog", "horse", "motorbike", "person",
+#: VOC's classes exactly as gluoncv's ``VOCSegmentation.CLASSES`` names them.
+VOC_CLASSES = ("background", "airplane", "bicycle", "bird", "boat", "bottle", "bus", "car",
+               "cat", "chair", "cow", "diningtable", "dog", "horse", "motorcycle", "person",
                "potted-plant", "sheep", "sofa", "train", "tv")
 
 

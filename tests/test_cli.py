@@ -22,7 +22,7 @@ def test_convert_then_info(tmp_path, voc_root):
     assert "wrote 12 records to %s" % out in p.stdout
     info = json.loads(cli("info", out, "--json").stdout)
     assert info["task"] == "segmentation" and info["records"] == 12
-    assert info["classes"][:2] == ["background", "aeroplane"] and info["format"] == "gluon_data v1"
+    assert info["classes"][:2] == ["background", "airplane"] and info["format"] == "gluon_data v1"
     text = cli("info", out).stdout
     assert "records:" in text and "image_size:" in text
 
