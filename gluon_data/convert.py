@@ -213,6 +213,8 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     if opts.task == "classification":
         return codec.pack_classification(item.label, data, id=record_id,
                                          checksum=opts.checksum), info
+    if item.mask is None:  # a split without masks (VOC test): the image alone
+        return codec.pack_segmentation(data, b"", id=record_id, checksum=opts.checksum), info
 
     mdata = _read_bytes(item.mask, "mask")
     if mdata[:2] == b"\xff\xd8":
@@ -552,6 +554,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                 else:
                     w.write(item.key if item.key is not None else w.count, payload)
                     st.add(info)
+                    if src.task == "segmentation":  # gluoncv's mode='test' returns it
+                        st.names.append(os.path.basename(item.image))
                 if (pos + 1) % checkpoint_every == 0:
                     ckpt.save(s, pos + 1, w, st, report.skipped)
             ckpt.save(s, len(items), w, st, report.skipped)
@@ -565,6 +569,10 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             meta = _metadata(src, s, w.count, stats[s], opts, classes, num_classes,
                              report.skipped, options)
             meta["conversion_id"] = _conversion_id(ckpt.digest, s, w, stats[s])
+            if src.task == "segmentation":
+                meta["item_names"] = list(stats[s].names)
+                if all(i.mask is None for i in plan[s]):
+                    meta["masks"] = False  # images only (e.g. VOC test): mode='test'
             w.finish(meta)
             report.bytes_written += w.bytes_written
         ckpt.mark_publishing()
@@ -603,6 +611,7 @@ class _Stats:
         self.class_images: Dict[int, int] = {}
         self.class_image_pixels: Dict[int, int] = {}  # pixels of the images holding the class
         self.palette = None
+        self.names: List[str] = []  # segmentation: each written item's image file name
         self.n = 0
         self.sum = [0.0, 0.0, 0.0]
         self.sq = [0.0, 0.0, 0.0]
@@ -643,7 +652,7 @@ class _Stats:
 
     def state(self) -> dict:
         d = {k: getattr(self, k) for k in ("count", "hw_min", "hw_max", "hw_sum", "palette",
-                                           "n", "sum", "sq")}
+                                           "n", "sum", "sq", "names")}
         d.update({k: {str(c): v for c, v in getattr(self, k).items()} for k in self._DICTS})
         return d
 

@@ -232,13 +232,15 @@ def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill
                             seed: Optional[int] = None):
     """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
     (train: mirror, random scale, pad + random crop, blur, fused into one
-    :class:`~gluon_data.transforms.RandomScaleCrop`; val: short-side resize + centre crop),
+    :class:`~gluon_data.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
+    bilinear filter, as gluoncv, + centre crop),
     except that padded mask pixels get ``mask_fill`` (the ignore value) instead of class 0."""
     if mode == "train":
         return T.RandomScaleCrop(base_size, crop_size, image_fill=0, mask_fill=mask_fill,
                                  seed=seed)
     if mode == "val":
-        return T.Compose([T.ResizeShort(crop_size), T.CenterCrop(crop_size, 0, mask_fill)])
+        return T.Compose([T.ResizeShort(crop_size, pil=True),  # gluoncv's exact values
+                          T.CenterCrop(crop_size, 0, mask_fill)])
     return None
 
 
@@ -410,6 +412,11 @@ class SegmentationDataset(_StoreDataset):
                                  "raise base_size or lower crop_size" % (crop_size,
                                                                        2 * base_size))
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
+        if self.meta.get("masks") is False and mode != "test":
+            raise ValueError("%s holds images without masks (e.g. VOC's test split): read it "
+                             "with mode='test'" % self.filename)
+        names = self.meta.get("item_names")
+        self._names = names if isinstance(names, list) and len(names) == len(store) else None
         self._transform = transform
         self._ignore_value = ignore_value
         stored = self.meta.get("ignore_label", 255)
@@ -445,6 +452,13 @@ class SegmentationDataset(_StoreDataset):
     @property
     def palette(self) -> List[List[int]]:
         return self.meta.get("palette") or []
+
+    def name(self, idx) -> str:
+        """The source name of sample ``idx``, what ``mode='test'`` returns with the image:
+        the image's file name as gluoncv returns it (``2007_000033.jpg``), recorded at
+        conversion; ``"record N"`` for datasets converted before names were recorded."""
+        i, _ = self._position(idx)
+        return self._names[i] if self._names is not None else "record %d" % self._file.key(i)
 
     @property
     def fast_path(self) -> Optional[T.ToTensorNormalize]:
@@ -485,7 +499,7 @@ class SegmentationDataset(_StoreDataset):
         i, epoch = self._position(idx)
         if self.mode == "test":
             img = self._image_out(self._arrays(i, with_mask=False)[0])
-            return img, "record %d" % self._file.key(i)
+            return img, self.name(i)
         img, mask = self._arrays(i)
         if self._builtin_joint:  # works on the stored mask, padding with the stored ignore
             with self._sample(i, epoch):

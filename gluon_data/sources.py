@@ -146,9 +146,12 @@ def _voc(root: str, split=None, **_) -> Source:
                               % (s, sets, ", ".join(available) or "none"), root)
         with open(os.path.join(sets, s + ".txt"), encoding="utf-8") as f:
             ids = [ln.strip() for ln in f if ln.strip()]
+        masks = [os.path.join(base, "SegmentationClass", i + ".png") for i in ids]
+        if ids and not any(os.path.exists(m) for m in masks):
+            masks = [None] * len(ids)  # a split without masks (VOC test): images only
         splits[s] = [Item(os.path.join("JPEGImages", i + ".jpg"),
-                          os.path.join(base, "JPEGImages", i + ".jpg"),
-                          os.path.join(base, "SegmentationClass", i + ".png")) for i in ids]
+                          os.path.join(base, "JPEGImages", i + ".jpg"), m)
+                     for i, m in zip(ids, masks)]
     return Source("voc", root, "segmentation", splits, list(VOC_CLASSES))
 
 

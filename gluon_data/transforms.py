@@ -470,10 +470,17 @@ class RandomGaussianBlur(_Random):
 
 
 class ResizeShort:
-    """Resize so the short side is ``size`` (gluoncv's validation resize, truncating)."""
+    """Resize so the short side is ``size`` (gluoncv's validation resize, truncating).
 
-    def __init__(self, size: int):
-        self.size = size
+    ``pil=True`` resizes the image with Pillow's bilinear filter, exactly as gluoncv's
+    ``val`` mode does (it antialiases when shrinking, OpenCV's does not: a mean difference of
+    about 0.8/255 and up to 52/255 at crop 128), and 8-bit masks with Pillow's nearest
+    neighbour too; the default is OpenCV's, faster (nearest neighbour with pixel-centre
+    sampling for masks).
+    """
+
+    def __init__(self, size: int, pil: bool = False):
+        self.size, self.pil = size, pil
 
     def __call__(self, img, mask):
         img, mask = _np(img), _np(mask)
@@ -483,11 +490,20 @@ class ResizeShort:
         else:
             ow, oh = self.size, int(1.0 * h * self.size / w)
         m, dt = _mask_for_cv(mask)
-        img, m = _resize_pair(img, m, ow, oh)
+        if self.pil and img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] in (1, 3):
+            from PIL import Image
+            src = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img)
+            img = _hwc(np.asarray(src.resize((ow, oh), Image.BILINEAR)))
+            if m.dtype == np.uint8:  # PIL's nearest, as gluoncv (OpenCV's rounds otherwise
+                m = np.asarray(Image.fromarray(m).resize((ow, oh), Image.NEAREST))  # rarely)
+            else:
+                m = cv2.resize(m, (ow, oh), interpolation=_MASK_INTERP)
+        else:
+            img, m = _resize_pair(img, m, ow, oh)
         return img, m.astype(dt, copy=False)
 
     def __repr__(self):
-        return "ResizeShort(%d)" % self.size
+        return "ResizeShort(%d%s)" % (self.size, ", pil=True" if self.pil else "")
 
 
 class Resize:

@@ -74,7 +74,7 @@ def _check_records(store, meta, report: VerifyReport, deep: bool, where: str) ->
                                      where, key, off)
             if deep:
                 codec.decode_image(rec.image, 1, what="image")
-                if seg:
+                if seg and meta.get("masks", True) is not False:  # (False: images only)
                     mask = codec.decode_mask(rec.mask, what="mask")
                     if ncls is not None:
                         ids = np.unique(mask)
