@@ -69,6 +69,7 @@ class _StoreDataset(mx.gluon.data.Dataset):
         self._checksummed = bool(self.meta) and self.meta.get("checksum") == "crc32-id2"
         self._max_pixels = max_pixels
         self.seed = seed
+        self._positions: Optional[np.ndarray] = None  # store positions of a shard()
         self._passes: Optional[np.ndarray] = None  # per-index request counts (plain ints)
         self._passes_lock = threading.Lock()
 
@@ -78,7 +79,24 @@ class _StoreDataset(mx.gluon.data.Dataset):
         return self._file
 
     def __len__(self) -> int:
-        return len(self._file)
+        return len(self._file) if self._positions is None else len(self._positions)
+
+    def shard(self, num_shards: int, index: int):
+        """Gluon's ``shard`` (the ``index``-th of ``num_shards`` contiguous parts), as a dataset
+        of this same type with its options, fast paths and attributes. Random draws still use
+        each sample's index in the whole store, so a sample is the same in any shard layout."""
+        if not (isinstance(num_shards, int) and isinstance(index, int)
+                and num_shards > 0 and 0 <= index < num_shards):
+            raise ValueError("shard(num_shards, index) needs 0 <= index < num_shards, got "
+                             "num_shards=%r, index=%r" % (num_shards, index))
+        n = len(self)
+        size, rest = divmod(n, num_shards)
+        start = size * index + min(index, rest)
+        end = start + size + (index < rest)
+        positions = np.arange(n) if self._positions is None else self._positions
+        clone = copy.copy(self)
+        clone._positions = positions[start:end].copy()
+        return clone
 
     @property
     def classes(self) -> Optional[List[str]]:
@@ -88,12 +106,12 @@ class _StoreDataset(mx.gluon.data.Dataset):
     def _position(self, idx) -> Tuple[int, Optional[int]]:
         """``(position, epoch)`` of an int or a :class:`~gluon_data.sampler.SampleKey`."""
         i, epoch = split_key(idx)
-        n = len(self._file)
+        n = len(self)
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError("index %d out of range for %d records" % (int(idx), n))
-        return i, epoch
+        return (i if self._positions is None else int(self._positions[i])), epoch
 
     def _sample(self, i: int, epoch: Optional[int]) -> T.sample_context:
         """The context a sample's random transforms draw in. A plain int (``epoch=None``)

@@ -343,3 +343,25 @@ def test_codec_reads_what_every_segmentation_store_holds(seg):
     for payload in store.scan():
         rec = codec.unpack(payload)
         assert codec.decode_mask(rec.mask).shape == (SIZE, SIZE)
+
+
+def test_shard_is_the_same_dataset_type_over_part_of_the_store(seg, cls):
+    """Expected: shard() keeps the class, options and fast paths; its samples are the whole
+    dataset's, random draws included (they follow the index in the store)."""
+    from mxnet.gluon.data.vision import transforms as VT
+    full = seg.make(mode="train", base_size=24, crop_size=20, seed=7)
+    part = full.shard(3, 1)
+    assert type(part) is type(full) and len(part) == 3 and part.mode == "train"
+    start = len(full) // 3 + 1  # Gluon's layout: 8 records -> 3, 3, 2
+    for j in range(len(part)):
+        a, b = part[SampleKey(j, 2)], full[SampleKey(start + j, 2)]
+        np.testing.assert_array_equal(a[0].asnumpy(), b[0].asnumpy())
+    assert sum(len(full.shard(3, k)) for k in range(3)) == len(full)
+    with pytest.raises(IndexError):
+        part[3]
+    with pytest.raises(ValueError, match="index"):
+        full.shard(3, 3)
+    fast = cls.make(seed=1).transform_first(VT.Compose([VT.CenterCrop(8), VT.ToTensor()]))
+    piece = fast.shard(2, 1)
+    assert type(piece) is type(fast) and piece.fast_path is fast.fast_path
+    np.testing.assert_array_equal(piece[0][0].asnumpy(), fast[len(fast) // 2][0].asnumpy())
