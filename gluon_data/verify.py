@@ -108,16 +108,16 @@ def _verify_rec(path: str, deep: bool) -> VerifyReport:
 
 
 def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyReport:
-    from .lmdbio import LMDBFile, read_lmdb_meta
+    from .store import open_store, store_splits
     report = VerifyReport(path, deep=deep)
     try:
-        metas = read_lmdb_meta(path)
+        splits = store_splits(path)
     except GluonDataError as e:
         report.add(e, path)
         return report
-    for s in ([split] if split else sorted(metas)):
+    for s in ([split] if split else splits):
         try:
-            store = LMDBFile(path, s)
+            store = open_store(path, s)
         except GluonDataError as e:
             report.add(e, path)
             continue
