@@ -11,6 +11,11 @@ on the container.
 This module imports no MXNet (nor anything above it), so a numpy-level reader works in any
 framework, and backends may import it without creating a cycle: they register themselves,
 and :func:`open_store` imports the modules that hold the built-in backends lazily.
+
+Built in: :class:`~gluon_data.recordio.RecordFile` (a local ``.rec``; ``split`` is ``None``),
+:class:`~gluon_data.lmdbio.LMDBFile` (one split of an LMDB; ``offset`` is ``None``) and, with
+``layout='raw-lmdb'`` / ``'caffe-lmdb'``, the legacy LMDB layouts
+(:mod:`gluon_data.legacy`). The contract every store meets is ``tests/test_contract.py``.
 """
 from __future__ import annotations
 
@@ -69,12 +74,16 @@ class RecordStore(Protocol):
         """Every payload in position order, read sequentially (views as :meth:`view`)."""
 
     def identity(self) -> str:
-        """A stamp of the bytes this store was opened on (e.g. the metadata's conversion
-        id, or size + mtime + inode): a reader compares it on reopen and raises when the
-        dataset was replaced underneath it."""
+        """A stamp of the bytes this store was opened on (the metadata's ``conversion_id``
+        and the file's device/inode/size/mtime, or a remote object's version): the store
+        compares it whenever it opens its handle anew (in a forked or spawned worker, after
+        unpickling) and raises :class:`~gluon_data.errors.FormatError` naming the location
+        when the dataset was replaced underneath it."""
 
     def __getstate__(self) -> dict:
-        """Pickles carry the location and options only, never an OS handle."""
+        """Pickles carry the location, the options and at most what was already read (e.g.
+        the index), never an OS handle; the copy reopens lazily and checks
+        :meth:`identity`."""
 
 
 # (priority, predicate(location) -> bool, opener(location, split, **options) -> RecordStore,
