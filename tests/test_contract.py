@@ -21,7 +21,6 @@ Write a fixture that builds your store from the shared source and returns a
 a store must return exactly them.
 """
 import multiprocessing
-import os
 import pickle
 from typing import Callable, NamedTuple
 

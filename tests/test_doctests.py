@@ -7,7 +7,6 @@ there. An example that cannot run anywhere is marked ``# doctest: +SKIP`` in the
 """
 import doctest
 import importlib
-import os
 import pkgutil
 
 import pytest
