@@ -609,7 +609,8 @@ class ImageCropNormalize(_Random):
 
     The geometry follows ``mx.image.random_size_crop`` / ``center_crop`` / ``fixed_crop`` (same
     draws of area and aspect ratio, same crop arithmetic, the same OpenCV interpolation), with
-    draws from a seeded, per-worker generator instead of the global ``random`` module. Returns a
+    draws from the transform's own generator (``sample_rng(seed, epoch, index)`` inside a
+    dataset's :class:`sample_context`) instead of the global ``random`` module. Returns a
     CxHxW float32 array, written into ``out`` when given.
 
     Parameters
