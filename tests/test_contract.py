@@ -13,16 +13,20 @@ Write a fixture that builds your store from the shared source and returns a
     @pytest.fixture(scope="module")
     def seg_shards(seg_source, tmp_path_factory):
         path = ...  # write seg_source["rec"]'s records into your container
-        return Case("shards", lambda: SegmentationDataset(open_store(path)),
-                    lambda **kw: SegmentationDataset(open_store(path), **kw))
+        return Case("shards", lambda **kw: SegmentationDataset(open_store(path), **kw),
+                    lambda tmp: SegmentationDataset(open_store(damaged_copy(path, tmp))))
 
 ``make(**options)`` builds the task dataset with the given options (``mode``, ``seed``,
-``transform``, ...). The reference samples are the ``.rec`` converted from the source;
-a store must return exactly them.
+``transform``, ...). ``damage(tmp_dir)`` builds it over a copy (in ``tmp_dir``) whose record 1
+is damaged (a flipped byte, a truncated value): reading it must raise a typed error naming
+the copy. The reference samples are the ``.rec`` converted from the source; a store must
+return exactly them.
 """
 import multiprocessing
+import os
 import pickle
-from typing import Callable, NamedTuple
+import shutil
+from typing import Callable, NamedTuple, Optional
 
 import lmdb
 import mxnet as mx
@@ -32,7 +36,9 @@ import pytest
 from gluon_data import (CaffeLMDBDataset, ClassificationDataset, ImageLMDBDataset,
                         ImageRecordDataset, RecipeLMDBDataset, SampleKey, SegmentationDataset,
                         SegmentationLMDBDataset, SegmentationRecordDataset, codec, convert)
-from gluon_data.errors import FormatError
+from gluon_data.errors import FormatError, GluonDataError
+from gluon_data.lmdbio import record_key
+from gluon_data.recordio import RecordFile
 from gluon_data.sample import make_voc
 from gluon_data.store import open_store
 
@@ -44,6 +50,42 @@ SIZE = 32  # the recipe layout needs one image shape
 class Case(NamedTuple):
     name: str
     make: Callable  # make(**options) -> dataset
+    damage: Callable  # damage(tmp_dir) -> dataset over a copy whose record 1 is damaged
+
+
+def _flip(value: bytes, at: int) -> bytes:
+    b = bytearray(value)
+    b[at] ^= 0xFF
+    return bytes(b)
+
+
+def _copy_lmdb_and_put(src: str, tmp_dir, db: Optional[bytes], key: bytes, fn) -> str:
+    """A copy of the environment at ``src`` with ``key``'s value in ``db`` replaced by
+    ``fn(old value)``."""
+    dst = os.path.join(str(tmp_dir), os.path.basename(src.rstrip("/")) + "-damaged")
+    shutil.copytree(src, dst)
+    env = lmdb.open(dst, max_dbs=64, subdir=True)
+    with env.begin(write=True) as txn:
+        handle = env.open_db(db, txn=txn, create=False) if db else None
+        txn.put(key, fn(bytes(txn.get(key, db=handle))), db=handle)
+    env.close()
+    return dst
+
+
+def _damaged_rec(rec: str, tmp_dir) -> str:
+    """A copy of the ``.rec`` (with its ``.idx`` and metadata) with a byte of record 1's
+    image flipped: its CRC-32 no longer matches."""
+    stem = os.path.join(str(tmp_dir), "damaged")
+    for ext in (".rec", ".idx", ".meta.json"):
+        if os.path.exists(rec[:-4] + ext):
+            shutil.copy(rec[:-4] + ext, stem + ext)
+    at = RecordFile(stem + ".rec").offset(1) + 8 + 40
+    with open(stem + ".rec", "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return stem + ".rec"
 
 
 # ------------------------------------------------------------------ sources and stores
@@ -61,14 +103,18 @@ def seg_source(tmp_path_factory):
 @pytest.fixture(scope="module")
 def seg_rec(seg_source):
     rec = seg_source["rec"]
-    return Case("rec", lambda **kw: SegmentationRecordDataset(rec, **kw))
+    return Case("rec", lambda **kw: SegmentationRecordDataset(rec, **kw),
+                lambda tmp: SegmentationRecordDataset(_damaged_rec(rec, tmp)))
 
 
 @pytest.fixture(scope="module")
 def seg_lmdb(seg_source, tmp_path_factory):
     lm = str(tmp_path_factory.mktemp("clmdb") / "seg.lmdb")
     convert(seg_source["root"], lm, "voc", split="trainval")
-    return Case("lmdb", lambda **kw: SegmentationLMDBDataset(lm, split="trainval", **kw))
+    return Case("lmdb", lambda **kw: SegmentationLMDBDataset(lm, split="trainval", **kw),
+                lambda tmp: SegmentationLMDBDataset(_copy_lmdb_and_put(
+                    lm, tmp, b"trainval", record_key(1), lambda v: _flip(v, 40)),
+                    split="trainval"))
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +128,11 @@ def seg_recipe(seg_source, tmp_path_factory):
             txn.put(str(i).encode(), np.ascontiguousarray(img).tobytes(), db=d)
             txn.put(str(i).encode(), mask.astype(np.uint8).tobytes(), db=lab)
     env.close()
-    return Case("recipe", lambda **kw: RecipeLMDBDataset(
-        path, split="trainval", image_shape=(SIZE, SIZE, 3), ignore_label=255,
-        num_classes=21, **kw))
+    def make(where=path, **kw):
+        return RecipeLMDBDataset(where, split="trainval", image_shape=(SIZE, SIZE, 3),
+                                 ignore_label=255, num_classes=21, **kw)
+    return Case("recipe", make, lambda tmp: make(_copy_lmdb_and_put(
+        path, tmp, b"trainval_data", b"1", lambda v: v[:-5])))
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +147,17 @@ def cls_source(folder_root, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cls_rec_case(cls_source):
     rec = cls_source["rec"]
-    return Case("rec", lambda **kw: ImageRecordDataset(rec, **kw))
+    return Case("rec", lambda **kw: ImageRecordDataset(rec, **kw),
+                lambda tmp: ImageRecordDataset(_damaged_rec(rec, tmp)))
 
 
 @pytest.fixture(scope="module")
 def cls_lmdb(cls_source, tmp_path_factory):
     lm = str(tmp_path_factory.mktemp("clsl") / "cls.lmdb")
     convert(cls_source["rec"], lm)
-    return Case("lmdb", lambda **kw: ImageLMDBDataset(lm, split="train", **kw))
+    return Case("lmdb", lambda **kw: ImageLMDBDataset(lm, split="train", **kw),
+                lambda tmp: ImageLMDBDataset(_copy_lmdb_and_put(
+                    lm, tmp, b"train", record_key(1), lambda v: _flip(v, 40)), split="train"))
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +172,9 @@ def cls_caffe(cls_source, tmp_path_factory):
             txn.put(b"%08d_x.jpg" % i, datum_bytes(int(label), chw.tobytes(), False,
                                                    *chw.shape))
     env.close()
-    return Case("caffe", lambda **kw: CaffeLMDBDataset(path, **kw))
+    return Case("caffe", lambda **kw: CaffeLMDBDataset(path, **kw),
+                lambda tmp: CaffeLMDBDataset(_copy_lmdb_and_put(
+                    path, tmp, None, b"%08d_x.jpg" % 1, lambda v: b"\xff\xff not a Datum")))
 
 
 @pytest.fixture(params=SEGMENTATION_STORES)
@@ -211,6 +264,22 @@ def test_seg_modes(seg):
     assert testval[0][0].shape == (SIZE, SIZE, 3)
     img, name = seg.make(mode="test")[2]
     assert img.shape == (SIZE, SIZE, 3) and isinstance(name, str)
+
+
+@pytest.mark.parametrize("task", ["seg", "cls"])
+def test_a_damaged_record_is_a_typed_error_naming_the_store(task, request, tmp_path):
+    """Expected: reading the damaged record raises a GluonDataError (CorruptRecordError for
+    checksummed stores, FormatError for legacy values) whose path is the damaged copy, and
+    the records around it still read."""
+    for name in (SEGMENTATION_STORES if task == "seg" else CLASSIFICATION_STORES):
+        case = request.getfixturevalue(name)
+        where = tmp_path / name
+        where.mkdir()
+        ds = case.damage(where)
+        with pytest.raises(GluonDataError) as e:
+            ds[1]
+        assert e.value.path is not None and str(where) in e.value.path, (name, e.value)
+        assert _np(ds[0][0]).ndim == 3 and _np(ds[2][0]).ndim == 3
 
 
 def test_seg_missing_location_is_typed(seg, tmp_path):
