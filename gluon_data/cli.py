@@ -48,6 +48,7 @@ def _cmd_convert(a) -> int:
                      max_pixels=a.max_pixels, format=a.format, image_shape=a.image_shape,
                      mask_shape=a.mask_shape, channels_first=a.channels_first, bgr=a.bgr,
                      resume=a.resume, progress=not a.quiet,
+                     follow_symlinks=a.follow_symlinks, max_file_bytes=a.max_file_bytes,
                      checkpoint_every=int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64")))
     print(report)
     return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
@@ -227,6 +228,7 @@ def _cmd_demo(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .codec import DEFAULT_MAX_PIXELS
+    from .sources import DEFAULT_MAX_FILE_BYTES
     p = argparse.ArgumentParser(prog="gluon-data", formatter_class=_Formatter,
                                 description="Pack image datasets into MXNet RecordIO or "
                                             "LMDB and inspect them.")
@@ -281,7 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--root", help="lst layout: folder the listed paths are relative to "
                                   "(default: the .lst's folder)")
     c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
-                   help="refuse images larger than this many pixels")
+                   help="refuse images larger than this many pixels (decoded, and after "
+                        "--resize)")
+    c.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
+                   help="refuse source files larger than this (only regular files are read)")
+    c.add_argument("--follow-symlinks", action="store_true",
+                   help="read files through symlinks that lead outside the source folder "
+                        "(refused by default, in every layout; '..' and absolute paths in "
+                        "split files and .lst files are always refused)")
     c.add_argument("--image-shape", type=_shape_arg,
                    help="raw-lmdb: stored image shape, e.g. 256,256,3 (H,W,C) or 3,256,256 with "
                         "--channels-first")
@@ -344,6 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the same clean-up runs."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # its own parser: gluon_data/bench.py
@@ -352,14 +369,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from .errors import GluonDataError
+    import signal
+    import threading
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return args.func(args)
-    except (GluonDataError, FileNotFoundError, FileExistsError, ValueError) as e:
+    except (GluonDataError, OSError, ValueError) as e:
         print("gluon-data: error: %s" % e, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("gluon-data: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print("gluon-data: %s%s" % ("terminated" if isinstance(e, _Terminated) else
+                                    "interrupted",
+                                    "; rerun the same command with --resume to continue"
+                                    if args.command == "convert" else ""), file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

@@ -292,6 +292,9 @@ def _decode_raw(buf, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
     shape = struct.unpack_from("<%dI" % ndim, mv, _RAW_HEAD.size)
     dt = _RAW_DTYPES[code]
     need = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if ndim == 3 and not 1 <= shape[2] <= 4:
+        raise DecodeError("%s: raw array of shape %s: images have 1 to 4 channels"
+                          % (what, shape))
     if max_pixels and shape[0] * (shape[1] if ndim > 1 else 1) > max_pixels:
         raise DecodeError("%s: raw array of shape %s exceeds the limit of %d pixels "
                           "(max_pixels)" % (what, shape, max_pixels))
@@ -322,16 +325,20 @@ _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
 def image_size(buf) -> Optional[Tuple[int, int]]:
-    """``(height, width)`` read from a PNG or JPEG header without decoding, else ``None``."""
-    b = bytes(buf[:64 * 1024]) if len(buf) > 64 * 1024 else bytes(buf)
-    if b.startswith(_PNG_SIG):
-        if len(b) >= 24 and b[12:16] == b"IHDR":
-            w, h = struct.unpack(">II", b[16:24])
+    """``(height, width)`` read from a PNG or JPEG header without decoding, else ``None``.
+
+    A JPEG's segments are walked up to its frame header however far it lies (a large
+    comment or EXIF segment must not hide the size), stopping at the first scan.
+    """
+    b = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
+    if bytes(b[:8]) == _PNG_SIG:
+        if len(b) >= 24 and bytes(b[12:16]) == b"IHDR":
+            w, h = struct.unpack(">II", bytes(b[16:24]))
             return h, w
         return None
-    if b.startswith(b"\xff\xd8"):
-        i = 2
-        while i + 4 <= len(b):
+    if bytes(b[:2]) == b"\xff\xd8":
+        i, n = 2, len(b)
+        while i + 4 <= n:
             if b[i] != 0xFF:
                 return None
             marker = b[i + 1]
@@ -341,15 +348,33 @@ def image_size(buf) -> Optional[Tuple[int, int]]:
             if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
                 i += 2
                 continue
-            (seglen,) = struct.unpack(">H", b[i + 2:i + 4])
+            if marker in (0xD9, 0xDA):  # end of image, or a scan before any frame header
+                return None
+            seglen = (b[i + 2] << 8) | b[i + 3]
             if marker in _SOF_MARKERS:
-                if i + 9 > len(b):
+                if i + 9 > n:
                     return None
-                h, w = struct.unpack(">HH", b[i + 5:i + 9])
+                h, w = struct.unpack(">HH", bytes(b[i + 5:i + 9]))
                 return h, w
             i += 2 + seglen
         return None
     return None
+
+
+def _header_size(buf) -> Optional[Tuple[int, int]]:
+    """``(height, width)`` of another format from Pillow's header parser (it reads the
+    header only), so the pixel cap applies before OpenCV allocates; ``None`` if unknown."""
+    import io
+    import warnings
+    from PIL import Image
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(bytes(buf))) as im:
+                w, h = im.size
+        return h, w
+    except Exception:  # not an image Pillow knows: OpenCV reports it
+        return None
 
 
 try:  # libjpeg-turbo with warnings as errors: corrupt entropy data fails instead of decoding
@@ -393,6 +418,13 @@ def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
             raise DecodeError("%s: truncated PNG (no IEND chunk at the end)" % what)
     if max_pixels:
         hw = image_size(buf)
+        if hw is None and head.startswith(b"\xff\xd8") and _sj is not None:
+            try:  # the decoder's own header parser: what it reads is what it allocates
+                hw = _sj.decode_jpeg_header(bytes(buf))[:2]
+            except ValueError as e:
+                raise DecodeError("%s: corrupt JPEG header (%s)" % (what, e)) from None
+        elif hw is None:
+            hw = _header_size(buf)  # BMP, WebP, TIFF, ... (stock files may hold any)
         if hw is not None and hw[0] * hw[1] > max_pixels:
             raise DecodeError("%s: %dx%d pixels exceed the limit of %d (max_pixels); raise it "
                               "if this image is genuine" % (what, hw[1], hw[0], max_pixels))

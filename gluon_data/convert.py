@@ -10,9 +10,12 @@ under the output's final name unless the whole conversion succeeded.
 from __future__ import annotations
 
 import io
+import math
 import multiprocessing
 import os
 import random
+import signal
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -29,7 +32,8 @@ from .meta import FORMAT_NAME, FORMAT_VERSION
 from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from .meta import read_meta
 from .recordio import RecordFile, RecordWriter
-from .sources import Item, Source, open_source, voc_palette
+from .sources import (DEFAULT_MAX_FILE_BYTES, Item, Source, open_source, read_regular,
+                      voc_palette)
 
 __all__ = ["convert", "copy_dataset", "import_lmdb", "ConversionReport", "EncodeOptions", "encode_item",
            "ENCODINGS", "FORMATS", "output_paths", "output_format"]
@@ -52,6 +56,7 @@ class EncodeOptions:
     checksum: bool = True
     mask_lut: Optional[Tuple[int, ...]] = None  # stored value -> class id (256 entries)
     mask_encoding: str = "zraw"  # "zraw" (zlib-compressed array) or "png"; raw with encoding=raw
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
 
 @dataclass
@@ -82,19 +87,10 @@ class ConversionReport:
 
 
 # --------------------------------------------------------------------------- per item
-def _read_bytes(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise SourceError("%s file not found" % what, path) from None
-    except IsADirectoryError:
-        raise SourceError("%s path is a directory" % what, path) from None
-    except OSError as e:
-        raise SourceError("cannot read %s: %s" % (what, e.strerror or e), path) from None
-    if not data:
-        raise SourceError("%s is an empty (0-byte) file" % what, path)
-    return data
+def _read_bytes(path: str, what: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+    """A source file's bytes: regular files only, at most ``max_bytes`` (see
+    :func:`~gluon_data.sources.read_regular`)."""
+    return read_regular(path, what, max_bytes)
 
 
 def _check_pixels(data: bytes, path: str, what: str, max_pixels: int) -> None:
@@ -160,12 +156,16 @@ def _mask_indices(im: Image.Image, path: str) -> Tuple[np.ndarray, Optional[List
                       path)
 
 
-def _resize_short(a: np.ndarray, size: int, interp: int) -> np.ndarray:
+def _resize_short(a: np.ndarray, size: int, interp: int, max_pixels: int = 0,
+                  path: Optional[str] = None) -> np.ndarray:
     h, w = a.shape[:2]
     if h <= w:
         nh, nw = size, max(1, int(round(w * size / h)))
     else:
         nh, nw = max(1, int(round(h * size / w))), size
+    if max_pixels and nh * nw > max_pixels:  # a 1x30000 strip resized to 500 is 7.5e9 pixels
+        raise SourceError("resizing this %dx%d image to a short side of %d makes it %dx%d, "
+                          "more than max_pixels=%d" % (w, h, size, nw, nh, max_pixels), path)
     return cv2.resize(a, (nw, nh), interpolation=interp)
 
 
@@ -187,7 +187,7 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     Returns ``(payload, info)``; raises :class:`SourceError` naming the bad file.
     ``info`` holds the stored image size, the mask's palette and class pixel counts.
     """
-    data = _read_bytes(item.image, "image")
+    data = _read_bytes(item.image, "image", opts.max_file_bytes)
     info: dict = {}
     rgb = (_decode_like_reader(data, item.image, opts.max_pixels)
            if opts.encoding == "passthrough" and not opts.resize else None)
@@ -204,7 +204,8 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
         rgb = np.asarray(im.convert("RGB"))
         if opts.resize:
             rgb = _resize_short(rgb, opts.resize, cv2.INTER_AREA
-                                if min(h, w) > opts.resize else cv2.INTER_LINEAR)
+                                if min(h, w) > opts.resize else cv2.INTER_LINEAR,
+                                opts.max_pixels, item.image)
         data = image_part(rgb, opts, "jpg" if fmt == "JPEG" else "png")
     oh, ow = (rgb.shape[:2] if reencode else (h, w))
     info["hw"] = (oh, ow)
@@ -216,7 +217,7 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     if item.mask is None:  # a split without masks (VOC test): the image alone
         return codec.pack_segmentation(data, b"", id=record_id, checksum=opts.checksum), info
 
-    mdata = _read_bytes(item.mask, "mask")
+    mdata = _read_bytes(item.mask, "mask", opts.max_file_bytes)
     if mdata[:2] == b"\xff\xd8":
         raise SourceError("mask is a JPEG: lossy compression invents class ids at edges; "
                           "provide PNG masks", item.mask)
@@ -304,6 +305,46 @@ def _work(job, opts: EncodeOptions):
 
 def _worker_init():
     cv2.setNumThreads(1)  # one process per core already; safe in a fresh (spawned) process
+    # Ctrl-C reaches the whole process group: only the parent acts on it (it stops the pool).
+    # A worker killed by it mid-task could die holding the task queue's lock, and the
+    # parent's Pool.terminate() would then wait for that lock forever.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_pool(workers: int):
+    """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
+    blocked while they are created (a blocked signal stays blocked across fork and exec), so
+    an interrupt during start-up waits in the parent and is raised there right after."""
+    ctx = multiprocessing.get_context("spawn")
+    block = hasattr(signal, "pthread_sigmask") and \
+        threading.current_thread() is threading.main_thread()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if block else None
+    try:
+        return ctx.Pool(workers, initializer=_worker_init)
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _stop_pool(pool, timeout: float = 5.0) -> None:
+    """Terminate a pool within ``timeout`` seconds whatever state it is in, reaping every
+    worker: ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a
+    worker killed from outside while it held a queue lock), the workers are killed."""
+    procs = list(getattr(pool, "_pool", []))
+    t = threading.Thread(target=pool.terminate, name="gluon-data-pool-stop", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        for p in procs + list(getattr(pool, "_pool", [])):
+            try:
+                p.kill()
+            except (OSError, AttributeError, ValueError):
+                pass
+    for p in procs + list(getattr(pool, "_pool", [])):
+        try:
+            p.join(timeout)
+        except (OSError, AssertionError, ValueError):
+            pass
 
 
 # --------------------------------------------------------------------------- driver
@@ -345,15 +386,105 @@ def open_writers(output: str, splits: Sequence[str], fmt: str, overwrite: bool):
     return paths, writers
 
 
-def _fail(exc: BaseException, writers, output: str) -> None:
-    """Remove every partial output, then re-raise (an I/O error as ConversionError)."""
+def _free_space(path: str) -> str:
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)) or ".")
+        return "%d bytes free" % (st.f_bavail * st.f_frsize)
+    except OSError:
+        return "free space unknown"
+
+
+def _fail(exc: BaseException, writers, output: str, ckpt: "Optional[_Checkpoint]" = None) -> None:
+    """Clean up after a failed or interrupted conversion, then re-raise (an I/O or LMDB
+    error as one :class:`ConversionError` naming the output).
+
+    Where a checkpoint was taken (``ckpt.saved``), the partial files and the checkpoint are
+    kept, closed, for ``--resume`` to continue from; otherwise every partial output and any
+    checkpoint file is removed, so nothing that ``--resume`` would refuse stays behind.
+    """
+    import lmdb
+    keep = ckpt is not None and ckpt.saved
     for w in writers.values():
         if w._state in ("open", "finished"):
-            w.abort()
+            if keep:
+                w.suspend()
+            else:
+                w.abort()
+    if ckpt is not None and not keep:
+        ckpt.remove()
+    hint = ("; the partial output and its checkpoint are kept: rerun the same command with "
+            "--resume to continue" if keep else "")
     if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
-        raise ConversionError("writing failed: %s" % (exc.strerror or exc),
+        import errno
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            reason += " (%s)" % _free_space(output)
+        raise ConversionError("writing failed: %s%s" % (reason, hint),
                               getattr(exc, "filename", None) or output) from exc
+    if isinstance(exc, lmdb.Error):  # LMDB reports a full disk as EIO or ENOSPC
+        raise ConversionError("writing the LMDB environment failed: %s (the disk may be full: "
+                              "%s)%s" % (exc, _free_space(output), hint), output) from exc
+    if isinstance(exc, ConversionError) and hint:
+        raise ConversionError(exc.reason + hint, exc.path, exc.key, exc.offset) from None
     raise exc
+
+
+def _check_range(name: str, value, lo, hi=None, what: str = "") -> None:
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and \
+        not isinstance(value, bool) and math.isfinite(value) and value >= lo and \
+        (hi is None or value <= hi)
+    if not ok:
+        raise ValueError("%s (--%s) must be %s, got %r"
+                         % (name, name.replace("_", "-"),
+                            what or ("%s..%s" % (lo, hi) if hi is not None else ">= %s" % lo),
+                            value))
+
+
+def _check_options(*, quality=95, resize=0, workers=1, max_pixels=1, max_file_bytes=1,
+                   checkpoint_every=1, ignore_label=255, num_classes=None) -> None:
+    """Refuse option values that cannot work, before anything is read or written."""
+    _check_range("quality", quality, 0, 100, "a JPEG quality 0..100")
+    _check_range("resize", resize, 0, what="0 (keep the size) or a positive short side")
+    _check_range("workers", workers, 1)
+    _check_range("max_pixels", max_pixels, 1)
+    _check_range("max_file_bytes", max_file_bytes, 1)
+    _check_range("checkpoint_every", checkpoint_every, 1)
+    _check_range("ignore_label", ignore_label, 0, 65535, "a mask value 0..65535")
+    if num_classes is not None:
+        _check_range("num_classes", num_classes, 1)
+
+
+def _check_output(output, fmt: str) -> str:
+    """Refuse an output that cannot be written (empty name, a directory where a ``.rec``
+    goes, a file where an LMDB directory goes, a missing or read-only folder) with one
+    clear error, before any work is done."""
+    output = os.fspath(output)
+    if not output or not output.strip() or not os.path.basename(output.rstrip("/")):
+        raise ValueError("output name is empty: give a file name (e.g. data.rec or data.lmdb)")
+    if fmt == "rec" and os.path.isdir(output):
+        raise ConversionError("output is a directory; a .rec output is a file name (for an "
+                              "LMDB directory use a .lmdb name or --format lmdb)", output)
+    if fmt == "lmdb" and os.path.exists(output) and not os.path.isdir(output):
+        raise ConversionError("output exists and is not a directory; an LMDB output is a "
+                              "directory", output)
+    parent = os.path.dirname(os.path.abspath(output.rstrip("/") or output))
+    probe = parent
+    while not os.path.exists(probe):  # the writers create missing folders
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConversionError("cannot create the output folder: %s is not a directory"
+                              % probe, output)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        import errno
+        try:
+            os.statvfs(probe)
+            ro = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+        except (OSError, AttributeError):
+            ro = False
+        raise ConversionError("cannot write to the output folder %s: %s"
+                              % (probe, os.strerror(errno.EROFS) if ro else "permission denied"),
+                              output)
+    return output
 
 
 def _plan(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict[str, List[Item]]:
@@ -386,7 +517,9 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             format: Optional[str] = None, image_shape: Optional[Sequence[int]] = None,
             mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
             bgr: bool = False, resume: bool = False, checkpoint_every: int = 64,
-            progress: bool = False, mask_encoding: str = "zraw") -> ConversionReport:
+            progress: bool = False, mask_encoding: str = "zraw",
+            follow_symlinks: bool = False,
+            max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> ConversionReport:
     """Convert a source folder or ``.lst`` into RecordIO (``.rec`` + ``.idx`` + metadata).
 
     Parameters
@@ -437,7 +570,16 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         ``checkpoint_every`` items (RecordIO: ``OUTPUT.resume.json`` after an fsync; LMDB:
         inside the partial environment, in the same transaction as the records). The result
         equals an uninterrupted run (RecordIO: byte for byte); a checkpoint made with other
-        inputs or options is refused.
+        inputs or options is refused. A conversion that failed or was interrupted (Ctrl-C,
+        SIGTERM, a full disk) after its first checkpoint keeps its partial files and the
+        checkpoint for this; one that failed before leaves nothing behind.
+    follow_symlinks : bool
+        Read files through symlinks that resolve outside the source root (refused by
+        default, as are listed paths with ``..`` or absolute paths, in every layout).
+    max_file_bytes : int
+        Refuse source files larger than this (only regular files are ever read).
+    max_pixels : int
+        Refuse images whose decoded size, or whose size after ``resize``, exceeds this.
 
     Returns
     -------
@@ -457,7 +599,11 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     _check_choices(encoding, on_error)
     if mask_encoding not in ("zraw", "png"):
         raise ValueError("unknown mask_encoding %r; valid: zraw, png" % (mask_encoding,))
+    _check_options(quality=quality, resize=resize, workers=workers, max_pixels=max_pixels,
+                   max_file_bytes=max_file_bytes, checkpoint_every=checkpoint_every,
+                   ignore_label=ignore_label, num_classes=num_classes)
     fmt = output_format(output, format)
+    _check_output(output, fmt)
     source = os.fspath(source)
     if layout in ("raw-lmdb", "caffe-lmdb"):
         return import_lmdb(source, output, layout, split=split, image_shape=image_shape,
@@ -472,7 +618,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     t0 = time.perf_counter()
     try:
         src = open_source(source, layout, split=split, images_dir=images_dir,
-                          masks_dir=masks_dir, lst_root=lst_root)
+                          masks_dir=masks_dir, lst_root=lst_root,
+                          follow_symlinks=follow_symlinks)
     except SourceError as e:
         raise ConversionError("cannot read source: %s" % e.reason, e.path or source) from None
     if classes is None and src.classes is not None:
@@ -495,7 +642,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
                          num_classes=num_classes if src.task == "segmentation" else None,
                          ignore_label=ignore_label, max_pixels=max_pixels,
-                         mask_lut=src.mask_lut, mask_encoding=mask_encoding)
+                         mask_lut=src.mask_lut, mask_encoding=mask_encoding,
+                         max_file_bytes=max_file_bytes)
     writers: Dict[str, RecordWriter] = {}
     stats: Dict[str, _Stats] = {}
     pool = None
@@ -531,7 +679,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         if workers > 1:
             # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
             # the parent's threads left it and can deadlock in its first OpenCV call.
-            pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
+            pool = _start_pool(workers)
         fn = partial(_work, opts=opts)
         for s, items in plan.items():
             w = writers[s]
@@ -584,11 +732,13 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             pool.join()
             pool = None
     except BaseException as e:
-        _fail(e, writers, output)
+        if pool is not None:  # stop the workers first: they may still read the source
+            _stop_pool(pool)
+            pool = None
+        _fail(e, writers, output, ckpt)
     finally:
-        if pool is not None:  # a failure left tasks in flight
-            pool.terminate()
-            pool.join()
+        if pool is not None:
+            _stop_pool(pool)
         if bar is not None:
             bar.close()
     report.seconds = time.perf_counter() - t0
@@ -723,8 +873,11 @@ def _plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,
     """Identity of a conversion: a checkpoint only resumes the same inputs and options."""
     import hashlib
     import json
+    def rel(p):  # the same source spelled relative or absolute has the same digest
+        return None if p is None else os.path.relpath(p, src.root)
+
     doc = {"source": os.path.abspath(src.root), "layout": src.layout, "options": options,
-           "opts": repr(opts), "plan": {s: [(i.name, i.image, i.mask, i.label, i.key)
+           "opts": repr(opts), "plan": {s: [(i.name, rel(i.image), rel(i.mask), i.label, i.key)
                                             for i in items] for s, items in plan.items()}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -743,6 +896,7 @@ class _Checkpoint:
         self.digest = digest
         self.fmt = fmt
         self.splits: Dict[str, dict] = {}
+        self.saved = False  # a checkpoint describes partial files on disk
 
     def load(self) -> Optional[dict]:
         import json
@@ -765,6 +919,7 @@ class _Checkpoint:
                                   "options; rerun with the same ones, or without --resume",
                                   self.path if self.fmt == "rec" else self.output)
         self.splits = state["splits"]
+        self.saved = True
         return state
 
     def _doc(self, skipped, **extra) -> dict:
@@ -777,6 +932,7 @@ class _Checkpoint:
             entry["writer"] = [writer.count, writer.bytes_written]  # buffered ones included
             self.splits[split] = entry
             writer.checkpoint(json.dumps(self._doc(skipped)).encode("utf-8"))
+            self.saved = True
             return
         entry["writer"] = list(writer.sync())
         self.splits[split] = entry
@@ -786,6 +942,7 @@ class _Checkpoint:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+        self.saved = True
 
     def mark_publishing(self) -> None:
         """RecordIO: everything is on disk under partial names; a resume only renames.
@@ -806,6 +963,7 @@ class _Checkpoint:
                 os.remove(p)
             except FileNotFoundError:
                 pass
+        self.saved = False
 
 
 def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, src: Source,
@@ -867,7 +1025,10 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
     """
     from .legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items  # imports MXNet
     _check_choices(encoding, on_error)
+    _check_options(quality=quality, max_pixels=max_pixels, ignore_label=ignore_label,
+                   num_classes=num_classes)
     fmt = output_format(output, format)
+    _check_output(output, fmt)
     t0 = time.perf_counter()
     split = split or "train"
     try:
@@ -968,6 +1129,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
     and ``.meta.json`` exactly. A stock ``.rec`` (no metadata) gets classification metadata.
     """
     fmt = output_format(output, format)
+    _check_output(output, fmt)
     t0 = time.perf_counter()
     sources: Dict[str, Tuple[object, dict]] = {}
     if is_lmdb(source):

@@ -247,7 +247,8 @@ MODES = ("train", "val", "testval", "test")
 
 
 def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
-                            seed: Optional[int] = None):
+                            seed: Optional[int] = None,
+                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
     """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
     (train: mirror, random scale, pad + random crop, blur, fused into one
     :class:`~gluon_data.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
@@ -257,7 +258,8 @@ def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill
         return T.RandomScaleCrop(base_size, crop_size, image_fill=0, mask_fill=mask_fill,
                                  seed=seed)
     if mode == "val":
-        return T.Compose([T.ResizeShort(crop_size, pil=True),  # gluoncv's exact values
+        return T.Compose([T.ResizeShort(crop_size, pil=True,  # gluoncv's exact values
+                                        max_pixels=max_pixels),
                           T.CenterCrop(crop_size, 0, mask_fill)])
     return None
 
@@ -447,8 +449,8 @@ class SegmentationDataset(_StoreDataset):
                                                                         "reseed"):
             joint_transform.reseed(seed)
         self._joint = (joint_transform if joint_transform is not None else
-                       default_joint_transform(mode, base_size, crop_size, fill, seed)
-                       if mode else None)
+                       default_joint_transform(mode, base_size, crop_size, fill, seed,
+                                               self._max_pixels) if mode else None)
         # In a mode, a Gluon ToTensor(+Normalize) image transform runs as numpy (same values).
         self._tensorize = _tensor_only(transform) if mode else None
 
@@ -520,8 +522,12 @@ class SegmentationDataset(_StoreDataset):
             return img, self.name(i)
         img, mask = self._arrays(i)
         if self._builtin_joint:  # works on the stored mask, padding with the stored ignore
-            with self._sample(i, epoch):
-                img, mask = self._joint(img, mask)
+            try:
+                with self._sample(i, epoch):
+                    img, mask = self._joint(img, mask)
+            except DecodeError as e:  # a derived size over max_pixels: name the record
+                raise DecodeError(e.reason, self.filename, self._file.key(i),
+                                  self._file.offset(i)) from None
             mask = buffers.samples.wrap(
                 self._labels(mask, buffers.samples.take(mask.shape, np.int32)))
         else:

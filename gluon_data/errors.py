@@ -10,6 +10,7 @@ __all__ = [
     "DecodeError",
     "SourceError",
     "ConversionError",
+    "ResourceError",
 ]
 
 
@@ -62,3 +63,8 @@ class SourceError(GluonDataError, ValueError):
 
 class ConversionError(GluonDataError):
     """A conversion failed; nothing was written under the output's final name."""
+
+
+class ResourceError(GluonDataError, OSError):
+    """The process ran out of a resource it needs to read (file descriptors, ...); the
+    message says which limit and how to raise it."""

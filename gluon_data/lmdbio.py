@@ -52,8 +52,9 @@ def names_lmdb(path: str) -> bool:
     return is_lmdb(path) or path.rstrip("/").endswith(".lmdb")
 
 
-def _check_data_file(path: str) -> None:
-    """Refuse a missing, empty or truncated ``data.mdb`` before LMDB maps it (SIGBUS)."""
+def _check_data_file(path: str) -> int:
+    """Refuse a missing, empty or truncated ``data.mdb`` before LMDB maps it (SIGBUS);
+    return the size in bytes its newest meta page needs."""
     if not os.path.isdir(path):
         raise FormatError("not an LMDB environment: %s" % ("no such directory"
                           if not os.path.exists(path) else "not a directory"), path)
@@ -81,15 +82,54 @@ def _check_data_file(path: str) -> None:
     if size < need:
         raise FormatError("data.mdb is truncated: %d bytes, its meta page needs %d; the copy is "
                           "incomplete" % (size, need), data)
+    return need
+
+
+# A read-only environment's data.mdb can shrink under it (truncated, rewritten in place);
+# touching a mapped page past the new end is SIGBUS. Each open environment keeps a
+# descriptor on the file it mapped and the size it needs; every read transaction first
+# compares them (one fstat).
+_GUARDS: Dict[int, Tuple[int, int, str]] = {}  # id(env) -> (fd on data.mdb, bytes needed, path)
+
+
+def _forget_guard(env) -> None:
+    g = _GUARDS.pop(id(env), None)
+    if g is not None:
+        try:
+            os.close(g[0])
+        except OSError:
+            pass
+
+
+def check_mapped(env: lmdb.Environment) -> None:
+    """Raise :class:`FormatError` if the ``data.mdb`` behind an open read-only ``env`` is now
+    shorter than when it was opened (reading it would kill the process with SIGBUS)."""
+    g = _GUARDS.get(id(env))
+    if g is None:
+        return
+    size = os.fstat(g[0]).st_size
+    if size < g[1]:
+        raise FormatError("data.mdb shrank to %d bytes under an open dataset (it needs %d): "
+                          "the file was truncated or is being rewritten in place; reopen the "
+                          "dataset once it is complete" % (size, g[1]), g[2])
 
 
 def _open_env(path: str) -> lmdb.Environment:
-    _check_data_file(path)
+    from .recordio import open_or_explain
+    data = os.path.join(path, "data.mdb")
+    need = _check_data_file(path)
+    fd = open_or_explain(data)
     try:
-        return lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
-                         max_dbs=_MAX_DBS, subdir=True, create=False)
+        env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
+                        max_dbs=_MAX_DBS, subdir=True, create=False)
     except lmdb.Error as e:
+        os.close(fd)
         raise FormatError("cannot open LMDB environment: %s" % e, path) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    _GUARDS[id(env)] = (fd, need, data)
+    return env
 
 
 # One read-only environment per (file, process). LMDB forbids opening an environment twice
@@ -123,7 +163,9 @@ def shared_env(path: str) -> lmdb.Environment:
             return ent[1]
         for k in [k for k, (p, _) in _ENVS.items() if p != pid]:
             try:
-                _ENVS.pop(k)[1].close()  # inherited across fork: release this process's copy
+                old = _ENVS.pop(k)[1]
+                _forget_guard(old)
+                old.close()  # inherited across fork: release this process's copy
             except Exception:
                 pass
         env = _open_env(path)
@@ -158,6 +200,7 @@ class ProcessEnv:
                   record=None) -> Optional[bytes]:
         """One short read transaction; handles a map grown by another process."""
         env, db = self.get(db_name)
+        check_mapped(env)
         try:
             try:
                 with env.begin(db=db) as txn:
@@ -179,6 +222,7 @@ class ProcessEnv:
 
 
 def _read_all_meta(env: lmdb.Environment, path: str) -> Dict[str, dict]:
+    check_mapped(env)
     try:
         mdb = env.open_db(META_DB, create=False)
     except lmdb.NotFoundError:
@@ -467,6 +511,17 @@ class LMDBWriter:
             os.replace(self.tmp, self.path)
         self._state = "published"
 
+    def suspend(self) -> None:
+        """Close the partial environment and keep it: its committed progress document says
+        where a resume continues."""
+        if self._state in ("published", "aborted", "suspended"):
+            return
+        try:
+            self.env.close()
+        except lmdb.Error:
+            pass
+        self._state = "suspended"
+
     def abort(self) -> None:
         if self._state in ("published", "aborted"):
             return
@@ -524,6 +579,10 @@ class _SplitWriter:
     def publish(self) -> None:
         self.parent.publish()
         self._state = "published"
+
+    def suspend(self) -> None:
+        self.parent.suspend()
+        self._state = "suspended"
 
     def abort(self) -> None:
         self.parent.abort()

@@ -39,14 +39,61 @@ def check_meta(meta: Any, path: str) -> Dict[str, Any]:
         raise FormatError("unknown task %r (expected one of %s)" % (meta.get("task"), TASKS),
                           path)
     n = meta.get("num_records")
-    if not isinstance(n, int) or n < 0:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise FormatError("num_records must be a non-negative integer, got %r" % (n,), path)
+    for name, ok, want in _FIELD_TYPES:
+        if name in meta and meta[name] is not None and not ok(meta[name]):
+            raise FormatError("metadata field %r must be %s, got %s %s"
+                              % (name, want, type(meta[name]).__name__,
+                                 _short(meta[name])), path)
     return meta
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _counts(v) -> bool:
+    return isinstance(v, dict) and all(_int(c) and c >= 0 for c in v.values())
+
+
+#: Optional fields readers use, with the type each must have (``None`` is always allowed):
+#: a wrong type is one clear FormatError at open, not a TypeError deep in a reader.
+_FIELD_TYPES = (
+    ("split", lambda v: isinstance(v, str), "a string"),
+    ("checksum", lambda v: isinstance(v, str), "a string"),
+    ("image_encoding", lambda v: isinstance(v, str), "a string"),
+    ("mask_encoding", lambda v: isinstance(v, str), "a string"),
+    ("classes", lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v),
+     "a list of strings"),
+    ("num_classes", lambda v: _int(v) and v >= 0, "a non-negative integer"),
+    ("ignore_label", lambda v: _int(v) and 0 <= v <= 65535, "an integer 0..65535"),
+    ("pred_offset", _int, "an integer"),
+    ("palette", lambda v: isinstance(v, list) and all(
+        isinstance(c, list) and len(c) == 3 and all(_int(x) and 0 <= x <= 255 for x in c)
+        for c in v), "a list of [r, g, b] lists"),
+    ("record_keys", lambda v: isinstance(v, list) and all(_int(k) for k in v),
+     "a list of integers"),
+    ("class_pixels", _counts, "an object of counts"),
+    ("class_images", _counts, "an object of counts"),
+    ("class_image_pixels", _counts, "an object of counts"),
+    ("skipped", lambda v: isinstance(v, list), "a list"),
+    ("created_by", lambda v: isinstance(v, dict), "an object"),
+    ("image_size", lambda v: isinstance(v, dict), "an object"),
+    ("image_stats", lambda v: isinstance(v, dict), "an object"),
+)
 
 
 def read_meta(rec_path: str) -> Optional[Dict[str, Any]]:
     """Metadata of a ``.rec``, or ``None`` when there is none (a stock MXNet file)."""
     path = meta_path(rec_path)
+    from .recordio import _require_regular
+    _require_regular(path)
     try:
         with open(path, "rb") as f:
             raw = f.read()

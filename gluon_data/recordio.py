@@ -20,7 +20,7 @@ from typing import Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from . import codec
-from .errors import FormatError
+from .errors import FormatError, ResourceError
 from .meta import dumps_meta, meta_path, read_meta
 from .store import is_uri, register_opener
 
@@ -28,6 +28,29 @@ __all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for"]
 
 _LARGE_EXTENT = 64 << 20  # read records bigger than this header-first, not in one pread
 _SCRATCH_MAX = 8 << 20    # records up to this size are read into a reused per-thread buffer
+# One scratch buffer per thread, shared by every RecordFile: a thousand open datasets cost a
+# thousand small objects, not a thousand 1 MB buffers.
+_SCRATCH = threading.local()
+
+
+def open_or_explain(path: str, flags: int = os.O_RDONLY) -> int:
+    """``os.open`` whose running out of descriptors is a :class:`ResourceError` saying so
+    (with the limit and the fix) instead of a bare ``EMFILE``."""
+    import errno
+    try:
+        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        try:
+            import resource
+            limit = "the limit is %d" % resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, OSError, ValueError):
+            limit = "limit unknown"
+        raise ResourceError("cannot open: too many open files (%s%s); close datasets you no "
+                            "longer read, or raise the limit (ulimit -n)"
+                            % ("system-wide, " if e.errno == errno.ENFILE else "", limit),
+                            path) from None
 
 
 def idx_path_for(rec_path: str) -> str:
@@ -235,6 +258,8 @@ class RecordFile:
         if not os.path.exists(self.path):
             raise FileNotFoundError("record file %s not found" % self.path)
         self._meta = meta
+        for p in (self.path, self.idx_path):
+            _require_regular(p)
         keys, offsets = read_index(self.idx_path)
         st = os.stat(self.path)
         self._stamp = file_stamp(st)
@@ -253,8 +278,10 @@ class RecordFile:
         self._key_pos: Optional[Dict[int, int]] = None
         self._fd_pid: Optional[Tuple[int, int]] = None
         self._lock = threading.Lock()
-        self._scratch = threading.local()
-        self._check_tail()
+        try:
+            self._check_tail()
+        finally:
+            self.close()  # opened again on the first read: an idle reader holds no descriptor
 
     # -- validation -------------------------------------------------------------------
     def _validate(self, keys, offsets, expected_count):
@@ -326,7 +353,7 @@ class RecordFile:
         with self._lock:
             cur = self._fd_pid
             if cur is None or cur[1] != pid:
-                fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = open_or_explain(self.path)
                 stamp = file_stamp(os.fstat(fd))
                 if stamp != self._stamp:
                     os.close(fd)
@@ -345,9 +372,9 @@ class RecordFile:
         """``n`` bytes at ``offset`` in this thread's reused buffer (valid until its next
         read). A fresh ``bytes`` per read costs more than the copy: the allocator hands the
         memory back to the kernel between reads and every page faults in again."""
-        buf = getattr(self._scratch, "buf", None)
+        buf = getattr(_SCRATCH, "buf", None)
         if buf is None or len(buf) < n:
-            buf = self._scratch.buf = bytearray(max(n, 1 << 20))
+            buf = _SCRATCH.buf = bytearray(max(n, 1 << 20))
         view = memoryview(buf)[:n]
         return view[:os.preadv(self._fd(), [view], offset)]
 
@@ -366,13 +393,12 @@ class RecordFile:
         state = self.__dict__.copy()
         state["_fd_pid"] = None
         state["_lock"] = None
-        state["_scratch"] = None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.pop("_scratch", None)  # pickled by an older version
         self._lock = threading.Lock()
-        self._scratch = threading.local()
 
     # -- access -----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -394,7 +420,8 @@ class RecordFile:
 
     def view(self, i: int):
         """Like :meth:`read`, but the payload may be a ``memoryview`` into a per-thread
-        buffer that the thread's next read overwrites: parse it (or copy it) before that."""
+        buffer (shared by every RecordFile) that the thread's next ``view`` of any file
+        overwrites: parse it (or copy it) before that."""
         start, end = int(self._offsets[i]), int(self._ends[i])
         if end - start <= _SCRATCH_MAX:
             buf = self._pread_scratch(end - start, start)
@@ -454,8 +481,8 @@ class RecordFile:
         i = 0
         while i < n:
             start, end = int(offsets[i]), int(ends[i])
-            if end - start > chunk_bytes:
-                yield memoryview(self.view(i))
+            if end - start > chunk_bytes:  # a copy: the shared scratch is not ours to lend
+                yield memoryview(self.read(i))
                 i += 1
                 continue
             sequential = i + 1 < n and int(offsets[i + 1]) == end
@@ -629,6 +656,16 @@ class RecordWriter:
                 pass
         _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
+    def suspend(self) -> None:
+        """Close the partial files and keep them (a checkpoint describes a prefix of them:
+        ``resume`` cuts them back to it)."""
+        for f in (self._rec, self._idx):
+            try:
+                f.close()
+            except OSError:  # a full disk fails the last flush: the checkpoint predates it
+                pass
+        self._state = "suspended"
+
     def abort(self) -> None:
         """Close and delete the partial files; the final names are untouched."""
         for f in (self._rec, self._idx):
@@ -650,6 +687,20 @@ class RecordWriter:
         if exc_type is not None and self._state in ("open", "finished"):
             self.abort()
         return False
+
+
+def _require_regular(path: str) -> None:
+    """Refuse a FIFO, device or socket before opening it (a FIFO would block forever, a
+    device be read without end); a missing file is left to the caller's own message."""
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError("not a regular file (%s); datasets are read from regular files only"
+                          % ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory"
+                             if stat.S_ISDIR(st.st_mode) else "a device or socket"), path)
 
 
 def _fsync_dir(path: str) -> None:

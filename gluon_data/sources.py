@@ -14,14 +14,22 @@ A layout only lists files; it opens none of them. Reading and validating happens
 """
 from __future__ import annotations
 
+import math
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import SourceError
 
 __all__ = ["Item", "Source", "LAYOUTS", "open_source", "detect_layout",
-           "VOC_CLASSES", "voc_palette", "IMAGE_EXTENSIONS"]
+           "VOC_CLASSES", "voc_palette", "IMAGE_EXTENSIONS", "confine", "read_regular",
+           "DEFAULT_MAX_FILE_BYTES"]
+
+#: Source files larger than this are refused before reading (an image or mask of 256 MB is
+#: not a training sample; a device or a sparse file would otherwise be read until memory
+#: runs out). Override with ``max_file_bytes`` (CLI: ``--max-file-bytes``).
+DEFAULT_MAX_FILE_BYTES = 1 << 28
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 MASK_EXTENSIONS = (".png", ".bmp", ".tif", ".tiff", ".pgm", ".jpg", ".jpeg")  # jpeg refused later
@@ -84,11 +92,94 @@ def _inside(root: str, path: str) -> bool:
     return real == root_real or real.startswith(root_real + os.sep)
 
 
+def _lexically_inside(root: str, path: str) -> bool:
+    root_abs = os.path.normpath(os.path.abspath(root))
+    p = os.path.normpath(os.path.abspath(path))
+    return p == root_abs or p.startswith(root_abs.rstrip(os.sep) + os.sep)
+
+
+def confine(root: str, path: str, follow_symlinks: bool = False) -> Optional[str]:
+    """The one rule every layout applies to every file it lists: why ``path`` may not be
+    read as part of the source rooted at ``root``, or ``None`` when it may.
+
+    A path spelled outside the root (``..``, an absolute path in a split file or ``.lst``) is
+    always refused. A path inside it that resolves, through symlinks, to a file outside it
+    is refused unless ``follow_symlinks`` (trees that link to shared storage on purpose).
+    """
+    if not _lexically_inside(root, path):
+        return "path leaves the image root %s" % root
+    if not follow_symlinks and not _inside(root, path):
+        return ("symlink leaves the source root %s (points to %s); pass --follow-symlinks "
+                "(follow_symlinks=True) if the tree links out on purpose"
+                % (root, os.path.realpath(path)))
+    return None
+
+
+def read_regular(path: str, what: str, max_bytes: Optional[int] = DEFAULT_MAX_FILE_BYTES,
+                 allow_empty: bool = False) -> bytes:
+    """The bytes of a *regular* file of at most ``max_bytes``, else :class:`SourceError`.
+
+    The file is opened non-blocking and checked with ``fstat`` before any read, so a FIFO
+    never blocks, and a device (``/dev/zero``), a socket or a directory is refused instead
+    of being read until memory runs out.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise SourceError("%s file not found" % what, path) from None
+    except IsADirectoryError:
+        raise SourceError("%s path is a directory" % what, path) from None
+    except OSError as e:
+        raise SourceError("cannot read %s: %s" % (what, e.strerror or e), path) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise SourceError("%s path is a directory" % what, path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                    "a character device" if stat.S_ISCHR(st.st_mode) else
+                    "a block device" if stat.S_ISBLK(st.st_mode) else
+                    "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise SourceError("%s is %s; only regular files are read" % (what, kind), path)
+        if max_bytes and st.st_size > max_bytes:
+            raise SourceError("%s of %d bytes exceeds max_file_bytes=%d (--max-file-bytes)"
+                              % (what, st.st_size, max_bytes), path)
+        limit = (max_bytes or st.st_size) + 1  # a file growing while read stops here
+        chunks, got = [], 0
+        while got < limit:
+            b = os.read(fd, min(limit - got, max(st.st_size - got, 0) + 1, 16 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        data = b"".join(chunks)
+    except OSError as e:
+        raise SourceError("cannot read %s: %s" % (what, e.strerror or e), path) from None
+    finally:
+        os.close(fd)
+    if max_bytes and len(data) > max_bytes:
+        raise SourceError("%s grew past max_file_bytes=%d while being read" % (what, max_bytes),
+                          path)
+    if not data and not allow_empty:
+        raise SourceError("%s is an empty (0-byte) file" % what, path)
+    return data
+
+
+def _read_text(path: str, what: str) -> List[str]:
+    """Lines of a small text file of the source (a split list, a ``.lst``)."""
+    raw = read_regular(path, what, allow_empty=True)
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise SourceError("%s is not UTF-8 text (%s)" % (what, e), path) from None
+
+
 def _list_files(folder: str, exts: Sequence[str], root: str) -> Dict[str, str]:
     """stem -> path for files with ``exts`` under ``folder`` (recursively).
 
-    Directory symlinks are not followed (no loops); a file symlink that resolves outside
-    ``root`` raises :class:`SourceError` naming it.
+    Directory symlinks are not followed (no loops); where a listed file may be read from is
+    decided for every layout alike by :func:`confine` (in :func:`open_source`).
     """
     out: Dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
@@ -97,9 +188,6 @@ def _list_files(folder: str, exts: Sequence[str], root: str) -> Dict[str, str]:
             if os.path.splitext(fn)[1].lower() not in exts:
                 continue
             path = os.path.join(dirpath, fn)
-            if os.path.islink(path) and not _inside(root, path):
-                raise SourceError("symlink leaves the source root %s (points to %s)"
-                               % (root, os.path.realpath(path)), path)
             stem = os.path.splitext(os.path.relpath(path, folder))[0]
             out.setdefault(stem, path)
     return out
@@ -144,8 +232,8 @@ def _voc(root: str, split=None, **_) -> Source:
         if s not in available:
             raise SourceError("VOC split %r not found in %s; available: %s"
                               % (s, sets, ", ".join(available) or "none"), root)
-        with open(os.path.join(sets, s + ".txt"), encoding="utf-8") as f:
-            ids = [ln.strip() for ln in f if ln.strip()]
+        ids = [ln.strip() for ln in _read_text(os.path.join(sets, s + ".txt"), "split file")
+               if ln.strip()]
         masks = [os.path.join(base, "SegmentationClass", i + ".png") for i in ids]
         if ids and not any(os.path.exists(m) for m in masks):
             masks = [None] * len(ids)  # a split without masks (VOC test): images only
@@ -167,30 +255,37 @@ def _imagefolder(root: str, split=None, **_) -> Source:
     return Source("imagefolder", root, "classification", {split or "train": items}, classes)
 
 
+#: Largest record key: the ``.idx`` stores keys as signed 64-bit integers.
+_MAX_KEY = (1 << 63) - 1
+_F32_MAX = 3.4028234663852886e38  # labels are stored as float32
+
+
 def _lst(path: str, split=None, lst_root=None, **_) -> Source:
     root = lst_root or os.path.dirname(os.path.abspath(path))
     items, problems = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            fields = line.rstrip("\r\n").split("\t")
-            where = "%s line %d" % (path, lineno)
-            if len(fields) < 3:
-                raise SourceError("expected 'index<TAB>label...<TAB>path', found %d fields"
-                                  % len(fields), where)
-            try:
-                key = int(fields[0])
-                labels = [float(x) for x in fields[1:-1]]
-            except ValueError as e:
-                raise SourceError("bad index or label (%s)" % e, where) from None
-            rel = fields[-1]
-            full = rel if os.path.isabs(rel) else os.path.join(root, rel)
-            if os.path.isabs(rel) or not _inside(root, full):
-                problems.append((where, "path %r leaves the image root %s" % (rel, root)))
-                continue
-            label = labels[0] if len(labels) == 1 else tuple(labels)
-            items.append(Item(rel, full, None, label, key))
+    for lineno, line in enumerate(_read_text(path, ".lst file"), 1):
+        if not line.strip():
+            continue
+        fields = line.rstrip("\r\n").split("\t")
+        where = "%s line %d" % (path, lineno)
+        if len(fields) < 3:
+            raise SourceError("expected 'index<TAB>label...<TAB>path', found %d fields"
+                              % len(fields), where)
+        try:
+            key = int(fields[0])
+            labels = [float(x) for x in fields[1:-1]]
+        except ValueError as e:
+            raise SourceError("bad index or label (%s)" % e, where) from None
+        if not 0 <= key <= _MAX_KEY:
+            raise SourceError("index %s out of range: record keys are integers 0..%d"
+                              % (fields[0], _MAX_KEY), where)
+        bad = [x for x in labels if not (math.isfinite(x) and abs(x) <= _F32_MAX)]
+        if bad:
+            raise SourceError("label %r is not a finite float32 number" % bad[0], where)
+        rel = fields[-1]
+        full = rel if os.path.isabs(rel) else os.path.join(root, rel)
+        label = labels[0] if len(labels) == 1 else tuple(labels)
+        items.append(Item(rel, full, None, label, key))
     return Source("lst", root, "classification", {split or "train": items}, None, problems)
 
 
@@ -313,8 +408,15 @@ def detect_layout(path: str) -> str:
                       % ", ".join(ALL_LAYOUTS), path)
 
 
-def open_source(path: str, layout: Optional[str] = None, **options) -> Source:
-    """List the items of a source folder or file in the given (or detected) layout."""
+def open_source(path: str, layout: Optional[str] = None, *, follow_symlinks: bool = False,
+                **options) -> Source:
+    """List the items of a source folder or file in the given (or detected) layout.
+
+    Every listed image and mask, whatever the layout, must lie under the source root
+    (:func:`confine`): entries spelled outside it (``..``, absolute paths) and, unless
+    ``follow_symlinks``, symlinks resolving outside it are moved to ``problems`` (a failed
+    or a skipped item for the converter), never read.
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise SourceError("source not found", path)
@@ -323,4 +425,16 @@ def open_source(path: str, layout: Optional[str] = None, **options) -> Source:
     if layout not in LAYOUTS:
         raise SourceError("unknown layout %r; valid layouts: %s"
                           % (layout, ", ".join(ALL_LAYOUTS)), path)
-    return LAYOUTS[layout](path, **options)
+    src = LAYOUTS[layout](path, **options)
+    for name, items in src.splits.items():
+        kept = []
+        for item in items:
+            for f in (item.image, item.mask):
+                why = None if f is None else confine(src.root, f, follow_symlinks)
+                if why is not None:
+                    src.problems.append((f, why))
+                    break
+            else:
+                kept.append(item)
+        src.splits[name] = kept
+    return src

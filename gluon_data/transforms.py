@@ -35,6 +35,8 @@ from typing import Optional, Sequence, Tuple, Union
 import cv2
 import numpy as np
 
+from .codec import DEFAULT_MAX_PIXELS
+from .errors import DecodeError
 from .sampler import sample_rng
 
 __all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
@@ -43,6 +45,16 @@ __all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "Rand
            "ToTensorNormalize", "SeededRandom", "ImageCropNormalize", "sample_context"]
 
 _MASK_INTERP = getattr(cv2, "INTER_NEAREST_EXACT", cv2.INTER_NEAREST)
+
+
+def _check_derived(h: int, w: int, oh: int, ow: int, max_pixels: Optional[int],
+                   name: str) -> None:
+    """Refuse an output size derived from the input's aspect ratio that exceeds
+    ``max_pixels``, before allocating it (a 1x30000 strip resized to a short side of 480
+    would be 480x14400000)."""
+    if max_pixels and oh * ow > max_pixels:
+        raise DecodeError("%s of a %dx%d image gives %dx%d = %d pixels, more than max_pixels=%d"
+                          % (name, w, h, ow, oh, oh * ow, max_pixels))
 
 
 def _np(x) -> np.ndarray:
@@ -477,10 +489,16 @@ class ResizeShort:
     about 0.8/255 and up to 52/255 at crop 128), and 8-bit masks with Pillow's nearest
     neighbour too; the default is OpenCV's, faster (nearest neighbour with pixel-centre
     sampling for masks).
+
+    An output larger than ``max_pixels`` (an extreme aspect ratio) raises
+    :class:`~gluon_data.errors.DecodeError` before anything is allocated.
     """
 
-    def __init__(self, size: int, pil: bool = False):
-        self.size, self.pil = size, pil
+    def __init__(self, size: int, pil: bool = False,
+                 max_pixels: Optional[int] = DEFAULT_MAX_PIXELS):
+        if size <= 0:
+            raise ValueError("size must be positive, got %r" % (size,))
+        self.size, self.pil, self.max_pixels = size, pil, max_pixels
 
     def __call__(self, img, mask):
         img, mask = _np(img), _np(mask)
@@ -489,6 +507,7 @@ class ResizeShort:
             oh, ow = self.size, int(1.0 * w * self.size / h)
         else:
             ow, oh = self.size, int(1.0 * h * self.size / w)
+        _check_derived(h, w, oh, ow, self.max_pixels, "ResizeShort(%d)" % self.size)
         m, dt = _mask_for_cv(mask)
         if self.pil and img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] in (1, 3):
             from PIL import Image
