@@ -20,6 +20,7 @@ _EXPORTS = {
     "SegmentationBatchify": "batchify", "MultiSizeBatchify": "batchify",
     "StackBatchify": "batchify",
     "DataLoader": "loader", "WorkerDiedError": "loader",
+    "DistributedSampler": "sampler",
     "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",
     "DecodeError": "errors", "SourceError": "errors", "ConversionError": "errors",
 }

@@ -1,4 +1,4 @@
-"""Samplers and sample keys: which record a DataLoader asks for, in which epoch.
+"""Samplers and sample keys: which record a DataLoader asks for, in which epoch, on which rank.
 
 Every gluon_data dataset accepts a :class:`SampleKey` wherever it accepts an ``int``: the key
 carries the epoch (and whether the sample pads out a distributed shard) from the sampler,
@@ -12,11 +12,12 @@ Nothing here imports MXNet.
 from __future__ import annotations
 
 import operator
-from typing import NamedTuple, Optional, Tuple
+from typing import Iterator, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["SampleKey", "split_key", "sample_rng"]
+__all__ = ["SampleKey", "split_key", "sample_rng", "epoch_order", "DistributedSampler",
+           "DistributedBatchSampler"]
 
 
 class SampleKey(NamedTuple):
@@ -57,3 +58,288 @@ def sample_rng(seed: int, epoch: Optional[int], index: int) -> np.random.Generat
     a pure function of the three numbers (``epoch=None``, a plain-int index, counts as 0)."""
     return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, int(epoch or 0),
                                   int(index)])
+
+
+_STATE_VERSION = 1
+
+
+def _count(name: str, value, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``, or a ValueError naming the parameter."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError("%s must be an integer, got %r" % (name, value)) from None
+    if number < minimum:
+        raise ValueError("%s must be >= %d, got %d" % (name, minimum, number))
+    return number
+
+
+def epoch_order(length: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The global sample order of ``epoch``: a permutation of ``range(length)`` that depends on
+    ``(seed, epoch)`` only, never on the number of replicas (``shuffle=False``: ``arange``).
+
+    It draws from its own stream (``SeedSequence([seed, epoch], spawn_key=(1,))``), distinct
+    from every sample's :func:`sample_rng` stream."""
+    if not shuffle:
+        return np.arange(length, dtype=np.int64)
+    sequence = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, int(epoch)],
+                                      spawn_key=(1,))
+    return np.random.default_rng(sequence).permutation(length).astype(np.int64, copy=False)
+
+
+class DistributedSampler:
+    """Equal, seeded, resumable shards of one dataset for ``num_replicas`` data-parallel ranks.
+
+    **Order.** Epoch ``e`` visits the samples in one seeded permutation ``P`` of
+    ``range(length)`` (:func:`epoch_order`) that does not depend on the number of replicas.
+    It is consumed in *global steps* of ``G = num_replicas * batch_size`` samples: global step
+    ``t`` takes exactly ``P[c + t*G : c + (t+1)*G]`` (``c``: samples consumed before this pass,
+    0 unless resumed), and rank ``r`` gets the ``r``-th contiguous slice of ``batch_size``
+    samples of it, ``P[c + t*G + r*B : c + t*G + (r+1)*B]`` -- the same split that
+    ``gluon.utils.split_and_load`` makes of one process's batch of ``G``.
+
+    **Equal shards.** When fewer than ``G`` samples are left for the last global step, they
+    are padded by repetition (``P[0], P[1], ...``, keys flagged ``pad=True``) to
+    ``num_replicas * b`` samples, ``b = ceil(left / num_replicas)``, and every rank gets a last
+    batch of ``b`` samples (the padding lands on the last ranks). So every rank yields the same
+    number of samples and batches, and no collective ever waits on a rank that finished.
+    With ``drop_last=True`` the incomplete global step is dropped instead (every batch is
+    full; those samples are skipped this epoch).
+
+    **Resume.** The state is one number, the global samples consumed (plus the epoch and what
+    identifies the order). ``state_dict(batches_done=k)`` after ``k`` batches of a pass,
+    restored with ``load_state_dict`` -- also into a sampler with another ``num_replicas`` or
+    ``batch_size`` -- continues with exactly the samples not yet seen.
+
+    The sampler is a pure function of its state: iterating it does not advance it (a
+    ``DataLoader`` prefetches ahead of the training loop), so iterate once per epoch after
+    ``set_epoch(epoch)``, as with PyTorch's ``DistributedSampler``.
+
+    Parameters
+    ----------
+    length : int
+        Number of samples in the dataset.
+    num_replicas : int, default 1
+        Number of data-parallel ranks (``kv.num_workers``, ``hvd.size()``).
+    rank : int, default 0
+        This rank, ``0 <= rank < num_replicas``.
+    shuffle : bool, default True
+        Visit a seeded permutation (else ``0, 1, ..., length - 1``).
+    seed : int, default 0
+        Seed of the order; must be the same on every rank.
+    batch_size : int, default 1
+        The per-rank batch size (what each rank's ``DataLoader`` is given).
+    drop_last : bool, default False
+        Drop the last, incomplete global step instead of padding it.
+    keys : bool, default True
+        Yield :class:`SampleKey` (index, epoch, pad), which gluon_data datasets (and stock
+        datasets over Python lists) accept as an index. ``False`` yields plain ``int``
+        indexes, for datasets indexing numpy arrays or NDArrays (which would read a tuple
+        as a multi-dimensional index); use :meth:`batch_sampler` keys for the pad flags.
+
+    Examples
+    --------
+    >>> s = DistributedSampler(11, num_replicas=2, rank=1, batch_size=2, seed=0)
+    >>> s.set_epoch(3)
+    >>> len(s), s.num_batches
+    (6, 3)
+    >>> keys = list(s)
+    >>> [k.pad for k in keys]
+    [False, False, False, False, False, True]
+    >>> state = s.state_dict(batches_done=1)          # 4 global samples consumed
+    >>> t = DistributedSampler(11, num_replicas=3, rank=0, batch_size=2, seed=0)
+    >>> t.load_state_dict(state)                     # 7 left: one step of 6, then 1 + 2 pads
+    >>> len(t), t.num_batches, t.epoch
+    (3, 2, 3)
+    """
+
+    def __init__(self, length: int, num_replicas: int = 1, rank: int = 0,
+                 shuffle: bool = True, seed: int = 0, batch_size: int = 1,
+                 drop_last: bool = False, keys: bool = True):
+        self.length = _count("length", length, 0)
+        self.num_replicas = _count("num_replicas", num_replicas, 1)
+        self.rank = _count("rank", rank, 0)
+        if self.rank >= self.num_replicas:
+            raise ValueError("rank must be in [0, num_replicas=%d), got %d"
+                             % (self.num_replicas, self.rank))
+        self.batch_size = _count("batch_size", batch_size, 1)
+        self.seed = _count("seed", seed, -(1 << 63))
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.keys = bool(keys)
+        self.epoch = 0
+        self.consumed = 0
+        self._order: Optional[Tuple[int, np.ndarray]] = None
+
+    # -- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_kvstore(cls, kv, length: int, **options) -> "DistributedSampler":
+        """The sampler of this worker of an MXNet kvstore job (``kv.num_workers``,
+        ``kv.rank``; 1 and 0 for ``local``/``device`` stores). ``options`` as for the class.
+
+        >>> kv = mx.kv.create("dist_sync")                                # doctest: +SKIP
+        >>> sampler = DistributedSampler.from_kvstore(kv, len(trainset), batch_size=8)  # doctest: +SKIP
+        """
+        _no_world(options)
+        return cls(length, num_replicas=kv.num_workers, rank=kv.rank, **options)
+
+    @classmethod
+    def from_horovod(cls, length: int, **options) -> "DistributedSampler":
+        """The sampler of this Horovod rank (``hvd.size()``, ``hvd.rank()``; call
+        ``hvd.init()`` first). Horovod is imported here only."""
+        _no_world(options)
+        try:
+            import horovod.mxnet as hvd
+        except ImportError as exc:
+            raise ImportError(
+                "DistributedSampler.from_horovod needs Horovod built with MXNet support "
+                "(import horovod.mxnet failed: %s). Install it with: HOROVOD_WITH_MXNET=1 "
+                "HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 pip install --no-build-isolation "
+                "horovod==0.28.1" % exc) from exc
+        return cls(length, num_replicas=hvd.size(), rank=hvd.rank(), **options)
+
+    # -- epoch and state --------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch``. A new epoch starts at its first sample; the epoch a state
+        was loaded for keeps the loaded position (so ``for e in range(start, n):
+        sampler.set_epoch(e)`` resumes)."""
+        epoch = _count("epoch", epoch, 0)
+        if epoch != self.epoch:
+            self.epoch, self.consumed = epoch, 0
+
+    def state_dict(self, batches_done: int = 0) -> dict:
+        """The position after this rank (and so every rank) finished ``batches_done`` batches
+        of the current pass: ``{'epoch', 'consumed', ...}``, JSON-serialisable.
+
+        ``consumed`` counts global samples: ``batches_done * num_replicas * batch_size`` more
+        than at the start of the pass (capped at ``length``; a finished pass counts as the
+        whole epoch consumed, dropped samples included)."""
+        batches_done = _count("batches_done", batches_done, 0)
+        total = self.num_batches
+        if batches_done > total:
+            raise ValueError("batches_done=%d, but this pass has only %d batches per rank"
+                             % (batches_done, total))
+        consumed = (self.length if batches_done == total else
+                    self.consumed + batches_done * self.num_replicas * self.batch_size)
+        return {"version": _STATE_VERSION, "epoch": self.epoch, "consumed": consumed,
+                "length": self.length, "seed": self.seed, "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (from :meth:`state_dict`, possibly of a job with another
+        number of replicas or batch size). The order must be the same one: a state of
+        another ``length``, ``seed`` or ``shuffle`` is refused with a ``ValueError``."""
+        if not isinstance(state, dict):
+            raise TypeError("a sampler state is a dict from state_dict(), got %r"
+                            % type(state).__name__)
+        missing = [k for k in ("version", "epoch", "consumed", "length", "seed", "shuffle")
+                   if k not in state]
+        if missing:
+            raise ValueError("sampler state lacks %s: %r" % (", ".join(missing), state))
+        if state["version"] != _STATE_VERSION:
+            raise ValueError("sampler state version %r is not supported (supported: %d)"
+                             % (state["version"], _STATE_VERSION))
+        for name in ("length", "seed", "shuffle"):
+            if state[name] != getattr(self, name):
+                raise ValueError(
+                    "sampler state is for %s=%r but this sampler has %s=%r: the sample "
+                    "order would differ, so the run could not continue with exactly the "
+                    "unseen samples" % (name, state[name], name, getattr(self, name)))
+        consumed = _count("consumed", state["consumed"], 0)
+        if consumed > self.length:
+            raise ValueError("sampler state consumed %d samples of a dataset of %d"
+                             % (consumed, self.length))
+        self.epoch = _count("epoch", state["epoch"], 0)
+        self.consumed = consumed
+
+    # -- the plan ---------------------------------------------------------------------------
+    def order(self) -> np.ndarray:
+        """The global order ``P`` of the current epoch (cached)."""
+        if self._order is None or self._order[0] != self.epoch:
+            self._order = (self.epoch, epoch_order(self.length, self.seed, self.epoch,
+                                                   self.shuffle))
+        return self._order[1]
+
+    def _shape(self) -> Tuple[int, int]:
+        """(full global steps left, size of this rank's last, padded batch or 0)."""
+        left = self.length - self.consumed
+        step = self.num_replicas * self.batch_size
+        full, rest = divmod(left, step)
+        if rest == 0 or self.drop_last:
+            return full, 0
+        return full, -(-rest // self.num_replicas)
+
+    @property
+    def num_batches(self) -> int:
+        """Batches every rank yields in this pass."""
+        full, tail = self._shape()
+        return full + (1 if tail else 0)
+
+    def __len__(self) -> int:
+        full, tail = self._shape()
+        return full * self.batch_size + tail
+
+    def positions(self) -> Tuple[np.ndarray, np.ndarray]:
+        """This rank's pass as ``(indexes, pad)`` arrays (dataset indexes, pad flags)."""
+        order = self.order()
+        full, tail = self._shape()
+        step, b, r = self.num_replicas * self.batch_size, self.batch_size, self.rank
+        start = self.consumed + r * b
+        pos = (start + np.arange(full, dtype=np.int64)[:, None] * step
+               + np.arange(b, dtype=np.int64)[None, :]).ravel()
+        indexes, pads = order[pos], np.zeros(len(pos), bool)
+        if tail:
+            first = self.consumed + full * step          # the last global step's samples
+            slot = first + r * tail + np.arange(tail, dtype=np.int64)
+            pad = slot >= self.length
+            slot[pad] = (slot[pad] - self.length) % self.length   # repeat P[0], P[1], ...
+            indexes = np.concatenate([indexes, order[slot]])
+            pads = np.concatenate([pads, pad])
+        return indexes, pads
+
+    def __iter__(self) -> Iterator:
+        indexes, pads = self.positions()
+        if not self.keys:
+            return iter(indexes.tolist())
+        epoch = self.epoch
+        return iter([SampleKey(i, epoch, p) for i, p in zip(indexes.tolist(), pads.tolist())])
+
+    def batch_sampler(self) -> "DistributedBatchSampler":
+        """This rank's batches as lists of keys: ``DataLoader(dataset,
+        batch_sampler=sampler.batch_sampler())`` needs no ``batch_size`` or ``last_batch``,
+        and iterating it again beside the loader gives each batch's pad flags."""
+        return DistributedBatchSampler(self)
+
+    def __repr__(self) -> str:
+        return ("DistributedSampler(length=%d, num_replicas=%d, rank=%d, batch_size=%d, "
+                "shuffle=%s, seed=%d, drop_last=%s, epoch=%d, consumed=%d)"
+                % (self.length, self.num_replicas, self.rank, self.batch_size, self.shuffle,
+                   self.seed, self.drop_last, self.epoch, self.consumed))
+
+
+class DistributedBatchSampler:
+    """The batches of a :class:`DistributedSampler` (lists of its keys), for a Gluon
+    ``DataLoader(batch_sampler=...)``; follows the sampler's epoch and state.
+
+    Examples
+    --------
+    >>> s = DistributedSampler(5, num_replicas=2, rank=0, batch_size=2, shuffle=False)
+    >>> [[int(k) for k in batch] for batch in s.batch_sampler()]
+    [[0, 1], [4]]
+    """
+
+    def __init__(self, sampler: DistributedSampler):
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list]:
+        keys, b = list(self.sampler), self.sampler.batch_size
+        return iter([keys[i:i + b] for i in range(0, len(keys), b)])
+
+    def __len__(self) -> int:
+        return self.sampler.num_batches
+
+
+def _no_world(options: dict) -> None:
+    clash = sorted({"num_replicas", "rank"} & set(options))
+    if clash:
+        raise TypeError("%s come from the launcher here; do not pass %s"
+                        % (" and ".join(clash), ", ".join(clash)))
