@@ -1,0 +1,238 @@
+"""Distributed training for real: a dist_sync job (scheduler, server, 2 workers on
+127.0.0.1 through MXNet's DMLC_* environment) running the recipe; exact distributed metrics."""
+import importlib.util
+import json
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from gluon_data import DistributedSampler, SegmentationBatchify, SegmentationRecordDataset, convert
+from gluon_data.distributed import DistributedSegmentationMetric, allreduce_sum
+from gluon_data.launch import launch_local
+from gluon_data.sample import make_voc
+from gluon_data.sampler import epoch_order
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECIPE = os.path.join(HERE, "..", "scripts", "train_segmentation.py")
+SEED, BATCH, TRAIN, VAL = 5, 2, 11, 5
+ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
+JOB_TIMEOUT = 150
+
+
+def recipe_module():
+    spec = importlib.util.spec_from_file_location("train_segmentation", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def voc(tmp_path_factory):
+    """11 training and 5 validation samples: with 2 workers x batch 2 both need padding."""
+    root = make_voc(str(tmp_path_factory.mktemp("dist") / "VOC"), num_images=TRAIN + VAL,
+                    size_range=(20, 40), val_fraction=VAL / (TRAIN + VAL), seed=3)
+    out = convert(root, str(tmp_path_factory.mktemp("dist_rec") / "v.rec"), "voc",
+                  split="train,val", workers=1).outputs
+    return out["train"], out["val"]
+
+
+def recipe(voc, *args):
+    return [sys.executable, RECIPE, "--data", voc[0], "--val-data", voc[1], "--model", "tiny",
+            "--base-size", "24", "--crop-size", "16", "--batch-size", str(BATCH),
+            "--workers", "0", "--seed", str(SEED), "--log-every", "100", *args]
+
+
+def run_single(cmd):
+    import subprocess
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT,
+                       env=dict(os.environ, **ENV))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+
+
+def run_dist(cmd, workers=2):
+    results = launch_local(cmd, workers, 1, timeout=JOB_TIMEOUT, env=ENV)
+    for r in results:
+        assert r.returncode == 0, "worker %d failed:\n%s" % (r.worker, r.output[-4000:])
+
+
+def samples(log_dir, rank):
+    with open(os.path.join(log_dir, "samples.rank%d.jsonl" % rank)) as f:
+        return [json.loads(line) for line in f]
+
+
+def report(log_dir, rank):
+    with open(os.path.join(log_dir, "rank%d.json" % rank)) as f:
+        return json.load(f)
+
+
+def global_sequence(logs, epoch):
+    """Real sample indexes of ``epoch`` in global order: per iteration, rank 0's rows, then
+    rank 1's, ... (the documented split of a global step)."""
+    rows = [(r["iteration"], rank, pos, r) for rank, log in enumerate(logs)
+            for pos, r in enumerate(log) if r["epoch"] == epoch]
+    return [r["index"] for *_, r in sorted(rows, key=lambda t: t[:3]) if not r["pad"]]
+
+
+@pytest.mark.slow
+def test_dist_sync_recipe_two_epochs(voc, tmp_path):
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    run_single(recipe(voc, "--epochs", "2", "--log-dir", one))
+    run_dist(recipe(voc, "--kvstore", "dist_sync", "--epochs", "2", "--log-dir", two,
+                    "--checkpoint", os.path.join(two, "ck")))
+    logs = [samples(two, 0), samples(two, 1)]
+    single = samples(one, 0)
+    for epoch in (0, 1):
+        per_rank = [[r for r in log if r["epoch"] == epoch] for log in logs]
+        # equal samples and batches on both ranks; every real sample exactly once
+        assert len(per_rank[0]) == len(per_rank[1]) == 6
+        assert len({r["iteration"] for r in per_rank[0]}) == 3
+        assert sorted(r["index"] for rows in per_rank for r in rows if not r["pad"]) == \
+            list(range(TRAIN))
+        assert sum(r["pad"] for rows in per_rank for r in rows) == 1
+        # one world-size-independent order: both runs follow the epoch's permutation
+        order = epoch_order(TRAIN, SEED, epoch).tolist()
+        assert global_sequence(logs, epoch) == order
+        assert [r["index"] for r in single if r["epoch"] == epoch] == order
+    # the distributed validation: the same on both ranks, each of the 5 samples once ...
+    reports = [report(two, 0), report(two, 1)]
+    assert reports[0]["val"] == reports[1]["val"]
+    assert reports[0]["val"]["samples"] == VAL
+    # ... and exactly what one process computes for the saved model on the whole set
+    module = recipe_module()
+    net = module.build_model("tiny", None, 21, 24, 16)
+    net.load_parameters(os.path.join(two, "ck.params"))
+    transform = mx.gluon.data.vision.transforms.Compose([
+        mx.gluon.data.vision.transforms.ToTensor(),
+        mx.gluon.data.vision.transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
+    valset = SegmentationRecordDataset(voc[1], mode="val", crop_size=16, transform=transform)
+    pix_acc, miou = module.evaluate(net, valset, 4, 0, valset.num_class)
+    assert (pix_acc, miou) == (reports[0]["val"]["pixAcc"], reports[0]["val"]["mIoU"])
+    with open(os.path.join(two, "ck.json")) as f:
+        assert json.load(f)["sampler"] == {"version": 1, "epoch": 1, "consumed": TRAIN,
+                                           "length": TRAIN, "seed": SEED, "shuffle": True}
+
+
+@pytest.mark.slow
+def test_dist_sync_resumes_a_single_process_checkpoint(voc, tmp_path):
+    """3 batches on one process, checkpoint, then 2 dist_sync workers resume: epoch 0 is
+    finished with exactly the 5 samples not yet seen, in the epoch's order."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    run_single(recipe(voc, "--iters", "3", "--log-dir", a, "--checkpoint", a + "/ck"))
+    with open(a + "/ck.json") as f:
+        state = json.load(f)
+    assert state["sampler"]["consumed"] == 3 * BATCH and state["iteration"] == 3
+    run_dist(recipe(voc, "--kvstore", "dist_sync", "--epochs", "1", "--resume", a + "/ck",
+                    "--log-dir", b))
+    first = [r["index"] for r in samples(a, 0)]
+    logs = [samples(b, 0), samples(b, 1)]
+    rest = global_sequence(logs, 0)
+    order = epoch_order(TRAIN, SEED, 0).tolist()
+    assert first == order[:6] and rest == order[6:]
+    assert len(logs[0]) == len(logs[1]) == 3   # 5 left: a step of 2 + 2, then 1 + 1 pad
+    assert {r["iteration"] for r in logs[0]} == {4, 5}  # the iteration count continues
+
+
+WORKER = r"""
+import sys
+import mxnet as mx
+from gluon_data.distributed import allreduce_sum
+kv = mx.kv.create("dist_sync")
+big = 2 ** 40
+got = allreduce_sum([big + kv.rank, 1, -3], kv).tolist()
+assert got == [2 * big + 1, 2, -6], got
+assert allreduce_sum([7, 7, 7], kv).tolist() == [14, 14, 14]      # the key is reused
+net = mx.gluon.nn.Dense(2, in_units=3)
+net.initialize()
+trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5},
+                           kvstore=kv, update_on_kvstore=True)
+with mx.autograd.record():
+    loss = net(mx.nd.ones((2, 3))).sum()
+loss.backward()
+trainer.step(2)
+try:
+    allreduce_sum([1], kv)
+except RuntimeError as exc:
+    assert "update_on_kvstore=False" in str(exc), exc
+    print("REFUSED")
+print("DONE rank", kv.rank)
+"""
+
+
+@pytest.mark.slow
+def test_allreduce_sum_over_dist_sync(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    results = launch_local([sys.executable, str(script)], 2, 1, timeout=JOB_TIMEOUT, env=ENV)
+    for r in results:
+        assert r.returncode == 0, r.output[-4000:]
+        assert "REFUSED" in r.output and "DONE rank" in r.output
+
+
+@pytest.mark.slow
+def test_launch_local_stops_a_failed_job_quickly():
+    """A worker that dies leaves the other waiting at a barrier: the job is stopped at once,
+    not left to hang; and a job past its timeout is killed with a TimeoutError."""
+    import time
+    code = ("import mxnet as mx, os, time; kv = mx.kv.create('dist_sync'); "
+            "os._exit(3) if kv.rank == 1 else time.sleep(120)")
+    t0 = time.monotonic()
+    results = launch_local([sys.executable, "-c", code], 2, 1, timeout=60, env=ENV)
+    assert sorted(r.returncode for r in results) == [-9, 3]
+    assert time.monotonic() - t0 < 45
+    # sys.exit in a dist worker waits in MXNet's exit barrier for the others: only the
+    # timeout ends such a job
+    code = code.replace("os._exit(3)", "sys.exit(3)").replace("import mxnet as mx, os",
+                                                              "import mxnet as mx, os, sys")
+    with pytest.raises(TimeoutError, match="did not finish in 15 s"):
+        launch_local([sys.executable, "-c", code], 2, 1, timeout=15, env=ENV)
+
+
+def test_metric_state_sums_to_the_single_process_metric(voc):
+    """Two ranks' metrics (pads skipped), summed, equal one metric over the whole set:
+    the arithmetic the all-reduce performs, checked without a kvstore."""
+    from gluoncv.utils.metrics import SegmentationMetric
+    valset = SegmentationRecordDataset(voc[1], mode="val", crop_size=16)
+    nclass = valset.num_class
+    rng = np.random.default_rng(0)
+    scores = {i: mx.nd.array(rng.random((nclass, 16, 16))) for i in range(len(valset))}
+
+    def forward(keys):
+        return mx.nd.stack(*[scores[int(k)] for k in keys])
+
+    whole = SegmentationMetric(nclass)
+    for i in range(len(valset)):
+        whole.update(valset[i][1].expand_dims(0), forward([i]))
+    states = []
+    for rank in range(2):
+        sampler = DistributedSampler(len(valset), 2, rank, shuffle=False, batch_size=2)
+        metric = DistributedSegmentationMetric(nclass)
+        batches = sampler.batch_sampler()
+        loader = mx.gluon.data.DataLoader(valset, batch_sampler=batches,
+                                          batchify_fn=SegmentationBatchify())
+        pads = 0
+        for keys, (_, target) in zip(batches, loader):
+            pads += sum(k.pad for k in keys)
+            metric.update(target, forward(keys), keys)
+        assert metric.get() == metric.metric.get()   # no kvstore: this rank only
+        states.append(metric.state())
+    assert pads == 1
+    total = (states[0] + states[1]).astype(np.int64)
+    assert total[0] == len(valset)
+    assert total[1] == whole.total_correct and total[2] == whole.total_label
+    assert total[3:3 + nclass].tolist() == whole.total_inter.tolist()
+    assert total[3 + nclass:].tolist() == whole.total_union.tolist()
+
+
+def test_allreduce_sum_single_process_and_bad_values():
+    assert allreduce_sum([3, 4], mx.kv.create("local")).tolist() == [3, 4]
+    assert allreduce_sum([5]).tolist() == [5]
+    with pytest.raises(ValueError, match="whole numbers"):
+        allreduce_sum([0.5])
+    with pytest.raises(ValueError, match="whole numbers"):
+        allreduce_sum([2 ** 53])
+    metric = DistributedSegmentationMetric(3)
+    with pytest.raises(ValueError, match="has 1 keys"):
+        metric.update(mx.nd.zeros((2, 4, 4)), mx.nd.zeros((2, 3, 4, 4)), keys=[0])
