@@ -68,6 +68,19 @@ def report(log_dir, rank):
         return json.load(f)
 
 
+def single_process_val(voc, params):
+    """(pixAcc, mIoU) of the recipe's tiny model with ``params`` on the whole validation
+    set, in this process, with gluoncv's SegmentationMetric and a plain DataLoader."""
+    module = recipe_module()
+    net = module.build_model("tiny", None, 21, 24, 16)
+    net.load_parameters(params)
+    transform = mx.gluon.data.vision.transforms.Compose([
+        mx.gluon.data.vision.transforms.ToTensor(),
+        mx.gluon.data.vision.transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
+    valset = SegmentationRecordDataset(voc[1], mode="val", crop_size=16, transform=transform)
+    return module.evaluate(net, valset, 4, 0, valset.num_class)
+
+
 def global_sequence(logs, epoch):
     """Real sample indexes of ``epoch`` in global order: per iteration, rank 0's rows, then
     rank 1's, ... (the documented split of a global step)."""
@@ -101,15 +114,8 @@ def test_dist_sync_recipe_two_epochs(voc, tmp_path):
     assert reports[0]["val"] == reports[1]["val"]
     assert reports[0]["val"]["samples"] == VAL
     # ... and exactly what one process computes for the saved model on the whole set
-    module = recipe_module()
-    net = module.build_model("tiny", None, 21, 24, 16)
-    net.load_parameters(os.path.join(two, "ck.params"))
-    transform = mx.gluon.data.vision.transforms.Compose([
-        mx.gluon.data.vision.transforms.ToTensor(),
-        mx.gluon.data.vision.transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
-    valset = SegmentationRecordDataset(voc[1], mode="val", crop_size=16, transform=transform)
-    pix_acc, miou = module.evaluate(net, valset, 4, 0, valset.num_class)
-    assert (pix_acc, miou) == (reports[0]["val"]["pixAcc"], reports[0]["val"]["mIoU"])
+    assert single_process_val(voc, os.path.join(two, "ck.params")) == \
+        (reports[0]["val"]["pixAcc"], reports[0]["val"]["mIoU"])
     with open(os.path.join(two, "ck.json")) as f:
         assert json.load(f)["sampler"] == {"version": 1, "epoch": 1, "consumed": TRAIN,
                                            "length": TRAIN, "seed": SEED, "shuffle": True}
