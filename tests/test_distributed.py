@@ -183,7 +183,7 @@ def test_launch_local_stops_a_failed_job_quickly():
     not left to hang; and a job past its timeout is killed with a TimeoutError."""
     import time
     code = ("import mxnet as mx, os, time; kv = mx.kv.create('dist_sync'); "
-            "os._exit(3) if kv.rank == 1 else time.sleep(120)")
+            "print('STARTED', flush=True); os._exit(3) if kv.rank == 1 else time.sleep(120)")
     t0 = time.monotonic()
     results = launch_local([sys.executable, "-c", code], 2, 1, timeout=60, env=ENV)
     assert sorted(r.returncode for r in results) == [-9, 3]
@@ -192,8 +192,9 @@ def test_launch_local_stops_a_failed_job_quickly():
     # timeout ends such a job
     code = code.replace("os._exit(3)", "sys.exit(3)").replace("import mxnet as mx, os",
                                                               "import mxnet as mx, os, sys")
-    with pytest.raises(TimeoutError, match="did not finish in 15 s"):
-        launch_local([sys.executable, "-c", code], 2, 1, timeout=15, env=ENV)
+    with pytest.raises(TimeoutError, match="did not finish in 12 s") as info:
+        launch_local([sys.executable, "-c", code], 2, 1, timeout=12, env=ENV)
+    assert str(info.value).count("STARTED") == 2
 
 
 def test_metric_state_sums_to_the_single_process_metric(voc):
