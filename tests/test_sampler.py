@@ -43,7 +43,9 @@ def test_every_sample_once_equal_counts(length, world, batch, seed, epoch, shuff
     assert all(k.epoch == epoch for ks in keys for k in ks)
     assert all(0 <= int(k) < length for ks in keys for k in ks)
     pads = sum(k.pad for ks in keys for k in ks)
-    assert pads < world  # at most one per rank, only in the last batch
+    assert pads < world
+    for s in samplers:  # pads only in the last batch
+        assert not any(k.pad for b in list(s.batch_sampler())[:-1] for k in b)
     # global step t is exactly P[t*G:(t+1)*G], rank r taking the r-th slice of B
     order, step = epoch_order(length, seed, epoch, shuffle).tolist(), world * batch
     for t in range(length // step):
