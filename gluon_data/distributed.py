@@ -19,9 +19,27 @@ import numpy as np
 __all__ = ["allreduce_sum", "DistributedSegmentationMetric", "evaluate_segmentation"]
 
 #: First kvstore key used for reductions (int keys: a kvstore cannot mix int and str keys,
-#: and Gluon's Trainer uses 0 .. number of parameters - 1). One key per vector length.
+#: and Gluon's Trainer uses 0 .. number of parameters - 1).
 KEY_BASE = 0x47440000
 _EXACT = float(2 ** 53)
+
+
+def _kvstore_sum(payload: np.ndarray, kv) -> np.ndarray:
+    """Each worker stores its vector under a key of its own, never used before, then all
+    read all of them. A server takes the first push to a key as that key's initial value
+    and hands it out as is: no merge, and no optimizer even when the servers run one (a
+    Trainer's default ``update_on_kvstore=True``). Costs one key per worker and call on the
+    servers (a few hundred bytes for a metric)."""
+    calls = kv.__dict__.get("_gluon_data_reductions", 0)
+    kv.__dict__["_gluon_data_reductions"] = calls + 1
+    first = KEY_BASE + calls * kv.num_workers
+    mine = mx.nd.array(payload, dtype="float64")
+    kv.push(first + kv.rank, mine)
+    mx.nd.waitall()               # the server has it (a push completes on its reply)
+    kv._barrier()                 # ... and so have every other worker's
+    outs = [mx.nd.zeros(len(payload), dtype="float64") for _ in range(kv.num_workers)]
+    kv.pull([first + r for r in range(kv.num_workers)], out=outs)
+    return np.sum([o.asnumpy() for o in outs], axis=0)
 
 
 def allreduce_sum(values, kvstore=None, horovod: bool = False) -> np.ndarray:
@@ -33,10 +51,9 @@ def allreduce_sum(values, kvstore=None, horovod: bool = False) -> np.ndarray:
     values : array-like of integers
         Each must be a whole number below 2**53 in magnitude (sums travel as float64).
     kvstore : mxnet.kvstore.KVStore, optional
-        A ``dist_sync`` / ``dist_device_sync`` store (``local``, ``device``, ``None``, or one
-        worker: the values themselves). Its servers must not run an optimizer on pushed
-        keys: create the ``gluon.Trainer`` with ``update_on_kvstore=False``; a store whose
-        servers do is detected and refused with a ``RuntimeError``.
+        A ``dist_sync`` / ``dist_device_sync`` store, whatever its Trainer's
+        ``update_on_kvstore`` (``local``, ``device``, ``None``, or one worker: the values
+        themselves).
     horovod : bool, default False
         Sum with ``horovod.mxnet.allreduce`` instead (after ``hvd.init()``).
 
@@ -52,30 +69,18 @@ def allreduce_sum(values, kvstore=None, horovod: bool = False) -> np.ndarray:
     payload = np.append(vec, 1.0)  # the last slot must come back as the number of ranks
     if horovod:
         import horovod.mxnet as hvd
-        out = hvd.allreduce(mx.nd.array(payload, dtype="float64"), average=False,
-                            name="gluon_data.allreduce_sum.%d" % len(payload))
+        result = hvd.allreduce(mx.nd.array(payload, dtype="float64"), average=False,
+                               name="gluon_data.allreduce_sum.%d" % len(payload)).asnumpy()
         ranks = hvd.size()
     elif kvstore is None or kvstore.num_workers == 1 or "dist" not in kvstore.type:
         return vec
     else:
-        key = KEY_BASE + len(payload)
-        ready = kvstore.__dict__.setdefault("_gluon_data_keys", set())
-        if key not in ready:  # a dist key is initialised once per job (init is a barrier)
-            kvstore.init(key, mx.nd.zeros(len(payload), dtype="float64"))
-            ready.add(key)
-        kvstore.push(key, mx.nd.array(payload, dtype="float64"))
-        out = mx.nd.zeros(len(payload), dtype="float64")
-        kvstore.pull(key, out=out)
-        ranks = kvstore.num_workers
-    result = out.asnumpy().astype(np.float64)
+        result, ranks = _kvstore_sum(payload, kvstore), kvstore.num_workers
     if result[-1] != ranks:
-        raise RuntimeError(
-            "the %s did not return a plain sum (%r ranks counted, %d expected): its servers "
-            "apply an optimizer to pushed keys. Create the gluon.Trainer with "
-            "update_on_kvstore=False so the kvstore only sums"
-            % ("Horovod allreduce" if horovod else "kvstore %r" % kvstore.type,
-               result[-1], ranks))
-    return result[:-1]
+        raise RuntimeError("the all-reduce counted %r ranks, expected %d: a rank called it "
+                           "with a vector of another length, or out of turn"
+                           % (result[-1], ranks))
+    return result[:-1].astype(np.float64)
 
 
 class DistributedSegmentationMetric:
@@ -90,7 +95,8 @@ class DistributedSegmentationMetric:
     nclass : int
         Number of classes.
     kvstore : mxnet.kvstore.KVStore, optional
-        The job's ``dist_sync`` kvstore (see :func:`allreduce_sum`); ``None``: this process only.
+        The job's ``dist_sync`` kvstore (see :func:`allreduce_sum`); ``None``: this process
+        only.
     horovod : bool, default False
         Reduce with Horovod instead.
 

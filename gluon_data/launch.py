@@ -123,11 +123,13 @@ def launch_local(command: Sequence[str], num_workers: int = 2, num_servers: int 
         for _ in range(num_workers):
             start("worker", list(command))
         workers = procs[first:]
-        while any(p.poll() is None for p in workers):
-            if any(p.returncode not in (None, 0) for p in workers):
-                break  # the others would wait for it at the next barrier
-            if any(p.poll() not in (None, 0) for p in procs[:first]):
-                break  # a scheduler or server died: the workers cannot finish
+        while True:
+            codes = [p.poll() for p in procs]  # every one, each time (no short circuit)
+            if all(c is not None for c in codes[first:]):
+                break
+            if any(c not in (None, 0) for c in codes):
+                break  # a worker failed (the others would wait for it at the next
+                # barrier), or a scheduler or server died: the job cannot finish
             if time.monotonic() > deadline:
                 text = "\n".join("--- worker %d:\n%s" % (i, output(first + i)[-3000:])
                                  for i in range(num_workers))

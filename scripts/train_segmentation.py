@@ -149,14 +149,23 @@ class World:
         if self.hvd is not None:
             self.hvd.broadcast_parameters(params, root_rank=0)
             return self.hvd.DistributedTrainer(params, "sgd", opts)
-        if self.kv is not None:  # the servers only sum: metrics can be summed through them
-            return gluon.Trainer(params, "sgd", opts, kvstore=self.kv, update_on_kvstore=False)
+        if self.kv is not None:
+            # MXNet's default for dist stores: the servers run the optimizer. (With
+            # update_on_kvstore=False, MXNet 1.9.1's Trainer gave run-to-run different
+            # weights on dist_sync here: benchmarks/probe_update_on_kvstore.py.)
+            return gluon.Trainer(params, "sgd", opts, kvstore=self.kv)
         return gluon.Trainer(params, "sgd", opts)
 
-    def step_scale(self):
-        """Trainer.step's batch multiplier: kvstores sum gradients over workers; Horovod's
-        trainer already averages."""
-        return self.size if self.kv is not None else 1
+    @property
+    def servers_update(self):
+        """The kvstore's servers hold the optimizer (and its state)."""
+        return self.kv is not None and "dist" in self.kv.type
+
+    def step_size(self, batch_size, rows):
+        """Trainer.step's argument. dist servers sum gradients over workers, and keep the
+        normalisation of the first step (MXNet sends the optimizer once): always the
+        global batch. Horovod's trainer averages over ranks: this rank's rows."""
+        return batch_size * self.size if self.servers_update else rows
 
     def sampler(self, length, **options):
         return DistributedSampler(length, num_replicas=self.size, rank=self.rank, **options)
@@ -168,12 +177,16 @@ def _atomic(path, write):
     os.replace(tmp, path)
 
 
-def save_checkpoint(prefix, model, trainer, sampler, batches_done, iteration):
+def save_checkpoint(prefix, model, trainer, sampler, batches_done, iteration, states=True):
     """Model, optimizer state and the sampler position after ``batches_done`` batches of the
-    current pass (every file replaced atomically; the .json last)."""
-    state = {"iteration": iteration, "sampler": sampler.state_dict(batches_done=batches_done)}
+    current pass (every file replaced atomically; the .json last). ``states=False`` when the
+    optimizer state lives on dist kvstore servers, which MXNet cannot save from a worker:
+    a resumed run then restarts the momentum."""
+    state = {"iteration": iteration, "sampler": sampler.state_dict(batches_done=batches_done),
+             "optimizer_states": bool(states)}
     _atomic(prefix + ".params", model.save_parameters)
-    _atomic(prefix + ".states", trainer.save_states)
+    if states:
+        _atomic(prefix + ".states", trainer.save_states)
 
     def write_json(path):
         with open(path, "w") as f:
@@ -181,11 +194,14 @@ def save_checkpoint(prefix, model, trainer, sampler, batches_done, iteration):
     _atomic(prefix + ".json", write_json)
 
 
-def load_checkpoint(prefix, model, trainer, sampler):
+def load_checkpoint(prefix, model, trainer, sampler, states=True):
+    """Restore what :func:`save_checkpoint` saved; returns the iteration. ``states=False``
+    (dist kvstore servers hold the optimizer) skips the optimizer state."""
     with open(prefix + ".json") as f:
         state = json.load(f)
     model.load_parameters(prefix + ".params")
-    trainer.load_states(prefix + ".states")
+    if states and state.get("optimizer_states", True):
+        trainer.load_states(prefix + ".states")
     sampler.load_state_dict(state["sampler"])
     return int(state["iteration"])
 
@@ -220,7 +236,8 @@ def main(argv=None):
     criterion = MixSoftmaxCrossEntropyLoss(aux=False, ignore_label=-1)
     trainer = world.trainer(model.collect_params(),
                             {"learning_rate": args.lr, "momentum": 0.9, "wd": 1e-4})
-    it = load_checkpoint(args.resume, model, trainer, sampler) if args.resume else 0
+    it = (load_checkpoint(args.resume, model, trainer, sampler, not world.servers_update)
+          if args.resume else 0)
     metric = SegmentationMetric(nclass)
     log = None
     if args.log_dir:
@@ -246,7 +263,7 @@ def main(argv=None):
                 outputs = model(data)
                 losses = criterion(*outputs, target)
             losses.backward()
-            trainer.step(data.shape[0] * world.step_scale())
+            trainer.step(world.step_size(args.batch_size, data.shape[0]))
             loss_value = float(losses.mean().asscalar())
             metric.update(target, outputs[0])
             it, done, seen = it + 1, done + 1, seen + data.shape[0]
@@ -263,7 +280,8 @@ def main(argv=None):
                       flush=True)
             if args.checkpoint and args.checkpoint_every and \
                     it % args.checkpoint_every == 0 and world.rank == 0:
-                save_checkpoint(args.checkpoint, model, trainer, sampler, done, it)
+                save_checkpoint(args.checkpoint, model, trainer, sampler, done, it,
+                                not world.servers_update)
             if args.epochs is None and it >= args.iters:
                 stopped = True
                 break
@@ -273,7 +291,8 @@ def main(argv=None):
     if log is not None:
         log.close()
     if args.checkpoint and world.rank == 0:
-        save_checkpoint(args.checkpoint, model, trainer, sampler, done, it)
+        save_checkpoint(args.checkpoint, model, trainer, sampler, done, it,
+                        not world.servers_update)
     if not np.isfinite(loss_value):
         print("error: the loss is not finite (%r)" % loss_value, file=sys.stderr)
         return 1
