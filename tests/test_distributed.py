@@ -93,8 +93,9 @@ def global_sequence(logs, epoch):
 def test_dist_sync_recipe_two_epochs(voc, tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     run_single(recipe(voc, "--epochs", "2", "--log-dir", one))
+    # the workers also load through a DataLoader worker process each (--workers 1)
     run_dist(recipe(voc, "--kvstore", "dist_sync", "--epochs", "2", "--log-dir", two,
-                    "--checkpoint", os.path.join(two, "ck")))
+                    "--checkpoint", os.path.join(two, "ck")) + ["--workers", "1"])
     logs = [samples(two, 0), samples(two, 1)]
     single = samples(one, 0)
     for epoch in (0, 1):
@@ -109,6 +110,14 @@ def test_dist_sync_recipe_two_epochs(voc, tmp_path):
         order = epoch_order(TRAIN, SEED, epoch).tolist()
         assert global_sequence(logs, epoch) == order
         assert [r["index"] for r in single if r["epoch"] == epoch] == order
+    # identical augmentation whatever the world size: every sample of every epoch (pads
+    # included) has the same crop, image and mask bits on 1 worker and on 2 ...
+    reference = {(r["epoch"], r["index"]): (r["image"], r["mask"]) for r in single}
+    assert len(reference) == 2 * TRAIN
+    assert all(reference[r["epoch"], r["index"]] == (r["image"], r["mask"])
+               for log in logs for r in log)
+    # ... and it is random: a sample's two epochs differ
+    assert sum(reference[0, i] != reference[1, i] for i in range(TRAIN)) >= TRAIN - 1
     # the distributed validation: the same on both ranks, each of the 5 samples once ...
     reports = [report(two, 0), report(two, 1)]
     assert reports[0]["val"] == reports[1]["val"]
