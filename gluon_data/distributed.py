@@ -100,14 +100,21 @@ class DistributedSegmentationMetric:
     horovod : bool, default False
         Reduce with Horovod instead.
 
+    In a job, iterate the evaluation sampler's batches beside the loader for the keys:
+    ``for keys, (data, target) in zip(batches, DataLoader(valset, batch_sampler=batches))``
+    with ``batches = sampler.batch_sampler()`` (what :func:`evaluate_segmentation` does).
+
     Examples
     --------
-    >>> metric = DistributedSegmentationMetric(21, kvstore=kv)           # doctest: +SKIP
-    >>> batches = sampler.batch_sampler()
-    >>> loader = gluon.data.DataLoader(valset, batch_sampler=batches)
-    >>> for keys, (data, target) in zip(batches, loader):
-    ...     metric.update(target, model(data)[0], keys)
-    >>> pix_acc, miou = metric.get()          # the same on every rank
+    >>> from gluon_data.sampler import SampleKey
+    >>> metric = DistributedSegmentationMetric(3)              # kvstore=kv in a dist job
+    >>> target = mx.nd.array([[[0, 1], [2, 2]], [[1, 1], [1, 1]]])
+    >>> scores = mx.nd.one_hot(target, 3).transpose((0, 3, 1, 2))
+    >>> keys = [SampleKey(4), SampleKey(0, pad=True)]          # row 1 pads a shard
+    >>> metric.update(target, scores, keys)
+    >>> pix_acc, miou = metric.get()                           # the same on every rank
+    >>> round(pix_acc, 6), round(miou, 6), metric.num_samples
+    (1.0, 1.0, 1)
     """
 
     def __init__(self, nclass: int, kvstore=None, horovod: bool = False):
