@@ -12,7 +12,7 @@ Nothing here imports MXNet.
 from __future__ import annotations
 
 import operator
-from typing import Iterator, NamedTuple, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -20,30 +20,53 @@ __all__ = ["SampleKey", "split_key", "sample_rng", "epoch_order", "DistributedSa
            "DistributedBatchSampler"]
 
 
-class SampleKey(NamedTuple):
+class SampleKey(int):
     """A dataset index with the epoch it is drawn in and a padding flag.
 
-    It behaves as its ``index`` wherever Python wants an integer (``int(key)``,
-    ``operator.index(key)``, ``list[key]``), so stock Gluon datasets accept it too.
+    It *is* an ``int`` (its ``index``), so every dataset accepts it — stock Gluon datasets,
+    lists and numpy- or NDArray-backed datasets (``ArrayDataset``) index with it exactly as
+    with the plain number — while gluon_data datasets also read its ``epoch`` (and
+    evaluation helpers its ``pad`` flag). Arithmetic on it gives plain ints. Two keys are
+    equal when index, epoch and pad all are; a key equals the plain int of its index.
 
     Examples
     --------
     >>> key = SampleKey(7, epoch=2)
-    >>> int(key), key.epoch, key.pad
-    (7, 2, False)
+    >>> int(key), key.index, key.epoch, key.pad
+    (7, 7, 2, False)
     >>> [10, 11, 12, 13, 14, 15, 16, 17][key]
     17
+    >>> import numpy as np
+    >>> np.arange(100).reshape(10, 10)[key].tolist()[:3]
+    [70, 71, 72]
     """
 
-    index: int
-    epoch: int = 0
-    pad: bool = False
+    def __new__(cls, index, epoch: int = 0, pad: bool = False) -> "SampleKey":
+        self = super().__new__(cls, operator.index(index))
+        self.epoch = operator.index(epoch)
+        self.pad = bool(pad)
+        return self
 
-    def __index__(self) -> int:
-        return int(self.index)
+    @property
+    def index(self) -> int:
+        return int(self)
 
-    def __int__(self) -> int:
-        return int(self.index)
+    def __reduce__(self):
+        return SampleKey, (int(self), self.epoch, self.pad)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, SampleKey):
+            return (int(self), self.epoch, self.pad) == (int(other), other.epoch, other.pad)
+        return int.__eq__(self, other)
+
+    def __ne__(self, other) -> bool:
+        result = self.__eq__(other)
+        return result if result is NotImplemented else not result
+
+    __hash__ = int.__hash__  # keys equal as SampleKeys are equal as ints
+
+    def __repr__(self) -> str:
+        return "SampleKey(index=%d, epoch=%d, pad=%r)" % (int(self), self.epoch, self.pad)
 
 
 def split_key(idx) -> Tuple[int, Optional[int]]:
@@ -132,10 +155,9 @@ class DistributedSampler:
     drop_last : bool, default False
         Drop the last, incomplete global step instead of padding it.
     keys : bool, default True
-        Yield :class:`SampleKey` (index, epoch, pad), which gluon_data datasets (and stock
-        datasets over Python lists) accept as an index. ``False`` yields plain ``int``
-        indexes, for datasets indexing numpy arrays or NDArrays (which would read a tuple
-        as a multi-dimensional index); use :meth:`batch_sampler` keys for the pad flags.
+        Yield :class:`SampleKey` (an ``int`` carrying the epoch and pad flag), which every
+        dataset accepts as an index. ``False`` yields plain ``int`` indexes (datasets then
+        cannot tell epochs apart; use :meth:`batch_sampler` keys for the pad flags).
 
     Examples
     --------

@@ -206,15 +206,29 @@ def test_gluon_dataloader_sampler_and_batch_sampler(workers):
             assert [b.asnumpy().tolist() for b in loader] == want
 
 
-def test_plain_int_keys_for_array_datasets():
-    """An NDArray/numpy-backed ArrayDataset reads a tuple as a multi-dimensional index:
-    keys=False yields plain ints for it."""
-    data = mx.gluon.data.ArrayDataset(np.arange(10, 20), np.arange(10))
-    s = DistributedSampler(10, 2, 1, batch_size=3, seed=2, keys=False)
-    assert all(type(i) is int for i in s)
+@pytest.mark.parametrize("keys", [True, False])
+def test_array_datasets_index_with_keys(keys):
+    """An NDArray/numpy-backed ArrayDataset indexes with the sampler's keys exactly as with
+    plain ints (a tuple-like key would be read as a multi-dimensional index)."""
+    data = mx.gluon.data.ArrayDataset(np.arange(100, 120).reshape(10, 2), np.arange(10))
+    s = DistributedSampler(10, 2, 1, batch_size=3, seed=2, keys=keys)
+    assert all(isinstance(i, int) for i in s)
+    assert all(type(i) is (SampleKey if keys else int) for i in s)
     loader = mx.gluon.data.DataLoader(data, batch_size=3, sampler=s)
-    got = [lbl.asnumpy().tolist() for _, lbl in loader]
-    assert got == expected_batches(s)
+    got = [(x.asnumpy().tolist(), lbl.asnumpy().tolist()) for x, lbl in loader]
+    want = expected_batches(s)
+    assert [lbl for _, lbl in got] == want
+    assert [x for x, _ in got] == [[[100 + 2 * i, 101 + 2 * i] for i in b] for b in want]
+
+
+def test_sample_key_is_its_index_and_pickles():
+    import pickle
+    k = SampleKey(5, epoch=3, pad=True)
+    assert k == 5 and hash(k) == hash(5) and k.index == 5 and [0, 1, 2, 3, 4, 5][k] == 5
+    assert k != SampleKey(5, 3, False) and k != SampleKey(5, 2, True)
+    back = pickle.loads(pickle.dumps(k))
+    assert type(back) is SampleKey and (back.index, back.epoch, back.pad) == (5, 3, True)
+    assert type(k + 1) is int
 
 
 def test_sample_keys_carry_epoch_and_pad():
