@@ -12,17 +12,26 @@ Readers open the environment lazily in each process, read-only and without the l
 reader slot can leak), with one short read transaction per read. Before mapping, the file
 size is checked against the newest meta page so a truncated ``data.mdb`` raises
 :class:`FormatError` instead of killing the process with SIGBUS.
+
+Cold reads: a record bigger than about half a page lives in LMDB "overflow" pages, and
+py-lmdb touches every 4 KB page of a value it returns; with ``readahead=False`` each touch is
+one device read (~19 per 75 KB record). :class:`LMDBFile` therefore reads such values itself,
+with one ``pread`` of the value's pages from ``data.mdb`` (see :class:`_ValueLocations`).
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import shutil
 import struct
+import sys
 import threading
 from typing import Dict, List, Optional, Tuple
 
 import lmdb
+import numpy as np
 
 from .errors import CorruptRecordError, FormatError
 from .meta import check_meta, dumps_meta
@@ -246,6 +255,98 @@ def read_lmdb_meta(path: str) -> Dict[str, dict]:
     return _read_all_meta(shared_env(path), path)
 
 
+# LMDB 0.9 on-disk structures read by _ValueLocations (lmdb.h / mdb.c: MDB_page, MDB_node).
+_PAGEHDRSZ = 16            # pgno u64, pad u16, flags u16, lower u16, upper u16 (or pages u32)
+_P_LEAF, _P_OVERFLOW = 0x02, 0x04
+_F_BIGDATA = 0x01          # node data is the u64 number of the value's first overflow page
+_NODE = struct.Struct("<HHHH")  # mn_lo, mn_hi (data size), mn_flags, mn_ksize (little endian)
+_PGNO = struct.Struct("<Q")
+_OVERFLOW_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, number of pages
+
+
+def _address(buf) -> int:
+    """Address of a (read-only) buffer's first byte."""
+    return np.frombuffer(buf, np.uint8).ctypes.data
+
+
+class _ValueLocations:
+    """Where each record's value lies in ``data.mdb``, learnt a leaf page at a time, so a
+    cold value costs one ``pread`` (one device read) instead of a page fault per 4 KB.
+
+    A lookup through LMDB positions a cursor on the key; the leaf page holding it is then in
+    memory, and every node on it names its value's overflow page and size. Those are kept in
+    one ``uint64`` per record (``pgno << 32 | size``, 0 = not known yet), filled lazily, so
+    the ~150 records sharing a leaf cost one lookup together. Values stored inline in the
+    leaf (small records), big-endian hosts and anything that does not parse as expected keep
+    the plain ``txn.get`` path. Every ``pread`` checks the overflow page's own header (its
+    page number, flag and page count) and that the file holds the whole value, so a stale
+    or damaged location is a typed error, never another record's bytes.
+    """
+
+    def __init__(self, n: int, psize: int):
+        self.n, self.psize = n, psize
+        self.table = np.zeros(n, np.uint64)  # untouched pages cost no memory
+        # a leaf page is found from a node's address, which needs the map aligned to psize
+        self.usable = sys.byteorder == "little" and mmap.PAGESIZE % psize == 0
+
+    def learn(self, txn, key: bytes) -> bool:
+        """Position on ``key`` in ``txn`` (``buffers=True``) and record the locations of
+        every value on its leaf page; False if the key is absent."""
+        cur = txn.cursor()
+        if not cur.set_key(key):
+            return False
+        if not self.usable:
+            return True
+        node = _address(cur.key()) - 8
+        psize = self.psize
+        start = node - node % psize
+        page = ctypes.string_at(start, psize)  # resident: LMDB just searched it
+        _, _, flags, lower, _ = struct.unpack_from("<QHHHH", page)
+        count = (lower - _PAGEHDRSZ) // 2
+        if not flags & _P_LEAF or count <= 0 or _PAGEHDRSZ + 2 * count > psize:
+            self.usable = False
+            return True
+        ptrs = struct.unpack_from("<%dH" % count, page, _PAGEHDRSZ)
+        if node - start not in ptrs:  # not the page we think (e.g. map alignment differs)
+            self.usable = False
+            return True
+        table = self.table
+        for ptr in ptrs:
+            if ptr + 8 > psize:
+                continue
+            lo, hi, nflags, ksize = _NODE.unpack_from(page, ptr)
+            if nflags != _F_BIGDATA or ksize != 10 or ptr + 8 + ksize + 8 > psize:
+                continue
+            k = page[ptr + 8:ptr + 18]
+            if not k.isdigit():
+                continue
+            j = int(k)
+            pgno, = _PGNO.unpack_from(page, ptr + 18)
+            if j < self.n and 0 < pgno < (1 << 32):
+                table[j] = (pgno << 32) | (lo | hi << 16)
+        return True
+
+    def read(self, fd: int, loc: int, scratch, where: str, record: int) -> memoryview:
+        """The value at ``loc`` read with one ``pread`` into ``scratch`` (a view of it)."""
+        pgno, size = loc >> 32, loc & 0xFFFFFFFF
+        need = _PAGEHDRSZ + size
+        if len(scratch.buf) < need:
+            scratch.buf = bytearray(max(need, 1 << 20))
+        view = memoryview(scratch.buf)[:need]
+        got = os.preadv(fd, [view], pgno * self.psize)
+        head_pgno, _, flags, pages = _OVERFLOW_HEAD.unpack_from(view) if got >= 16 else (
+            None, 0, 0, 0)
+        if got < need:
+            raise CorruptRecordError("data.mdb is truncated: the value of this record needs "
+                                     "bytes %d..%d, the file ends at %d"
+                                     % (pgno * self.psize, pgno * self.psize + need,
+                                        pgno * self.psize + got), where, record)
+        if head_pgno != pgno or not flags & _P_OVERFLOW or pages * self.psize < need:
+            raise CorruptRecordError("overflow page %d does not hold this record's value "
+                                     "(page header: number %s, flags 0x%x, %d pages)"
+                                     % (pgno, head_pgno, flags, pages), where, record)
+        return view[_PAGEHDRSZ:]
+
 class LMDBFile:
     """Random-access reader of one split of an LMDB dataset; a
     :class:`~gluon_data.store.RecordStore` (the same interface as :class:`RecordFile`).
@@ -289,6 +390,29 @@ class LMDBFile:
         self._identity = self._current_identity(self.meta)
         self._checked_pid = os.getpid()
         self._env = ProcessEnv(self.path)
+        self._psize = env.stat()["psize"]
+        self._init_direct()
+
+    def _init_direct(self):
+        self._locations: Optional[_ValueLocations] = None
+        self._fd_pid: Optional[Tuple[int, int]] = None
+        self._lock = threading.Lock()
+        self._scratch = threading.local()
+
+    def _fd(self) -> int:
+        """This process's descriptor of ``data.mdb`` for direct value reads, advised
+        ``POSIX_FADV_RANDOM`` so a read fetches the value's pages and no more."""
+        cur, pid = self._fd_pid, os.getpid()
+        if cur is not None and cur[1] == pid:
+            return cur[0]
+        with self._lock:
+            if self._fd_pid is None or self._fd_pid[1] != pid:
+                fd = os.open(os.path.join(self.path, "data.mdb"),
+                             os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                self._fd_pid = (fd, pid)  # one inherited from the parent is left alone
+            return self._fd_pid[0]
 
     # -- store protocol ---------------------------------------------------------------
     @property
@@ -340,16 +464,53 @@ class LMDBFile:
         return None
 
     def read(self, i: int) -> bytes:
+        """Payload of the record at position ``i``."""
+        return bytes(self.view(i))
+
+    def view(self, i: int):
+        """Like :meth:`read`; the payload may be a ``memoryview`` into a per-thread buffer
+        that the thread's next read overwrites (the contract of ``RecordFile.view``)."""
         if self._checked_pid != os.getpid():
             self._check_identity()
-        k = record_key(int(i))
+        i = int(i)
+        if not 0 <= i < self._n:
+            raise IndexError("record %d out of range (%d records)" % (i, self._n))
+        locs = self._locations
+        if locs is None:
+            locs = self._locations = _ValueLocations(self._n, self._psize)
+        loc = int(locs.table[i])
+        if not loc and locs.usable:
+            loc = self._learn(locs, i)
+        if loc:
+            if getattr(self._scratch, "buf", None) is None:
+                self._scratch.buf = bytearray(1 << 20)
+            return locs.read(self._fd(), loc, self._scratch, self.path, i)
+        k = record_key(i)
         v = self._env.get_value(k, self.split, record=i)
         if v is None:
             raise FormatError("record key %r missing from split %r" % (k.decode(), self.split),
                               self.path, i)
         return v
 
-    view = read  # same contract as RecordFile.view (bytes are a valid "view")
+    def _learn(self, locs: _ValueLocations, i: int) -> int:
+        k = record_key(i)
+        env, db = self._env.get(self.split)
+        check_mapped(env)
+        try:
+            try:
+                with env.begin(db=db, buffers=True) as txn:
+                    found = locs.learn(txn, k)
+            except lmdb.MapResizedError:  # another process grew the map: adopt its size
+                env.set_mapsize(0)
+                with env.begin(db=db, buffers=True) as txn:
+                    found = locs.learn(txn, k)
+        except lmdb.Error as e:
+            raise CorruptRecordError("LMDB could not read the value (%s: %s)"
+                                     % (type(e).__name__, e), self.path, i) from None
+        if not found:
+            raise FormatError("record key %r missing from split %r" % (k.decode(), self.split),
+                              self.path, i)
+        return int(locs.table[i])
 
     def scan(self):
         """Every payload in position order, read with one cursor in one read transaction
@@ -374,14 +535,31 @@ class LMDBFile:
             raise FormatError("split %r yielded %d records, its metadata promises %d"
                               % (self.split, n, self._n), self.path)
 
+    def __del__(self):
+        try:
+            cur = self._fd_pid
+            if cur is not None and cur[1] == os.getpid():
+                os.close(cur[0])
+        except Exception:
+            pass
+
     def close(self) -> None:
-        """Forget this reader's handle (the shared environment stays for other readers)."""
+        """Forget this reader's handles (the shared environment stays for other readers)."""
         self._env = ProcessEnv(self.path)
+        cur, self._fd_pid = self._fd_pid, None
+        if cur is not None and cur[1] == os.getpid():
+            os.close(cur[0])
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_checked_pid"] = None  # an unpickled copy checks the identity on first read
+        for k in ("_locations", "_fd_pid", "_lock", "_scratch"):
+            state.pop(k, None)
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._init_direct()
 
     def __repr__(self):
         return "LMDBFile(%r, split=%r, %d records)" % (self.path, self.split, self._n)

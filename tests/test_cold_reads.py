@@ -1,0 +1,170 @@
+"""Cold reads: an LMDB value is fetched with one read of its pages, not a page fault per 4 KB.
+
+The device-read count runs on a loop device made for the test (root, ``losetup`` and
+``mount`` needed; skipped elsewhere): its ``/sys/block/loopN/stat`` counts only this test's
+requests. The device is set to the kernel's default 128 KB readahead and direct I/O on its
+backing file, so every request it counts reaches the disk.
+"""
+import os
+import shutil
+import subprocess
+
+import lmdb
+import numpy as np
+import pytest
+
+from gluon_data import convert, lmdbio
+from gluon_data.errors import CorruptRecordError
+from gluon_data.lmdbio import LMDBFile
+from gluon_data.recordio import RecordFile
+from gluon_data.sample import make_voc
+
+
+def _values(path, split="train"):
+    env = lmdb.open(path, readonly=True, lock=False, max_dbs=64, subdir=True)
+    try:
+        db = env.open_db(split.encode(), create=False)
+        with env.begin(db=db) as txn:
+            return [bytes(v) for _, v in txn.cursor()]
+    finally:
+        env.close()
+
+
+@pytest.fixture(scope="module")
+def big_voc(tmp_path_factory):
+    """Records of tens of KB (values in LMDB overflow pages, as real photos are)."""
+    return make_voc(str(tmp_path_factory.mktemp("bigvoc") / "VOC2012"), num_images=12,
+                    size_range=(200, 260), val_fraction=0.0, seed=3, quality=95)
+
+
+def test_direct_reads_equal_lmdb_values(big_voc, tmp_path):
+    out = str(tmp_path / "v.lmdb")
+    convert(big_voc, out, "voc", split="train")
+    f = LMDBFile(out, "train")
+    order = np.random.default_rng(0).permutation(len(f))
+    got = {int(i): f.read(int(i)) for i in order}
+    ref = _values(_copy(out, tmp_path))
+    assert [got[i] for i in range(len(f))] == ref
+    assert min(len(v) for v in ref) > 8192  # overflow values: the direct path ran
+    assert int(f._locations.table.astype(bool).sum()) == len(f)
+    with pytest.raises(IndexError):
+        f.read(len(f))
+
+
+def _copy(path, tmp_path):
+    """A second copy (py-lmdb refuses to open one environment twice in a process)."""
+    dst = str(tmp_path / "copy.lmdb")
+    shutil.copytree(path, dst)
+    return dst
+
+
+def test_small_inline_values_use_lmdb(voc_root, tmp_path):
+    """Values stored inside the leaf pages (tiny records) keep py-lmdb's path."""
+    out = str(tmp_path / "small.lmdb")
+    convert(voc_root, out, "voc", split="train")
+    f = LMDBFile(out, "train")
+    assert [f.read(i) for i in range(len(f))] == _values(_copy(out, tmp_path))
+
+
+def test_truncated_value_is_a_typed_error(big_voc, tmp_path):
+    out = str(tmp_path / "t.lmdb")
+    convert(big_voc, out, "voc", split="train")
+    f = LMDBFile(out, "train")
+    f.read(0)  # locations learnt, environment open
+    last = max(range(len(f)), key=lambda i: int(f._locations.table[i]) >> 32)
+    start = (int(f._locations.table[last]) >> 32) * f._psize
+    data = os.path.join(out, "data.mdb")
+    with open(data, "r+b") as fh:  # cut into the last value's pages only
+        fh.truncate(start + 100)
+    with pytest.raises(CorruptRecordError, match="truncated"):
+        f.read(last)
+
+
+def test_wrong_location_is_a_typed_error(big_voc, tmp_path):
+    out = str(tmp_path / "w.lmdb")
+    convert(big_voc, out, "voc", split="train")
+    f = LMDBFile(out, "train")
+    f.read(0)
+    f.read(1)
+    table = f._locations.table
+    table[0] = table[1] + np.uint64(1 << 32)  # one page into another value: no page header
+    with pytest.raises(CorruptRecordError, match="overflow page"):
+        f.read(0)
+
+
+def _can_loop_mount():
+    return (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("losetup")
+            and shutil.which("mkfs.ext4") and os.path.isdir("/sys/block"))
+
+
+@pytest.fixture()
+def loop_mount(tmp_path):
+    if not _can_loop_mount():
+        pytest.skip("needs root, losetup and mkfs.ext4 to count device reads")
+    img, mnt = str(tmp_path / "disk.img"), str(tmp_path / "mnt")
+    os.makedirs(mnt)
+    with open(img, "wb") as fh:
+        fh.truncate(64 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True, capture_output=True)
+    res = subprocess.run(["losetup", "--find", "--show", img], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip("no loop device: %s" % res.stderr.strip())
+    dev = res.stdout.strip()
+    try:
+        if subprocess.run(["mount", dev, mnt], capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a loop device here")
+        name = os.path.basename(dev)
+        with open("/sys/block/%s/queue/read_ahead_kb" % name, "w") as fh:
+            fh.write("128")
+        subprocess.run(["losetup", "--direct-io=on", dev], capture_output=True)
+        yield mnt, name
+    finally:
+        for key in [k for k in lmdbio._ENVS if k[0].startswith(os.path.realpath(mnt))]:
+            lmdbio._ENVS.pop(key)[1].close()  # an open map keeps the mount busy
+        if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+        subprocess.run(["losetup", "-d", dev], capture_output=True)
+
+
+def _device_reads(name):
+    with open("/sys/block/%s/stat" % name) as fh:
+        return int(fh.read().split()[0])  # read requests completed
+
+
+def _evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def photo_voc(tmp_path_factory):
+    """~60 KB records, the size of the benchmark's photos."""
+    return make_voc(str(tmp_path_factory.mktemp("photovoc") / "VOC2012"), num_images=12,
+                    size_range=(380, 420), val_fraction=0.0, seed=4, quality=98)
+
+
+def test_cold_random_reads_take_one_device_read_per_record(photo_voc, loop_mount):
+    mnt, name = loop_mount
+    rec, lm = os.path.join(mnt, "v.rec"), os.path.join(mnt, "v.lmdb")
+    convert(photo_voc, rec, "voc", split="train")
+    convert(rec, lm)
+    os.sync()
+    for reader, data in ((RecordFile(rec), rec), (LMDBFile(lm, "train"),
+                                                  os.path.join(lm, "data.mdb"))):
+        order = [int(i) for i in np.random.default_rng(1).permutation(len(reader))]
+        _evict(data)
+        before = _device_reads(name)
+        sizes = [len(reader.read(i)) for i in order]
+        per_record = (_device_reads(name) - before) / len(order)
+        assert min(sizes) > 32768
+        assert 0.5 <= per_record <= 1.2, (type(reader).__name__, per_record)
+    reader.close()
+    # the counter sees the difference: py-lmdb's own get faults a page at a time
+    _evict(data)
+    before = _device_reads(name)
+    for i in order:
+        reader._env.get_value(b"%010d" % i, "train")
+    assert (_device_reads(name) - before) / len(order) > 3
