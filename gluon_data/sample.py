@@ -10,7 +10,8 @@ from PIL import Image
 
 from .sources import voc_palette
 
-__all__ = ["make_voc", "make_imagefolder", "make_ade20k", "make_cityscapes", "synthetic_pair"]
+__all__ = ["make_voc", "make_imagefolder", "make_ade20k", "make_cityscapes", "synthetic_pair",
+           "synthetic_photo"]
 
 
 def synthetic_pair(rng: np.random.Generator, h: int, w: int, num_classes: int = 21,
@@ -42,6 +43,14 @@ def synthetic_pair(rng: np.random.Generator, h: int, w: int, num_classes: int = 
     return img, mask
 
 
+def synthetic_photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """A smooth random RGB 'photo' that compresses like one (tens of KB at quality 90)."""
+    small = rng.integers(0, 255, (max(2, h // 16), max(2, w // 16), 3), dtype=np.uint8)
+    img = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)
+    noise = rng.normal(0, 12, (h, w, 3))
+    return np.clip(img + noise, 0, 255).astype(np.uint8)
+
+
 def _save_palette_png(mask: np.ndarray, path: str) -> None:
     im = Image.fromarray(mask, mode="P")
     im.putpalette([v for rgb in voc_palette(256) for v in rgb])
@@ -49,11 +58,14 @@ def _save_palette_png(mask: np.ndarray, path: str) -> None:
 
 
 def make_voc(root: str, num_images: int = 24, size_range: Sequence[int] = (40, 96),
-             val_fraction: float = 0.25, seed: int = 0, quality: int = 90) -> str:
+             val_fraction: float = 0.25, seed: int = 0, quality: int = 90,
+             photo: bool = False, prefix: str = "2007") -> str:
     """Write a tiny Pascal-VOC-style dataset under ``root``; return ``root``.
 
     ``JPEGImages/*.jpg``, ``SegmentationClass/*.png`` (palette PNGs with 255 boundaries as
-    in VOC) and ``ImageSets/Segmentation/{train,val,trainval}.txt``.
+    in VOC) and ``ImageSets/Segmentation/{train,val,trainval}.txt``. ``photo=True`` stores
+    :func:`synthetic_photo` images (JPEG sizes like real photos: the benchmark's data)
+    instead of the flat shapes drawn on the mask; ``prefix`` starts every image id.
     """
     rng = np.random.default_rng(seed)
     for d in ("JPEGImages", "SegmentationClass", os.path.join("ImageSets", "Segmentation")):
@@ -62,7 +74,9 @@ def make_voc(root: str, num_images: int = 24, size_range: Sequence[int] = (40, 9
     for i in range(num_images):
         h, w = (int(v) for v in rng.integers(size_range[0], size_range[1] + 1, size=2))
         img, mask = synthetic_pair(rng, h, w)
-        name = "2007_%06d" % i
+        if photo:
+            img = synthetic_photo(rng, h, w)
+        name = "%s_%06d" % (prefix, i)
         Image.fromarray(img).save(os.path.join(root, "JPEGImages", name + ".jpg"),
                                   quality=quality)
         _save_palette_png(mask, os.path.join(root, "SegmentationClass", name + ".png"))

@@ -12,7 +12,9 @@ numbers are part of ``gluon-data bench``.
 import argparse
 import tempfile
 
-from gluon_data.bench import index_costs
+from gluon_data.cli import load_bench
+
+index_costs = load_bench().index_costs
 
 
 def main():

@@ -31,7 +31,8 @@ def main():
     rec = a.rec
     if rec is None:
         from gluon_data import convert
-        from gluon_data.bench import make_dataset
+        from gluon_data.cli import load_bench
+        make_dataset = load_bench().make_dataset
         work = tempfile.mkdtemp(prefix="gluon-data-profile-")
         voc = make_dataset(work, a.samples)
         rec = os.path.join(work, "voc.rec")

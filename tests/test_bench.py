@@ -8,7 +8,8 @@ import pytest
 
 @pytest.mark.slow
 def test_bench_smoke(tmp_path):
-    from gluon_data.bench import run_bench
+    from gluon_data.cli import load_bench
+    run_bench = load_bench().run_bench
     out = io.StringIO()
     res = run_bench(str(tmp_path / "b"), n=24, workers=2, out=out, quick=True,
                     index_records=2000, epochs=1)
@@ -19,15 +20,37 @@ def test_bench_smoke(tmp_path):
                 "stock ImageRecordDataset", "ours ImageRecordDataset",
                 "stock ImageRecordIter (crop 224)", "cat .rec (cold)",
                 "ours sequential reads (cold)", "ours random reads (warm)",
-                "stock read_idx random reads (warm)", "small files, read each (cold)"):
+                "stock read_idx random reads (warm)", "small files, read each (cold)",
+                "decode, 2 processes, bytes sent by Pool.map (old limit)",
+                "LMDB ours random reads, all of the records (cold)",
+                "LMDB py-lmdb default random reads, 1/8 of the records (cold)",
+                "ours LMDB train (cold)", "ours .rec train (cold)"):
         assert key in rates, key
     assert all(v > 0 and math.isfinite(v) for v in rates.values())
     assert set(res["ratios"]) >= {"ours .rec train / gluoncv train",
                                   "ours cls / stock ImageRecordIter",
                                   "sequential reads / cat (cold)",
-                                  "convert pass-through / raw copy"}
+                                  "convert pass-through / raw copy",
+                                  "ours .rec train / decode limit N",
+                                  "ours LMDB train / ours .rec train (cold)",
+                                  "LMDB cold random reads: ours / py-lmdb default"}
     assert res["index"]["ours bytes/record"] < res["index"]["stock bytes/record"]
     assert len(res["rss"]) == 3 and all(len(e) == 2 and all(p > 0 for p, _ in e)
                                         for e in res["rss"])
     text = out.getvalue()
     assert "ratio (same run)" in text and ("met" in text or "MISSED" in text)
+
+
+def test_scale_step_small(tmp_path):
+    """The scale step on 20,000 tiny records: every worker opened, read, and reported."""
+    from gluon_data.cli import load_bench
+    from gluon_data.recordio import RecordFile
+    bench = load_bench()
+    out = bench.scale_costs(str(tmp_path), n=20_000, workers=2, reads=200)
+    f = RecordFile(str(tmp_path / "scale-20000.rec"))
+    assert len(f) == 20_000 and f.read(19_999) == b"abcd"
+    for key in ("20000, binary index: worst open s", "20000, text .idx only: worst private MB",
+                "20000, forked after the parent opened: random reads/s per worker",
+                "2,000 records: random reads/s per worker"):
+        assert key in out and math.isfinite(out[key]), key
+    assert all(v > 0 for k, v in out.items() if "reads/s" in k)

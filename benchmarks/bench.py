@@ -1,11 +1,13 @@
-"""``gluon-data bench``: our loaders and the baselines side by side, in one run, as ratios.
+"""``gluon-data bench`` (``python benchmarks/bench.py``): our loaders and the baselines side by side, in one run, as ratios.
 
 Makes (or reuses) a VOC-like dataset of photographic-looking JPEGs (300-500 px, tens of KB)
 with palette masks, packs it, and measures in one run:
 
 * conversion: ours (pass-through and re-encode, 1 and N workers) against ``im2rec`` and a raw
   copy of the same files;
-* the decode limit: image + mask bytes from memory with OpenCV, 1 and N processes;
+* the decode limit: image + mask bytes from memory with OpenCV, 1 and N processes (forked
+  after loading the bytes, timed from a barrier: no start-up or transfer counted), and the
+  old measurement that sent the bytes through a spawn ``Pool.map`` inside the timing;
 * segmentation ``train`` (``base_size=400, crop_size=320``, ``ToTensor`` + ``Normalize``,
   ``DataLoader(batch_size=16, num_workers=N)``): gluoncv's ``VOCSegmentation``, ours from
   ``.rec`` and from LMDB, and DALI's CPU pipeline when ``--dali-python`` names an
@@ -37,37 +39,18 @@ import numpy as np
 __all__ = ["run_bench", "index_costs", "main"]
 
 
-def _photo(rng, h, w):
-    """A smooth random 'photo' that compresses like one (tens of KB at q=90)."""
-    import cv2
-    small = rng.integers(0, 255, (max(2, h // 16), max(2, w // 16), 3), dtype=np.uint8)
-    img = cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC)
-    noise = rng.normal(0, 12, (h, w, 3))
-    return np.clip(img + noise, 0, 255).astype(np.uint8)
-
-
 def make_dataset(root: str, n: int, seed: int = 0) -> str:
-    """VOC layout with ``n`` JPEG photos (300-500 px) and palette masks."""
-    from PIL import Image
-
-    from .sample import _save_palette_png, synthetic_pair
+    """VOC layout with ``n`` JPEG photos (300-500 px) and palette masks; every split lists
+    every image (gluoncv's ``train`` reads ``trainval.txt``)."""
+    from gluon_data.sample import make_voc
     voc = os.path.join(root, "VOC2012")
-    if os.path.exists(os.path.join(voc, "ImageSets", "Segmentation", "train.txt")):
+    sets = os.path.join(voc, "ImageSets", "Segmentation")
+    if os.path.exists(os.path.join(sets, "train.txt")):
         return voc
-    rng = np.random.default_rng(seed)
-    for d in ("JPEGImages", "SegmentationClass", os.path.join("ImageSets", "Segmentation")):
-        os.makedirs(os.path.join(voc, d), exist_ok=True)
-    names = []
-    for i in range(n):
-        h, w = (int(v) for v in rng.integers(300, 501, size=2))
-        _, mask = synthetic_pair(rng, h, w)
-        name = "2012_%06d" % i
-        Image.fromarray(_photo(rng, h, w)).save(os.path.join(voc, "JPEGImages", name + ".jpg"),
-                                                quality=90)
-        _save_palette_png(mask, os.path.join(voc, "SegmentationClass", name + ".png"))
-        names.append(name)
-    for split in ("train", "val", "trainval"):  # gluoncv's split 'train' reads trainval.txt
-        with open(os.path.join(voc, "ImageSets", "Segmentation", split + ".txt"), "w") as f:
+    make_voc(voc, n, size_range=(300, 500), seed=seed, photo=True, prefix="2012")
+    names = sorted(f[:-4] for f in os.listdir(os.path.join(voc, "JPEGImages")))
+    for split in ("train", "val", "trainval"):
+        with open(os.path.join(sets, split + ".txt"), "w") as f:
             f.write("".join(x + "\n" for x in names))
     return voc
 
@@ -79,6 +62,35 @@ def _decode_pairs(pairs):
         cv2.imdecode(np.frombuffer(img, np.uint8), cv2.IMREAD_COLOR)
         cv2.imdecode(np.frombuffer(mask, np.uint8), cv2.IMREAD_UNCHANGED)
     return len(pairs)
+
+
+def _decode_share(pairs, k, workers, barrier, done):  # pragma: no cover - forked child
+    chunk = pairs[k::workers]
+    _decode_pairs(chunk[:1])  # libraries loaded, threads set, before the start signal
+    barrier.wait()
+    done.put(_decode_pairs(chunk))
+
+
+def _forked_decode_rate(pairs, workers: int) -> float:
+    """Items/s of ``workers`` processes decoding their shares of ``pairs``: forked after the
+    bytes are loaded (each holds them already), timed from a barrier that releases them all
+    to the last one's result, so neither start-up nor moving the bytes is counted."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, done = ctx.Barrier(workers + 1), ctx.Queue()
+    procs = [ctx.Process(target=_decode_share, args=(pairs, k, workers, barrier, done),
+                         daemon=True) for k in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(timeout=300)
+        t0 = time.perf_counter()
+        count = sum(done.get(timeout=600) for _ in procs)
+        return count / (time.perf_counter() - t0)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.terminate()
 
 
 def _rate(fn, n):
@@ -99,13 +111,14 @@ def _rss_mb(pid: int) -> Tuple[float, float]:
     return fields.get("RssAnon", 0) + fields.get("RssFile", 0), fields.get("RssShmem", 0)
 
 
-def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None) -> dict:
+def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None,
+                  before=None) -> dict:
     """Best items/s of each ``(name, dataset, batchify)`` through
     ``DataLoader(batch_size=16, shuffle=True, num_workers=workers)``. Every loader first runs
     one whole epoch (workers started, caches warm, nothing left unread), then each round runs
     one epoch of every loader in turn, so a change of load on this shared machine hits them
     all alike. ``rss`` collects the first loader's per-worker RSS after every round;
-    ``between`` runs after every round."""
+    ``between`` runs after every round, ``before(name)`` before every timed epoch."""
     import mxnet as mx
     loaders = {}
     for name, dataset, batchify in pipelines:
@@ -117,6 +130,8 @@ def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None) 
     best = dict.fromkeys(loaders, 0.0)
     for _ in range(epochs):
         for k, (name, loader) in enumerate(loaders.items()):
+            if before is not None:
+                before(name)
             t0, seen = time.perf_counter(), 0
             for batch in loader:
                 seen += batch[0].shape[0]
@@ -149,6 +164,47 @@ def _evict(paths) -> bool:
     return True
 
 
+_LMDB_COLD = r"""
+import os, sys, time
+import lmdb, numpy as np
+path, how, frac = sys.argv[1], sys.argv[2], int(sys.argv[3])
+from gluon_data.lmdbio import LMDBFile
+n = LMDBFile(path, "train").__len__()
+order = [int(i) for i in np.random.default_rng(1).permutation(n)][:max(1, n // frac)]
+if how == "ours":
+    f = LMDBFile(path, "train")
+    read = f.read
+else:
+    from gluon_data import lmdbio
+    for k in list(lmdbio._ENVS):
+        lmdbio._ENVS.pop(k)[1].close()
+    env = lmdb.open(path, readonly=True, lock=False, readahead=how != "readahead=False",
+                    max_dbs=64, subdir=True)
+    db = env.open_db(b"train", create=False)
+    def read(i):
+        with env.begin(db=db) as txn:
+            return txn.get(b"%010d" % i)
+fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+t0 = time.perf_counter()
+for i in order:
+    read(i)
+print(len(order) / (time.perf_counter() - t0))
+"""
+
+
+def _lmdb_cold_rate(path: str, how: str, frac: int) -> float:
+    """Values/s reading 1/``frac`` of an LMDB split in random order, page cache evicted, in a
+    fresh process: ``how`` is ``ours`` (LMDBFile), ``py-lmdb default`` (readahead on) or
+    ``readahead=False`` (``txn.get``). A fraction emulates a dataset bigger than the page
+    cache: readahead's neighbours are mostly never read."""
+    res = subprocess.run([sys.executable, "-c", _LMDB_COLD, path, how, str(frac)],
+                         capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError("LMDB cold read run failed: %s" % res.stderr.strip()[-500:])
+    return float(res.stdout.strip().splitlines()[-1])
+
+
 def _consume(read, order) -> None:
     """Read records one at a time, as a loader does (not hoarding them all in memory)."""
     total = 0
@@ -171,7 +227,7 @@ def index_costs(workdir: str, n: int) -> dict:
 
     import mxnet as mx
 
-    from .recordio import RecordFile, RecordWriter, write_binary_index
+    from gluon_data.recordio import RecordFile, RecordWriter, write_binary_index
 
     rec = os.path.join(workdir, "index-%d.rec" % n)
     idx = rec[:-4] + ".idx"
@@ -213,6 +269,100 @@ def index_costs(workdir: str, n: int) -> dict:
         out[name + " bytes/record"] = held / n
         out[name + " forked private MB per 1M"] = _forked_private(obj, readers[name]) * 1e6 / n
         del obj
+    return out
+
+
+def _tiny_rec(path: str, n: int) -> str:
+    """``n`` 4-byte records (12 bytes framed) and their ``.idx`` + ``.idx.gdx``, written with
+    numpy in chunks (10 M records in seconds); the framing is RecordIO's, payloads fake."""
+    from gluon_data.recordio import write_binary_index
+    idx = path[:-4] + ".idx"
+    if os.path.exists(idx + ".gdx"):
+        return path
+    frame = np.array([0xCED7230A, 4, int.from_bytes(b"abcd", "little")], "<u4")
+    chunk = 1_000_000
+    with open(path + ".partial", "wb") as rec, open(idx + ".partial", "wb") as out:
+        for lo in range(0, n, chunk):
+            m = min(chunk, n - lo)
+            np.broadcast_to(frame, (m, 3)).tofile(rec)
+            keys = np.arange(lo, lo + m)
+            lines = np.char.add(np.char.add(keys.astype("U10"), "\t"),
+                                np.char.add((keys * 12).astype("U12"), "\n"))
+            out.write("".join(lines.tolist()).encode())
+    os.replace(path + ".partial", path)
+    os.replace(idx + ".partial", idx)
+    write_binary_index(idx)
+    return path
+
+
+def _scale_worker(path, opened, order, barrier, done):  # pragma: no cover - forked child
+    from gluon_data.recordio import RecordFile
+    before = _private_mb(os.getpid())
+    barrier.wait()
+    t0 = time.perf_counter()
+    f = opened if opened is not None else RecordFile(path)
+    opened_s = time.perf_counter() - t0
+    f.read(int(order[0]))
+    t1 = time.perf_counter()
+    for i in order:
+        f.read(int(i))
+    rate = len(order) / (time.perf_counter() - t1)
+    done.put((opened_s, _private_mb(os.getpid()) - before, rate))
+
+
+def _scale_run(path, workers, order, opened=None):
+    """Per-worker (open s, private MB gained, random reads/s) of ``workers`` forked processes
+    that each open ``path`` (or use ``opened``, the parent's reader) together after a barrier,
+    then read ``order``."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, done = ctx.Barrier(workers), ctx.Queue()
+    procs = [ctx.Process(target=_scale_worker, args=(path, opened, order, barrier, done),
+                         daemon=True) for _ in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        return [done.get(timeout=600) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.terminate()
+
+
+def _scale_label(n: int) -> str:
+    return "%gM" % (n / 1e6) if n >= 1_000_000 else str(n)
+
+
+def scale_costs(workdir: str, n: int = 10_000_000, workers: int = 8, reads: int = 2000) -> dict:
+    """A ``n``-record ``.rec`` opened by ``workers`` DataLoader-like processes at once:
+    each opening it itself (binary index, then text ``.idx`` only) and forked after the
+    parent opened it (Gluon's default); the worst worker's open time and private memory, and
+    random-read rates against the same reads from a 2,000-record file."""
+    from gluon_data.recordio import RecordFile
+    big = _tiny_rec(os.path.join(workdir, "scale-%d.rec" % n), n)
+    small = _tiny_rec(os.path.join(workdir, "scale-2000.rec"), 2000)
+    text_dir = os.path.join(workdir, "scale-%d-text" % n)
+    os.makedirs(text_dir, exist_ok=True)
+    for src in (big, big[:-4] + ".idx"):
+        dst = os.path.join(text_dir, os.path.basename(src))
+        if not os.path.exists(dst):
+            os.symlink(os.path.abspath(src), dst)
+    rng = np.random.default_rng(0)
+    order_big, order_small = rng.integers(0, n, reads), rng.integers(0, 2000, reads)
+    out, m = {}, _scale_label(n)
+    for name, path, order in (("2,000 records", small, order_small),
+                              ("%s, binary index" % m, big, order_big),
+                              ("%s, text .idx only" % m,
+                               os.path.join(text_dir, os.path.basename(big)), order_big)):
+        res = _scale_run(path, workers, order)
+        out[name + ": worst open s"] = max(r[0] for r in res)
+        out[name + ": worst private MB"] = max(r[1] for r in res)
+        out[name + ": random reads/s per worker"] = float(np.mean([r[2] for r in res]))
+    parent = RecordFile(big)
+    res = _scale_run(big, workers, order_big, opened=parent)
+    key = "%s, forked after the parent opened" % m
+    out[key + ": worst private MB"] = max(r[1] for r in res)
+    out[key + ": random reads/s per worker"] = float(np.mean([r[2] for r in res]))
     return out
 
 
@@ -291,16 +441,18 @@ print(seen / (time.perf_counter() - t0))
 
 def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
               quick: bool = False, dali_python: Optional[str] = None,
-              index_records: Optional[int] = None, epochs: int = 3) -> dict:
+              index_records: Optional[int] = None, epochs: int = 3,
+              scale: int = 0) -> dict:
     """Run every measurement once (each loader: the best of ``epochs`` epochs) and print the
-    table; returns ``{"rates", "ratios", "index", "rss"}``."""
+    table; returns ``{"rates", "ratios", "index", "rss", "scale"}``. ``scale`` > 0 adds
+    :func:`scale_costs` for that many records."""
     import mxnet as mx
     from mxnet.gluon.data.vision import transforms
 
-    from .batchify import SegmentationBatchify, StackBatchify
-    from .convert import convert
-    from .datasets import ImageRecordDataset, SegmentationLMDBDataset, SegmentationRecordDataset
-    from .recordio import RecordFile
+    from gluon_data.batchify import SegmentationBatchify, StackBatchify
+    from gluon_data.convert import convert
+    from gluon_data.datasets import ImageRecordDataset, SegmentationLMDBDataset, SegmentationRecordDataset
+    from gluon_data.recordio import RecordFile
 
     def say(*a):
         print(*a, file=out, flush=True)
@@ -352,15 +504,18 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     pairs = [(open(a, "rb").read(), open(b, "rb").read()) for a, b in zip(jpg_files, png_files)]
     say("mean JPEG size %.1f KB" % (np.mean([len(a) for a, _ in pairs]) / 1024))
     results["decode limit, OpenCV, 1 process"] = _rate(lambda: _decode_pairs(pairs), n)
-    chunks = [pairs[i::workers] for i in range(workers)]
     dl_key = "decode limit, OpenCV, %d processes" % workers
 
     def decode_limit():  # best of the rounds run between the loaders (the machine is noisy)
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            pool.map(_decode_pairs, [pairs[:2]] * workers)  # start-up outside the timing
-            rate = _rate(lambda: sum(pool.map(_decode_pairs, chunks)), n)
-        results[dl_key] = max(results.get(dl_key, 0.0), rate)
+        results[dl_key] = max(results.get(dl_key, 0.0), _forked_decode_rate(pairs, workers))
 
+    chunks = [pairs[i::workers] for i in range(workers)]
+    # the old measurement (a spawn pool then; fork here, so this file need not be importable
+    # by name): every image's bytes pickled and piped to the workers inside the timing
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        pool.map(_decode_pairs, [pairs[:2]] * workers)
+        results["decode, %d processes, bytes sent by Pool.map (old limit)" % workers] = _rate(
+            lambda: sum(pool.map(_decode_pairs, chunks)), n)
     decode_limit()
 
     # -- segmentation train pipelines, same sizes and transform ---------------------------
@@ -446,9 +601,31 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     else:
         notes["cold"] = "posix_fadvise unavailable: cold rows measured warm"
 
+    # -- LMDB, cold -------------------------------------------------------------------------
+    say("LMDB cold reads ...")
+    lm_data = os.path.join(lm, "data.mdb")
+    if cold_ok:
+        for _ in range(1 if quick else 3):
+            for how in ("ours", "py-lmdb default", "readahead=False"):
+                for frac, what in ((1, "all"), (8, "1/8")):
+                    key = "LMDB %s random reads, %s of the records (cold)" % (how, what)
+                    rate = _lmdb_cold_rate(lm, how, frac)
+                    results[key] = max(results.get(key, 0.0), rate)
+        cold_files = {"ours .rec train (cold)": [rec], "ours LMDB train (cold)": [lm_data]}
+        results.update(_loader_rates([
+            ("ours .rec train (cold)", SegmentationRecordDataset(rec, seed=0, **kw), batchify),
+            ("ours LMDB train (cold)", SegmentationLMDBDataset(lm, split="train", seed=0, **kw),
+             batchify),
+        ], workers, 1 if quick else 3, before=lambda name: _evict(cold_files[name])))
+
     # -- index -------------------------------------------------------------------------
     say("index ...")
     index = index_costs(workdir, index_records or (100_000 if quick else 1_000_000))
+
+    scaled = {}
+    if scale:
+        say("%d records in 8 workers ..." % scale)
+        scaled = scale_costs(workdir, scale)
 
     # -- report ------------------------------------------------------------------------
     dl = results["decode limit, OpenCV, %d processes" % workers]
@@ -458,7 +635,20 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         ("ours .rec train / gluoncv train", "ours .rec train", "gluoncv VOCSegmentation train",
          3.0),
         ("ours .rec train / decode limit N", "ours .rec train", dl, 1.0),
+        ("ours .rec train / old limit (bytes sent by Pool.map)", "ours .rec train",
+         "decode, %d processes, bytes sent by Pool.map (old limit)" % workers, None),
         ("ours LMDB train / ours .rec train", "ours LMDB train", "ours .rec train", 0.9),
+        ("ours LMDB train / ours .rec train (cold)", "ours LMDB train (cold)",
+         "ours .rec train (cold)", 0.9),
+        ("LMDB cold random reads: ours / py-lmdb default",
+         "LMDB ours random reads, all of the records (cold)",
+         "LMDB py-lmdb default random reads, all of the records (cold)", 1.0),
+        ("LMDB cold random reads, 1/8: ours / py-lmdb default",
+         "LMDB ours random reads, 1/8 of the records (cold)",
+         "LMDB py-lmdb default random reads, 1/8 of the records (cold)", 1.0),
+        ("LMDB cold random reads: ours / readahead=False",
+         "LMDB ours random reads, all of the records (cold)",
+         "LMDB readahead=False random reads, all of the records (cold)", None),
         ("ours .rec train: our batchify / Gluon's", "ours .rec train",
          "ours .rec train, Gluon's default batchify", None),
         ("ours cls / stock ImageRecordDataset", "ours ImageRecordDataset",
@@ -494,6 +684,11 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     for k, v in index.items():
         say("%-56s %12.3f" % (k, v))
     say("")
+    if scaled:
+        say("%-64s %10s" % ("%d records, 8 workers opening at once" % scale, "value"))
+        for k, v in scaled.items():
+            say("%-64s %10.3f" % (k, v))
+        say("")
     if rss:
         say("per-worker RSS after epochs 1..3, MB, private (+ shared batch segments): %s"
             % "; ".join("worker %d: %s" % (k, " ".join("%.0f (+%.0f)" % e[k] for e in rss))
@@ -524,9 +719,21 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
                          for e1, e3 in zip(rss[0], rss[-1]))
             row("worker RSS change, epoch 1->3, %s" % what, change, 0.05 if k == 0 else None,
                 lower=True)
+    if scaled:
+        m = _scale_label(scale)
+        small = scaled["2,000 records: random reads/s per worker"]
+        for what in ("binary index", "text .idx only"):
+            row("%s records, %s: worst worker open s" % (m, what),
+                scaled["%s, %s: worst open s" % (m, what)], 1.0, lower=True)
+            row("%s records, %s: worst worker private MB" % (m, what),
+                scaled["%s, %s: worst private MB" % (m, what)], 100.0, lower=True)
+            row("%s records, %s: random reads / 2,000 records" % (m, what),
+                scaled["%s, %s: random reads/s per worker" % (m, what)] / small, 1.0)
+        row("%s records, forked after open: worst private MB" % m,
+            scaled["%s, forked after the parent opened: worst private MB" % m], 100.0, lower=True)
     for k, v in notes.items():
         say("note (%s): %s" % (k, v))
-    return {"rates": results, "ratios": table, "index": index, "rss": rss}
+    return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled}
 
 
 def main(argv=None) -> int:
@@ -541,10 +748,14 @@ def main(argv=None) -> int:
     p.add_argument("--dali-python", default=os.environ.get("GLUON_DATA_DALI_PYTHON"),
                    help="a Python that has nvidia-dali (e.g. a separate venv with "
                         "`pip install nvidia-dali-cuda120`) to measure DALI's CPU pipeline")
+    p.add_argument("--scale", type=int, default=10_000_000,
+                   help="records of the scale step (a tiny-record .rec opened by 8 workers at "
+                        "once; not run by --quick; 0 skips it)")
     a = p.parse_args(argv)
     n = 200 if a.quick else a.num_images
     workdir = a.workdir + ("-quick" if a.quick else "")
-    run_bench(workdir, n, a.workers, quick=a.quick, dali_python=a.dali_python)
+    run_bench(workdir, n, a.workers, quick=a.quick, dali_python=a.dali_python,
+              scale=0 if a.quick else a.scale)
     return 0
 
 
