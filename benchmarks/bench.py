@@ -176,8 +176,10 @@ if how == "ours":
     read = f.read
 else:
     from gluon_data import lmdbio
-    for k in list(lmdbio._ENVS):
-        lmdbio._ENVS.pop(k)[1].close()
+    for k in list(lmdbio._ENVS):  # py-lmdb opens an environment once per process
+        e = lmdbio._ENVS.pop(k)[1]
+        lmdbio._forget_guard(e)
+        e.close()
     env = lmdb.open(path, readonly=True, lock=False, readahead=how != "readahead=False",
                     max_dbs=64, subdir=True)
     db = env.open_db(b"train", create=False)

@@ -484,7 +484,11 @@ class LMDBFile:
         if loc:
             if getattr(self._scratch, "buf", None) is None:
                 self._scratch.buf = bytearray(1 << 20)
-            return locs.read(self._fd(), loc, self._scratch, self.path, i)
+            try:
+                return locs.read(self._fd(), loc, self._scratch, self.path, i)
+            except CorruptRecordError:
+                check_mapped(self._env.get(self.split)[0])  # shrunk under us: say so
+                raise
         k = record_key(i)
         v = self._env.get_value(k, self.split, record=i)
         if v is None:
