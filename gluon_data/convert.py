@@ -28,6 +28,7 @@ from PIL import Image
 
 from . import __version__, codec
 from .errors import ConversionError, DecodeError, FormatError, GluonDataError, SourceError
+from .fsutil import OutputLock, atomic_write
 from .meta import FORMAT_NAME, FORMAT_VERSION
 from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from .meta import read_meta
@@ -394,6 +395,13 @@ def _free_space(path: str) -> str:
         return "free space unknown"
 
 
+def _output_lock(output: str, splits: Sequence[str], fmt: str) -> OutputLock:
+    """Hold the exclusive lock of every path a conversion to ``output`` writes (the output
+    itself names the checkpoint); a second conversion to any of them fails at once."""
+    paths = output_paths(os.fspath(output), list(splits), fmt)
+    return OutputLock([os.fspath(output)] + list(paths.values())).acquire()
+
+
 def _fail(exc: BaseException, writers, output: str, ckpt: "Optional[_Checkpoint]" = None) -> None:
     """Clean up after a failed or interrupted conversion, then re-raise (an I/O or LMDB
     error as one :class:`ConversionError` naming the output).
@@ -650,99 +658,104 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     total = sum(len(v) for v in plan.values())
     options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
                    seed=seed, val_ratio=val_ratio, on_error=on_error)
-    ckpt = _Checkpoint(output, _plan_digest(src, plan, opts, options), fmt)
-    state = ckpt.load() if resume else None
-    if not resume:
-        ckpt.remove()
-    if resume:
-        done = _resume_finished(state, ckpt, report, src, options, fmt)
-        if done is not None:
-            done.seconds = time.perf_counter() - t0
-            return done
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total, unit="img", desc="convert", dynamic_ncols=True)
+    # one writer per output at a time, from the first look at the checkpoint to publish
+    lock = _output_lock(output, list(plan), fmt)
     try:
-        if state is None:
-            _, writers = open_writers(output, list(plan), fmt, overwrite)
-        elif fmt == "lmdb":
-            report.skipped[:] = state["skipped"]
-            env = LMDBWriter(os.fspath(output), overwrite=True, resume=True)
-            writers = {s: env.split(s, tuple(state["splits"][s]["writer"])
-                                    if s in state["splits"] else (0, 0)) for s in plan}
-        else:
-            report.skipped[:] = state["skipped"]
-            writers = {s: RecordWriter(p, resume=tuple(state["splits"][s]["writer"])
-                                       if s in state["splits"] else None, overwrite=True)
-                       for s, p in report.outputs.items()}
-        if workers > 1:
-            # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
-            # the parent's threads left it and can deadlock in its first OpenCV call.
-            pool = _start_pool(workers)
-        fn = partial(_work, opts=opts)
-        for s, items in plan.items():
-            w = writers[s]
-            done = state["splits"][s] if state is not None and s in state["splits"] else None
-            st = _Stats.from_state(done["stats"]) if done else _Stats()
-            start = done["done"] if done else 0
-            stats[s] = st
-            if bar is not None:
-                bar.update(start)
-            jobs = list(enumerate(items))[start:]
-            results = (pool.imap(fn, jobs, chunksize=4) if pool is not None else map(fn, jobs))
-            for pos, payload, info, err in results:
+        ckpt = _Checkpoint(output, _plan_digest(src, plan, opts, options), fmt)
+        state = ckpt.load() if resume else None
+        if not resume:
+            ckpt.remove()
+        if resume:
+            done = _resume_finished(state, ckpt, report, src, options, fmt)
+            if done is not None:
+                done.seconds = time.perf_counter() - t0
+                return done
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=total, unit="img", desc="convert", dynamic_ncols=True)
+        try:
+            if state is None:
+                _, writers = open_writers(output, list(plan), fmt, overwrite)
+            elif fmt == "lmdb":
+                report.skipped[:] = state["skipped"]
+                env = LMDBWriter(os.fspath(output), overwrite=True, resume=True)
+                writers = {s: env.split(s, tuple(state["splits"][s]["writer"])
+                                        if s in state["splits"] else (0, 0)) for s in plan}
+            else:
+                report.skipped[:] = state["skipped"]
+                writers = {s: RecordWriter(p, resume=tuple(state["splits"][s]["writer"])
+                                           if s in state["splits"] else None, overwrite=True)
+                           for s, p in report.outputs.items()}
+            if workers > 1:
+                # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
+                # the parent's threads left it and can deadlock in its first OpenCV call.
+                pool = _start_pool(workers)
+            fn = partial(_work, opts=opts)
+            for s, items in plan.items():
+                w = writers[s]
+                done = state["splits"][s] if state is not None and s in state["splits"] else None
+                st = _Stats.from_state(done["stats"]) if done else _Stats()
+                start = done["done"] if done else 0
+                stats[s] = st
                 if bar is not None:
-                    bar.update(1)
-                item = items[pos]
-                if err is not None:
-                    if on_error == "fail":
-                        raise ConversionError(err[1], err[0])
-                    report.skipped.append({"file": err[0], "reason": err[1]})
-                else:
-                    w.write(item.key if item.key is not None else w.count, payload)
-                    st.add(info)
-                    if src.task == "segmentation":  # gluoncv's mode='test' returns it
-                        st.names.append(os.path.basename(item.image))
-                if (pos + 1) % checkpoint_every == 0:
-                    ckpt.save(s, pos + 1, w, st, report.skipped)
-            ckpt.save(s, len(items), w, st, report.skipped)
-            report.written[s] = w.count
-        if report.total_written == 0:
-            raise ConversionError("no item could be converted (%d skipped)" % len(report.skipped),
-                                  source)
-        for s, w in writers.items():
-            if w.count == 0:
-                raise ConversionError("split %r would be empty" % s, source)
-            meta = _metadata(src, s, w.count, stats[s], opts, classes, num_classes,
-                             report.skipped, options)
-            meta["conversion_id"] = _conversion_id(ckpt.digest, s, w, stats[s])
-            if src.task == "segmentation":
-                meta["item_names"] = list(stats[s].names)
-                if all(i.mask is None for i in plan[s]):
-                    meta["masks"] = False  # images only (e.g. VOC test): mode='test'
-            w.finish(meta)
-            report.bytes_written += w.bytes_written
-        ckpt.mark_publishing()
-        for w in writers.values():
-            w.publish()
-        ckpt.remove()
-        if pool is not None:  # all results are in: let the workers exit on their own
-            pool.close()
-            pool.join()
-            pool = None
-    except BaseException as e:
-        if pool is not None:  # stop the workers first: they may still read the source
-            _stop_pool(pool)
-            pool = None
-        _fail(e, writers, output, ckpt)
+                    bar.update(start)
+                jobs = list(enumerate(items))[start:]
+                results = (pool.imap(fn, jobs, chunksize=4) if pool is not None else map(fn, jobs))
+                for pos, payload, info, err in results:
+                    if bar is not None:
+                        bar.update(1)
+                    item = items[pos]
+                    if err is not None:
+                        if on_error == "fail":
+                            raise ConversionError(err[1], err[0])
+                        report.skipped.append({"file": err[0], "reason": err[1]})
+                    else:
+                        w.write(item.key if item.key is not None else w.count, payload)
+                        st.add(info)
+                        if src.task == "segmentation":  # gluoncv's mode='test' returns it
+                            st.names.append(os.path.basename(item.image))
+                    if (pos + 1) % checkpoint_every == 0:
+                        ckpt.save(s, pos + 1, w, st, report.skipped)
+                ckpt.save(s, len(items), w, st, report.skipped)
+                report.written[s] = w.count
+            if report.total_written == 0:
+                raise ConversionError("no item could be converted (%d skipped)" % len(report.skipped),
+                                      source)
+            for s, w in writers.items():
+                if w.count == 0:
+                    raise ConversionError("split %r would be empty" % s, source)
+                meta = _metadata(src, s, w.count, stats[s], opts, classes, num_classes,
+                                 report.skipped, options)
+                meta["conversion_id"] = _conversion_id(ckpt.digest, s, w, stats[s])
+                if src.task == "segmentation":
+                    meta["item_names"] = list(stats[s].names)
+                    if all(i.mask is None for i in plan[s]):
+                        meta["masks"] = False  # images only (e.g. VOC test): mode='test'
+                w.finish(meta)
+                report.bytes_written += w.bytes_written
+            ckpt.mark_publishing()
+            for w in writers.values():
+                w.publish()
+            ckpt.remove()
+            if pool is not None:  # all results are in: let the workers exit on their own
+                pool.close()
+                pool.join()
+                pool = None
+        except BaseException as e:
+            if pool is not None:  # stop the workers first: they may still read the source
+                _stop_pool(pool)
+                pool = None
+            _fail(e, writers, output, ckpt)
+        finally:
+            if pool is not None:
+                _stop_pool(pool)
+            if bar is not None:
+                bar.close()
+        report.seconds = time.perf_counter() - t0
+        return report
     finally:
-        if pool is not None:
-            _stop_pool(pool)
-        if bar is not None:
-            bar.close()
-    report.seconds = time.perf_counter() - t0
-    return report
+        lock.release()
 
 
 class _Stats:
@@ -936,34 +949,35 @@ class _Checkpoint:
             return
         entry["writer"] = list(writer.sync())
         self.splits[split] = entry
-        tmp = self.path + ".partial"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self._doc(skipped), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        self._write(self._doc(skipped))
         self.saved = True
+
+    def _write(self, doc: dict) -> None:
+        import json
+        from .fsutil import check_replaceable
+        check_replaceable(self.path, "checkpoint", True)  # never a link, never a user's file
+        atomic_write(self.path, json.dumps(doc).encode("utf-8"))
 
     def mark_publishing(self) -> None:
         """RecordIO: everything is on disk under partial names; a resume only renames.
         (An LMDB is published by one directory rename, which needs no such record.)"""
-        import json
         if self.fmt == "lmdb":
             return
-        tmp = self.path + ".partial"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"digest": self.digest, "splits": self.splits, "publishing": True}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        self._write({"digest": self.digest, "splits": self.splits, "publishing": True})
 
     def remove(self) -> None:
+        """Delete the checkpoint (only if it is one of ours) and its temporary."""
+        from .fsutil import is_ours
+        self.saved = False
+        if os.path.lexists(self.path) and not os.path.islink(self.path) \
+                and not is_ours(self.path, "checkpoint"):
+            return  # a file of the user's under that name: not ours to delete
         for p in (self.path, self.path + ".partial"):
             try:
-                os.remove(p)
+                if not os.path.isdir(p) or os.path.islink(p):
+                    os.remove(p)
             except FileNotFoundError:
                 pass
-        self.saved = False
 
 
 def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, src: Source,
@@ -1057,7 +1071,9 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=n, unit="img", desc="import", dynamic_ncols=True)
+    lock = None
     try:
+        lock = _output_lock(output, [split], fmt)
         _, writers = open_writers(output, [split], fmt, overwrite)
         w, st = writers[split], _Stats()
         for pos, (where, image, extra) in enumerate(items):
@@ -1104,6 +1120,8 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
     except BaseException as e:
         _fail(e, writers, output)
     finally:
+        if lock is not None:
+            lock.release()
         if bar is not None:
             bar.close()
     report.seconds = time.perf_counter() - t0
@@ -1145,7 +1163,9 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
         sources[meta.get("split") or "train"] = (f, meta)
     report = ConversionReport(outputs=output_paths(os.fspath(output), list(sources), fmt))
     writers: Dict[str, object] = {}
+    lock = None
     try:
+        lock = _output_lock(output, list(sources), fmt)
         _, writers = open_writers(output, list(sources), fmt, overwrite)
         for s, (f, meta) in sources.items():
             w = writers[s]
@@ -1169,5 +1189,8 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
             w.publish()
     except BaseException as e:
         _fail(e, writers, output)
+    finally:
+        if lock is not None:
+            lock.release()
     report.seconds = time.perf_counter() - t0
     return report

@@ -11,6 +11,7 @@ __all__ = [
     "SourceError",
     "ConversionError",
     "ResourceError",
+    "OutputError",
 ]
 
 
@@ -68,3 +69,9 @@ class ConversionError(GluonDataError):
 class ResourceError(GluonDataError, OSError):
     """The process ran out of a resource it needs to read (file descriptors, ...); the
     message says which limit and how to raise it."""
+
+
+class OutputError(GluonDataError):
+    """An output path holds something a command must not replace or write through (a
+    symbolic link, or a file or folder that is not gluon_data's own output); it was left
+    untouched."""

@@ -33,7 +33,8 @@ from typing import Dict, List, Optional, Tuple
 import lmdb
 import numpy as np
 
-from .errors import CorruptRecordError, FormatError
+from .errors import CorruptRecordError, FormatError, OutputError
+from .fsutil import check_replaceable, exchange_dirs, fsync_dir, remove_partial_dir
 from .meta import check_meta, dumps_meta
 from .store import is_uri, register_opener
 
@@ -180,6 +181,17 @@ def shared_env(path: str) -> lmdb.Environment:
         env = _open_env(path)
         _ENVS[key] = (pid, env)
         return env
+
+
+def forget_env(path: str) -> None:
+    """Close this process's cached environment(s) of ``path`` (before it is replaced)."""
+    real = os.path.realpath(path)
+    with _ENVS_LOCK:
+        for k in [k for k in _ENVS if k[0] == real]:
+            try:
+                _ENVS.pop(k)[1].close()
+            except Exception:
+                pass
 
 
 class ProcessEnv:
@@ -612,12 +624,14 @@ class LMDBWriter:
     def __init__(self, path: str, *, overwrite: bool = False, map_size: int = 64 << 20,
                  commit_every: int = 256, resume: bool = False):
         self.path = os.fspath(path).rstrip("/")
-        if os.path.exists(self.path) and not overwrite:
-            raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
-                                  "to replace it" % self.path)
+        check_replaceable(self.path, "lmdb", overwrite)  # only our own LMDB, never a link
         self.tmp = self.path + self.PARTIAL
-        if os.path.exists(self.tmp) and not resume:
-            shutil.rmtree(self.tmp)
+        if not resume:
+            remove_partial_dir(self.tmp)
+        elif os.path.lexists(self.tmp) and (os.path.islink(self.tmp)
+                                            or not os.path.isdir(self.tmp)):
+            raise OutputError("cannot resume: the partial LMDB environment is not a directory "
+                              "(a link?); rerun without --resume", self.tmp)
         os.makedirs(self.tmp, exist_ok=True)
         self.env = lmdb.open(self.tmp, map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
                              sync=False, metasync=False, writemap=False)
@@ -683,14 +697,8 @@ class LMDBWriter:
             os.remove(os.path.join(self.tmp, "lock.mdb"))
         except FileNotFoundError:
             pass
-        if os.path.exists(self.path):
-            old = self.path + ".old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(self.path, old)
-            os.replace(self.tmp, self.path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(self.tmp, self.path)
+        self._replace_final()
+        fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self._state = "published"
 
     def suspend(self) -> None:
@@ -703,6 +711,29 @@ class LMDBWriter:
         except lmdb.Error:
             pass
         self._state = "suspended"
+
+    def _replace_final(self) -> None:
+        """Put the finished environment under the final name. An existing dataset (checked
+        as ours when the writer opened) is swapped out in one atomic exchange, so the final
+        name always holds a complete dataset, then removed; without ``renameat2`` it is moved
+        to a fresh ``NAME.lmdb.old-*`` folder for the instant between two renames."""
+        if not os.path.lexists(self.path):
+            os.rename(self.tmp, self.path)
+            return
+        forget_env(self.path)  # checked as ours through the cache: release that mapping
+        if exchange_dirs(self.tmp, self.path):
+            shutil.rmtree(self.tmp)  # now the previous dataset
+            return
+        import tempfile
+        parent, base = os.path.split(os.path.abspath(self.path))
+        old = tempfile.mkdtemp(prefix=base + ".old-", dir=parent)
+        os.rename(self.path, old)  # replaces the empty folder we just made, nothing else
+        try:
+            os.rename(self.tmp, self.path)
+        except BaseException:
+            os.rename(old, self.path)
+            raise
+        shutil.rmtree(old)
 
     def abort(self) -> None:
         if self._state in ("published", "aborted"):

@@ -20,7 +20,8 @@ from typing import Dict, Iterator, Optional, Tuple
 import numpy as np
 
 from . import codec
-from .errors import FormatError, ResourceError
+from .errors import FormatError, OutputError, ResourceError
+from .fsutil import atomic_write, check_replaceable, fsync_dir, open_new
 from .meta import dumps_meta, meta_path, read_meta
 from .store import is_uri, register_opener
 
@@ -117,10 +118,11 @@ def _parse_strict_index(raw: bytes, b: np.ndarray) -> Optional[Tuple[np.ndarray,
 
 #: A binary copy of an ``.idx`` beside it (``NAME.idx.gdx``): loads a million entries in tens
 #: of milliseconds instead of parsing ~16 MB of text. Used only while the ``.idx`` has the
-#: size and CRC-32 recorded in it; otherwise (or if damaged) it is ignored.
+#: size and CRC-32 recorded in it, and its own body matches the CRC-32 in its header;
+#: otherwise (stale, damaged, or an older version) it is ignored and the text is parsed.
 BINARY_INDEX_SUFFIX = ".gdx"
-_GDX_HEAD = struct.Struct("<8sQQQQ")  # magic, idx size, idx crc32, count, flags
-_GDX_MAGIC = b"GDIDX\x00\x01\x00"
+_GDX_HEAD = struct.Struct("<8sQQQQQ")  # magic, idx size, idx crc32, count, flags, body crc32
+_GDX_MAGIC = b"GDIDX\x00\x02\x00"     # version 2: the body is checksummed
 _GDX_SEQUENTIAL_KEYS = 1  # flag: keys are 0..count-1 and not stored
 
 
@@ -133,16 +135,12 @@ def write_binary_index(idx_path: str) -> str:
         text = f.read()
     sequential = bool(np.array_equal(keys, np.arange(len(keys))))
     out = idx_path + BINARY_INDEX_SUFFIX
-    tmp = out + ".partial"
-    with open(tmp, "wb") as f:
-        f.write(_GDX_HEAD.pack(_GDX_MAGIC, len(text), zlib.crc32(text), len(keys),
-                               _GDX_SEQUENTIAL_KEYS if sequential else 0))
-        if not sequential:
-            f.write(keys.astype("<i8").tobytes())
-        f.write(offsets.astype("<i8").tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out)
+    check_replaceable(out, "gdx", True)
+    body = (b"" if sequential else keys.astype("<i8").tobytes()) + \
+        offsets.astype("<i8").tobytes()
+    atomic_write(out, _GDX_HEAD.pack(_GDX_MAGIC, len(text), zlib.crc32(text), len(keys),
+                                     _GDX_SEQUENTIAL_KEYS if sequential else 0,
+                                     zlib.crc32(body)) + body)
     return out
 
 
@@ -153,10 +151,12 @@ def _read_binary_index(idx_path: str) -> Optional[Tuple[np.ndarray, np.ndarray]]
             head = f.read(_GDX_HEAD.size)
             if len(head) != _GDX_HEAD.size:
                 return None
-            magic, size, crc, count, flags = _GDX_HEAD.unpack(head)
+            magic, size, crc, count, flags, body_crc = _GDX_HEAD.unpack(head)
             if magic != _GDX_MAGIC or size != os.stat(idx_path).st_size:
                 return None
             body = f.read()
+            if zlib.crc32(body) != body_crc:  # damaged: the text index is the truth
+                return None
         with open(idx_path, "rb") as f:
             if zlib.crc32(f.read()) != crc:
                 return None
@@ -565,20 +565,26 @@ class RecordWriter:
         self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
         self.meta_path = meta_path(self.path)
         self._finals = [self.path, self.idx_path, self.meta_path]
-        if not overwrite:
-            for p in self._finals[:2]:
-                if os.path.exists(p):
-                    raise FileExistsError("%s already exists; pass overwrite=True (CLI: "
-                                          "--overwrite) to replace it" % p)
+        # Only our own outputs may be replaced, and only with overwrite (fsutil's rule).
+        # Sidecars without their .rec and .idx (left by a crash) are replaced when ours.
+        data_exists = any(os.path.lexists(p) for p in self._finals[:2])
+        for p, kind in ((self.path, "rec"), (self.idx_path, "idx"), (self.meta_path, "meta"),
+                        (self.idx_path + BINARY_INDEX_SUFFIX, "gdx")):
+            check_replaceable(p, kind, overwrite or (kind in ("meta", "gdx")
+                                                     and not data_exists))
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._tmp = [p + self.PARTIAL for p in self._finals]
+        self._keys = set()
         if resume is None:
-            self._rec = open(self._tmp[0], "wb")
-            self._idx = open(self._tmp[1], "w", encoding="ascii", newline="\n")
+            self._rec = open_new(self._tmp[0], "wb")
+            self._idx = open_new(self._tmp[1], "w", encoding="ascii", newline="\n")
             self._pos, self._idx_bytes, self.count = 0, 0, 0
         else:
             rec_bytes, idx_bytes, count = resume
             for p, n in ((self._tmp[0], rec_bytes), (self._tmp[1], idx_bytes)):
+                if os.path.islink(p) or (os.path.exists(p) and not os.path.isfile(p)):
+                    raise OutputError("cannot resume: the partial file is not a regular file "
+                                      "(a link?); rerun without --resume", p)
                 have = os.path.getsize(p) if os.path.exists(p) else -1
                 if have < n:
                     raise FormatError("cannot resume: %s has %d bytes, its checkpoint promises "
@@ -587,16 +593,23 @@ class RecordWriter:
             self._rec = open(self._tmp[0], "ab")
             self._idx = open(self._tmp[1], "a", encoding="ascii", newline="\n")
             self._pos, self._idx_bytes, self.count = rec_bytes, idx_bytes, count
+            if count:
+                self._keys.update(int(k) for k in read_index(self._tmp[1], binary=False)[0])
         self._state = "open"
 
     def write(self, key: int, payload: bytes) -> int:
         """Append one record under integer ``key``; return its offset."""
         if self._state != "open":
             raise RuntimeError("RecordWriter is %s" % self._state)
+        key = int(key)
+        if key in self._keys:  # readers refuse an index with a duplicate key
+            raise FormatError("record key %d is used twice: every record needs its own key"
+                              % key, self.path, key)
+        self._keys.add(key)
         data = b"".join(codec.frame(payload))
         offset = self._pos
         self._rec.write(data)
-        line = "%d\t%d\n" % (int(key), offset)
+        line = "%d\t%d\n" % (key, offset)
         self._idx.write(line)
         self._pos += len(data)
         self._idx_bytes += len(line)
@@ -622,7 +635,7 @@ class RecordWriter:
             os.fsync(f.fileno())
             f.close()
         if meta is not None:
-            with open(self._tmp[2], "wb") as f:
+            with open_new(self._tmp[2], "wb") as f:
                 f.write(dumps_meta(meta))
                 f.flush()
                 os.fsync(f.fileno())
@@ -644,8 +657,8 @@ class RecordWriter:
         tmps = [p + cls.PARTIAL for p in finals]
         if os.path.exists(tmps[0]) or os.path.exists(tmps[1]):
             for stale in (finals[2], idx_path + BINARY_INDEX_SUFFIX):
-                if os.path.exists(stale):  # a stale sidecar must never describe new data
-                    os.remove(stale)
+                if os.path.lexists(stale):  # a stale sidecar must never describe new data
+                    os.remove(stale)  # (checked as ours, or a link, by the writer)
         for tmp, final in zip(tmps, finals):
             if os.path.exists(tmp):
                 os.replace(tmp, final)
@@ -654,7 +667,7 @@ class RecordWriter:
                 write_binary_index(idx_path)
             except (OSError, FormatError):  # an optimisation only: the .idx is what counts
                 pass
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
     def suspend(self) -> None:
         """Close the partial files and keep them (a checkpoint describes a prefix of them:
@@ -702,15 +715,3 @@ def _require_regular(path: str) -> None:
                           % ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory"
                              if stat.S_ISDIR(st.st_mode) else "a device or socket"), path)
 
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

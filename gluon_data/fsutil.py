@@ -1,0 +1,326 @@
+"""Safe writes: what an output may replace, atomic file replacement, exclusive output locks.
+
+Every command that writes a file goes through here, so one rule holds everywhere:
+
+* an existing path is only replaced when the user asked for it (``overwrite``) *and* it is
+  recognisably gluon_data's own output of the same kind (:func:`check_replaceable`);
+* nothing is ever written through a symbolic link, and a link is never replaced
+  (:func:`open_new`, :func:`atomic_write`);
+* a file appears under its final name only complete and on disk (temporary sibling, fsync,
+  rename, fsync of the directory);
+* two processes never write the same output at once (:class:`OutputLock`).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import stat
+from typing import Iterable, List, Optional, Tuple
+
+from .errors import ConversionError, OutputError
+
+__all__ = ["check_replaceable", "is_ours", "open_new", "atomic_write", "fsync_dir",
+           "remove_partial_dir", "exchange_dirs", "OutputLock", "KINDS"]
+
+_RECORDIO_MAGIC = (0xCED7230A).to_bytes(4, "little")
+_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+_INDEX_CHARS = frozenset(b"0123456789+-\t\n\r ")
+_LMDB_FILES = frozenset(("data.mdb", "lock.mdb"))
+_LOCK_TAG = b"gluon_data lock"
+
+#: What each kind of output looks like, in the words of the refusal message.
+KINDS = {
+    "rec": "RecordIO data file (.rec)",
+    "idx": "RecordIO index (.idx)",
+    "meta": "gluon_data metadata document (.meta.json)",
+    "gdx": "gluon_data binary index (.idx.gdx)",
+    "lmdb": "gluon_data LMDB dataset (a directory holding data.mdb with gluon_data metadata)",
+    "png": "PNG image",
+    "checkpoint": "gluon_data resume checkpoint (.resume.json)",
+}
+
+
+def _head(path: str, n: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+def _lmdb_dir_only(path: str) -> bool:
+    """A real directory holding nothing but LMDB's own files."""
+    try:
+        st = os.lstat(path)
+        return stat.S_ISDIR(st.st_mode) and set(os.listdir(path)) <= _LMDB_FILES
+    except OSError:
+        return False
+
+
+def is_ours(path: str, kind: str) -> bool:
+    """Whether ``path`` (which exists) is recognisably gluon_data output of ``kind``.
+
+    Only content is trusted, never the name: a ``.rec`` must start with the RecordIO magic
+    word, an index must be index text, metadata must say ``"format": "gluon_data"``, an LMDB
+    directory must hold nothing but ``data.mdb``/``lock.mdb`` and carry our ``__meta__``.
+    A symbolic link is never ours.
+    """
+    if kind not in KINDS:
+        raise ValueError("unknown output kind %r" % (kind,))
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        return False
+    if kind == "lmdb":
+        if not _lmdb_dir_only(path) or not os.path.isfile(os.path.join(path, "data.mdb")):
+            return False
+        from .errors import GluonDataError
+        from .lmdbio import read_lmdb_meta
+        try:
+            return bool(read_lmdb_meta(path))
+        except (GluonDataError, OSError, Exception):  # lmdb.Error and friends: not ours
+            return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    try:
+        if kind == "rec":
+            return _head(path, 4) == _RECORDIO_MAGIC
+        if kind == "idx":
+            head = _head(path, 4096)
+            return bool(head) and set(head) <= _INDEX_CHARS
+        if kind == "gdx":
+            return _head(path, 5) == b"GDIDX"
+        if kind == "png":
+            return _head(path, 8) == _PNG_SIG
+        if st.st_size > 64 << 20:
+            return False
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+        if kind == "meta":
+            return isinstance(doc, dict) and doc.get("format") == "gluon_data"
+        return isinstance(doc, dict) and "digest" in doc  # checkpoint
+    except (OSError, ValueError):
+        return False
+
+
+def check_replaceable(path: str, kind: str, overwrite: bool, *,
+                      option: str = "overwrite=True (CLI: --overwrite)") -> None:
+    """Refuse to replace ``path`` unless that is safe; do nothing if it does not exist.
+
+    Raises
+    ------
+    OutputError
+        ``path`` is a symbolic link (never replaced nor written through), or it exists and
+        is not gluon_data's own output of ``kind`` (``overwrite`` does not cover it).
+    FileExistsError
+        ``path`` is ours but ``overwrite`` is false.
+    """
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        return
+    if os.path.islink(path):
+        raise OutputError("is a symbolic link (to %s); gluon-data never replaces a link nor "
+                          "writes through one: give the real path, or remove the link"
+                          % os.readlink(path), path)
+    if not overwrite:
+        raise FileExistsError("%s already exists; pass %s to replace it" % (path, option))
+    if not is_ours(path, kind):
+        raise OutputError("exists and is not a %s written by gluon-data; --overwrite only "
+                          "replaces gluon-data's own outputs, so it was left untouched: move "
+                          "it away or choose another output name" % KINDS[kind], path)
+
+
+def open_new(path: str, mode: str = "wb", **kwargs):
+    """Open ``path`` for writing as a fresh file, never through a symbolic link.
+
+    A stale regular file there (a leftover temporary of ours) is removed first; a link or a
+    directory raises :class:`OutputError` and is left as it is.
+    """
+    path = os.fspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputError("is in the way of a temporary file gluon-data writes (it is a %s,"
+                              " not a regular file); remove it" % (
+                                  "symbolic link" if stat.S_ISLNK(st.st_mode) else
+                                  "directory" if stat.S_ISDIR(st.st_mode) else "special file"),
+                              path)
+        os.remove(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename in directory ``path`` durable (best effort where unsupported)."""
+    try:
+        fd = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, suffix: str = ".partial") -> None:
+    """Write ``data`` to ``path`` atomically: a fresh temporary sibling (never through a
+    link), fsync, rename over ``path``, fsync of the directory. The caller decides first
+    whether ``path`` may be replaced (:func:`check_replaceable`)."""
+    path = os.fspath(path)
+    tmp = path + suffix
+    try:
+        with open_new(tmp) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            if os.path.isfile(tmp) and not os.path.islink(tmp):
+                os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def remove_partial_dir(path: str) -> None:
+    """Remove a leftover partial LMDB directory, only if it holds nothing but LMDB files."""
+    if not os.path.lexists(path):
+        return
+    if not _lmdb_dir_only(path):
+        raise OutputError("is in the way of the partial LMDB environment gluon-data builds, "
+                          "and is not one (a link, a file, or a directory holding other "
+                          "files); it was left untouched: remove it", path)
+    shutil.rmtree(path)
+
+
+_RENAME_EXCHANGE = 2
+_libc = None
+
+
+def exchange_dirs(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` when the
+    system cannot (then nothing happened)."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        fn = _libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), a)
+
+
+class OutputLock:
+    """Exclusive, non-blocking lock on one or more outputs, held from start to publish.
+
+    Each output ``P`` gets a lock file ``P.lock`` holding the holder's pid, locked with
+    ``flock``; the kernel drops the lock if the holder dies, so a crashed run never blocks
+    the next one. A second writer fails at once with :class:`ConversionError` naming the
+    output and the holder's pid. The lock files are removed on release.
+
+    Examples
+    --------
+    >>> with OutputLock(["out.rec"]):              # doctest: +SKIP
+    ...     pass  # write out.rec, out.idx, out.meta.json
+    """
+
+    SUFFIX = ".lock"
+
+    def __init__(self, outputs: Iterable[str]):
+        self.paths = sorted({os.fspath(p).rstrip("/") for p in outputs})
+        self._held: List[Tuple[str, int]] = []
+
+    def _lock_one(self, output: str) -> None:
+        import fcntl
+        path = output + self.SUFFIX
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC",
+                                                                                 0)
+        for _ in range(100):  # a releasing holder unlinks the file: retry on the new one
+            try:
+                fd = os.open(path, flags, 0o644)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise OutputError("is in the way of the lock file gluon-data uses for %s "
+                                      "(not a regular file); it was left untouched: remove it"
+                                      % output, path) from None
+                raise
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OutputError("is in the way of the lock file gluon-data uses for %s "
+                                      "(not a regular file); remove it" % output, path)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 200, 0).decode("ascii", "replace").strip()
+                    pid = holder.rpartition("pid=")[2] or "unknown"
+                    raise ConversionError("another gluon-data process (pid %s) is writing this "
+                                          "output; wait for it to finish (or stop it) and run "
+                                          "again" % pid, output) from None
+                try:
+                    same = os.stat(path).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    os.close(fd)
+                    continue
+                head = os.pread(fd, 64, 0)
+                if head and not head.startswith(_LOCK_TAG):
+                    raise OutputError("is in the way of the lock file gluon-data uses for %s "
+                                      "and is not one; it was left untouched: remove it"
+                                      % output, path)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, b"%s pid=%d\n" % (_LOCK_TAG, os.getpid()), 0)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._held.append((path, fd))
+            return
+        raise ConversionError("could not lock the output (its lock file keeps changing)",
+                              output)
+
+    def acquire(self) -> "OutputLock":
+        try:
+            for p in self.paths:
+                self._lock_one(p)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def release(self) -> None:
+        held, self._held = self._held, []
+        for path, fd in reversed(held):
+            try:
+                os.remove(path)  # still holding the lock: nobody else owns this file
+            except OSError:
+                pass
+            os.close(fd)
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
