@@ -31,7 +31,7 @@ from .errors import ConversionError, DecodeError, FormatError, GluonDataError, S
 from .fsutil import OutputLock, atomic_write
 from .meta import FORMAT_NAME, FORMAT_VERSION
 from .lmdbio import LMDBFile, LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
-from .meta import read_meta
+from .meta import ids_are_keys, read_meta
 from .recordio import RecordFile, RecordWriter
 from .sources import (DEFAULT_MAX_FILE_BYTES, Item, Source, open_source, read_regular,
                       voc_palette)
@@ -134,27 +134,80 @@ def _decode_like_reader(data: bytes, path: str, max_pixels: int) -> Optional[np.
         raise SourceError("image is corrupt or not an image (%s)" % e.reason, path) from None
 
 
-def _mask_indices(im: Image.Image, path: str) -> Tuple[np.ndarray, Optional[List[int]]]:
-    """Class indices of a mask image and its palette (flat RGB list) if it has one."""
+_WIDE_COLOUR = ("RGB", "RGBA", "RGBX", "RGBa", "LA", "La", "PA")
+
+
+def _mask_reduced(data: bytes, im: Image.Image) -> bool:
+    """Whether Pillow reduced a mask's samples to 8 bits on opening (16-bit colour or
+    grey+alpha PNG and TIFF): its class ids would silently change."""
+    if im.mode not in _WIDE_COLOUR:
+        return False
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 26 and data[12:16] == b"IHDR":
+        return data[24] > 8
+    bits = getattr(im, "tag_v2", {}).get(258) if hasattr(im, "tag_v2") else None
+    if isinstance(bits, (tuple, list)):
+        return any(int(b) > 8 for b in bits)
+    return isinstance(bits, int) and bits > 8
+
+
+def _mask_indices(im: Image.Image, path: str,
+                  data: bytes = b"") -> Tuple[np.ndarray, Optional[List[int]]]:
+    """Class indices of a mask image and its palette (flat RGB list) if it has one.
+
+    Every mode Pillow opens either keeps its stored values exactly (a 1-bit mask gives 0/1,
+    16-bit masks stay 16-bit) or is refused with :class:`SourceError`: colour masks whose
+    channels differ, float masks, and samples Pillow would narrow to 8 bits.
+    """
     mode = im.mode
+    if _mask_reduced(data, im):
+        raise SourceError("mask is a 16-bit %s image, which would be read narrowed to 8 bits "
+                          "(its class ids changed); save masks as single-channel (grey or "
+                          "palette) PNG" % mode, path)
     if mode == "P":
         return np.asarray(im, dtype=np.uint8), im.getpalette()
-    if mode in ("L", "1"):
-        return np.asarray(im.convert("L") if mode == "1" else im, dtype=np.uint8), None
-    if mode.startswith("I"):
+    if mode == "PA":  # palette indices plus an alpha channel: the indices are the classes
+        return np.ascontiguousarray(np.asarray(im)[..., 0], dtype=np.uint8), im.getpalette()
+    if mode == "1":  # bilevel: 0/1 (Pillow's "L" view would turn 1 into 255, the ignore id)
+        return np.asarray(im).astype(np.uint8), None
+    if mode == "L":
+        return np.asarray(im, dtype=np.uint8), None
+    if mode == "I" or mode.startswith("I;16"):
         a = np.asarray(im)
-        if a.size and (a.min() < 0 or a.max() > 65535):
+        if a.dtype.kind not in "iu":
+            raise SourceError("unsupported mask mode %s" % mode, path)
+        if a.size and (int(a.min()) < 0 or int(a.max()) > 65535):
             raise SourceError("mask ids %d..%d are outside 0..65535" % (a.min(), a.max()), path)
         return a.astype(np.uint16), None
-    if mode in ("RGB", "RGBA", "LA"):
+    if mode in _WIDE_COLOUR:
         a = np.asarray(im)
-        chans = a[..., :3] if mode != "LA" else a[..., :1]
+        chans = a[..., :1] if mode in ("LA", "La") else a[..., :3]
         if all(np.array_equal(chans[..., 0], chans[..., c]) for c in range(1, chans.shape[-1])):
             return np.ascontiguousarray(chans[..., 0]), None
         raise SourceError("mask is a colour (%s) image; masks must hold class indices "
                           "(single-channel or palette PNG)" % mode, path)
-    raise SourceError("unsupported mask mode %s; use a single-channel or palette PNG" % mode,
-                      path)
+    raise SourceError("unsupported mask mode %s (float or colour-space data are not class "
+                      "indices); use a single-channel or palette PNG" % mode, path)
+
+
+def _reads_back(data: bytes, path: str, what: str, max_pixels: int,
+                expect: Optional[np.ndarray], refuse: bool = True) -> Optional[np.ndarray]:
+    """Decode stored bytes with the reader's own decoder (:mod:`gluon_data.codec`), so what
+    converts also reads. A mask must give back exactly ``expect``. On refusal: raise
+    :class:`SourceError` (``refuse``) or return ``None``."""
+    try:
+        if what == "mask":
+            out = codec.decode_mask(data, max_pixels=max_pixels, what=what)
+        else:
+            out = codec.decode_image(data, 1, max_pixels=max_pixels, what=what)
+    except DecodeError as e:
+        if not refuse:
+            return None
+        raise SourceError("the dataset reader would refuse this %s: %s" % (what, e.reason),
+                          path) from None
+    if expect is not None and not (out.shape == expect.shape and np.array_equal(out, expect)):
+        raise SourceError("the %s does not read back as written (shape %s, expected %s)"
+                          % (what, out.shape, expect.shape), path)
+    return out
 
 
 def _resize_short(a: np.ndarray, size: int, interp: int, max_pixels: int = 0,
@@ -201,6 +254,9 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
         # (a pass-through JPEG gets here only when the reader's decoder cannot read it)
         reencode = (opts.encoding != "passthrough" or fmt not in _PASSTHROUGH_FORMATS
                     or opts.resize or fmt == "JPEG")
+    if not reencode and fmt != "JPEG" and \
+            _reads_back(data, item.image, "image", opts.max_pixels, None, refuse=False) is None:
+        reencode = True  # e.g. bytes after a PNG's IEND: Pillow reads it, our reader refuses
     if reencode:
         rgb = np.asarray(im.convert("RGB"))
         if opts.resize:
@@ -223,7 +279,7 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
         raise SourceError("mask is a JPEG: lossy compression invents class ids at edges; "
                           "provide PNG masks", item.mask)
     mim = _open_strict(mdata, item.mask, "mask", opts.max_pixels)
-    mask, palette = _mask_indices(mim, item.mask)
+    mask, palette = _mask_indices(mim, item.mask, mdata)
     if opts.mask_lut is not None:
         if mask.dtype != np.uint8:
             raise SourceError("this layout expects 8-bit masks, got %s" % mask.dtype, item.mask)
@@ -235,6 +291,7 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     if (oh, ow) != (h, w):
         mask = cv2.resize(mask, (ow, oh), interpolation=cv2.INTER_NEAREST)
     mbytes = mask_part(mask, opts, item.mask, info)
+    _reads_back(mbytes, item.mask, "mask", opts.max_pixels, mask)
     info["palette"] = palette
     return codec.pack_segmentation(data, mbytes, id=record_id, checksum=opts.checksum), info
 
@@ -1087,8 +1144,10 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
                     im = _open_strict(image, where, "image", max_pixels)
                     info["hw"] = (im.size[1], im.size[0])
                     _pixel_stats(np.asarray(im.convert("RGB")), info)
-                    data = image if (encoding == "passthrough" and im.format in
-                                     _PASSTHROUGH_FORMATS) else \
+                    keep = (encoding == "passthrough" and im.format in _PASSTHROUGH_FORMATS
+                            and _reads_back(image, where, "image", max_pixels, None,
+                                            refuse=False) is not None)
+                    data = image if keep else \
                         image_part(np.asarray(im.convert("RGB")), opts, "png")
                 else:
                     info["hw"] = image.shape[:2]
@@ -1172,11 +1231,14 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
             keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
             meta = {k: v for k, v in meta.items() if k not in ("container", "record_keys")}
             task_seg = meta["task"] == "segmentation"
+            # an LMDB from a .lst without record_keys: the list indices are the header ids
+            id_keys = isinstance(f, LMDBFile) and keys is None and not ids_are_keys(f.meta,
+                                                                                     "lmdb")
             for i in range(len(f)):
                 payload = f.read(i)
-                codec.unpack(payload, segmentation=task_seg, verify=True, path=f.path,
-                             key=f.key(i), offset=f.offset(i))
-                key = keys[i] if keys is not None else f.key(i)
+                rec = codec.unpack(payload, segmentation=task_seg, verify=True, path=f.path,
+                                   key=f.key(i), offset=f.offset(i))
+                key = keys[i] if keys is not None else rec.id if id_keys else f.key(i)
                 w.write(key, payload)
             if fmt == "lmdb":
                 rk = [f.key(i) for i in range(len(f))] if keys is None else keys

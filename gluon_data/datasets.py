@@ -26,6 +26,7 @@ import numpy as np
 from . import buffers, codec
 from . import transforms as T
 from .errors import CorruptRecordError, DecodeError, FormatError
+from .meta import ids_are_keys, wrong_record
 from .sampler import split_key
 from .store import RecordStore, open_store
 
@@ -67,6 +68,7 @@ class _StoreDataset(mx.gluon.data.Dataset):
                               self.filename)
         self._verify = verify
         self._checksummed = bool(self.meta) and self.meta.get("checksum") == "crc32-id2"
+        self._ids_are_keys = ids_are_keys(self.meta, _container(store))
         self._max_pixels = max_pixels
         self.seed = seed
         self._positions: Optional[np.ndarray] = None  # store positions of a shard()
@@ -134,6 +136,8 @@ class _StoreDataset(mx.gluon.data.Dataset):
         if self._checksummed and self._verify and rec.checksum is None:
             raise CorruptRecordError("checksum missing: metadata promises a CRC-32 in every "
                                      "record's id2 field", self.filename, key, offset)
+        if self._ids_are_keys and rec.id != key:
+            raise CorruptRecordError(wrong_record(rec.id, key), self.filename, key, offset)
         return rec, key, offset
 
     def _decode(self, fn: Callable, buf, key, offset, what: str, **kw):

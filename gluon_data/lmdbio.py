@@ -464,12 +464,16 @@ class LMDBFile:
         return self._n
 
     def key(self, i: int) -> int:
-        return int(i)
+        """The record's key: its position, or the key it had in the ``.rec`` it was copied
+        from (``record_keys`` in the metadata)."""
+        keys = self.meta.get("record_keys")
+        return int(keys[i]) if keys is not None else int(i)
 
     def keys(self):
-        """Keys of every record in position order (positions: ``0 .. len - 1``)."""
+        """Keys of every record in position order (as :meth:`key`)."""
         import numpy as np
-        return np.arange(self._n)
+        keys = self.meta.get("record_keys")
+        return np.asarray(keys, dtype=np.int64) if keys is not None else np.arange(self._n)
 
     def offset(self, i: int) -> Optional[int]:
         """``None``: an LMDB record has no byte offset a reader could use."""

@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 from .errors import FormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "TASKS",
-           "meta_path", "read_meta", "check_meta", "dumps_meta"]
+           "meta_path", "read_meta", "check_meta", "dumps_meta", "ids_are_keys"]
 
 FORMAT_NAME = "gluon_data"
 FORMAT_VERSION = 1
@@ -87,6 +87,25 @@ _FIELD_TYPES = (
     ("image_size", lambda v: isinstance(v, dict), "an object"),
     ("image_stats", lambda v: isinstance(v, dict), "an object"),
 )
+
+
+def ids_are_keys(meta: Optional[Dict[str, Any]], container: str = "rec") -> bool:
+    """Whether every record's header ``id`` must equal its key (so a reader can tell that an
+    index points at the wrong record). True for our checksummed datasets; an LMDB converted
+    from a ``.lst`` before ``record_keys`` were stored has list indices as ids and
+    positions as keys, so it is exempt."""
+    if not meta or meta.get("checksum") != "crc32-id2":
+        return False
+    if container == "lmdb" and meta.get("record_keys") is None:
+        return (meta.get("created_by") or {}).get("layout") != "lst"
+    return True
+
+
+def wrong_record(found_id: int, key: int) -> str:
+    """The reason given when a record's header id is not its key."""
+    return ("the record found here has id %d, not its key %d: the index points at the wrong "
+            "record (offsets swapped or duplicated); rebuild it with gluon-data salvage"
+            % (found_id, key))
 
 
 def read_meta(rec_path: str) -> Optional[Dict[str, Any]]:

@@ -305,6 +305,13 @@ class RecordFile:
                 dup = uniq[counts > 1][0]
                 i = int(np.flatnonzero(keys == dup)[1])
                 fail(i, "duplicate key %d" % dup)
+        if not (offsets.size > 1 and (offsets[1:] > offsets[:-1]).all()):
+            order = np.argsort(offsets, kind="stable")
+            same = np.flatnonzero(offsets[order][1:] == offsets[order][:-1])
+            if same.size:  # two keys, one record: one read twice, another lost
+                a, b = int(order[same[0]]), int(order[same[0] + 1])
+                fail(b, "offset %d is listed twice (keys %d and %d): the index is damaged; "
+                     "rebuild it with gluon-data salvage" % (offsets[b], keys[a], keys[b]))
         if expected_count is not None and keys.size != expected_count:
             raise FormatError(
                 "index lists %d records but the metadata promises %d: the conversion was "

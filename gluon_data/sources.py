@@ -175,11 +175,15 @@ def _read_text(path: str, what: str) -> List[str]:
         raise SourceError("%s is not UTF-8 text (%s)" % (what, e), path) from None
 
 
-def _list_files(folder: str, exts: Sequence[str], root: str) -> Dict[str, str]:
+def _list_files(folder: str, exts: Sequence[str], root: str,
+                problems: Optional[List[Tuple[str, str]]] = None) -> Dict[str, str]:
     """stem -> path for files with ``exts`` under ``folder`` (recursively).
 
     Directory symlinks are not followed (no loops); where a listed file may be read from is
-    decided for every layout alike by :func:`confine` (in :func:`open_source`).
+    decided for every layout alike by :func:`confine` (in :func:`open_source`). Files sharing
+    a stem (``a.jpg`` and ``a.png``) are never dropped silently: the first (by name) is kept
+    and every other one is added to ``problems`` naming both; with ``problems=None`` the key
+    is the relative path *with* its extension, so every file is listed.
     """
     out: Dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
@@ -188,8 +192,14 @@ def _list_files(folder: str, exts: Sequence[str], root: str) -> Dict[str, str]:
             if os.path.splitext(fn)[1].lower() not in exts:
                 continue
             path = os.path.join(dirpath, fn)
-            stem = os.path.splitext(os.path.relpath(path, folder))[0]
-            out.setdefault(stem, path)
+            rel = os.path.relpath(path, folder)
+            stem = os.path.splitext(rel)[0] if problems is not None else rel
+            if stem in out:
+                problems.append((path, "shares the stem %r with %s, so which file pairs with "
+                                 "it is ambiguous; rename or remove one of them (%s is the "
+                                 "one kept)" % (stem, out[stem], out[stem])))
+                continue
+            out[stem] = path
     return out
 
 
@@ -199,9 +209,10 @@ def _pairs(root: str, split=None, images_dir="images", masks_dir="masks", **_) -
         if not os.path.isdir(d):
             raise SourceError("layout 'pairs' needs folder %s (set --images-dir / --masks-dir)"
                               % d, root)
-    images = _list_files(img_dir, IMAGE_EXTENSIONS, root)
-    masks = _list_files(mask_dir, MASK_EXTENSIONS, root)
-    items, problems = [], []
+    problems: List[Tuple[str, str]] = []
+    images = _list_files(img_dir, IMAGE_EXTENSIONS, root, problems)
+    masks = _list_files(mask_dir, MASK_EXTENSIONS, root, problems)
+    items = []
     for stem in sorted(images):
         rel = os.path.relpath(images[stem], root)
         if stem not in masks:
@@ -249,8 +260,8 @@ def _imagefolder(root: str, split=None, **_) -> Source:
         raise SourceError("layout 'imagefolder' needs one sub-folder per class; none found", root)
     items = []
     for label, cls in enumerate(classes):
-        for stem, path in sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS,
-                                             root).items()):
+        for _, path in sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS,
+                                          root).items()):  # every file, a.jpg and a.png alike
             items.append(Item(os.path.relpath(path, root), path, None, float(label)))
     return Source("imagefolder", root, "classification", {split or "train": items}, classes)
 
@@ -263,6 +274,7 @@ _F32_MAX = 3.4028234663852886e38  # labels are stored as float32
 def _lst(path: str, split=None, lst_root=None, **_) -> Source:
     root = lst_root or os.path.dirname(os.path.abspath(path))
     items, problems = [], []
+    seen: Dict[int, Tuple[int, str]] = {}  # index -> (line, path) of its first use
     for lineno, line in enumerate(_read_text(path, ".lst file"), 1):
         if not line.strip():
             continue
@@ -284,6 +296,12 @@ def _lst(path: str, split=None, lst_root=None, **_) -> Source:
             raise SourceError("label %r is not a finite float32 number" % bad[0], where)
         rel = fields[-1]
         full = rel if os.path.isabs(rel) else os.path.join(root, rel)
+        if key in seen:  # the index would hold two records under one key: unreadable
+            problems.append((where, "index %d of %r is already used by line %d (%r); every "
+                             "line needs its own index" % (key, rel, seen[key][0],
+                                                           seen[key][1])))
+            continue
+        seen[key] = (lineno, rel)
         label = labels[0] if len(labels) == 1 else tuple(labels)
         items.append(Item(rel, full, None, label, key))
     return Source("lst", root, "classification", {split or "train": items}, None, problems)
@@ -316,10 +334,11 @@ def _ade20k_base(root: str) -> str:
 
 def _ade20k(root: str, split=None, **_) -> Source:
     base = _ade20k_base(root)
-    splits = {}
+    splits, problems = {}, []
     for s, folder in _split_dirs(root, split, {"train": "training", "val": "validation"},
                                  os.path.join(base, "images")).items():
-        images = _list_files(os.path.join(base, "images", folder), IMAGE_EXTENSIONS, root)
+        images = _list_files(os.path.join(base, "images", folder), IMAGE_EXTENSIONS, root,
+                             problems)
         masks = os.path.join(base, "annotations", folder)
         splits[s] = [Item(os.path.relpath(images[stem], base), images[stem],
                           os.path.join(masks, stem + ".png")) for stem in sorted(images)]
@@ -327,7 +346,7 @@ def _ade20k(root: str, split=None, **_) -> Source:
     # happens here, once: stored ids are 0..149 and 0 becomes the ignore label 255.
     lut = (255,) + tuple(range(0, 255))
     return Source("ade20k", root, "segmentation", splits, list(ade20k_classes()),
-                  mask_lut=lut, pred_offset=1)
+                  problems=problems, mask_lut=lut, pred_offset=1)
 
 
 def ade20k_classes() -> Tuple[str, ...]:

@@ -59,8 +59,13 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _check_records(store, meta, report: VerifyReport, deep: bool, where: str) -> None:
+def _check_records(store, meta, report: VerifyReport, deep: bool, where: str,
+                   container: str = "rec") -> None:
+    """Check every record as the dataset readers would read it: framing, checksum, header id
+    against the index key, and with ``deep`` the reader's own image and mask decoders."""
+    from .meta import ids_are_keys, wrong_record
     seg = bool(meta) and meta.get("task") == "segmentation"
+    check_ids = ids_are_keys(meta, container)
     checksummed = bool(meta) and meta.get("checksum") == "crc32-id2"
     ncls = meta.get("num_classes") if seg else None
     ignore = meta.get("ignore_label", 255) if seg else None
@@ -72,6 +77,8 @@ def _check_records(store, meta, report: VerifyReport, deep: bool, where: str) ->
             if checksummed and rec.checksum is None:
                 raise GluonDataError("checksum missing from a record of a checksummed dataset",
                                      where, key, off)
+            if check_ids and rec.id != key:
+                raise GluonDataError(wrong_record(rec.id, key), where, key, off)
             if deep:
                 codec.decode_image(rec.image, 1, what="image")
                 if seg and meta.get("masks", True) is not False:  # (False: images only)
@@ -122,7 +129,7 @@ def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyRepo
             report.add(e, path)
             continue
         report.records += len(store)
-        _check_records(store, store.meta, report, deep, "%s [split %s]" % (path, s))
+        _check_records(store, store.meta, report, deep, "%s [split %s]" % (path, s), "lmdb")
     return report
 
 
