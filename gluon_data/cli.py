@@ -129,10 +129,24 @@ def _cmd_show(a) -> int:
                          % (a.index, len(ds)))
     img, mask = ds._arrays(a.index)
     pic = render_preview(img, mask, ds.palette, ds.classes, ds.ignore_label, alpha=a.alpha)
-    pic.save(a.out)
+    _save_image(pic, a.out)
     print("wrote %s (record %d of %s: %dx%d, %d classes present)"
           % (a.out, a.index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
     return 0
+
+
+def _save_image(pic, out: str) -> None:
+    """Save a picture atomically; an existing file is replaced only if it is an image
+    (never a link, a dataset or any other file)."""
+    import io
+
+    from .fsutil import atomic_write, check_replaceable
+    check_replaceable(out, "image", True)
+    ext = os.path.splitext(out)[1].lower()
+    buf = io.BytesIO()
+    pic.save(buf, format={".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".tif": "TIFF",
+                          ".tiff": "TIFF", ".webp": "WEBP"}.get(ext, "PNG"))
+    atomic_write(out, buf.getvalue())
 
 
 def _cmd_verify(a) -> int:

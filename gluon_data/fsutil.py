@@ -33,13 +33,15 @@ _LOCK_TAG = b"gluon_data lock"
 
 #: What each kind of output looks like, in the words of the refusal message.
 KINDS = {
-    "rec": "RecordIO data file (.rec)",
-    "idx": "RecordIO index (.idx)",
-    "meta": "gluon_data metadata document (.meta.json)",
-    "gdx": "gluon_data binary index (.idx.gdx)",
-    "lmdb": "gluon_data LMDB dataset (a directory holding data.mdb with gluon_data metadata)",
-    "png": "PNG image",
-    "checkpoint": "gluon_data resume checkpoint (.resume.json)",
+    "rec": "a RecordIO data file (.rec)",
+    "idx": "a RecordIO index (.idx)",
+    "meta": "a gluon_data metadata document (.meta.json)",
+    "gdx": "a gluon_data binary index (.idx.gdx)",
+    "lmdb": "a gluon_data LMDB dataset (a directory holding only data.mdb with gluon_data "
+            "metadata)",
+    "png": "a PNG image",
+    "image": "an image file (PNG, JPEG, BMP, TIFF, WebP)",
+    "checkpoint": "a gluon_data resume checkpoint (.resume.json)",
 }
 
 
@@ -94,6 +96,10 @@ def is_ours(path: str, kind: str) -> bool:
             return _head(path, 5) == b"GDIDX"
         if kind == "png":
             return _head(path, 8) == _PNG_SIG
+        if kind == "image":
+            h = _head(path, 12)
+            return (h.startswith((_PNG_SIG, b"\xff\xd8\xff", b"BM", b"II*\x00", b"MM\x00*"))
+                    or (h[:4] == b"RIFF" and h[8:12] == b"WEBP"))
         if st.st_size > 64 << 20:
             return False
         with open(path, "rb") as f:
@@ -127,7 +133,7 @@ def check_replaceable(path: str, kind: str, overwrite: bool, *,
     if not overwrite:
         raise FileExistsError("%s already exists; pass %s to replace it" % (path, option))
     if not is_ours(path, kind):
-        raise OutputError("exists and is not a %s written by gluon-data; --overwrite only "
+        raise OutputError("exists and is not %s written by gluon-data; --overwrite only "
                           "replaces gluon-data's own outputs, so it was left untouched: move "
                           "it away or choose another output name" % KINDS[kind], path)
 

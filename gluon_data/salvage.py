@@ -7,15 +7,16 @@ byte range. The new index numbers the recovered records 0..N-1 in file order.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
-import shutil
 import struct
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
 from . import codec
-from .errors import GluonDataError
+from .errors import GluonDataError, OutputError
+from .fsutil import atomic_write, check_replaceable, fsync_dir
 from .meta import dumps_meta, meta_path, read_meta
 from .recordio import idx_path_for
 
@@ -87,9 +88,15 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
     """
     rec_path = os.fspath(rec_path)
     idx_path = idx_path or idx_path_for(rec_path)
-    if os.path.exists(idx_path) and not overwrite:
-        raise FileExistsError("%s exists; pass overwrite=True (CLI: --overwrite) to replace it "
-                              "(the old one is kept as .idx.bak)" % idx_path)
+    # Everything salvage may write is checked before anything is: only our own files are
+    # replaced, nothing through a link (fsutil's rule).
+    check_replaceable(idx_path, "idx", overwrite, option="overwrite=True (CLI: --overwrite; "
+                      "the old one is kept as .idx.bak)")
+    check_replaceable(idx_path + ".bak", "idx", True)
+    mp = meta_path(rec_path)
+    if os.path.lexists(mp):
+        check_replaceable(mp, "meta", True)
+        check_replaceable(mp + ".bak", "meta", True)
     try:
         meta = read_meta(rec_path)
     except GluonDataError:
@@ -113,33 +120,51 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
     if report.damaged and report.damaged[-1][1] == report.file_size:
         # Unreadable bytes at the end (a writer killed mid-record): move them aside, so the
         # .rec ends with its last intact record and readers accept the rebuilt index.
+        if os.path.islink(rec_path):
+            raise OutputError("the damaged tail must be cut from this .rec, but it is a "
+                              "symbolic link (to %s) and gluon-data never writes through one: "
+                              "salvage the real file" % os.readlink(rec_path), rec_path)
         start = report.damaged[-1][0]
         with open(rec_path, "r+b") as f:
             f.seek(start)
             tail = f.read()
-            with open(rec_path + ".damaged-tail", "wb") as t:
-                t.write(tail)
-                t.flush()
-                os.fsync(t.fileno())
+            report.tail_moved_to = _write_unique(rec_path + ".damaged-tail", tail)
             f.truncate(start)
             f.flush()
             os.fsync(f.fileno())
-        report.tail_moved_to = rec_path + ".damaged-tail"
-    tmp = idx_path + ".partial"
-    with open(tmp, "w", encoding="ascii", newline="\n") as f:
-        f.write("".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)))
-        f.flush()
-        os.fsync(f.fileno())
+    text = "".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)).encode("ascii")
     if os.path.exists(idx_path):
-        shutil.copy2(idx_path, idx_path + ".bak")
-    os.replace(tmp, idx_path)
+        with open(idx_path, "rb") as f:
+            atomic_write(idx_path + ".bak", f.read())
+    atomic_write(idx_path, text)
     if meta is not None and meta["num_records"] != len(offsets):
-        mp = meta_path(rec_path)
-        shutil.copy2(mp, mp + ".bak")
+        with open(mp, "rb") as f:
+            atomic_write(mp + ".bak", f.read())
         meta = dict(meta, num_records=len(offsets),
                     salvaged={"records_before": meta["num_records"],
                               "damaged_ranges": [list(r) for r in report.damaged]})
-        with open(mp + ".partial", "wb") as f:
-            f.write(dumps_meta(meta))
-        os.replace(mp + ".partial", mp)
+        atomic_write(mp, dumps_meta(meta))
     return report
+
+
+def _write_unique(path: str, data: bytes) -> str:
+    """Write ``data`` to a new file ``path`` (or ``path.1``, ``path.2``... when taken):
+    bytes moved out of a dataset never replace anything, and never go through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for n in range(1000):
+        name = path if n == 0 else "%s.%d" % (path, n)
+        try:
+            fd = os.open(name, flags, 0o644)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                continue
+            raise
+        with os.fdopen(fd, "wb") as t:
+            t.write(data)
+            t.flush()
+            os.fsync(t.fileno())
+        fsync_dir(os.path.dirname(os.path.abspath(name)))
+        return name
+    raise OutputError("no free name for the damaged tail beside it", path)

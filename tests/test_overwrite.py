@@ -1,0 +1,253 @@
+"""What commands may replace: only their own outputs, never through a link; one writer per
+output at a time. Every case runs the real CLI or API on real files."""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from gluon_data import SegmentationLMDBDataset, SegmentationRecordDataset, convert, salvage, \
+    verify
+from gluon_data.errors import ConversionError, OutputError
+from gluon_data.fsutil import OutputLock, atomic_write, check_replaceable
+from gluon_data.recordio import write_binary_index
+from gluon_data.sample import make_voc
+
+pytestmark = pytest.mark.reliability
+
+
+def cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "gluon_data", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+def tree(path):
+    """Every file under ``path`` with its bytes (what must stay untouched)."""
+    out = {}
+    for d, _, fs in os.walk(path):
+        for f in fs:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, path)] = open(p, "rb").read()
+    return out
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    d = tmp_path / "precious"
+    (d / "sub").mkdir(parents=True)
+    (d / "notes.txt").write_text("my thesis")
+    (d / "sub" / "data.mdb").write_bytes(b"not an lmdb")
+    return str(d)
+
+
+def test_overwrite_refuses_a_directory_that_is_not_our_lmdb(voc_root, user_dir):
+    before = tree(user_dir)
+    r = cli("convert", voc_root, user_dir, "--layout", "voc", "--format", "lmdb",
+            "--overwrite", "--workers", "1", "--quiet")
+    assert r.returncode == 1, r.stderr
+    assert "not a gluon_data LMDB dataset" in r.stderr and user_dir in r.stderr
+    assert "Traceback" not in r.stderr
+    assert tree(user_dir) == before
+    assert not os.path.exists(user_dir + ".partial") and not os.path.exists(user_dir + ".lock")
+
+
+def test_overwrite_refuses_an_lmdb_folder_holding_other_files(voc_root, tmp_path):
+    out = str(tmp_path / "d.lmdb")
+    convert(voc_root, out, "voc", split="train")
+    with open(os.path.join(out, "keep.txt"), "w") as f:
+        f.write("mine")
+    with pytest.raises(OutputError, match="not a gluon_data LMDB"):
+        convert(voc_root, out, "voc", split="train", overwrite=True)
+    assert open(os.path.join(out, "keep.txt")).read() == "mine"
+
+
+def test_overwrite_replaces_our_own_lmdb_atomically_without_old_folder(voc_root, tmp_path):
+    out = str(tmp_path / "d.lmdb")
+    convert(voc_root, out, "voc", split="train")
+    convert(voc_root, out, "voc", split="train,val", overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["d.lmdb"]  # no .old, .partial or .lock left
+    assert len(SegmentationLMDBDataset(out, "val")) > 0
+    # a user's folder named like our old sibling is never touched
+    os.makedirs(out + ".old")
+    with open(os.path.join(out + ".old", "x"), "w") as f:
+        f.write("x")
+    convert(voc_root, out, "voc", split="train", overwrite=True)
+    assert open(os.path.join(out + ".old", "x")).read() == "x"
+
+
+@pytest.mark.parametrize("victim", [".rec", ".idx", ".meta.json", ".idx.gdx"])
+def test_overwrite_refuses_a_rec_output_whose_files_are_not_ours(voc_root, tmp_path, victim):
+    out = str(tmp_path / "o.rec")
+    convert(voc_root, out, "voc", split="train")
+    path = out[:-4] + victim
+    with open(path, "wb") as f:
+        f.write(b"user data, not a dataset file\n")
+    with pytest.raises(OutputError, match="not a"):
+        convert(voc_root, out, "voc", split="train", overwrite=True)
+    assert open(path, "rb").read() == b"user data, not a dataset file\n"
+
+
+def test_overwrite_replaces_our_rec_and_stale_sidecars(voc_root, tmp_path):
+    out = str(tmp_path / "o.rec")
+    convert(voc_root, out, "voc", split="train")
+    convert(voc_root, out, "voc", split="val", overwrite=True)
+    ds = SegmentationRecordDataset(out)
+    assert ds.meta["split"] == "val" and verify(out, deep=True).ok
+
+
+@pytest.mark.parametrize("victim", [".rec", ".idx", ".meta.json", ".idx.gdx"])
+def test_outputs_never_replace_or_write_through_a_symlink(voc_root, tmp_path, victim):
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(b"precious")
+    out = str(tmp_path / "o.rec")
+    os.symlink(str(target), out[:-4] + victim)
+    r = cli("convert", voc_root, out, "--layout", "voc", "--overwrite", "--workers", "1",
+            "--quiet")
+    assert r.returncode == 1 and "symbolic link" in r.stderr, r.stderr
+    assert target.read_bytes() == b"precious" and os.path.islink(out[:-4] + victim)
+
+
+@pytest.mark.parametrize("sibling", [".rec.partial", ".idx.partial", ".meta.json.partial",
+                                     ".rec.resume.json.partial"])
+def test_temporary_siblings_are_never_written_through_a_link(voc_root, tmp_path, sibling):
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(b"precious")
+    out = str(tmp_path / "o.rec")
+    link = out[:-4] + sibling
+    os.symlink(str(target), link)
+    if sibling == ".rec.resume.json.partial":  # a stale temporary name: the link is dropped
+        convert(voc_root, out, "voc", split="train", checkpoint_every=2)
+        assert verify(out).ok and not os.path.lexists(link)
+    else:
+        with pytest.raises(OutputError, match="symbolic link"):
+            convert(voc_root, out, "voc", split="train", checkpoint_every=2)
+        assert not os.path.exists(out)
+    assert target.read_bytes() == b"precious"
+
+
+def test_lmdb_partial_that_is_not_ours_is_left_alone(voc_root, user_dir, tmp_path):
+    out = str(tmp_path / "d.lmdb")
+    os.rename(user_dir, out + ".partial")
+    before = tree(out + ".partial")
+    with pytest.raises(OutputError, match="partial LMDB"):
+        convert(voc_root, out, "voc", split="train")
+    assert tree(out + ".partial") == before
+
+
+def test_show_out_replaces_an_image_but_not_other_files_or_links(voc_rec, tmp_path):
+    png = tmp_path / "p.png"
+    r = cli("show", voc_rec, "--out", png)
+    assert r.returncode == 0, r.stderr
+    first = png.read_bytes()
+    r = cli("show", voc_rec, "--index", 1, "--out", png)  # a picture is replaced
+    assert r.returncode == 0 and png.read_bytes() != first
+    notes = tmp_path / "notes.png"
+    notes.write_text("not a picture")
+    r = cli("show", voc_rec, "--out", notes)
+    assert r.returncode == 1 and "not an image file" in r.stderr
+    assert notes.read_text() == "not a picture"
+    target = tmp_path / "target.png"
+    target.write_bytes(first)
+    os.symlink(str(target), str(tmp_path / "link.png"))
+    r = cli("show", voc_rec, "--index", 1, "--out", tmp_path / "link.png")
+    assert r.returncode == 1 and "symbolic link" in r.stderr
+    assert target.read_bytes() == first
+
+
+def test_salvage_never_writes_through_links(voc_root, tmp_path):
+    out = str(tmp_path / "s.rec")
+    convert(voc_root, out, "voc", split="train")
+    idx = out[:-4] + ".idx"
+    target = tmp_path / "t"
+    target.write_bytes(b"precious")
+    os.symlink(str(target), idx + ".bak")
+    with pytest.raises(OutputError, match="symbolic link"):
+        salvage(out, overwrite=True)
+    assert target.read_bytes() == b"precious"
+    os.remove(idx + ".bak")
+    # a damaged tail goes to a fresh file, never over an existing one
+    with open(out, "ab") as f:
+        f.write(b"\x0a\x23\xd7\xce" + b"\x01" * 20)
+    (tmp_path / "s.rec.damaged-tail").write_bytes(b"an earlier tail")
+    rep = salvage(out, overwrite=True)
+    assert rep.tail_moved_to == out + ".damaged-tail.1"
+    assert (tmp_path / "s.rec.damaged-tail").read_bytes() == b"an earlier tail"
+    assert verify(out).ok
+
+
+def test_binary_index_is_never_written_through_a_link(voc_rec, tmp_path):
+    rec = str(tmp_path / "c.rec")
+    for ext in (".rec", ".idx", ".meta.json"):
+        with open(voc_rec[:-4] + ext, "rb") as f, open(rec[:-4] + ext, "wb") as g:
+            g.write(f.read())
+    target = tmp_path / "t"
+    target.write_bytes(b"precious")
+    os.symlink(str(target), rec[:-4] + ".idx.gdx")
+    with pytest.raises(OutputError):
+        write_binary_index(rec[:-4] + ".idx")
+    assert target.read_bytes() == b"precious"
+
+
+def test_fsutil_helpers(tmp_path):
+    p = str(tmp_path / "f.meta.json")
+    atomic_write(p, b'{"format": "gluon_data"}')
+    check_replaceable(p, "meta", True)
+    with pytest.raises(FileExistsError):
+        check_replaceable(p, "meta", False)
+    with pytest.raises(OutputError):
+        check_replaceable(p, "rec", True)
+    assert os.listdir(tmp_path) == ["f.meta.json"]
+
+
+# ----------------------------------------------------------------- concurrent writers
+@pytest.fixture(scope="module")
+def slow_voc(tmp_path_factory):
+    return make_voc(str(tmp_path_factory.mktemp("slowvoc") / "VOC2012"), num_images=240,
+                    size_range=(100, 160), seed=3)
+
+
+def test_a_held_lock_refuses_a_second_conversion_naming_the_holder(voc_root, tmp_path):
+    out = str(tmp_path / "x.rec")
+    with OutputLock([out]):
+        r = cli("convert", voc_root, out, "--layout", "voc", "--workers", "1", "--quiet")
+        with pytest.raises(ConversionError, match="pid %d" % os.getpid()):
+            convert(voc_root, out, "voc", split="train")
+    assert r.returncode == 1 and "pid %d" % os.getpid() in r.stderr and out in r.stderr
+    assert not os.path.exists(out) and not os.path.exists(out + ".lock")
+    convert(voc_root, out, "voc", split="train")  # released: the next run goes ahead
+    assert sorted(os.listdir(tmp_path)) == ["x.idx", "x.idx.gdx", "x.meta.json", "x.rec"]
+
+
+@pytest.mark.parametrize("fmt", ["rec", "lmdb"])
+def test_two_concurrent_cli_conversions_leave_a_complete_dataset(slow_voc, tmp_path, fmt):
+    """Expected: the second run, started while the first is writing, fails at once naming
+    the output and the first's pid; whatever exited 0 left a complete, readable dataset."""
+    out = str(tmp_path / ("c." + fmt))
+    cmd = ["convert", slow_voc, out, "--layout", "voc", "--split", "trainval",
+           "--encoding", "png", "--workers", "1", "--quiet", "--overwrite"]
+    first = subprocess.Popen([sys.executable, "-m", "gluon_data", *cmd],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = out + ".partial" if fmt == "lmdb" else out + ".partial"
+    deadline = time.monotonic() + 120
+    while not os.path.exists(partial) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert first.poll() is None, "the first run ended before the second could overlap it"
+    second = cli(*cmd)
+    still_running = first.poll() is None
+    _, err1 = first.communicate(timeout=300)
+    assert still_running, "no overlap: make the source bigger"
+    assert first.returncode == 0, err1
+    assert second.returncode == 1, second.stderr
+    assert "pid %d" % first.pid in second.stderr and out in second.stderr
+    ds = (SegmentationLMDBDataset(out, "trainval") if fmt == "lmdb"
+          else SegmentationRecordDataset(out))
+    assert len(ds) == 240
+    for i in range(len(ds)):
+        img, mask = ds[i]
+        assert img.shape[:2] == mask.shape
+    assert verify(out, deep=True).ok
+    left = sorted(os.listdir(tmp_path))
+    assert not [f for f in left if f.endswith((".partial", ".lock", ".resume.json"))
+                or ".old" in f], left
