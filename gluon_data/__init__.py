@@ -23,6 +23,7 @@ _EXPORTS = {
     "DistributedSampler": "sampler",
     "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",
     "DecodeError": "errors", "SourceError": "errors", "ConversionError": "errors",
+    "OutputError": "errors",
 }
 _MODULES = ("codec", "transforms", "sample", "stats", "preview", "sources", "meta", "store",
             "sampler")
