@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Any, Dict, Optional
 
 from .errors import FormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "TASKS",
-           "meta_path", "read_meta", "check_meta", "dumps_meta", "ids_are_keys"]
+           "meta_path", "read_meta", "check_meta", "dumps_meta", "ids_are_keys",
+           "meta_checksum"]
 
 FORMAT_NAME = "gluon_data"
 FORMAT_VERSION = 1
@@ -25,8 +27,25 @@ def meta_path(rec_path: str) -> str:
     return os.path.splitext(rec_path)[0] + ".meta.json"
 
 
+#: Field holding the CRC-32 of the rest of the document (see :func:`meta_checksum`).
+CHECKSUM_FIELD = "meta_crc32"
+
+
+def meta_checksum(meta: Dict[str, Any]) -> int:
+    """CRC-32 of a metadata document's content (every field but :data:`CHECKSUM_FIELD`),
+    serialized canonically: sorted keys, no whitespace, ASCII. Layout and whitespace of the
+    file do not matter; any change of a value does."""
+    body = {k: v for k, v in meta.items() if k != CHECKSUM_FIELD}
+    return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":"),
+                                 ensure_ascii=True).encode("ascii"))
+
+
 def check_meta(meta: Any, path: str) -> Dict[str, Any]:
-    """Validate a metadata document; raise :class:`FormatError` naming ``path`` if wrong."""
+    """Validate a metadata document; raise :class:`FormatError` naming ``path`` if wrong.
+
+    A document carrying ``meta_crc32`` (every one written since it was introduced) must match
+    it, so a damaged value (``ignore_label``, ``num_records``...) is an error, not a
+    silently different dataset."""
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise FormatError("not a gluon_data metadata document (missing \"format\": \"%s\")"
                           % FORMAT_NAME, path)
@@ -46,6 +65,13 @@ def check_meta(meta: Any, path: str) -> Dict[str, Any]:
             raise FormatError("metadata field %r must be %s, got %s %s"
                               % (name, want, type(meta[name]).__name__,
                                  _short(meta[name])), path)
+    if CHECKSUM_FIELD in meta:
+        stored = meta[CHECKSUM_FIELD]
+        if not isinstance(stored, int) or isinstance(stored, bool) \
+                or stored != meta_checksum(meta):
+            raise FormatError("metadata checksum mismatch (stored %r, computed %d): the "
+                              "document was damaged or edited; restore it or re-convert"
+                              % (stored, meta_checksum(meta)), path)
     return meta
 
 
@@ -126,5 +152,8 @@ def read_meta(rec_path: str) -> Optional[Dict[str, Any]]:
 
 
 def dumps_meta(meta: Dict[str, Any]) -> bytes:
-    """Serialize deterministically (sorted keys), so equal inputs give equal files."""
+    """Serialize deterministically (sorted keys), so equal inputs give equal files, with
+    the content's checksum in ``meta_crc32`` (any previous one is recomputed)."""
+    meta = {k: v for k, v in meta.items() if k != CHECKSUM_FIELD}
+    meta[CHECKSUM_FIELD] = meta_checksum(meta)
     return (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode("utf-8")
