@@ -418,6 +418,17 @@ class RecordFile:
     def keys(self) -> np.ndarray:
         return np.arange(len(self)) if self._keys is None else self._keys.copy()
 
+    def check_order(self) -> None:
+        """Raise :class:`FormatError` unless the index lists the records in file order, as
+        every gluon_data writer (and salvage) does: a reordered index would permute the
+        dataset silently. (Stock files are not held to it.)"""
+        if len(self) > 1 and not self._in_file_order:
+            i = int(np.flatnonzero(self._offsets[1:] <= self._offsets[:-1])[0]) + 1
+            raise FormatError("index line %d (key %d, offset %d) comes before line %d in the "
+                              "file: the index was reordered or damaged; rebuild it with "
+                              "gluon-data salvage" % (i + 1, self.key(i), self.offset(i), i),
+                              self.idx_path, self.key(i), self.offset(i))
+
     def offset(self, i: int) -> int:
         return int(self._offsets[i])
 
@@ -533,7 +544,10 @@ def _open_record_file(location: str, split: Optional[str] = None, **options) -> 
     if split is not None and (meta or {}).get("split", split) != split:
         raise ValueError("%s holds split %r, not %r: a .rec holds one split (the LMDB "
                          "container holds several)" % (location, meta["split"], split))
-    return RecordFile(location, expected_count=meta["num_records"] if meta else None, meta=meta)
+    f = RecordFile(location, expected_count=meta["num_records"] if meta else None, meta=meta)
+    if meta is not None:  # ours: written in index order, so a reordered index is damage
+        f.check_order()
+    return f
 
 
 def _names_rec(location: str) -> bool:

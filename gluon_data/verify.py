@@ -110,6 +110,11 @@ def _verify_rec(path: str, deep: bool) -> VerifyReport:
         report.problems[-1]["reason"] += " (gluon-data salvage can rebuild the index)"
         return report
     report.records = len(store)
+    if meta is not None:
+        try:
+            store.check_order()
+        except GluonDataError as e:
+            report.add(e, path)
     _check_records(store, meta, report, deep, path)
     return report
 

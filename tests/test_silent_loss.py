@@ -218,13 +218,27 @@ def test_swapped_index_offsets_are_caught_by_reader_and_verify(voc_rec, tmp_path
         o[[2, 5]] = o[[5, 2]]
         return k, o
     _rewrite_idx(rec, swap)
-    ds = SegmentationRecordDataset(rec)
-    with pytest.raises(CorruptRecordError, match="id 5, not its key 2"):
-        ds[2]
-    ds[0]  # untouched records still read
+    with pytest.raises(FormatError, match="reordered"):
+        SegmentationRecordDataset(rec)
     for deep in (False, True):
         rep = verify(rec, deep=deep)
-        assert sorted(p["key"] for p in rep.problems) == [2, 5], rep
+        assert {2, 5} <= {p["key"] for p in rep.problems}, rep
+        assert any("id 5, not its key 2" in p["reason"] for p in rep.problems), rep
+
+
+def test_swapped_index_keys_are_caught_by_reader_and_verify(voc_rec, tmp_path):
+    rec = _copy(voc_rec, str(tmp_path / "k.rec"))
+
+    def swap(k, o):
+        k[[1, 3]] = k[[3, 1]]
+        return k, o
+    _rewrite_idx(rec, swap)
+    ds = SegmentationRecordDataset(rec)
+    with pytest.raises(CorruptRecordError, match="id 1, not its key 3"):
+        ds[1]
+    ds[0]  # untouched records still read
+    rep = verify(rec, deep=True)
+    assert sorted(p["key"] for p in rep.problems) == [1, 3], rep
 
 
 def test_duplicated_index_offsets_are_refused(voc_rec, tmp_path):
