@@ -166,6 +166,15 @@ def _seal(payload: bytearray, checksum: bool) -> bytes:
     return bytes(payload)
 
 
+def with_id(payload, id_: int) -> bytes:
+    """The payload with its IRHeader ``id`` set to ``id_`` (and its checksum, if it carries
+    one, recomputed)."""
+    out = bytearray(payload)
+    struct.pack_into("<Q", out, 8, int(id_))
+    (id2,) = struct.unpack_from("<Q", out, 16)
+    return _seal(out, (id2 >> 32) == CHECKSUM_TAG)
+
+
 def _header_bytes(label, id_: int) -> bytes:
     """``IRHeader`` (+ label vector) exactly as ``mx.recordio.pack`` writes it."""
     if isinstance(label, (int, float, np.integer, np.floating)):

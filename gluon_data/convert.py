@@ -768,7 +768,10 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                             raise ConversionError(err[1], err[0])
                         report.skipped.append({"file": err[0], "reason": err[1]})
                     else:
-                        w.write(item.key if item.key is not None else w.count, payload)
+                        key = item.key if item.key is not None else w.count
+                        if item.key is None and pos != key:  # items were skipped before it:
+                            payload = codec.with_id(payload, key)  # header id = the key
+                        w.write(key, payload)
                         st.add(info)
                         if src.task == "segmentation":  # gluoncv's mode='test' returns it
                             st.names.append(os.path.basename(item.image))
@@ -1231,9 +1234,10 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
             keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
             meta = {k: v for k, v in meta.items() if k not in ("container", "record_keys")}
             task_seg = meta["task"] == "segmentation"
-            # an LMDB from a .lst without record_keys: the list indices are the header ids
-            id_keys = isinstance(f, LMDBFile) and keys is None and not ids_are_keys(f.meta,
-                                                                                     "lmdb")
+            # ours, but written before header ids were always the keys (an LMDB from a .lst
+            # without record_keys, or items skipped): the header ids are the true keys
+            id_keys = (keys is None and meta.get("checksum") == "crc32-id2"
+                       and not ids_are_keys(meta, "lmdb" if isinstance(f, LMDBFile) else "rec"))
             for i in range(len(f)):
                 payload = f.read(i)
                 rec = codec.unpack(payload, segmentation=task_seg, verify=True, path=f.path,

@@ -117,11 +117,13 @@ _FIELD_TYPES = (
 
 def ids_are_keys(meta: Optional[Dict[str, Any]], container: str = "rec") -> bool:
     """Whether every record's header ``id`` must equal its key (so a reader can tell that an
-    index points at the wrong record). True for our checksummed datasets; an LMDB converted
-    from a ``.lst`` before ``record_keys`` were stored has list indices as ids and
-    positions as keys, so it is exempt."""
+    index points at the wrong record). True for our checksummed datasets, except two kinds
+    written by older versions: an LMDB converted from a ``.lst`` (list indices as ids,
+    positions as keys), and a conversion that skipped items (source positions as ids)."""
     if not meta or meta.get("checksum") != "crc32-id2":
         return False
+    if meta.get("skipped") and CHECKSUM_FIELD not in meta:
+        return False  # written before ids were renumbered past skipped items
     if container == "lmdb" and meta.get("record_keys") is None:
         return (meta.get("created_by") or {}).get("layout") != "lst"
     return True

@@ -271,3 +271,26 @@ def test_damaged_binary_index_body_is_not_trusted(voc_rec, tmp_path):
     assert verify(rec, deep=True).ok
     write_binary_index(rec[:-4] + ".idx")  # rewritten, it is used again
     assert open(gdx, "rb").read() != bytes(data)
+
+
+@pytest.mark.parametrize("fmt", ["rec", "lmdb"])
+def test_skipped_items_leave_header_ids_equal_to_keys(tmp_path, fmt):
+    """Items skipped in the middle: every later record's header id is still its key, so the
+    readers' id check holds, and copies between containers keep reading."""
+    from gluon_data import ImageLMDBDataset
+    root = tmp_path / "folder" / "c"
+    root.mkdir(parents=True)
+    for i in range(5):
+        Image.fromarray(rgb(seed=i)).save(str(root / ("%d.png" % i)))
+    (root / "1.png").write_bytes(b"not an image")
+    out = str(tmp_path / ("o." + fmt))
+    report = convert(str(root.parent), out, "imagefolder", on_error="skip")
+    assert len(report.skipped) == 1
+    ds = ImageRecordDataset(out) if fmt == "rec" else ImageLMDBDataset(out)
+    imgs = [ds[i][0].asnumpy() for i in range(len(ds))]
+    assert [next(j for j in range(5) if np.array_equal(im, rgb(seed=j))) for im in imgs] \
+        == [0, 2, 3, 4]
+    assert verify(out, deep=True).ok
+    back = str(tmp_path / ("back." + ("lmdb" if fmt == "rec" else "rec")))
+    convert(out, back)
+    assert verify(back, deep=True).ok
