@@ -283,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="resize the shorter side to this size (0: keep)")
     c.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1)),
                    help="encoding processes")
-    c.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    c.add_argument("--overwrite", action="store_true",
+                   help="replace existing outputs, only if gluon-data wrote them (a .rec with "
+                        "its .idx/.meta.json, an .lmdb holding only its data); never a link")
     c.add_argument("--resume", action="store_true",
                    help="continue an interrupted conversion (.rec output) from its last "
                         "checkpoint; the result is identical to an uninterrupted run")
@@ -333,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write a PNG of a sample: image, mask overlay and class legend")
     sh.add_argument("path", help=".rec file or .lmdb directory (segmentation)")
     sh.add_argument("--index", type=int, default=0, help="record position")
-    sh.add_argument("--out", default="sample.png", help="output PNG")
+    sh.add_argument("--out", default="sample.png",
+                    help="output PNG (an existing image file is replaced; any other file or a "
+                         "link is refused)")
     sh.add_argument("--split", help="LMDB split (default: train)")
     sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity")
     sh.set_defaults(func=_cmd_show)
