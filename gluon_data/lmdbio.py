@@ -183,17 +183,6 @@ def shared_env(path: str) -> lmdb.Environment:
         return env
 
 
-def forget_env(path: str) -> None:
-    """Close this process's cached environment(s) of ``path`` (before it is replaced)."""
-    real = os.path.realpath(path)
-    with _ENVS_LOCK:
-        for k in [k for k in _ENVS if k[0] == real]:
-            try:
-                _ENVS.pop(k)[1].close()
-            except Exception:
-                pass
-
-
 class ProcessEnv:
     """Picklable handle to :func:`shared_env` that re-resolves after fork or unpickling."""
 
@@ -724,7 +713,6 @@ class LMDBWriter:
         if not os.path.lexists(self.path):
             os.rename(self.tmp, self.path)
             return
-        forget_env(self.path)  # checked as ours through the cache: release that mapping
         if exchange_dirs(self.tmp, self.path):
             shutil.rmtree(self.tmp)  # now the previous dataset
             return
