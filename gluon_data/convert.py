@@ -1010,13 +1010,15 @@ class _Checkpoint:
         entry["writer"] = list(writer.sync())
         self.splits[split] = entry
         self._write(self._doc(skipped))
-        self.saved = True
 
     def _write(self, doc: dict) -> None:
         import json
         from .fsutil import check_replaceable
+        from .fsutil import fsync_dir
         check_replaceable(self.path, "checkpoint", True)  # never a link, never a user's file
-        atomic_write(self.path, json.dumps(doc).encode("utf-8"))
+        atomic_write(self.path, json.dumps(doc).encode("utf-8"), sync_dir=False)
+        self.saved = True  # on disk from the rename on: an interrupt from here keeps it
+        fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
     def mark_publishing(self) -> None:
         """RecordIO: everything is on disk under partial names; a resume only renames.

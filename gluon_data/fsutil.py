@@ -181,10 +181,12 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, *, suffix: str = ".partial") -> None:
+def atomic_write(path: str, data: bytes, *, suffix: str = ".partial",
+                 sync_dir: bool = True) -> None:
     """Write ``data`` to ``path`` atomically: a fresh temporary sibling (never through a
-    link), fsync, rename over ``path``, fsync of the directory. The caller decides first
-    whether ``path`` may be replaced (:func:`check_replaceable`)."""
+    link), fsync, rename over ``path``, fsync of the directory (unless ``sync_dir=False``:
+    the caller records that the rename happened first, then calls :func:`fsync_dir`). The
+    caller decides first whether ``path`` may be replaced (:func:`check_replaceable`)."""
     path = os.fspath(path)
     tmp = path + suffix
     try:
@@ -200,7 +202,8 @@ def atomic_write(path: str, data: bytes, *, suffix: str = ".partial") -> None:
         except OSError:
             pass
         raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if sync_dir:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def remove_partial_dir(path: str) -> None:
