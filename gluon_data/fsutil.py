@@ -283,8 +283,7 @@ class OutputLock:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    holder = os.pread(fd, 200, 0).decode("ascii", "replace").strip()
-                    pid = holder.rpartition("pid=")[2] or "unknown"
+                    pid = self._holder(fd)
                     raise ConversionError("another gluon-data process (pid %s) is writing this "
                                           "output; wait for it to finish (or stop it) and run "
                                           "again" % pid, output) from None
@@ -309,6 +308,18 @@ class OutputLock:
             return
         raise ConversionError("could not lock the output (its lock file keeps changing)",
                               output)
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        """The pid written in a held lock file (the holder writes it just after locking:
+        wait a moment for it)."""
+        import time
+        for _ in range(100):  # at most a second
+            holder = os.pread(fd, 200, 0).decode("ascii", "replace")
+            if holder.endswith("\n"):  # written whole (one pwrite)
+                return holder.strip().rpartition("pid=")[2] or "unknown"
+            time.sleep(0.01)
+        return "unknown"
 
     def acquire(self) -> "OutputLock":
         try:
