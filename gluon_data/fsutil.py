@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import stat
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, List, Tuple
 
 from .errors import ConversionError, OutputError
 
@@ -78,11 +78,10 @@ def is_ours(path: str, kind: str) -> bool:
     if kind == "lmdb":
         if not _lmdb_dir_only(path) or not os.path.isfile(os.path.join(path, "data.mdb")):
             return False
-        from .errors import GluonDataError
         from .lmdbio import read_lmdb_meta
         try:
             return bool(read_lmdb_meta(path))
-        except (GluonDataError, OSError, Exception):  # lmdb.Error and friends: not ours
+        except Exception:  # FormatError, lmdb.Error, OSError...: not a dataset of ours
             return False
     if not stat.S_ISREG(st.st_mode):
         return False

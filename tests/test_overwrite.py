@@ -3,9 +3,7 @@ output at a time. Every case runs the real CLI or API on real files."""
 import os
 import subprocess
 import sys
-import time
 
-import numpy as np
 import pytest
 
 from gluon_data import SegmentationLMDBDataset, SegmentationRecordDataset, convert, salvage, \

@@ -4,7 +4,6 @@ import io
 import os
 import subprocess
 import sys
-import zlib
 
 import cv2
 import numpy as np
