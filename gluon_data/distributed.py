@@ -24,22 +24,35 @@ KEY_BASE = 0x47440000
 _EXACT = float(2 ** 53)
 
 
+_LIMB_BITS, _LIMBS = 16, 4  # 4 x 16 bits hold 2**53 + |v| < 2**54; each limb is exact in float32
+
+
 def _kvstore_sum(payload: np.ndarray, kv) -> np.ndarray:
     """Each worker stores its vector under a key of its own, never used before, then all
-    read all of them. A server takes the first push to a key as that key's initial value
-    and hands it out as is: no merge, and no optimizer even when the servers run one (a
-    Trainer's default ``update_on_kvstore=True``). Costs one key per worker and call on the
-    servers (a few hundred bytes for a metric)."""
+    read all of them and add them up locally. A server takes the first push to a key as that
+    key's initial value and hands it out as is: no merge, and no optimizer even when the
+    servers run one (a Trainer's default ``update_on_kvstore=True``). Costs one key per
+    worker and call on the servers (a few hundred bytes for a metric).
+
+    The values travel as 16-bit limbs in float32, exact whatever dtype the server keeps:
+    sent as float64, a server sometimes stored a fresh key as float32 and
+    ``2**40 + 1`` came back as ``2**40``."""
     calls = kv.__dict__.get("_gluon_data_reductions", 0)
     kv.__dict__["_gluon_data_reductions"] = calls + 1
     first = KEY_BASE + calls * kv.num_workers
-    mine = mx.nd.array(payload, dtype="float64")
-    kv.push(first + kv.rank, mine)
+    biased = payload.astype(np.int64).astype(np.uint64) + np.uint64(2 ** 53)
+    limbs = np.stack([(biased >> np.uint64(_LIMB_BITS * k)) & np.uint64(0xFFFF)
+                      for k in range(_LIMBS)]).astype(np.float32)
+    kv.push(first + kv.rank, mx.nd.array(limbs.ravel(), dtype="float32"))
     mx.nd.waitall()               # the server has it (a push completes on its reply)
     kv._barrier()                 # ... and so have every other worker's
-    outs = [mx.nd.zeros(len(payload), dtype="float64") for _ in range(kv.num_workers)]
+    outs = [mx.nd.zeros(limbs.size, dtype="float32") for _ in range(kv.num_workers)]
     kv.pull([first + r for r in range(kv.num_workers)], out=outs)
-    return np.sum([o.asnumpy() for o in outs], axis=0)
+    total = np.zeros(len(payload), dtype=np.int64)
+    for out in outs:
+        got = out.asnumpy().reshape(_LIMBS, -1).astype(np.int64)
+        total += sum(got[k] << (_LIMB_BITS * k) for k in range(_LIMBS)) - 2 ** 53
+    return total.astype(np.float64)
 
 
 def allreduce_sum(values, kvstore=None, horovod: bool = False) -> np.ndarray:
