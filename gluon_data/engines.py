@@ -1,0 +1,118 @@
+"""Where shard tasks run: a local process pool, or a Dask cluster (``dask.distributed``).
+
+A task is a picklable top-level function applied to one picklable job; it writes one output
+and returns a small summary. The engine only schedules: Dask retries a failed task and
+reschedules the tasks of a worker that died; we add no sockets, retries or pools of our own.
+Dask is imported here only, and only for ``engine='dask'``.
+"""
+from __future__ import annotations
+
+import multiprocessing
+from typing import Callable, Iterator, Optional, Sequence
+
+__all__ = ["ENGINES", "run_tasks", "import_dask"]
+
+ENGINES = ("local", "dask")
+
+
+def import_dask():
+    """The ``dask.distributed`` module, or an ImportError naming the extra to install."""
+    try:
+        import dask.distributed as dd
+    except ImportError as e:
+        raise ImportError("--engine dask needs Dask: pip install gluon-data[dask] (%s)" % e) \
+            from None
+    return dd
+
+
+def _worker_init():
+    from .convert import _worker_init as init  # OpenCV: one thread per process
+    init()
+
+
+def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: int = 1,
+              scheduler: Optional[str] = None, retries: int = 2,
+              keys: Optional[Sequence[str]] = None) -> Iterator:
+    """Run ``fn(job)`` for every job; yield ``(i, result)`` as each finishes (any order).
+
+    Parameters
+    ----------
+    fn : callable
+        A module-level function (workers import it by name).
+    jobs : sequence
+        Picklable arguments, one task each.
+    engine : {'local', 'dask'}
+        ``local``: a pool of ``workers`` spawned processes (in this process when
+        ``workers <= 1``). ``dask``: ``dask.distributed.Client(scheduler)``, or a
+        ``LocalCluster`` of ``workers`` single-threaded worker processes when no
+        ``scheduler`` is given.
+    scheduler : str, optional
+        Address of a running Dask scheduler, e.g. ``tcp://10.0.0.5:8786``.
+    retries : int
+        Dask: times a task that raised is retried (a task whose worker died is rescheduled
+        by Dask regardless, up to its ``allowed-failures``).
+    keys : sequence of str, optional
+        Dask task keys (stable names show up in the dashboard).
+
+    Raises
+    ------
+    Exception
+        The first task error, re-raised here; the remaining tasks are cancelled.
+
+    Examples
+    --------
+    >>> sorted(r for _, r in run_tasks(abs, [-1, -2], engine="local", workers=1))
+    [1, 2]
+    """
+    if engine not in ENGINES:
+        raise ValueError("unknown engine %r; valid: %s" % (engine, ", ".join(ENGINES)))
+    if scheduler and engine != "dask":
+        raise ValueError("--scheduler applies to --engine dask")
+    if engine == "dask":
+        yield from _run_dask(fn, jobs, workers, scheduler, retries, keys)
+        return
+    if workers <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            yield i, fn(job)
+        return
+    # spawn, not fork: see convert.convert (OpenCV's thread pool in a forked child)
+    pool = multiprocessing.get_context("spawn").Pool(min(workers, len(jobs)),
+                                                     initializer=_worker_init)
+    try:
+        for i, res in pool.imap_unordered(_indexed, [(fn, i, j) for i, j in enumerate(jobs)]):
+            yield i, res
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _indexed(arg):
+    fn, i, job = arg
+    return i, fn(job)
+
+
+def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
+    dd = import_dask()
+    cluster = None
+    if scheduler:
+        client = dd.Client(scheduler)
+    else:
+        cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
+                                  processes=True, dashboard_address=None)
+        client = dd.Client(cluster)
+    futures = []
+    try:
+        client.run(_worker_init)
+        futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,
+                             retries=retries)
+        index = {f.key: i for i, f in enumerate(futures)}
+        for fut in dd.as_completed(futures):
+            yield index[fut.key], fut.result()
+    finally:
+        if futures:
+            client.cancel(futures)
+        client.close()
+        if cluster is not None:
+            cluster.close()

@@ -1,0 +1,753 @@
+"""Sharded datasets: a plan, N self-contained shards, a manifest, and one store over them.
+
+A sharded split is ``PREFIX-00000-of-00016.rec`` (``.idx``, ``.meta.json``; or one
+``PREFIX-00000-of-00016.lmdb`` environment per shard) plus ``PREFIX.shards.json``, the
+manifest, written last (FORMAT.md, section 7). Conversion is one task per shard, a pure
+function of (plan, shard number, options) run by :mod:`gluon_data.engines`; each task calls
+the converter's own per-item code (:func:`gluon_data.convert.encode_item`) and writers, and
+publishes its shard by rename. A rerun skips shards whose metadata carries the plan's digest.
+:class:`ShardedStore` reads the shards as one :class:`~gluon_data.store.RecordStore`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import ConversionError, FormatError, GluonDataError
+from .store import register_opener
+
+__all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
+           "manifest_path", "read_manifest", "is_manifest", "verify_sharded",
+           "MANIFEST_SUFFIX", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
+
+MANIFEST_SUFFIX = ".shards.json"
+MANIFEST_FORMAT = "gluon_data-shards"
+MANIFEST_VERSION = 1
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.I)
+_UNITS = {"": 1, "B": 1, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12,
+          "KI": 1 << 10, "MI": 1 << 20, "GI": 1 << 30, "TI": 1 << 40}
+
+
+# --------------------------------------------------------------------------- naming, plan
+def is_manifest(location: str) -> bool:
+    """Whether ``location`` names a shard manifest (``*.shards.json``)."""
+    return os.fspath(location).endswith(MANIFEST_SUFFIX)
+
+
+def prefix_of(output: str) -> str:
+    """``out/train.rec`` / ``out/train.lmdb`` / ``out/train.shards.json`` -> ``out/train``."""
+    output = os.fspath(output).rstrip("/")
+    for ext in (MANIFEST_SUFFIX, ".rec", ".lmdb"):
+        if output.endswith(ext):
+            return output[:-len(ext)]
+    return output
+
+
+def manifest_path(prefix: str) -> str:
+    return prefix + MANIFEST_SUFFIX
+
+
+def shard_name(prefix: str, index: int, count: int, container: str = "rec") -> str:
+    """``PREFIX-00003-of-00016.rec`` (Beam's ``-SSSSS-of-NNNNN``); ``.lmdb`` for LMDB."""
+    return "%s-%05d-of-%05d.%s" % (prefix, index, count, container)
+
+
+def parse_size(text: str) -> int:
+    """``"1GB"`` -> 10**9, ``"512MiB"`` -> 512 * 2**20, ``"4096"`` -> 4096 bytes."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError("cannot parse size %r; write e.g. 1GB, 256MB, 512MiB" % (text,))
+    unit = (m.group(2) or "").upper().rstrip("B")
+    unit = unit if unit else ("" if not m.group(2) else "B")
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise ValueError("size must be positive, got %r" % (text,))
+    return n
+
+
+def plan_ranges(sizes: Sequence[int], shards: Optional[int] = None,
+                shard_size: Optional[int] = None,
+                shard_items: Optional[int] = None) -> List[Tuple[int, int]]:
+    """Cut ``len(sizes)`` items (in order) into contiguous ``[start, end)`` shards.
+
+    Exactly one of ``shards`` (equal counts), ``shard_size`` (bytes, from ``sizes``: a shard
+    closes once it reaches the size) or ``shard_items`` (items per shard) is given.
+
+    >>> plan_ranges([1] * 10, shards=3)
+    [(0, 3), (3, 7), (7, 10)]
+    """
+    n = len(sizes)
+    given = [x is not None for x in (shards, shard_size, shard_items)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of shards, shard_size, shard_items")
+    if n == 0:
+        raise ValueError("nothing to shard: no items")
+    if shards is not None:
+        if shards < 1 or shards > n:
+            raise ValueError("--shards %d: need 1..%d (one item at least per shard)"
+                             % (shards, n))
+        bounds = [k * n // shards for k in range(shards + 1)]
+        return list(zip(bounds[:-1], bounds[1:]))
+    if shard_items is not None:
+        if shard_items < 1:
+            raise ValueError("--shard-items must be >= 1, got %d" % shard_items)
+        return [(s, min(s + shard_items, n)) for s in range(0, n, shard_items)]
+    if shard_size < 1:
+        raise ValueError("--shard-size must be positive")
+    out, start, acc = [], 0, 0
+    for i, s in enumerate(sizes):
+        acc += int(s)
+        if acc >= shard_size:
+            out.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < n:
+        out.append((start, n))
+    return out
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- one shard task
+@dataclass(frozen=True)
+class ShardJob:
+    """Everything one shard task needs (picklable; sent to a process or a Dask worker).
+
+    ``items`` (encode: ``(global position, Item)`` pairs) or ``copy_from`` (copy: a store
+    location, its split and the ``[start, end)`` record range) say what goes in.
+    """
+
+    path: str
+    index: int
+    count: int
+    container: str
+    split: str
+    digest: str
+    items: Optional[tuple] = None
+    copy_from: Optional[Tuple[str, Optional[str], int, int]] = None
+    source_meta: Optional[dict] = None
+    src: object = None        # convert's Source, without its item lists
+    opts: object = None       # convert.EncodeOptions
+    classes: Optional[list] = None
+    num_classes: Optional[int] = None
+    options: Optional[dict] = None
+    on_error: str = "fail"
+
+
+def _shard_files(path: str, container: str) -> List[str]:
+    if container == "lmdb":
+        return [os.path.join(path, "data.mdb")]
+    from .meta import meta_path
+    from .recordio import idx_path_for
+    return [path, idx_path_for(path), meta_path(path)]
+
+
+def _read_shard_meta(path: str, container: str, split: str) -> Optional[dict]:
+    if container == "lmdb":
+        from .lmdbio import is_lmdb, read_lmdb_meta
+        return read_lmdb_meta(path).get(split) if is_lmdb(path) else None
+    from .meta import read_meta
+    return read_meta(path) if os.path.exists(path) else None
+
+
+def shard_summary(path: str, container: str, split: str) -> dict:
+    """Records, bytes and checksums of a published shard: its manifest entry."""
+    from .meta import dumps_meta
+    meta = _read_shard_meta(path, container, split)
+    if meta is None:
+        raise FormatError("shard has no metadata (missing or not written by a sharded "
+                          "conversion)", path)
+    if container == "lmdb":
+        stored = dict(meta)
+        return {"name": os.path.basename(path), "records": meta["num_records"],
+                "bytes": os.path.getsize(os.path.join(path, "data.mdb")), "idx_sha256": None,
+                "meta_sha256": hashlib.sha256(dumps_meta(stored)).hexdigest(), "meta": meta}
+    rec, idx, mp = _shard_files(path, container)
+    return {"name": os.path.basename(path), "records": meta["num_records"],
+            "bytes": os.path.getsize(rec), "idx_sha256": _sha256(idx),
+            "meta_sha256": _sha256(mp), "meta": meta}
+
+
+def _finished(job: ShardJob) -> Optional[dict]:
+    """The summary of a shard this plan already published, else ``None``."""
+    try:
+        meta = _read_shard_meta(job.path, job.container, job.split)
+    except (GluonDataError, OSError):
+        return None
+    info = (meta or {}).get("shard") or {}
+    if info.get("plan_digest") != job.digest or info.get("index") != job.index:
+        return None
+    if not all(os.path.exists(p) for p in _shard_files(job.path, job.container)):
+        return None
+    return dict(shard_summary(job.path, job.container, job.split), reused=True)
+
+
+def _open_writer(job: ShardJob):
+    from .convert import open_writers
+    _, writers = open_writers(job.path, [job.split], job.container, overwrite=True)
+    return writers
+
+
+def write_shard(job: ShardJob) -> dict:
+    """Write shard ``job.index`` (or recognise it as done); return its manifest entry.
+
+    Idempotent: a shard published by the same plan is kept; anything else under its name
+    (partial files of a killed attempt included) is rewritten from scratch and published
+    by rename. Raises :class:`ConversionError` naming the shard and the bad item.
+    """
+    from .convert import _Stats, _fail, _metadata, _work
+    done = _finished(job)
+    if done is not None:
+        return done
+    label = "shard %d of %d (%s)" % (job.index, job.count, os.path.basename(job.path))
+    shard_info = {"index": job.index, "count": job.count, "plan_digest": job.digest}
+    writers: Dict[str, object] = {}
+    t0 = time.perf_counter()
+    try:
+        writers = _open_writer(job)
+        w = writers[job.split]
+        if job.copy_from is not None:
+            meta = _copy_records(job, w, label)
+        else:
+            st, skipped = _Stats(), []
+            for pos, item in job.items:
+                _, payload, info, err = _work((pos, item), job.opts)
+                if err is not None:
+                    if job.on_error == "fail":
+                        raise ConversionError("%s, item %d (%s): %s"
+                                              % (label, pos, item.name, err[1]), err[0])
+                    skipped.append({"file": err[0], "reason": err[1]})
+                    continue
+                w.write(item.key if item.key is not None else pos, payload)
+                st.add(info)
+            meta = _metadata(job.src, job.split, w.count, st, job.opts, job.classes,
+                             job.num_classes, skipped, job.options)
+            shard_info.update(items=[job.items[0][0], job.items[-1][0] + 1],
+                              stats=st.state())
+        meta["shard"] = shard_info
+        w.finish(meta)
+        w.publish()
+    except BaseException as e:
+        _fail(e, writers, job.path)
+    out = shard_summary(job.path, job.container, job.split)
+    out.update(reused=False, seconds=time.perf_counter() - t0)
+    return out
+
+
+def _copy_records(job: ShardJob, w, label: str) -> dict:
+    """Copy records ``[start, end)`` of a store byte for byte (checksums verified)."""
+    from . import codec
+    location, split, start, end = job.copy_from
+    store = _open_source_store(location, split)
+    seg = job.source_meta["task"] == "segmentation"
+    keys = job.source_meta.get("record_keys")
+    for i in range(start, end):
+        payload = store.read(i)
+        try:
+            codec.unpack(payload, segmentation=seg, verify=True, path=location,
+                         key=store.key(i), offset=store.offset(i))
+        except GluonDataError as e:
+            raise ConversionError("%s: source record %d: %s" % (label, i, e.reason),
+                                  e.path or location) from None
+        w.write(keys[i] if keys is not None else store.key(i), payload)
+    meta = {k: v for k, v in job.source_meta.items()
+            if k not in ("container", "record_keys", "shard")}
+    meta["num_records"] = end - start
+    return meta
+
+
+def _open_source_store(location: str, split: Optional[str]):
+    from .lmdbio import LMDBFile, is_lmdb
+    from .meta import read_meta
+    from .recordio import RecordFile
+    if is_manifest(location):
+        return ShardedStore(location, split)
+    if is_lmdb(location):
+        return LMDBFile(location, split or "train")
+    meta = read_meta(location)
+    return RecordFile(location, expected_count=meta["num_records"] if meta else None)
+
+
+# --------------------------------------------------------------------------- manifest
+def read_manifest(path: str) -> dict:
+    """Load and check a manifest; :class:`FormatError` naming it when it is not one."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError("no sharded dataset at %s (its manifest is missing: a sharded "
+                                "conversion writes it last, so the conversion did not finish;"
+                                " rerun the same command)" % path) from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FormatError("manifest is not valid JSON (%s)" % e, path) from None
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        raise FormatError("not a shard manifest (missing \"format\": \"%s\")" % MANIFEST_FORMAT,
+                          path)
+    if doc.get("format_version") != MANIFEST_VERSION:
+        raise FormatError("manifest version %r is not supported (supports %d); upgrade "
+                          "gluon_data" % (doc.get("format_version"), MANIFEST_VERSION), path)
+    for key in ("container", "shards", "meta", "num_records"):
+        if key not in doc:
+            raise FormatError("manifest lacks %r" % key, path)
+    if sum(s["records"] for s in doc["shards"]) != doc["num_records"]:
+        raise FormatError("manifest's shard record counts do not add up to num_records=%d"
+                          % doc["num_records"], path)
+    return doc
+
+
+def _write_manifest(path: str, doc: dict) -> None:
+    from .meta import dumps_meta
+    from .recordio import _fsync_dir
+    tmp = path + ".partial"
+    with open(tmp, "wb") as f:
+        f.write(dumps_meta(doc))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+# --------------------------------------------------------------------------- the store
+class ShardedStore:
+    """N shards behind a manifest, read as one :class:`~gluon_data.store.RecordStore`.
+
+    Global position ``i`` maps to (shard, record) through the cumulative record counts;
+    shards are opened lazily, on first use, in each process. Pickles carry the location
+    only. A missing or damaged shard raises an error naming it.
+
+    Parameters
+    ----------
+    location : str
+        The ``PREFIX.shards.json`` manifest.
+    split : str, optional
+        Must match the manifest's split when given.
+
+    Examples
+    --------
+    >>> store = ShardedStore("imagenet/train.shards.json")   # doctest: +SKIP
+    >>> len(store), store.locate(1000)                        # doctest: +SKIP
+    (1281167, ('imagenet/train-00000-of-00016.rec', 1000))
+    """
+
+    def __init__(self, location: str, split: Optional[str] = None, **options):
+        self.location = os.fspath(location)
+        self.manifest = read_manifest(self.location)
+        if split is not None and split != self.manifest.get("split"):
+            raise FormatError("split %r not found; this manifest holds split %r"
+                              % (split, self.manifest.get("split")), self.location)
+        self.split = self.manifest.get("split") if self.manifest["container"] == "lmdb" \
+            else None
+        self.meta = self.manifest["meta"]
+        self.container = self.manifest["container"]
+        folder = os.path.dirname(os.path.abspath(self.location))
+        self.paths = [os.path.join(folder, s["name"]) for s in self.manifest["shards"]]
+        counts = np.array([s["records"] for s in self.manifest["shards"]], np.int64)
+        self._starts = np.concatenate(([0], np.cumsum(counts)))
+        self._n = int(self._starts[-1])
+        self._shards: List[object] = [None] * len(self.paths)
+        self._lock = threading.Lock()
+
+    # -- shards ------------------------------------------------------------------------
+    def _label(self, s: int) -> str:
+        return "shard %d of %d (%s)" % (s, len(self.paths), self.paths[s])
+
+    def shard(self, s: int):
+        """The reader of shard ``s`` (``RecordFile`` / ``LMDBFile``), opened on first use."""
+        f = self._shards[s]
+        if f is not None:
+            return f
+        with self._lock:
+            if self._shards[s] is None:
+                self._shards[s] = self._open_shard(s)
+            return self._shards[s]
+
+    def _open_shard(self, s: int):
+        from .lmdbio import LMDBFile
+        from .recordio import RecordFile
+        path, want = self.paths[s], self.manifest["shards"][s]["records"]
+        if not os.path.exists(path):
+            raise FileNotFoundError("%s of %s is missing; restore it or rerun the conversion"
+                                    % (self._label(s), self.location))
+        try:
+            f = (LMDBFile(path, self.manifest.get("split") or "train")
+                 if self.container == "lmdb" else RecordFile(path, expected_count=want))
+        except GluonDataError as e:
+            raise type(e)("%s is damaged: %s" % (self._label(s), e.reason), e.path or path,
+                          e.key, e.offset) from None
+        if len(f) != want:
+            raise FormatError("%s holds %d records, the manifest promises %d"
+                              % (self._label(s), len(f), want), path)
+        return f
+
+    def locate(self, i: int) -> Tuple[int, int]:
+        """``(shard, record in shard)`` of global position ``i``."""
+        n = self._n
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("index %d out of range for %d records" % (i, n))
+        s = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return s, i - int(self._starts[s])
+
+    # -- RecordStore -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._n
+
+    def key(self, i: int) -> int:
+        s, j = self.locate(i)
+        return self.shard(s).key(j)
+
+    def offset(self, i: int) -> Optional[int]:
+        s, j = self.locate(i)
+        return self.shard(s).offset(j)
+
+    def read(self, i: int) -> bytes:
+        s, j = self.locate(i)
+        return self.shard(s).read(j)
+
+    def view(self, i: int):
+        s, j = self.locate(i)
+        return self.shard(s).view(j)
+
+    def scan(self) -> Iterator:
+        for s in range(len(self.paths)):
+            f = self.shard(s)
+            if hasattr(f, "scan"):
+                yield from f.scan()
+            else:
+                for j in range(len(f)):
+                    yield f.read(j)
+
+    def identity(self) -> str:
+        """SHA-256 of the manifest (which holds every shard's checksums)."""
+        return "sha256:" + _sha256(self.location)
+
+    def __getstate__(self) -> dict:
+        return {"location": self.location, "split": self.manifest.get("split")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["location"])
+
+    def __repr__(self) -> str:
+        return "ShardedStore(%r, %d shards, %d records)" % (self.location, len(self.paths),
+                                                            self._n)
+
+
+def _open(location: str, split: Optional[str] = None, **options) -> ShardedStore:
+    return ShardedStore(location, split, **options)
+
+
+register_opener(is_manifest, _open, priority=10)
+
+
+# --------------------------------------------------------------------------- verify
+def verify_sharded(path: str, deep: bool = False, workers: int = 4):
+    """Check the manifest against every shard (existence, counts, sizes, checksums), then
+    every shard with :func:`gluon_data.verify.verify` (in parallel threads); one report."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .verify import VerifyReport, verify
+    report = VerifyReport(path, deep=deep)
+    try:
+        doc = read_manifest(path)
+    except (GluonDataError, OSError) as e:
+        report.add(e, path)
+        return report
+    folder = os.path.dirname(os.path.abspath(path))
+    container, split = doc["container"], doc.get("split") or "train"
+    n = len(doc["shards"])
+    todo = []
+    for s, entry in enumerate(doc["shards"]):
+        spath = os.path.join(folder, entry["name"])
+        where = "shard %d of %d (%s)" % (s, n, spath)
+        if not os.path.exists(spath):
+            report.problems.append({"where": where, "key": None, "offset": None,
+                                    "reason": "shard is missing"})
+            continue
+        try:
+            have = shard_summary(spath, container, split)
+        except (GluonDataError, OSError) as e:
+            report.add(e, where)
+            continue
+        for k in ("records", "bytes", "idx_sha256", "meta_sha256"):
+            if have[k] != entry.get(k):
+                report.problems.append({"where": where, "key": None, "offset": None,
+                                        "reason": "%s is %s, the manifest says %s"
+                                        % (k, have[k], entry.get(k))})
+        todo.append(spath)
+    with ThreadPoolExecutor(max(1, min(workers, len(todo) or 1))) as ex:
+        for sub in ex.map(lambda p: verify(p, deep=deep), todo):
+            report.records += sub.records
+            report.checked += sub.checked
+            report.problems.extend(sub.problems)
+    return report
+
+
+# --------------------------------------------------------------------------- conversion
+def _check_target(path: str, container: str, split: str, digest: str,
+                  overwrite: bool) -> None:
+    if overwrite or not os.path.exists(path):
+        return
+    try:
+        meta = _read_shard_meta(path, container, split)
+    except (GluonDataError, OSError):
+        meta = None
+    if ((meta or {}).get("shard") or {}).get("plan_digest") != digest:
+        raise FileExistsError("%s already exists and was not written by this plan; pass "
+                              "overwrite=True (CLI: --overwrite) to replace it" % path)
+
+
+def _item_size(item) -> int:
+    size = 0
+    for p in (item.image, item.mask):
+        if p:
+            try:
+                size += os.path.getsize(p)
+            except OSError:
+                pass
+    return size
+
+
+def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
+                    shards: Optional[int] = None, shard_size=None,
+                    shard_items: Optional[int] = None, engine: str = "local",
+                    scheduler: Optional[str] = None, workers: int = 1,
+                    format: Optional[str] = None, split: Optional[str] = None,
+                    val_ratio: float = 0.0, shuffle: bool = False, seed: int = 0,
+                    encoding: str = "passthrough", quality: int = 95, resize: int = 0,
+                    mask_encoding: str = "zraw", on_error: str = "fail",
+                    classes: Optional[Sequence[str]] = None,
+                    num_classes: Optional[int] = None, ignore_label: int = 255,
+                    images_dir: str = "images", masks_dir: str = "masks",
+                    lst_root: Optional[str] = None, max_pixels: Optional[int] = None,
+                    overwrite: bool = False, progress: bool = False, retries: int = 2):
+    """Convert a source (or re-shard a dataset) into shards plus a manifest per split.
+
+    ``source`` is a folder / ``.lst`` (encoded through the converter's per-item code), or a
+    ``.rec``, ``.lmdb`` or ``.shards.json`` dataset (records copied, no re-encoding). The
+    items are planned into shards by ``shards``, ``shard_size`` (bytes or ``"1GB"``) or
+    ``shard_items`` (a ``.shards.json`` source keeps its own shards when none is given),
+    one task per shard runs on ``engine`` (``local`` or ``dask``, see
+    :func:`gluon_data.engines.run_tasks`), and the manifest is written last. The output is
+    byte-identical for any engine and number of workers; rerunning the same call skips the
+    shards already published and finishes the rest.
+
+    Returns
+    -------
+    ConversionReport
+        ``outputs`` maps each split to its manifest; ``shards`` lists per-shard entries.
+    """
+    from . import codec
+    from .convert import (ConversionReport, EncodeOptions, _check_choices, _plan,
+                          _plan_digest, output_format)
+    from .engines import run_tasks
+    from .lmdbio import is_lmdb
+    from .sources import open_source
+
+    if isinstance(shard_size, str):
+        shard_size = parse_size(shard_size)
+    if sum(x is not None for x in (shards, shard_size, shard_items)) > 1:
+        raise ValueError("give only one of --shards, --shard-size, --shard-items")
+    _check_choices(encoding, on_error)
+    source = os.fspath(source)
+    output = os.fspath(output)
+    container = format or ("lmdb" if output.rstrip("/").endswith(".lmdb") else "rec")
+    output_format(output, container)  # validates the name
+    prefix = prefix_of(output)
+    t0 = time.perf_counter()
+    report = ConversionReport()
+    report.shards = []  # type: ignore[attr-defined]
+    plans: List[dict] = []  # per split: jobs, manifest skeleton, merge info
+    copying = is_manifest(source) or source.endswith(".rec") or is_lmdb(source)
+    if copying:
+        found = list(_copy_sources(source, split))
+        for s, loc_split, meta, ranges_default, sizes in found:
+            ranges = (plan_ranges(sizes, shards, shard_size, shard_items)
+                      if any(x is not None for x in (shards, shard_size, shard_items))
+                      else ranges_default)
+            if ranges is None:
+                raise ValueError("re-sharding %s needs --shards, --shard-size or "
+                                 "--shard-items" % source)
+            spfx = prefix if len(found) == 1 else "%s_%s" % (prefix, s)
+            digest = hashlib.sha256(json.dumps(
+                {"copy": os.path.abspath(source), "split": s, "ranges": ranges,
+                 "container": container, "meta": meta}, sort_keys=True,
+                default=str).encode()).hexdigest()
+            jobs = [ShardJob(path=shard_name(spfx, k, len(ranges), container), index=k,
+                             count=len(ranges), container=container, split=meta.get("split")
+                             or "train", digest=digest,
+                             copy_from=(source, loc_split, a, b), source_meta=meta)
+                    for k, (a, b) in enumerate(ranges)]
+            plans.append({"prefix": spfx, "jobs": jobs, "digest": digest, "meta": meta,
+                          "split": meta.get("split") or "train", "ranges": ranges,
+                          "plan": {"source": os.path.abspath(source), "kind": "copy",
+                                   "ranges": ranges}})
+    else:
+        try:
+            src = open_source(source, layout, split=split, images_dir=images_dir,
+                              masks_dir=masks_dir, lst_root=lst_root)
+        except GluonDataError as e:
+            raise ConversionError("cannot read source: %s" % e.reason, e.path or source) \
+                from None
+        if classes is None and src.classes is not None:
+            classes = src.classes
+        if classes is not None:
+            classes = list(classes)
+            num_classes = len(classes)
+        plan = _plan(src, val_ratio, shuffle, seed)
+        for f, reason in src.problems:
+            if on_error == "fail":
+                raise ConversionError(reason, f)
+            report.skipped.append({"file": f, "reason": reason})
+        opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
+                             num_classes=num_classes if src.task == "segmentation" else None,
+                             ignore_label=ignore_label,
+                             max_pixels=codec.DEFAULT_MAX_PIXELS if max_pixels is None
+                             else max_pixels,
+                             mask_lut=src.mask_lut, mask_encoding=mask_encoding)
+        options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
+                       seed=seed, val_ratio=val_ratio, on_error=on_error)
+        stub = dataclasses.replace(src, splits={}, problems=[])
+        for s, items in plan.items():
+            if not items:
+                raise ConversionError("split %r would be empty" % s, source)
+            ranges = plan_ranges([_item_size(i) for i in items], shards, shard_size,
+                                 shard_items) if (shards or shard_size or shard_items) \
+                else plan_ranges(items, shards=1)
+            spfx = prefix if len(plan) == 1 else "%s_%s" % (prefix, s)
+            digest = _plan_digest(src, {s: items}, opts,
+                                  dict(options, shards=ranges, container=container))
+            jobs = [ShardJob(path=shard_name(spfx, k, len(ranges), container), index=k,
+                             count=len(ranges), container=container, split=s, digest=digest,
+                             items=tuple((p, items[p]) for p in range(a, b)), src=stub,
+                             opts=opts, classes=classes, num_classes=num_classes,
+                             options=options, on_error=on_error)
+                    for k, (a, b) in enumerate(ranges)]
+            plans.append({"prefix": spfx, "jobs": jobs, "digest": digest, "split": s,
+                          "ranges": ranges, "merge": (stub, opts, classes, num_classes,
+                                                      options),
+                          "plan": {"source": os.path.abspath(src.root), "layout": src.layout,
+                                   "kind": "encode", "options": options,
+                                   "items": len(items), "ranges": ranges}})
+    # refuse to clobber what this plan did not write, before any work
+    for p in plans:
+        mp = manifest_path(p["prefix"])
+        if not overwrite and os.path.exists(mp):
+            try:
+                same = read_manifest(mp)["plan"]["digest"] == p["digest"]
+            except (GluonDataError, KeyError, OSError):
+                same = False
+            if not same:
+                raise FileExistsError("%s already exists and was made by another plan; pass "
+                                      "overwrite=True (CLI: --overwrite) to replace it" % mp)
+        for j in p["jobs"]:
+            _check_target(j.path, container, j.split, p["digest"], overwrite)
+    jobs = [j for p in plans for j in p["jobs"]]
+    total = sum(len(j.items) if j.items is not None else j.copy_from[3] - j.copy_from[2]
+                for j in jobs)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit="img", desc="convert %d shards" % len(jobs),
+                   dynamic_ncols=True)
+    results: Dict[str, dict] = {}
+    nbytes = 0
+    try:
+        keys = ["gluon-data-%s-%s" % (os.path.basename(j.path), j.digest[:16]) for j in jobs]
+        for i, res in run_tasks(write_shard, jobs, engine=engine, workers=workers,
+                                scheduler=scheduler, retries=retries, keys=keys):
+            results[jobs[i].path] = res
+            n_items = (len(jobs[i].items) if jobs[i].items is not None
+                       else jobs[i].copy_from[3] - jobs[i].copy_from[2])
+            nbytes += res["bytes"]
+            if bar is not None:
+                bar.update(n_items)
+                bar.set_postfix_str("%.1f MB, %d/%d shards" % (nbytes / 1e6, len(results),
+                                                               len(jobs)))
+    finally:
+        if bar is not None:
+            bar.close()
+    for p in plans:
+        entries = [results[j.path] for j in p["jobs"]]
+        meta = _merged_meta(p, entries, report.skipped)
+        doc = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION,
+               "container": container, "split": p["split"], "task": meta["task"],
+               "num_records": sum(e["records"] for e in entries),
+               "plan": dict(p["plan"], digest=p["digest"]),
+               "shards": [{k: e[k] for k in ("name", "records", "bytes", "idx_sha256",
+                                             "meta_sha256")} for e in entries],
+               "meta": meta}
+        mp = manifest_path(p["prefix"])
+        _write_manifest(mp, doc)
+        report.outputs[p["split"]] = mp
+        report.written[p["split"]] = doc["num_records"]
+        for k, e in enumerate(entries):
+            report.shards.append(dict(e, split=p["split"], index=k))  # type: ignore
+            report.bytes_written += e["bytes"]
+            report.skipped.extend(e["meta"].get("skipped", []) if not copying else [])
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
+    """The whole split's metadata: the copy source's, or recomputed by the converter's own
+    :func:`~gluon_data.convert._metadata` from the shards' merged statistics."""
+    from .convert import _metadata, _Stats
+    if "merge" not in p:
+        meta = {k: v for k, v in p["meta"].items() if k not in ("container", "record_keys",
+                                                               "shard")}
+        meta["num_records"] = sum(e["records"] for e in entries)
+        return meta
+    stub, opts, classes, num_classes, options = p["merge"]
+    st = _Stats()
+    skipped = list(problems)
+    for e in entries:
+        st.merge(_Stats.from_state(e["meta"]["shard"]["stats"]))
+        skipped.extend(e["meta"].get("skipped", []))
+    return _metadata(stub, p["split"], sum(e["records"] for e in entries), st, opts, classes,
+                     num_classes, skipped, options)
+
+
+def _copy_sources(source: str, split: Optional[str]):
+    """``(split, store split, meta, default ranges, record sizes)`` per split to copy."""
+    from .convert import _stock_meta
+    from .lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
+    from .meta import read_meta
+    from .recordio import RecordFile
+    if is_manifest(source):
+        doc = read_manifest(source)
+        bounds = np.concatenate(([0], np.cumsum([s["records"] for s in doc["shards"]])))
+        ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        sizes = [0] * doc["num_records"]
+        per = [s["bytes"] / max(s["records"], 1) for s in doc["shards"]]
+        for k, (a, b) in enumerate(ranges):
+            sizes[a:b] = [int(per[k])] * (b - a)
+        yield None, doc.get("split"), doc["meta"], ranges, sizes
+        return
+    if is_lmdb(source):
+        metas = read_lmdb_meta(source)
+        for s in (split.split(",") if split else sorted(metas)):
+            f = LMDBFile(source, s)
+            yield s, s, f.meta, None, [len(f.read(i)) for i in range(len(f))]
+        return
+    meta = read_meta(source)
+    f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
+    meta = meta or _stock_meta(source, len(f))
+    sizes = (np.asarray(f._ends) - np.asarray(f._offsets)).tolist()
+    yield None, None, meta, None, sizes
