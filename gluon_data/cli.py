@@ -38,6 +38,13 @@ def _shape_arg(value: str):
 
 
 def _cmd_convert(a) -> int:
+    from .shards import is_manifest
+    if (a.shards is not None or a.shard_size is not None or a.shard_items is not None
+            or is_manifest(a.source)):
+        return _convert_sharded(a)
+    if a.engine != "local" or a.scheduler:
+        raise ValueError("--engine/--scheduler run shard tasks: add --shards, --shard-size or "
+                         "--shard-items")
     from .convert import convert
     report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
                      shuffle=a.shuffle, seed=a.seed, encoding=a.encoding, quality=a.quality, mask_encoding=a.mask_encoding,
@@ -52,6 +59,27 @@ def _cmd_convert(a) -> int:
                      checkpoint_every=int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64")))
     print(report)
     return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
+
+
+def _convert_sharded(a) -> int:
+    from .shards import convert_sharded
+    report = convert_sharded(a.source, a.output, a.layout, shards=a.shards,
+                             shard_size=a.shard_size, shard_items=a.shard_items,
+                             engine=a.engine, scheduler=a.scheduler, workers=a.workers,
+                             format=a.format, split=a.split, val_ratio=a.val_ratio,
+                             shuffle=a.shuffle, seed=a.seed, encoding=a.encoding,
+                             quality=a.quality, resize=a.resize, mask_encoding=a.mask_encoding,
+                             on_error=a.on_error, classes=_classes_arg(a.classes),
+                             num_classes=a.num_classes, ignore_label=a.ignore_label,
+                             images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
+                             max_pixels=a.max_pixels, overwrite=a.overwrite,
+                             progress=not a.quiet)
+    for e in report.shards:
+        print("  %-6s shard %3d  %-36s %7d records %11d bytes  %s"
+              % (e["split"], e["index"], e["name"], e["records"], e["bytes"],
+                 "kept (already done)" if e.get("reused") else "written"))
+    print(report)
+    return 0
 
 
 def _summary(meta: dict) -> dict:
@@ -69,7 +97,15 @@ def _summary(meta: dict) -> dict:
 def describe(path: str) -> dict:
     """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens)."""
     from . import codec
+    from .shards import is_manifest, read_manifest
     from .store import open_store, store_splits
+    if is_manifest(path):
+        doc = read_manifest(path)
+        out = {"path": path, "container": doc["container"] + " shards",
+               "shards": len(doc["shards"]), "records": doc["num_records"],
+               "bytes": sum(s["bytes"] for s in doc["shards"])}
+        out.update(_summary(doc["meta"]))
+        return out
     splits = store_splits(path)
     if splits != [None]:
         out = {}
@@ -123,11 +159,21 @@ def _cmd_stats(a) -> int:
 def _cmd_show(a) -> int:
     from .datasets import open_segmentation
     from .preview import render_preview
-    ds = open_segmentation(a.path, a.split, ignore_value=None)
-    if not -len(ds) <= a.index < len(ds):
+    from .shards import ShardedStore, is_manifest
+    path, index = a.path, a.index
+    if is_manifest(a.path):  # the shard holding the record, read alone
+        store = ShardedStore(a.path, a.split)
+        if not -len(store) <= a.index < len(store):
+            raise ValueError("--index %d out of range: the dataset has %d records"
+                             % (a.index, len(store)))
+        s, index = store.locate(a.index)
+        store.shard(s)  # a missing or damaged shard: an error naming it
+        path, a = store.paths[s], argparse.Namespace(**dict(vars(a), split=store.split))
+    ds = open_segmentation(path, a.split, ignore_value=None)
+    if not -len(ds) <= index < len(ds):
         raise ValueError("--index %d out of range: the dataset has %d records"
-                         % (a.index, len(ds)))
-    img, mask = ds._arrays(a.index)
+                         % (index, len(ds)))
+    img, mask = ds._arrays(index)
     pic = render_preview(img, mask, ds.palette, ds.classes, ds.ignore_label, alpha=a.alpha)
     _save_image(pic, a.out)
     print("wrote %s (record %d of %s: %dx%d, %d classes present)"
@@ -316,24 +362,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="raw-lmdb: images are stored C,H,W")
     c.add_argument("--bgr", action="store_true", help="raw-lmdb: image channels are BGR")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = c.add_argument_group("sharding", "write N self-contained shards plus a manifest "
+                                         "OUTPUT_PREFIX.shards.json, one task per shard; a "
+                                         "rerun skips finished shards")
+    g.add_argument("--shards", type=int, help="number of shards (equal item counts)")
+    g.add_argument("--shard-size", help="close a shard at about this size, e.g. 1GB, 512MiB "
+                                        "(estimated from the source files)")
+    g.add_argument("--shard-items", type=int, help="items per shard")
+    g.add_argument("--engine", choices=["local", "dask"], default="local",
+                   help="where shard tasks run: a local process pool (--workers processes) "
+                        "or Dask (pip install gluon-data[dask])")
+    g.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786 "
+                                       "(default: a LocalCluster of --workers processes)")
     c.set_defaults(func=_cmd_convert)
 
     i = sub.add_parser("info", formatter_class=_Formatter,
                        help="task, record count, classes, image sizes, format version")
-    i.add_argument("path", help=".rec file or .lmdb directory")
+    i.add_argument("path", help=".rec file, .lmdb directory or .shards.json manifest")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(func=_cmd_info)
 
     st = sub.add_parser("stats", formatter_class=_Formatter,
                         help="class pixel counts, image counts, class weights, mean/std")
-    st.add_argument("path", help=".rec file or .lmdb directory")
+    st.add_argument("path", help=".rec file, .lmdb directory or .shards.json manifest")
     st.add_argument("--split", help="LMDB split (default: train)")
     st.add_argument("--json", action="store_true", help="print JSON (weights as lists)")
     st.set_defaults(func=_cmd_stats)
 
     sh = sub.add_parser("show", formatter_class=_Formatter,
                         help="write a PNG of a sample: image, mask overlay and class legend")
-    sh.add_argument("path", help=".rec file or .lmdb directory (segmentation)")
+    sh.add_argument("path", help=".rec file, .lmdb directory or .shards.json manifest "
+                                    "(segmentation)")
     sh.add_argument("--index", type=int, default=0, help="record position")
     sh.add_argument("--out", default="sample.png",
                     help="output PNG (an existing image file is replaced; any other file or a "
@@ -344,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", formatter_class=_Formatter,
                        help="check structure, index, counts and every checksum (--deep: decode)")
-    v.add_argument("path", help=".rec file or .lmdb directory")
+    v.add_argument("path", help=".rec file, .lmdb directory or .shards.json manifest")
     v.add_argument("--deep", action="store_true",
                    help="also decode every image and mask and check mask ids")
     v.add_argument("--split", help="LMDB: only this split")
@@ -427,7 +486,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return args.func(args)
-    except (GluonDataError, OSError, ValueError) as e:
+    except (GluonDataError, OSError, ValueError, ImportError) as e:
         print("gluon-data: error: %s" % e, file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:

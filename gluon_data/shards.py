@@ -27,6 +27,7 @@ from .store import register_opener
 
 __all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
            "manifest_path", "read_manifest", "is_manifest", "verify_sharded",
+           "write_combined_index",
            "MANIFEST_SUFFIX", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
 
 MANIFEST_SUFFIX = ".shards.json"
@@ -410,7 +411,11 @@ class ShardedStore:
         return self._n
 
     def key(self, i: int) -> int:
+        """The shard's ``.idx`` key (our converters write the item's global position, or
+        its ``.lst`` index); for LMDB shards, whose keys are local positions, ``i``."""
         s, j = self.locate(i)
+        if self.container == "lmdb":
+            return int(i) if i >= 0 else int(i) + self._n
         return self.shard(s).key(j)
 
     def offset(self, i: int) -> Optional[int]:
@@ -456,6 +461,35 @@ def _open(location: str, split: Optional[str] = None, **options) -> ShardedStore
 register_opener(is_manifest, _open, priority=10)
 
 
+def write_combined_index(manifest: str, idx_path: str) -> List[str]:
+    """For stock MXNet: one ``.idx`` over all RecordIO shards of ``manifest``, offsets
+    counted from the start of the first shard as if the shards were concatenated, which is
+    how ``ImageRecordIter(path_imgrec="a.rec;b.rec;...")`` addresses them. Returns the
+    shard paths in order (join them with ``;`` for ``path_imgrec``).
+
+    >>> paths = write_combined_index("train.shards.json", "train.all.idx")   # doctest: +SKIP
+    >>> it = mx.io.ImageRecordIter(path_imgrec=";".join(paths),              # doctest: +SKIP
+    ...                            path_imgidx="train.all.idx", shuffle=True, ...)
+    """
+    from .recordio import idx_path_for, read_index
+    store = ShardedStore(manifest)
+    if store.container != "rec":
+        raise ValueError("a combined index needs RecordIO shards, %s holds %s"
+                         % (manifest, store.container))
+    base, lines = 0, []
+    for s, path in enumerate(store.paths):
+        store.shard(s)  # missing or damaged: an error naming the shard
+        keys, offsets = read_index(idx_path_for(path))
+        lines.extend("%d\t%d\n" % (k, o + base) for k, o in zip(keys.tolist(),
+                                                                  offsets.tolist()))
+        base += os.path.getsize(path)
+    tmp = idx_path + ".partial"
+    with open(tmp, "w", encoding="ascii", newline="\n") as f:
+        f.writelines(lines)
+    os.replace(tmp, idx_path)
+    return list(store.paths)
+
+
 # --------------------------------------------------------------------------- verify
 def verify_sharded(path: str, deep: bool = False, workers: int = 4):
     """Check the manifest against every shard (existence, counts, sizes, checksums), then
@@ -491,6 +525,8 @@ def verify_sharded(path: str, deep: bool = False, workers: int = 4):
                                         "reason": "%s is %s, the manifest says %s"
                                         % (k, have[k], entry.get(k))})
         todo.append(spath)
+    if container == "lmdb":  # verify() forks a child per LMDB: not from several threads
+        workers = 1
     with ThreadPoolExecutor(max(1, min(workers, len(todo) or 1))) as ex:
         for sub in ex.map(lambda p: verify(p, deep=deep), todo):
             report.records += sub.records

@@ -149,7 +149,8 @@ def _child(conn, path, deep, split):
 
 def verify(path: str, deep: bool = False, split: Optional[str] = None,
            isolate: bool = True) -> VerifyReport:
-    """Check a ``.rec`` or ``.lmdb`` dataset; return a :class:`VerifyReport`.
+    """Check a ``.rec``, ``.lmdb`` or sharded (``.shards.json``) dataset; return a
+    :class:`VerifyReport` (shards: see :func:`gluon_data.shards.verify_sharded`).
 
     Parameters
     ----------
@@ -162,7 +163,10 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
         LMDB: scan in a child process, so a crash of LMDB on a damaged page is reported.
     """
     from .lmdbio import names_lmdb
+    from .shards import is_manifest, verify_sharded
     path = os.fspath(path)
+    if is_manifest(path):
+        return verify_sharded(path, deep=deep)
     if not names_lmdb(path):
         return _verify_rec(path, deep)
     if not isolate:
