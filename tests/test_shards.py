@@ -1,0 +1,339 @@
+"""Sharded datasets: plan, manifest, ShardedStore, engines (local pool, a real Dask
+LocalCluster with a worker killed mid-shard), stock MXNet readers, CLI."""
+import filecmp
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from gluon_data import convert
+from gluon_data.errors import ConversionError, FormatError
+from gluon_data.recordio import RecordFile
+from gluon_data.sample import make_imagefolder
+from gluon_data.shards import (ShardedStore, convert_sharded, parse_size, plan_ranges,
+                               verify_sharded, write_combined_index)
+from gluon_data.store import open_store
+
+
+def same_tree(a, b):
+    """Every file of folder ``a`` exists in ``b`` with identical bytes, and no other."""
+    fa, fb = sorted(os.listdir(a)), sorted(os.listdir(b))
+    assert fa == fb
+    for f in fa:
+        pa, pb = os.path.join(a, f), os.path.join(b, f)
+        if os.path.isdir(pa):
+            same_tree(pa, pb)
+        else:
+            assert filecmp.cmp(pa, pb, shallow=False), f
+
+
+def payloads(store):
+    return [store.read(i) for i in range(len(store))]
+
+
+def gd(*args, check=True):
+    p = subprocess.run([sys.executable, "-m", "gluon_data", *args], capture_output=True,
+                       text=True, timeout=120)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+@pytest.fixture(scope="module")
+def voc_shards(voc_root, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("voc_shards") / "voc.rec")
+    convert_sharded(voc_root, out, "voc", split="trainval", shards=3)
+    return out[:-4] + ".shards.json"
+
+
+# ---------------------------------------------------------------- plan
+def test_plan_ranges_and_sizes():
+    assert plan_ranges([1] * 10, shards=3) == [(0, 3), (3, 6), (6, 10)]
+    assert plan_ranges([1] * 10, shard_items=4) == [(0, 4), (4, 8), (8, 10)]
+    assert plan_ranges([5, 5, 5, 5, 5], shard_size=10) == [(0, 2), (2, 4), (4, 5)]
+    assert parse_size("1GB") == 10 ** 9 and parse_size("512MiB") == 512 << 20
+    assert parse_size("4096") == 4096
+    with pytest.raises(ValueError, match="need 1..3"):
+        plan_ranges([1] * 3, shards=4)
+    with pytest.raises(ValueError, match="exactly one"):
+        plan_ranges([1] * 3, shards=1, shard_items=2)
+    with pytest.raises(ValueError, match="cannot parse size"):
+        parse_size("lots")
+
+
+# ---------------------------------------------------------------- sharded == unsharded
+def test_sharded_store_equals_the_single_file(voc_rec, voc_shards):
+    one = RecordFile(voc_rec)
+    store = open_store(voc_shards)
+    assert isinstance(store, ShardedStore) and len(store) == len(one) == 16
+    assert [len(RecordFile(p)) for p in store.paths] == [5, 5, 6]
+    assert payloads(store) == payloads(one)
+    assert [bytes(v) for v in store.scan()] == payloads(one)
+    assert [store.key(i) for i in range(16)] == [one.key(i) for i in range(16)]
+    assert store.read(-1) == one.read(15) and bytes(store.view(7)) == one.read(7)
+    with pytest.raises(IndexError):
+        store.read(16)
+    # the manifest's metadata is what one conversion writes (statistics merged exactly)
+    with open(voc_rec[:-4] + ".meta.json") as f:
+        assert store.meta == json.load(f)
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.location == store.location and clone.read(9) == one.read(9)
+    assert store.identity() == clone.identity()
+
+
+def test_shuffled_plan_and_worker_count_give_identical_bytes(folder_root, tmp_path):
+    one = str(tmp_path / "one.rec")
+    convert(folder_root, one, "imagefolder", shuffle=True, seed=7)
+    a, b = tmp_path / "w1", tmp_path / "w2"
+    convert_sharded(folder_root, str(a / "c.rec"), "imagefolder", shuffle=True, seed=7,
+                    shard_items=5, workers=1)
+    convert_sharded(folder_root, str(b / "c.rec"), "imagefolder", shuffle=True, seed=7,
+                    shard_items=5, workers=2)
+    same_tree(str(a), str(b))
+    assert payloads(ShardedStore(str(a / "c.shards.json"))) == payloads(RecordFile(one))
+
+
+# ---------------------------------------------------------------- restart, damage
+def test_rerun_skips_done_shards_and_redoes_a_killed_one(folder_root, tmp_path):
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    convert_sharded(folder_root, str(ref / "c.rec"), "imagefolder", shards=3)
+    convert_sharded(folder_root, str(out / "c.rec"), "imagefolder", shards=3)
+    # a crash mid-shard: shard 1 unpublished, partial files of a killed attempt left over,
+    # and no manifest yet (nothing is a dataset until its manifest exists)
+    for ext in (".rec", ".idx", ".meta.json", ".idx.gdx"):
+        os.remove(str(out / ("c-00001-of-00003" + ext)))
+    with open(str(out / "c-00001-of-00003.rec.partial"), "wb") as f:
+        f.write(b"half a record")
+    os.remove(str(out / "c.shards.json"))
+    with pytest.raises(FileNotFoundError, match="manifest is missing"):
+        open_store(str(out / "c.shards.json"))
+    before = os.stat(str(out / "c-00000-of-00003.rec")).st_mtime_ns
+    rep = convert_sharded(folder_root, str(out / "c.rec"), "imagefolder", shards=3)
+    assert [e["reused"] for e in rep.shards] == [True, False, True]
+    assert os.stat(str(out / "c-00000-of-00003.rec")).st_mtime_ns == before
+    same_tree(str(ref), str(out))
+    # another plan over the same names is refused, not silently mixed in
+    with pytest.raises(FileExistsError, match="another plan"):
+        convert_sharded(folder_root, str(out / "c.rec"), "imagefolder", shards=2)
+
+
+def test_missing_or_damaged_shard_is_named(voc_shards, tmp_path):
+    import shutil
+    d = tmp_path / "copy"
+    shutil.copytree(os.path.dirname(voc_shards), str(d))
+    man = str(d / "voc.shards.json")
+    assert verify_sharded(man).ok
+    # damage one byte of shard 2's data
+    p2 = str(d / "voc-00002-of-00003.rec")
+    with open(p2, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    rep = verify_sharded(man)
+    assert not rep.ok and any("voc-00002-of-00003" in (p["where"] or "") for p in rep.problems)
+    r = gd("verify", man, check=False)
+    assert r.returncode == 1 and "voc-00002-of-00003" in r.stdout
+    # delete shard 1: reading it names it, reading shard 0 still works
+    os.remove(str(d / "voc-00001-of-00003.rec"))
+    store = ShardedStore(man)
+    assert store.read(0) == RecordFile(os.path.join(os.path.dirname(voc_shards),
+                                                    "voc-00000-of-00003.rec")).read(0)
+    with pytest.raises(FileNotFoundError, match=r"shard 1 of 3 .*voc-00001-of-00003\.rec"):
+        store.read(6)
+    rep = verify_sharded(man)
+    assert any(p["reason"] == "shard is missing" and "shard 1 of 3" in p["where"]
+               for p in rep.problems)
+    r = gd("show", man, "--index", "6", "--out", str(tmp_path / "x.png"), check=False)
+    assert r.returncode == 1 and "voc-00001-of-00003" in r.stderr
+
+
+def test_bad_item_fails_naming_shard_and_item(tmp_path):
+    root = make_imagefolder(str(tmp_path / "src"), per_class=3)
+    bad = sorted(os.listdir(os.path.join(root, os.listdir(root)[0])))[0]
+    bad = os.path.join(root, os.listdir(root)[0], bad)
+    with open(bad, "wb") as f:
+        f.write(b"not an image")
+    with pytest.raises(ConversionError, match=r"shard \d of 3 .*item \d+") as e:
+        convert_sharded(root, str(tmp_path / "o" / "c.rec"), "imagefolder", shards=3)
+    assert e.value.path == bad
+    assert not os.path.exists(str(tmp_path / "o" / "c.shards.json"))
+    rep = convert_sharded(root, str(tmp_path / "s" / "c.rec"), "imagefolder", shards=3,
+                          on_error="skip")
+    store = ShardedStore(rep.outputs["train"])
+    assert len(store) == 8 and [s["file"] for s in store.meta["skipped"]] == [bad]
+
+
+# ---------------------------------------------------------------- copies between containers
+def test_reshard_and_rec_lmdb_rec_shard_by_shard(voc_rec, voc_shards, tmp_path):
+    one = payloads(RecordFile(voc_rec))
+    re4 = convert_sharded(voc_rec, str(tmp_path / "re" / "v.rec"), shards=4)
+    assert payloads(ShardedStore(re4.outputs["trainval"])) == one
+    lm = convert_sharded(voc_shards, str(tmp_path / "lm" / "v.lmdb"))
+    lstore = open_store(lm.outputs["trainval"])
+    assert lstore.container == "lmdb" and len(lstore.paths) == 3 and payloads(lstore) == one
+    assert verify_sharded(lm.outputs["trainval"]).ok
+    back = convert_sharded(lm.outputs["trainval"], str(tmp_path / "back" / "voc.rec"))
+    src_dir = os.path.dirname(voc_shards)
+    for k in range(3):
+        for ext in (".rec", ".idx"):
+            name = "voc-%05d-of-00003%s" % (k, ext)
+            assert filecmp.cmp(os.path.join(src_dir, name),
+                               str(tmp_path / "back" / name), shallow=False), name
+    assert ShardedStore(back.outputs["trainval"]).meta == ShardedStore(voc_shards).meta
+
+
+# ---------------------------------------------------------------- stock MXNet
+def _labels(it):
+    out = []
+    for b in it:
+        out += b.label[0].asnumpy()[:b.data[0].shape[0] - b.pad].tolist()
+    return out
+
+
+def test_stock_mxnet_reads_each_shard_and_all_shards_at_once(cls_rec, folder_root, tmp_path):
+    rep = convert_sharded(folder_root, str(tmp_path / "c.rec"), "imagefolder", shards=3)
+    man = rep.outputs["train"]
+    paths = ShardedStore(man).paths
+    kw = dict(data_shape=(3, 16, 16), batch_size=4, resize=16)
+    ref = _labels(mx.io.ImageRecordIter(path_imgrec=cls_rec, **kw))
+    per, one = [], RecordFile(cls_rec)
+    for p in paths:
+        rio = mx.recordio.MXIndexedRecordIO(p[:-4] + ".idx", p, "r")
+        for k in rio.keys:
+            assert rio.read_idx(k) == one.read_key(k)
+        rio.close()
+        per += _labels(mx.io.ImageRecordIter(path_imgrec=p, path_imgidx=p[:-4] + ".idx", **kw))
+    assert per == ref and len(ref) == 12
+    # several files in one iterator: "a.rec;b.rec;c.rec", read in order...
+    assert _labels(mx.io.ImageRecordIter(path_imgrec=";".join(paths), **kw)) == ref
+    # ...and with one combined index (offsets into the concatenation), shuffled too
+    idx = str(tmp_path / "all.idx")
+    assert write_combined_index(man, idx) == paths
+    it = mx.io.ImageRecordIter(path_imgrec=";".join(paths), path_imgidx=idx, shuffle=True,
+                               seed=3, **kw)
+    got = _labels(it)
+    assert sorted(got) == sorted(ref) and got != ref
+
+
+# ---------------------------------------------------------------- CLI
+def test_cli_convert_info_stats_show_on_a_manifest(voc_root, tmp_path):
+    out = str(tmp_path / "v.rec")
+    r = gd("convert", voc_root, out, "--layout", "voc", "--split", "trainval",
+           "--shard-items", "6", "--workers", "2", "--quiet")
+    assert "shard   2" in r.stdout and "v-00002-of-00003.rec" in r.stdout
+    man = str(tmp_path / "v.shards.json")
+    info = json.loads(gd("info", man, "--json").stdout)
+    assert info["shards"] == 3 and info["records"] == 16 and info["task"] == "segmentation"
+    stats = json.loads(gd("stats", man, "--json").stdout)
+    assert stats["records"] == 16 and len(stats["weights"]["enet"]) == 21
+    r = gd("show", man, "--index", "13", "--out", str(tmp_path / "p.png"))
+    assert "record 13" in r.stdout and os.path.getsize(str(tmp_path / "p.png")) > 0
+    r = gd("convert", voc_root, str(tmp_path / "w.rec"), "--layout", "voc", "--engine", "dask",
+           check=False)
+    assert r.returncode == 1 and "--shards" in r.stderr
+
+
+# ---------------------------------------------------------------- Dask
+@pytest.fixture(scope="module")
+def dask_cluster():
+    dd = pytest.importorskip("dask.distributed")
+    cluster = dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                              dashboard_address=None)
+    client = dd.Client(cluster, timeout=60)
+    try:
+        yield cluster, client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_dask_cli_output_identical_to_local(folder_root, tmp_path, dask_cluster):
+    cluster, _ = dask_cluster
+    common = ["--layout", "imagefolder", "--shards", "3", "--quiet", "--shuffle", "--seed", "2"]
+    gd("convert", folder_root, str(tmp_path / "local" / "c.rec"), "--workers", "1", *common)
+    gd("convert", folder_root, str(tmp_path / "dask" / "c.rec"), "--engine", "dask",
+       "--scheduler", cluster.scheduler_address, *common)
+    same_tree(str(tmp_path / "local"), str(tmp_path / "dask"))
+
+
+def test_dask_worker_killed_mid_shard_gives_identical_bytes(tmp_path, dask_cluster):
+    """A shard task blocks reading one source image (a FIFO, fed by the test); the worker
+    running it is SIGKILLed; Dask reschedules the task; the result equals a clean run."""
+    cluster, client = dask_cluster
+    root = make_imagefolder(str(tmp_path / "src"), per_class=4)
+    cls = sorted(os.listdir(root))[1]
+    victim = os.path.join(root, cls, sorted(os.listdir(os.path.join(root, cls)))[1])
+    with open(victim, "rb") as f:
+        data = f.read()
+    os.remove(victim)
+    os.mkfifo(victim)
+    out = str(tmp_path / "dask" / "c.rec")
+    box = {}
+
+    def run():
+        try:
+            box["report"] = convert_sharded(root, out, "imagefolder", shards=4, engine="dask",
+                                            scheduler=cluster.scheduler_address)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    feeder = None
+    try:
+        pids = client.run(os.getpid)
+        shard = "c-00001-of-00004"  # items 3..5: the victim is item 5
+        deadline = time.time() + 90
+        while not os.path.exists(str(tmp_path / "dask" / (shard + ".rec.partial"))):
+            assert time.time() < deadline, "the blocked shard task never started"
+            time.sleep(0.05)
+        # the task that made it is running (blocked on the FIFO) on exactly one worker
+        addr = [w for w, keys in client.processing().items()
+                if any(shard in str(k) for k in keys)]
+        assert len(addr) == 1, addr
+        addr = addr[0]
+        os.kill(pids[addr], signal.SIGKILL)  # mid-shard: its partial files stay behind
+
+        def feed():  # blocks until the rescheduled task opens the FIFO
+            with open(victim, "wb") as f:
+                f.write(data)
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        t.join(150)
+        assert not t.is_alive(), "conversion did not finish after the worker was killed"
+    finally:
+        if feeder is None or feeder.is_alive():  # unblock whatever still waits on the FIFO
+            fd = os.open(victim, os.O_RDWR | os.O_NONBLOCK)
+            os.close(fd)
+    if "error" in box:
+        raise box["error"]
+    assert pids[addr] not in client.run(os.getpid).values()  # that process really died
+    os.remove(victim)
+    with open(victim, "wb") as f:
+        f.write(data)
+    convert_sharded(root, str(tmp_path / "local" / "c.rec"), "imagefolder", shards=4)
+    same_tree(str(tmp_path / "local"), str(tmp_path / "dask"))
+    assert len(ShardedStore(box["report"].outputs["train"])) == 12
+
+
+def test_missing_dask_extra_is_a_clear_import_error(monkeypatch, folder_root, tmp_path):
+    import builtins
+    real = builtins.__import__
+
+    def no_dask(name, *a, **k):
+        if name.startswith("dask"):
+            raise ImportError("No module named %r" % name)
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    with pytest.raises(ImportError, match=r"pip install gluon-data\[dask\]"):
+        convert_sharded(folder_root, str(tmp_path / "c.rec"), "imagefolder", shards=2,
+                        engine="dask")
