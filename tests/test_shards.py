@@ -265,64 +265,69 @@ def test_dask_cli_output_identical_to_local(folder_root, tmp_path, dask_cluster)
     same_tree(str(tmp_path / "local"), str(tmp_path / "dask"))
 
 
-def test_dask_worker_killed_mid_shard_gives_identical_bytes(tmp_path, dask_cluster):
-    """A shard task blocks reading one source image (a FIFO, fed by the test); the worker
-    running it is SIGKILLed; Dask reschedules the task; the result equals a clean run."""
-    cluster, client = dask_cluster
-    root = make_imagefolder(str(tmp_path / "src"), per_class=4)
-    cls = sorted(os.listdir(root))[1]
-    victim = os.path.join(root, cls, sorted(os.listdir(os.path.join(root, cls)))[1])
-    with open(victim, "rb") as f:
-        data = f.read()
-    os.remove(victim)
-    os.mkfifo(victim)
-    out = str(tmp_path / "dask" / "c.rec")
+def _convert_and_kill_mid_shard(root, out_dir, opts, cluster, client):
+    """Run a Dask conversion; as soon as shard 1's partial files appear, freeze both
+    workers (SIGSTOP), and if shard 1 is still unpublished SIGKILL the worker writing it and
+    let the conversion finish. Returns ``(report, killed pid)``, or ``None`` when shard 1 was
+    published before the freeze (then the run is let finish and the caller tries again)."""
+    shard = "c-00001-of-00004"
+    pids = client.run(os.getpid)
     box = {}
 
     def run():
         try:
-            box["report"] = convert_sharded(root, out, "imagefolder", shards=4, engine="dask",
-                                            scheduler=cluster.scheduler_address)
+            box["report"] = convert_sharded(root, str(out_dir / "c.rec"), "imagefolder",
+                                            engine="dask", scheduler=cluster.scheduler_address,
+                                            **opts)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             box["error"] = e
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    feeder = None
+    frozen, killed = {}, None
     try:
-        pids = client.run(os.getpid)
-        shard = "c-00001-of-00004"  # items 3..5: the victim is item 5
         deadline = time.time() + 90
-        while not os.path.exists(str(tmp_path / "dask" / (shard + ".rec.partial"))):
-            assert time.time() < deadline, "the blocked shard task never started"
-            time.sleep(0.05)
-        # the task that made it is running (blocked on the FIFO) on exactly one worker
-        addr = [w for w, keys in client.processing().items()
-                if any(shard in str(k) for k in keys)]
-        assert len(addr) == 1, addr
-        addr = addr[0]
-        os.kill(pids[addr], signal.SIGKILL)  # mid-shard: its partial files stay behind
-
-        def feed():  # blocks until the rescheduled task opens the FIFO
-            with open(victim, "wb") as f:
-                f.write(data)
-        feeder = threading.Thread(target=feed, daemon=True)
-        feeder.start()
-        t.join(150)
-        assert not t.is_alive(), "conversion did not finish after the worker was killed"
+        partial = str(out_dir / (shard + ".rec.partial"))
+        while not os.path.exists(partial):
+            assert time.time() < deadline and t.is_alive(), "shard 1 never started"
+            time.sleep(0.001)
+        for w, pid in pids.items():
+            os.kill(pid, signal.SIGSTOP)
+            frozen[w] = pid
+        if not os.path.exists(str(out_dir / (shard + ".meta.json"))):  # mid-shard: kill it
+            addr = [w for w, keys in client.processing().items()
+                    if any(shard in str(k) for k in keys)]
+            assert len(addr) == 1, addr
+            killed = frozen.pop(addr[0])
+            os.kill(killed, signal.SIGKILL)
     finally:
-        if feeder is None or feeder.is_alive():  # unblock whatever still waits on the FIFO
-            fd = os.open(victim, os.O_RDWR | os.O_NONBLOCK)
-            os.close(fd)
+        for pid in frozen.values():
+            os.kill(pid, signal.SIGCONT)
+    t.join(150)
+    assert not t.is_alive(), "conversion did not finish"
     if "error" in box:
         raise box["error"]
-    assert pids[addr] not in client.run(os.getpid).values()  # that process really died
-    os.remove(victim)
-    with open(victim, "wb") as f:
-        f.write(data)
-    convert_sharded(root, str(tmp_path / "local" / "c.rec"), "imagefolder", shards=4)
-    same_tree(str(tmp_path / "local"), str(tmp_path / "dask"))
-    assert len(ShardedStore(box["report"].outputs["train"])) == 12
+    if killed is None:
+        return None
+    assert killed not in client.run(os.getpid).values()  # that process really died
+    return box["report"], killed
+
+
+def test_dask_worker_killed_mid_shard_gives_identical_bytes(tmp_path, dask_cluster):
+    """A worker SIGKILLed while writing a shard: Dask reschedules the task on another
+    worker, and the result equals an uninterrupted run byte for byte."""
+    cluster, client = dask_cluster
+    root = make_imagefolder(str(tmp_path / "src"), per_class=40, size_range=(160, 200))
+    opts = dict(shards=4, encoding="png")  # ~0.2 s of real work per shard
+    for attempt in range(3):
+        out_dir = tmp_path / ("dask%d" % attempt)
+        got = _convert_and_kill_mid_shard(root, out_dir, opts, cluster, client)
+        if got is not None:
+            break
+    assert got is not None, "could not catch shard 1 mid-write in 3 tries"
+    convert_sharded(root, str(tmp_path / "local" / "c.rec"), "imagefolder", **opts)
+    same_tree(str(tmp_path / "local"), str(out_dir))
+    assert len(ShardedStore(got[0].outputs["train"])) == 120
 
 
 def test_missing_dask_extra_is_a_clear_import_error(monkeypatch, folder_root, tmp_path):
