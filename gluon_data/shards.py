@@ -13,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 import re
 import threading
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -357,9 +359,9 @@ class ShardedStore:
         self.container = self.manifest["container"]
         folder = os.path.dirname(os.path.abspath(self.location))
         self.paths = [os.path.join(folder, s["name"]) for s in self.manifest["shards"]]
-        counts = np.array([s["records"] for s in self.manifest["shards"]], np.int64)
-        self._starts = np.concatenate(([0], np.cumsum(counts)))
-        self._n = int(self._starts[-1])
+        counts = [int(s["records"]) for s in self.manifest["shards"]]
+        self._starts = [0] + np.cumsum(counts, dtype=np.int64).tolist()  # bisect: ~0.1 us
+        self._n = self._starts[-1]
         self._shards: List[object] = [None] * len(self.paths)
         self._lock = threading.Lock()
 
@@ -396,15 +398,15 @@ class ShardedStore:
         return f
 
     def locate(self, i: int) -> Tuple[int, int]:
-        """``(shard, record in shard)`` of global position ``i``."""
-        n = self._n
-        i = int(i)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("index %d out of range for %d records" % (i, n))
-        s = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return s, i - int(self._starts[s])
+        """``(shard, record in shard)`` of global position ``i`` (negative: from the end)."""
+        i = operator.index(i)
+        if not 0 <= i < self._n:
+            if -self._n <= i < 0:
+                i += self._n
+            else:
+                raise IndexError("index %d out of range for %d records" % (i, self._n))
+        s = bisect_right(self._starts, i) - 1
+        return s, i - self._starts[s]
 
     # -- RecordStore -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -423,10 +425,14 @@ class ShardedStore:
         return self.shard(s).offset(j)
 
     def read(self, i: int) -> bytes:
-        s, j = self.locate(i)
-        return self.shard(s).read(j)
+        return bytes(self.view(i))
 
     def view(self, i: int):
+        if type(i) is int and 0 <= i < self._n:  # the hot path, inlined: ~0.3 us
+            starts = self._starts
+            s = bisect_right(starts, i) - 1
+            f = self._shards[s]
+            return (self.shard(s) if f is None else f).view(i - starts[s])
         s, j = self.locate(i)
         return self.shard(s).view(j)
 
