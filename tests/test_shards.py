@@ -11,7 +11,6 @@ import threading
 import time
 
 import mxnet as mx
-import numpy as np
 import pytest
 
 from gluon_data import convert
@@ -154,6 +153,25 @@ def test_missing_or_damaged_shard_is_named(voc_shards, tmp_path):
                for p in rep.problems)
     r = gd("show", man, "--index", "6", "--out", str(tmp_path / "x.png"), check=False)
     assert r.returncode == 1 and "voc-00001-of-00003" in r.stderr
+
+
+def test_manifest_is_checked_on_open(voc_shards, tmp_path):
+    with open(voc_shards) as f:
+        doc = json.load(f)
+    bad = str(tmp_path / "bad.shards.json")
+    for change, msg in (({"format_version": 9}, "manifest version 9"),
+                        ({"num_records": 17}, "do not add up"),
+                        ({"format": "other"}, "not a shard manifest")):
+        with open(bad, "w") as f:
+            json.dump(dict(doc, **change), f)
+        with pytest.raises(FormatError, match=msg) as e:
+            open_store(bad)
+        assert e.value.path == bad
+    with open(bad, "w") as f:
+        json.dump(dict(doc, shards=[dict(doc["shards"][0], records=4)] + doc["shards"][1:],
+                       num_records=15), f)  # shards resolve beside bad.shards.json: missing
+    with pytest.raises(FileNotFoundError, match="shard 0 of 3"):
+        open_store(bad).read(0)
 
 
 def test_bad_item_fails_naming_shard_and_item(tmp_path):
