@@ -372,8 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--engine", choices=["local", "dask"], default="local",
                    help="where shard tasks run: a local process pool (--workers processes) "
                         "or Dask (pip install gluon-data[dask])")
-    g.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786 "
-                                       "(default: a LocalCluster of --workers processes)")
+    g.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786; "
+                                       "none: a LocalCluster of --workers processes")
     c.set_defaults(func=_cmd_convert)
 
     i = sub.add_parser("info", formatter_class=_Formatter,
