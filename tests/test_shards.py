@@ -98,6 +98,12 @@ def test_shuffled_plan_and_worker_count_give_identical_bytes(folder_root, tmp_pa
                     shard_items=5, workers=2)
     same_tree(str(a), str(b))
     assert payloads(ShardedStore(str(a / "c.shards.json"))) == payloads(RecordFile(one))
+    for d, w in (("l1", 1), ("l2", 2)):  # LMDB shards: one writer, same transactions
+        convert_sharded(folder_root, str(tmp_path / d / "c.lmdb"), "imagefolder", shuffle=True,
+                        seed=7, shard_items=5, workers=w)
+    same_tree(str(tmp_path / "l1"), str(tmp_path / "l2"))
+    assert payloads(open_store(str(tmp_path / "l1" / "c.shards.json"))) == \
+        payloads(RecordFile(one))
 
 
 # ---------------------------------------------------------------- restart, damage
