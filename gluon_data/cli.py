@@ -159,21 +159,11 @@ def _cmd_stats(a) -> int:
 def _cmd_show(a) -> int:
     from .datasets import open_segmentation
     from .preview import render_preview
-    from .shards import ShardedStore, is_manifest
-    path, index = a.path, a.index
-    if is_manifest(a.path):  # the shard holding the record, read alone
-        store = ShardedStore(a.path, a.split)
-        if not -len(store) <= a.index < len(store):
-            raise ValueError("--index %d out of range: the dataset has %d records"
-                             % (a.index, len(store)))
-        s, index = store.locate(a.index)
-        store.shard(s)  # a missing or damaged shard: an error naming it
-        path, a = store.paths[s], argparse.Namespace(**dict(vars(a), split=store.split))
-    ds = open_segmentation(path, a.split, ignore_value=None)
-    if not -len(ds) <= index < len(ds):
+    ds = open_segmentation(a.path, a.split, ignore_value=None)
+    if not -len(ds) <= a.index < len(ds):
         raise ValueError("--index %d out of range: the dataset has %d records"
-                         % (index, len(ds)))
-    img, mask = ds._arrays(index)
+                         % (a.index, len(ds)))
+    img, mask = ds._arrays(a.index)
     pic = render_preview(img, mask, ds.palette, ds.classes, ds.ignore_label, alpha=a.alpha)
     _save_image(pic, a.out)
     print("wrote %s (record %d of %s: %dx%d, %d classes present)"

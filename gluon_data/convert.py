@@ -787,11 +787,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                     raise ConversionError("split %r would be empty" % s, source)
                 meta = _metadata(src, s, w.count, stats[s], opts, classes, num_classes,
                                  report.skipped, options)
-                meta["conversion_id"] = _conversion_id(ckpt.digest, s, w, stats[s])
-                if src.task == "segmentation":
-                    meta["item_names"] = list(stats[s].names)
-                    if all(i.mask is None for i in plan[s]):
-                        meta["masks"] = False  # images only (e.g. VOC test): mode='test'
+                meta.update(_split_fields(src, s, ckpt.digest, w, stats[s], plan[s]))
                 w.finish(meta)
                 report.bytes_written += w.bytes_written
             ckpt.mark_publishing()
@@ -885,6 +881,7 @@ class _Stats:
                 mine[c] = mine.get(c, 0) + v
         if self.palette is None and other.palette:
             self.palette = list(other.palette)
+        self.names.extend(other.names)
         self.n += other.n
         self.sum = [a + b for a, b in zip(self.sum, other.sum)]
         self.sq = [a + b for a, b in zip(self.sq, other.sq)]
@@ -947,6 +944,19 @@ def _metadata(src: Source, split: str, count: int, st: _Stats, opts: EncodeOptio
         meta.update({"classes": list(classes) if classes is not None else None,
                      "num_classes": len(classes) if classes is not None else None})
     return meta
+
+
+def _split_fields(src: Source, split: str, digest: str, writer, st: "_Stats",
+                  items: Sequence[Item]) -> dict:
+    """Metadata fields of a split as written: its ``conversion_id``, and for segmentation
+    the ``item_names`` (gluoncv's mode='test' returns them) and ``masks: false`` when no
+    item has a mask (e.g. VOC test)."""
+    out = {"conversion_id": _conversion_id(digest, split, writer, st)}
+    if src.task == "segmentation":
+        out["item_names"] = list(st.names)
+        if all(i.mask is None for i in items):
+            out["masks"] = False  # images only: mode='test'
+    return out
 
 
 def _conversion_id(digest: str, split: str, writer, st: "_Stats") -> str:

@@ -212,7 +212,7 @@ def write_shard(job: ShardJob) -> dict:
     (partial files of a killed attempt included) is rewritten from scratch and published
     by rename. Raises :class:`ConversionError` naming the shard and the bad item.
     """
-    from .convert import _Stats, _fail, _metadata, _work
+    from .convert import _Stats, _fail, _metadata, _split_fields, _work
     done = _finished(job)
     if done is not None:
         return done
@@ -237,8 +237,12 @@ def write_shard(job: ShardJob) -> dict:
                     continue
                 w.write(item.key if item.key is not None else pos, payload)
                 st.add(info)
+                if job.src.task == "segmentation":  # as convert(): mode='test' returns it
+                    st.names.append(os.path.basename(item.image))
             meta = _metadata(job.src, job.split, w.count, st, job.opts, job.classes,
                              job.num_classes, skipped, job.options)
+            meta.update(_split_fields(job.src, job.split, _shard_digest(job), w, st,
+                                      [i for _, i in job.items]))
             shard_info.update(items=[job.items[0][0], job.items[-1][0] + 1],
                               stats=st.state())
         meta["shard"] = shard_info
@@ -249,6 +253,11 @@ def write_shard(job: ShardJob) -> dict:
     out = shard_summary(job.path, job.container, job.split)
     out.update(reused=False, seconds=time.perf_counter() - t0)
     return out
+
+
+def _shard_digest(job: ShardJob) -> str:
+    """The plan digest specialised to one shard: its ``conversion_id`` derives from it."""
+    return hashlib.sha256(("%s:%d" % (job.digest, job.index)).encode()).hexdigest()
 
 
 def _copy_records(job: ShardJob, w, label: str) -> dict:
@@ -270,6 +279,10 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
     meta = {k: v for k, v in job.source_meta.items()
             if k not in ("container", "record_keys", "shard")}
     meta["num_records"] = end - start
+    if meta.get("item_names") is not None:  # position i of this shard is start + i
+        meta["item_names"] = meta["item_names"][start:end]
+    if "conversion_id" in meta:  # a shard is its own dataset: its own, derived id
+        meta["conversion_id"] = _shard_digest(job)[:32]
     return meta
 
 
@@ -288,10 +301,15 @@ def _open_source_store(location: str, split: Optional[str]):
 # --------------------------------------------------------------------------- manifest
 def read_manifest(path: str) -> dict:
     """Load and check a manifest; :class:`FormatError` naming it when it is not one."""
+    return _load_manifest(path)[0]
+
+
+def _load_manifest(path: str) -> Tuple[dict, bytes]:
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
-            doc = json.loads(f.read().decode("utf-8"))
+            raw = f.read()
+        doc = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError("no sharded dataset at %s (its manifest is missing: a sharded "
                                 "conversion writes it last, so the conversion did not finish;"
@@ -310,7 +328,7 @@ def read_manifest(path: str) -> dict:
     if sum(s["records"] for s in doc["shards"]) != doc["num_records"]:
         raise FormatError("manifest's shard record counts do not add up to num_records=%d"
                           % doc["num_records"], path)
-    return doc
+    return doc, raw
 
 
 def _write_manifest(path: str, doc: dict) -> None:
@@ -349,7 +367,8 @@ class ShardedStore:
 
     def __init__(self, location: str, split: Optional[str] = None, **options):
         self.location = os.fspath(location)
-        self.manifest = read_manifest(self.location)
+        self.manifest, raw = _load_manifest(self.location)
+        self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
         if split is not None and split != self.manifest.get("split"):
             raise FormatError("split %r not found; this manifest holds split %r"
                               % (split, self.manifest.get("split")), self.location)
@@ -446,14 +465,17 @@ class ShardedStore:
                     yield f.read(j)
 
     def identity(self) -> str:
-        """SHA-256 of the manifest (which holds every shard's checksums)."""
-        return "sha256:" + _sha256(self.location)
+        """SHA-256 of the manifest as opened (it holds every shard's checksums)."""
+        return self._identity
 
     def __getstate__(self) -> dict:
-        return {"location": self.location, "split": self.manifest.get("split")}
+        return {"location": self.location, "identity": self._identity}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["location"])
+        if self._identity != state["identity"]:
+            raise FormatError("the sharded dataset was replaced after it was opened (its "
+                              "manifest changed); open it again", self.location)
 
     def __repr__(self) -> str:
         return "ShardedStore(%r, %d shards, %d records)" % (self.location, len(self.paths),
@@ -750,7 +772,9 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
 def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
     """The whole split's metadata: the copy source's, or recomputed by the converter's own
     :func:`~gluon_data.convert._metadata` from the shards' merged statistics."""
-    from .convert import _metadata, _Stats
+    import types
+
+    from .convert import _metadata, _split_fields, _Stats
     if "merge" not in p:
         meta = {k: v for k, v in p["meta"].items() if k not in ("container", "record_keys",
                                                                "shard")}
@@ -762,8 +786,12 @@ def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
     for e in entries:
         st.merge(_Stats.from_state(e["meta"]["shard"]["stats"]))
         skipped.extend(e["meta"].get("skipped", []))
-    return _metadata(stub, p["split"], sum(e["records"] for e in entries), st, opts, classes,
-                     num_classes, skipped, options)
+    count = sum(e["records"] for e in entries)
+    meta = _metadata(stub, p["split"], count, st, opts, classes, num_classes, skipped, options)
+    written = types.SimpleNamespace(count=count, bytes_written=sum(e["bytes"] for e in entries))
+    meta.update(_split_fields(stub, p["split"], p["digest"], written, st,
+                              [i for j in p["jobs"] for _, i in j.items]))
+    return meta
 
 
 def _copy_sources(source: str, split: Optional[str]):

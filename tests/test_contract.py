@@ -42,8 +42,8 @@ from gluon_data.recordio import RecordFile
 from gluon_data.sample import make_voc
 from gluon_data.store import open_store
 
-SEGMENTATION_STORES = ["seg_rec", "seg_lmdb", "seg_recipe"]
-CLASSIFICATION_STORES = ["cls_rec_case", "cls_lmdb", "cls_caffe"]
+SEGMENTATION_STORES = ["seg_rec", "seg_lmdb", "seg_recipe", "seg_shards", "seg_shards_lmdb"]
+CLASSIFICATION_STORES = ["cls_rec_case", "cls_lmdb", "cls_caffe", "cls_shards"]
 SIZE = 32  # the recipe layout needs one image shape
 
 
@@ -88,6 +88,22 @@ def _damaged_rec(rec: str, tmp_dir) -> str:
     return stem + ".rec"
 
 
+def _damaged_shards(manifest: str, tmp_dir) -> str:
+    """A copy of a sharded dataset (RecordIO shards) whose record 1 (in shard 0) has a byte
+    of its image flipped."""
+    dst = os.path.join(str(tmp_dir), "shards")
+    shutil.copytree(os.path.dirname(manifest), dst)
+    shard0 = sorted(f for f in os.listdir(dst) if f.endswith(".rec"))[0]
+    path = os.path.join(dst, shard0)
+    at = RecordFile(path).offset(1) + 8 + 40
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return os.path.join(dst, os.path.basename(manifest))
+
+
 # ------------------------------------------------------------------ sources and stores
 @pytest.fixture(scope="module")
 def seg_source(tmp_path_factory):
@@ -115,6 +131,34 @@ def seg_lmdb(seg_source, tmp_path_factory):
                 lambda tmp: SegmentationLMDBDataset(_copy_lmdb_and_put(
                     lm, tmp, b"trainval", record_key(1), lambda v: _flip(v, 40)),
                     split="trainval"))
+
+
+@pytest.fixture(scope="module")
+def seg_shards(seg_source, tmp_path_factory):
+    from gluon_data.shards import convert_sharded
+    man = convert_sharded(seg_source["root"], str(tmp_path_factory.mktemp("cshards") / "seg.rec"),
+                          "voc", split="trainval", shards=3).outputs["trainval"]
+    return Case("shards", lambda **kw: SegmentationDataset(open_store(man), **kw),
+                lambda tmp: SegmentationDataset(open_store(_damaged_shards(man, tmp))))
+
+
+@pytest.fixture(scope="module")
+def seg_shards_lmdb(seg_source, seg_shards, tmp_path_factory):
+    """LMDB shards, copied shard by shard from the RecordIO shards."""
+    from gluon_data.shards import convert_sharded
+    rec_man = seg_shards.make().store.location
+    man = convert_sharded(rec_man, str(tmp_path_factory.mktemp("cshl") / "seg.lmdb")
+                          ).outputs["trainval"]
+    def damage(tmp):
+        dst = os.path.join(str(tmp), "lshards")
+        shutil.copytree(os.path.dirname(man), dst)
+        _copy_lmdb_and_put(os.path.join(dst, "seg-00000-of-00003.lmdb"), tmp, b"trainval",
+                           record_key(1), lambda v: _flip(v, 40))
+        shutil.rmtree(os.path.join(dst, "seg-00000-of-00003.lmdb"))
+        os.rename(os.path.join(str(tmp), "seg-00000-of-00003.lmdb-damaged"),
+                  os.path.join(dst, "seg-00000-of-00003.lmdb"))
+        return SegmentationDataset(open_store(os.path.join(dst, "seg.shards.json")))
+    return Case("shards-lmdb", lambda **kw: SegmentationDataset(open_store(man), **kw), damage)
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +202,15 @@ def cls_lmdb(cls_source, tmp_path_factory):
     return Case("lmdb", lambda **kw: ImageLMDBDataset(lm, split="train", **kw),
                 lambda tmp: ImageLMDBDataset(_copy_lmdb_and_put(
                     lm, tmp, b"train", record_key(1), lambda v: _flip(v, 40)), split="train"))
+
+
+@pytest.fixture(scope="module")
+def cls_shards(cls_source, tmp_path_factory):
+    from gluon_data.shards import convert_sharded
+    man = convert_sharded(cls_source["rec"], str(tmp_path_factory.mktemp("cclsh") / "cls.rec"),
+                          shards=3).outputs["train"]
+    return Case("shards", lambda **kw: ClassificationDataset(open_store(man), **kw),
+                lambda tmp: ClassificationDataset(open_store(_damaged_shards(man, tmp))))
 
 
 @pytest.fixture(scope="module")

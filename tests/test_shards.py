@@ -80,12 +80,28 @@ def test_sharded_store_equals_the_single_file(voc_rec, voc_shards):
     assert store.read(-1) == one.read(15) and bytes(store.view(7)) == one.read(7)
     with pytest.raises(IndexError):
         store.read(16)
-    # the manifest's metadata is what one conversion writes (statistics merged exactly)
+    # the manifest's metadata is what one conversion writes (statistics merged exactly),
+    # but for the identity stamp: another dataset, another (deterministic) conversion_id
     with open(voc_rec[:-4] + ".meta.json") as f:
-        assert store.meta == json.load(f)
+        single = json.load(f)
+    assert store.meta["conversion_id"] != single["conversion_id"]
+    assert dict(store.meta, conversion_id=None) == dict(single, conversion_id=None)
+    assert store.meta["item_names"] == single["item_names"]
     clone = pickle.loads(pickle.dumps(store))
     assert clone.location == store.location and clone.read(9) == one.read(9)
     assert store.identity() == clone.identity()
+
+
+def test_a_replaced_manifest_is_refused_on_unpickling(voc_shards, tmp_path):
+    import shutil
+    d = tmp_path / "copy"
+    shutil.copytree(os.path.dirname(voc_shards), str(d))
+    man = str(d / "voc.shards.json")
+    blob = pickle.dumps(ShardedStore(man))
+    convert_sharded(man, str(d / "voc.rec"), shards=2, overwrite=True)  # re-shard in place
+    with pytest.raises(FormatError, match="replaced") as e:
+        pickle.loads(blob)
+    assert e.value.path == man
 
 
 def test_shuffled_plan_and_worker_count_give_identical_bytes(folder_root, tmp_path):
