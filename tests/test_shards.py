@@ -92,6 +92,20 @@ def test_sharded_store_equals_the_single_file(voc_rec, voc_shards):
     assert store.identity() == clone.identity()
 
 
+def test_datasets_on_the_manifest_give_the_single_files_samples(voc_rec, voc_shards,
+                                                                cls_rec, tmp_path):
+    from gluon_data import ImageRecordDataset, SegmentationRecordDataset
+    one, sharded = SegmentationRecordDataset(voc_rec), SegmentationRecordDataset(voc_shards)
+    assert len(sharded) == len(one) and sharded.classes == one.classes
+    for i in range(len(one)):
+        for a, b in zip(one[i], sharded[i]):
+            assert (a.asnumpy() == b.asnumpy()).all()
+    man = convert_sharded(cls_rec, str(tmp_path / "c.rec"), shard_items=5).outputs["train"]
+    one, sharded = ImageRecordDataset(cls_rec), ImageRecordDataset(man)
+    assert [(sharded[i][0].asnumpy().tobytes(), sharded[i][1]) for i in range(len(one))] == \
+        [(one[i][0].asnumpy().tobytes(), one[i][1]) for i in range(len(one))]
+
+
 def test_a_replaced_manifest_is_refused_on_unpickling(voc_shards, tmp_path):
     import shutil
     d = tmp_path / "copy"
