@@ -86,7 +86,7 @@ def plan_ranges(sizes: Sequence[int], shards: Optional[int] = None,
     closes once it reaches the size) or ``shard_items`` (items per shard) is given.
 
     >>> plan_ranges([1] * 10, shards=3)
-    [(0, 3), (3, 7), (7, 10)]
+    [(0, 3), (3, 6), (6, 10)]
     """
     n = len(sizes)
     given = [x is not None for x in (shards, shard_size, shard_items)]
