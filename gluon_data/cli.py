@@ -72,7 +72,8 @@ def _convert_sharded(a) -> int:
                              on_error=a.on_error, classes=_classes_arg(a.classes),
                              num_classes=a.num_classes, ignore_label=a.ignore_label,
                              images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
-                             max_pixels=a.max_pixels, overwrite=a.overwrite,
+                             max_pixels=a.max_pixels, follow_symlinks=a.follow_symlinks,
+                             max_file_bytes=a.max_file_bytes, overwrite=a.overwrite,
                              progress=not a.quiet)
     for e in report.shards:
         print("  %-6s shard %3d  %-36s %7d records %11d bytes  %s"

@@ -7,7 +7,6 @@ Dask is imported here only, and only for ``engine='dask'``.
 """
 from __future__ import annotations
 
-import multiprocessing
 from typing import Callable, Iterator, Optional, Sequence
 
 __all__ = ["ENGINES", "run_tasks", "import_dask"]
@@ -25,9 +24,9 @@ def import_dask():
     return dd
 
 
-def _worker_init():
-    from .convert import _worker_init as init  # OpenCV: one thread per process
-    init()
+def _dask_worker_init():
+    import cv2
+    cv2.setNumThreads(1)  # one single-threaded worker process per core, as the local pool
 
 
 def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: int = 1,
@@ -75,17 +74,18 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
         for i, job in enumerate(jobs):
             yield i, fn(job)
         return
-    # spawn, not fork: see convert.convert (OpenCV's thread pool in a forked child)
-    pool = multiprocessing.get_context("spawn").Pool(min(workers, len(jobs)),
-                                                     initializer=_worker_init)
+    # the converter's own pool: spawned, workers ignore Ctrl-C, bounded teardown
+    from .convert import _start_pool, _stop_pool
+    pool = _start_pool(min(workers, len(jobs)))
     try:
         for i, res in pool.imap_unordered(_indexed, [(fn, i, j) for i, j in enumerate(jobs)]):
             yield i, res
         pool.close()
         pool.join()
+        pool = None
     finally:
-        pool.terminate()
-        pool.join()
+        if pool is not None:
+            _stop_pool(pool)
 
 
 def _indexed(arg):
@@ -104,7 +104,7 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
         client = dd.Client(cluster)
     futures = []
     try:
-        client.run(_worker_init)
+        client.run(_dask_worker_init)
         futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,
                              retries=retries)
         index = {f.key: i for i, f in enumerate(futures)}

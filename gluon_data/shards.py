@@ -600,6 +600,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
                     num_classes: Optional[int] = None, ignore_label: int = 255,
                     images_dir: str = "images", masks_dir: str = "masks",
                     lst_root: Optional[str] = None, max_pixels: Optional[int] = None,
+                    follow_symlinks: bool = False, max_file_bytes: Optional[int] = None,
                     overwrite: bool = False, progress: bool = False, retries: int = 2):
     """Convert a source (or re-shard a dataset) into shards plus a manifest per split.
 
@@ -618,8 +619,9 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
         ``outputs`` maps each split to its manifest; ``shards`` lists per-shard entries.
     """
     from . import codec
-    from .convert import (ConversionReport, EncodeOptions, _check_choices, _plan,
-                          _plan_digest, output_format)
+    from .convert import (ConversionReport, EncodeOptions, _check_choices, _check_options,
+                          _plan, _plan_digest, output_format)
+    from .sources import DEFAULT_MAX_FILE_BYTES
     from .engines import run_tasks
     from .lmdbio import is_lmdb
     from .sources import open_source
@@ -629,6 +631,11 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     if sum(x is not None for x in (shards, shard_size, shard_items)) > 1:
         raise ValueError("give only one of --shards, --shard-size, --shard-items")
     _check_choices(encoding, on_error)
+    max_pixels = codec.DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels
+    max_file_bytes = DEFAULT_MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
+    _check_options(quality=quality, resize=resize, workers=workers, max_pixels=max_pixels,
+                   max_file_bytes=max_file_bytes, ignore_label=ignore_label,
+                   num_classes=num_classes)
     source = os.fspath(source)
     output = os.fspath(output)
     container = format or ("lmdb" if output.rstrip("/").endswith(".lmdb") else "rec")
@@ -665,7 +672,8 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     else:
         try:
             src = open_source(source, layout, split=split, images_dir=images_dir,
-                              masks_dir=masks_dir, lst_root=lst_root)
+                              masks_dir=masks_dir, lst_root=lst_root,
+                              follow_symlinks=follow_symlinks)
         except GluonDataError as e:
             raise ConversionError("cannot read source: %s" % e.reason, e.path or source) \
                 from None
@@ -681,10 +689,9 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
             report.skipped.append({"file": f, "reason": reason})
         opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
                              num_classes=num_classes if src.task == "segmentation" else None,
-                             ignore_label=ignore_label,
-                             max_pixels=codec.DEFAULT_MAX_PIXELS if max_pixels is None
-                             else max_pixels,
-                             mask_lut=src.mask_lut, mask_encoding=mask_encoding)
+                             ignore_label=ignore_label, max_pixels=max_pixels,
+                             mask_lut=src.mask_lut, mask_encoding=mask_encoding,
+                             max_file_bytes=max_file_bytes)
         options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
                        seed=seed, val_ratio=val_ratio, on_error=on_error)
         stub = dataclasses.replace(src, splits={}, problems=[])
