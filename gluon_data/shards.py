@@ -621,14 +621,14 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     from . import codec
     from .convert import (ConversionReport, EncodeOptions, _check_choices, _check_options,
                           _plan, _plan_digest, output_format)
-    from .sources import DEFAULT_MAX_FILE_BYTES
     from .engines import run_tasks
     from .lmdbio import is_lmdb
-    from .sources import open_source
+    from .sources import DEFAULT_MAX_FILE_BYTES, open_source
 
     if isinstance(shard_size, str):
         shard_size = parse_size(shard_size)
-    if sum(x is not None for x in (shards, shard_size, shard_items)) > 1:
+    given = sum(x is not None for x in (shards, shard_size, shard_items))
+    if given > 1:
         raise ValueError("give only one of --shards, --shard-size, --shard-items")
     _check_choices(encoding, on_error)
     max_pixels = codec.DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels
@@ -649,8 +649,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     if copying:
         found = list(_copy_sources(source, split))
         for s, loc_split, meta, ranges_default, sizes in found:
-            ranges = (plan_ranges(sizes, shards, shard_size, shard_items)
-                      if any(x is not None for x in (shards, shard_size, shard_items))
+            ranges = (plan_ranges(sizes, shards, shard_size, shard_items) if given
                       else ranges_default)
             if ranges is None:
                 raise ValueError("re-sharding %s needs --shards, --shard-size or "
@@ -699,8 +698,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
             if not items:
                 raise ConversionError("split %r would be empty" % s, source)
             ranges = plan_ranges([_item_size(i) for i in items], shards, shard_size,
-                                 shard_items) if (shards or shard_size or shard_items) \
-                else plan_ranges(items, shards=1)
+                                 shard_items) if given else [(0, len(items))]
             spfx = prefix if len(plan) == 1 else "%s_%s" % (prefix, s)
             digest = _plan_digest(src, {s: items}, opts,
                                   dict(options, shards=ranges, container=container))
