@@ -2,8 +2,8 @@
 """Sharded conversion and reading: Dask (1 and 2 workers) vs the local pool, sharded vs
 single-file reads; same data, one run, ratios printed.
 
-    python scripts/bench_shards.py                  # ~1 min on 2 busy cores
-    python scripts/bench_shards.py --images 2000 --shards 16
+    python benchmarks/bench_shards.py                  # ~1 min on 2 busy cores
+    python benchmarks/bench_shards.py --images 2000 --shards 16
 
 Conversion: the same ``--shards`` plan run by ``--engine local`` with 1 and 2 processes and
 by ``--engine dask`` on a LocalCluster of 1 and 2 single-threaded worker processes (started
