@@ -222,7 +222,8 @@ def write_shard(job: ShardJob) -> dict:
     t0 = time.perf_counter()
     try:
         writers = _open_writer(job)
-        w = writers[job.split]
+        w = _KeyLog(writers[job.split])
+        written_keys = w.keys
         if job.copy_from is not None:
             meta = _copy_records(job, w, label)
         else:
@@ -246,6 +247,8 @@ def write_shard(job: ShardJob) -> dict:
             shard_info.update(items=[job.items[0][0], job.items[-1][0] + 1],
                               stats=st.state())
         meta["shard"] = shard_info
+        if job.container == "lmdb" and written_keys != list(range(len(written_keys))):
+            meta["record_keys"] = written_keys  # LMDB keys are positions: keep the .idx keys
         w.finish(meta)
         w.publish()
     except BaseException as e:
@@ -258,6 +261,20 @@ def write_shard(job: ShardJob) -> dict:
 def _shard_digest(job: ShardJob) -> str:
     """The plan digest specialised to one shard: its ``conversion_id`` derives from it."""
     return hashlib.sha256(("%s:%d" % (job.digest, job.index)).encode()).hexdigest()
+
+
+class _KeyLog:
+    """A writer that remembers the keys written through it (LMDB shards store them)."""
+
+    def __init__(self, writer):
+        self.writer, self.keys = writer, []
+
+    def write(self, key: int, payload) -> int:
+        self.keys.append(int(key))
+        return self.writer.write(key, payload)
+
+    def __getattr__(self, name):
+        return getattr(self.writer, name)
 
 
 def _copy_records(job: ShardJob, w, label: str) -> dict:
@@ -332,15 +349,9 @@ def _load_manifest(path: str) -> Tuple[dict, bytes]:
 
 
 def _write_manifest(path: str, doc: dict) -> None:
+    from .fsutil import atomic_write
     from .meta import dumps_meta
-    from .recordio import _fsync_dir
-    tmp = path + ".partial"
-    with open(tmp, "wb") as f:
-        f.write(dumps_meta(doc))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    atomic_write(path, dumps_meta(doc))
 
 
 # --------------------------------------------------------------------------- the store
@@ -432,11 +443,9 @@ class ShardedStore:
         return self._n
 
     def key(self, i: int) -> int:
-        """The shard's ``.idx`` key (our converters write the item's global position, or
-        its ``.lst`` index); for LMDB shards, whose keys are local positions, ``i``."""
+        """The shard's key (our converters write the item's global position, or its ``.lst``
+        index; LMDB shards keep them in ``record_keys``)."""
         s, j = self.locate(i)
-        if self.container == "lmdb":
-            return int(i) if i >= 0 else int(i) + self._n
         return self.shard(s).key(j)
 
     def offset(self, i: int) -> Optional[int]:
