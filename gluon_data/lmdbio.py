@@ -771,6 +771,13 @@ class _SplitWriter:
             self.parent._commit(self.db, self._batch, progress)
             self._batch = []
 
+    keeps_progress = True  # a conversion's checkpoint commits with the records
+
+    def sync(self) -> Tuple[int, int]:
+        """``(count, bytes)``, the argument ``resume`` takes to continue from here; the
+        records up to it become durable with the next :meth:`checkpoint`."""
+        return self.count, self.bytes_written
+
     def checkpoint(self, progress: bytes) -> None:
         """Commit the buffered records together with ``progress`` (atomically)."""
         self._flush(progress)

@@ -637,6 +637,8 @@ class RecordWriter:
         self.count += 1
         return offset
 
+    keeps_progress = False  # a conversion's checkpoint goes to a file beside the output
+
     def sync(self) -> Tuple[int, int, int]:
         """Make everything written so far durable; return ``(rec_bytes, idx_bytes, count)``,
         the argument ``resume`` takes to continue from exactly here."""

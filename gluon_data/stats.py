@@ -1,6 +1,6 @@
 """Class statistics of a converted segmentation dataset, and loss weights derived from them.
 
-Counts are gathered once, at conversion, and stored in the metadata (``class_pixels``,
+Counts are gathered once, at conversion (:class:`RunningStats`), and stored in the metadata (``class_pixels``,
 ``class_images``, ``class_image_pixels``, ``image_stats``); nothing is decoded here.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 
 from .errors import FormatError
 
-__all__ = ["class_statistics", "format_statistics"]
+__all__ = ["class_statistics", "format_statistics", "RunningStats"]
 
 
 def class_statistics(meta: dict, path: str = None) -> Dict:
@@ -64,3 +64,80 @@ def format_statistics(stats: Dict) -> str:
     lines.append("weights for a loss: e.g. mx.nd.array([...median_freq...]) "
                  "(--json prints them as lists)")
     return "\n".join(lines)
+
+
+class RunningStats:
+    """Accumulates what a conversion's metadata reports: sizes, class statistics, pixel
+    mean/std, from each item's ``info`` (see :func:`gluon_data.convert.encode_item`).
+
+    Only aggregates are kept, so the state is small and goes into resume checkpoints
+    (:meth:`state` / :meth:`from_state` round-trip exactly through JSON).
+
+    >>> st = RunningStats()
+    >>> st.add({"hw": (4, 6), "class_pixels": {0: 20, 1: 4}})
+    >>> st.image_size()["max_hw"], st.class_images
+    ([4, 6], {0: 1, 1: 1})
+    >>> RunningStats.from_state(st.state()).class_pixels == st.class_pixels
+    True
+    """
+
+    def __init__(self):
+        self.count = 0
+        self.hw_min = [1 << 62, 1 << 62]
+        self.hw_max = [0, 0]
+        self.hw_sum = [0, 0]
+        self.class_pixels: Dict[int, int] = {}
+        self.class_images: Dict[int, int] = {}
+        self.class_image_pixels: Dict[int, int] = {}  # pixels of the images holding the class
+        self.palette = None
+        self.names: List[str] = []  # segmentation: each written item's image file name
+        self.n = 0
+        self.sum = [0.0, 0.0, 0.0]
+        self.sq = [0.0, 0.0, 0.0]
+
+    def add(self, info: dict) -> None:
+        h, w = info["hw"]
+        self.count += 1
+        self.hw_min = [min(self.hw_min[0], h), min(self.hw_min[1], w)]
+        self.hw_max = [max(self.hw_max[0], h), max(self.hw_max[1], w)]
+        self.hw_sum = [self.hw_sum[0] + h, self.hw_sum[1] + w]
+        cp = info.get("class_pixels", {})
+        total = sum(cp.values())
+        for k, v in cp.items():
+            self.class_pixels[k] = self.class_pixels.get(k, 0) + v
+            self.class_images[k] = self.class_images.get(k, 0) + 1
+            self.class_image_pixels[k] = self.class_image_pixels.get(k, 0) + total
+        if self.palette is None and info.get("palette"):
+            self.palette = list(info["palette"])
+        if "pix" in info:
+            n, s, q = info["pix"]
+            self.n += n
+            self.sum = [a + b for a, b in zip(self.sum, s)]
+            self.sq = [a + b for a, b in zip(self.sq, q)]
+
+    def image_size(self) -> dict:
+        return {"min_hw": self.hw_min, "max_hw": self.hw_max,
+                "mean_hw": [round(x / max(self.count, 1), 1) for x in self.hw_sum]}
+
+    def mean_std(self):
+        if not self.n:
+            return None
+        mean = np.array(self.sum) / self.n
+        std = np.sqrt(np.maximum(np.array(self.sq) / self.n - mean ** 2, 0))
+        return {"mean": [round(float(x) / 255, 6) for x in mean],
+                "std": [round(float(x) / 255, 6) for x in std], "pixels": int(self.n)}
+
+    _DICTS = ("class_pixels", "class_images", "class_image_pixels")
+
+    def state(self) -> dict:
+        d = {k: getattr(self, k) for k in ("count", "hw_min", "hw_max", "hw_sum", "palette",
+                                           "n", "sum", "sq", "names")}
+        d.update({k: {str(c): v for c, v in getattr(self, k).items()} for k in self._DICTS})
+        return d
+
+    @classmethod
+    def from_state(cls, d: dict) -> "RunningStats":
+        st = cls()
+        for k, v in d.items():
+            setattr(st, k, {int(c): n for c, n in v.items()} if k in cls._DICTS else v)
+        return st

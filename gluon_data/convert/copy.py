@@ -1,0 +1,170 @@
+"""Container copy and legacy import: a converted dataset copied between containers
+(``.rec`` <-> ``.lmdb``) byte for byte, and the legacy LMDB layouts (``raw-lmdb``,
+``caffe-lmdb``) imported through the conversion driver (workers, resume, progress, report).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from functools import partial
+from typing import Dict, Optional, Sequence, Tuple
+
+from .. import __version__, codec
+from ..errors import ConversionError, FormatError, SourceError
+from ..lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
+from ..meta import FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta
+from ..recordio import RecordFile
+from ..sources import Source
+from .driver import SplitJobs, drive
+from .encode import EncodeOptions, _legacy_work
+from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,
+                      _conversion_id, _fail, _metadata, _output_lock, outputs_for)
+from .resume import _import_digest
+
+__all__ = ["copy_dataset", "import_lmdb"]
+
+
+def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] = None,
+                image_shape: Optional[Sequence[int]] = None,
+                mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
+                bgr: bool = False, encoding: str = "passthrough", quality: int = 95,
+                classes: Optional[Sequence[str]] = None, num_classes: Optional[int] = None,
+                ignore_label: int = 255, format: Optional[str] = None,
+                overwrite: bool = False, on_error: str = "fail",
+                max_pixels: int = codec.DEFAULT_MAX_PIXELS,
+                progress: bool = False, workers: int = 1, resume: bool = False,
+                checkpoint_every: int = 64) -> ConversionReport:
+    """Import a ``raw-lmdb`` (the original recipe) or ``caffe-lmdb`` into our format.
+
+    Raw arrays are kept raw by ``encoding='passthrough'`` for ``raw-lmdb`` (lossless, no
+    decode cost) and stored as PNG for Caffe; encoded Caffe images keep their bytes. Runs
+    through the conversion driver: ``workers`` encode, ``resume`` continues an interrupted
+    import from its last checkpoint (as :func:`~gluon_data.convert.convert`).
+
+    Examples
+    --------
+    >>> import_lmdb("voc_lmdb", "voc.rec", "raw-lmdb", split="train",
+    ...             image_shape=(256, 256, 3))                                  # doctest: +SKIP
+    """
+    from ..legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items  # imports MXNet
+    _check_choices(encoding, on_error)
+    _check_options(quality=quality, max_pixels=max_pixels, ignore_label=ignore_label,
+                   num_classes=num_classes, workers=workers, checkpoint_every=checkpoint_every)
+    outputs = outputs_for(output, format)
+    _check_output(output, outputs.name)
+    source = os.fspath(source)
+    t0 = time.perf_counter()
+    split = split or "train"
+
+    def read():
+        if layout == "raw-lmdb":
+            return raw_lmdb_items(source, split, image_shape, mask_shape, channels_first, bgr)
+        if layout == "caffe-lmdb":
+            return caffe_lmdb_items(source)
+        raise SourceError("unknown LMDB layout %r; valid: %s"
+                          % (layout, ", ".join(LEGACY_LAYOUTS)), source)
+    try:
+        n, _ = read()
+    except (SourceError, FormatError) as e:
+        raise ConversionError("cannot read source: %s" % e.reason, e.path or source) from None
+    task, raw_as = (("segmentation", "raw") if layout == "raw-lmdb"
+                    else ("classification", "png"))
+    if classes is not None:
+        classes = list(classes)
+        num_classes = len(classes)
+    opts = EncodeOptions(task=task, encoding=encoding, quality=quality,
+                         num_classes=num_classes if task == "segmentation" else None,
+                         ignore_label=ignore_label, max_pixels=max_pixels)
+    src = Source(layout, source, task, {split: []}, classes)
+    report = ConversionReport(outputs=outputs.paths(os.fspath(output), [split]))
+    options = dict(encoding=encoding, quality=quality,
+                   image_shape=list(image_shape) if image_shape is not None else None,
+                   mask_shape=list(mask_shape) if mask_shape is not None else None,
+                   channels_first=channels_first, bgr=bgr)
+
+    def jobs(start):  # records are read (and parsed) here, encoded in the workers
+        return itertools.islice(enumerate(read()[1]), start, None)
+
+    def finish_meta(s, w, st, digest):
+        meta = _metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
+                         options)
+        meta["conversion_id"] = _conversion_id(digest, s, w, st)
+        return meta
+
+    return drive(output, outputs, {split: SplitJobs(n, jobs)},
+                 partial(_legacy_work, opts=opts, raw_as=raw_as),
+                 digest=_import_digest(source, layout, split, n, opts, options), root=source,
+                 options=options, report=report, finish_meta=finish_meta, source=source,
+                 workers=workers, overwrite=overwrite, on_error=on_error, resume=resume,
+                 checkpoint_every=checkpoint_every, progress=progress, verb="import", t0=t0)
+
+
+def _stock_meta(path: str, count: int) -> dict:
+    return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "task": "classification",
+            "split": "train", "num_records": count, "checksum": None,
+            "image_encoding": "passthrough", "classes": None, "num_classes": None,
+            "created_by": {"tool": "gluon_data %s" % __version__, "layout": "stock-rec",
+                           "source": os.path.abspath(path), "options": {}},
+            "skipped": []}
+
+
+def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
+                 format: Optional[str] = None, overwrite: bool = False,
+                 progress: bool = False) -> ConversionReport:
+    """Copy a dataset between containers (``.rec`` <-> ``.lmdb``) without re-encoding.
+
+    Record payloads are copied byte for byte after their checksum is verified; keys and
+    metadata travel with them, so ``rec -> lmdb -> rec`` reproduces the ``.rec``, ``.idx``
+    and ``.meta.json`` exactly. A stock ``.rec`` (no metadata) gets classification metadata.
+    """
+    outputs = outputs_for(output, format)
+    _check_output(output, outputs.name)
+    t0 = time.perf_counter()
+    sources: Dict[str, Tuple[object, dict]] = {}
+    if is_lmdb(source):
+        metas = read_lmdb_meta(source)
+        names = split.split(",") if split else sorted(metas)
+        for s in names:
+            f = LMDBFile(source, s)  # raises listing the available splits
+            sources[s] = (f, f.meta)
+    else:
+        meta = read_meta(source)
+        f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
+        meta = meta or _stock_meta(source, len(f))
+        sources[meta.get("split") or "train"] = (f, meta)
+    report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(sources)))
+    writers: Dict[str, object] = {}
+    lock = None
+    try:
+        lock = _output_lock(output, list(sources), outputs.name)
+        writers = outputs.open(output, list(sources), overwrite)
+        for s, (f, meta) in sources.items():
+            w = writers[s]
+            keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
+            meta = {k: v for k, v in meta.items() if k not in ("container", "record_keys")}
+            task_seg = meta["task"] == "segmentation"
+            # ours, but written before header ids were always the keys (an LMDB from a .lst
+            # without record_keys, or items skipped): the header ids are the true keys
+            id_keys = (keys is None and meta.get("checksum") == "crc32-id2"
+                       and not ids_are_keys(meta, "lmdb" if isinstance(f, LMDBFile) else "rec"))
+            for i in range(len(f)):
+                payload = f.read(i)
+                rec = codec.unpack(payload, segmentation=task_seg, verify=True, path=f.path,
+                                   key=f.key(i), offset=f.offset(i))
+                key = keys[i] if keys is not None else rec.id if id_keys else f.key(i)
+                w.write(key, payload)
+            meta = outputs.copy_meta(meta, [f.key(i) for i in range(len(f))]
+                                     if keys is None else list(keys))
+            w.finish(meta)
+            report.written[s] = w.count
+            report.bytes_written += w.bytes_written
+        for w in writers.values():
+            w.publish()
+    except BaseException as e:
+        _fail(e, writers, output)
+    finally:
+        if lock is not None:
+            lock.release()
+    report.seconds = time.perf_counter() - t0
+    return report

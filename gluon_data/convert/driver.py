@@ -1,0 +1,384 @@
+"""The conversion driver: :func:`convert` plans a source into splits and :func:`drive` runs
+any planned conversion (a source layout, or a legacy LMDB import) through the same steps:
+workers that encode each item (:mod:`.encode`), one ordered writer per split behind the
+shared writer interface (:mod:`.outputs`), checkpoints and resume (:mod:`.resume`), a
+progress bar and the :class:`ConversionReport`.
+
+One writer in the parent appends records in source order, so the output is deterministic
+for the same inputs and seed whatever the number of workers. Nothing appears under the
+output's final name unless the whole conversion succeeded.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+from .. import codec
+from ..errors import ConversionError, SourceError
+from ..sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source
+from ..stats import RunningStats
+from .encode import EncodeOptions, _start_pool, _stop_pool, _work
+from .outputs import (ConversionReport, Outputs, _check_choices, _check_options, _check_output,
+                      _conversion_id, _fail, _metadata, _output_lock, outputs_for)
+from .resume import _Checkpoint, _plan_digest, _resume_finished
+
+__all__ = ["convert", "drive", "SplitJobs"]
+
+
+@dataclass
+class SplitJobs:
+    """One split of a planned conversion, as :func:`drive` runs it.
+
+    ``count`` items; ``jobs(start)`` yields ``(position, item)`` from position ``start``
+    on (what the work function takes); ``key(pos)`` is the record key an item carries (None:
+    the next position in the output) and ``name(pos)`` the source name kept in the metadata
+    (None: none kept).
+
+    >>> s = SplitJobs(2, lambda start: enumerate(["a", "b"][start:], start))
+    >>> list(s.jobs(1))
+    [(1, 'b')]
+    """
+
+    count: int
+    jobs: Callable[[int], Iterable]
+    key: Callable[[int], Optional[int]] = lambda pos: None
+    name: Callable[[int], Optional[str]] = lambda pos: None
+
+
+def _results(pool, fn, jobs, workers: int):
+    """``fn`` over ``jobs`` in order: in this process, or in the pool (a list is handed over
+    at once; an iterator, e.g. records read from a legacy LMDB, a window at a time, so
+    memory stays bounded)."""
+    if pool is None:
+        return map(fn, jobs)
+    if isinstance(jobs, list):
+        return pool.imap(fn, jobs, chunksize=4)
+
+    def windows():
+        it = iter(jobs)
+        while True:
+            chunk = list(itertools.islice(it, 64 * workers))
+            if not chunk:
+                return
+            yield from pool.imap(fn, chunk, chunksize=4)
+    return windows()
+
+
+def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
+          digest: str, root: str, options: dict, report: ConversionReport,
+          finish_meta: Callable[[str, object, RunningStats, str], dict], source: str,
+          workers: int = 1, overwrite: bool = False, on_error: str = "fail",
+          resume: bool = False, checkpoint_every: int = 64, progress: bool = False,
+          verb: str = "convert", t0: Optional[float] = None) -> ConversionReport:
+    """Run a planned conversion into ``output``: ``fn((pos, item))`` gives ``(pos, payload,
+    info, error)`` for each job (in ``workers`` spawned processes when more than one), the
+    payloads are written in order, a checkpoint is taken every ``checkpoint_every`` items,
+    ``finish_meta(split, writer, stats, digest)`` gives each split's metadata, then every
+    split is published. ``digest`` identifies the conversion (a checkpoint of another one is
+    refused); with ``resume``, outputs already complete (same ``root`` and ``options``) are
+    recognised. Failure: see :func:`~gluon_data.convert.outputs._fail`."""
+    t0 = time.perf_counter() if t0 is None else t0
+    writers: Dict[str, object] = {}
+    stats: Dict[str, RunningStats] = {}
+    pool = None
+    total = sum(s.count for s in splits.values())
+    # one writer per output at a time, from the first look at the checkpoint to publish
+    lock = _output_lock(output, list(splits), outputs.name)
+    try:
+        ckpt = _Checkpoint(output, digest, outputs)
+        state = ckpt.load() if resume else None
+        if not resume:
+            ckpt.remove()
+        if resume:
+            done = _resume_finished(state, ckpt, report, root, options)
+            if done is not None:
+                done.seconds = time.perf_counter() - t0
+                return done
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=total, unit="img", desc=verb, dynamic_ncols=True)
+        try:
+            if state is None:
+                writers = outputs.open(output, list(splits), overwrite)
+            else:
+                report.skipped[:] = state["skipped"]
+                writers = outputs.open(output, list(splits), True,
+                                       positions={s: state["splits"][s]["writer"]
+                                                  if s in state["splits"] else None
+                                                  for s in splits})
+            if workers > 1:
+                # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
+                # the parent's threads left it and can deadlock in its first OpenCV call.
+                pool = _start_pool(workers)
+            for s, plan in splits.items():
+                w = writers[s]
+                done = state["splits"][s] if state is not None and s in state["splits"] else None
+                st = RunningStats.from_state(done["stats"]) if done else RunningStats()
+                start = done["done"] if done else 0
+                stats[s] = st
+                if bar is not None:
+                    bar.update(start)
+                for pos, payload, info, err in _results(pool, fn, plan.jobs(start), workers):
+                    if bar is not None:
+                        bar.update(1)
+                    if err is not None:
+                        if on_error == "fail":
+                            raise ConversionError(err[1], err[0])
+                        report.skipped.append({"file": err[0], "reason": err[1]})
+                    else:
+                        own = plan.key(pos)
+                        key = own if own is not None else w.count
+                        if own is None and pos != key:  # items were skipped before it:
+                            payload = codec.with_id(payload, key)  # header id = the key
+                        w.write(key, payload)
+                        st.add(info)
+                        name = plan.name(pos)
+                        if name is not None:  # gluoncv's mode='test' returns it
+                            st.names.append(name)
+                    if (pos + 1) % checkpoint_every == 0:
+                        ckpt.save(s, pos + 1, w, st, report.skipped)
+                ckpt.save(s, plan.count, w, st, report.skipped)
+                report.written[s] = w.count
+            if report.total_written == 0:
+                raise ConversionError("no item could be %s (%d skipped)"
+                                      % ("imported" if verb == "import" else "converted",
+                                         len(report.skipped)), source)
+            for s, w in writers.items():
+                if w.count == 0:
+                    raise ConversionError("split %r would be empty" % s, source)
+                w.finish(finish_meta(s, w, stats[s], ckpt.digest))
+                report.bytes_written += w.bytes_written
+            ckpt.mark_publishing()
+            for w in writers.values():
+                w.publish()
+            ckpt.remove()
+            if pool is not None:  # all results are in: let the workers exit on their own
+                pool.close()
+                pool.join()
+                pool = None
+        except BaseException as e:
+            if pool is not None:  # stop the workers first: they may still read the source
+                _stop_pool(pool)
+                pool = None
+            _fail(e, writers, output, ckpt)
+        finally:
+            if pool is not None:
+                _stop_pool(pool)
+            if bar is not None:
+                bar.close()
+        report.seconds = time.perf_counter() - t0
+        return report
+    finally:
+        lock.release()
+
+
+def _plan(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict[str, List[Item]]:
+    splits = {k: list(v) for k, v in src.splits.items()}
+    if shuffle:
+        rng = random.Random(seed)
+        for k in splits:
+            rng.shuffle(splits[k])
+    if val_ratio:
+        if not 0 < val_ratio < 1:
+            raise ValueError("val_ratio must lie in (0, 1), got %r" % val_ratio)
+        if len(splits) != 1:
+            raise ValueError("val_ratio splits a single list; this source already has splits %s"
+                             % sorted(splits))
+        (items,) = splits.values()
+        nval = min(len(items) - 1, max(1, int(round(len(items) * val_ratio))))
+        if nval < 1:
+            raise ValueError("val_ratio needs at least 2 items, source has %d" % len(items))
+        splits = {"train": items[:-nval], "val": items[-nval:]}
+    return splits
+
+
+def convert(source: str, output: str, layout: Optional[str] = None, *,
+            split: Optional[str] = None, val_ratio: float = 0.0, shuffle: bool = False,
+            seed: int = 0, encoding: str = "passthrough", quality: int = 95, resize: int = 0,
+            workers: int = 1, overwrite: bool = False, on_error: str = "fail",
+            classes: Optional[Sequence[str]] = None, num_classes: Optional[int] = None,
+            ignore_label: int = 255, images_dir: str = "images", masks_dir: str = "masks",
+            lst_root: Optional[str] = None, max_pixels: int = codec.DEFAULT_MAX_PIXELS,
+            format: Optional[str] = None, image_shape: Optional[Sequence[int]] = None,
+            mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
+            bgr: bool = False, resume: bool = False, checkpoint_every: int = 64,
+            progress: bool = False, mask_encoding: str = "zraw",
+            follow_symlinks: bool = False,
+            max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> ConversionReport:
+    """Convert a source folder or ``.lst`` into RecordIO (``.rec`` + ``.idx`` + metadata).
+
+    Parameters
+    ----------
+    source : str
+        Folder (``pairs``, ``voc``, ``imagefolder``), ``.lst`` file (``lst``), or a dataset
+        to copy into the other container: a ``.rec`` or a ``.lmdb`` directory.
+    output : str
+        The ``.rec`` to write (several splits: ``NAME_<split>.rec`` beside it), or a
+        ``.lmdb`` directory holding every split.
+    layout : str, optional
+        One of ``pairs``, ``voc``, ``imagefolder``, ``lst``; detected when omitted.
+    split : str, optional
+        VOC split(s) to convert, comma separated (default ``train``).
+    val_ratio : float
+        Move this fraction of the (shuffled) items into a ``val`` split.
+    shuffle, seed
+        Shuffle the item order with ``random.Random(seed)``; output is deterministic.
+    encoding : {'passthrough', 'jpg', 'png', 'raw'}
+        ``passthrough`` stores JPEG/PNG bytes unchanged (other formats become PNG);
+        ``raw`` stores decoded uint8 arrays with their shape (no decode cost, more disk).
+    quality : int
+        JPEG quality when re-encoding.
+    resize : int
+        Resize the shorter side to this many pixels (masks by nearest neighbour); 0 = keep.
+    mask_encoding : {'zraw', 'png'}
+        How masks are stored: ``zraw`` (default), the class ids as one zlib stream (as small
+        as PNG, ~3x faster to decode and ~7x faster to encode), or a single-channel PNG.
+    workers : int
+        Processes that read, validate and encode; one ordered writer.
+    overwrite : bool
+        Replace existing outputs; otherwise an existing output is an error.
+    on_error : {'fail', 'skip'}
+        ``fail``: the first bad item aborts the conversion, nothing is written.
+        ``skip``: bad items are skipped and listed in the report and the metadata.
+    classes, num_classes
+        Declared classes (names, or only their number). Mask ids outside them, other than
+        ``ignore_label``, are errors. VOC declares its 21 classes.
+    ignore_label : int
+        Mask value meaning "not labelled" (VOC: 255).
+    format : {'rec', 'lmdb'}, optional
+        Output container; by default ``lmdb`` when ``output`` ends in ``.lmdb``.
+    image_shape, mask_shape, channels_first, bgr
+        Layout ``raw-lmdb`` only (see :mod:`gluon_data.legacy`): the stored array shapes,
+        whether images are stored CxHxW, and whether their channels are BGR.
+    resume : bool
+        Continue an interrupted conversion from its last checkpoint, taken every
+        ``checkpoint_every`` items (RecordIO: ``OUTPUT.resume.json`` after an fsync; LMDB:
+        inside the partial environment, in the same transaction as the records). The result
+        equals an uninterrupted run (RecordIO: byte for byte); a checkpoint made with other
+        inputs or options is refused. A conversion that failed or was interrupted (Ctrl-C,
+        SIGTERM, a full disk) after its first checkpoint keeps its partial files and the
+        checkpoint for this; one that failed before leaves nothing behind.
+    follow_symlinks : bool
+        Read files through symlinks that resolve outside the source root (refused by
+        default, as are listed paths with ``..`` or absolute paths, in every layout).
+    max_file_bytes : int
+        Refuse source files larger than this (only regular files are ever read).
+    max_pixels : int
+        Refuse images whose decoded size, or whose size after ``resize``, exceeds this.
+
+    Returns
+    -------
+    ConversionReport
+
+    Raises
+    ------
+    ConversionError
+        On a bad item (``on_error='fail'``), an empty source or a write failure.
+
+    Examples
+    --------
+    >>> report = convert("VOCdevkit", "voc_train.rec", layout="voc", split="train")  # doctest: +SKIP
+    >>> print(report)                                                                 # doctest: +SKIP
+    wrote 1464 records to voc_train.rec
+    """
+    _check_choices(encoding, on_error)
+    if mask_encoding not in ("zraw", "png"):
+        raise ValueError("unknown mask_encoding %r; valid: zraw, png" % (mask_encoding,))
+    _check_options(quality=quality, resize=resize, workers=workers, max_pixels=max_pixels,
+                   max_file_bytes=max_file_bytes, checkpoint_every=checkpoint_every,
+                   ignore_label=ignore_label, num_classes=num_classes)
+    outputs = outputs_for(output, format)
+    _check_output(output, outputs.name)
+    source = os.fspath(source)
+    # The Python API keeps taking a dataset or a legacy LMDB as the source (the CLI calls
+    # copy_dataset / import_lmdb itself): these hand the job over, unchanged.
+    if layout in ("raw-lmdb", "caffe-lmdb"):
+        from .copy import import_lmdb
+        return import_lmdb(source, output, layout, split=split, image_shape=image_shape,
+                           mask_shape=mask_shape, channels_first=channels_first, bgr=bgr,
+                           encoding=encoding, quality=quality, classes=classes,
+                           num_classes=num_classes, ignore_label=ignore_label,
+                           format=outputs.name, overwrite=overwrite, on_error=on_error,
+                           max_pixels=max_pixels, progress=progress, workers=workers,
+                           resume=resume, checkpoint_every=checkpoint_every)
+    if is_dataset(source):
+        from .copy import copy_dataset
+        return copy_dataset(source, output, split=split, format=outputs.name,
+                            overwrite=overwrite, progress=progress)
+    t0 = time.perf_counter()
+    try:
+        src = open_source(source, layout, split=split, images_dir=images_dir,
+                          masks_dir=masks_dir, lst_root=lst_root,
+                          follow_symlinks=follow_symlinks)
+    except SourceError as e:
+        raise ConversionError("cannot read source: %s" % e.reason, e.path or source) from None
+    if classes is None and src.classes is not None:
+        classes = src.classes
+    if classes is not None:
+        classes = list(classes)
+        if num_classes is not None and num_classes != len(classes):
+            raise ValueError("num_classes=%d disagrees with %d class names"
+                             % (num_classes, len(classes)))
+        num_classes = len(classes)
+    plan = _plan(src, val_ratio, shuffle, seed)
+    report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(plan)))
+    for f, reason in src.problems:
+        if on_error == "fail":
+            raise ConversionError(reason, f)
+        report.skipped.append({"file": f, "reason": reason})
+    if not any(plan.values()):
+        raise ConversionError("source holds no items to convert (layout %r)" % src.layout,
+                              source)
+    opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
+                         num_classes=num_classes if src.task == "segmentation" else None,
+                         ignore_label=ignore_label, max_pixels=max_pixels,
+                         mask_lut=src.mask_lut, mask_encoding=mask_encoding,
+                         max_file_bytes=max_file_bytes)
+    options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
+                   seed=seed, val_ratio=val_ratio, on_error=on_error)
+    seg = src.task == "segmentation"
+    splits = {s: SplitJobs(len(items), partial(_from, list(enumerate(items))),
+                           partial(_item_key, items),
+                           partial(_item_name, items) if seg else (lambda pos: None))
+              for s, items in plan.items()}
+
+    def finish_meta(s, w, st, digest):
+        meta = _metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
+                         options)
+        meta["conversion_id"] = _conversion_id(digest, s, w, st)
+        if seg:
+            meta["item_names"] = list(st.names)
+            if all(i.mask is None for i in plan[s]):
+                meta["masks"] = False  # images only (e.g. VOC test): mode='test'
+        return meta
+
+    return drive(output, outputs, splits, partial(_work, opts=opts),
+                 digest=_plan_digest(src, plan, opts, options), root=src.root, options=options,
+                 report=report, finish_meta=finish_meta, source=source, workers=workers,
+                 overwrite=overwrite, on_error=on_error, resume=resume,
+                 checkpoint_every=checkpoint_every, progress=progress, t0=t0)
+
+
+def _from(jobs: list, start: int) -> list:
+    return jobs[start:]
+
+
+def _item_key(items: List[Item], pos: int) -> Optional[int]:
+    return items[pos].key
+
+
+def _item_name(items: List[Item], pos: int) -> str:
+    return os.path.basename(items[pos].image)
+
+
+def is_dataset(source: str) -> bool:
+    """Whether ``source`` is a converted dataset (a ``.rec`` or an LMDB of ours) to copy
+    rather than a source layout to convert."""
+    from ..lmdbio import is_lmdb
+    return os.fspath(source).endswith(".rec") or is_lmdb(source)
