@@ -38,6 +38,9 @@ def _shape_arg(value: str):
 
 
 def _cmd_convert(a) -> int:
+    """``gluon-data convert``: write shards (``--shards``...), import a legacy LMDB layout,
+    copy a dataset between containers (``.rec`` <-> ``.lmdb``, or one container re-written),
+    or convert a source layout."""
     from .shards import is_manifest
     if (a.shards is not None or a.shard_size is not None or a.shard_items is not None
             or is_manifest(a.source)):
@@ -45,18 +48,31 @@ def _cmd_convert(a) -> int:
     if a.engine != "local" or a.scheduler:
         raise ValueError("--engine/--scheduler run shard tasks: add --shards, --shard-size or "
                          "--shard-items")
-    from .convert import convert
-    report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
-                     shuffle=a.shuffle, seed=a.seed, encoding=a.encoding, quality=a.quality, mask_encoding=a.mask_encoding,
-                     resize=a.resize, workers=a.workers, overwrite=a.overwrite,
-                     on_error=a.on_error, classes=_classes_arg(a.classes),
-                     num_classes=a.num_classes, ignore_label=a.ignore_label,
-                     images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
-                     max_pixels=a.max_pixels, format=a.format, image_shape=a.image_shape,
-                     mask_shape=a.mask_shape, channels_first=a.channels_first, bgr=a.bgr,
-                     resume=a.resume, progress=not a.quiet,
-                     follow_symlinks=a.follow_symlinks, max_file_bytes=a.max_file_bytes,
-                     checkpoint_every=int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64")))
+    from .convert import convert, copy_dataset, import_lmdb, is_dataset
+    every = int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64"))
+    if a.layout in ("raw-lmdb", "caffe-lmdb"):
+        report = import_lmdb(a.source, a.output, a.layout, split=a.split,
+                             image_shape=a.image_shape, mask_shape=a.mask_shape,
+                             channels_first=a.channels_first, bgr=a.bgr, encoding=a.encoding,
+                             quality=a.quality, classes=_classes_arg(a.classes),
+                             num_classes=a.num_classes, ignore_label=a.ignore_label,
+                             format=a.format, overwrite=a.overwrite, on_error=a.on_error,
+                             max_pixels=a.max_pixels, progress=not a.quiet, workers=a.workers,
+                             resume=a.resume, checkpoint_every=every)
+    elif is_dataset(a.source):
+        report = copy_dataset(a.source, a.output, split=a.split, format=a.format,
+                              overwrite=a.overwrite, progress=not a.quiet)
+    else:
+        report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
+                         shuffle=a.shuffle, seed=a.seed, encoding=a.encoding,
+                         quality=a.quality, mask_encoding=a.mask_encoding, resize=a.resize,
+                         workers=a.workers, overwrite=a.overwrite, on_error=a.on_error,
+                         classes=_classes_arg(a.classes), num_classes=a.num_classes,
+                         ignore_label=a.ignore_label, images_dir=a.images_dir,
+                         masks_dir=a.masks_dir, lst_root=a.root, max_pixels=a.max_pixels,
+                         format=a.format, resume=a.resume, progress=not a.quiet,
+                         follow_symlinks=a.follow_symlinks, max_file_bytes=a.max_file_bytes,
+                         checkpoint_every=every)
     print(report)
     return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
 
