@@ -709,7 +709,9 @@ class LMDBWriter:
         """Put the finished environment under the final name. An existing dataset (checked
         as ours when the writer opened) is swapped out in one atomic exchange, so the final
         name always holds a complete dataset, then removed; without ``renameat2`` it is moved
-        to a fresh ``NAME.lmdb.old-*`` folder for the instant between two renames."""
+        to a fresh ``NAME.lmdb.old-*`` folder for the instant between two renames. (A
+        directory, so not :func:`~gluon_data.fsutil.atomic_write`, which writes one file;
+        :meth:`publish` syncs the environment first and the parent directory after.)"""
         if not os.path.lexists(self.path):
             os.rename(self.tmp, self.path)
             return

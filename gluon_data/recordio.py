@@ -658,6 +658,9 @@ class RecordWriter:
             os.fsync(f.fileno())
             f.close()
         if meta is not None:
+            # Not fsutil.atomic_write: the .rec, .idx and metadata are published together
+            # (complete_publish renames all three, metadata last, and finishes a publish a
+            # crash interrupted), so each is only written and fsynced under its partial name.
             with open_new(self._tmp[2], "wb") as f:
                 f.write(dumps_meta(meta))
                 f.flush()
@@ -682,7 +685,7 @@ class RecordWriter:
             for stale in (finals[2], idx_path + BINARY_INDEX_SUFFIX):
                 if os.path.lexists(stale):  # a stale sidecar must never describe new data
                     os.remove(stale)  # (checked as ours, or a link, by the writer)
-        for tmp, final in zip(tmps, finals):
+        for tmp, final in zip(tmps, finals):  # one directory fsync for the three renames
             if os.path.exists(tmp):
                 os.replace(tmp, final)
         if os.path.exists(idx_path) and not os.path.exists(idx_path + BINARY_INDEX_SUFFIX):

@@ -129,7 +129,7 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
             f.seek(start)
             tail = f.read()
             report.tail_moved_to = _write_unique(rec_path + ".damaged-tail", tail)
-            f.truncate(start)
+            f.truncate(start)  # in place (the tail is saved above): no temporary + rename
             f.flush()
             os.fsync(f.fileno())
     text = "".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)).encode("ascii")
@@ -149,7 +149,9 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
 
 def _write_unique(path: str, data: bytes) -> str:
     """Write ``data`` to a new file ``path`` (or ``path.1``, ``path.2``... when taken):
-    bytes moved out of a dataset never replace anything, and never go through a link."""
+    bytes moved out of a dataset never replace anything, and never go through a link.
+    (Not :func:`~gluon_data.fsutil.atomic_write`, which replaces its target: here the
+    exclusive create is what guarantees nothing is replaced.)"""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     for n in range(1000):
         name = path if n == 0 else "%s.%d" % (path, n)
