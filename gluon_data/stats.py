@@ -127,6 +127,25 @@ class RunningStats:
         return {"mean": [round(float(x) / 255, 6) for x in mean],
                 "std": [round(float(x) / 255, 6) for x in std], "pixels": int(self.n)}
 
+    def merge(self, other: "RunningStats") -> None:
+        """Add ``other``'s aggregates (the statistics of a later part, e.g. a shard)."""
+        if not other.count:
+            return
+        self.count += other.count
+        self.hw_min = [min(a, b) for a, b in zip(self.hw_min, other.hw_min)]
+        self.hw_max = [max(a, b) for a, b in zip(self.hw_max, other.hw_max)]
+        self.hw_sum = [a + b for a, b in zip(self.hw_sum, other.hw_sum)]
+        for k in self._DICTS:
+            mine = getattr(self, k)
+            for c, v in getattr(other, k).items():
+                mine[c] = mine.get(c, 0) + v
+        if self.palette is None and other.palette:
+            self.palette = list(other.palette)
+        self.names.extend(other.names)
+        self.n += other.n
+        self.sum = [a + b for a, b in zip(self.sum, other.sum)]
+        self.sq = [a + b for a, b in zip(self.sq, other.sq)]
+
     _DICTS = ("class_pixels", "class_images", "class_image_pixels")
 
     def state(self) -> dict:

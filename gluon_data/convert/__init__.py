@@ -25,7 +25,7 @@ from .encode import (_PASSTHROUGH_FORMATS, EncodeOptions, _check_pixels, _decode
                      _worker_init, encode_item, encode_legacy, image_part, mask_part)
 from .outputs import (ENCODINGS, FORMATS, ConversionReport, Outputs, _check_choices,
                       _check_options, _check_output, _check_range, _conversion_id, _fail,
-                      _free_space, _metadata, _output_lock, open_writers, output_format,
+                      _free_space, _metadata, _output_lock, _split_fields, open_writers, output_format,
                       output_paths, outputs_for)
 from .resume import _Checkpoint, _import_digest, _plan_digest, _resume_finished
 

@@ -24,7 +24,7 @@ from ..sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source
 from ..stats import RunningStats
 from .encode import EncodeOptions, _start_pool, _stop_pool, _work
 from .outputs import (ConversionReport, Outputs, _check_choices, _check_options, _check_output,
-                      _conversion_id, _fail, _metadata, _output_lock, outputs_for)
+                      _fail, _metadata, _output_lock, _split_fields, outputs_for)
 from .resume import _Checkpoint, _plan_digest, _resume_finished
 
 __all__ = ["convert", "drive", "SplitJobs"]
@@ -351,11 +351,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     def finish_meta(s, w, st, digest):
         meta = _metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
                          options)
-        meta["conversion_id"] = _conversion_id(digest, s, w, st)
-        if seg:
-            meta["item_names"] = list(st.names)
-            if all(i.mask is None for i in plan[s]):
-                meta["masks"] = False  # images only (e.g. VOC test): mode='test'
+        meta.update(_split_fields(src, s, digest, w, st, plan[s]))
         return meta
 
     return drive(output, outputs, splits, partial(_work, opts=opts),

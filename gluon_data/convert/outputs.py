@@ -23,7 +23,7 @@ from ..fsutil import OutputLock
 from ..lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from ..meta import FORMAT_NAME, FORMAT_VERSION, read_meta
 from ..recordio import RecordWriter
-from ..sources import Source, voc_palette
+from ..sources import Item, Source, voc_palette
 from ..stats import RunningStats
 
 __all__ = ["ConversionReport", "ENCODINGS", "FORMATS", "Outputs", "outputs_for", "output_format",
@@ -374,6 +374,19 @@ def _metadata(src: Source, split: str, count: int, st: RunningStats, opts: Encod
         meta.update({"classes": list(classes) if classes is not None else None,
                      "num_classes": len(classes) if classes is not None else None})
     return meta
+
+
+def _split_fields(src: Source, split: str, digest: str, writer, st: "RunningStats",
+                  items: Sequence[Item]) -> dict:
+    """Metadata fields of a split as written: its ``conversion_id``, and for segmentation
+    the ``item_names`` (gluoncv's mode='test' returns them) and ``masks: false`` when no
+    item has a mask (e.g. VOC test)."""
+    out = {"conversion_id": _conversion_id(digest, split, writer, st)}
+    if src.task == "segmentation":
+        out["item_names"] = list(st.names)
+        if all(i.mask is None for i in items):
+            out["masks"] = False  # images only: mode='test'
+    return out
 
 
 def _conversion_id(digest: str, split: str, writer, st: "RunningStats") -> str:
