@@ -520,10 +520,8 @@ def write_combined_index(manifest: str, idx_path: str) -> List[str]:
         lines.extend("%d\t%d\n" % (k, o + base) for k, o in zip(keys.tolist(),
                                                                   offsets.tolist()))
         base += os.path.getsize(path)
-    tmp = idx_path + ".partial"
-    with open(tmp, "w", encoding="ascii", newline="\n") as f:
-        f.writelines(lines)
-    os.replace(tmp, idx_path)
+    from .fsutil import atomic_write
+    atomic_write(idx_path, "".join(lines).encode("ascii"))  # fsynced, never through a link
     return list(store.paths)
 
 
