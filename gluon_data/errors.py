@@ -12,6 +12,11 @@ __all__ = [
     "ConversionError",
     "ResourceError",
     "OutputError",
+    "RemoteError",
+    "RemoteConnectionError",
+    "RemoteNotFoundError",
+    "TruncatedDownloadError",
+    "ChecksumMismatchError",
 ]
 
 
@@ -75,3 +80,24 @@ class OutputError(GluonDataError):
     """An output path holds something a command must not replace or write through (a
     symbolic link, or a file or folder that is not gluon_data's own output); it was left
     untouched."""
+
+
+class RemoteError(GluonDataError):
+    """An object in remote storage could not be read or written; ``path`` is its URI."""
+
+
+class RemoteConnectionError(RemoteError, ConnectionError):
+    """The storage service could not be reached (after the bounded retries)."""
+
+
+class RemoteNotFoundError(RemoteError, FileNotFoundError):
+    """No object at the URI."""
+
+
+class TruncatedDownloadError(RemoteError):
+    """A download ended before the object's size; the partial copy was discarded."""
+
+
+class ChecksumMismatchError(RemoteError, CorruptRecordError):
+    """A downloaded object's bytes differ from the checksum its metadata or manifest records;
+    the copy was discarded."""

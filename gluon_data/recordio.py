@@ -263,7 +263,16 @@ class RecordFile:
         keys, offsets = read_index(self.idx_path)
         st = os.stat(self.path)
         self._stamp = file_stamp(st)
-        self.file_size = st.st_size
+        self._init_index(keys, offsets, st.st_size, expected_count)
+        try:
+            self._check_tail()
+        finally:
+            self.close()  # opened again on the first read: an idle reader holds no descriptor
+
+    def _init_index(self, keys, offsets, file_size: int, expected_count) -> None:
+        """Validate the index against a data file of ``file_size`` bytes and derive each
+        record's extent (also used by readers of remote objects)."""
+        self.file_size = file_size
         self._validate(keys, offsets, expected_count)
         n = len(offsets)
         self._keys = None if np.array_equal(keys, np.arange(n)) else keys
@@ -278,10 +287,6 @@ class RecordFile:
         self._key_pos: Optional[Dict[int, int]] = None
         self._fd_pid: Optional[Tuple[int, int]] = None
         self._lock = threading.Lock()
-        try:
-            self._check_tail()
-        finally:
-            self.close()  # opened again on the first read: an idle reader holds no descriptor
 
     # -- validation -------------------------------------------------------------------
     def _validate(self, keys, offsets, expected_count):
@@ -375,6 +380,11 @@ class RecordFile:
     def _pread(self, n: int, offset: int) -> bytes:
         return os.pread(self._fd(), n, offset)
 
+    def _readinto(self, view: memoryview, offset: int) -> int:
+        """Fill ``view`` from ``offset``; return the bytes read (fewer at the end of file).
+        Every read of the data goes through here and :meth:`_pread`."""
+        return os.preadv(self._fd(), [view], offset)
+
     def _pread_scratch(self, n: int, offset: int) -> memoryview:
         """``n`` bytes at ``offset`` in this thread's reused buffer (valid until its next
         read). A fresh ``bytes`` per read costs more than the copy: the allocator hands the
@@ -383,7 +393,7 @@ class RecordFile:
         if buf is None or len(buf) < n:
             buf = _SCRATCH.buf = bytearray(max(n, 1 << 20))
         view = memoryview(buf)[:n]
-        return view[:os.preadv(self._fd(), [view], offset)]
+        return view[:self._readinto(view, offset)]
 
     def close(self) -> None:
         cur, self._fd_pid = self._fd_pid, None
@@ -505,8 +515,7 @@ class RecordFile:
                 continue
             sequential = i + 1 < n and int(offsets[i + 1]) == end
             lo = start
-            hi = start + os.preadv(self._fd(), [mv[:chunk_bytes if sequential else end - start]],
-                                   start)
+            hi = start + self._readinto(mv[:chunk_bytes if sequential else end - start], start)
             # every record lying wholly in this chunk; a multi-part or damaged one goes
             # through unframe(), which reassembles it or names what is wrong
             while True:

@@ -1,0 +1,993 @@
+"""Datasets in object storage (``s3://``, ``gs://``, ``https://`` ...) through fsspec.
+
+Three ways bytes move, each built on fsspec (``pip install gluon-data[remote]``; fsspec and
+s3fs are imported only here, and only when a URI is used):
+
+* **Training reads** download whole objects (a ``.rec`` and its ``.idx``) into a local
+  :class:`ShardCache` -- atomically (temporary file, then rename), verified against the
+  SHA-256 the dataset's metadata records, under a size limit with LRU eviction, shared
+  between DataLoader workers and between jobs on one node through ``flock`` locks in the
+  cache directory -- and then read with the local fast path (:class:`~gluon_data.recordio.
+  RecordFile` on the cached file). A partial download is never used.
+* **Inspection reads** (``info``, ``show --index N``, ``verify``) fetch only the bytes they
+  need with ranged GETs: the metadata, the index, then the records asked for (sequential
+  scans read ahead in growing chunks).
+* **Writes** (``gluon-data convert SRC s3://bucket/out.rec``) convert into a local staging
+  folder, then upload the records and indexes, and the metadata *last*: the metadata is the
+  commit marker, so a reader never sees a half-written dataset.
+
+Every failure is a typed error naming the URI (:class:`~gluon_data.errors.RemoteError`
+and its subclasses); transient ones (connection refused or reset, timeouts, a short read)
+are retried a bounded number of times with exponential backoff.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import posixpath
+import re
+import shutil
+import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import (ChecksumMismatchError, FormatError, RemoteConnectionError, RemoteError,
+                     RemoteNotFoundError, TruncatedDownloadError)
+from .meta import check_meta, dumps_meta, meta_path
+from .recordio import RecordFile, _fsync_dir, idx_path_for, read_index
+from .sampler import SampleKey
+from .store import is_uri, register_opener
+
+__all__ = ["RemoteStore", "ShardCache", "BlockShuffleSampler", "PrefetchSampler",
+           "filesystem", "parse_storage_options", "parse_size", "upload_dataset",
+           "convert_to_uri", "INSTALL_HINT"]
+
+INSTALL_HINT = "pip install gluon-data[remote]"
+#: Transient failures are retried this many times (``GLUON_DATA_REMOTE_RETRIES``) ...
+RETRIES = int(os.environ.get("GLUON_DATA_REMOTE_RETRIES", "4"))
+#: ... sleeping ``BACKOFF * 2**attempt`` seconds (``GLUON_DATA_REMOTE_BACKOFF``), at most 10 s.
+BACKOFF = float(os.environ.get("GLUON_DATA_REMOTE_BACKOFF", "0.25"))
+CHUNK_BYTES = 8 << 20        # one ranged GET of a download (and the largest read-ahead)
+UPLOAD_MARKER = ".uploading.json"  # PREFIX.uploading.json: an upload is in progress
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.I)
+
+
+# --------------------------------------------------------------------------- options
+def parse_size(value) -> Optional[int]:
+    """``"20GB"`` -> bytes (``KB``/``MB``/``GB``/``TB`` are powers of 1000, ``KiB``... of
+    1024); an int passes through; ``None`` or ``""`` means no limit."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError("cannot read %r as a size (e.g. 500MB, 20GB, 1GiB)" % (value,))
+    unit = m.group(2).lower().rstrip("b")
+    base = 1024 if unit.endswith("i") else 1000
+    power = " kmgt".index(unit[:1]) if unit else 0
+    return int(float(m.group(1)) * base ** power)
+
+
+def parse_storage_options(pairs: Optional[Sequence[str]]) -> dict:
+    """CLI ``--storage-option KEY=VALUE`` pairs -> fsspec ``storage_options``. Values are
+    read as JSON when they parse (``anon=true``, ``config_kwargs={"connect_timeout": 5}``),
+    else kept as strings (``endpoint_url=http://127.0.0.1:9000``)."""
+    out = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError("--storage-option expects KEY=VALUE, got %r" % pair)
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def filesystem(uri: str, storage_options: Optional[dict] = None):
+    """``(fs, path)`` for ``uri``: an fsspec filesystem built from ``storage_options``
+    (endpoint, credentials...; unset ones come from the standard environment or profile,
+    e.g. ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws``).
+
+    Raises
+    ------
+    ImportError
+        fsspec (or the backend for the URI's scheme, e.g. s3fs) is not installed; the
+        message says what to install.
+    """
+    try:
+        import fsspec.core
+    except ImportError:
+        raise ImportError("reading or writing %s needs fsspec and s3fs: %s"
+                          % (uri, INSTALL_HINT)) from None
+    try:
+        return fsspec.core.url_to_fs(uri, **dict(storage_options or {}))
+    except ImportError as e:
+        raise ImportError("the filesystem for %s is not installed (%s): %s; other schemes "
+                          "need their fsspec backend (gcsfs, adlfs, ...)"
+                          % (uri, e, INSTALL_HINT)) from None
+
+
+def _transient(exc: BaseException) -> bool:
+    """Connection refused or reset, timeouts, short reads: worth another try."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError, ChecksumMismatchError)):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError, TruncatedDownloadError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ECONNREFUSED,
+                                                  errno.ETIMEDOUT, errno.EPIPE):
+        return True
+    names = {c.__name__ for c in type(exc).__mro__}
+    # botocore.exceptions.ConnectionError/ReadTimeoutError, aiohttp's client errors,
+    # http.client.IncompleteRead: raised by the fsspec backends on a broken connection
+    return bool(names & {"ConnectionError", "EndpointConnectionError", "ReadTimeoutError",
+                         "ConnectTimeoutError", "ClientConnectionError", "ClientPayloadError",
+                         "ServerDisconnectedError", "IncompleteRead", "ResponseStreamingError",
+                         "ProtocolError", "ClientOSError"})
+
+
+class _Remote:
+    """One storage endpoint: the filesystem (rebuilt lazily in each process) and the retry
+    policy. Pickles as its options only."""
+
+    def __init__(self, storage_options: Optional[dict] = None, retries: Optional[int] = None,
+                 backoff: Optional[float] = None):
+        self.storage_options = dict(storage_options or {})
+        self.retries = RETRIES if retries is None else int(retries)
+        self.backoff = BACKOFF if backoff is None else float(backoff)
+        self._fs: Dict[Tuple[int, str], object] = {}
+
+    def __getstate__(self):
+        return {"storage_options": self.storage_options, "retries": self.retries,
+                "backoff": self.backoff}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def fs(self, uri: str):
+        proto = uri.split("://", 1)[0]
+        key = (os.getpid(), proto)
+        fs = self._fs.get(key)
+        if fs is None:
+            # a fresh instance per process: an async client's event loop does not survive fork
+            fs = filesystem(uri, dict(self.storage_options, skip_instance_cache=True))[0]
+            self._fs[key] = fs
+        return fs, fs._strip_protocol(uri)
+
+    def call(self, uri: str, what: str, fn, *args, **kwargs):
+        """``fn(fs, path, *args)`` with bounded retries; failures become typed errors."""
+        last: Optional[BaseException] = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(10.0, self.backoff * 2 ** (attempt - 1)))
+            try:
+                fs, path = self.fs(uri)
+                return fn(fs, path, *args, **kwargs)
+            except FileNotFoundError:
+                raise RemoteNotFoundError("%s: no such object" % what, uri) from None
+            except RemoteError:
+                raise
+            except TruncatedDownloadError as e:
+                last = e
+            except ImportError:
+                raise
+            except Exception as e:  # noqa: BLE001 - classified below
+                if not _transient(e):
+                    raise RemoteError("%s failed: %s: %s" % (what, type(e).__name__, e),
+                                      uri) from e
+                last = e
+        if isinstance(last, TruncatedDownloadError):
+            raise TruncatedDownloadError("%s (after %d attempts)" % (last.reason,
+                                                                     self.retries + 1), uri)
+        raise RemoteConnectionError("%s failed after %d attempts: %s: %s"
+                                    % (what, self.retries + 1, type(last).__name__, last),
+                                    uri) from last
+
+    # -- operations ----------------------------------------------------------------------
+    def info(self, uri: str) -> dict:
+        return self.call(uri, "stat", lambda fs, p: fs.info(p))
+
+    def exists(self, uri: str) -> bool:
+        try:
+            self.info(uri)
+            return True
+        except RemoteNotFoundError:
+            return False
+
+    def cat(self, uri: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
+        """The object's bytes ``[start, end)`` (all of it by default); a short answer to a
+        range is a :class:`TruncatedDownloadError` (retried)."""
+        def get(fs, p):
+            data = fs.cat_file(p, start=start, end=end)
+            if start is not None and end is not None and len(data) != end - start:
+                raise TruncatedDownloadError("asked for bytes %d..%d, got %d bytes"
+                                             % (start, end, len(data)), uri)
+            return data
+        return self.call(uri, "read" if start is None else "ranged read", get)
+
+    def download(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> None:
+        """Write the object's ``size`` bytes to ``dest`` in ranged chunks (each retried),
+        check the count and the SHA-256, fsync. Raises on any mismatch; the caller
+        discards ``dest``."""
+        digest = hashlib.sha256()
+        with open(dest, "r+b") as f:
+            pos = 0
+            while pos < size:
+                end = min(size, pos + CHUNK_BYTES)
+                data = self.cat(uri, pos, end)
+                f.write(data)
+                digest.update(data)
+                pos = end
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise ChecksumMismatchError(
+                "downloaded %d bytes with SHA-256 %s, but the dataset's metadata records %s: "
+                "the object was modified or damaged after it was written; the copy was "
+                "discarded (re-upload the dataset)" % (size, digest.hexdigest(), sha256), uri)
+
+    def put_file(self, local: str, uri: str) -> None:
+        self.call(uri, "upload", lambda fs, p: fs.put_file(local, p))
+
+    def pipe(self, uri: str, data: bytes) -> None:
+        self.call(uri, "upload", lambda fs, p: fs.pipe_file(p, data))
+
+    def rm(self, uri: str) -> None:
+        try:
+            self.call(uri, "delete", lambda fs, p: fs.rm_file(p))
+        except RemoteNotFoundError:
+            pass
+
+
+# --------------------------------------------------------------------------- the cache
+def _default_cache_dir() -> str:
+    return os.environ.get("GLUON_DATA_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "gluon_data")
+
+
+class _Lock:
+    """An ``flock`` on a file in the cache directory (shared or exclusive). ``flock``
+    locks belong to the open file, so threads and processes (forked workers included)
+    all take part; lock files are never deleted (an unlinked lock file would let two
+    holders believe they hold the same lock)."""
+
+    def __init__(self, path: str, mode: int, blocking: bool = True):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fcntl.flock(self.fd, mode | (0 if blocking else fcntl.LOCK_NB))
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class ShardCache:
+    """A local cache of whole remote objects, shared by every process on the node.
+
+    Layout under ``cache_dir``: ``objects/<key>/<name>`` (a verified copy; its mtime is its
+    last use), ``locks/<key>.pin`` (held shared by every process reading the copy: an
+    entry in use is never evicted), ``locks/<key>.get`` (one downloader per object; the
+    others wait and then use its copy) and ``cache.lock`` (room-making). A download goes to
+    ``<name>.partial-<pid>-<n>``, pre-sized so concurrent downloads count against the
+    limit, and is renamed only after its size and SHA-256 check out; a crash leaves a
+    partial that the next download of the object removes. ``<key>`` hashes the URI with the
+    object's checksum (or ETag and size), so a replaced object is never served from a stale
+    copy.
+
+    Parameters
+    ----------
+    cache_dir : str, optional
+        Default ``$GLUON_DATA_CACHE_DIR``, else ``~/.cache/gluon_data``.
+    cache_limit : int or str, optional
+        Bytes (``"20GB"`` works) the cache may hold; least recently used copies not in use
+        are evicted to make room. Default ``$GLUON_DATA_CACHE_LIMIT``, else no limit. In-use
+        copies are never evicted, so the cache can exceed the limit by what is in use.
+
+    Examples
+    --------
+    >>> cache = ShardCache("/tmp/gd-cache", cache_limit="2GB")           # doctest: +SKIP
+    >>> path, pin = cache.fetch(_Remote(), "s3://bucket/a.rec", size=1 << 20)  # doctest: +SKIP
+    """
+
+    def __init__(self, cache_dir: Optional[str] = None, cache_limit=None):
+        self.cache_dir = os.path.abspath(os.fspath(cache_dir or _default_cache_dir()))
+        self.cache_limit = parse_size(cache_limit if cache_limit is not None
+                                      else os.environ.get("GLUON_DATA_CACHE_LIMIT"))
+        self._objects = os.path.join(self.cache_dir, "objects")
+        self._locks = os.path.join(self.cache_dir, "locks")
+        self._seq = 0
+
+    def _ensure_dirs(self):
+        os.makedirs(self._objects, exist_ok=True)
+        os.makedirs(self._locks, exist_ok=True)
+
+    @staticmethod
+    def entry_key(uri: str, stamp: str) -> str:
+        return hashlib.sha256(("%s\0%s" % (uri, stamp)).encode("utf-8")).hexdigest()[:32]
+
+    def fetch(self, remote: _Remote, uri: str, size: int, sha256: Optional[str] = None,
+              stamp: str = "", pin: bool = False):
+        """Path of a verified local copy of ``uri`` (downloading it if needed), and a pin:
+        a lock keeping the copy from eviction until ``pin.release()`` (``None`` unless
+        ``pin``)."""
+        self._ensure_dirs()
+        key = self.entry_key(uri, stamp)
+        entry = os.path.join(self._objects, key)
+        final = os.path.join(entry, posixpath.basename(uri) or "object")
+        held = _Lock(os.path.join(self._locks, key + ".pin"), fcntl.LOCK_SH)
+        try:
+            if not os.path.isfile(final):
+                with _Lock(os.path.join(self._locks, key + ".get"), fcntl.LOCK_EX):
+                    if not os.path.isfile(final):
+                        self._download(remote, uri, size, sha256, entry, final, key)
+            st = os.stat(final)
+            if st.st_size != size:
+                raise ChecksumMismatchError("the cached copy %s has %d bytes, the object %d; "
+                                            "delete the cache folder %s"
+                                            % (final, st.st_size, size, self.cache_dir), uri)
+            os.utime(final)  # last use, for LRU
+        except BaseException:
+            held.release()
+            raise
+        if not pin:
+            held.release()
+            held = None
+        return final, held
+
+    def _download(self, remote, uri, size, sha256, entry, final, key) -> None:
+        os.makedirs(entry, exist_ok=True)
+        for name in os.listdir(entry):  # we hold the object's download lock: leftovers
+            if ".partial-" in name:
+                os.remove(os.path.join(entry, name))
+        self._seq += 1
+        tmp = "%s.partial-%d-%d-%d" % (final, os.getpid(), threading.get_ident(), self._seq)
+        with _Lock(os.path.join(self.cache_dir, "cache.lock"), fcntl.LOCK_EX):
+            self._make_room(size, keep=key, uri=uri)
+            with open(tmp, "wb") as f:
+                f.truncate(size)  # counted by the next room-making, before a byte arrives
+        try:
+            remote.download(uri, tmp, size, sha256)
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.remove(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        _fsync_dir(entry)
+
+    def _entries(self) -> List[Tuple[float, int, str]]:
+        """``(last use, bytes, key)`` of every entry."""
+        out = []
+        for key in os.listdir(self._objects):
+            d = os.path.join(self._objects, key)
+            size, used = 0, 0.0
+            try:
+                for name in os.listdir(d):
+                    st = os.stat(os.path.join(d, name))
+                    size += st.st_size
+                    used = max(used, st.st_mtime)
+            except FileNotFoundError:
+                continue
+            out.append((used, size, key))
+        return out
+
+    def usage(self) -> int:
+        """Bytes the cache holds now (copies and downloads in flight)."""
+        self._ensure_dirs()
+        return sum(e[1] for e in self._entries())
+
+    def _make_room(self, incoming: int, keep: str, uri: str) -> None:
+        limit = self.cache_limit
+        if limit is None:
+            return
+        if incoming > limit:
+            raise ValueError("%s has %d bytes, more than the whole cache_limit (%d bytes); "
+                             "raise cache_limit (or write smaller shards)"
+                             % (uri, incoming, limit))
+        entries = self._entries()
+        total = sum(e[1] for e in entries)
+        for used, size, key in sorted(entries):
+            if total + incoming <= limit:
+                return
+            if key == keep:
+                continue
+            try:  # an entry pinned by a reader (or a download in flight) stays
+                lock = _Lock(os.path.join(self._locks, key + ".pin"), fcntl.LOCK_EX,
+                             blocking=False)
+            except BlockingIOError:
+                continue
+            with lock:
+                shutil.rmtree(os.path.join(self._objects, key), ignore_errors=True)
+            total -= size
+        if total + incoming > limit:
+            warnings.warn("cache %s: %d bytes in use exceed cache_limit %d; the in-use copies "
+                          "are kept" % (self.cache_dir, total + incoming, limit),
+                          RuntimeWarning, stacklevel=4)
+
+
+# --------------------------------------------------------------------------- reading
+class _RangedRecordFile(RecordFile):
+    """A :class:`RecordFile` whose data bytes come from ranged GETs of a remote ``.rec``:
+    one GET per record read, growing read-ahead (up to :data:`CHUNK_BYTES`) while reads
+    are sequential, as in ``verify``'s scan."""
+
+    def __init__(self, uri: str, remote: _Remote, size: int, keys, offsets,
+                 expected_count: Optional[int], idx_uri: str):
+        self.path, self.idx_path = uri, idx_uri
+        self._remote = remote
+        self._meta, self._stamp = None, (0, 0, int(size), 0)  # (the store holds both)
+        self._init_index(keys, offsets, size, expected_count)
+        self._ahead = threading.local()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_ahead"] = None
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._ahead = threading.local()
+
+    def _fd(self) -> int:  # pragma: no cover - every read is overridden below
+        raise RuntimeError("a remote record file has no descriptor")
+
+    def close(self) -> None:
+        pass
+
+    def _get(self, n: int, offset: int) -> bytes:
+        n = max(0, min(n, self.file_size - offset))
+        st = self._ahead
+        buf, start = getattr(st, "buf", b""), getattr(st, "start", -1)
+        if start <= offset and offset + n <= start + len(buf):
+            return buf[offset - start:offset - start + n]
+        sequential = offset == getattr(st, "next", None)
+        ahead = min(CHUNK_BYTES, max(n, 2 * getattr(st, "ahead", 0))) if sequential else n
+        end = min(self.file_size, offset + max(n, ahead))
+        data = self._remote.cat(self.path, offset, end) if end > offset else b""
+        st.buf, st.start, st.next, st.ahead = data, offset, end, ahead
+        return data[:n]
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        return self._get(n, offset)
+
+    def _readinto(self, view: memoryview, offset: int) -> int:
+        data = self._get(len(view), offset)
+        view[:len(data)] = data
+        return len(data)
+
+
+def _load_index(local_idx: str, uri: str):
+    try:
+        return read_index(local_idx)
+    except FormatError as e:  # name the object, not the cache file
+        raise FormatError(e.reason, uri, e.key, e.offset) from None
+
+
+class RemoteStore:
+    """A ``.rec`` with its ``.idx`` (and ``.meta.json``) in object storage, as a record store.
+
+    ``reads='cache'`` (training) downloads the whole ``.rec`` and ``.idx`` into a
+    :class:`ShardCache` on the first record read (verified against the SHA-256 sums the
+    metadata records when the dataset was uploaded by ``gluon-data convert``) and reads the
+    local copies with :class:`~gluon_data.recordio.RecordFile`. ``reads='ranged'``
+    (inspection) fetches the index, then only the bytes of the records read. Either way the
+    constructor fetches the metadata and the object sizes only.
+
+    Parameters
+    ----------
+    location : str
+        URI of the ``.rec`` (``s3://bucket/prefix/voc_train.rec``).
+    split : None
+        A ``.rec`` holds one split.
+    storage_options : dict, optional
+        fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``, ``client_kwargs``...).
+        Credentials default to the standard environment or profile; nothing is stored in
+        the dataset.
+    cache_dir, cache_limit
+        The :class:`ShardCache` (defaults: ``$GLUON_DATA_CACHE_DIR`` or
+        ``~/.cache/gluon_data``, ``$GLUON_DATA_CACHE_LIMIT`` or unlimited).
+    reads : {'cache', 'ranged'}
+    retries, backoff : optional
+        Retry policy for transient errors (defaults :data:`RETRIES`, :data:`BACKOFF`).
+    prefetch_threads : int
+        Bound of the background download pool :meth:`prefetch` uses.
+
+    Examples
+    --------
+    >>> store = RemoteStore("s3://bucket/voc_train.rec",
+    ...                     storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
+    >>> len(store), store.meta["task"]                                                # doctest: +SKIP
+    (1464, 'segmentation')
+    >>> payload = store.read(0)      # downloads voc_train.rec/.idx into the cache once  # doctest: +SKIP
+    """
+
+    def __init__(self, location: str, split: Optional[str] = None, *,
+                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                 cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
+                 backoff: Optional[float] = None, prefetch_threads: int = 2):
+        if split is not None:
+            raise TypeError("split= applies to LMDB datasets; a .rec holds one split")
+        if reads not in ("cache", "ranged"):
+            raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
+        self.location = os.fspath(location)
+        self.split = None
+        self.reads = reads
+        self._remote = _Remote(storage_options, retries, backoff)
+        self._cache_args = (cache_dir, cache_limit)
+        self._prefetch_threads = max(1, int(prefetch_threads))
+        self.idx_location = idx_path_for(self.location)
+        self.meta_location = meta_path(self.location)
+        self.meta = self._read_meta()
+        info = self._remote.info(self.location)
+        self.file_size = int(info["size"])
+        self._stamps = {self.location: _stamp(info)}
+        files = (self.meta or {}).get("files") or {}
+        self._sums = {u: files.get(posixpath.basename(u)) for u in (self.location,
+                                                                      self.idx_location)}
+        want = self._sums[self.location]
+        if want is not None and int(want.get("bytes", -1)) != self.file_size:
+            raise ChecksumMismatchError(
+                "the object has %d bytes but the metadata records %d: it was replaced or "
+                "is being rewritten; re-upload the dataset" % (self.file_size, want["bytes"]),
+                self.location)
+        self._init_local()
+
+    def _init_local(self):
+        self._cache = ShardCache(*self._cache_args)
+        self._reader: Optional[Tuple[int, RecordFile]] = None
+        self._pins: list = []
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pending: Optional[Future] = None
+
+    def __getstate__(self) -> dict:
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("_cache", "_reader", "_pins", "_lock", "_pool", "_pending")}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    # -- opening -------------------------------------------------------------------------
+    def _read_meta(self) -> Optional[dict]:
+        try:
+            raw = self._remote.cat(self.meta_location)
+        except RemoteNotFoundError:
+            prefix = os.path.splitext(self.location)[0]
+            if self._remote.exists(prefix + UPLOAD_MARKER):
+                raise FormatError("an upload of this dataset is in progress or was interrupted "
+                                  "(%s exists, the metadata does not yet): wait for it, or "
+                                  "rerun the conversion with --resume"
+                                  % (prefix + UPLOAD_MARKER), self.location) from None
+            return None
+        try:
+            meta = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise FormatError("metadata is not valid JSON (%s)" % e, self.meta_location) \
+                from None
+        return check_meta(meta, self.meta_location)
+
+    def _sha(self, uri: str) -> Optional[str]:
+        entry = self._sums.get(uri)
+        return None if entry is None else entry.get("sha256")
+
+    def _stamp_of(self, uri: str) -> str:
+        sha = self._sha(uri)
+        if sha is not None:
+            return "sha256:" + sha
+        if uri not in self._stamps:
+            self._stamps[uri] = _stamp(self._remote.info(uri))
+        return self._stamps[uri]
+
+    def _size_of(self, uri: str) -> int:
+        entry = self._sums.get(uri)
+        if entry is not None and "bytes" in entry:
+            return int(entry["bytes"])
+        return self.file_size if uri == self.location else int(self._remote.info(uri)["size"])
+
+    def fetch(self, uri: Optional[str] = None, pin: bool = False):
+        """Download ``uri`` (default: the ``.rec``) into the cache if it is not there;
+        return ``(local path, pin)``."""
+        uri = uri or self.location
+        return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
+                                 self._stamp_of(uri), pin=pin)
+
+    def _open(self) -> RecordFile:
+        expected = self.meta["num_records"] if self.meta else None
+        idx_local, idx_pin = self.fetch(self.idx_location, pin=True)
+        pins = [idx_pin]
+        try:
+            if self.reads == "ranged":
+                keys, offsets = _load_index(idx_local, self.idx_location)
+                return _RangedRecordFile(self.location, self._remote, self.file_size, keys,
+                                         offsets, expected, self.idx_location), pins
+            rec_local, rec_pin = self.fetch(self.location, pin=True)
+            pins.append(rec_pin)
+            try:
+                return RecordFile(rec_local, idx_local, expected_count=expected), pins
+            except FormatError as e:
+                raise FormatError(e.reason, self.location, e.key, e.offset) from None
+        except BaseException:
+            for p in pins:
+                p.release()
+            raise
+
+    def record_file(self) -> RecordFile:
+        """The reader of this process (opened on first use: the index and, with
+        ``reads='cache'``, the data are fetched then)."""
+        pid = os.getpid()
+        cur = self._reader
+        if cur is not None and cur[0] == pid:
+            return cur[1]
+        with self._lock:
+            if self._reader is None or self._reader[0] != pid:
+                f, pins = self._open()
+                self._pins = pins  # (a forked child keeps its parent's pins too)
+                self._reader = (pid, f)
+            return self._reader[1]
+
+    def close(self) -> None:
+        """Release this process's pins on cached copies (they become evictable)."""
+        with self._lock:
+            for p in self._pins:
+                p.release()
+            self._pins = []
+            self._reader = None
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    # -- prefetch ------------------------------------------------------------------------
+    def parts(self) -> List[int]:
+        """Record counts of the objects downloaded as units (one ``.rec``: ``[len]``)."""
+        return [len(self)]
+
+    def prefetch(self, indices: Iterable[int]) -> Optional[Future]:
+        """Start downloading, in the background, what reading ``indices`` will need (the
+        sampler's upcoming order); returns the future of the download, or ``None`` when
+        nothing is needed (ranged reads, already fetched). Bounded: one download per
+        object in flight, on at most ``prefetch_threads`` threads."""
+        if self.reads != "cache" or not any(True for _ in indices):
+            return None
+        cur = self._reader
+        if cur is not None and cur[0] == os.getpid():
+            return None
+        with self._lock:
+            if self._pending is not None and not self._pending.done():
+                return self._pending
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._prefetch_threads,
+                                                thread_name_prefix="gluon-data-prefetch")
+            def work():
+                for uri in (self.idx_location, self.location):
+                    self.fetch(uri)
+            self._pending = self._pool.submit(work)
+            return self._pending
+
+    # -- the store protocol --------------------------------------------------------------
+    def __len__(self) -> int:
+        if self.meta is not None:
+            return int(self.meta["num_records"])
+        return len(self.record_file())
+
+    def key(self, i: int) -> int:
+        return self.record_file().key(i)
+
+    def offset(self, i: int) -> Optional[int]:
+        return self.record_file().offset(i)
+
+    def read(self, i: int) -> bytes:
+        return self.record_file().read(i)
+
+    def view(self, i: int):
+        return self.record_file().view(i)
+
+    def scan(self) -> Iterator:
+        return self.record_file().scan()
+
+    def check_tail(self) -> None:
+        """Check that the last indexed record ends the ``.rec`` (``verify`` does)."""
+        self.record_file()._check_tail()
+
+    def identity(self) -> str:
+        return self._stamp_of(self.location)
+
+    def __repr__(self) -> str:
+        return "RemoteStore(%r, reads=%r)" % (self.location, self.reads)
+
+
+def _stamp(info: dict) -> str:
+    etag = info.get("ETag") or info.get("etag") or info.get("mtime") or ""
+    return "etag:%s:%s" % (str(etag).strip('"'), info.get("size"))
+
+
+def _open_remote(location: str, split: Optional[str] = None, **options) -> RemoteStore:
+    return RemoteStore(location, split, **options)
+
+
+register_opener(is_uri, _open_remote, priority=10)
+
+
+# --------------------------------------------------------------------------- sampling
+class BlockShuffleSampler:
+    """Seeded shuffle that keeps each epoch's reads shard-local.
+
+    Each epoch draws one permutation of the parts (shards) and, for every block of
+    ``parts_per_block`` consecutive parts in that order, one permutation of the records of
+    the block; it yields the blocks one after the other. Only ``parts_per_block`` parts are
+    needed at a time, so a cache holding a few shards serves the whole epoch with each shard
+    downloaded once, and the next block can be prefetched while this one is read.
+
+    **Shuffle quality.** A full shuffle makes any two records equally likely to meet in a
+    batch. Here a batch holds records from at most ``parts_per_block`` parts (two, at a
+    block boundary), so a shard with skewed content (e.g. written in class order) gives
+    skewed batches. Shuffle the items when converting (``convert --shuffle``) so every shard
+    is a random sample, and raise ``parts_per_block`` (at the cost of that many shards in
+    the cache) for more mixing; with one block covering every part this is a full shuffle.
+    The order is a pure function of ``(seed, epoch, part sizes)``.
+
+    Parameters
+    ----------
+    part_sizes : sequence of int
+        Records per part, in store order (``store.parts()``).
+    shuffle : bool
+        ``False``: parts and records in store order.
+    seed : int
+    parts_per_block : int
+
+    Examples
+    --------
+    >>> s = BlockShuffleSampler([3, 3, 2], seed=0)
+    >>> s.set_epoch(1)
+    >>> sorted(int(k) for k in s) == list(range(8)), len(s)
+    (True, 8)
+    """
+
+    def __init__(self, part_sizes: Sequence[int], shuffle: bool = True, seed: int = 0,
+                 parts_per_block: int = 1):
+        self.part_sizes = [int(n) for n in part_sizes]
+        if any(n < 0 for n in self.part_sizes) or int(parts_per_block) < 1:
+            raise ValueError("part sizes must be >= 0 and parts_per_block >= 1")
+        self._starts = np.concatenate(([0], np.cumsum(self.part_sizes)))
+        self.shuffle, self.seed = shuffle, int(seed)
+        self.parts_per_block = int(parts_per_block)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def blocks(self) -> List[np.ndarray]:
+        """This epoch's order, block by block (arrays of record indices)."""
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, self.epoch, 0x42534850])
+        nparts = len(self.part_sizes)
+        order = rng.permutation(nparts) if self.shuffle else np.arange(nparts)
+        out = []
+        for b in range(0, nparts, self.parts_per_block):
+            idx = np.concatenate([np.arange(self._starts[p], self._starts[p + 1])
+                                  for p in order[b:b + self.parts_per_block]] or [[]])
+            if self.shuffle:
+                rng.shuffle(idx)
+            out.append(idx.astype(np.int64))
+        return out
+
+    def __iter__(self) -> Iterator[SampleKey]:
+        epoch = self.epoch
+        for block in self.blocks():
+            for i in block:
+                yield SampleKey(int(i), epoch)
+
+
+class PrefetchSampler:
+    """Wraps a sampler and tells ``store.prefetch`` the next ``lookahead`` indices before
+    yielding each one, so downloads run ahead of the DataLoader in the sampler's order.
+    The store's cache is shared on the node, so workers find the files the main process
+    prefetched.
+
+    Examples
+    --------
+    >>> store = RemoteStore("s3://bucket/train.rec")                         # doctest: +SKIP
+    >>> sampler = PrefetchSampler(BlockShuffleSampler(store.parts(), seed=1), store)  # doctest: +SKIP
+    >>> loader = DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4)  # doctest: +SKIP
+    """
+
+    def __init__(self, sampler, store, lookahead: int = 256):
+        self.sampler, self.store, self.lookahead = sampler, store, max(1, int(lookahead))
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        window: List = []
+        it = iter(self.sampler)
+        done = False
+        while True:
+            while not done and len(window) < self.lookahead:
+                try:
+                    window.append(next(it))
+                except StopIteration:
+                    done = True
+            if not window:
+                return
+            self.store.prefetch(int(k) for k in window)
+            yield window.pop(0)
+
+
+# --------------------------------------------------------------------------- writing
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(4 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _join(base_uri: str, name: str) -> str:
+    return base_uri.rsplit("/", 1)[0] + "/" + name
+
+
+def upload_dataset(local_recs: Sequence[str], uri: str, *,
+                   storage_options: Optional[dict] = None, overwrite: bool = False,
+                   resume: bool = False, journal: Optional[str] = None,
+                   retries: Optional[int] = None) -> Dict[str, str]:
+    """Upload local ``.rec`` datasets (their ``.idx`` and metadata) beside ``uri``; returns
+    ``{local .rec: its URI}``.
+
+    Order: ``PREFIX.uploading.json`` markers; the old metadata removed (``overwrite``);
+    every ``.rec`` and ``.idx``; every metadata, each with a ``files`` entry recording the
+    size and SHA-256 of its ``.rec`` and ``.idx`` (what readers verify downloads against);
+    then the markers removed. A reader therefore sees either no dataset (and, while the
+    marker exists, an error saying an upload is in progress) or a complete one. With
+    ``resume``, objects the ``journal`` (a local JSON file) lists as uploaded with the same
+    SHA-256 and found with the same size are not sent again.
+
+    Raises
+    ------
+    FileExistsError
+        An output object exists and neither ``overwrite`` nor a resumable upload of ours
+        (``resume`` with the journal naming it) allows replacing it.
+    """
+    remote = _Remote(storage_options, retries)
+    done = {}
+    if resume and journal and os.path.exists(journal):
+        with open(journal, encoding="utf-8") as f:
+            done = json.load(f)
+    plan = []  # (local rec, rec uri, [(local, uri)], meta)
+    for rec in local_recs:
+        rec_uri = _join(uri, os.path.basename(rec))
+        pairs = [(rec, rec_uri), (idx_path_for(rec), idx_path_for(rec_uri))]
+        with open(meta_path(rec), "rb") as f:
+            meta = json.loads(f.read().decode("utf-8"))
+        meta["files"] = {}
+        for local, target in pairs:
+            meta["files"][posixpath.basename(target)] = {"bytes": os.path.getsize(local),
+                                                          "sha256": _sha256_file(local)}
+        plan.append((rec, rec_uri, pairs, meta))
+    if resume:  # objects a complete earlier upload left that equal ours are not resent
+        for _, rec_uri, _, meta in plan:
+            try:
+                old = json.loads(remote.cat(meta_path(rec_uri)).decode("utf-8"))
+            except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
+                continue
+            for name, entry in (old.get("files") or {}).items():
+                if entry == meta["files"].get(name):
+                    done[_join(rec_uri, name)] = entry["sha256"]
+            if dumps_meta(old) == dumps_meta(meta):
+                done[meta_path(rec_uri)] = "meta"
+    for _, rec_uri, pairs, _ in plan:  # refuse before anything is changed
+        for local, target in pairs + [(None, meta_path(rec_uri))]:
+            if overwrite or not remote.exists(target):
+                continue
+            if resume and target in done:
+                continue
+            raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
+                                  "to replace it" % target)
+    result = {rec: rec_uri for rec, rec_uri, _, _ in plan}
+    if all(done.get(meta_path(u)) == "meta" for _, u, _, _ in plan):
+        return result  # an identical dataset is already there (resume after completion)
+    markers = [os.path.splitext(rec_uri)[0] + UPLOAD_MARKER for _, rec_uri, _, _ in plan]
+    for m in markers:
+        remote.pipe(m, json.dumps({"writer": "gluon_data", "started": time.time()}).encode())
+    for _, rec_uri, _, _ in plan:
+        if done.get(meta_path(rec_uri)) != "meta":
+            remote.rm(meta_path(rec_uri))  # no metadata may describe the objects replaced next
+
+    def record(target, sha):
+        done[target] = sha
+        if journal:
+            tmp = journal + ".partial"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(done, f)
+            os.replace(tmp, journal)
+
+    for _, rec_uri, pairs, meta in plan:
+        for local, target in pairs:
+            entry = meta["files"][posixpath.basename(target)]
+            if done.get(target) == entry["sha256"]:
+                try:
+                    if int(remote.info(target)["size"]) == entry["bytes"]:
+                        continue
+                except RemoteNotFoundError:
+                    pass
+            remote.put_file(local, target)
+            record(target, entry["sha256"])
+    for _, rec_uri, _, meta in plan:  # the commit markers, last
+        if done.get(meta_path(rec_uri)) == "meta" and remote.exists(meta_path(rec_uri)):
+            continue
+        remote.pipe(meta_path(rec_uri), dumps_meta(meta))
+        record(meta_path(rec_uri), "meta")
+    for m in markers:
+        remote.rm(m)
+    return result
+
+
+def convert_to_uri(source: str, output: str, *, storage_options: Optional[dict] = None,
+                   cache_dir: Optional[str] = None, overwrite: bool = False,
+                   resume: bool = False, **convert_options):
+    """:func:`gluon_data.convert.convert` into object storage: convert into a local staging
+    folder (``CACHE_DIR/staging/<hash of output>/``, kept until the upload completes, so
+    ``resume`` continues an interrupted conversion or upload), then :func:`upload_dataset`.
+    Returns the :class:`~gluon_data.convert.ConversionReport` with URIs as outputs.
+
+    Examples
+    --------
+    >>> convert_to_uri("VOCdevkit", "s3://bucket/voc.rec", layout="voc",
+    ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
+    """
+    from .convert import convert
+    output = os.fspath(output)
+    if output.endswith(".lmdb") or convert_options.get("format") == "lmdb":
+        raise ValueError("an LMDB environment cannot be written to object storage (%s); "
+                         "write a .rec" % output)
+    remote = _Remote(storage_options)
+    # refuse an existing output before any work (the split names are checked again later)
+    if not overwrite and not resume and remote.exists(output):
+        raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) to "
+                              "replace it" % output)
+    staging = os.path.join(os.path.abspath(cache_dir or _default_cache_dir()), "staging",
+                           hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
+    if not resume and os.path.isdir(staging):
+        shutil.rmtree(staging)  # our own staging folder: a fresh conversion starts clean
+    os.makedirs(staging, exist_ok=True)
+    local = os.path.join(staging, posixpath.basename(output) or "out.rec")
+    report = convert(source, local, overwrite=True, resume=resume, **convert_options)
+    uris = upload_dataset([report.outputs[s] for s in sorted(report.outputs)], output,
+                          storage_options=storage_options, overwrite=overwrite, resume=resume,
+                          journal=os.path.join(staging, "upload.json"))
+    report.outputs = {s: uris[p] for s, p in report.outputs.items()}
+    shutil.rmtree(staging, ignore_errors=True)
+    return report
