@@ -37,6 +37,16 @@ def _shape_arg(value: str):
     return shape
 
 
+def _remote(a) -> dict:
+    """RemoteStore options from ``--storage-option`` (empty for local paths)."""
+    from .store import is_uri
+    path = getattr(a, "path", None) or getattr(a, "output", None)
+    if path is None or not is_uri(path):
+        return {}
+    from .remote import parse_storage_options
+    return {"storage_options": parse_storage_options(getattr(a, "storage_option", None))}
+
+
 def _cmd_convert(a) -> int:
     """``gluon-data convert``: write shards (``--shards``...), import a legacy LMDB layout,
     copy a dataset between containers (``.rec`` <-> ``.lmdb``, or one container re-written),
@@ -63,6 +73,10 @@ def _cmd_convert(a) -> int:
         report = copy_dataset(a.source, a.output, split=a.split, format=a.format,
                               overwrite=a.overwrite, progress=not a.quiet)
     else:
+        if _remote(a):  # into object storage: converted locally, then uploaded (metadata last)
+            from functools import partial
+            from .remote import convert_to_uri
+            convert = partial(convert_to_uri, **_remote(a))
         report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
                          shuffle=a.shuffle, seed=a.seed, encoding=a.encoding,
                          quality=a.quality, mask_encoding=a.mask_encoding, resize=a.resize,
@@ -111,12 +125,15 @@ def _summary(meta: dict) -> dict:
     return out
 
 
-def describe(path: str) -> dict:
-    """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens)."""
+def describe(path: str, remote: Optional[dict] = None) -> dict:
+    """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens;
+    a URI with ``remote`` options, read by ranged GETs: the metadata and, for a stock file,
+    the index and a few records)."""
     from . import codec
     from .shards import is_manifest, read_manifest
-    from .store import open_store, store_splits
-    if is_manifest(path):
+    from .store import is_uri, open_store, store_splits
+    opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
+    if is_manifest(path) and not is_uri(path):
         doc = read_manifest(path)
         out = {"path": path, "container": doc["container"] + " shards",
                "shards": len(doc["shards"]), "records": doc["num_records"],
@@ -132,7 +149,7 @@ def describe(path: str) -> dict:
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) \
             if os.path.isdir(path) else None
         return {"path": path, "container": "lmdb", "bytes": size, "splits": out}
-    f = open_store(path)
+    f = open_store(path, **opts)
     meta = f.meta
     out = {"path": path, "records": len(f), "bytes": getattr(f, "file_size", None)}
     if meta is None:
@@ -152,10 +169,11 @@ def describe(path: str) -> dict:
     return out
 
 
-def _load_meta(path: str, split=None) -> dict:
+def _load_meta(path: str, split=None, remote: Optional[dict] = None) -> dict:
     from .errors import FormatError
-    from .store import open_store
-    meta = open_store(path, split).meta
+    from .store import is_uri, open_store
+    opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
+    meta = open_store(path, split, **opts).meta
     if meta is None:
         raise FormatError("no metadata: a stock RecordIO file has no statistics", path)
     return meta
@@ -163,7 +181,7 @@ def _load_meta(path: str, split=None) -> dict:
 
 def _cmd_stats(a) -> int:
     from .stats import class_statistics, format_statistics
-    stats = class_statistics(_load_meta(a.path, a.split), a.path)
+    stats = class_statistics(_load_meta(a.path, a.split, _remote(a)), a.path)
     if a.json:
         out = dict(stats)
         out["weights"] = {k: [r[k] for r in stats["classes"]] for k in ("median_freq", "enet")}
@@ -174,9 +192,13 @@ def _cmd_stats(a) -> int:
 
 
 def _cmd_show(a) -> int:
-    from .datasets import open_segmentation
+    from .datasets import SegmentationDataset, open_segmentation
     from .preview import render_preview
-    ds = open_segmentation(a.path, a.split, ignore_value=None)
+    from .store import open_store
+    remote = _remote(a)
+    ds = (SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged")),
+                              ignore_value=None) if remote  # a URI: ranged reads
+          else open_segmentation(a.path, a.split, ignore_value=None))
     if not -len(ds) <= a.index < len(ds):
         raise ValueError("--index %d out of range: the dataset has %d records"
                          % (a.index, len(ds)))
@@ -204,7 +226,8 @@ def _save_image(pic, out: str) -> None:
 
 def _cmd_verify(a) -> int:
     from .verify import verify
-    report = verify(a.path, deep=a.deep, split=a.split)
+    report = verify(a.path, deep=a.deep, split=a.split, **({"remote": _remote(a)}
+                                                            if _remote(a) else {}))
     print(report)
     return 0 if report.ok else 1
 
@@ -217,7 +240,7 @@ def _cmd_salvage(a) -> int:
 
 
 def _cmd_info(a) -> int:
-    info = describe(a.path)
+    info = describe(a.path, _remote(a))
     if a.json:
         print(json.dumps(info, indent=1))
         return 0
@@ -312,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "copied into the other container.")
     c.add_argument("source", help="source folder, .lst file (--layout lst), or a .rec / .lmdb "
                                   "dataset to copy into the other container")
-    c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec) or .lmdb")
+    c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec) or .lmdb, "
+                                  "or a .rec URI (s3://bucket/out.rec: written locally, then "
+                                  "uploaded, metadata last)")
     c.add_argument("--layout", choices=["pairs", "voc", "ade20k", "cityscapes", "imagefolder",
                                         "lst", "raw-lmdb", "caffe-lmdb"],
                    help="source layout (detected when omitted; the LMDB imports must be named)")
@@ -369,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="raw-lmdb: images are stored C,H,W")
     c.add_argument("--bgr", action="store_true", help="raw-lmdb: image channels are BGR")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="fsspec storage option for a URI (repeatable), e.g. "
+                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
+                        "standard environment or profile")
     g = c.add_argument_group("sharding", "write N self-contained shards plus a manifest "
                                          "OUTPUT_PREFIX.shards.json, one task per shard; a "
                                          "rerun skips finished shards")
@@ -385,20 +414,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", formatter_class=_Formatter,
                        help="task, record count, classes, image sizes, format version")
-    i.add_argument("path", help=".rec file, .lmdb directory or .shards.json manifest")
+    i.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
+                                    "manifest")
     i.add_argument("--json", action="store_true", help="print JSON")
+    i.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="fsspec storage option for a URI (repeatable), e.g. "
+                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
+                        "standard environment or profile")
     i.set_defaults(func=_cmd_info)
 
     st = sub.add_parser("stats", formatter_class=_Formatter,
                         help="class pixel counts, image counts, class weights, mean/std")
-    st.add_argument("path", help=".rec file, .lmdb directory or .shards.json manifest")
+    st.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
+                                    "manifest")
     st.add_argument("--split", help="LMDB split (default: train)")
     st.add_argument("--json", action="store_true", help="print JSON (weights as lists)")
+    st.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="fsspec storage option for a URI (repeatable), e.g. "
+                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
+                        "standard environment or profile")
     st.set_defaults(func=_cmd_stats)
 
     sh = sub.add_parser("show", formatter_class=_Formatter,
                         help="write a PNG of a sample: image, mask overlay and class legend")
-    sh.add_argument("path", help=".rec file, .lmdb directory or .shards.json manifest "
+    sh.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
+                                    "manifest "
                                     "(segmentation)")
     sh.add_argument("--index", type=int, default=0, help="record position")
     sh.add_argument("--out", default="sample.png",
@@ -406,14 +446,23 @@ def build_parser() -> argparse.ArgumentParser:
                          "link is refused)")
     sh.add_argument("--split", help="LMDB split (default: train)")
     sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity")
+    sh.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="fsspec storage option for a URI (repeatable), e.g. "
+                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
+                        "standard environment or profile")
     sh.set_defaults(func=_cmd_show)
 
     v = sub.add_parser("verify", formatter_class=_Formatter,
                        help="check structure, index, counts and every checksum (--deep: decode)")
-    v.add_argument("path", help=".rec file, .lmdb directory or .shards.json manifest")
+    v.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
+                                    "manifest")
     v.add_argument("--deep", action="store_true",
                    help="also decode every image and mask and check mask ids")
     v.add_argument("--split", help="LMDB: only this split")
+    v.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="fsspec storage option for a URI (repeatable), e.g. "
+                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
+                        "standard environment or profile")
     v.set_defaults(func=_cmd_verify)
 
     sv = sub.add_parser("salvage", formatter_class=_Formatter,

@@ -467,11 +467,13 @@ class _RangedRecordFile(RecordFile):
         buf, start = getattr(st, "buf", b""), getattr(st, "start", -1)
         if start <= offset and offset + n <= start + len(buf):
             return buf[offset - start:offset - start + n]
-        sequential = offset == getattr(st, "next", None)
+        sequential = start <= offset <= start + len(buf)
         ahead = min(CHUNK_BYTES, max(n, 2 * getattr(st, "ahead", 0))) if sequential else n
         end = min(self.file_size, offset + max(n, ahead))
-        data = self._remote.cat(self.path, offset, end) if end > offset else b""
-        st.buf, st.start, st.next, st.ahead = data, offset, end, ahead
+        have = buf[offset - start:] if sequential else b""  # never fetch a byte twice
+        data = have + (self._remote.cat(self.path, offset + len(have), end)
+                       if end > offset + len(have) else b"")
+        st.buf, st.start, st.ahead = data, offset, ahead
         return data[:n]
 
     def _pread(self, n: int, offset: int) -> bytes:
@@ -955,9 +957,10 @@ def upload_dataset(local_recs: Sequence[str], uri: str, *,
     return result
 
 
-def convert_to_uri(source: str, output: str, *, storage_options: Optional[dict] = None,
-                   cache_dir: Optional[str] = None, overwrite: bool = False,
-                   resume: bool = False, **convert_options):
+def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
+                   storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                   overwrite: bool = False, resume: bool = False,
+                   retries: Optional[int] = None, **convert_options):
     """:func:`gluon_data.convert.convert` into object storage: convert into a local staging
     folder (``CACHE_DIR/staging/<hash of output>/``, kept until the upload completes, so
     ``resume`` continues an interrupted conversion or upload), then :func:`upload_dataset`.
@@ -973,7 +976,7 @@ def convert_to_uri(source: str, output: str, *, storage_options: Optional[dict] 
     if output.endswith(".lmdb") or convert_options.get("format") == "lmdb":
         raise ValueError("an LMDB environment cannot be written to object storage (%s); "
                          "write a .rec" % output)
-    remote = _Remote(storage_options)
+    remote = _Remote(storage_options, retries)
     # refuse an existing output before any work (the split names are checked again later)
     if not overwrite and not resume and remote.exists(output):
         raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) to "
@@ -984,10 +987,10 @@ def convert_to_uri(source: str, output: str, *, storage_options: Optional[dict] 
         shutil.rmtree(staging)  # our own staging folder: a fresh conversion starts clean
     os.makedirs(staging, exist_ok=True)
     local = os.path.join(staging, posixpath.basename(output) or "out.rec")
-    report = convert(source, local, overwrite=True, resume=resume, **convert_options)
+    report = convert(source, local, layout, overwrite=True, resume=resume, **convert_options)
     uris = upload_dataset([report.outputs[s] for s in sorted(report.outputs)], output,
                           storage_options=storage_options, overwrite=overwrite, resume=resume,
-                          journal=os.path.join(staging, "upload.json"))
+                          journal=os.path.join(staging, "upload.json"), retries=retries)
     report.outputs = {s: uris[p] for s, p in report.outputs.items()}
     shutil.rmtree(staging, ignore_errors=True)
     return report

@@ -91,7 +91,8 @@ class RecordStore(Protocol):
 _OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore],
                      Optional[Callable[[str], List[str]]]]] = []
 # modules whose import registers the built-in backends (imported on first open_store)
-_BUILTIN_BACKENDS = ("gluon_data.recordio", "gluon_data.lmdbio", "gluon_data.shards")
+_BUILTIN_BACKENDS = ("gluon_data.recordio", "gluon_data.lmdbio", "gluon_data.shards",
+                     "gluon_data.remote")
 _loaded = False
 
 

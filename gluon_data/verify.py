@@ -94,6 +94,22 @@ def _check_records(store, meta, report: VerifyReport, deep: bool, where: str,
         report.checked += 1
 
 
+def _verify_uri(path: str, deep: bool, remote: Optional[dict]) -> VerifyReport:
+    """A dataset in object storage: ranged reads of every record (``deep``: the whole
+    files downloaded into the local cache, verified against the recorded SHA-256)."""
+    from .store import open_store
+    report = VerifyReport(path, deep=deep)
+    try:
+        store = open_store(path, reads="cache" if deep else "ranged", **(remote or {}))
+        store.check_tail()
+    except (GluonDataError, OSError) as e:
+        report.add(e, path)
+        return report
+    report.records = len(store)
+    _check_records(store, store.meta, report, deep, path)
+    return report
+
+
 def _verify_rec(path: str, deep: bool) -> VerifyReport:
     from .meta import read_meta
     from .recordio import RecordFile
@@ -148,9 +164,9 @@ def _child(conn, path, deep, split):
 
 
 def verify(path: str, deep: bool = False, split: Optional[str] = None,
-           isolate: bool = True) -> VerifyReport:
-    """Check a ``.rec``, ``.lmdb`` or sharded (``.shards.json``) dataset; return a
-    :class:`VerifyReport` (shards: see :func:`gluon_data.shards.verify_sharded`).
+           isolate: bool = True, remote: Optional[dict] = None) -> VerifyReport:
+    """Check a ``.rec``, ``.lmdb`` or sharded (``.shards.json``) dataset, local or at a
+    URI; return a :class:`VerifyReport` (shards: see :func:`gluon_data.shards.verify_sharded`).
 
     Parameters
     ----------
@@ -161,10 +177,15 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
         LMDB: check only this split.
     isolate : bool
         LMDB: scan in a child process, so a crash of LMDB on a damaged page is reported.
+    remote : dict, optional
+        For a URI: :class:`gluon_data.remote.RemoteStore` options (``storage_options``...).
     """
     from .lmdbio import names_lmdb
     from .shards import is_manifest, verify_sharded
+    from .store import is_uri
     path = os.fspath(path)
+    if is_uri(path):
+        return _verify_uri(path, deep, remote)
     if is_manifest(path):
         return verify_sharded(path, deep=deep)
     if not names_lmdb(path):

@@ -1,0 +1,432 @@
+"""Datasets in object storage, against a real S3 API: moto's server on 127.0.0.1.
+
+The server runs in-process (``ThreadedMotoServer``); a tiny WSGI middleware in front of it
+logs every request with the bytes it served, and can cut a response short and stop the
+server (a server dying mid-download). s3fs talks to it through ``endpoint_url``.
+"""
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from gluon_data import convert
+from gluon_data.cli import main
+from gluon_data.datasets import ImageRecordDataset, SegmentationRecordDataset
+from gluon_data.errors import (ChecksumMismatchError, FormatError, RemoteConnectionError,
+                               RemoteNotFoundError)
+from gluon_data.recordio import RecordFile
+from gluon_data.remote import (BlockShuffleSampler, PrefetchSampler, RemoteStore, ShardCache,
+                               convert_to_uri, filesystem, parse_size, parse_storage_options)
+from gluon_data.sample import make_voc
+from gluon_data.store import open_store
+
+moto_server = pytest.importorskip("moto.server")
+
+BUCKET = "gd-test"
+FAST = {"retries": 2, "backoff": 0.05}  # bounded retries for the tests
+
+
+class S3Server:
+    """moto's S3 server on loopback with a request log (method, path, bytes served)."""
+
+    def __init__(self):
+        self.port = None
+        self.log = []
+        self.kill_after = None  # (path suffix, bytes): cut that GET short and stop
+        self.kill_on_put = None  # path suffix: stop when a PUT of it arrives
+        self._server = None
+        self.start()
+
+    def start(self):
+        self._server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1",
+                                                      port=self.port or 0, verbose=False)
+        self._server.start()
+        self.port = self._server.get_host_and_port()[1]
+        inner = self._server._server.app
+        self._server._server.app = self._wrap(inner)
+
+    def _wrap(self, inner):
+        def app(environ, start_response):
+            entry = [environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), 0]
+            self.log.append(entry)
+            if (self.kill_on_put and entry[0] == "PUT"
+                    and entry[1].endswith(self.kill_on_put)):
+                self.kill_on_put = None
+                threading.Thread(target=self.stop).start()
+                raise ConnectionAbortedError("server stopped (test)")
+            kill = self.kill_after
+            for chunk in inner(environ, start_response):
+                if (kill and entry[0] == "GET" and entry[1].endswith(kill[0])
+                        and entry[2] + len(chunk) > kill[1]):
+                    self.kill_after = None
+                    part = chunk[:kill[1] - entry[2]]
+                    entry[2] += len(part)
+                    yield part
+                    threading.Thread(target=self.stop).start()
+                    raise ConnectionAbortedError("server stopped mid-response (test)")
+                entry[2] += len(chunk)
+                yield chunk
+        return app
+
+    def stop(self):
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+            server._server.server_close()
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+    def served(self, suffix, method="GET"):
+        return sum(e[2] for e in self.log if e[0] == method and e[1].endswith(suffix))
+
+    def requests(self, suffix, method):
+        return [e for e in self.log if e[0] == method and e[1].endswith(suffix)]
+
+
+@pytest.fixture(scope="session")
+def s3():
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE",
+                                            "AWS_SHARED_CREDENTIALS_FILE")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                      AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.devnull,
+                      AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = S3Server()
+    fs, _ = filesystem("s3://%s" % BUCKET, _options(server))
+    fs.mkdir(BUCKET)
+    yield server
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _options(server):
+    return {"endpoint_url": server.url,
+            "config_kwargs": {"connect_timeout": 2, "read_timeout": 10,
+                              "retries": {"max_attempts": 1}}}
+
+
+@pytest.fixture
+def so(s3):
+    if s3._server is None:  # a test that stopped it failed before restarting it
+        s3.start()
+    s3.kill_after = s3.kill_on_put = None
+    return _options(s3)
+
+
+def _remote(so, tmp_path, **extra):
+    return dict(storage_options=so, cache_dir=str(tmp_path / "cache"), **FAST, **extra)
+
+
+@pytest.fixture(scope="session")
+def voc_src(tmp_path_factory):
+    return make_voc(str(tmp_path_factory.mktemp("rvoc") / "VOC2012"), num_images=16,
+                    size_range=(24, 48), seed=3)
+
+
+@pytest.fixture(scope="session")
+def voc_s3(s3, voc_src, tmp_path_factory):
+    """The VOC sample converted straight into S3 (one split), and the same locally."""
+    uri = "s3://%s/sess/voc.rec" % BUCKET
+    cache = str(tmp_path_factory.mktemp("stage"))
+    convert_to_uri(voc_src, uri, layout="voc", split="trainval", storage_options=_options(s3),
+                   cache_dir=cache)
+    local = str(tmp_path_factory.mktemp("rlocal") / "voc.rec")
+    convert(voc_src, local, "voc", split="trainval")
+    return uri, local
+
+
+def _fresh_uri(name):
+    return "s3://%s/%s" % (BUCKET, name)
+
+
+def test_convert_to_s3_reads_back_byte_identical(voc_s3, so, tmp_path):
+    uri, local = voc_s3
+    remote_ds = SegmentationRecordDataset(uri, ignore_value=None, remote=_remote(so, tmp_path))
+    local_ds = SegmentationRecordDataset(local, ignore_value=None)
+    assert len(remote_ds) == len(local_ds) == 16
+    raw = RecordFile(local)
+    for i in range(len(local_ds)):
+        assert remote_ds._file.read(i) == raw.read(i)
+        (a, m), (b, n) = remote_ds._arrays(i), local_ds._arrays(i)
+        assert np.array_equal(a, b) and np.array_equal(m, n)
+    # the uploaded metadata records what readers verify downloads against
+    meta = remote_ds.meta
+    assert meta["files"]["voc.rec"]["bytes"] == os.path.getsize(local)
+    assert set(meta["files"]) == {"voc.rec", "voc.idx"}
+    fs, _ = filesystem(uri, so)
+    names = sorted(os.path.basename(p) for p in fs.ls("%s/sess" % BUCKET))
+    assert names == ["voc.idx", "voc.meta.json", "voc.rec"]  # no marker left behind
+
+
+def test_classification_dataset_and_cli_round_trip(s3, so, tmp_path, capsys):
+    from gluon_data.sample import make_imagefolder
+    src = make_imagefolder(str(tmp_path / "folder"), per_class=3)
+    uri = _fresh_uri("cli/cls.rec")
+    ep = "endpoint_url=" + s3.url
+    s3.log.clear()
+    assert main(["convert", src, uri, "--quiet", "--workers", "1",
+                 "--storage-option", ep]) == 0
+    assert "wrote 9 records to %s" % uri in capsys.readouterr().out
+    # the metadata is the commit marker: uploaded after the records and the index
+    puts = [e[1] for e in s3.log if e[0] == "PUT"]
+    order = {suffix: max(i for i, p in enumerate(puts) if p.endswith(suffix))
+             for suffix in ("cls.rec", "cls.idx", "cls.meta.json")}
+    assert order["cls.meta.json"] > max(order["cls.rec"], order["cls.idx"])
+    marker = [i for i, e in enumerate(s3.log) if e[1].endswith("cls.uploading.json")]
+    assert s3.log[marker[0]][0] == "PUT" and s3.log[marker[-1]][0] == "DELETE"
+    local = str(tmp_path / "cls.rec")
+    convert(src, local, "imagefolder")
+    ds = ImageRecordDataset(uri, remote=_remote(so, tmp_path))
+    ref = ImageRecordDataset(local)
+    for i in range(len(ref)):
+        (a, la), (b, lb) = ds[i], ref[i]
+        assert np.array_equal(a.asnumpy(), b.asnumpy()) and la == lb
+    assert main(["info", uri, "--json", "--storage-option", ep]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["records"] == 9 and info["task"] == "classification"
+    assert main(["verify", uri, "--storage-option", ep]) == 0
+    assert "9 checked: OK" in capsys.readouterr().out
+    # a second convert to the same URI refuses; --resume finds it complete, sends nothing
+    assert main(["convert", src, uri, "--quiet", "--workers", "1", "--storage-option", ep]) == 1
+    assert "already exists" in capsys.readouterr().err
+    s3.log.clear()
+    assert main(["convert", src, uri, "--quiet", "--workers", "1", "--resume",
+                 "--storage-option", ep]) == 0
+    assert not [e for e in s3.log if e[0] in ("PUT", "POST", "DELETE")]
+    assert main(["convert", src, uri, "--quiet", "--workers", "1", "--overwrite",
+                 "--storage-option", ep]) == 0
+    assert s3.requests("cls.rec", "PUT")
+
+
+def test_endpoint_from_the_standard_environment(voc_s3, s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)
+    store = open_store(voc_s3[0], cache_dir=str(tmp_path / "c"), **FAST)
+    assert len(store) == 16 and store.read(3) == RecordFile(voc_s3[1]).read(3)
+
+
+def test_interrupted_upload_is_invisible_then_resumes(s3, so, voc_src, tmp_path):
+    uri = _fresh_uri("resume/voc.rec")
+    cache = str(tmp_path / "cache")
+    s3.kill_on_put = "resume/voc.idx"  # the server dies when the index upload starts
+    with pytest.raises(RemoteConnectionError) as e:
+        convert_to_uri(voc_src, uri, layout="voc", split="trainval", storage_options=so,
+                       cache_dir=cache, retries=1)
+    assert "voc.idx" in str(e.value)
+    s3.start()
+    with pytest.raises(FormatError, match="upload of this dataset is in progress"):
+        open_store(uri, storage_options=so, cache_dir=cache, **FAST)
+    s3.log.clear()
+    convert_to_uri(voc_src, uri, layout="voc", split="trainval", storage_options=so,
+                   cache_dir=cache, resume=True)
+    assert not s3.requests("voc.rec", "PUT")  # the journal knew it was uploaded
+    assert s3.requests("voc.idx", "PUT") and s3.requests("voc.meta.json", "PUT")
+    store = open_store(uri, storage_options=so, cache_dir=cache, **FAST)
+    local = str(tmp_path / "local" / "voc.rec")
+    convert(voc_src, local, "voc", split="trainval")
+    ref = RecordFile(local)
+    assert [store.read(i) for i in range(len(store))] == [ref.read(i) for i in range(16)]
+
+
+def test_two_dataloader_workers_share_one_download(voc_s3, s3, so, tmp_path):
+    uri, local = voc_s3
+    ds = SegmentationRecordDataset(uri, ignore_value=None, remote=_remote(so, tmp_path))
+    assert not os.path.exists(tmp_path / "cache" / "objects" / "x")
+    s3.log.clear()
+    loader = mx.gluon.data.DataLoader(ds.transform(lambda a, b: (a.shape[0], b.sum())),
+                                      batch_size=2, num_workers=2, timeout=120)
+    got = [tuple(x.asnumpy().tolist()) for batch in loader for x in batch]
+    ref = SegmentationRecordDataset(local, ignore_value=None)
+    want_h = [ref._arrays(i)[0].shape[0] for i in range(len(ref))]
+    assert sum((list(g) for g in got[0::2]), []) == want_h
+    # the .rec was downloaded once, by one worker; the other used the same cached copy
+    assert s3.served("sess/voc.rec") == os.path.getsize(local)
+    objects = os.listdir(tmp_path / "cache" / "objects")
+    assert len(objects) == 2  # .rec and .idx, nothing partial
+    for d in objects:
+        assert not [n for n in os.listdir(tmp_path / "cache" / "objects" / d) if "partial" in n]
+
+
+def test_cache_evicts_least_recently_used_under_a_limit(s3, so, voc_src, tmp_path):
+    uri = _fresh_uri("evict/voc.rec")
+    convert_to_uri(voc_src, uri, layout="voc", split="trainval", val_ratio=0.5,
+                   storage_options=so, cache_dir=str(tmp_path / "stage"))
+    train, val = uri.replace("voc.rec", "voc_train.rec"), uri.replace("voc.rec", "voc_val.rec")
+    sizes = {u: open_store(u, storage_options=so).file_size for u in (train, val)}
+    idx = {u: filesystem(u, so)[0].info(u.replace(".rec", ".idx"))["size"] for u in sizes}
+    total = sum(sizes.values()) + sum(idx.values())
+    limit = max(sizes[u] + idx[u] for u in sizes) + 16  # one split fits, not both
+    assert limit < total
+    opts = _remote(so, tmp_path, cache_limit=limit)
+    cache = ShardCache(opts["cache_dir"], limit)
+    a = open_store(train, **opts)
+    first = [a.read(i) for i in range(len(a))]
+    a.close()  # unpinned: evictable
+    assert cache.usage() == sizes[train] + idx[train]
+    b = open_store(val, **opts)
+    assert b.read(0) and cache.usage() <= limit
+    b.close()
+    s3.log.clear()
+    a = open_store(train, **opts)  # evicted: downloaded again, same bytes
+    assert [a.read(i) for i in range(len(a))] == first
+    assert s3.served("evict/voc_train.rec") == sizes[train]
+    assert cache.usage() <= limit
+    # a copy in use is never evicted: with train pinned, val still opens (over the limit)
+    with pytest.warns(RuntimeWarning, match="in use exceed cache_limit"):
+        b = open_store(val, **opts)
+        b.read(0)
+    assert a.read(1) == first[1] and cache.usage() > limit
+    a.close()
+    b.close()
+    with pytest.raises(ValueError, match="more than the whole cache_limit"):
+        open_store(train, **dict(opts, cache_dir=str(tmp_path / "small"),
+                                 cache_limit=100)).read(0)
+
+
+def test_server_stopped_mid_download_then_retry_succeeds(voc_s3, s3, so, tmp_path):
+    uri, local = voc_s3
+    store = open_store(uri, **_remote(so, tmp_path))
+    store.fetch(store.idx_location)
+    s3.kill_after = ("sess/voc.rec", 1000)  # cut the .rec download after 1000 bytes, stop
+    with pytest.raises(RemoteConnectionError) as e:
+        store.read(0)
+    assert uri in str(e.value) and e.value.path == uri
+    objects = tmp_path / "cache" / "objects"
+    leftovers = [n for d in os.listdir(objects) for n in os.listdir(objects / d)]
+    assert leftovers == ["voc.idx"]  # no partial (or unverified) .rec kept
+    s3.start()  # same port, same objects
+    assert [store.read(i) for i in range(len(store))] == \
+        [RecordFile(local).read(i) for i in range(16)]
+
+
+def test_tampered_object_is_a_checksum_error(s3, so, voc_src, tmp_path):
+    uri = _fresh_uri("tamper/voc.rec")
+    convert_to_uri(voc_src, uri, layout="voc", split="trainval", storage_options=so,
+                   cache_dir=str(tmp_path / "stage"))
+    fs, path = filesystem(uri, so)
+    data = bytearray(fs.cat_file(path))
+    data[len(data) // 2] ^= 0xFF  # same size, one byte flipped
+    fs.pipe_file(path, bytes(data))
+    store = open_store(uri, **_remote(so, tmp_path))
+    with pytest.raises(ChecksumMismatchError) as e:
+        store.read(0)
+    assert e.value.path == uri and "SHA-256" in str(e.value)
+    objects = tmp_path / "cache" / "objects"
+    assert not [n for d in os.listdir(objects) for n in os.listdir(objects / d)
+                if n.startswith("voc.rec")]
+    fs.pipe_file(path, bytes(data[:-4]))  # shorter: refused on open, before any download
+    with pytest.raises(ChecksumMismatchError, match="metadata records"):
+        open_store(uri, **_remote(so, tmp_path))
+
+
+def test_inspection_reads_fetch_only_what_they_need(voc_s3, s3, so, tmp_path, capsys,
+                                                    monkeypatch):
+    uri, local = voc_s3
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    ep = "endpoint_url=" + s3.url
+    rec_size = os.path.getsize(local)
+    idx_size = os.path.getsize(local.replace(".rec", ".idx"))
+    s3.log.clear()
+    assert main(["info", uri, "--json", "--storage-option", ep]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == 16
+    assert s3.served("voc.rec") == 0 and s3.served("voc.idx") == 0  # metadata only
+    meta_uri = uri.replace(".rec", ".meta.json")
+    assert s3.served("voc.meta.json") == filesystem(meta_uri, so)[0].info(meta_uri)["size"]
+    s3.log.clear()
+    out = str(tmp_path / "s.png")
+    assert main(["show", uri, "--index", "5", "--out", out, "--storage-option", ep]) == 0
+    f = RecordFile(local)
+    extent = int(f._ends[5] - f._offsets[5])
+    assert s3.served("voc.rec") == extent < rec_size / 8  # just record 5
+    assert s3.served("voc.idx") == idx_size and os.path.getsize(out) > 0
+    s3.log.clear()
+    assert main(["verify", uri, "--storage-option", ep]) == 0
+    assert "16 checked: OK" in capsys.readouterr().out
+    last = int(f._ends[-1] - f._offsets[-1])  # the tail check reads the last record first
+    assert s3.served("voc.rec") <= rec_size + last  # read ahead: every byte once
+    assert len(s3.requests("voc.rec", "GET")) < 16  # sequential reads are batched
+
+
+def test_missing_objects_and_missing_extra(s3, so, tmp_path, monkeypatch, capsys):
+    uri = _fresh_uri("nothing/here.rec")
+    with pytest.raises(RemoteNotFoundError) as e:
+        open_store(uri, **_remote(so, tmp_path))
+    assert e.value.path == uri and isinstance(e.value, FileNotFoundError)
+    assert main(["info", uri, "--storage-option", "endpoint_url=" + s3.url]) == 1
+    assert uri in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "fsspec", None)
+    monkeypatch.setitem(sys.modules, "fsspec.core", None)
+    with pytest.raises(ImportError, match=r"pip install gluon-data\[remote\]"):
+        open_store(uri, **_remote(so, tmp_path))
+
+
+def test_connection_refused_is_a_typed_error_after_bounded_retries(tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    so = {"endpoint_url": "http://127.0.0.1:%d" % port,
+          "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}}
+    with pytest.raises(RemoteConnectionError, match="after 3 attempts") as e:
+        open_store("s3://b/x.rec", **_remote(so, tmp_path))
+    assert e.value.path.startswith("s3://b/x.")
+
+
+def test_block_shuffle_is_seeded_complete_and_shard_local():
+    sizes = [5, 3, 0, 7, 4]
+    starts = np.concatenate(([0], np.cumsum(sizes)))
+    s = BlockShuffleSampler(sizes, seed=7, parts_per_block=2)
+    orders = []
+    for epoch in (0, 1):
+        s.set_epoch(epoch)
+        keys = list(s)
+        assert sorted(int(k) for k in keys) == list(range(19))
+        assert {k.epoch for k in keys} == {epoch}
+        for block in s.blocks():  # each block draws from at most 2 parts
+            assert len(set(np.searchsorted(starts, block, side="right"))) <= 2
+        orders.append([int(k) for k in keys])
+    assert orders[0] != orders[1]
+    again = BlockShuffleSampler(sizes, seed=7, parts_per_block=2)
+    again.set_epoch(1)
+    assert [int(k) for k in again] == orders[1]
+    assert [int(k) for k in BlockShuffleSampler(sizes, shuffle=False)] == list(range(19))
+
+
+def test_prefetch_sampler_downloads_ahead_in_sampler_order(voc_s3, so, tmp_path):
+    uri, local = voc_s3
+    store = open_store(uri, **_remote(so, tmp_path))
+    inner = BlockShuffleSampler(store.parts(), seed=3)
+    sampler = PrefetchSampler(inner, store, lookahead=4)
+    it = iter(sampler)
+    first = next(it)
+    store._pending.result(timeout=60)  # the prefetch started by the first step
+    rec_copy = [n for d in os.listdir(tmp_path / "cache" / "objects")
+                for n in os.listdir(tmp_path / "cache" / "objects" / d)]
+    assert sorted(rec_copy) == ["voc.idx", "voc.rec"]
+    assert [int(first)] + [int(k) for k in it] == [int(k) for k in inner]
+    store.close()
+
+
+def test_options_parsing():
+    assert parse_size("2GB") == 2 * 10 ** 9 and parse_size("1GiB") == 1 << 30
+    assert parse_size(1234) == 1234 and parse_size(None) is None
+    with pytest.raises(ValueError):
+        parse_size("lots")
+    assert parse_storage_options(["endpoint_url=http://h:1", "anon=true",
+                                  'config_kwargs={"connect_timeout": 5}']) == {
+        "endpoint_url": "http://h:1", "anon": True, "config_kwargs": {"connect_timeout": 5}}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_storage_options(["novalue"])
+    with pytest.raises(TypeError):
+        RemoteStore("s3://b/x.rec", split="train")
