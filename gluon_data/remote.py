@@ -534,8 +534,6 @@ class RemoteStore:
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                  cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
                  backoff: Optional[float] = None, prefetch_threads: int = 2):
-        if split is not None:
-            raise TypeError("split= applies to LMDB datasets; a .rec holds one split")
         if reads not in ("cache", "ranged"):
             raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
         self.location = os.fspath(location)
@@ -547,6 +545,10 @@ class RemoteStore:
         self.idx_location = idx_path_for(self.location)
         self.meta_location = meta_path(self.location)
         self.meta = self._read_meta()
+        if split is not None and (self.meta or {}).get("split", split) != split:
+            raise ValueError("%s holds split %r, not %r: a .rec holds one split"
+                             % (self.location, self.meta["split"], split))
+        self._expected = self.meta["num_records"] if self.meta else None
         info = self._remote.info(self.location)
         self.file_size = int(info["size"])
         self._stamps = {self.location: _stamp(info)}
@@ -599,7 +601,7 @@ class RemoteStore:
 
     def _sha(self, uri: str) -> Optional[str]:
         entry = self._sums.get(uri)
-        return None if entry is None else entry.get("sha256")
+        return None if not entry else entry.get("sha256")
 
     def _stamp_of(self, uri: str) -> str:
         sha = self._sha(uri)
@@ -611,7 +613,7 @@ class RemoteStore:
 
     def _size_of(self, uri: str) -> int:
         entry = self._sums.get(uri)
-        if entry is not None and "bytes" in entry:
+        if entry and "bytes" in entry:
             return int(entry["bytes"])
         return self.file_size if uri == self.location else int(self._remote.info(uri)["size"])
 
@@ -622,8 +624,26 @@ class RemoteStore:
         return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
                                  self._stamp_of(uri), pin=pin)
 
+    @classmethod
+    def _part(cls, location: str, remote: "_Remote", cache_args, reads: str, records: int,
+              size: int, sums: Dict[str, dict], prefetch_threads: int = 2) -> "RemoteStore":
+        """One shard of a remote sharded dataset: what the manifest says about it is taken
+        as given (no metadata GET, no HEAD of the ``.rec``)."""
+        self = cls.__new__(cls)
+        self.location, self.split, self.reads, self.meta = location, None, reads, None
+        self._remote, self._cache_args = remote, cache_args
+        self._prefetch_threads = prefetch_threads
+        self.idx_location = idx_path_for(location)
+        self.meta_location = meta_path(location)
+        self._expected, self.file_size = int(records), int(size)
+        self._stamps = {}
+        self._sums = {location: sums.get(location), self.idx_location: sums.get(
+            self.idx_location)}
+        self._init_local()
+        return self
+
     def _open(self) -> RecordFile:
-        expected = self.meta["num_records"] if self.meta else None
+        expected = self._expected
         idx_local, idx_pin = self.fetch(self.idx_location, pin=True)
         pins = [idx_pin]
         try:
@@ -696,8 +716,8 @@ class RemoteStore:
 
     # -- the store protocol --------------------------------------------------------------
     def __len__(self) -> int:
-        if self.meta is not None:
-            return int(self.meta["num_records"])
+        if self._expected is not None:
+            return int(self._expected)
         return len(self.record_file())
 
     def key(self, i: int) -> int:
@@ -736,6 +756,199 @@ def _open_remote(location: str, split: Optional[str] = None, **options) -> Remot
 
 
 register_opener(is_uri, _open_remote, priority=10)
+
+
+class RemoteShardedStore:
+    """A sharded dataset in object storage (``s3://bucket/train.shards.json``, the manifest of
+    :mod:`gluon_data.shards`) as one record store.
+
+    Each shard is a :class:`RemoteStore` part: downloaded whole into the :class:`ShardCache`
+    when first read (its ``.idx`` checked against the manifest's ``idx_sha256``, its ``.rec``
+    against the size and, when uploaded by ``gluon-data convert``, the SHA-256 the manifest's
+    ``files`` records), then read locally. At most ``max_open_shards`` shards are held open
+    (pinned in the cache) per process; older ones are released and become evictable, so a
+    ``cache_limit`` of a few shards serves a dataset of any size. :meth:`prefetch` downloads the
+    shards the upcoming indices need, in sampler order, on a bounded pool.
+
+    Parameters
+    ----------
+    location : str
+        URI of the manifest.
+    split : str, optional
+        Must match the manifest's split when given.
+    storage_options, cache_dir, cache_limit, retries, backoff, prefetch_threads
+        As for :class:`RemoteStore`.
+    max_open_shards : int
+        Shards held open (and pinned) per process.
+    prefetch_shards : int
+        How many shards ahead of the current one :meth:`prefetch` downloads.
+
+    Examples
+    --------
+    >>> store = RemoteShardedStore("s3://bucket/train.shards.json", cache_limit="4GB")  # doctest: +SKIP
+    >>> sampler = PrefetchSampler(BlockShuffleSampler(store.parts(), seed=0), store)  # doctest: +SKIP
+    """
+
+    def __init__(self, location: str, split: Optional[str] = None, *,
+                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                 cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
+                 backoff: Optional[float] = None, prefetch_threads: int = 2,
+                 max_open_shards: int = 2, prefetch_shards: int = 1):
+        import tempfile
+        from .shards import read_manifest
+        self.location = os.fspath(location)
+        self._remote = _Remote(storage_options, retries, backoff)
+        raw = self._remote.cat(self.location)
+        with tempfile.NamedTemporaryFile(suffix=".shards.json") as tmp:
+            tmp.write(raw)
+            tmp.flush()
+            try:
+                manifest = read_manifest(tmp.name)
+            except FormatError as e:
+                raise FormatError(e.reason, self.location) from None
+        if manifest["container"] != "rec":
+            raise FormatError("LMDB shards cannot be read from object storage (an environment "
+                              "is not an object); convert them to RecordIO shards",
+                              self.location)
+        if split is not None and split != manifest.get("split"):
+            raise FormatError("split %r not found; this manifest holds split %r"
+                              % (split, manifest.get("split")), self.location)
+        self.manifest, self.meta, self.split = manifest, manifest["meta"], None
+        self.reads = reads
+        self._opts = ((cache_dir, cache_limit), reads, max(1, int(prefetch_threads)))
+        self.max_open_shards = max(1, int(max_open_shards))
+        self.prefetch_shards = max(0, int(prefetch_shards))
+        self.uris = [_join(self.location, sh["name"]) for sh in manifest["shards"]]
+        self._counts = [int(sh["records"]) for sh in manifest["shards"]]
+        self._starts = np.concatenate(([0], np.cumsum(self._counts))).astype(np.int64)
+        self._n = int(self._starts[-1])
+        self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
+        self._init_local()
+
+    def _init_local(self):
+        files = self.manifest.get("files") or {}
+        self._stores = []
+        for uri, sh in zip(self.uris, self.manifest["shards"]):
+            idx = idx_path_for(uri)
+            sums = {uri: files.get(posixpath.basename(uri)) or {"bytes": sh["bytes"]},
+                    idx: dict(files.get(posixpath.basename(idx)) or {},
+                              sha256=sh.get("idx_sha256"))}
+            self._stores.append(RemoteStore._part(uri, self._remote, self._opts[0],
+                                                  self._opts[1], sh["records"], sh["bytes"],
+                                                  sums, self._opts[2]))
+        self._open_order: List[int] = []
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._inflight: Dict[int, Future] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_stores", "_open_order", "_lock", "_pool", "_inflight", "_pid")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    def parts(self) -> List[int]:
+        """Records per shard (for :class:`BlockShuffleSampler`)."""
+        return list(self._counts)
+
+    def locate(self, i: int) -> Tuple[int, int]:
+        """``(shard, record in shard)`` of position ``i`` (negative: from the end)."""
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("index %d out of range for %d records" % (i, self._n))
+        s = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return s, i - int(self._starts[s])
+
+    def shard(self, s: int) -> RemoteStore:
+        """Shard ``s``'s store, kept among this process's ``max_open_shards`` open ones."""
+        if self._pid != os.getpid():  # forked: the parent's open list is not ours
+            self._open_order, self._pid = [], os.getpid()
+            self._inflight, self._pool = {}, None
+        order = self._open_order
+        if order and order[-1] == s:
+            return self._stores[s]
+        with self._lock:
+            if s in order:
+                order.remove(s)
+            order.append(s)
+            while len(order) > self.max_open_shards:
+                self._stores[order.pop(0)].close()  # unpinned; open readers keep working
+        return self._stores[s]
+
+    def prefetch(self, indices: Iterable[int]) -> List[Future]:
+        """Download the shards holding ``indices`` (the first ``1 + prefetch_shards`` of
+        them, in order) in the background; returns the futures of downloads in flight."""
+        if self.reads != "cache":
+            return []
+        wanted: List[int] = []
+        for i in indices:
+            s = int(np.searchsorted(self._starts, int(i), side="right")) - 1
+            if s not in wanted:
+                wanted.append(s)
+                if len(wanted) > self.prefetch_shards:
+                    break
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._opts[2],
+                                                thread_name_prefix="gluon-data-prefetch")
+            for s in wanted:
+                fut = self._inflight.get(s)
+                if fut is None or (fut.done() and fut.exception() is not None):
+                    part = self._stores[s]
+                    self._inflight[s] = self._pool.submit(
+                        lambda p=part: [p.fetch(u) for u in (p.idx_location, p.location)])
+            return [self._inflight[s] for s in wanted]
+
+    def close(self) -> None:
+        for st in self._stores:
+            st.close()
+        self._open_order = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- the store protocol --------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._n
+
+    def key(self, i: int) -> int:
+        s, j = self.locate(i)
+        return self.shard(s).key(j)
+
+    def offset(self, i: int) -> Optional[int]:
+        s, j = self.locate(i)
+        return self.shard(s).offset(j)
+
+    def read(self, i: int) -> bytes:
+        s, j = self.locate(i)
+        return self.shard(s).read(j)
+
+    def view(self, i: int):
+        s, j = self.locate(i)
+        return self.shard(s).view(j)
+
+    def scan(self) -> Iterator:
+        for s in range(len(self._stores)):
+            yield from self.shard(s).scan()
+
+    def identity(self) -> str:
+        return self._identity
+
+    def __repr__(self) -> str:
+        return "RemoteShardedStore(%r, %d shards, %d records)" % (self.location,
+                                                                  len(self.uris), self._n)
+
+
+def _names_remote_manifest(location: str) -> bool:
+    return is_uri(location) and location.endswith(".shards.json")
+
+
+register_opener(_names_remote_manifest, RemoteShardedStore, priority=20)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -862,20 +1075,51 @@ def _join(base_uri: str, name: str) -> str:
     return base_uri.rsplit("/", 1)[0] + "/" + name
 
 
-def upload_dataset(local_recs: Sequence[str], uri: str, *,
+def _upload_plan(local: str, uri: str):
+    """``(commit uri, commit document, [(local file, uri)], marker uri)`` of one local
+    dataset: a ``.rec`` (committed by its metadata) or a ``.shards.json`` (by the manifest;
+    its shards' files are data)."""
+    if local.endswith(".shards.json"):
+        with open(local, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+        folder = os.path.dirname(local)
+        pairs, files = [], {}
+        for sh in doc["shards"]:
+            rec = os.path.join(folder, sh["name"])
+            if not os.path.isfile(rec):
+                raise ValueError("%s: only RecordIO shards can be uploaded (%s)"
+                                 % (local, sh["name"]))
+            pairs += [(p, _join(uri, os.path.basename(p)))
+                      for p in (rec, idx_path_for(rec), meta_path(rec))]
+            files[sh["name"]] = {"bytes": os.path.getsize(rec), "sha256": _sha256_file(rec)}
+        doc["files"] = files
+        commit = _join(uri, os.path.basename(local))
+        return commit, doc, pairs, commit[:-len(".shards.json")] + UPLOAD_MARKER
+    rec_uri = _join(uri, os.path.basename(local))
+    pairs = [(local, rec_uri), (idx_path_for(local), idx_path_for(rec_uri))]
+    with open(meta_path(local), "rb") as f:
+        doc = json.loads(f.read().decode("utf-8"))
+    doc["files"] = {posixpath.basename(t): {"bytes": os.path.getsize(p),
+                                            "sha256": _sha256_file(p)} for p, t in pairs}
+    return meta_path(rec_uri), doc, pairs, os.path.splitext(rec_uri)[0] + UPLOAD_MARKER
+
+
+def upload_dataset(local: Sequence[str], uri: str, *,
                    storage_options: Optional[dict] = None, overwrite: bool = False,
                    resume: bool = False, journal: Optional[str] = None,
                    retries: Optional[int] = None) -> Dict[str, str]:
-    """Upload local ``.rec`` datasets (their ``.idx`` and metadata) beside ``uri``; returns
-    ``{local .rec: its URI}``.
+    """Upload local datasets beside ``uri``: ``.rec`` files (with their ``.idx`` and
+    metadata) or ``.shards.json`` manifests (with every shard's files). Returns
+    ``{local path: its URI}`` (the ``.rec``, or the manifest).
 
-    Order: ``PREFIX.uploading.json`` markers; the old metadata removed (``overwrite``);
-    every ``.rec`` and ``.idx``; every metadata, each with a ``files`` entry recording the
-    size and SHA-256 of its ``.rec`` and ``.idx`` (what readers verify downloads against);
-    then the markers removed. A reader therefore sees either no dataset (and, while the
-    marker exists, an error saying an upload is in progress) or a complete one. With
-    ``resume``, objects the ``journal`` (a local JSON file) lists as uploaded with the same
-    SHA-256 and found with the same size are not sent again.
+    Order: ``PREFIX.uploading.json`` markers; the old commit documents (metadata, manifest)
+    removed; every data object; every commit document -- the metadata with a ``files`` entry
+    recording the size and SHA-256 of its ``.rec`` and ``.idx``, the manifest with one
+    recording each shard's ``.rec`` (what readers verify downloads against); then the
+    markers removed. A reader therefore sees either no dataset (while the marker exists, an
+    error saying an upload is in progress) or a complete one. With ``resume``, objects the
+    ``journal`` (a local JSON file) lists as uploaded with the same SHA-256 and found with
+    the same size are not sent again, and an identical complete dataset is left alone.
 
     Raises
     ------
@@ -884,49 +1128,36 @@ def upload_dataset(local_recs: Sequence[str], uri: str, *,
         (``resume`` with the journal naming it) allows replacing it.
     """
     remote = _Remote(storage_options, retries)
-    done = {}
+    done: Dict[str, str] = {}
     if resume and journal and os.path.exists(journal):
         with open(journal, encoding="utf-8") as f:
             done = json.load(f)
-    plan = []  # (local rec, rec uri, [(local, uri)], meta)
-    for rec in local_recs:
-        rec_uri = _join(uri, os.path.basename(rec))
-        pairs = [(rec, rec_uri), (idx_path_for(rec), idx_path_for(rec_uri))]
-        with open(meta_path(rec), "rb") as f:
-            meta = json.loads(f.read().decode("utf-8"))
-        meta["files"] = {}
-        for local, target in pairs:
-            meta["files"][posixpath.basename(target)] = {"bytes": os.path.getsize(local),
-                                                          "sha256": _sha256_file(local)}
-        plan.append((rec, rec_uri, pairs, meta))
-    if resume:  # objects a complete earlier upload left that equal ours are not resent
-        for _, rec_uri, _, meta in plan:
+    plan = [(p,) + _upload_plan(os.fspath(p), uri) for p in local]
+    shas = {t: _sha256_file(p) for _, _, _, pairs, _ in plan for p, t in pairs}
+    same = set()
+    if resume:  # a complete earlier upload identical to this one is left alone
+        for _, commit, doc, _, _ in plan:
             try:
-                old = json.loads(remote.cat(meta_path(rec_uri)).decode("utf-8"))
-            except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
-                continue
-            for name, entry in (old.get("files") or {}).items():
-                if entry == meta["files"].get(name):
-                    done[_join(rec_uri, name)] = entry["sha256"]
-            if dumps_meta(old) == dumps_meta(meta):
-                done[meta_path(rec_uri)] = "meta"
-    for _, rec_uri, pairs, _ in plan:  # refuse before anything is changed
-        for local, target in pairs + [(None, meta_path(rec_uri))]:
-            if overwrite or not remote.exists(target):
-                continue
-            if resume and target in done:
+                if remote.cat(commit) == dumps_meta(doc):
+                    same.add(commit)
+            except RemoteNotFoundError:
+                pass
+    result = {p: (commit if p.endswith(".shards.json") else pairs[0][1])
+              for p, commit, _, pairs, _ in plan}
+    if len(same) == len(plan):
+        return result
+    for _, commit, _, pairs, _ in plan:  # refuse before anything is changed
+        for target in [t for _, t in pairs] + [commit]:
+            if overwrite or (resume and target in done) or not remote.exists(target):
                 continue
             raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
                                   "to replace it" % target)
-    result = {rec: rec_uri for rec, rec_uri, _, _ in plan}
-    if all(done.get(meta_path(u)) == "meta" for _, u, _, _ in plan):
-        return result  # an identical dataset is already there (resume after completion)
-    markers = [os.path.splitext(rec_uri)[0] + UPLOAD_MARKER for _, rec_uri, _, _ in plan]
+    markers = [m for _, _, _, _, m in plan]
     for m in markers:
         remote.pipe(m, json.dumps({"writer": "gluon_data", "started": time.time()}).encode())
-    for _, rec_uri, _, _ in plan:
-        if done.get(meta_path(rec_uri)) != "meta":
-            remote.rm(meta_path(rec_uri))  # no metadata may describe the objects replaced next
+    for _, commit, _, _, _ in plan:
+        if commit not in same:
+            remote.rm(commit)  # no commit document may describe the objects replaced next
 
     def record(target, sha):
         done[target] = sha
@@ -936,22 +1167,22 @@ def upload_dataset(local_recs: Sequence[str], uri: str, *,
                 json.dump(done, f)
             os.replace(tmp, journal)
 
-    for _, rec_uri, pairs, meta in plan:
-        for local, target in pairs:
-            entry = meta["files"][posixpath.basename(target)]
-            if done.get(target) == entry["sha256"]:
+    for _, commit, _, pairs, _ in plan:
+        if commit in same:
+            continue
+        for path, target in pairs:
+            if done.get(target) == shas[target]:
                 try:
-                    if int(remote.info(target)["size"]) == entry["bytes"]:
+                    if int(remote.info(target)["size"]) == os.path.getsize(path):
                         continue
                 except RemoteNotFoundError:
                     pass
-            remote.put_file(local, target)
-            record(target, entry["sha256"])
-    for _, rec_uri, _, meta in plan:  # the commit markers, last
-        if done.get(meta_path(rec_uri)) == "meta" and remote.exists(meta_path(rec_uri)):
-            continue
-        remote.pipe(meta_path(rec_uri), dumps_meta(meta))
-        record(meta_path(rec_uri), "meta")
+            remote.put_file(path, target)
+            record(target, shas[target])
+    for _, commit, doc, _, _ in plan:  # the commit documents, last
+        if commit not in same:
+            remote.pipe(commit, dumps_meta(doc))
+            record(commit, "commit")
     for m in markers:
         remote.rm(m)
     return result

@@ -428,5 +428,5 @@ def test_options_parsing():
         "endpoint_url": "http://h:1", "anon": True, "config_kwargs": {"connect_timeout": 5}}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_storage_options(["novalue"])
-    with pytest.raises(TypeError):
-        RemoteStore("s3://b/x.rec", split="train")
+    with pytest.raises(ValueError, match="reads must be"):  # before any request
+        RemoteStore("s3://b/x.rec", reads="everything")
