@@ -1199,6 +1199,10 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
 
     Examples
     --------
+    With ``shards``, ``shard_size`` or ``shard_items`` the output is sharded
+    (:func:`gluon_data.shards.convert_sharded` into the staging folder): every shard goes up,
+    then each split's ``.shards.json`` manifest, last.
+
     >>> convert_to_uri("VOCdevkit", "s3://bucket/voc.rec", layout="voc",
     ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
@@ -1218,7 +1222,15 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
         shutil.rmtree(staging)  # our own staging folder: a fresh conversion starts clean
     os.makedirs(staging, exist_ok=True)
     local = os.path.join(staging, posixpath.basename(output) or "out.rec")
-    report = convert(source, local, layout, overwrite=True, resume=resume, **convert_options)
+    if any(convert_options.get(k) is not None for k in ("shards", "shard_size", "shard_items")):
+        from .shards import convert_sharded  # a rerun skips the shards already staged
+        convert_options.pop("checkpoint_every", None)
+        report = convert_sharded(source, local, layout, overwrite=True, **convert_options)
+    else:
+        for k in ("shards", "shard_size", "shard_items", "engine", "scheduler"):
+            convert_options.pop(k, None)
+        report = convert(source, local, layout, overwrite=True, resume=resume,
+                         **convert_options)
     uris = upload_dataset([report.outputs[s] for s in sorted(report.outputs)], output,
                           storage_options=storage_options, overwrite=overwrite, resume=resume,
                           journal=os.path.join(staging, "upload.json"), retries=retries)

@@ -430,3 +430,40 @@ def test_options_parsing():
         parse_storage_options(["novalue"])
     with pytest.raises(ValueError, match="reads must be"):  # before any request
         RemoteStore("s3://b/x.rec", reads="everything")
+
+
+def test_sharded_dataset_in_s3_read_shard_by_shard_under_a_small_cache(s3, so, voc_src,
+                                                                        voc_s3, tmp_path):
+    pytest.importorskip("gluon_data.shards")
+    uri = _fresh_uri("sharded/voc.rec")
+    s3.log.clear()
+    report = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=4,
+                            storage_options=so, cache_dir=str(tmp_path / "stage"))
+    manifest = report.outputs["trainval"]
+    assert manifest == _fresh_uri("sharded/voc.shards.json")
+    puts = [e[1] for e in s3.log if e[0] == "PUT"]
+    assert puts.index("/%s/sharded/voc.shards.json" % BUCKET) > max(
+        i for i, p in enumerate(puts) if p.endswith(".rec"))  # the manifest goes up last
+    ref = RecordFile(voc_s3[1])  # the unsharded conversion: same payloads
+    store = open_store(manifest, **_remote(so, tmp_path, max_open_shards=1))
+    assert len(store) == 16 and store.parts() == [4, 4, 4, 4]
+    fs, _ = filesystem(manifest, so)
+    sizes = [fs.info(u)["size"] + fs.info(u[:-4] + ".idx")["size"] for u in store.uris]
+    limit = 2 * max(sizes) + 16  # room for two of the four shards: the one read, the next
+    store = open_store(manifest, **_remote(so, tmp_path, max_open_shards=1,
+                                           cache_limit=limit))
+    assert limit < sum(sizes)
+    sampler = BlockShuffleSampler(store.parts(), seed=5)
+    s3.log.clear()
+    got = {int(k): store.read(int(k)) for k in PrefetchSampler(sampler, store, lookahead=6)}
+    assert got == {i: ref.read(i) for i in range(16)}
+    for u in store.uris:  # block shuffle: every shard downloaded exactly once
+        assert s3.served(u.split(BUCKET, 1)[1]) == fs.info(u)["size"]
+    assert ShardCache(str(tmp_path / "cache"), limit).usage() <= limit
+    store.close()
+    damaged = store.uris[2]
+    fs.pipe_file(damaged.split("://", 1)[1], b"\0" * fs.info(damaged)["size"])
+    fresh = open_store(manifest, **_remote(so, tmp_path / "other"))
+    with pytest.raises(ChecksumMismatchError) as e:
+        fresh.read(9)
+    assert e.value.path == damaged
