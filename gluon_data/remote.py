@@ -174,10 +174,10 @@ class _Remote:
                 return fn(fs, path, *args, **kwargs)
             except FileNotFoundError:
                 raise RemoteNotFoundError("%s: no such object" % what, uri) from None
+            except TruncatedDownloadError as e:  # (a RemoteError, but worth another try)
+                last = e
             except RemoteError:
                 raise
-            except TruncatedDownloadError as e:
-                last = e
             except ImportError:
                 raise
             except Exception as e:  # noqa: BLE001 - classified below
@@ -232,7 +232,7 @@ class _Remote:
             os.fsync(f.fileno())
         if sha256 is not None and digest.hexdigest() != sha256:
             raise ChecksumMismatchError(
-                "downloaded %d bytes with SHA-256 %s, but the dataset's metadata records %s: "
+                "downloaded %d bytes with SHA-256 %s, but the dataset records %s: "
                 "the object was modified or damaged after it was written; the copy was "
                 "discarded (re-upload the dataset)" % (size, digest.hexdigest(), sha256), uri)
 
@@ -506,8 +506,8 @@ class RemoteStore:
     ----------
     location : str
         URI of the ``.rec`` (``s3://bucket/prefix/voc_train.rec``).
-    split : None
-        A ``.rec`` holds one split.
+    split : str, optional
+        A ``.rec`` holds one split; when given, it must be the metadata's.
     storage_options : dict, optional
         fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``, ``client_kwargs``...).
         Credentials default to the standard environment or profile; nothing is stored in
