@@ -38,7 +38,7 @@ class S3Server:
     def __init__(self):
         self.port = None
         self.log = []
-        self.kill_after = None  # (path suffix, bytes): cut that GET short and stop
+        self.kill_after = None  # (path suffix, bytes, stop): cut that GET short (and stop)
         self.kill_on_put = None  # path suffix: stop when a PUT of it arrives
         self._server = None
         self.start()
@@ -68,8 +68,9 @@ class S3Server:
                     part = chunk[:kill[1] - entry[2]]
                     entry[2] += len(part)
                     yield part
-                    threading.Thread(target=self.stop).start()
-                    raise ConnectionAbortedError("server stopped mid-response (test)")
+                    if kill[2]:
+                        threading.Thread(target=self.stop).start()
+                    raise ConnectionAbortedError("response cut short (test)")
                 entry[2] += len(chunk)
                 yield chunk
         return app
@@ -299,7 +300,7 @@ def test_server_stopped_mid_download_then_retry_succeeds(voc_s3, s3, so, tmp_pat
     uri, local = voc_s3
     store = open_store(uri, **_remote(so, tmp_path))
     store.fetch(store.idx_location)
-    s3.kill_after = ("sess/voc.rec", 1000)  # cut the .rec download after 1000 bytes, stop
+    s3.kill_after = ("sess/voc.rec", 1000, True)  # cut the .rec download short, stop
     with pytest.raises(RemoteConnectionError) as e:
         store.read(0)
     assert uri in str(e.value) and e.value.path == uri
@@ -309,6 +310,15 @@ def test_server_stopped_mid_download_then_retry_succeeds(voc_s3, s3, so, tmp_pat
     s3.start()  # same port, same objects
     assert [store.read(i) for i in range(len(store))] == \
         [RecordFile(local).read(i) for i in range(16)]
+
+
+def test_a_response_cut_short_once_is_retried(voc_s3, s3, so, tmp_path):
+    uri, local = voc_s3
+    store = open_store(uri, **_remote(so, tmp_path))
+    s3.kill_after = ("sess/voc.rec", 1000, False)  # the server survives
+    s3.log.clear()
+    assert store.read(3) == RecordFile(local).read(3)
+    assert len(s3.requests("sess/voc.rec", "GET")) == 2  # the cut one, then the retry
 
 
 def test_tampered_object_is_a_checksum_error(s3, so, voc_src, tmp_path):
