@@ -939,6 +939,16 @@ class RemoteShardedStore:
     def identity(self) -> str:
         return self._identity
 
+    @property
+    def file_size(self) -> int:
+        """Bytes of all the shards' ``.rec`` objects."""
+        return sum(int(sh["bytes"]) for sh in self.manifest["shards"])
+
+    def check_tail(self) -> None:
+        """Check that each shard's last indexed record ends its ``.rec`` (``verify``)."""
+        for s in range(len(self._stores)):
+            self.shard(s).check_tail()
+
     def __repr__(self) -> str:
         return "RemoteShardedStore(%r, %d shards, %d records)" % (self.location,
                                                                   len(self.uris), self._n)

@@ -127,6 +127,12 @@ def so(s3):
     return _options(s3)
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Caches and staging folders the CLI makes by default go under the test's tmp_path."""
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "default-cache"))
+
+
 def _remote(so, tmp_path, **extra):
     return dict(storage_options=so, cache_dir=str(tmp_path / "cache"), **FAST, **extra)
 
@@ -471,6 +477,11 @@ def test_sharded_dataset_in_s3_read_shard_by_shard_under_a_small_cache(s3, so, v
         assert s3.served(u.split(BUCKET, 1)[1]) == fs.info(u)["size"]
     assert ShardCache(str(tmp_path / "cache"), limit).usage() <= limit
     store.close()
+    ep = "endpoint_url=" + s3.url
+    s3.log.clear()
+    assert main(["verify", manifest, "--storage-option", ep]) == 0  # ranged reads, no cache
+    assert main(["info", manifest, "--storage-option", ep]) == 0
+    assert s3.served(".rec") <= sum(fs.info(u)["size"] for u in store.uris) + 4 * 4096
     damaged = store.uris[2]
     fs.pipe_file(damaged.split("://", 1)[1], b"\0" * fs.info(damaged)["size"])
     fresh = open_store(manifest, **_remote(so, tmp_path / "other"))
