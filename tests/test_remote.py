@@ -17,7 +17,8 @@ import pytest
 
 from gluon_data import convert
 from gluon_data.cli import main
-from gluon_data.datasets import ImageRecordDataset, SegmentationRecordDataset
+from gluon_data.datasets import (ImageRecordDataset, SegmentationDataset,
+                                 SegmentationRecordDataset)
 from gluon_data.errors import (ChecksumMismatchError, FormatError, RemoteConnectionError,
                                RemoteNotFoundError)
 from gluon_data.recordio import RecordFile
@@ -161,7 +162,7 @@ def _fresh_uri(name):
 
 def test_convert_to_s3_reads_back_byte_identical(voc_s3, so, tmp_path):
     uri, local = voc_s3
-    remote_ds = SegmentationRecordDataset(uri, ignore_value=None, remote=_remote(so, tmp_path))
+    remote_ds = SegmentationDataset(open_store(uri, **_remote(so, tmp_path)), ignore_value=None)
     local_ds = SegmentationRecordDataset(local, ignore_value=None)
     assert len(remote_ds) == len(local_ds) == 16
     raw = RecordFile(local)
@@ -178,7 +179,7 @@ def test_convert_to_s3_reads_back_byte_identical(voc_s3, so, tmp_path):
     assert names == ["voc.idx", "voc.meta.json", "voc.rec"]  # no marker left behind
 
 
-def test_classification_dataset_and_cli_round_trip(s3, so, tmp_path, capsys):
+def test_classification_dataset_and_cli_round_trip(s3, so, tmp_path, capsys, monkeypatch):
     from gluon_data.sample import make_imagefolder
     src = make_imagefolder(str(tmp_path / "folder"), per_class=3)
     uri = _fresh_uri("cli/cls.rec")
@@ -196,7 +197,8 @@ def test_classification_dataset_and_cli_round_trip(s3, so, tmp_path, capsys):
     assert s3.log[marker[0]][0] == "PUT" and s3.log[marker[-1]][0] == "DELETE"
     local = str(tmp_path / "cls.rec")
     convert(src, local, "imagefolder")
-    ds = ImageRecordDataset(uri, remote=_remote(so, tmp_path))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)  # the public class, configured by env
+    ds = ImageRecordDataset(uri)
     ref = ImageRecordDataset(local)
     for i in range(len(ref)):
         (a, la), (b, lb) = ds[i], ref[i]
@@ -249,7 +251,7 @@ def test_interrupted_upload_is_invisible_then_resumes(s3, so, voc_src, tmp_path)
 
 def test_two_dataloader_workers_share_one_download(voc_s3, s3, so, tmp_path):
     uri, local = voc_s3
-    ds = SegmentationRecordDataset(uri, ignore_value=None, remote=_remote(so, tmp_path))
+    ds = SegmentationDataset(open_store(uri, **_remote(so, tmp_path)), ignore_value=None)
     assert not os.path.exists(tmp_path / "cache" / "objects" / "x")
     s3.log.clear()
     loader = mx.gluon.data.DataLoader(ds.transform(lambda a, b: (a.shape[0], b.sum())),
