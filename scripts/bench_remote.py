@@ -57,7 +57,7 @@ def main(argv=None):
     from moto.server import ThreadedMotoServer
 
     from gluon_data import convert
-    from gluon_data.datasets import SegmentationRecordDataset
+    from gluon_data.datasets import SegmentationDataset, SegmentationRecordDataset
     from gluon_data.remote import filesystem, upload_dataset
     from gluon_data.recordio import RecordFile
     from gluon_data.sample import make_voc
@@ -87,8 +87,8 @@ def main(argv=None):
                 cache = os.path.join(d, "cache-" + what.split()[0])
                 if what == "decoded samples":
                     loc = SegmentationRecordDataset(local)
-                    rem = SegmentationRecordDataset(uri, remote={"storage_options": so,
-                                                                 "cache_dir": cache})
+                    rem = SegmentationDataset(open_store(uri, storage_options=so,
+                                                         cache_dir=cache))
                     lfn, rfn = loc.__getitem__, rem.__getitem__
                 else:
                     loc = RecordFile(local)
