@@ -59,8 +59,11 @@ class S3Server:
             if (self.kill_on_put and entry[0] == "PUT"
                     and entry[1].endswith(self.kill_on_put)):
                 self.kill_on_put = None
+                # take the body first: werkzeug would otherwise wait for more of it while
+                # the client waits for an answer
+                environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
                 threading.Thread(target=self.stop).start()
-                raise ConnectionAbortedError("server stopped (test)")
+                raise ConnectionAbortedError("server stopped (test)")  # dropped, no answer
             kill = self.kill_after
             for chunk in inner(environ, start_response):
                 if (kill and entry[0] == "GET" and entry[1].endswith(kill[0])
