@@ -40,8 +40,9 @@ import numpy as np
 
 from .errors import (ChecksumMismatchError, FormatError, RemoteConnectionError, RemoteError,
                      RemoteNotFoundError, TruncatedDownloadError)
+from .fsutil import fsync_dir as _fsync_dir
 from .meta import check_meta, dumps_meta, meta_path
-from .recordio import RecordFile, _fsync_dir, idx_path_for, read_index
+from .recordio import RecordFile, idx_path_for, read_index
 from .sampler import SampleKey
 from .store import is_uri, register_opener
 
