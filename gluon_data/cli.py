@@ -93,6 +93,10 @@ def _cmd_convert(a) -> int:
 
 def _convert_sharded(a) -> int:
     from .shards import convert_sharded
+    if _remote(a):  # into object storage: shards staged locally, uploaded, manifest last
+        from functools import partial
+        from .remote import convert_to_uri
+        convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
     report = convert_sharded(a.source, a.output, a.layout, shards=a.shards,
                              shard_size=a.shard_size, shard_items=a.shard_items,
                              engine=a.engine, scheduler=a.scheduler, workers=a.workers,

@@ -291,8 +291,8 @@ class _Lock:
 class ShardCache:
     """A local cache of whole remote objects, shared by every process on the node.
 
-    Layout under ``cache_dir``: ``objects/<key>/<name>`` (a verified copy; its mtime is its
-    last use), ``locks/<key>.pin`` (held shared by every process reading the copy: an
+    Layout under ``cache_dir``: ``objects/<key>/<name>`` (a verified copy; the folder's mtime
+    is its last use), ``locks/<key>.pin`` (held shared by every process reading the copy: an
     entry in use is never evicted), ``locks/<key>.get`` (one downloader per object; the
     others wait and then use its copy) and ``cache.lock`` (room-making). A download goes to
     ``<name>.partial-<pid>-<n>``, pre-sized so concurrent downloads count against the
@@ -352,7 +352,8 @@ class ShardCache:
                 raise ChecksumMismatchError("the cached copy %s has %d bytes, the object %d; "
                                             "delete the cache folder %s"
                                             % (final, st.st_size, size, self.cache_dir), uri)
-            os.utime(final)  # last use, for LRU
+            os.utime(entry)  # last use, for LRU: the folder's mtime (the file's is part of
+            # the stamp an open RecordFile checks, so a use elsewhere must not change it)
         except BaseException:
             held.release()
             raise
@@ -388,12 +389,11 @@ class ShardCache:
         out = []
         for key in os.listdir(self._objects):
             d = os.path.join(self._objects, key)
-            size, used = 0, 0.0
+            size = 0
             try:
+                used = os.stat(d).st_mtime
                 for name in os.listdir(d):
-                    st = os.stat(os.path.join(d, name))
-                    size += st.st_size
-                    used = max(used, st.st_mtime)
+                    size += os.stat(os.path.join(d, name)).st_size
             except FileNotFoundError:
                 continue
             out.append((used, size, key))
@@ -625,6 +625,24 @@ class RemoteStore:
         return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
                                  self._stamp_of(uri), pin=pin)
 
+    @classmethod
+    def _part(cls, location: str, remote: "_Remote", cache_args, reads: str, records: int,
+              size: int, sums: Dict[str, dict], prefetch_threads: int = 2) -> "RemoteStore":
+        """One shard of a remote sharded dataset: what the manifest says about it is taken
+        as given (no metadata GET, no HEAD of the ``.rec``)."""
+        self = cls.__new__(cls)
+        self.location, self.split, self.reads, self.meta = location, None, reads, None
+        self._remote, self._cache_args = remote, cache_args
+        self._prefetch_threads = prefetch_threads
+        self.idx_location = idx_path_for(location)
+        self.meta_location = meta_path(location)
+        self._expected, self.file_size = int(records), int(size)
+        self._stamps = {}
+        self._sums = {location: sums.get(location), self.idx_location: sums.get(
+            self.idx_location)}
+        self._init_local()
+        return self
+
     def _open(self) -> RecordFile:
         expected = self._expected
         idx_local, idx_pin = self.fetch(self.idx_location, pin=True)
@@ -739,6 +757,213 @@ def _open_remote(location: str, split: Optional[str] = None, **options) -> Remot
 
 
 register_opener(is_uri, _open_remote, priority=10)
+
+
+class RemoteShardedStore:
+    """A sharded dataset in object storage (``s3://bucket/train.shards.json``, the manifest of
+    :mod:`gluon_data.shards`) as one record store.
+
+    Each shard is a :class:`RemoteStore` part: downloaded whole into the :class:`ShardCache`
+    when first read (its ``.idx`` checked against the manifest's ``idx_sha256``, its ``.rec``
+    against the size and, when uploaded by ``gluon-data convert``, the SHA-256 the manifest's
+    ``files`` records), then read locally. At most ``max_open_shards`` shards are held open
+    (pinned in the cache) per process; older ones are released and become evictable, so a
+    ``cache_limit`` of a few shards serves a dataset of any size. :meth:`prefetch` downloads the
+    shards the upcoming indices need, in sampler order, on a bounded pool.
+
+    Parameters
+    ----------
+    location : str
+        URI of the manifest.
+    split : str, optional
+        Must match the manifest's split when given.
+    storage_options, cache_dir, cache_limit, retries, backoff, prefetch_threads
+        As for :class:`RemoteStore`.
+    max_open_shards : int
+        Shards held open (and pinned) per process.
+    prefetch_shards : int
+        How many shards ahead of the current one :meth:`prefetch` downloads.
+
+    Examples
+    --------
+    >>> store = RemoteShardedStore("s3://bucket/train.shards.json", cache_limit="4GB")  # doctest: +SKIP
+    >>> sampler = PrefetchSampler(BlockShuffleSampler(store.parts(), seed=0), store)  # doctest: +SKIP
+    """
+
+    def __init__(self, location: str, split: Optional[str] = None, *,
+                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                 cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
+                 backoff: Optional[float] = None, prefetch_threads: int = 2,
+                 max_open_shards: int = 2, prefetch_shards: int = 1):
+        import tempfile
+        from .shards import read_manifest
+        self.location = os.fspath(location)
+        self._remote = _Remote(storage_options, retries, backoff)
+        raw = self._remote.cat(self.location)
+        with tempfile.NamedTemporaryFile(suffix=".shards.json") as tmp:
+            tmp.write(raw)
+            tmp.flush()
+            try:
+                manifest = read_manifest(tmp.name)
+            except FormatError as e:
+                raise FormatError(e.reason, self.location) from None
+        if manifest["container"] != "rec":
+            raise FormatError("LMDB shards cannot be read from object storage (an environment "
+                              "is not an object); convert them to RecordIO shards",
+                              self.location)
+        if split is not None and split != manifest.get("split"):
+            raise FormatError("split %r not found; this manifest holds split %r"
+                              % (split, manifest.get("split")), self.location)
+        self.manifest, self.meta, self.split = manifest, manifest["meta"], None
+        self.reads = reads
+        self._opts = ((cache_dir, cache_limit), reads, max(1, int(prefetch_threads)))
+        self.max_open_shards = max(1, int(max_open_shards))
+        self.prefetch_shards = max(0, int(prefetch_shards))
+        self.uris = [_join(self.location, sh["name"]) for sh in manifest["shards"]]
+        self._counts = [int(sh["records"]) for sh in manifest["shards"]]
+        self._starts = np.concatenate(([0], np.cumsum(self._counts))).astype(np.int64)
+        self._n = int(self._starts[-1])
+        self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
+        self._init_local()
+
+    def _init_local(self):
+        files = self.manifest.get("files") or {}
+        self._stores = []
+        for uri, sh in zip(self.uris, self.manifest["shards"]):
+            idx = idx_path_for(uri)
+            sums = {uri: files.get(posixpath.basename(uri)) or {"bytes": sh["bytes"]},
+                    idx: dict(files.get(posixpath.basename(idx)) or {},
+                              sha256=sh.get("idx_sha256"))}
+            self._stores.append(RemoteStore._part(uri, self._remote, self._opts[0],
+                                                  self._opts[1], sh["records"], sh["bytes"],
+                                                  sums, self._opts[2]))
+        self._open_order: List[int] = []
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._inflight: Dict[int, Future] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_stores", "_open_order", "_lock", "_pool", "_inflight", "_pid")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    def parts(self) -> List[int]:
+        """Records per shard (for :class:`BlockShuffleSampler`)."""
+        return list(self._counts)
+
+    def locate(self, i: int) -> Tuple[int, int]:
+        """``(shard, record in shard)`` of position ``i`` (negative: from the end)."""
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("index %d out of range for %d records" % (i, self._n))
+        s = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return s, i - int(self._starts[s])
+
+    def shard(self, s: int) -> RemoteStore:
+        """Shard ``s``'s store, kept among this process's ``max_open_shards`` open ones."""
+        if self._pid != os.getpid():  # forked: the parent's open list is not ours
+            self._open_order, self._pid = [], os.getpid()
+            self._inflight, self._pool = {}, None
+        order = self._open_order
+        if order and order[-1] == s:
+            return self._stores[s]
+        with self._lock:
+            if s in order:
+                order.remove(s)
+            order.append(s)
+            while len(order) > self.max_open_shards:
+                self._stores[order.pop(0)].close()  # unpinned; open readers keep working
+        return self._stores[s]
+
+    def prefetch(self, indices: Iterable[int]) -> List[Future]:
+        """Download the shards holding ``indices`` (the first ``1 + prefetch_shards`` of
+        them, in order, counting the shard being read) in the background; returns the futures
+        of downloads in flight."""
+        if self.reads != "cache":
+            return []
+        wanted: List[int] = []
+        for i in indices:
+            s = int(np.searchsorted(self._starts, int(i), side="right")) - 1
+            if s not in wanted:
+                wanted.append(s)
+                if len(wanted) > self.prefetch_shards:
+                    break
+        reading = self._open_order[-1] if self._open_order else None
+        if reading is not None and reading not in wanted:  # the shard being read holds a slot:
+            wanted = wanted[:self.prefetch_shards]  # a next one may not evict the one after
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._opts[2],
+                                                thread_name_prefix="gluon-data-prefetch")
+            for s in wanted:
+                fut = self._inflight.get(s)
+                if fut is None or (fut.done() and fut.exception() is not None):
+                    part = self._stores[s]
+                    self._inflight[s] = self._pool.submit(
+                        lambda p=part: [p.fetch(u) for u in (p.idx_location, p.location)])
+            return [self._inflight[s] for s in wanted]
+
+    def close(self) -> None:
+        for st in self._stores:
+            st.close()
+        self._open_order = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- the store protocol --------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._n
+
+    def key(self, i: int) -> int:
+        s, j = self.locate(i)
+        return self.shard(s).key(j)
+
+    def offset(self, i: int) -> Optional[int]:
+        s, j = self.locate(i)
+        return self.shard(s).offset(j)
+
+    def read(self, i: int) -> bytes:
+        s, j = self.locate(i)
+        return self.shard(s).read(j)
+
+    def view(self, i: int):
+        s, j = self.locate(i)
+        return self.shard(s).view(j)
+
+    def scan(self) -> Iterator:
+        for s in range(len(self._stores)):
+            yield from self.shard(s).scan()
+
+    def identity(self) -> str:
+        return self._identity
+
+    @property
+    def file_size(self) -> int:
+        """Bytes of all the shards' ``.rec`` objects."""
+        return sum(int(sh["bytes"]) for sh in self.manifest["shards"])
+
+    def check_tail(self) -> None:
+        """Check that each shard's last indexed record ends its ``.rec`` (``verify``)."""
+        for s in range(len(self._stores)):
+            self.shard(s).check_tail()
+
+    def __repr__(self) -> str:
+        return "RemoteShardedStore(%r, %d shards, %d records)" % (self.location,
+                                                                  len(self.uris), self._n)
+
+
+def _names_remote_manifest(location: str) -> bool:
+    return is_uri(location) and location.endswith(".shards.json")
+
+
+register_opener(_names_remote_manifest, RemoteShardedStore, priority=20)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -867,7 +1092,24 @@ def _join(base_uri: str, name: str) -> str:
 
 def _upload_plan(local: str, uri: str):
     """``(commit uri, commit document, [(local file, uri)], marker uri)`` of one local
-    ``.rec`` dataset, committed by its metadata."""
+    dataset: a ``.rec`` (committed by its metadata) or a ``.shards.json`` (by the manifest;
+    its shards' files are data)."""
+    if local.endswith(".shards.json"):
+        with open(local, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+        folder = os.path.dirname(local)
+        pairs, files = [], {}
+        for sh in doc["shards"]:
+            rec = os.path.join(folder, sh["name"])
+            if not os.path.isfile(rec):
+                raise ValueError("%s: only RecordIO shards can be uploaded (%s)"
+                                 % (local, sh["name"]))
+            pairs += [(p, _join(uri, os.path.basename(p)))
+                      for p in (rec, idx_path_for(rec), meta_path(rec))]
+            files[sh["name"]] = {"bytes": os.path.getsize(rec), "sha256": _sha256_file(rec)}
+        doc["files"] = files
+        commit = _join(uri, os.path.basename(local))
+        return commit, doc, pairs, commit[:-len(".shards.json")] + UPLOAD_MARKER
     rec_uri = _join(uri, os.path.basename(local))
     pairs = [(local, rec_uri), (idx_path_for(local), idx_path_for(rec_uri))]
     with open(meta_path(local), "rb") as f:
@@ -881,13 +1123,15 @@ def upload_dataset(local: Sequence[str], uri: str, *,
                    storage_options: Optional[dict] = None, overwrite: bool = False,
                    resume: bool = False, journal: Optional[str] = None,
                    retries: Optional[int] = None) -> Dict[str, str]:
-    """Upload local ``.rec`` datasets (with their ``.idx`` and metadata) beside ``uri``.
-    Returns ``{local .rec: its URI}``.
+    """Upload local datasets beside ``uri``: ``.rec`` files (with their ``.idx`` and
+    metadata) or ``.shards.json`` manifests (with every shard's files). Returns
+    ``{local path: its URI}`` (the ``.rec``, or the manifest).
 
-    Order: ``PREFIX.uploading.json`` markers; the old metadata (the commit documents)
-    removed; every ``.rec`` and ``.idx``; every metadata, with a ``files`` entry recording the
-    size and SHA-256 of its ``.rec`` and ``.idx`` (what readers verify downloads against);
-    then the markers removed. A reader therefore sees either no dataset (while the marker exists, an
+    Order: ``PREFIX.uploading.json`` markers; the old commit documents (metadata, manifest)
+    removed; every data object; every commit document -- the metadata with a ``files`` entry
+    recording the size and SHA-256 of its ``.rec`` and ``.idx``, the manifest with one
+    recording each shard's ``.rec`` (what readers verify downloads against); then the
+    markers removed. A reader therefore sees either no dataset (while the marker exists, an
     error saying an upload is in progress) or a complete one. With ``resume``, objects the
     ``journal`` (a local JSON file) lists as uploaded with the same SHA-256 and found with
     the same size are not sent again, and an identical complete dataset is left alone.
@@ -913,7 +1157,8 @@ def upload_dataset(local: Sequence[str], uri: str, *,
                     same.add(commit)
             except RemoteNotFoundError:
                 pass
-    result = {p: pairs[0][1] for p, _, _, pairs, _ in plan}
+    result = {p: (commit if p.endswith(".shards.json") else pairs[0][1])
+              for p, commit, _, pairs, _ in plan}
     if len(same) == len(plan):
         return result
     for _, commit, _, pairs, _ in plan:  # refuse before anything is changed
@@ -969,6 +1214,10 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
 
     Examples
     --------
+    With ``shards``, ``shard_size`` or ``shard_items`` the output is sharded
+    (:func:`gluon_data.shards.convert_sharded` into the staging folder): every shard goes up,
+    then each split's ``.shards.json`` manifest, last.
+
     >>> convert_to_uri("VOCdevkit", "s3://bucket/voc.rec", layout="voc",
     ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
@@ -988,7 +1237,17 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
         shutil.rmtree(staging)  # our own staging folder: a fresh conversion starts clean
     os.makedirs(staging, exist_ok=True)
     local = os.path.join(staging, posixpath.basename(output) or "out.rec")
-    report = convert(source, local, layout, overwrite=True, resume=resume, **convert_options)
+    from .shards import convert_sharded, is_manifest
+    if is_manifest(os.fspath(source)) or any(convert_options.get(k) is not None
+                                             for k in ("shards", "shard_size", "shard_items")):
+        # a rerun with resume skips the shards already staged
+        convert_options.pop("checkpoint_every", None)
+        report = convert_sharded(source, local, layout, overwrite=True, **convert_options)
+    else:
+        for k in ("shards", "shard_size", "shard_items", "engine", "scheduler"):
+            convert_options.pop(k, None)
+        report = convert(source, local, layout, overwrite=True, resume=resume,
+                         **convert_options)
     uris = upload_dataset([report.outputs[s] for s in sorted(report.outputs)], output,
                           storage_options=storage_options, overwrite=overwrite, resume=resume,
                           journal=os.path.join(staging, "upload.json"), retries=retries)

@@ -452,3 +452,73 @@ def test_options_parsing():
     with pytest.raises(ValueError, match="reads must be"):  # before any request
         RemoteStore("s3://b/x.rec", reads="everything")
 
+
+def test_sharded_dataset_in_s3_read_shard_by_shard_under_a_small_cache(s3, so, voc_src,
+                                                                        voc_s3, tmp_path):
+    pytest.importorskip("gluon_data.shards")
+    uri = _fresh_uri("sharded/voc.rec")
+    s3.log.clear()
+    report = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=4,
+                            storage_options=so, cache_dir=str(tmp_path / "stage"))
+    manifest = report.outputs["trainval"]
+    assert manifest == _fresh_uri("sharded/voc.shards.json")
+    puts = [e[1] for e in s3.log if e[0] == "PUT"]
+    assert puts.index("/%s/sharded/voc.shards.json" % BUCKET) > max(
+        i for i, p in enumerate(puts) if p.endswith(".rec"))  # the manifest goes up last
+    ref = RecordFile(voc_s3[1])  # the unsharded conversion: same payloads
+    store = open_store(manifest, **_remote(so, tmp_path, max_open_shards=1))
+    assert len(store) == 16 and store.parts() == [4, 4, 4, 4]
+    fs, _ = filesystem(manifest, so)
+    sizes = [fs.info(u)["size"] + fs.info(u[:-4] + ".idx")["size"] for u in store.uris]
+    limit = 2 * max(sizes) + 16  # room for two of the four shards: the one read, the next
+    store = open_store(manifest, **_remote(so, tmp_path, max_open_shards=1,
+                                           cache_limit=limit))
+    assert limit < sum(sizes)
+    sampler = BlockShuffleSampler(store.parts(), seed=5)
+    s3.log.clear()
+    got = {int(k): store.read(int(k)) for k in PrefetchSampler(sampler, store, lookahead=6)}
+    assert got == {i: ref.read(i) for i in range(16)}
+    for u in store.uris:  # block shuffle: every shard downloaded exactly once
+        assert s3.served(u.split(BUCKET, 1)[1]) == fs.info(u)["size"]
+    assert ShardCache(str(tmp_path / "cache"), limit).usage() <= limit
+    store.close()
+    ep = "endpoint_url=" + s3.url
+    s3.log.clear()
+    assert main(["verify", manifest, "--storage-option", ep]) == 0  # ranged reads, no cache
+    assert main(["info", manifest, "--storage-option", ep]) == 0
+    assert s3.served(".rec") <= sum(fs.info(u)["size"] for u in store.uris) + 4 * 4096
+    damaged = store.uris[2]
+    fs.pipe_file(damaged.split("://", 1)[1], b"\0" * fs.info(damaged)["size"])
+    fresh = open_store(manifest, **_remote(so, tmp_path / "other"))
+    with pytest.raises(ChecksumMismatchError) as e:
+        fresh.read(9)
+    assert e.value.path == damaged
+
+
+def test_cli_sharded_convert_to_s3_manifest_last_then_read(s3, so, tmp_path, capsys,
+                                                           monkeypatch):
+    from gluon_data.sample import make_imagefolder
+    src = make_imagefolder(str(tmp_path / "folder"), per_class=3)
+    uri = _fresh_uri("clishards/cls.rec")
+    ep = "endpoint_url=" + s3.url
+    s3.log.clear()
+    assert main(["convert", src, uri, "--quiet", "--workers", "1", "--shards", "2",
+                 "--storage-option", ep]) == 0
+    manifest = _fresh_uri("clishards/cls.shards.json")
+    puts = [e[1] for e in s3.log if e[0] == "PUT"]
+    assert [p for p in puts if p.endswith(".shards.json")] == ["/%s/clishards/cls.shards.json"
+                                                               % BUCKET]
+    assert puts.index("/%s/clishards/cls.shards.json" % BUCKET) > max(
+        i for i, p in enumerate(puts) if p.endswith((".rec", ".idx", ".meta.json")))
+    local = str(tmp_path / "cls.rec")
+    convert(src, local, "imagefolder")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)
+    ds, ref = ImageRecordDataset(manifest), ImageRecordDataset(local)
+    assert len(ds) == len(ref) == 9
+    for i in range(len(ref)):
+        (a, la), (b, lb) = ds[i], ref[i]
+        assert np.array_equal(a.asnumpy(), b.asnumpy()) and la == lb
+    capsys.readouterr()
+    assert main(["info", manifest, "--json", "--storage-option", ep]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == 9
+    assert main(["verify", manifest, "--storage-option", ep]) == 0
