@@ -38,8 +38,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import (ChecksumMismatchError, FormatError, RemoteConnectionError, RemoteError,
-                     RemoteNotFoundError, TruncatedDownloadError)
+from .errors import (ChecksumMismatchError, FormatError, OutputError, RemoteConnectionError,
+                     RemoteError, RemoteNotFoundError, TruncatedDownloadError)
 from .fsutil import fsync_dir as _fsync_dir
 from .meta import check_meta, dumps_meta, meta_path
 from .recordio import RecordFile, idx_path_for, read_index
@@ -1119,6 +1119,31 @@ def _upload_plan(local: str, uri: str):
     return meta_path(rec_uri), doc, pairs, os.path.splitext(rec_uri)[0] + UPLOAD_MARKER
 
 
+_NOT_OURS = ("exists and is not a dataset written by gluon-data (no gluon-data metadata %s "
+             "beside it, nor an interrupted upload of ours); --overwrite only replaces "
+             "gluon-data's own outputs, so it was left untouched: remove it or choose another "
+             "output name")
+
+
+def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
+    """Whether the objects under a dataset's names are recognisably gluon_data's output, the
+    remote form of :func:`gluon_data.fsutil.is_ours`: its commit document (metadata or
+    manifest) says ``"format": "gluon_data"`` (``"gluon_data-shards"``), or an upload marker
+    of ours says an upload of ours was interrupted. Only content is trusted, never a name."""
+    from .shards import MANIFEST_FORMAT
+    for uri, key, wanted in ((commit, "format", ("gluon_data", MANIFEST_FORMAT)),
+                             (marker, "writer", ("gluon_data",))):
+        try:
+            if int(remote.info(uri)["size"]) > 64 << 20:  # no metadata is that large
+                continue
+            doc = json.loads(remote.cat(uri).decode("utf-8"))
+        except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get(key) in wanted:
+            return True
+    return False
+
+
 def upload_dataset(local: Sequence[str], uri: str, *,
                    storage_options: Optional[dict] = None, overwrite: bool = False,
                    resume: bool = False, journal: Optional[str] = None,
@@ -1141,6 +1166,10 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     FileExistsError
         An output object exists and neither ``overwrite`` nor a resumable upload of ours
         (``resume`` with the journal naming it) allows replacing it.
+    OutputError
+        With ``overwrite``: an output object exists that is not recognisably ours (no metadata
+        or manifest of ours under the output name, nor an interrupted upload of ours); nothing
+        was changed.
     """
     remote = _Remote(storage_options, retries)
     done: Dict[str, str] = {}
@@ -1161,12 +1190,18 @@ def upload_dataset(local: Sequence[str], uri: str, *,
               for p, commit, _, pairs, _ in plan}
     if len(same) == len(plan):
         return result
-    for _, commit, _, pairs, _ in plan:  # refuse before anything is changed
+    for _, commit, _, pairs, marker in plan:  # refuse before anything is changed
+        ours = None
         for target in [t for _, t in pairs] + [commit]:
-            if overwrite or (resume and target in done) or not remote.exists(target):
+            if (resume and target in done) or not remote.exists(target):
                 continue
-            raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
-                                  "to replace it" % target)
+            if not overwrite:
+                raise FileExistsError("%s already exists; pass overwrite=True (CLI: "
+                                      "--overwrite) to replace it" % target)
+            if ours is None:
+                ours = _remote_is_ours(remote, commit, marker)
+            if not ours:
+                raise OutputError(_NOT_OURS % commit.rsplit("/", 1)[-1], target)
     markers = [m for _, _, _, _, m in plan]
     for m in markers:
         remote.pipe(m, json.dumps({"writer": "gluon_data", "started": time.time()}).encode())
@@ -1228,9 +1263,12 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
                          "write a .rec" % output)
     remote = _Remote(storage_options, retries)
     # refuse an existing output before any work (the split names are checked again later)
-    if not overwrite and not resume and remote.exists(output):
-        raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) to "
-                              "replace it" % output)
+    if not resume and remote.exists(output):
+        if not overwrite:
+            raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
+                                  "to replace it" % output)
+        if not _remote_is_ours(remote, meta_path(output), os.path.splitext(output)[0] + UPLOAD_MARKER):
+            raise OutputError(_NOT_OURS % posixpath.basename(meta_path(output)), output)
     staging = os.path.join(os.path.abspath(cache_dir or _default_cache_dir()), "staging",
                            hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
     if not resume and os.path.isdir(staging):

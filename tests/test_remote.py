@@ -19,8 +19,8 @@ from gluon_data import convert
 from gluon_data.cli import main
 from gluon_data.datasets import (ImageRecordDataset, SegmentationDataset,
                                  SegmentationRecordDataset)
-from gluon_data.errors import (ChecksumMismatchError, FormatError, RemoteConnectionError,
-                               RemoteNotFoundError)
+from gluon_data.errors import (ChecksumMismatchError, FormatError, OutputError,
+                               RemoteConnectionError, RemoteNotFoundError)
 from gluon_data.recordio import RecordFile
 from gluon_data.remote import (BlockShuffleSampler, PrefetchSampler, RemoteStore, ShardCache,
                                convert_to_uri, filesystem, parse_size, parse_storage_options)
@@ -522,3 +522,44 @@ def test_cli_sharded_convert_to_s3_manifest_last_then_read(s3, so, tmp_path, cap
     assert main(["info", manifest, "--json", "--storage-option", ep]) == 0
     assert json.loads(capsys.readouterr().out)["records"] == 9
     assert main(["verify", manifest, "--storage-option", ep]) == 0
+
+
+def test_overwrite_replaces_only_our_own_output(s3, so, tmp_path, capsys):
+    from gluon_data.sample import make_imagefolder
+    src = make_imagefolder(str(tmp_path / "folder"), per_class=2)
+    fs, _ = filesystem(_fresh_uri("x"), so)
+    ep = "endpoint_url=" + s3.url
+    # someone else's object under the output name (no metadata of ours beside it)
+    fs.pipe_file("%s/foreign/data.rec" % BUCKET, b"not a dataset of ours")
+    s3.log.clear()
+    with pytest.raises(OutputError) as e:
+        convert_to_uri(src, _fresh_uri("foreign/data.rec"), "imagefolder", overwrite=True,
+                       storage_options=so, cache_dir=str(tmp_path / "stage"))
+    assert e.value.path == _fresh_uri("foreign/data.rec")
+    assert not [x for x in s3.log if x[0] in ("PUT", "POST", "DELETE")]
+    assert fs.cat_file("%s/foreign/data.rec" % BUCKET) == b"not a dataset of ours"
+    # a foreign metadata-named object: the CLI refuses too, and says why
+    fs.pipe_file("%s/foreign2/data.meta.json" % BUCKET, b'{"format": "someone-else"}')
+    fs.pipe_file("%s/foreign2/data.rec" % BUCKET, b"theirs")
+    assert main(["convert", src, _fresh_uri("foreign2/data.rec"), "--quiet", "--workers", "1",
+                 "--overwrite", "--storage-option", ep]) == 1
+    assert "not a dataset written by gluon-data" in capsys.readouterr().err
+    assert fs.cat_file("%s/foreign2/data.rec" % BUCKET) == b"theirs"
+    # a foreign object under a shard's name: refused before anything is uploaded
+    fs.pipe_file("%s/foreign3/data-00000-of-00002.rec" % BUCKET, b"theirs")
+    s3.log.clear()
+    with pytest.raises(OutputError):
+        convert_to_uri(src, _fresh_uri("foreign3/data.rec"), "imagefolder", overwrite=True,
+                       shards=2, storage_options=so, cache_dir=str(tmp_path / "stage"))
+    assert not [x for x in s3.log if x[0] in ("PUT", "POST", "DELETE")]
+    # our own output (sharded, committed by its manifest) is replaced
+    uri = _fresh_uri("ours/data.rec")
+    convert_to_uri(src, uri, "imagefolder", shards=2, storage_options=so,
+                   cache_dir=str(tmp_path / "stage"))
+    with pytest.raises(FileExistsError):
+        convert_to_uri(src, uri, "imagefolder", shards=2, storage_options=so,
+                       cache_dir=str(tmp_path / "stage"))
+    s3.log.clear()
+    convert_to_uri(src, uri, "imagefolder", shards=2, overwrite=True, storage_options=so,
+                   cache_dir=str(tmp_path / "stage"))
+    assert s3.requests("ours/data.shards.json", "PUT")
