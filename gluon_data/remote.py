@@ -55,6 +55,12 @@ INSTALL_HINT = "pip install gluon-data[remote]"
 RETRIES = int(os.environ.get("GLUON_DATA_REMOTE_RETRIES", "4"))
 #: ... sleeping ``BACKOFF * 2**attempt`` seconds (``GLUON_DATA_REMOTE_BACKOFF``), at most 10 s.
 BACKOFF = float(os.environ.get("GLUON_DATA_REMOTE_BACKOFF", "0.25"))
+#: Client timeouts in seconds for S3 (``GLUON_DATA_REMOTE_CONNECT_TIMEOUT``,
+#: ``GLUON_DATA_REMOTE_READ_TIMEOUT``): a stalled server is a :class:`RemoteConnectionError`
+#: after ``RETRIES + 1`` attempts of s3fs's own bounded retry loop (5 tries) of one timeout
+#: each, not a hang. ``storage_options``' ``config_kwargs`` override them.
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
 CHUNK_BYTES = 8 << 20        # one ranged GET of a download (and the largest read-ahead)
 UPLOAD_MARKER = ".uploading.json"  # PREFIX.uploading.json: an upload is in progress
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.I)
@@ -110,11 +116,34 @@ def filesystem(uri: str, storage_options: Optional[dict] = None):
         raise ImportError("reading or writing %s needs fsspec and s3fs: %s"
                           % (uri, INSTALL_HINT)) from None
     try:
-        return fsspec.core.url_to_fs(uri, **dict(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(uri, **_bounded(uri, storage_options))
     except ImportError as e:
         raise ImportError("the filesystem for %s is not installed (%s): %s; other schemes "
                           "need their fsspec backend (gcsfs, adlfs, ...)"
                           % (uri, e, INSTALL_HINT)) from None
+    return fs, path
+
+
+def _is_s3(uri: str) -> bool:
+    return uri.split("://", 1)[0] in ("s3", "s3a")
+
+
+def _bounded(uri: str, storage_options: Optional[dict]) -> dict:
+    """``storage_options`` with bounded client timeouts for S3: botocore's
+    ``connect_timeout``/``read_timeout`` (aiohttp's socket timeouts) from the environment, and
+    one attempt per call in botocore (s3fs and our :class:`_Remote` retry, bounded, with
+    backoff), unless the options' ``config_kwargs`` set them."""
+    opts = dict(storage_options or {})
+    if not _is_s3(uri):
+        return opts
+    config = {"connect_timeout": float(os.environ.get("GLUON_DATA_REMOTE_CONNECT_TIMEOUT",
+                                                      CONNECT_TIMEOUT)),
+              "read_timeout": float(os.environ.get("GLUON_DATA_REMOTE_READ_TIMEOUT",
+                                                   READ_TIMEOUT)),
+              "retries": {"max_attempts": 1}}
+    config.update(opts.get("config_kwargs") or {})
+    opts["config_kwargs"] = config
+    return opts
 
 
 def _transient(exc: BaseException) -> bool:

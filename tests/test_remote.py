@@ -563,3 +563,52 @@ def test_overwrite_replaces_only_our_own_output(s3, so, tmp_path, capsys):
     convert_to_uri(src, uri, "imagefolder", shards=2, overwrite=True, storage_options=so,
                    cache_dir=str(tmp_path / "stage"))
     assert s3.requests("ours/data.shards.json", "PUT")
+
+
+@pytest.fixture
+def stalled_server():
+    """A TCP server on 127.0.0.1 that accepts connections and never answers."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    held, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():  # bounded by stop; each accept waits at most 0.2 s
+            try:
+                held.append(srv.accept()[0])
+            except (socket.timeout, OSError):
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield "http://127.0.0.1:%d" % srv.getsockname()[1]
+    stop.set()
+    t.join(5)
+    for c in held:
+        c.close()
+    srv.close()
+
+
+@pytest.mark.parametrize("configured", ["environment", "storage_options"])
+def test_stalled_server_is_a_bounded_typed_error(stalled_server, tmp_path, monkeypatch,
+                                                 configured):
+    import time
+    uri = "s3://%s/stalled/x.rec" % BUCKET
+    so = {"endpoint_url": stalled_server, "key": "testing", "secret": "testing"}
+    if configured == "environment":
+        monkeypatch.setenv("GLUON_DATA_REMOTE_READ_TIMEOUT", "0.5")
+    else:
+        so["config_kwargs"] = {"read_timeout": 0.5}
+    t0 = time.monotonic()
+    with pytest.raises(RemoteConnectionError) as e:
+        open_store(uri, storage_options=so, cache_dir=str(tmp_path / "c"), retries=1,
+                   backoff=0.01)
+    elapsed = time.monotonic() - t0
+    assert e.value.path in (uri, uri[:-4] + ".meta.json")  # the object that stalled
+    assert "2 attempts" in str(e.value)
+    assert "Timeout" in str(e.value)
+    # two attempts, each s3fs's 5 tries of 0.5 s plus its backoff (~2 s): bounded, where the
+    # client's default read timeout (60 s, botocore retrying) would take many minutes
+    assert elapsed < 60
