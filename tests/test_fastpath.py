@@ -184,13 +184,20 @@ def _check(batch):
 def test_worker_batches_reuse_shared_segments_and_never_overwrite_held_ones():
     loader = mx.gluon.data.DataLoader(_Numbered(), batch_size=8, shuffle=True, num_workers=2,
                                       batchify_fn=_WithPoolSize())
-    for _ in range(3):  # batches released as they are consumed: segments are reused
+    # batches released as they are consumed: segments are reused. A release reaches the
+    # worker asynchronously, so on a loaded machine a worker may find every segment still
+    # out once and fall back (a fresh cpu_shared batch: slower, never wrong); without
+    # reuse, each worker would fall back on every batch after its first six (~12 of 18).
+    most_fallbacks = 0
+    for _ in range(3):
         seen = []
         for batch in loader:
             seen += _check(batch)
             segments, fallbacks = batch[2].asnumpy().astype(int)
-            assert segments <= 2 * buffers.SEGMENTS_PER_SIZE and fallbacks == 0
+            assert segments <= 2 * buffers.SEGMENTS_PER_SIZE
+            most_fallbacks = max(most_fallbacks, fallbacks)
         assert sorted(seen) == list(range(96))
+    assert most_fallbacks <= 2
     held = []
     for _ in range(3):  # every batch kept alive: the pools run dry and fall back
         held += list(loader)
