@@ -683,11 +683,8 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
         except GluonDataError as e:
             raise ConversionError("cannot read source: %s" % e.reason, e.path or source) \
                 from None
-        if classes is None and src.classes is not None:
-            classes = src.classes
-        if classes is not None:
-            classes = list(classes)
-            num_classes = len(classes)
+        from .convert.driver import resolve_classes
+        classes, num_classes = resolve_classes(src, classes, num_classes)
         plan = _plan(src, val_ratio, shuffle, seed)
         for f, reason in src.problems:
             if on_error == "fail":

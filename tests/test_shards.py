@@ -397,3 +397,15 @@ def test_missing_dask_extra_is_a_clear_import_error(monkeypatch, folder_root, tm
     with pytest.raises(ImportError, match=r"pip install gluon-data\[dask\]"):
         convert_sharded(folder_root, str(tmp_path / "c.rec"), "imagefolder", shards=2,
                         engine="dask")
+
+
+def test_class_names_and_a_disagreeing_count_are_refused_like_the_unsharded_convert(
+        voc_root, tmp_path):
+    """Expected: the sharded path checks --classes against --num-classes as convert() does
+    (it used to take the names' count silently)."""
+    names = ["background", "cat", "dog"]
+    for fn in (convert, convert_sharded):
+        with pytest.raises(ValueError, match="num_classes=5 disagrees with 3 class names"):
+            fn(voc_root, str(tmp_path / ("%s.rec" % fn.__name__)), "voc", split="trainval",
+               classes=names, num_classes=5, **({"shards": 2} if fn is convert_sharded else {}))
+        assert not any(f.endswith(".shards.json") for f in os.listdir(tmp_path))

@@ -198,6 +198,21 @@ def _plan(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict[str, 
     return splits
 
 
+def resolve_classes(src: Source, classes: Optional[Sequence[str]],
+                    num_classes: Optional[int]):
+    """``(classes, num_classes)``: the names given, else the source's; a count that
+    disagrees with the names is a ValueError."""
+    if classes is None and src.classes is not None:
+        classes = src.classes
+    if classes is not None:
+        classes = list(classes)
+        if num_classes is not None and num_classes != len(classes):
+            raise ValueError("num_classes=%d disagrees with %d class names"
+                             % (num_classes, len(classes)))
+        num_classes = len(classes)
+    return classes, num_classes
+
+
 def convert(source: str, output: str, layout: Optional[str] = None, *,
             split: Optional[str] = None, val_ratio: float = 0.0, shuffle: bool = False,
             seed: int = 0, encoding: str = "passthrough", quality: int = 95, resize: int = 0,
@@ -318,14 +333,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                           follow_symlinks=follow_symlinks)
     except SourceError as e:
         raise ConversionError("cannot read source: %s" % e.reason, e.path or source) from None
-    if classes is None and src.classes is not None:
-        classes = src.classes
-    if classes is not None:
-        classes = list(classes)
-        if num_classes is not None and num_classes != len(classes):
-            raise ValueError("num_classes=%d disagrees with %d class names"
-                             % (num_classes, len(classes)))
-        num_classes = len(classes)
+    classes, num_classes = resolve_classes(src, classes, num_classes)
     plan = _plan(src, val_ratio, shuffle, seed)
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(plan)))
     for f, reason in src.problems:
