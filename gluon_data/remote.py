@@ -44,6 +44,7 @@ from .fsutil import fsync_dir as _fsync_dir
 from .meta import check_meta, dumps_meta, meta_path
 from .recordio import RecordFile, idx_path_for, read_index
 from .sampler import SampleKey
+from .shards import ShardRouter
 from .store import is_uri, register_opener
 
 __all__ = ["RemoteStore", "ShardCache", "BlockShuffleSampler", "PrefetchSampler",
@@ -788,7 +789,7 @@ def _open_remote(location: str, split: Optional[str] = None, **options) -> Remot
 register_opener(is_uri, _open_remote, priority=10)
 
 
-class RemoteShardedStore:
+class RemoteShardedStore(ShardRouter):
     """A sharded dataset in object storage (``s3://bucket/train.shards.json``, the manifest of
     :mod:`gluon_data.shards`) as one record store.
 
@@ -850,8 +851,8 @@ class RemoteShardedStore:
         self.prefetch_shards = max(0, int(prefetch_shards))
         self.uris = [_join(self.location, sh["name"]) for sh in manifest["shards"]]
         self._counts = [int(sh["records"]) for sh in manifest["shards"]]
-        self._starts = np.concatenate(([0], np.cumsum(self._counts))).astype(np.int64)
-        self._n = int(self._starts[-1])
+        self._starts = [0] + np.cumsum(self._counts, dtype=np.int64).tolist()
+        self._n = self._starts[-1]
         self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
         self._init_local()
 
@@ -883,16 +884,6 @@ class RemoteShardedStore:
     def parts(self) -> List[int]:
         """Records per shard (for :class:`BlockShuffleSampler`)."""
         return list(self._counts)
-
-    def locate(self, i: int) -> Tuple[int, int]:
-        """``(shard, record in shard)`` of position ``i`` (negative: from the end)."""
-        i = int(i)
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError("index %d out of range for %d records" % (i, self._n))
-        s = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return s, i - int(self._starts[s])
 
     def shard(self, s: int) -> RemoteStore:
         """Shard ``s``'s store, kept among this process's ``max_open_shards`` open ones."""
@@ -945,33 +936,6 @@ class RemoteShardedStore:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-
-    # -- the store protocol --------------------------------------------------------------
-    def __len__(self) -> int:
-        return self._n
-
-    def key(self, i: int) -> int:
-        s, j = self.locate(i)
-        return self.shard(s).key(j)
-
-    def offset(self, i: int) -> Optional[int]:
-        s, j = self.locate(i)
-        return self.shard(s).offset(j)
-
-    def read(self, i: int) -> bytes:
-        s, j = self.locate(i)
-        return self.shard(s).read(j)
-
-    def view(self, i: int):
-        s, j = self.locate(i)
-        return self.shard(s).view(j)
-
-    def scan(self) -> Iterator:
-        for s in range(len(self._stores)):
-            yield from self.shard(s).scan()
-
-    def identity(self) -> str:
-        return self._identity
 
     @property
     def file_size(self) -> int:

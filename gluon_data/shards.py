@@ -355,7 +355,66 @@ def _write_manifest(path: str, doc: dict) -> None:
 
 
 # --------------------------------------------------------------------------- the store
-class ShardedStore:
+class ShardRouter:
+    """The :class:`~gluon_data.store.RecordStore` methods of N shards read as one: global
+    position ``i`` -> (shard, record) through the cumulative record counts, each call routed
+    to ``self.shard(s)``. Subclasses (local :class:`ShardedStore`, remote
+    ``RemoteShardedStore``) set ``_starts`` (a list: 0, then the running totals), ``_n``
+    and ``_identity``, and define ``shard(s)``."""
+
+    _starts: List[int]
+    _n: int
+    _identity: str
+
+    def shard(self, s: int):  # pragma: no cover - defined by subclasses
+        raise NotImplementedError
+
+    def locate(self, i: int) -> Tuple[int, int]:
+        """``(shard, record in shard)`` of global position ``i`` (negative: from the end)."""
+        i = operator.index(i)
+        if not 0 <= i < self._n:
+            if -self._n <= i < 0:
+                i += self._n
+            else:
+                raise IndexError("index %d out of range for %d records" % (i, self._n))
+        s = bisect_right(self._starts, i) - 1
+        return s, i - self._starts[s]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def key(self, i: int) -> int:
+        """The shard's key (our converters write the item's global position, or its ``.lst``
+        index; LMDB shards keep them in ``record_keys``)."""
+        s, j = self.locate(i)
+        return self.shard(s).key(j)
+
+    def offset(self, i: int) -> Optional[int]:
+        s, j = self.locate(i)
+        return self.shard(s).offset(j)
+
+    def read(self, i: int) -> bytes:
+        return bytes(self.view(i))
+
+    def view(self, i: int):
+        s, j = self.locate(i)
+        return self.shard(s).view(j)
+
+    def scan(self) -> Iterator:
+        for s in range(len(self._starts) - 1):
+            f = self.shard(s)
+            if hasattr(f, "scan"):
+                yield from f.scan()
+            else:
+                for j in range(len(f)):
+                    yield f.read(j)
+
+    def identity(self) -> str:
+        """SHA-256 of the manifest as opened (it holds every shard's checksums)."""
+        return self._identity
+
+
+class ShardedStore(ShardRouter):
     """N shards behind a manifest, read as one :class:`~gluon_data.store.RecordStore`.
 
     Global position ``i`` maps to (shard, record) through the cumulative record counts;
@@ -427,34 +486,6 @@ class ShardedStore:
                               % (self._label(s), len(f), want), path)
         return f
 
-    def locate(self, i: int) -> Tuple[int, int]:
-        """``(shard, record in shard)`` of global position ``i`` (negative: from the end)."""
-        i = operator.index(i)
-        if not 0 <= i < self._n:
-            if -self._n <= i < 0:
-                i += self._n
-            else:
-                raise IndexError("index %d out of range for %d records" % (i, self._n))
-        s = bisect_right(self._starts, i) - 1
-        return s, i - self._starts[s]
-
-    # -- RecordStore -------------------------------------------------------------------
-    def __len__(self) -> int:
-        return self._n
-
-    def key(self, i: int) -> int:
-        """The shard's key (our converters write the item's global position, or its ``.lst``
-        index; LMDB shards keep them in ``record_keys``)."""
-        s, j = self.locate(i)
-        return self.shard(s).key(j)
-
-    def offset(self, i: int) -> Optional[int]:
-        s, j = self.locate(i)
-        return self.shard(s).offset(j)
-
-    def read(self, i: int) -> bytes:
-        return bytes(self.view(i))
-
     def view(self, i: int):
         if isinstance(i, int) and 0 <= i < self._n:  # the hot path, inlined: ~0.3 us
             starts = self._starts
@@ -463,19 +494,6 @@ class ShardedStore:
             return (self.shard(s) if f is None else f).view(i - starts[s])
         s, j = self.locate(i)
         return self.shard(s).view(j)
-
-    def scan(self) -> Iterator:
-        for s in range(len(self.paths)):
-            f = self.shard(s)
-            if hasattr(f, "scan"):
-                yield from f.scan()
-            else:
-                for j in range(len(f)):
-                    yield f.read(j)
-
-    def identity(self) -> str:
-        """SHA-256 of the manifest as opened (it holds every shard's checksums)."""
-        return self._identity
 
     def __getstate__(self) -> dict:
         return {"location": self.location, "identity": self._identity}
