@@ -644,7 +644,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
         ``outputs`` maps each split to its manifest; ``shards`` lists per-shard entries.
     """
     from . import codec
-    from .convert import (ConversionReport, EncodeOptions, _check_choices, _check_options,
+    from .convert import (ConversionReport, _check_choices, _check_options,
                           _plan, _plan_digest, output_format)
     from .engines import run_tasks
     from .lmdbio import is_lmdb
@@ -701,20 +701,15 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
         except GluonDataError as e:
             raise ConversionError("cannot read source: %s" % e.reason, e.path or source) \
                 from None
-        from .convert.driver import resolve_classes
+        from .convert.driver import encode_options, resolve_classes, take_problems
         classes, num_classes = resolve_classes(src, classes, num_classes)
         plan = _plan(src, val_ratio, shuffle, seed)
-        for f, reason in src.problems:
-            if on_error == "fail":
-                raise ConversionError(reason, f)
-            report.skipped.append({"file": f, "reason": reason})
-        opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
-                             num_classes=num_classes if src.task == "segmentation" else None,
-                             ignore_label=ignore_label, max_pixels=max_pixels,
-                             mask_lut=src.mask_lut, mask_encoding=mask_encoding,
-                             max_file_bytes=max_file_bytes)
-        options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
-                       seed=seed, val_ratio=val_ratio, on_error=on_error)
+        take_problems(src, on_error, report)
+        opts, options = encode_options(
+            src, num_classes, encoding=encoding, quality=quality, resize=resize,
+            ignore_label=ignore_label, max_pixels=max_pixels, mask_encoding=mask_encoding,
+            max_file_bytes=max_file_bytes, shuffle=shuffle, seed=seed, val_ratio=val_ratio,
+            on_error=on_error)
         stub = dataclasses.replace(src, splits={}, problems=[])
         for s, items in plan.items():
             if not items:

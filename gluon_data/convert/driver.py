@@ -213,6 +213,31 @@ def resolve_classes(src: Source, classes: Optional[Sequence[str]],
     return classes, num_classes
 
 
+def take_problems(src: Source, on_error: str, report: ConversionReport) -> None:
+    """The source's unreadable entries: a ConversionError (``on_error="fail"``), else listed
+    in the report as skipped."""
+    for f, reason in src.problems:
+        if on_error == "fail":
+            raise ConversionError(reason, f)
+        report.skipped.append({"file": f, "reason": reason})
+
+
+def encode_options(src: Source, num_classes: Optional[int], *, encoding: str, quality: int,
+                   resize: int, ignore_label: int, max_pixels: int, mask_encoding: str,
+                   max_file_bytes: int, shuffle: bool, seed: int, val_ratio: float,
+                   on_error: str):
+    """``(EncodeOptions, options)``: how each item of ``src`` is encoded, and the options
+    recorded in the metadata and the plan digest."""
+    opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
+                         num_classes=num_classes if src.task == "segmentation" else None,
+                         ignore_label=ignore_label, max_pixels=max_pixels,
+                         mask_lut=src.mask_lut, mask_encoding=mask_encoding,
+                         max_file_bytes=max_file_bytes)
+    options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
+                   seed=seed, val_ratio=val_ratio, on_error=on_error)
+    return opts, options
+
+
 def convert(source: str, output: str, layout: Optional[str] = None, *,
             split: Optional[str] = None, val_ratio: float = 0.0, shuffle: bool = False,
             seed: int = 0, encoding: str = "passthrough", quality: int = 95, resize: int = 0,
@@ -336,20 +361,15 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     classes, num_classes = resolve_classes(src, classes, num_classes)
     plan = _plan(src, val_ratio, shuffle, seed)
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(plan)))
-    for f, reason in src.problems:
-        if on_error == "fail":
-            raise ConversionError(reason, f)
-        report.skipped.append({"file": f, "reason": reason})
+    take_problems(src, on_error, report)
     if not any(plan.values()):
         raise ConversionError("source holds no items to convert (layout %r)" % src.layout,
                               source)
-    opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
-                         num_classes=num_classes if src.task == "segmentation" else None,
-                         ignore_label=ignore_label, max_pixels=max_pixels,
-                         mask_lut=src.mask_lut, mask_encoding=mask_encoding,
-                         max_file_bytes=max_file_bytes)
-    options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
-                   seed=seed, val_ratio=val_ratio, on_error=on_error)
+    opts, options = encode_options(
+        src, num_classes, encoding=encoding, quality=quality, resize=resize,
+        ignore_label=ignore_label, max_pixels=max_pixels, mask_encoding=mask_encoding,
+        max_file_bytes=max_file_bytes, shuffle=shuffle, seed=seed, val_ratio=val_ratio,
+        on_error=on_error)
     seg = src.task == "segmentation"
     splits = {s: SplitJobs(len(items), partial(_from, list(enumerate(items))),
                            partial(_item_key, items),
