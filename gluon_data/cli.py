@@ -144,16 +144,17 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
                "bytes": sum(s["bytes"] for s in doc["shards"])}
         out.update(_summary(doc["meta"]))
         return out
-    splits = store_splits(path)
+    first = open_store(path, **opts) if is_uri(path) else None  # (a URI's options)
+    splits = store_splits(path) if first is None else getattr(first, "splits", [None])
     if splits != [None]:
         out = {}
         for s in splits:
-            st = open_store(path, s)
+            st = open_store(path, s, **opts)
             out[s] = dict(_summary(st.meta), records=len(st))
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) \
-            if os.path.isdir(path) else None
+            if os.path.isdir(path) else getattr(first, "file_size", None)
         return {"path": path, "container": "lmdb", "bytes": size, "splits": out}
-    f = open_store(path, **opts)
+    f = first or open_store(path, **opts)
     meta = f.meta
     out = {"path": path, "records": len(f), "bytes": getattr(f, "file_size", None)}
     if meta is None:

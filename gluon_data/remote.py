@@ -47,7 +47,7 @@ from .sampler import SampleKey
 from .shards import ShardRouter
 from .store import is_uri, register_opener
 
-__all__ = ["RemoteStore", "ShardCache", "BlockShuffleSampler", "PrefetchSampler",
+__all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler", "PrefetchSampler",
            "filesystem", "parse_storage_options", "parse_size", "upload_dataset",
            "convert_to_uri", "INSTALL_HINT"]
 
@@ -281,6 +281,17 @@ class _Remote:
 
 
 # --------------------------------------------------------------------------- the cache
+def _remove(path: str) -> None:
+    """Remove a file or folder of the cache's own making, if it is there."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
 def _default_cache_dir() -> str:
     return os.environ.get("GLUON_DATA_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "gluon_data")
@@ -325,9 +336,11 @@ class ShardCache:
     is its last use), ``locks/<key>.pin`` (held shared by every process reading the copy: an
     entry in use is never evicted), ``locks/<key>.get`` (one downloader per object; the
     others wait and then use its copy) and ``cache.lock`` (room-making). A download goes to
-    ``<name>.partial-<pid>-<n>``, pre-sized so concurrent downloads count against the
-    limit, and is renamed only after its size and SHA-256 check out; a crash leaves a
-    partial that the next download of the object removes. ``<key>`` hashes the URI with the
+    ``.partial-<pid>-<n>/<name>`` in the entry, pre-sized so concurrent downloads count
+    against the limit, and is renamed only after its size and SHA-256 (or the ``check`` of
+    :meth:`fetch`) check out; a crash leaves a partial that the next download of the object
+    removes. An LMDB's copy, ``objects/<key>/data.mdb``, makes the entry an environment
+    folder. ``<key>`` hashes the URI with the
     object's checksum (or ETag and size), so a replaced object is never served from a stale
     copy.
 
@@ -363,10 +376,12 @@ class ShardCache:
         return hashlib.sha256(("%s\0%s" % (uri, stamp)).encode("utf-8")).hexdigest()[:32]
 
     def fetch(self, remote: _Remote, uri: str, size: int, sha256: Optional[str] = None,
-              stamp: str = "", pin: bool = False):
+              stamp: str = "", pin: bool = False, check=None):
         """Path of a verified local copy of ``uri`` (downloading it if needed), and a pin:
         a lock keeping the copy from eviction until ``pin.release()`` (``None`` unless
-        ``pin``)."""
+        ``pin``). ``check(path)``, if given, inspects a finished download (a file named like
+        the object, alone in a private folder) before it becomes the cached copy, and raises
+        to discard it: how objects without a recorded SHA-256 are verified."""
         self._ensure_dirs()
         key = self.entry_key(uri, stamp)
         entry = os.path.join(self._objects, key)
@@ -376,7 +391,7 @@ class ShardCache:
             if not os.path.isfile(final):
                 with _Lock(os.path.join(self._locks, key + ".get"), fcntl.LOCK_EX):
                     if not os.path.isfile(final):
-                        self._download(remote, uri, size, sha256, entry, final, key)
+                        self._download(remote, uri, size, sha256, entry, final, key, check)
             st = os.stat(final)
             if st.st_size != size:
                 raise ChecksumMismatchError("the cached copy %s has %d bytes, the object %d; "
@@ -392,26 +407,29 @@ class ShardCache:
             held = None
         return final, held
 
-    def _download(self, remote, uri, size, sha256, entry, final, key) -> None:
+    def _download(self, remote, uri, size, sha256, entry, final, key, check=None) -> None:
         os.makedirs(entry, exist_ok=True)
         for name in os.listdir(entry):  # we hold the object's download lock: leftovers
             if ".partial-" in name:
-                os.remove(os.path.join(entry, name))
+                _remove(os.path.join(entry, name))
         self._seq += 1
-        tmp = "%s.partial-%d-%d-%d" % (final, os.getpid(), threading.get_ident(), self._seq)
+        # the download lands in a private folder under the object's own name, so a check
+        # can open it as it will be (an LMDB environment is a folder holding data.mdb)
+        part = os.path.join(entry, ".partial-%d-%d-%d" % (os.getpid(), threading.get_ident(),
+                                                          self._seq))
+        tmp = os.path.join(part, os.path.basename(final))
         with _Lock(os.path.join(self.cache_dir, "cache.lock"), fcntl.LOCK_EX):
             self._make_room(size, keep=key, uri=uri)
+            os.mkdir(part)
             with open(tmp, "wb") as f:
                 f.truncate(size)  # counted by the next room-making, before a byte arrives
         try:
             remote.download(uri, tmp, size, sha256)
+            if check is not None:
+                check(tmp)
             os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.remove(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        finally:
+            _remove(part)
         _fsync_dir(entry)
 
     def _entries(self) -> List[Tuple[float, int, str]]:
@@ -423,7 +441,12 @@ class ShardCache:
             try:
                 used = os.stat(d).st_mtime
                 for name in os.listdir(d):
-                    size += os.stat(os.path.join(d, name)).st_size
+                    p = os.path.join(d, name)
+                    if os.path.isdir(p):  # a download in flight (see _download)
+                        size += sum(os.stat(os.path.join(p, n)).st_size
+                                    for n in os.listdir(p))
+                    else:
+                        size += os.stat(p).st_size
             except FileNotFoundError:
                 continue
             out.append((used, size, key))
@@ -787,6 +810,220 @@ def _open_remote(location: str, split: Optional[str] = None, **options) -> Remot
 
 
 register_opener(is_uri, _open_remote, priority=10)
+
+
+# --------------------------------------------------------------------------- LMDB
+LMDB_DATA = "data.mdb"  # the one file of a published environment (no lock.mdb: FORMAT.md §5)
+
+
+def _names_remote_lmdb(location: str) -> bool:
+    """A URI naming an LMDB environment: ``s3://bucket/voc.lmdb`` (its ``data.mdb`` below)."""
+    return is_uri(location) and location.rstrip("/").endswith(".lmdb")
+
+
+def check_lmdb_download(path: str, uri: str) -> None:
+    """The integrity check of a downloaded ``data.mdb`` that no SHA-256 is recorded for.
+
+    Run on the download (``path``, alone in its folder) before it becomes the cached copy:
+    everything ``gluon-data verify`` checks, in a child process (LMDB trusts its B-tree pages,
+    so a damaged page may crash the reader, which must not be the training process) -- the
+    meta pages and the file size they need, every split's metadata (with its ``meta_crc32``)
+    and record count, and every record's framing, CRC-32 and header id against its key.
+    Together with the size from the object's listing this catches a truncated or damaged
+    transfer and a tampered record; it cannot tell bytes LMDB never reads (free pages).
+
+    Raises
+    ------
+    ChecksumMismatchError
+        Naming ``uri``: the first problem found (and how many there are).
+    """
+    from .verify import verify
+    folder = os.path.dirname(path)
+    report = verify(folder, deep=False, isolate=True)
+    if report.ok:
+        return
+    first = report.problems[0]
+    where = (first["where"] or "").replace(folder, uri.rsplit("/", 1)[0])
+    raise ChecksumMismatchError(
+        "the downloaded data.mdb fails the integrity check (%s%s: %s; %d problem(s) in all); "
+        "the copy was discarded: the object was modified or damaged after it was written "
+        "(re-upload the dataset)"
+        % (where, "" if first["key"] is None else ", record %s" % first["key"],
+           first["reason"], len(report.problems)), uri, first["key"])
+
+
+class RemoteLMDBStore:
+    """One split of an LMDB dataset in object storage, as a record store.
+
+    The dataset is the environment's ``data.mdb`` under the URI
+    (``s3://bucket/voc.lmdb/data.mdb``), uploaded as the local ``voc.lmdb/`` folder holds it.
+    An LMDB keeps its metadata inside ``data.mdb``, so the constructor downloads the whole file
+    into the :class:`ShardCache` (once per node; atomically, as ``.rec`` downloads) and every
+    read, training or inspection, uses the local fast path (:class:`~gluon_data.lmdbio.
+    LMDBFile`, read-only, without a lock file) on the cached copy. The download is verified
+    against the size the listing reports and the integrity check of
+    :func:`check_lmdb_download` (every record's CRC-32, in a child process) before it is used.
+
+    Parameters
+    ----------
+    location : str
+        URI of the environment (``s3://bucket/prefix/voc.lmdb``).
+    split : str, optional
+        The split (sub-database); default ``train`` if there is one, else the first.
+    storage_options, cache_dir, cache_limit, retries, backoff
+        As for :class:`RemoteStore`.
+    reads : {'cache', 'ranged'}
+        Accepted for symmetry with :class:`RemoteStore`; both read the cached download.
+
+    Examples
+    --------
+    >>> store = RemoteLMDBStore("s3://bucket/voc.lmdb", "val",
+    ...                         storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
+    >>> store.splits, len(store), store.meta["task"]                                  # doctest: +SKIP
+    (['train', 'val'], 1449, 'segmentation')
+    """
+
+    def __init__(self, location: str, split: Optional[str] = None, *,
+                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                 cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
+                 backoff: Optional[float] = None, prefetch_threads: int = 2):
+        if reads not in ("cache", "ranged"):
+            raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
+        self.location = os.fspath(location).rstrip("/")
+        self.data_location = self.location + "/" + LMDB_DATA
+        self.reads = reads
+        self._remote = _Remote(storage_options, retries, backoff)
+        self._cache_args = (cache_dir, cache_limit)
+        try:
+            info = self._remote.info(self.data_location)
+        except RemoteNotFoundError:
+            raise RemoteNotFoundError("no LMDB environment here (no %s object under it)"
+                                      % LMDB_DATA, self.location) from None
+        self.file_size = int(info["size"])
+        self._stamp = _stamp(info)
+        self._init_local()
+        from .lmdbio import read_lmdb_meta
+        path, pin = self.fetch(pin=True)  # the metadata lives in data.mdb
+        self._pins.append(pin)
+        try:
+            self.splits = sorted(read_lmdb_meta(os.path.dirname(path)))
+        except FormatError as e:  # name the object, not the cache folder
+            raise FormatError(e.reason, self.location, e.key, e.offset) from None
+        if split is None:
+            split = "train" if "train" in self.splits or not self.splits else self.splits[0]
+        self.split, self._conversion = split, None
+        self.meta = self.lmdb_file().meta  # raises listing the splits if it is not one
+        self._conversion = self.meta.get("conversion_id")
+
+    def _init_local(self):
+        self._cache = ShardCache(*self._cache_args)
+        self._reader: Optional[Tuple[int, object]] = None
+        self._pins: list = []
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_cache", "_reader", "_pins", "_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+    def fetch(self, pin: bool = False):
+        """Download ``data.mdb`` into the cache if it is not there (verified); return
+        ``(local path, pin)``."""
+        return self._cache.fetch(self._remote, self.data_location, self.file_size, None,
+                                 self._stamp, pin=pin,
+                                 check=lambda p: check_lmdb_download(p, self.data_location))
+
+    def lmdb_file(self):
+        """The :class:`~gluon_data.lmdbio.LMDBFile` of this process on the cached copy
+        (downloaded on first use)."""
+        pid = os.getpid()
+        cur = self._reader
+        if cur is not None and cur[0] == pid:
+            return cur[1]
+        with self._lock:
+            if self._reader is None or self._reader[0] != pid:
+                self._reader = (pid, self._open())
+            return self._reader[1]
+
+    def _open(self):
+        from .lmdbio import LMDBFile
+        path, pin = self.fetch(pin=True)
+        try:
+            try:
+                f = LMDBFile(os.path.dirname(path), self.split)
+            except FormatError as e:  # name the object, not the cache folder
+                raise FormatError(e.reason, self.location, e.key, e.offset) from None
+            conv = self._conversion
+            if conv is not None and f.meta.get("conversion_id") != conv:
+                raise FormatError("the LMDB environment was replaced after this dataset was "
+                                  "opened (conversion %s, now %s); open the dataset again"
+                                  % (conv, f.meta.get("conversion_id")), self.location)
+        except BaseException:
+            pin.release()
+            raise
+        self._pins.append(pin)  # (a forked child keeps its parent's pins too)
+        return f
+
+    def close(self) -> None:
+        """Release this process's pins on the cached copy (it becomes evictable)."""
+        with self._lock:
+            for p in self._pins:
+                p.release()
+            self._pins = []
+            self._reader = None
+
+    # -- what the samplers use ------------------------------------------------------------
+    def parts(self) -> List[int]:
+        """Records per unit downloaded (the one environment: ``[len]``)."""
+        return [len(self)]
+
+    def prefetch(self, indices: Iterable[int]) -> None:
+        """Nothing to do: the environment was downloaded when the store was opened."""
+        return None
+
+    # -- the store protocol ---------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.meta["num_records"])
+
+    def key(self, i: int) -> int:
+        return self.lmdb_file().key(i)
+
+    def keys(self):
+        return self.lmdb_file().keys()
+
+    def offset(self, i: int) -> Optional[int]:
+        return None
+
+    def read(self, i: int) -> bytes:
+        return self.lmdb_file().read(i)
+
+    def view(self, i: int):
+        return self.lmdb_file().view(i)
+
+    def scan(self) -> Iterator:
+        return self.lmdb_file().scan()
+
+    def identity(self) -> str:
+        """The object's stamp (ETag and size) and the split's ``conversion_id``."""
+        return "%s/%s" % (self._stamp, self._conversion or "-")
+
+    def __repr__(self) -> str:
+        return "RemoteLMDBStore(%r, split=%r)" % (self.location, self.split)
+
+
+def _open_remote_lmdb(location: str, split: Optional[str] = None, **options):
+    return RemoteLMDBStore(location, split, **options)
+
+
+def _remote_lmdb_splits(location: str) -> List[str]:
+    """Split names of a remote LMDB (storage options from the standard environment)."""
+    return RemoteLMDBStore(location).splits
+
+
+register_opener(_names_remote_lmdb, _open_remote_lmdb, priority=20, splits=_remote_lmdb_splits)
 
 
 class RemoteShardedStore(ShardRouter):

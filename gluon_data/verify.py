@@ -8,8 +8,8 @@ and a damaged page can crash the reading process, which must not be the caller.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
+import pickle
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -94,16 +94,31 @@ def _check_records(store, meta, report: VerifyReport, deep: bool, where: str,
         report.checked += 1
 
 
-def _verify_uri(path: str, deep: bool, remote: Optional[dict]) -> VerifyReport:
+def _verify_uri(path: str, deep: bool, remote: Optional[dict],
+                split: Optional[str] = None) -> VerifyReport:
     """A dataset in object storage: ranged reads of every record (``deep``: the whole
-    files downloaded into the local cache, verified against the recorded SHA-256)."""
+    files downloaded into the local cache, verified against the recorded SHA-256). An LMDB
+    is downloaded whole (its metadata is inside) and its cached copy checked as a local one,
+    problems named by the URI."""
     from .store import open_store
     report = VerifyReport(path, deep=deep)
     try:
         store = open_store(path, reads="cache" if deep else "ranged", **(remote or {}))
-        store.check_tail()
+        if getattr(store, "splits", None) is None:
+            store.check_tail()
     except (GluonDataError, OSError) as e:
         report.add(e, path)
+        return report
+    if getattr(store, "splits", None) is not None:  # a remote LMDB (RemoteLMDBStore)
+        local, pin = store.fetch(pin=True)
+        try:
+            folder = os.path.dirname(local)
+            report = verify(folder, deep=deep, split=split)
+        finally:
+            pin.release()
+        report.path = path
+        for p in report.problems:
+            p["where"] = p["where"].replace(folder, path) if p["where"] else path
         return report
     report.records = len(store)
     _check_records(store, store.meta, report, deep, path)
@@ -154,13 +169,45 @@ def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyRepo
     return report
 
 
-def _child(conn, path, deep, split):
+def _verify_lmdb_isolated(path: str, deep: bool, split: Optional[str]):
+    """``_verify_lmdb_here`` in a forked child: ``(its report or exception, or None if it
+    died; the child's exit code)``. A bare ``fork`` rather than ``multiprocessing``, which
+    refuses children to daemonic processes (a DataLoader worker downloading a dataset)."""
+    r, w = os.pipe()
     try:
-        conn.send(_verify_lmdb_here(path, deep, split))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        conn.send(e)
-    finally:
-        conn.close()
+        pid = os.fork()
+    except BaseException:
+        os.close(r)
+        os.close(w)
+        raise
+    if pid == 0:  # the child: report through the pipe, then leave without cleanup
+        code = 0
+        try:
+            os.close(r)
+            try:
+                result = _verify_lmdb_here(path, deep, split)
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                result = e
+            try:
+                data = pickle.dumps(result)
+            except Exception:  # noqa: BLE001 - an exception that does not pickle
+                data = pickle.dumps(GluonDataError("%s: %s" % (type(result).__name__, result),
+                                                   path))
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    try:
+        result = pickle.loads(data) if data else None
+    except Exception:  # noqa: BLE001 - a truncated answer: the child died writing it
+        result = None
+    return result, os.waitstatus_to_exitcode(status)
 
 
 def verify(path: str, deep: bool = False, split: Optional[str] = None,
@@ -185,23 +232,14 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     from .store import is_uri
     path = os.fspath(path)
     if is_uri(path):
-        return _verify_uri(path, deep, remote)
+        return _verify_uri(path, deep, remote, split)
     if is_manifest(path):
         return verify_sharded(path, deep=deep)
     if not names_lmdb(path):
         return _verify_rec(path, deep)
     if not isolate:
         return _verify_lmdb_here(path, deep, split)
-    ctx = multiprocessing.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, path, deep, split))
-    proc.start()
-    child.close()
-    try:
-        result = parent.recv()
-    except EOFError:
-        result = None
-    proc.join()
+    result, exitcode = _verify_lmdb_isolated(path, deep, split)
     if isinstance(result, VerifyReport):
         return result
     report = VerifyReport(path, deep=deep)
@@ -210,5 +248,5 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     else:
         report.problems.append({"where": os.path.join(path, "data.mdb"), "key": None,
                                 "offset": None, "reason": "LMDB crashed while reading the file "
-                                "(exit code %s): data.mdb is damaged" % proc.exitcode})
+                                "(exit code %s): data.mdb is damaged" % exitcode})
     return report

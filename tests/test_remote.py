@@ -612,3 +612,113 @@ def test_stalled_server_is_a_bounded_typed_error(stalled_server, tmp_path, monke
     # two attempts, each s3fs's 5 tries of 0.5 s plus its backoff (~2 s): bounded, where the
     # client's default read timeout (60 s, botocore retrying) would take many minutes
     assert elapsed < 60
+
+
+# --------------------------------------------------------------------------- LMDB in S3
+@pytest.fixture(scope="session")
+def voc_lmdb(voc_src, tmp_path_factory):
+    """The VOC sample as a local LMDB (splits train and val), written by our converter."""
+    local = str(tmp_path_factory.mktemp("rlmdb") / "voc.lmdb")
+    convert(voc_src, local, "voc", split="trainval", val_ratio=0.5)
+    return local
+
+
+def _upload_lmdb(so, local, uri):
+    """Upload a local environment folder as it is (data.mdb; there is no lock.mdb)."""
+    fs, path = filesystem(uri, so)
+    assert sorted(os.listdir(local)) == ["data.mdb"]
+    fs.put_file(os.path.join(local, "data.mdb"), path + "/data.mdb")
+    return uri
+
+
+def test_lmdb_in_s3_reads_byte_identical_through_two_workers_sharing_the_cache(
+        s3, so, voc_lmdb, tmp_path):
+    from gluon_data.lmdbio import LMDBFile
+    uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("lm/voc.lmdb"))
+    size = os.path.getsize(os.path.join(voc_lmdb, "data.mdb"))
+    s3.log.clear()
+    store = open_store(uri, "val", **_remote(so, tmp_path))
+    assert store.splits == ["train", "val"] and store.split == "val"
+    assert s3.served("lm/voc.lmdb/data.mdb") == size  # downloaded whole, once
+    ref = LMDBFile(voc_lmdb, "val")
+    assert len(store) == len(ref) == 8 and store.meta == ref.meta
+    assert [store.read(i) for i in range(len(store))] == [ref.read(i) for i in range(8)]
+    assert [bytes(v) for v in store.scan()] == [ref.read(i) for i in range(8)]
+    # the cached copy is an LMDB folder holding data.mdb, opened read-only without a lock file
+    (entry,) = os.listdir(tmp_path / "cache" / "objects")
+    assert os.listdir(tmp_path / "cache" / "objects" / entry) == ["data.mdb"]
+    ds = SegmentationDataset(store, ignore_value=None)
+    local_ds = SegmentationDataset(open_store(voc_lmdb, "val"), ignore_value=None)
+    def digest(a, b):  # what batches of differently sized samples can carry
+        a, b = (x.asnumpy() if hasattr(x, "asnumpy") else x for x in (a, b))
+        w = np.arange(a.size, dtype=np.float64) % 251
+        return np.array([a.shape[0], a.shape[1], (a.ravel() * w).sum(),
+                         (b.ravel() * w[:b.size]).sum()])
+    loader = mx.gluon.data.DataLoader(ds.transform(digest), batch_size=2, num_workers=2,
+                                      timeout=120)
+    got = np.concatenate([batch.asnumpy() for batch in loader])
+    want = np.stack([digest(*local_ds._arrays(i)) for i in range(8)])
+    assert got.shape == (8, 4) and np.array_equal(got, want)
+    # a second store on the same cache (another job on the node, an unpickled copy in a
+    # worker) finds the copy: no second download
+    import pickle
+    again = pickle.loads(pickle.dumps(open_store(uri, "train", **_remote(so, tmp_path))))
+    assert again.read(0) == LMDBFile(voc_lmdb, "train").read(0)
+    assert s3.served("lm/voc.lmdb/data.mdb") == size
+    with pytest.raises(FormatError, match="split 'test' not found; available splits: "
+                                          "train, val") as e:
+        open_store(uri, "test", **_remote(so, tmp_path))
+    assert e.value.path == uri
+    store.close()
+
+
+def test_lmdb_in_s3_info_verify_stats_show(s3, so, voc_lmdb, tmp_path, capsys, monkeypatch):
+    uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("lmcli/voc.lmdb"))
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    ep = ["--storage-option", "endpoint_url=" + s3.url]
+    assert main(["info", uri, "--json"] + ep) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["container"] == "lmdb" and sorted(info["splits"]) == ["train", "val"]
+    assert info["splits"]["val"]["records"] == 8
+    assert info["bytes"] == os.path.getsize(os.path.join(voc_lmdb, "data.mdb"))
+    assert main(["verify", uri] + ep) == 0
+    assert "16 checked: OK" in capsys.readouterr().out
+    assert main(["stats", uri, "--split", "val", "--json"] + ep) == 0
+    assert json.loads(capsys.readouterr().out)["classes"]
+    out = str(tmp_path / "s.png")
+    assert main(["show", uri, "--split", "val", "--index", "3", "--out", out] + ep) == 0
+    assert os.path.getsize(out) > 0
+    # every dataset class takes the URI (endpoint from the standard environment)
+    from gluon_data.datasets import SegmentationLMDBDataset
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)
+    ds = SegmentationLMDBDataset(uri, split="train", ignore_value=None)
+    ref = SegmentationLMDBDataset(voc_lmdb, split="train", ignore_value=None)
+    for i in range(len(ref)):
+        (a, m), (b, n) = ds._arrays(i), ref._arrays(i)
+        assert np.array_equal(a, b) and np.array_equal(m, n)
+
+
+def test_tampered_lmdb_in_s3_is_a_checksum_error_naming_it(s3, so, voc_lmdb, tmp_path):
+    from gluon_data.lmdbio import LMDBFile
+    uri = _fresh_uri("lmtamper/voc.lmdb")
+    data = bytearray(open(os.path.join(voc_lmdb, "data.mdb"), "rb").read())
+    payload = LMDBFile(voc_lmdb, "train").read(2)
+    at = data.find(payload[-64:])  # inside record 2's image bytes
+    assert at > 0
+    while at >= 0:  # (LMDB may hold stale copies of a page: change them all)
+        data[at + 10] ^= 0xFF  # same size, one byte of one record flipped
+        at = data.find(payload[-64:], at + 1)
+    fs, path = filesystem(uri, so)
+    fs.pipe_file(path + "/data.mdb", bytes(data))
+    with pytest.raises(ChecksumMismatchError) as e:
+        open_store(uri, **_remote(so, tmp_path))
+    assert e.value.path == uri + "/data.mdb" and "checksum mismatch" in str(e.value)
+    assert "split train" in str(e.value) and e.value.key == 2
+    objects = tmp_path / "cache" / "objects"
+    assert not [n for d in os.listdir(objects) for n in os.listdir(objects / d)]  # discarded
+    fs.pipe_file(path + "/data.mdb", bytes(data[:len(data) // 2]))  # truncated upload
+    with pytest.raises(ChecksumMismatchError, match="truncated"):
+        open_store(uri, **_remote(so, tmp_path))
+    fs.rm_file(path + "/data.mdb")
+    with pytest.raises(RemoteNotFoundError, match="no LMDB environment here"):
+        open_store(uri, **_remote(so, tmp_path))
