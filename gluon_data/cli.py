@@ -47,6 +47,15 @@ def _remote(a) -> dict:
     return {"storage_options": parse_storage_options(getattr(a, "storage_option", None))}
 
 
+def _source_options(a) -> Optional[dict]:
+    """Remote store options for a dataset SOURCE at a URI (``--storage-option``)."""
+    from .store import is_uri
+    if not is_uri(a.source):
+        return None
+    from .remote import parse_storage_options
+    return {"storage_options": parse_storage_options(getattr(a, "storage_option", None))}
+
+
 def _cmd_convert(a) -> int:
     """``gluon-data convert``: write shards (``--shards``...), import a legacy LMDB layout,
     copy a dataset between containers (``.rec`` <-> ``.lmdb``, or one container re-written),
@@ -69,10 +78,11 @@ def _cmd_convert(a) -> int:
                              format=a.format, overwrite=a.overwrite, on_error=a.on_error,
                              max_pixels=a.max_pixels, progress=not a.quiet, workers=a.workers,
                              resume=a.resume, checkpoint_every=every)
-    elif is_dataset(a.source):
+    elif is_dataset(a.source) and not _remote(a):
         report = copy_dataset(a.source, a.output, split=a.split, format=a.format,
-                              overwrite=a.overwrite, progress=not a.quiet)
-    else:
+                              overwrite=a.overwrite, progress=not a.quiet,
+                              source_options=_source_options(a))
+    else:  # a source layout, or any source into object storage (a dataset: copied there)
         if _remote(a):  # into object storage: converted locally, then uploaded (metadata last)
             from functools import partial
             from .remote import convert_to_uri
@@ -86,7 +96,7 @@ def _cmd_convert(a) -> int:
                          masks_dir=a.masks_dir, lst_root=a.root, max_pixels=a.max_pixels,
                          format=a.format, resume=a.resume, progress=not a.quiet,
                          follow_symlinks=a.follow_symlinks, max_file_bytes=a.max_file_bytes,
-                         checkpoint_every=every)
+                         checkpoint_every=every, source_options=_source_options(a))
     print(report)
     return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
 
@@ -108,7 +118,7 @@ def _convert_sharded(a) -> int:
                              images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
                              max_pixels=a.max_pixels, follow_symlinks=a.follow_symlinks,
                              max_file_bytes=a.max_file_bytes, overwrite=a.overwrite,
-                             progress=not a.quiet)
+                             progress=not a.quiet, source_options=_source_options(a))
     for e in report.shards:
         print("  %-6s shard %3d  %-36s %7d records %11d bytes  %s"
               % (e["split"], e["index"], e["name"], e["records"], e["bytes"],
@@ -339,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "caffe-lmdb (convert_imageset). A .rec or .lmdb source is "
                                    "copied into the other container.")
     c.add_argument("source", help="source folder, .lst file (--layout lst), or a .rec / .lmdb "
-                                  "dataset to copy into the other container")
+                                  "/ .shards.json dataset to copy into the other container "
+                                  "(also at a URI: s3://bucket/x.rec, read through the cache)")
     c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec) or .lmdb, "
                                   "or a .rec URI (s3://bucket/out.rec: written locally, then "
                                   "uploaded, metadata last)")

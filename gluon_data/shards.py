@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import ConversionError, FormatError, GluonDataError
-from .store import register_opener
+from .store import is_uri, register_opener
 
 __all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
            "manifest_path", "read_manifest", "is_manifest", "verify_sharded",
@@ -149,6 +149,7 @@ class ShardJob:
     num_classes: Optional[int] = None
     options: Optional[dict] = None
     on_error: str = "fail"
+    source_options: Optional[dict] = None  # a copy from a URI: the remote store's options
 
 
 def _shard_files(path: str, container: str) -> List[str]:
@@ -281,7 +282,7 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
     """Copy records ``[start, end)`` of a store byte for byte (checksums verified)."""
     from . import codec
     location, split, start, end = job.copy_from
-    store = _open_source_store(location, split)
+    store = _open_source_store(location, split, job.source_options)
     seg = job.source_meta["task"] == "segmentation"
     keys = job.source_meta.get("record_keys")
     for i in range(start, end):
@@ -294,7 +295,7 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
                                   e.path or location) from None
         w.write(keys[i] if keys is not None else store.key(i), payload)
     meta = {k: v for k, v in job.source_meta.items()
-            if k not in ("container", "record_keys", "shard")}
+            if k not in _NOT_COPIED}
     meta["num_records"] = end - start
     if meta.get("item_names") is not None:  # position i of this shard is start + i
         meta["item_names"] = meta["item_names"][start:end]
@@ -303,10 +304,24 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
     return meta
 
 
-def _open_source_store(location: str, split: Optional[str]):
+#: Metadata keys a copied shard (and its manifest) does not take from the source: the
+#: container's own (``container``, ``record_keys``, an upload's ``files``) and ``shard``.
+_NOT_COPIED = ("container", "record_keys", "files", "shard")
+
+
+def _where(source: str) -> str:
+    """How a plan names its source: a URI as given, a path made absolute."""
+    return source if is_uri(source) else os.path.abspath(source)
+
+
+def _open_source_store(location: str, split: Optional[str],
+                       options: Optional[dict] = None):
     from .lmdbio import LMDBFile, is_lmdb
     from .meta import read_meta
     from .recordio import RecordFile
+    if is_uri(location):  # through the remote store (whole objects cached on the node)
+        from .store import open_store
+        return open_store(location, split, **(options or {}))
     if is_manifest(location):
         return ShardedStore(location, split)
     if is_lmdb(location):
@@ -626,7 +641,8 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
                     images_dir: str = "images", masks_dir: str = "masks",
                     lst_root: Optional[str] = None, max_pixels: Optional[int] = None,
                     follow_symlinks: bool = False, max_file_bytes: Optional[int] = None,
-                    overwrite: bool = False, progress: bool = False, retries: int = 2):
+                    overwrite: bool = False, progress: bool = False, retries: int = 2,
+                    source_options: Optional[dict] = None):
     """Convert a source (or re-shard a dataset) into shards plus a manifest per split.
 
     ``source`` is a folder / ``.lst`` (encoded through the converter's per-item code), or a
@@ -637,6 +653,11 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     :func:`gluon_data.engines.run_tasks`), and the manifest is written last. The output is
     byte-identical for any engine and number of workers; rerunning the same call skips the
     shards already published and finishes the rest.
+
+    A dataset source may be a URI (``s3://bucket/x.rec``, ``.lmdb``, ``.shards.json``): each
+    task reads its records through the remote store (:mod:`gluon_data.remote`, with
+    ``source_options``: ``storage_options``, ``cache_dir``...; they travel with the tasks and
+    are never written into the output), whole objects downloaded once per node into the cache.
 
     Returns
     -------
@@ -670,9 +691,10 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     report = ConversionReport()
     report.shards = []  # type: ignore[attr-defined]
     plans: List[dict] = []  # per split: jobs, manifest skeleton, merge info
-    copying = is_manifest(source) or source.endswith(".rec") or is_lmdb(source)
+    copying = (is_manifest(source) or source.endswith(".rec") or is_lmdb(source)
+               or (is_uri(source) and source.rstrip("/").endswith(".lmdb")))
     if copying:
-        found = list(_copy_sources(source, split))
+        found = list(_copy_sources(source, split, source_options))
         for s, loc_split, meta, ranges_default, sizes in found:
             ranges = (plan_ranges(sizes, shards, shard_size, shard_items) if given
                       else ranges_default)
@@ -681,17 +703,18 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
                                  "--shard-items" % source)
             spfx = prefix if len(found) == 1 else "%s_%s" % (prefix, s)
             digest = hashlib.sha256(json.dumps(
-                {"copy": os.path.abspath(source), "split": s, "ranges": ranges,
+                {"copy": _where(source), "split": s, "ranges": ranges,
                  "container": container, "meta": meta}, sort_keys=True,
                 default=str).encode()).hexdigest()
             jobs = [ShardJob(path=shard_name(spfx, k, len(ranges), container), index=k,
                              count=len(ranges), container=container, split=meta.get("split")
                              or "train", digest=digest,
-                             copy_from=(source, loc_split, a, b), source_meta=meta)
+                             copy_from=(source, loc_split, a, b), source_meta=meta,
+                             source_options=source_options)
                     for k, (a, b) in enumerate(ranges)]
             plans.append({"prefix": spfx, "jobs": jobs, "digest": digest, "meta": meta,
                           "split": meta.get("split") or "train", "ranges": ranges,
-                          "plan": {"source": os.path.abspath(source), "kind": "copy",
+                          "plan": {"source": _where(source), "kind": "copy",
                                    "ranges": ranges}})
     else:
         try:
@@ -798,8 +821,7 @@ def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
 
     from .convert import _metadata, _split_fields, _Stats
     if "merge" not in p:
-        meta = {k: v for k, v in p["meta"].items() if k not in ("container", "record_keys",
-                                                               "shard")}
+        meta = {k: v for k, v in p["meta"].items() if k not in _NOT_COPIED}
         meta["num_records"] = sum(e["records"] for e in entries)
         return meta
     stub, opts, classes, num_classes, options = p["merge"]
@@ -816,21 +838,17 @@ def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
     return meta
 
 
-def _copy_sources(source: str, split: Optional[str]):
+def _copy_sources(source: str, split: Optional[str], options: Optional[dict] = None):
     """``(split, store split, meta, default ranges, record sizes)`` per split to copy."""
     from .convert import _stock_meta
     from .lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
     from .meta import read_meta
     from .recordio import RecordFile
+    if is_uri(source):
+        yield from _uri_copy_sources(source, split, options or {})
+        return
     if is_manifest(source):
-        doc = read_manifest(source)
-        bounds = np.concatenate(([0], np.cumsum([s["records"] for s in doc["shards"]])))
-        ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        sizes = [0] * doc["num_records"]
-        per = [s["bytes"] / max(s["records"], 1) for s in doc["shards"]]
-        for k, (a, b) in enumerate(ranges):
-            sizes[a:b] = [int(per[k])] * (b - a)
-        yield None, doc.get("split"), doc["meta"], ranges, sizes
+        yield _manifest_copy_source(read_manifest(source))
         return
     if is_lmdb(source):
         metas = read_lmdb_meta(source)
@@ -843,3 +861,34 @@ def _copy_sources(source: str, split: Optional[str]):
     meta = meta or _stock_meta(source, len(f))
     sizes = (np.asarray(f._ends) - np.asarray(f._offsets)).tolist()
     yield None, None, meta, None, sizes
+
+
+def _manifest_copy_source(doc: dict):
+    """:func:`_copy_sources`' entry of a manifest: its shards are the default ranges, and
+    each record's size is estimated as its shard's mean."""
+    bounds = np.concatenate(([0], np.cumsum([s["records"] for s in doc["shards"]])))
+    ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    sizes = [0] * doc["num_records"]
+    per = [s["bytes"] / max(s["records"], 1) for s in doc["shards"]]
+    for k, (a, b) in enumerate(ranges):
+        sizes[a:b] = [int(per[k])] * (b - a)
+    return None, doc.get("split"), doc["meta"], ranges, sizes
+
+
+def _uri_copy_sources(source: str, split: Optional[str], options: dict):
+    """:func:`_copy_sources` of a dataset at a URI, read through its remote store."""
+    from .convert import _stock_meta
+    from .store import open_store
+    first = open_store(source, **options)
+    if is_manifest(source):  # a RemoteShardedStore: the manifest says it all
+        yield _manifest_copy_source(first.manifest)
+        return
+    names = getattr(first, "splits", None)
+    if names is not None:  # an LMDB (RemoteLMDBStore)
+        for s in (split.split(",") if split else names):
+            f = first if s == first.split else open_store(source, s, **options)
+            yield s, s, f.meta, None, [len(f.read(i)) for i in range(len(f))]
+        return
+    f = first.record_file()  # a .rec: downloaded whole (with its .idx) into the cache
+    meta = first.meta or _stock_meta(source, len(first))
+    yield None, None, meta, None, (np.asarray(f._ends) - np.asarray(f._offsets)).tolist()

@@ -722,3 +722,103 @@ def test_tampered_lmdb_in_s3_is_a_checksum_error_naming_it(s3, so, voc_lmdb, tmp
     fs.rm_file(path + "/data.mdb")
     with pytest.raises(RemoteNotFoundError, match="no LMDB environment here"):
         open_store(uri, **_remote(so, tmp_path))
+
+
+# --------------------------------------------------------------------------- copy from a URI
+def _files_equal(a, b):
+    with open(a, "rb") as f, open(b, "rb") as g:
+        return f.read() == g.read()
+
+
+def test_copy_from_s3_rec_to_local_lmdb_equal_sample_for_sample(voc_s3, s3, tmp_path,
+                                                                 capsys, monkeypatch):
+    from gluon_data.convert import copy_dataset
+    from gluon_data.lmdbio import LMDBFile, read_lmdb_meta
+    uri, local = voc_s3
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    out = str(tmp_path / "from_s3.lmdb")
+    assert main(["convert", uri, out, "--quiet", "--storage-option",
+                 "endpoint_url=" + s3.url]) == 0
+    assert "wrote 16 records to %s" % out in capsys.readouterr().out
+    ref = str(tmp_path / "from_local.lmdb")
+    copy_dataset(local, ref)  # the same copy from the local file
+    assert read_lmdb_meta(out) == read_lmdb_meta(ref)
+    assert "files" not in read_lmdb_meta(out)["trainval"]  # the upload's record stays behind
+    a, b = LMDBFile(out, "trainval"), LMDBFile(ref, "trainval")
+    raw = RecordFile(local)
+    assert [a.read(i) for i in range(16)] == [b.read(i) for i in range(16)] == \
+        [raw.read(i) for i in range(16)]
+    got = SegmentationDataset(open_store(out, "trainval"), ignore_value=None)
+    want = SegmentationRecordDataset(local, ignore_value=None)
+    for i in range(16):
+        (x, m), (y, n) = got._arrays(i), want._arrays(i)
+        assert np.array_equal(x, y) and np.array_equal(m, n)
+    # the same rules as a local copy: an existing output is refused without --overwrite
+    assert main(["convert", uri, out, "--quiet", "--storage-option",
+                 "endpoint_url=" + s3.url]) == 1
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_copy_from_s3_lmdb_to_local_rec_byte_identical(s3, so, voc_lmdb, tmp_path, capsys,
+                                                       monkeypatch):
+    from gluon_data.convert import copy_dataset
+    uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("lmcopy/voc.lmdb"))
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    out = str(tmp_path / "val.rec")
+    assert main(["convert", uri, out, "--split", "val", "--quiet", "--storage-option",
+                 "endpoint_url=" + s3.url]) == 0
+    ref = str(tmp_path / "ref" / "val.rec")
+    os.makedirs(os.path.dirname(ref))
+    copy_dataset(voc_lmdb, ref, split="val")
+    for ext in (".rec", ".idx", ".meta.json"):
+        assert _files_equal(out.replace(".rec", ext), ref.replace(".rec", ext)), ext
+
+
+def test_reshard_from_s3_rec_same_shards_and_resume_rules(voc_s3, s3, tmp_path, capsys,
+                                                          monkeypatch):
+    from gluon_data.shards import read_manifest
+    uri, local = voc_s3
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    ep = ["--storage-option", "endpoint_url=" + s3.url]
+    out = str(tmp_path / "remote" / "voc.rec")
+    ref = str(tmp_path / "local" / "voc.rec")
+    os.makedirs(os.path.dirname(out))
+    os.makedirs(os.path.dirname(ref))
+    s3.log.clear()
+    assert main(["convert", uri, out, "--shards", "2", "--workers", "2", "--quiet"] + ep) == 0
+    assert "written" in capsys.readouterr().out
+    assert s3.served("sess/voc.rec") == os.path.getsize(local)  # once, for both tasks
+    assert main(["convert", local, ref, "--shards", "2", "--workers", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    doc = read_manifest(str(tmp_path / "remote" / "voc.shards.json"))
+    assert doc["plan"]["source"] == uri and doc["num_records"] == 16
+    assert "files" not in doc["meta"]
+    for sh in doc["shards"]:  # the records and the index, byte for byte
+        for ext in (".rec", ".idx"):
+            name = sh["name"].replace(".rec", ext)
+            assert _files_equal(str(tmp_path / "remote" / name), str(tmp_path / "local" / name))
+    # a rerun keeps the finished shards (the local rule), downloading nothing
+    s3.log.clear()
+    assert main(["convert", uri, out, "--shards", "2", "--quiet"] + ep) == 0
+    assert capsys.readouterr().out.count("kept (already done)") == 2
+    assert s3.served("sess/voc.rec") == 0
+
+
+def test_merge_a_remote_manifest_into_one_local_shard(s3, so, voc_src, tmp_path, capsys,
+                                                      monkeypatch):
+    from gluon_data.shards import read_manifest
+    uri = _fresh_uri("mergesrc/voc.rec")
+    report = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=4,
+                            storage_options=so, cache_dir=str(tmp_path / "stage"))
+    manifest = report.outputs["trainval"]
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    out = str(tmp_path / "merged.rec")
+    assert main(["convert", manifest, out, "--shards", "1", "--quiet", "--storage-option",
+                 "endpoint_url=" + s3.url]) == 0
+    doc = read_manifest(str(tmp_path / "merged.shards.json"))
+    assert [s["records"] for s in doc["shards"]] == [16]
+    local = str(tmp_path / "local.rec")
+    convert(voc_src, local, "voc", split="trainval")
+    merged, ref = RecordFile(str(tmp_path / doc["shards"][0]["name"])), RecordFile(local)
+    assert [merged.read(i) for i in range(16)] == [ref.read(i) for i in range(16)]
+    assert [merged.key(i) for i in range(16)] == [ref.key(i) for i in range(16)]

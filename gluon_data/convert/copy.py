@@ -16,6 +16,7 @@ from ..lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..meta import FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta
 from ..recordio import RecordFile
 from ..sources import Source
+from ..store import is_uri, open_store
 from .driver import SplitJobs, drive
 from .encode import EncodeOptions, _legacy_work
 from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,
@@ -105,24 +106,63 @@ def _stock_meta(path: str, count: int) -> dict:
             "split": "train", "num_records": count, "checksum": None,
             "image_encoding": "passthrough", "classes": None, "num_classes": None,
             "created_by": {"tool": "gluon_data %s" % __version__, "layout": "stock-rec",
-                           "source": os.path.abspath(path), "options": {}},
+                           "source": path if is_uri(path) else os.path.abspath(path),
+                           "options": {}},
             "skipped": []}
+
+
+#: Metadata keys that describe one container, not the dataset: not carried by a copy
+#: (``files``: the sizes and SHA-256 of the objects an upload wrote, FORMAT.md §8).
+CONTAINER_KEYS = ("container", "record_keys", "files")
+
+
+def _uri_sources(source: str, split: Optional[str],
+                 options: dict) -> Dict[str, Tuple[object, dict]]:
+    """``{split: (store, meta)}`` of a dataset at a URI, read through its remote store (a
+    ``.rec`` and its ``.idx`` downloaded whole into the cache on the first read; an LMDB's
+    ``data.mdb`` when opened)."""
+    first = open_store(source, **options)
+    names = getattr(first, "splits", None)  # an LMDB holds several
+    if names is None:
+        meta = first.meta or _stock_meta(source, len(first))
+        return {meta.get("split") or "train": (first, meta)}
+    out = {}
+    for s in (split.split(",") if split else names):
+        f = first if s == first.split else open_store(source, s, **options)
+        out[s] = (f, f.meta)
+    return out
 
 
 def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
                  format: Optional[str] = None, overwrite: bool = False,
-                 progress: bool = False) -> ConversionReport:
+                 progress: bool = False,
+                 source_options: Optional[dict] = None) -> ConversionReport:
     """Copy a dataset between containers (``.rec`` <-> ``.lmdb``) without re-encoding.
 
     Record payloads are copied byte for byte after their checksum is verified; keys and
     metadata travel with them, so ``rec -> lmdb -> rec`` reproduces the ``.rec``, ``.idx``
     and ``.meta.json`` exactly. A stock ``.rec`` (no metadata) gets classification metadata.
+
+    ``source`` may be a URI (``s3://bucket/voc.rec``, ``s3://bucket/voc.lmdb``): its records
+    are read through the remote store (:mod:`gluon_data.remote`, options from
+    ``source_options``: ``storage_options``, ``cache_dir``...), the same bytes as a local copy.
+
+    Examples
+    --------
+    >>> copy_dataset("s3://bucket/voc_train.rec", "voc_train.lmdb",
+    ...              source_options={"storage_options": {"endpoint_url": "http://127.0.0.1:9000"}})  # doctest: +SKIP
     """
     outputs = outputs_for(output, format)
+    if is_uri(output):
+        raise ValueError("copy_dataset writes a local output, not %s: use "
+                         "gluon_data.remote.convert_to_uri (CLI: gluon-data convert SRC URI)"
+                         % output)
     _check_output(output, outputs.name)
     t0 = time.perf_counter()
     sources: Dict[str, Tuple[object, dict]] = {}
-    if is_lmdb(source):
+    if is_uri(source):
+        sources = _uri_sources(source, split, dict(source_options or {}))
+    elif is_lmdb(source):
         metas = read_lmdb_meta(source)
         names = split.split(",") if split else sorted(metas)
         for s in names:
@@ -142,16 +182,16 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
         for s, (f, meta) in sources.items():
             w = writers[s]
             keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
-            meta = {k: v for k, v in meta.items() if k not in ("container", "record_keys")}
+            meta = {k: v for k, v in meta.items() if k not in CONTAINER_KEYS}
             task_seg = meta["task"] == "segmentation"
             # ours, but written before header ids were always the keys (an LMDB from a .lst
             # without record_keys, or items skipped): the header ids are the true keys
             id_keys = (keys is None and meta.get("checksum") == "crc32-id2"
-                       and not ids_are_keys(meta, "lmdb" if isinstance(f, LMDBFile) else "rec"))
+                       and not ids_are_keys(meta, "lmdb" if f.split is not None else "rec"))
             for i in range(len(f)):
                 payload = f.read(i)
-                rec = codec.unpack(payload, segmentation=task_seg, verify=True, path=f.path,
-                                   key=f.key(i), offset=f.offset(i))
+                rec = codec.unpack(payload, segmentation=task_seg, verify=True,
+                                   path=f.location, key=f.key(i), offset=f.offset(i))
                 key = keys[i] if keys is not None else rec.id if id_keys else f.key(i)
                 w.write(key, payload)
             meta = outputs.copy_meta(meta, [f.key(i) for i in range(len(f))]

@@ -250,14 +250,17 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             bgr: bool = False, resume: bool = False, checkpoint_every: int = 64,
             progress: bool = False, mask_encoding: str = "zraw",
             follow_symlinks: bool = False,
-            max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> ConversionReport:
+            max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+            source_options: Optional[dict] = None) -> ConversionReport:
     """Convert a source folder or ``.lst`` into RecordIO (``.rec`` + ``.idx`` + metadata).
 
     Parameters
     ----------
     source : str
         Folder (``pairs``, ``voc``, ``imagefolder``), ``.lst`` file (``lst``), or a dataset
-        to copy into the other container: a ``.rec`` or a ``.lmdb`` directory.
+        to copy into the other container: a ``.rec`` or a ``.lmdb`` directory, or one at a
+        URI (``s3://bucket/voc.rec``, ``s3://bucket/voc.lmdb``; see
+        :func:`~gluon_data.convert.copy_dataset`).
     output : str
         The ``.rec`` to write (several splits: ``NAME_<split>.rec`` beside it), or a
         ``.lmdb`` directory holding every split.
@@ -311,6 +314,9 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         Refuse source files larger than this (only regular files are ever read).
     max_pixels : int
         Refuse images whose decoded size, or whose size after ``resize``, exceeds this.
+    source_options : dict, optional
+        A dataset source at a URI: the remote store's options (``storage_options``,
+        ``cache_dir``...).
 
     Returns
     -------
@@ -350,7 +356,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     if is_dataset(source):
         from .copy import copy_dataset
         return copy_dataset(source, output, split=split, format=outputs.name,
-                            overwrite=overwrite, progress=progress)
+                            overwrite=overwrite, progress=progress,
+                            source_options=source_options)
     t0 = time.perf_counter()
     try:
         src = open_source(source, layout, split=split, images_dir=images_dir,
@@ -402,7 +409,10 @@ def _item_name(items: List[Item], pos: int) -> str:
 
 
 def is_dataset(source: str) -> bool:
-    """Whether ``source`` is a converted dataset (a ``.rec`` or an LMDB of ours) to copy
-    rather than a source layout to convert."""
-    from ..lmdbio import is_lmdb
-    return os.fspath(source).endswith(".rec") or is_lmdb(source)
+    """Whether ``source`` is a converted dataset (a ``.rec`` or an LMDB of ours, local or at
+    a URI) to copy rather than a source layout to convert."""
+    from ..lmdbio import is_lmdb, names_lmdb
+    from ..store import is_uri
+    source = os.fspath(source)
+    return source.endswith(".rec") or is_lmdb(source) or (is_uri(source)
+                                                          and names_lmdb(source))
