@@ -34,6 +34,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -852,17 +853,28 @@ def check_lmdb_download(path: str, uri: str) -> None:
            first["reason"], len(report.problems)), uri, first["key"])
 
 
+LMDB_COMMIT = "meta.json"        # NAME.lmdb/meta.json: the commit document (FORMAT.md §8)
+LMDB_MARKER = "uploading.json"   # NAME.lmdb/uploading.json: an upload in progress
+LMDB_FORMAT = "gluon_data-lmdb"
+
+
 class RemoteLMDBStore:
     """One split of an LMDB dataset in object storage, as a record store.
 
-    The dataset is the environment's ``data.mdb`` under the URI
-    (``s3://bucket/voc.lmdb/data.mdb``), uploaded as the local ``voc.lmdb/`` folder holds it.
-    An LMDB keeps its metadata inside ``data.mdb``, so the constructor downloads the whole file
-    into the :class:`ShardCache` (once per node; atomically, as ``.rec`` downloads) and every
-    read, training or inspection, uses the local fast path (:class:`~gluon_data.lmdbio.
-    LMDBFile`, read-only, without a lock file) on the cached copy. The download is verified
-    against the size the listing reports and the integrity check of
-    :func:`check_lmdb_download` (every record's CRC-32, in a child process) before it is used.
+    The dataset is the objects under the URI's prefix (FORMAT.md §8): the environment's
+    ``data.mdb`` (``s3://bucket/voc.lmdb/data.mdb``, byte for byte as the local ``voc.lmdb/``
+    folder holds it) and, as uploaded by ``gluon-data convert``, the commit document
+    ``meta.json`` (every split's metadata, and the size and SHA-256 of ``data.mdb``).
+
+    Training and inspection reads alike download ``data.mdb`` whole into the
+    :class:`ShardCache` (once per node; atomically, as ``.rec`` downloads) and read the cached
+    copy with the local fast path (:class:`~gluon_data.lmdbio.LMDBFile`, read-only, without a
+    lock file). With ``meta.json`` the store opens from it alone (``info`` and ``stats``
+    download nothing else), the download happens on the first record read and is verified
+    against the recorded SHA-256. A ``data.mdb`` without ``meta.json`` (copied up by other
+    tools) is downloaded when opened, since its metadata is inside, and verified by
+    :func:`check_lmdb_download`. While ``uploading.json`` exists and ``meta.json`` does not,
+    the dataset is refused (an upload is in progress).
 
     Parameters
     ----------
@@ -889,31 +901,65 @@ class RemoteLMDBStore:
                  backoff: Optional[float] = None, prefetch_threads: int = 2):
         if reads not in ("cache", "ranged"):
             raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
-        self.location = os.fspath(location).rstrip("/")
-        self.data_location = self.location + "/" + LMDB_DATA
+        self._locate(location)
         self.reads = reads
         self._remote = _Remote(storage_options, retries, backoff)
         self._cache_args = (cache_dir, cache_limit)
+        self._init_local()
+        doc = self._read_commit()
         try:
             info = self._remote.info(self.data_location)
         except RemoteNotFoundError:
             raise RemoteNotFoundError("no LMDB environment here (no %s object under it)"
                                       % LMDB_DATA, self.location) from None
         self.file_size = int(info["size"])
-        self._stamp = _stamp(info)
-        self._init_local()
-        from .lmdbio import read_lmdb_meta
-        path, pin = self.fetch(pin=True)  # the metadata lives in data.mdb
-        self._pins.append(pin)
-        try:
-            self.splits = sorted(read_lmdb_meta(os.path.dirname(path)))
-        except FormatError as e:  # name the object, not the cache folder
-            raise FormatError(e.reason, self.location, e.key, e.offset) from None
+        if doc is not None:
+            want = doc["files"][LMDB_DATA]
+            if int(want["bytes"]) != self.file_size:
+                raise ChecksumMismatchError(
+                    "the object has %d bytes but %s records %d: it was replaced or is being "
+                    "rewritten; re-upload the dataset" % (self.file_size, LMDB_COMMIT,
+                                                          want["bytes"]), self.data_location)
+            self._sha, self._stamp = want["sha256"], "sha256:" + want["sha256"]
+            metas = doc["splits"]
+        else:  # the metadata lives in data.mdb: download it now (checked by a full scan)
+            from .lmdbio import read_lmdb_meta
+            self._sha, self._stamp = None, _stamp(info)
+            path, pin = self.fetch(pin=True)
+            self._pins.append(pin)
+            try:
+                metas = read_lmdb_meta(os.path.dirname(path))
+            except FormatError as e:  # name the object, not the cache folder
+                raise FormatError(e.reason, self.location, e.key, e.offset) from None
+        self.splits = sorted(metas)
         if split is None:
-            split = "train" if "train" in self.splits or not self.splits else self.splits[0]
-        self.split, self._conversion = split, None
-        self.meta = self.lmdb_file().meta  # raises listing the splits if it is not one
+            split = "train" if "train" in metas or not metas else self.splits[0]
+        if split not in metas:
+            raise FormatError("split %r not found; available splits: %s"
+                              % (split, ", ".join(self.splits) or "none"), self.location)
+        self.split, self.meta = split, metas[split]
+        self._n = int(self.meta["num_records"])
         self._conversion = self.meta.get("conversion_id")
+
+    def _locate(self, location: str) -> None:
+        self.location = os.fspath(location).rstrip("/")
+        self.data_location = self.location + "/" + LMDB_DATA
+        self.commit_location = self.location + "/" + LMDB_COMMIT
+
+    @classmethod
+    def _part(cls, location: str, remote: "_Remote", cache_args, split: Optional[str],
+              records: int, size: int, sha256: Optional[str]) -> "RemoteLMDBStore":
+        """One LMDB shard of a remote sharded dataset: what the manifest says about it (its
+        split, records, size and SHA-256 of ``data.mdb``) is taken as given."""
+        self = cls.__new__(cls)
+        self._locate(location)
+        self.reads, self._remote, self._cache_args = "cache", remote, cache_args
+        self.file_size, self._sha = int(size), sha256
+        self._stamp = None if sha256 is None else "sha256:" + sha256
+        self.split, self.splits, self.meta = split or "train", [split or "train"], None
+        self._n, self._conversion = int(records), None
+        self._init_local()
+        return self
 
     def _init_local(self):
         self._cache = ShardCache(*self._cache_args)
@@ -929,12 +975,53 @@ class RemoteLMDBStore:
         self.__dict__.update(state)
         self._init_local()
 
+    def _read_commit(self) -> Optional[dict]:
+        """``meta.json``, checked; ``None`` if there is none (a bare ``data.mdb``)."""
+        try:
+            raw = self._remote.cat(self.commit_location)
+        except RemoteNotFoundError:
+            marker = self.location + "/" + LMDB_MARKER
+            if self._remote.exists(marker):
+                raise FormatError("an upload of this dataset is in progress or was interrupted "
+                                  "(%s exists, %s does not yet): wait for it, or rerun the "
+                                  "conversion with --resume" % (marker, LMDB_COMMIT),
+                                  self.location) from None
+            return None
+        where = self.commit_location
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise FormatError("not valid JSON (%s)" % e, where) from None
+        if not isinstance(doc, dict) or doc.get("format") != LMDB_FORMAT:
+            raise FormatError("not the commit document of an LMDB dataset (\"format\": \"%s\" "
+                              "expected)" % LMDB_FORMAT, where)
+        if doc.get("format_version") != 1:
+            raise FormatError("version %r is not supported (supports 1); upgrade gluon_data"
+                              % (doc.get("format_version"),), where)
+        files = (doc.get("files") or {}).get(LMDB_DATA)
+        if (not isinstance(doc.get("splits"), dict) or not isinstance(files, dict)
+                or not isinstance(files.get("bytes"), int)
+                or not isinstance(files.get("sha256"), str)):
+            raise FormatError("lacks \"splits\" or the size and SHA-256 of %s (\"files\")"
+                              % LMDB_DATA, where)
+        for s, m in doc["splits"].items():
+            check_meta(m, "%s [split %s]" % (where, s))
+        return doc
+
+    def _stamp_of(self) -> str:
+        if self._stamp is None:  # a shard the manifest gives no SHA-256 for
+            self._stamp = _stamp(self._remote.info(self.data_location))
+        return self._stamp
+
     def fetch(self, pin: bool = False):
-        """Download ``data.mdb`` into the cache if it is not there (verified); return
-        ``(local path, pin)``."""
-        return self._cache.fetch(self._remote, self.data_location, self.file_size, None,
-                                 self._stamp, pin=pin,
-                                 check=lambda p: check_lmdb_download(p, self.data_location))
+        """Download ``data.mdb`` into the cache if it is not there (verified against the
+        recorded SHA-256, else by :func:`check_lmdb_download`); return ``(local path,
+        pin)``."""
+        check = None
+        if self._sha is None:
+            check = partial(check_lmdb_download, uri=self.data_location)
+        return self._cache.fetch(self._remote, self.data_location, self.file_size, self._sha,
+                                 self._stamp_of(), pin=pin, check=check)
 
     def lmdb_file(self):
         """The :class:`~gluon_data.lmdbio.LMDBFile` of this process on the cached copy
@@ -956,11 +1043,13 @@ class RemoteLMDBStore:
                 f = LMDBFile(os.path.dirname(path), self.split)
             except FormatError as e:  # name the object, not the cache folder
                 raise FormatError(e.reason, self.location, e.key, e.offset) from None
-            conv = self._conversion
-            if conv is not None and f.meta.get("conversion_id") != conv:
-                raise FormatError("the LMDB environment was replaced after this dataset was "
-                                  "opened (conversion %s, now %s); open the dataset again"
-                                  % (conv, f.meta.get("conversion_id")), self.location)
+            if len(f) != self._n or (self._conversion is not None
+                                     and f.meta.get("conversion_id") != self._conversion):
+                raise FormatError("%s holds %d records of conversion %s in split %r, not the "
+                                  "%d of conversion %s the dataset was opened with: it was "
+                                  "replaced; open the dataset again"
+                                  % (LMDB_DATA, len(f), f.meta.get("conversion_id"),
+                                     self.split, self._n, self._conversion), self.location)
         except BaseException:
             pin.release()
             raise
@@ -980,13 +1069,21 @@ class RemoteLMDBStore:
         """Records per unit downloaded (the one environment: ``[len]``)."""
         return [len(self)]
 
-    def prefetch(self, indices: Iterable[int]) -> None:
-        """Nothing to do: the environment was downloaded when the store was opened."""
-        return None
+    def prefetch(self, indices: Iterable[int]) -> Optional[Future]:
+        """Download ``data.mdb`` in the background if it is not cached yet (see
+        :meth:`RemoteStore.prefetch`); ``None`` when nothing is needed."""
+        cur = self._reader
+        if (cur is not None and cur[0] == os.getpid()) or not any(True for _ in indices):
+            return None
+        with self._lock:
+            pending = getattr(self, "_pending", None)
+            if pending is None or (pending.done() and pending.exception() is not None):
+                self._pending = _prefetch_pool().submit(self.fetch)
+            return self._pending
 
     # -- the store protocol ---------------------------------------------------------------
     def __len__(self) -> int:
-        return int(self.meta["num_records"])
+        return self._n
 
     def key(self, i: int) -> int:
         return self.lmdb_file().key(i)
@@ -1007,11 +1104,23 @@ class RemoteLMDBStore:
         return self.lmdb_file().scan()
 
     def identity(self) -> str:
-        """The object's stamp (ETag and size) and the split's ``conversion_id``."""
-        return "%s/%s" % (self._stamp, self._conversion or "-")
+        """The stamp of ``data.mdb`` (its SHA-256, or ETag and size) and the split's
+        ``conversion_id``."""
+        return "%s/%s" % (self._stamp_of(), self._conversion or "-")
 
     def __repr__(self) -> str:
         return "RemoteLMDBStore(%r, split=%r)" % (self.location, self.split)
+
+
+_POOL: Optional[Tuple[int, ThreadPoolExecutor]] = None
+
+
+def _prefetch_pool() -> ThreadPoolExecutor:
+    """One small background pool per process for LMDB prefetches."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), ThreadPoolExecutor(2, thread_name_prefix="gluon-data-prefetch"))
+    return _POOL[1]
 
 
 def _open_remote_lmdb(location: str, split: Optional[str] = None, **options):
@@ -1033,7 +1142,10 @@ class RemoteShardedStore(ShardRouter):
     Each shard is a :class:`RemoteStore` part: downloaded whole into the :class:`ShardCache`
     when first read (its ``.idx`` checked against the manifest's ``idx_sha256``, its ``.rec``
     against the size and, when uploaded by ``gluon-data convert``, the SHA-256 the manifest's
-    ``files`` records), then read locally. At most ``max_open_shards`` shards are held open
+    ``files`` records), then read locally. LMDB shards (``NAME.lmdb/data.mdb``, the manifest's
+    ``container`` ``lmdb``) are :class:`RemoteLMDBStore` parts, downloaded whole the same way
+    (checked against the SHA-256 the manifest's ``files`` records for ``NAME.lmdb/data.mdb``,
+    else by :func:`check_lmdb_download`). At most ``max_open_shards`` shards are held open
     (pinned in the cache) per process; older ones are released and become evictable, so a
     ``cache_limit`` of a few shards serves a dataset of any size. :meth:`prefetch` downloads the
     shards the upcoming indices need, in sampler order, on a bounded pool.
@@ -1074,10 +1186,6 @@ class RemoteShardedStore(ShardRouter):
                 manifest = read_manifest(tmp.name)
             except FormatError as e:
                 raise FormatError(e.reason, self.location) from None
-        if manifest["container"] != "rec":
-            raise FormatError("LMDB shards cannot be read from object storage (an environment "
-                              "is not an object); convert them to RecordIO shards",
-                              self.location)
         if split is not None and split != manifest.get("split"):
             raise FormatError("split %r not found; this manifest holds split %r"
                               % (split, manifest.get("split")), self.location)
@@ -1097,6 +1205,12 @@ class RemoteShardedStore(ShardRouter):
         files = self.manifest.get("files") or {}
         self._stores = []
         for uri, sh in zip(self.uris, self.manifest["shards"]):
+            if self.manifest["container"] == "lmdb":  # NAME.lmdb/data.mdb per shard
+                want = files.get(sh["name"] + "/" + LMDB_DATA) or {}
+                self._stores.append(RemoteLMDBStore._part(
+                    uri, self._remote, self._opts[0], self.manifest.get("split"),
+                    sh["records"], sh["bytes"], want.get("sha256")))
+                continue
             idx = idx_path_for(uri)
             sums = {uri: files.get(posixpath.basename(uri)) or {"bytes": sh["bytes"]},
                     idx: dict(files.get(posixpath.basename(idx)) or {},
@@ -1163,6 +1277,7 @@ class RemoteShardedStore(ShardRouter):
                 if fut is None or (fut.done() and fut.exception() is not None):
                     part = self._stores[s]
                     self._inflight[s] = self._pool.submit(
+                        part.fetch if isinstance(part, RemoteLMDBStore) else
                         lambda p=part: [p.fetch(u) for u in (p.idx_location, p.location)])
             return [self._inflight[s] for s in wanted]
 
@@ -1182,7 +1297,8 @@ class RemoteShardedStore(ShardRouter):
     def check_tail(self) -> None:
         """Check that each shard's last indexed record ends its ``.rec`` (``verify``)."""
         for s in range(len(self._stores)):
-            self.shard(s).check_tail()
+            if self.manifest["container"] == "rec":
+                self.shard(s).check_tail()
 
     def __repr__(self) -> str:
         return "RemoteShardedStore(%r, %d shards, %d records)" % (self.location,

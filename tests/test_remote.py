@@ -623,11 +623,22 @@ def voc_lmdb(voc_src, tmp_path_factory):
     return local
 
 
-def _upload_lmdb(so, local, uri):
-    """Upload a local environment folder as it is (data.mdb; there is no lock.mdb)."""
+def _upload_lmdb(so, local, uri, commit=False):
+    """Upload a local environment folder as it is (data.mdb; there is no lock.mdb), and
+    with ``commit`` the commit document of FORMAT.md §8 after it, as the writer does."""
+    import hashlib
+    from gluon_data.lmdbio import read_lmdb_meta
     fs, path = filesystem(uri, so)
     assert sorted(os.listdir(local)) == ["data.mdb"]
-    fs.put_file(os.path.join(local, "data.mdb"), path + "/data.mdb")
+    data = os.path.join(local, "data.mdb")
+    fs.put_file(data, path + "/data.mdb")
+    if commit:
+        with open(data, "rb") as f:
+            sha = hashlib.sha256(f.read()).hexdigest()
+        doc = {"format": "gluon_data-lmdb", "format_version": 1, "container": "lmdb",
+               "splits": read_lmdb_meta(local),
+               "files": {"data.mdb": {"bytes": os.path.getsize(data), "sha256": sha}}}
+        fs.pipe_file(path + "/meta.json", json.dumps(doc, sort_keys=True).encode())
     return uri
 
 
@@ -822,3 +833,72 @@ def test_merge_a_remote_manifest_into_one_local_shard(s3, so, voc_src, tmp_path,
     merged, ref = RecordFile(str(tmp_path / doc["shards"][0]["name"])), RecordFile(local)
     assert [merged.read(i) for i in range(16)] == [ref.read(i) for i in range(16)]
     assert [merged.key(i) for i in range(16)] == [ref.key(i) for i in range(16)]
+
+
+def test_lmdb_in_s3_with_its_commit_document(s3, so, voc_lmdb, tmp_path, capsys, monkeypatch):
+    from gluon_data.lmdbio import LMDBFile
+    uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("lmcommit/voc.lmdb"), commit=True)
+    size = os.path.getsize(os.path.join(voc_lmdb, "data.mdb"))
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    s3.log.clear()
+    assert main(["info", uri, "--json", "--storage-option", "endpoint_url=" + s3.url]) == 0
+    assert sorted(json.loads(capsys.readouterr().out)["splits"]) == ["train", "val"]
+    assert s3.served("lmcommit/voc.lmdb/data.mdb") == 0  # meta.json is enough for info
+    store = open_store(uri, "train", **_remote(so, tmp_path))
+    assert store.meta == LMDBFile(voc_lmdb, "train").meta and len(store) == 8
+    assert s3.served("lmcommit/voc.lmdb/data.mdb") == 0
+    fut = store.prefetch(range(4))  # the sampler's next indices: downloaded in background
+    fut.result(timeout=60)
+    assert s3.served("lmcommit/voc.lmdb/data.mdb") == size
+    ref = LMDBFile(voc_lmdb, "train")
+    assert [store.read(i) for i in range(8)] == [ref.read(i) for i in range(8)]
+    assert s3.served("lmcommit/voc.lmdb/data.mdb") == size  # once
+    assert store.identity().startswith("sha256:")
+    # damaged after upload: the SHA-256 in meta.json refuses the download
+    fs, path = filesystem(uri, so)
+    data = bytearray(open(os.path.join(voc_lmdb, "data.mdb"), "rb").read())
+    data[-100] ^= 0xFF  # (bytes no record check would read)
+    fs.pipe_file(path + "/data.mdb", bytes(data))
+    bad = open_store(uri, **dict(_remote(so, tmp_path), cache_dir=str(tmp_path / "c2")))
+    with pytest.raises(ChecksumMismatchError, match="SHA-256") as e:
+        bad.read(0)
+    assert e.value.path == uri + "/data.mdb"
+    fs.pipe_file(path + "/data.mdb", bytes(data[:-4096]))  # another size: refused at open
+    with pytest.raises(ChecksumMismatchError, match="meta.json records"):
+        open_store(uri, **_remote(so, tmp_path))
+    # an upload in progress (its marker, no commit document yet) is not a dataset
+    fs.rm_file(path + "/meta.json")
+    fs.pipe_file(path + "/uploading.json", b'{"writer": "gluon_data", "started": 0}')
+    with pytest.raises(FormatError, match="upload of this dataset is in progress"):
+        open_store(uri, **_remote(so, tmp_path))
+
+
+def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path):
+    import hashlib
+    from gluon_data.shards import convert_sharded
+    local = str(tmp_path / "lm" / "voc.lmdb")
+    convert_sharded(voc_src, local, "voc", split="trainval", shard_items=6)
+    folder = os.path.dirname(local)
+    with open(os.path.join(folder, "voc.shards.json")) as f:
+        doc = json.load(f)
+    assert doc["container"] == "lmdb" and len(doc["shards"]) == 3
+    fs, base = filesystem(_fresh_uri("lmshards"), so)
+    files = {}
+    for sh in doc["shards"]:
+        data = os.path.join(folder, sh["name"], "data.mdb")
+        fs.put_file(data, "%s/%s/data.mdb" % (base, sh["name"]))
+        with open(data, "rb") as f:
+            files[sh["name"] + "/data.mdb"] = {"bytes": os.path.getsize(data),
+                                               "sha256": hashlib.sha256(f.read()).hexdigest()}
+    fs.pipe_file(base + "/voc.shards.json", json.dumps(dict(doc, files=files)).encode())
+    store = open_store(_fresh_uri("lmshards/voc.shards.json"),
+                       **_remote(so, tmp_path, max_open_shards=1))
+    ref = open_store(os.path.join(folder, "voc.shards.json"))
+    assert len(store) == len(ref) == 16
+    assert [store.read(i) for i in range(16)] == [ref.read(i) for i in range(16)]
+    assert [store.key(i) for i in range(16)] == [ref.key(i) for i in range(16)]
+    ds = SegmentationDataset(store, ignore_value=None)
+    a, m = ds._arrays(13)
+    b, n = SegmentationDataset(ref, ignore_value=None)._arrays(13)
+    assert np.array_equal(a, b) and np.array_equal(m, n)
+    store.close()
