@@ -14,12 +14,18 @@ from .errors import FormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "TASKS",
            "meta_path", "read_meta", "check_meta", "dumps_meta", "ids_are_keys",
-           "meta_checksum"]
+           "meta_checksum", "CONTAINER_KEYS"]
 
 FORMAT_NAME = "gluon_data"
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 TASKS = ("classification", "segmentation")
+
+
+#: Metadata keys that describe one container, not the dataset, so a copy into another does
+#: not carry them: ``container`` and ``record_keys`` (LMDB, FORMAT.md §5) and ``files`` (the
+#: sizes and SHA-256 of the objects an upload wrote, §8).
+CONTAINER_KEYS = ("container", "record_keys", "files")
 
 
 def meta_path(rec_path: str) -> str:

@@ -25,6 +25,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import ConversionError, FormatError, GluonDataError
+from .meta import CONTAINER_KEYS
 from .store import is_uri, register_opener
 
 __all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
@@ -305,8 +306,8 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
 
 
 #: Metadata keys a copied shard (and its manifest) does not take from the source: the
-#: container's own (``container``, ``record_keys``, an upload's ``files``) and ``shard``.
-_NOT_COPIED = ("container", "record_keys", "files", "shard")
+#: container's own (:data:`gluon_data.meta.CONTAINER_KEYS`) and ``shard``.
+_NOT_COPIED = CONTAINER_KEYS + ("shard",)
 
 
 def _where(source: str) -> str:

@@ -902,3 +902,17 @@ def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path):
     b, n = SegmentationDataset(ref, ignore_value=None)._arrays(13)
     assert np.array_equal(a, b) and np.array_equal(m, n)
     store.close()
+
+
+def test_a_dataset_copied_to_a_uri_is_uploaded_not_written_to_a_local_s3_folder(
+        voc_s3, s3, so, tmp_path, capsys, monkeypatch):
+    uri, local = voc_s3
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    target = _fresh_uri("copyup/voc.rec")
+    assert main(["convert", uri, target, "--quiet", "--storage-option",
+                 "endpoint_url=" + s3.url]) == 0  # from S3 to S3, through the staging folder
+    assert not os.path.exists(tmp_path / "s3:")
+    store = open_store(target, **_remote(so, tmp_path))
+    ref = RecordFile(local)
+    assert [store.read(i) for i in range(len(store))] == [ref.read(i) for i in range(16)]

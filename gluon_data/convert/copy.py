@@ -13,7 +13,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from .. import __version__, codec
 from ..errors import ConversionError, FormatError, SourceError
 from ..lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
-from ..meta import FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta
+from ..meta import CONTAINER_KEYS, FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta
 from ..recordio import RecordFile
 from ..sources import Source
 from ..store import is_uri, open_store
@@ -109,11 +109,6 @@ def _stock_meta(path: str, count: int) -> dict:
                            "source": path if is_uri(path) else os.path.abspath(path),
                            "options": {}},
             "skipped": []}
-
-
-#: Metadata keys that describe one container, not the dataset: not carried by a copy
-#: (``files``: the sizes and SHA-256 of the objects an upload wrote, FORMAT.md §8).
-CONTAINER_KEYS = ("container", "record_keys", "files")
 
 
 def _uri_sources(source: str, split: Optional[str],
