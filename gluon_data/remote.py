@@ -966,10 +966,11 @@ class RemoteLMDBStore:
         self._reader: Optional[Tuple[int, object]] = None
         self._pins: list = []
         self._lock = threading.Lock()
+        self._pending: Optional[Future] = None
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("_cache", "_reader", "_pins", "_lock")}
+                if k not in ("_cache", "_reader", "_pins", "_lock", "_pending")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -1076,7 +1077,7 @@ class RemoteLMDBStore:
         if (cur is not None and cur[0] == os.getpid()) or not any(True for _ in indices):
             return None
         with self._lock:
-            pending = getattr(self, "_pending", None)
+            pending = self._pending
             if pending is None or (pending.done() and pending.exception() is not None):
                 self._pending = _prefetch_pool().submit(self.fetch)
             return self._pending

@@ -849,6 +849,8 @@ def test_lmdb_in_s3_with_its_commit_document(s3, so, voc_lmdb, tmp_path, capsys,
     assert s3.served("lmcommit/voc.lmdb/data.mdb") == 0
     fut = store.prefetch(range(4))  # the sampler's next indices: downloaded in background
     fut.result(timeout=60)
+    import pickle
+    store = pickle.loads(pickle.dumps(store))  # (what a spawned worker gets)
     assert s3.served("lmcommit/voc.lmdb/data.mdb") == size
     ref = LMDBFile(voc_lmdb, "train")
     assert [store.read(i) for i in range(8)] == [ref.read(i) for i in range(8)]
