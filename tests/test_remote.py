@@ -875,7 +875,8 @@ def test_lmdb_in_s3_with_its_commit_document(s3, so, voc_lmdb, tmp_path, capsys,
         open_store(uri, **_remote(so, tmp_path))
 
 
-def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path):
+def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path, capsys,
+                                               monkeypatch):
     import hashlib
     from gluon_data.shards import convert_sharded
     local = str(tmp_path / "lm" / "voc.lmdb")
@@ -904,6 +905,10 @@ def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path):
     b, n = SegmentationDataset(ref, ignore_value=None)._arrays(13)
     assert np.array_equal(a, b) and np.array_equal(m, n)
     store.close()
+    ep = ["--storage-option", "endpoint_url=" + s3.url]
+    monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["verify", _fresh_uri("lmshards/voc.shards.json")] + ep) == 0
+    assert "16 checked: OK" in capsys.readouterr().out
 
 
 def test_a_dataset_copied_to_a_uri_is_uploaded_not_written_to_a_local_s3_folder(
