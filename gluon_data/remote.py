@@ -48,9 +48,9 @@ from .sampler import SampleKey
 from .shards import ShardRouter
 from .store import is_uri, register_opener
 
-__all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler", "PrefetchSampler",
-           "filesystem", "parse_storage_options", "parse_size", "upload_dataset",
-           "convert_to_uri", "INSTALL_HINT"]
+__all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler",
+           "PrefetchSampler", "filesystem", "parse_storage_options", "parse_size",
+           "upload_dataset", "convert_to_uri", "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install gluon-data[remote]"
 #: Transient failures are retried this many times (``GLUON_DATA_REMOTE_RETRIES``) ...
