@@ -28,7 +28,7 @@ from . import transforms as T
 from .errors import CorruptRecordError, DecodeError, FormatError
 from .meta import ids_are_keys, wrong_record
 from .sampler import split_key
-from .store import RecordStore, open_store
+from .store import RecordStore, open_store, will_need
 
 __all__ = ["ClassificationDataset", "SegmentationDataset",
            "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
@@ -114,6 +114,19 @@ class _StoreDataset(mx.gluon.data.Dataset):
         if not 0 <= i < n:
             raise IndexError("index %d out of range for %d records" % (int(idx), n))
         return (i if self._positions is None else int(self._positions[i])), epoch
+
+    def will_need(self, indices) -> None:
+        """Start fetching the records of the samples ``indices`` (ints or
+        :class:`~gluon_data.sampler.SampleKey`, e.g. the batch about to be read) from the
+        device asynchronously, where the store can (:func:`gluon_data.store.will_need`);
+        returns at once and changes nothing a read returns. ``gluon_data.DataLoader`` calls
+        it with every batch."""
+        n = len(self)
+        pos = [i + n if i < 0 else i for i in (split_key(k)[0] for k in indices)]
+        pos = [i for i in pos if 0 <= i < n]
+        if self._positions is not None:
+            pos = self._positions[pos].tolist()
+        will_need(self._file, pos)
 
     def _sample(self, i: int, epoch: Optional[int]) -> T.sample_context:
         """The context a sample's random transforms draw in. A plain int (``epoch=None``)

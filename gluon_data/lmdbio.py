@@ -36,7 +36,8 @@ import numpy as np
 from .errors import CorruptRecordError, FormatError, OutputError
 from .fsutil import check_replaceable, exchange_dirs, fsync_dir, remove_partial_dir
 from .meta import check_meta, dumps_meta
-from .store import is_uri, register_opener
+from .recordio import advise_willneed, open_or_explain
+from .store import is_uri, register_opener, valid_positions
 
 __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
            "record_key", "shared_env"]
@@ -125,7 +126,6 @@ def check_mapped(env: lmdb.Environment) -> None:
 
 
 def _open_env(path: str) -> lmdb.Environment:
-    from .recordio import open_or_explain
     data = os.path.join(path, "data.mdb")
     need = _check_data_file(path)
     fd = open_or_explain(data)
@@ -500,6 +500,35 @@ class LMDBFile:
             raise FormatError("record key %r missing from split %r" % (k.decode(), self.split),
                               self.path, i)
         return v
+
+    def will_need(self, indices) -> None:
+        """Start fetching the values of the records at positions ``indices`` (the batch about
+        to be read) into the page cache and return at once: ``posix_fadvise(WILLNEED)`` on
+        each value's pages in ``data.mdb`` (see :func:`~gluon_data.recordio.advise_willneed`),
+        so the device serves them together and each :meth:`read` that follows finds its
+        pages cached (and checks the overflow page header, as always). Locations not known
+        yet are learnt first (one leaf page per ~150 records); values stored inline in the
+        leaf pages are left to the read. Positions out of range are ignored."""
+        pos = valid_positions(indices, self._n)
+        if not pos.size:
+            return
+        if self._checked_pid != os.getpid():
+            self._check_identity()
+        locs = self._locations
+        if locs is None:
+            locs = self._locations = _ValueLocations(self._n, self._psize)
+        if not locs.usable:
+            return
+        table = locs.table
+        for i in pos[table[pos] == 0].tolist():
+            if not table[i] and locs.usable:
+                self._learn(locs, i)
+        loc = table[pos]
+        loc = loc[loc != 0]
+        if loc.size:
+            starts = (loc >> np.uint64(32)).astype(np.int64) * self._psize
+            sizes = (loc & np.uint64(0xFFFFFFFF)).astype(np.int64) + _PAGEHDRSZ
+            advise_willneed(self._fd(), starts, starts + sizes)
 
     def _learn(self, locs: _ValueLocations, i: int) -> int:
         k = record_key(i)

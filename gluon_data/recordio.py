@@ -23,9 +23,9 @@ from . import codec
 from .errors import FormatError, OutputError, ResourceError
 from .fsutil import atomic_write, check_replaceable, fsync_dir, open_new
 from .meta import dumps_meta, meta_path, read_meta
-from .store import is_uri, register_opener
+from .store import is_uri, register_opener, valid_positions
 
-__all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for"]
+__all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for", "advise_willneed"]
 
 _LARGE_EXTENT = 64 << 20  # read records bigger than this header-first, not in one pread
 _SCRATCH_MAX = 8 << 20    # records up to this size are read into a reused per-thread buffer
@@ -52,6 +52,41 @@ def open_or_explain(path: str, flags: int = os.O_RDONLY) -> int:
                             "longer read, or raise the limit (ulimit -n)"
                             % ("system-wide, " if e.errno == errno.ENFILE else "", limit),
                             path) from None
+
+
+_FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
+# One WILLNEED call asks for at most this much: Linux silently cuts a call at
+# max(read_ahead_kb, max_sectors_kb) of the device, never below its default 128 KB.
+_WILLNEED_CHUNK = 128 << 10
+
+
+def advise_willneed(fd: int, starts, ends) -> None:
+    """Start reading the byte ranges ``[starts[k], ends[k])`` of ``fd`` into the page cache
+    asynchronously (``posix_fadvise(POSIX_FADV_WILLNEED)``) and return at once: ranges that
+    touch are merged, so adjacent records go as one request, and each call asks for at most
+    128 KB. Pages already cached cost a lookup, no I/O. Does nothing where the OS has no
+    ``posix_fadvise``; an OS error is ignored (a hint, not a read)."""
+    if _FADV_WILLNEED is None or not len(starts):
+        return
+    starts = np.asarray(starts, np.int64)
+    ends = np.asarray(ends, np.int64)
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    if len(starts) > 1:  # merge runs whose next range starts where the last one ends
+        ends = np.maximum.accumulate(ends)
+        breaks = np.flatnonzero(starts[1:] > ends[:-1]) + 1
+        first = np.concatenate(([0], breaks))
+        last = np.concatenate((breaks - 1, [len(starts) - 1]))
+        starts, ends = starts[first], ends[last]
+    advise = os.posix_fadvise
+    try:
+        for lo, hi in zip(starts.tolist(), ends.tolist()):
+            while lo < hi:
+                n = min(hi - lo, _WILLNEED_CHUNK)
+                advise(fd, lo, n, _FADV_WILLNEED)
+                lo += n
+    except OSError:
+        pass
 
 
 def idx_path_for(rec_path: str) -> str:
@@ -459,6 +494,17 @@ class RecordFile:
             buf = self._pread(end - start, start)
             return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start)[0]
         return self._read_large(i, start)
+
+    def will_need(self, indices) -> None:
+        """Start fetching the records at positions ``indices`` (the batch about to be read)
+        into the page cache and return at once (see :func:`advise_willneed`): the device
+        then serves them together instead of one synchronous read at a time, and each
+        :meth:`read` that follows finds its bytes cached (and verifies them, as always).
+        Exactly the records' bytes are asked for, so a cold read costs ~1 device request per
+        record. Positions out of range are ignored (their read raises)."""
+        pos = valid_positions(indices, len(self))
+        if pos.size:
+            advise_willneed(self._fd(), self._offsets[pos], self._ends[pos])
 
     def _read_large(self, i: int, start: int) -> bytes:
         """Header-first read for records too big to fetch with one ``pread`` of the extent."""

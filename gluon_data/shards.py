@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import ConversionError, FormatError, GluonDataError
 from .meta import CONTAINER_KEYS
-from .store import is_uri, register_opener
+from .store import is_uri, register_opener, valid_positions, will_need
 
 __all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
            "manifest_path", "read_manifest", "is_manifest", "verify_sharded",
@@ -415,6 +415,17 @@ class ShardRouter:
     def view(self, i: int):
         s, j = self.locate(i)
         return self.shard(s).view(j)
+
+    def will_need(self, indices) -> None:
+        """Hand each shard the positions of ``indices`` that fall in it (see
+        :func:`gluon_data.store.will_need`; shards that cannot prefetch ignore it)."""
+        pos = valid_positions(indices, self._n)
+        if not pos.size:
+            return
+        starts = np.asarray(self._starts, np.int64)
+        which = np.searchsorted(starts, pos, side="right") - 1
+        for s in np.unique(which).tolist():
+            will_need(self.shard(s), (pos[which == s] - starts[s]).tolist())
 
     def scan(self) -> Iterator:
         for s in range(len(self._starts) - 1):

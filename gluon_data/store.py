@@ -29,7 +29,7 @@ try:  # Python >= 3.8
 except ImportError:  # pragma: no cover
     from typing_extensions import Protocol, runtime_checkable  # type: ignore
 
-__all__ = ["RecordStore", "open_store", "store_splits", "register_opener", "is_uri"]
+__all__ = ["RecordStore", "open_store", "store_splits", "register_opener", "is_uri", "will_need"]
 
 Buffer = Union[bytes, memoryview]
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -47,6 +47,19 @@ class RecordStore(Protocol):
         The split it holds (LMDB environments hold several; a ``.rec`` holds one: ``None``).
     meta : dict or None
         The dataset's metadata (``None`` for stock files that carry none).
+
+    Notes
+    -----
+    One method is optional, and so not a member :func:`isinstance` checks: a store whose
+    records live on a local block device may define ``will_need(indices)``, which starts
+    fetching those records' bytes into the page cache *asynchronously* and returns at once
+    (``posix_fadvise(POSIX_FADV_WILLNEED)`` on each record's exact byte range, for
+    :class:`~gluon_data.recordio.RecordFile` and :class:`~gluon_data.lmdbio.LMDBFile`), so
+    the device holds many requests at once instead of one synchronous read at a time. It is
+    only a hint: it reads nothing into process memory, verifies nothing (the reads that
+    follow do, as always), ignores positions out of range and never changes what a read
+    returns. Callers go through :func:`will_need`, which does nothing for stores that
+    cannot (remote, legacy); ``gluon_data.DataLoader`` calls it with every batch's indices.
     """
 
     location: str
@@ -84,6 +97,33 @@ class RecordStore(Protocol):
         """Pickles carry the location, the options and at most what was already read (e.g.
         the index), never an OS handle; the copy reopens lazily and checks
         :meth:`identity`."""
+
+
+def will_need(store, indices) -> None:
+    """Tell ``store`` that the records at positions ``indices`` are about to be read: its
+    ``will_need(indices)`` starts fetching them asynchronously where it has one (see the
+    notes of :class:`RecordStore`); other stores are left alone. Never raises for a
+    position out of range (the read that follows does).
+
+    Examples
+    --------
+    >>> store = open_store("voc_train.rec")
+    >>> batch = [7, 3, 11]
+    >>> will_need(store, batch)                  # returns at once; the device works meanwhile
+    >>> payloads = [store.read(i) for i in batch]
+    """
+    hint = getattr(store, "will_need", None)
+    if hint is not None:
+        hint(indices)
+
+
+def valid_positions(indices, n: int):
+    """The ints (or :class:`~gluon_data.sampler.SampleKey`) of ``indices`` that are positions
+    ``0 <= i < n`` of a store of ``n`` records, as an ``int64`` numpy array (for
+    ``will_need``: the others are the later read's to report)."""
+    import numpy as np
+    pos = np.fromiter((int(i) for i in indices), np.int64)
+    return pos[(pos >= 0) & (pos < n)]
 
 
 # (priority, predicate(location) -> bool, opener(location, split, **options) -> RecordStore,

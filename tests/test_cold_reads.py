@@ -1,4 +1,6 @@
-"""Cold reads: an LMDB value is fetched with one read of its pages, not a page fault per 4 KB.
+"""Cold reads: an LMDB value is fetched with one read of its pages, not a page fault per 4 KB;
+``will_need`` fetches a batch's records ahead of their reads, one request per record, and
+``gluon_data.DataLoader`` hands it every batch before the batch is read.
 
 The device-read count runs on a loop device made for the test (root, ``losetup`` and
 ``mount`` needed; skipped elsewhere): its ``/sys/block/loopN/stat`` counts only this test's
@@ -119,13 +121,19 @@ def loop_mount(tmp_path):
         subprocess.run(["losetup", "--direct-io=on", dev], capture_output=True)
         yield mnt, name
     finally:
-        for key in [k for k in lmdbio._ENVS if k[0].startswith(os.path.realpath(mnt))]:
-            env = lmdbio._ENVS.pop(key)[1]  # an open map or descriptor keeps the mount busy
-            lmdbio._forget_guard(env)
-            env.close()
+        _unmap(mnt)  # an open map or descriptor keeps the mount busy
         if subprocess.run(["umount", mnt], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", mnt], capture_output=True)
         subprocess.run(["losetup", "-d", dev], capture_output=True)
+
+
+def _unmap(mnt):
+    """Close this process's LMDB environments under ``mnt``: pages they map (LMDB's own
+    lookups, and the kernel's fault-around next to them) cannot be evicted."""
+    for key in [k for k in lmdbio._ENVS if k[0].startswith(os.path.realpath(mnt))]:
+        env = lmdbio._ENVS.pop(key)[1]
+        lmdbio._forget_guard(env)
+        env.close()
 
 
 def _device_reads(name):
@@ -170,3 +178,91 @@ def test_cold_random_reads_take_one_device_read_per_record(photo_voc, loop_mount
     for i in order:
         reader._env.get_value(b"%010d" % i, "train")
     assert (_device_reads(name) - before) / len(order) > 3
+
+
+def _settle(name, timeout=10.0):
+    """Wait (bounded) until the device has no read in flight: a hint returns before its
+    reads complete."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open("/sys/block/%s/inflight" % name) as fh:
+            if int(fh.read().split()[0]) == 0:
+                return
+        time.sleep(0.01)
+    raise AssertionError("device reads still in flight after %.0f s" % timeout)
+
+
+def _sectors(name):
+    with open("/sys/block/%s/stat" % name) as fh:
+        return int(fh.read().split()[2])
+
+
+def test_will_need_fetches_each_record_ahead_in_one_device_read(photo_voc, loop_mount):
+    """The hint alone brings every record in (~1 request per record, about the records'
+    bytes and no more); the reads that follow touch the device no more and return the same
+    bytes as reads without a hint."""
+    mnt, name = loop_mount
+    rec, lm = os.path.join(mnt, "h.rec"), os.path.join(mnt, "h.lmdb")
+    convert(photo_voc, rec, "voc", split="train")
+    convert(rec, lm)
+    os.sync()
+    for reader, data in ((RecordFile(rec), rec), (LMDBFile(lm, "train"),
+                                                  os.path.join(lm, "data.mdb"))):
+        order = [int(i) for i in np.random.default_rng(1).permutation(len(reader))]
+        plain = {i: reader.read(i) for i in order}  # (LMDB: every location learnt)
+        reader.close()
+        _unmap(mnt)
+        _evict(data)
+        reads, sectors = _device_reads(name), _sectors(name)
+        for k in range(0, len(order), 4):  # batches of 4, as a loader hands them
+            reader.will_need(order[k:k + 4])
+        _settle(name)
+        hinted = (_device_reads(name) - reads) / len(order)
+        fetched = (_sectors(name) - sectors) * 512
+        before = _device_reads(name)
+        got = {i: reader.read(i) for i in order}
+        assert got == plain
+        size = sum(len(v) for v in plain.values())
+        assert 0 < hinted <= 1.2, (type(reader).__name__, hinted)
+        assert size <= fetched <= 1.5 * size + (64 << 10), (type(reader).__name__, fetched, size)
+        assert _device_reads(name) - before <= 1, type(reader).__name__  # all cached by the hint
+        reader.close()
+
+
+_EVENTS = []  # ("hint", indices) and ("read", batch size), in the order they happened
+
+
+def _mask_sums(samples):
+    """Batchify (module level: process workers unpickle it) noting when a batch is read."""
+    _EVENTS.append(("read", len(samples)))
+    return [int(m.asnumpy().astype(np.int64).sum()) for _, m in samples]
+
+
+def test_dataloader_hints_every_batch_before_reading_it(voc_rec):
+    """gluon_data.DataLoader hands each batch's indices to the dataset's will_need in the
+    main process before the batch is read: two batches ahead with num_workers=0, as it is
+    handed to a thread (or process) otherwise; the samples are those of Gluon's loader."""
+    import mxnet as mx
+    from gluon_data import DataLoader, SegmentationRecordDataset
+
+    ds = SegmentationRecordDataset(voc_rec)
+    real = ds.will_need
+    ds.will_need = lambda indices: (_EVENTS.append(("hint", [int(i) for i in indices])),
+                                    real(indices))
+    batches = [[5, 1, 3], [0, 7], [2, 6, 4], [8]]
+    ref = [x for b in mx.gluon.data.DataLoader(ds, batch_sampler=batches,
+                                               batchify_fn=_mask_sums) for x in b]
+    assert not [e for e in _EVENTS if e[0] == "hint"]  # Gluon's own loader does not hint
+    for loader in ({}, {"num_workers": 2, "thread_pool": True}, {"num_workers": 2}):
+        del _EVENTS[:]
+        got = [x for b in DataLoader(ds, batch_sampler=batches, batchify_fn=_mask_sums,
+                                     **loader) for x in b]
+        assert got == ref, loader
+        hinted = [k for k, (kind, _) in enumerate(_EVENTS) if kind == "hint"]
+        assert [_EVENTS[k][1] for k in hinted] == batches, loader
+        if loader:
+            continue  # batches are read in a thread or worker: only the hints are ordered
+        reads = [k for k, (kind, _) in enumerate(_EVENTS) if kind == "read"]
+        for j, at in enumerate(reads):  # batch j + 2 was hinted before batch j was read
+            assert hinted[min(j + 2, len(batches) - 1)] < at, (j, _EVENTS)

@@ -335,6 +335,55 @@ def test_a_damaged_record_is_a_typed_error_naming_the_store(task, request, tmp_p
         assert _np(ds[0][0]).ndim == 3 and _np(ds[2][0]).ndim == 3
 
 
+def _hinted_loader(ds, batches, batchify, **loader):
+    from gluon_data import DataLoader
+    out = []
+    for batch in DataLoader(ds, batch_sampler=batches, batchify_fn=batchify, **loader):
+        out.extend(batch)
+    return out
+
+
+@pytest.mark.parametrize("task", ["seg", "cls"])
+def test_will_need_then_read_gives_the_single_reads_bytes(task, request, tmp_path):
+    """Every store, hinted (``store.will_need`` where it has one, nothing where it cannot:
+    legacy, remote) then read, returns exactly the bytes of plain reads; a hint never
+    raises, not for positions out of range, SampleKeys, or a damaged record; the damaged
+    record's read (and gluon_data.DataLoader, which hints every batch) still raises the
+    typed error naming the damaged copy."""
+    from gluon_data.store import will_need
+    names = SEGMENTATION_STORES if task == "seg" else CLASSIFICATION_STORES
+    batchify = _seg_batch if task == "seg" else _cls_batch
+    for name in names:
+        case = request.getfixturevalue(name)
+        ds = case.make()
+        store = ds.store
+        assert hasattr(store, "will_need") == (name not in ("seg_recipe", "cls_caffe")), name
+        single = [bytes(store.read(i)) for i in range(len(store))]
+        fresh = pickle.loads(pickle.dumps(ds))  # a copy that has opened nothing yet
+        order = list(np.random.default_rng(2).permutation(len(store)))
+        will_need(fresh.store, order + [len(store), -1, len(store) + 5])
+        fresh.will_need([SampleKey(int(i), epoch=1) for i in order] + [-1, 10 ** 6])
+        assert [bytes(fresh.store.read(int(i))) for i in order] == [single[i] for i in order]
+        batches = [[int(i) for i in order[k:k + 3]] for k in range(0, len(order), 3)]
+        want = _through(ds, batches, batchify)
+        for loader in ({}, {"num_workers": 2}, {"num_workers": 2, "thread_pool": True}):
+            got = _hinted_loader(ds, batches, batchify, **loader)
+            assert len(got) == len(want), (name, loader)
+            for (a, b), (c, d) in zip(got, want):
+                np.testing.assert_array_equal(a, c)
+                assert np.array_equal(b, d), (name, loader)
+        where = tmp_path / name
+        where.mkdir()
+        bad = case.damage(where)
+        will_need(bad.store, range(len(bad.store)))  # a hint reads and checks nothing
+        bad.will_need(range(len(bad)))
+        for loader in ({}, {"num_workers": 2, "thread_pool": True}):
+            with pytest.raises(GluonDataError) as e:
+                _hinted_loader(bad, [[2, 1, 0]], batchify, **loader)
+            assert e.value.path is not None and str(where) in e.value.path, (name, e.value)
+        assert _np(bad[2][0]).ndim == 3
+
+
 def test_seg_missing_location_is_typed(seg, tmp_path):
     missing = str(tmp_path / "missing")
     with pytest.raises((FileNotFoundError, FormatError)):
