@@ -112,19 +112,20 @@ def _rss_mb(pid: int) -> Tuple[float, float]:
 
 
 def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None,
-                  before=None) -> dict:
+                  before=None, loader=None) -> dict:
     """Best items/s of each ``(name, dataset, batchify)`` through
     ``DataLoader(batch_size=16, shuffle=True, num_workers=workers)``. Every loader first runs
     one whole epoch (workers started, caches warm, nothing left unread), then each round runs
     one epoch of every loader in turn, so a change of load on this shared machine hits them
     all alike. ``rss`` collects the first loader's per-worker RSS after every round;
-    ``between`` runs after every round, ``before(name)`` before every timed epoch."""
+    ``between`` runs after every round, ``before(name)`` before every timed epoch;
+    ``loader`` is the DataLoader class (Gluon's by default), or a pipeline's fourth item."""
     import mxnet as mx
     loaders = {}
-    for name, dataset, batchify in pipelines:
-        loaders[name] = mx.gluon.data.DataLoader(dataset, batch_size=16, shuffle=True,
-                                                 num_workers=workers, batchify_fn=batchify,
-                                                 last_batch="keep")
+    for name, dataset, batchify, *cls in pipelines:
+        make = cls[0] if cls else loader or mx.gluon.data.DataLoader
+        loaders[name] = make(dataset, batch_size=16, shuffle=True, num_workers=workers,
+                             batchify_fn=batchify, last_batch="keep")
         for _ in loaders[name]:
             pass
     best = dict.fromkeys(loaders, 0.0)
@@ -171,7 +172,7 @@ path, how, frac = sys.argv[1], sys.argv[2], int(sys.argv[3])
 from gluon_data.lmdbio import LMDBFile
 n = LMDBFile(path, "train").__len__()
 order = [int(i) for i in np.random.default_rng(1).permutation(n)][:max(1, n // frac)]
-if how == "ours":
+if how.startswith("ours"):
     f = LMDBFile(path, "train")
     read = f.read
 else:
@@ -188,16 +189,25 @@ else:
             return txn.get(b"%010d" % i)
 fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+from gluon_data.loader import HintedBatches, SAME_PROCESS_AHEAD  # (imports MXNet: untimed)
 t0 = time.perf_counter()
-for i in order:
-    read(i)
+if how == "ours, DataLoader hints":  # as gluon_data.DataLoader(num_workers=0) reads
+    for batch in HintedBatches([order[k:k + 16] for k in range(0, len(order), 16)], f,
+                               SAME_PROCESS_AHEAD):
+        for i in batch:
+            read(i)
+else:
+    for i in order:
+        read(i)
 print(len(order) / (time.perf_counter() - t0))
 """
 
 
 def _lmdb_cold_rate(path: str, how: str, frac: int) -> float:
     """Values/s reading 1/``frac`` of an LMDB split in random order, page cache evicted, in a
-    fresh process: ``how`` is ``ours`` (LMDBFile), ``py-lmdb default`` (readahead on) or
+    fresh process: ``how`` is ``ours`` (LMDBFile), ``ours, DataLoader hints`` (LMDBFile read
+    as ``gluon_data.DataLoader(num_workers=0)`` reads it: batches of 16, each handed to
+    ``will_need`` two batches before it is read), ``py-lmdb default`` (readahead on) or
     ``readahead=False`` (``txn.get``). A fraction emulates a dataset bigger than the page
     cache: readahead's neighbours are mostly never read."""
     res = subprocess.run([sys.executable, "-c", _LMDB_COLD, path, how, str(frac)],
@@ -212,6 +222,153 @@ def _consume(read, order) -> None:
     total = 0
     for i in order:
         total += len(read(i))
+
+
+def _hinted_consume(store, order, batch: int = 16) -> None:
+    """Read records as ``gluon_data.DataLoader(batch_size=16, num_workers=0)`` does: each
+    batch's indices go to the store's ``will_need`` two batches before the batch is read
+    (:class:`gluon_data.loader.HintedBatches`), then its records are read one at a time."""
+    from gluon_data.loader import SAME_PROCESS_AHEAD, HintedBatches
+    total = 0
+    for b in HintedBatches([order[k:k + batch] for k in range(0, len(order), batch)], store,
+                           SAME_PROCESS_AHEAD):
+        for i in b:
+            total += len(store.read(i))
+
+
+def read_rates(rec: str, lm: str, jpg_files, workers: int, quick: bool, kw: dict,
+               say=print) -> Tuple[dict, dict]:
+    """The raw-read rows (warm and cold), cold LMDB value reads and the cold ``train``
+    loaders of the ``.rec`` at ``rec`` and the LMDB at ``lm`` holding the same records;
+    returns ``(rates, notes)``. ``kw`` are the segmentation ``train`` options."""
+    import mxnet as mx
+
+    from gluon_data.batchify import SegmentationBatchify
+    from gluon_data.datasets import SegmentationLMDBDataset, SegmentationRecordDataset
+    from gluon_data.loader import DataLoader
+    from gluon_data.recordio import RecordFile
+
+    results, notes = {}, {}
+    # -- raw reads, warm and cold ------------------------------------------------------------
+    say("raw reads ...")
+    f = RecordFile(rec)
+    stock = mx.recordio.MXIndexedRecordIO(rec[:-4] + ".idx", rec, "r")
+    order = [int(i) for i in np.random.default_rng(0).permutation(len(f))]
+    eighth = order[:max(1, len(order) // 8)]  # a dataset 8x the page cache, as seen by readahead
+
+    def scan():
+        total = 0
+        for payload in f.scan():
+            total += len(payload)
+
+    def cat():
+        subprocess.run(["cat", rec], stdout=subprocess.DEVNULL, check=True)
+
+    cold_ok = True
+    readers = [("cat .rec", cat, len(f)), ("ours sequential reads", scan, len(f)),
+               ("ours random reads", lambda: _consume(f.read, order), len(f)),
+               ("ours random reads, DataLoader hints", lambda: _hinted_consume(f, order),
+                len(f)),
+               ("stock read_idx random reads", lambda: _consume(stock.read_idx, order), len(f))]
+    cold_only = [
+        ("ours random reads, 1/8 of the records", lambda: _consume(f.read, eighth), len(eighth)),
+        ("ours random reads, DataLoader hints, 1/8 of the records",
+         lambda: _hinted_consume(f, eighth), len(eighth)),
+        ("stock read_idx random reads, 1/8 of the records",
+         lambda: _consume(stock.read_idx, eighth), len(eighth))]
+    for state, rounds in (("warm", 5), ("cold", 3)):
+        for _ in range(rounds):  # rounds of every reader in turn; each keeps its best
+            for name, fn, count in readers + (cold_only if state == "cold" else []):
+                if state == "cold":
+                    cold_ok = _evict([rec]) and cold_ok
+                else:
+                    fn()  # the page cache holds the file
+                key = "%s (%s)" % (name, state)
+                results[key] = max(results.get(key, 0.0), _rate(fn, count))
+    if cold_ok:
+        _evict(jpg_files)
+        results["small files, read each (cold)"] = _rate(
+            lambda: [open(p, "rb").read() and None for p in jpg_files], len(jpg_files))
+    else:
+        notes["cold"] = "posix_fadvise unavailable: cold rows measured warm"
+
+    # -- LMDB, cold -------------------------------------------------------------------------
+    say("LMDB cold reads ...")
+    lm_data = os.path.join(lm, "data.mdb")
+    if cold_ok:
+        for _ in range(1 if quick else 3):
+            for how in ("ours", "ours, DataLoader hints", "py-lmdb default", "readahead=False"):
+                for frac, what in ((1, "all"), (8, "1/8")):
+                    key = "LMDB %s random reads, %s of the records (cold)" % (how, what)
+                    rate = _lmdb_cold_rate(lm, how, frac)
+                    results[key] = max(results.get(key, 0.0), rate)
+        # gluon_data.DataLoader: what the README tells users to train with (it hints batches)
+        cold_files = {"ours .rec train (cold)": [rec], "ours LMDB train (cold)": [lm_data]}
+        batchify = SegmentationBatchify(channels_first=True)
+        results.update(_loader_rates([
+            ("ours .rec train (cold)", SegmentationRecordDataset(rec, seed=0, **kw), batchify),
+            ("ours LMDB train (cold)", SegmentationLMDBDataset(lm, split="train", seed=0, **kw),
+             batchify),
+        ], workers, 1 if quick else 3, before=lambda name: _evict(cold_files[name]),
+            loader=DataLoader))
+    # the hints' cost when the page cache holds everything: the same loader, warm, through
+    # Gluon's DataLoader (no hints) and ours (a will_need per batch in the main process)
+    ds = SegmentationRecordDataset(rec, seed=0, **kw)
+    batchify = SegmentationBatchify(channels_first=True)
+    results.update(_loader_rates([
+        ("ours .rec train, Gluon's DataLoader (warm)", ds, batchify, mx.gluon.data.DataLoader),
+        ("ours .rec train, gluon_data.DataLoader (warm)", ds, batchify, DataLoader),
+    ], workers, 1 if quick else 2))
+
+    return results, notes
+
+
+#: The ratios of :func:`read_rates`' rows: (name, numerator row, denominator row, target).
+#: "hinted" rows read as ``gluon_data.DataLoader`` does (``will_need`` per batch of 16, two
+#: batches ahead); "unhinted" rows read one record at a time with nothing said in advance.
+READ_RATIOS = [
+    ("ours LMDB train / ours .rec train (cold)", "ours LMDB train (cold)",
+     "ours .rec train (cold)", 0.9),
+    ("LMDB cold random reads: ours hinted / py-lmdb default",
+     "LMDB ours, DataLoader hints random reads, all of the records (cold)",
+     "LMDB py-lmdb default random reads, all of the records (cold)", 1.0),
+    ("LMDB cold random reads, 1/8: ours hinted / py-lmdb default",
+     "LMDB ours, DataLoader hints random reads, 1/8 of the records (cold)",
+     "LMDB py-lmdb default random reads, 1/8 of the records (cold)", 1.0),
+    ("LMDB cold random reads: ours unhinted / py-lmdb default",
+     "LMDB ours random reads, all of the records (cold)",
+     "LMDB py-lmdb default random reads, all of the records (cold)", None),
+    ("LMDB cold random reads, 1/8: ours unhinted / py-lmdb default",
+     "LMDB ours random reads, 1/8 of the records (cold)",
+     "LMDB py-lmdb default random reads, 1/8 of the records (cold)", None),
+    ("LMDB cold random reads: ours / readahead=False",
+     "LMDB ours random reads, all of the records (cold)",
+     "LMDB readahead=False random reads, all of the records (cold)", None),
+    ("sequential reads / cat (warm)", "ours sequential reads (warm)", "cat .rec (warm)",
+     0.8),
+    ("sequential reads / cat (cold)", "ours sequential reads (cold)", "cat .rec (cold)",
+     0.8),
+    ("random reads / stock read_idx (warm)", "ours random reads (warm)",
+     "stock read_idx random reads (warm)", 1.0),
+    ("random reads hinted / stock read_idx (cold)",
+     "ours random reads, DataLoader hints (cold)", "stock read_idx random reads (cold)",
+     1.0),
+    ("random reads hinted / stock read_idx, 1/8 (cold)",
+     "ours random reads, DataLoader hints, 1/8 of the records (cold)",
+     "stock read_idx random reads, 1/8 of the records (cold)", 1.0),
+    ("random reads unhinted / stock read_idx (cold)", "ours random reads (cold)",
+     "stock read_idx random reads (cold)", None),
+    ("random reads unhinted / stock read_idx, 1/8 (cold)",
+     "ours random reads, 1/8 of the records (cold)",
+     "stock read_idx random reads, 1/8 of the records (cold)", None),
+    ("random reads hinted / unhinted (warm)", "ours random reads, DataLoader hints (warm)",
+     "ours random reads (warm)", None),
+    ("ours .rec train warm: gluon_data.DataLoader / Gluon's",
+     "ours .rec train, gluon_data.DataLoader (warm)", "ours .rec train, Gluon's DataLoader (warm)",
+     None),
+    ("cold .rec scan / cold small files", "ours sequential reads (cold)",
+     "small files, read each (cold)", None),
+]
 
 
 def _raw_copy(files, out_path) -> None:
@@ -569,56 +726,10 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         seen += 16 - b.pad
     results["stock ImageRecordIter (crop 224)"] = seen / (time.perf_counter() - t0)
 
-    # -- raw reads, warm and cold ------------------------------------------------------------
-    say("raw reads ...")
-    f = RecordFile(rec)
-    stock = mx.recordio.MXIndexedRecordIO(rec[:-4] + ".idx", rec, "r")
-    order = [int(i) for i in np.random.default_rng(0).permutation(len(f))]
-
-    def scan():
-        total = 0
-        for payload in f.scan():
-            total += len(payload)
-
-    def cat():
-        subprocess.run(["cat", rec], stdout=subprocess.DEVNULL, check=True)
-
-    cold_ok = True
-    readers = [("cat .rec", cat), ("ours sequential reads", scan),
-               ("ours random reads", lambda: _consume(f.read, order)),
-               ("stock read_idx random reads", lambda: _consume(stock.read_idx, order))]
-    for state, rounds in (("warm", 5), ("cold", 3)):
-        for _ in range(rounds):  # rounds of every reader in turn; each keeps its best
-            for name, fn in readers:
-                if state == "cold":
-                    cold_ok = _evict([rec]) and cold_ok
-                else:
-                    fn()  # the page cache holds the file
-                key = "%s (%s)" % (name, state)
-                results[key] = max(results.get(key, 0.0), _rate(fn, len(f)))
-    if cold_ok:
-        _evict(jpg_files + png_files)
-        results["small files, read each (cold)"] = _rate(
-            lambda: [open(p, "rb").read() and None for p in jpg_files], n)
-    else:
-        notes["cold"] = "posix_fadvise unavailable: cold rows measured warm"
-
-    # -- LMDB, cold -------------------------------------------------------------------------
-    say("LMDB cold reads ...")
-    lm_data = os.path.join(lm, "data.mdb")
-    if cold_ok:
-        for _ in range(1 if quick else 3):
-            for how in ("ours", "py-lmdb default", "readahead=False"):
-                for frac, what in ((1, "all"), (8, "1/8")):
-                    key = "LMDB %s random reads, %s of the records (cold)" % (how, what)
-                    rate = _lmdb_cold_rate(lm, how, frac)
-                    results[key] = max(results.get(key, 0.0), rate)
-        cold_files = {"ours .rec train (cold)": [rec], "ours LMDB train (cold)": [lm_data]}
-        results.update(_loader_rates([
-            ("ours .rec train (cold)", SegmentationRecordDataset(rec, seed=0, **kw), batchify),
-            ("ours LMDB train (cold)", SegmentationLMDBDataset(lm, split="train", seed=0, **kw),
-             batchify),
-        ], workers, 1 if quick else 3, before=lambda name: _evict(cold_files[name])))
+    # -- raw reads, warm and cold; cold LMDB; cold loaders -----------------------------------
+    cold_results, cold_notes = read_rates(rec, lm, jpg_files, workers, quick, kw, say)
+    results.update(cold_results)
+    notes.update(cold_notes)
 
     # -- index -------------------------------------------------------------------------
     say("index ...")
@@ -640,17 +751,6 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         ("ours .rec train / old limit (bytes sent by Pool.map)", "ours .rec train",
          "decode, %d processes, bytes sent by Pool.map (old limit)" % workers, None),
         ("ours LMDB train / ours .rec train", "ours LMDB train", "ours .rec train", 0.9),
-        ("ours LMDB train / ours .rec train (cold)", "ours LMDB train (cold)",
-         "ours .rec train (cold)", 0.9),
-        ("LMDB cold random reads: ours / py-lmdb default",
-         "LMDB ours random reads, all of the records (cold)",
-         "LMDB py-lmdb default random reads, all of the records (cold)", 1.0),
-        ("LMDB cold random reads, 1/8: ours / py-lmdb default",
-         "LMDB ours random reads, 1/8 of the records (cold)",
-         "LMDB py-lmdb default random reads, 1/8 of the records (cold)", 1.0),
-        ("LMDB cold random reads: ours / readahead=False",
-         "LMDB ours random reads, all of the records (cold)",
-         "LMDB readahead=False random reads, all of the records (cold)", None),
         ("ours .rec train: our batchify / Gluon's", "ours .rec train",
          "ours .rec train, Gluon's default batchify", None),
         ("ours cls / stock ImageRecordDataset", "ours ImageRecordDataset",
@@ -663,16 +763,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
          "224 recipe", "DALI CPU RandomResizedCrop 224 recipe", 1.0),
         ("ours .rec train / DALI crop 320 (image only)", "ours .rec train",
          "DALI CPU crop 320+normalize, image only", None),
-        ("sequential reads / cat (warm)", "ours sequential reads (warm)", "cat .rec (warm)",
-         0.8),
-        ("sequential reads / cat (cold)", "ours sequential reads (cold)", "cat .rec (cold)",
-         0.8),
-        ("random reads / stock read_idx (warm)", "ours random reads (warm)",
-         "stock read_idx random reads (warm)", 1.0),
-        ("random reads / stock read_idx (cold)", "ours random reads (cold)",
-         "stock read_idx random reads (cold)", 1.0),
-        ("cold .rec scan / cold small files", "ours sequential reads (cold)",
-         "small files, read each (cold)", None),
+        *READ_RATIOS,
         ("convert pass-through / raw copy", conv, raw_copy, 0.8),
         ("convert re-encode: N / 1 workers", "ours convert re-encode, %d workers" % workers,
          "ours convert re-encode, 1 workers", 1.5 if workers > 1 else None),
@@ -696,20 +787,11 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
             % "; ".join("worker %d: %s" % (k, " ".join("%.0f (+%.0f)" % e[k] for e in rss))
                         for k in range(len(rss[0]))))
     say("")
-    say("%-56s %8s %8s  %s" % ("ratio (same run)", "value", "target", ""))
-    table = {}
+    table = _ratio_table(ratios, results, say)
 
     def row(name, value, target, lower=False):
-        table[name] = value
-        ok = target is not None and (value <= target if lower else value >= target)
-        verdict = "" if target is None else ("met" if ok else "MISSED")
-        say("%-56s %8.2f %8s  %s" % (name, value, "-" if target is None else
-                                      ("<=%.2f" if lower else "%.2f") % target, verdict))
+        _ratio_row(table, say, name, value, target, lower)
 
-    for name, a, b, target in ratios:
-        if a not in results or (isinstance(b, str) and b not in results):
-            continue
-        row(name, results[a] / (b if not isinstance(b, str) else results[b]), target)
     row("index bytes/record", index["ours bytes/record"], 16.5, lower=True)
     row("index load s per 1M records", index["ours load s per 1M"], 0.1, lower=True)
     row("index load s per 1M, text .idx only", index["ours (text .idx) load s per 1M"], None)
@@ -738,6 +820,60 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled}
 
 
+def _ratio_row(table: dict, say, name: str, value: float, target, lower=False) -> None:
+    table[name] = value
+    ok = target is not None and (value <= target if lower else value >= target)
+    verdict = "" if target is None else ("met" if ok else "MISSED")
+    say("%-56s %8.2f %8s  %s" % (name, value, "-" if target is None else
+                                  ("<=%.2f" if lower else "%.2f") % target, verdict))
+
+
+def _ratio_table(ratios, results: dict, say) -> dict:
+    """Print the header and every ratio whose rows were measured; returns ``{name: value}``."""
+    say("%-56s %8s %8s  %s" % ("ratio (same run)", "value", "target", ""))
+    table = {}
+    for name, a, b, target in ratios:
+        if a not in results or (isinstance(b, str) and b not in results):
+            continue
+        _ratio_row(table, say, name, results[a] / (b if not isinstance(b, str) else results[b]),
+                   target)
+    return table
+
+
+def run_read_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
+                   quick: bool = False) -> dict:
+    """Only :func:`read_rates` (``--reads-only``): the dataset made (or reused) and packed
+    into a ``.rec`` and an LMDB, then the raw, cold LMDB and cold loader rows and their
+    ratios; returns ``{"rates", "ratios"}``."""
+    from mxnet.gluon.data.vision import transforms
+
+    from gluon_data.convert import convert
+
+    def say(*a):
+        print(*a, file=out, flush=True)
+
+    os.makedirs(workdir, exist_ok=True)
+    voc = make_dataset(workdir, n)
+    rec, lm = os.path.join(workdir, "voc.rec"), os.path.join(workdir, "voc.lmdb")
+    convert(voc, rec, "voc", split="train", workers=workers, overwrite=True)
+    convert(rec, lm, overwrite=True)
+    jpg_dir = os.path.join(voc, "JPEGImages")
+    jpg_files = [os.path.join(jpg_dir, f) for f in sorted(os.listdir(jpg_dir))]
+    tf = transforms.Compose([transforms.ToTensor(),
+                             transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
+    kw = dict(mode="train", base_size=400, crop_size=320, transform=tf)
+    results, notes = read_rates(rec, lm, jpg_files, workers, quick, kw, say)
+    say("")
+    say("%-56s %12s" % ("measurement (items/s)", "rate"))
+    for k, v in results.items():
+        say("%-56s %12.0f" % (k, v))
+    say("")
+    table = _ratio_table(READ_RATIOS, results, say)
+    for k, v in notes.items():
+        say("note (%s): %s" % (k, v))
+    return {"rates": results, "ratios": table}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gluon-data bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -753,9 +889,15 @@ def main(argv=None) -> int:
     p.add_argument("--scale", type=int, default=10_000_000,
                    help="records of the scale step (a tiny-record .rec opened by 8 workers at "
                         "once; not run by --quick; 0 skips it)")
+    p.add_argument("--reads-only", action="store_true",
+                   help="only the raw, cold LMDB and cold loader read rows and their ratios "
+                        "(a few minutes)")
     a = p.parse_args(argv)
     n = 200 if a.quick else a.num_images
     workdir = a.workdir + ("-quick" if a.quick else "")
+    if a.reads_only:
+        run_read_bench(workdir, n, a.workers, quick=a.quick)
+        return 0
     run_bench(workdir, n, a.workers, quick=a.quick, dali_python=a.dali_python,
               scale=0 if a.quick else a.scale)
     return 0

@@ -23,6 +23,9 @@ def test_bench_smoke(tmp_path):
                 "stock read_idx random reads (warm)", "small files, read each (cold)",
                 "decode, 2 processes, bytes sent by Pool.map (old limit)",
                 "LMDB ours random reads, all of the records (cold)",
+                "LMDB ours, DataLoader hints random reads, all of the records (cold)",
+                "ours random reads, DataLoader hints (cold)",
+                "stock read_idx random reads, 1/8 of the records (cold)",
                 "LMDB py-lmdb default random reads, 1/8 of the records (cold)",
                 "ours LMDB train (cold)", "ours .rec train (cold)"):
         assert key in rates, key
@@ -33,12 +36,28 @@ def test_bench_smoke(tmp_path):
                                   "convert pass-through / raw copy",
                                   "ours .rec train / decode limit N",
                                   "ours LMDB train / ours .rec train (cold)",
-                                  "LMDB cold random reads: ours / py-lmdb default"}
+                                  "LMDB cold random reads: ours hinted / py-lmdb default",
+                                  "random reads hinted / stock read_idx (cold)",
+                                  "random reads unhinted / stock read_idx (cold)"}
     assert res["index"]["ours bytes/record"] < res["index"]["stock bytes/record"]
     assert len(res["rss"]) == 3 and all(len(e) == 2 and all(p > 0 for p, _ in e)
                                         for e in res["rss"])
     text = out.getvalue()
     assert "ratio (same run)" in text and ("met" in text or "MISSED" in text)
+
+
+@pytest.mark.slow
+def test_reads_only(tmp_path):
+    """``--reads-only``: the read rows and their ratios, nothing else."""
+    from gluon_data.cli import load_bench
+    bench = load_bench()
+    out = io.StringIO()
+    res = bench.run_read_bench(str(tmp_path / "r"), n=16, workers=2, out=out, quick=True)
+    names = {name for name, *_ in bench.READ_RATIOS}
+    assert set(res["ratios"]) == names
+    assert all(v > 0 and math.isfinite(v) for v in res["rates"].values())
+    assert "ours .rec train (cold)" in res["rates"] and "ours .rec train" not in res["rates"]
+    assert "random reads hinted / stock read_idx (cold)" in out.getvalue()
 
 
 def test_scale_step_small(tmp_path):
