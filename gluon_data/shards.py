@@ -416,17 +416,6 @@ class ShardRouter:
         s, j = self.locate(i)
         return self.shard(s).view(j)
 
-    def will_need(self, indices) -> None:
-        """Hand each shard the positions of ``indices`` that fall in it (see
-        :func:`gluon_data.store.will_need`; shards that cannot prefetch ignore it)."""
-        pos = valid_positions(indices, self._n)
-        if not pos.size:
-            return
-        starts = np.asarray(self._starts, np.int64)
-        which = np.searchsorted(starts, pos, side="right") - 1
-        for s in np.unique(which).tolist():
-            will_need(self.shard(s), (pos[which == s] - starts[s]).tolist())
-
     def scan(self) -> Iterator:
         for s in range(len(self._starts) - 1):
             f = self.shard(s)
@@ -512,6 +501,18 @@ class ShardedStore(ShardRouter):
             raise FormatError("%s holds %d records, the manifest promises %d"
                               % (self._label(s), len(f), want), path)
         return f
+
+    def will_need(self, indices) -> None:
+        """Hand each shard the positions of ``indices`` that fall in it (see
+        :func:`gluon_data.store.will_need`). Local shards only: the remote sharded store has
+        none, so a hint never opens a remote object."""
+        pos = valid_positions(indices, self._n)
+        if not pos.size:
+            return
+        starts = np.asarray(self._starts, np.int64)
+        which = np.searchsorted(starts, pos, side="right") - 1
+        for s in np.unique(which).tolist():
+            will_need(self.shard(s), (pos[which == s] - starts[s]).tolist())
 
     def view(self, i: int):
         if isinstance(i, int) and 0 <= i < self._n:  # the hot path, inlined: ~0.3 us
