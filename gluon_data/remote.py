@@ -50,7 +50,7 @@ from .store import is_uri, register_opener
 
 __all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler",
            "PrefetchSampler", "filesystem", "parse_storage_options", "parse_size",
-           "upload_dataset", "convert_to_uri", "INSTALL_HINT"]
+           "upload_dataset", "convert_to_uri", "call_bound", "attempt_limit", "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install gluon-data[remote]"
 #: Transient failures are retried this many times (``GLUON_DATA_REMOTE_RETRIES``) ...
@@ -58,11 +58,19 @@ RETRIES = int(os.environ.get("GLUON_DATA_REMOTE_RETRIES", "4"))
 #: ... sleeping ``BACKOFF * 2**attempt`` seconds (``GLUON_DATA_REMOTE_BACKOFF``), at most 10 s.
 BACKOFF = float(os.environ.get("GLUON_DATA_REMOTE_BACKOFF", "0.25"))
 #: Client timeouts in seconds for S3 (``GLUON_DATA_REMOTE_CONNECT_TIMEOUT``,
-#: ``GLUON_DATA_REMOTE_READ_TIMEOUT``): a stalled server is a :class:`RemoteConnectionError`
-#: after ``RETRIES + 1`` attempts of s3fs's own bounded retry loop (5 tries) of one timeout
-#: each, not a hang. ``storage_options``' ``config_kwargs`` override them.
+#: ``GLUON_DATA_REMOTE_READ_TIMEOUT``; ``storage_options``' ``config_kwargs`` override them).
+#: Every retry is :class:`_Remote`'s (botocore makes one attempt, s3fs one try), so a stalled
+#: or unreachable server is a :class:`RemoteConnectionError` after at most
+#: :func:`call_bound` seconds: ``RETRIES + 1`` attempts of at most one connect and one read
+#: timeout each, plus the backoff sleeps (defaults: 5 x 70 s + 3.75 s).
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
+#: Slowest transfer rate in bytes/s an attempt is allowed (``GLUON_DATA_REMOTE_MIN_RATE``):
+#: one attempt of a call moving ``n`` bytes is cancelled after ``connect + read timeout +
+#: n / MIN_RATE`` seconds whatever the client library does (a server that answers an upload's
+#: ``Expect: 100-continue``, takes the body and never answers leaves aiohttp without any read
+#: timeout; see :func:`call_bound`).
+MIN_RATE = 1e6
 CHUNK_BYTES = 8 << 20        # one ranged GET of a download (and the largest read-ahead)
 UPLOAD_MARKER = ".uploading.json"  # PREFIX.uploading.json: an upload is in progress
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.I)
@@ -158,13 +166,48 @@ def _transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ECONNREFUSED,
                                                   errno.ETIMEDOUT, errno.EPIPE):
         return True
+    if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
+        return True  # s3fs's translation of SlowDown / 503 ServiceUnavailable (throttling)
     names = {c.__name__ for c in type(exc).__mro__}
-    # botocore.exceptions.ConnectionError/ReadTimeoutError, aiohttp's client errors,
-    # http.client.IncompleteRead: raised by the fsspec backends on a broken connection
+    # botocore.exceptions.ConnectionError/HTTPClientError (ConnectionClosedError: the server
+    # dropped the connection before answering; ReadTimeoutError), ResponseParserError, aiohttp's
+    # client errors, http.client.IncompleteRead: raised by the fsspec backends on a broken
+    # connection. Everything s3fs's own retry loop retried is here: we own the retries.
     return bool(names & {"ConnectionError", "EndpointConnectionError", "ReadTimeoutError",
                          "ConnectTimeoutError", "ClientConnectionError", "ClientPayloadError",
                          "ServerDisconnectedError", "IncompleteRead", "ResponseStreamingError",
-                         "ProtocolError", "ClientOSError"})
+                         "ProtocolError", "ClientOSError", "HTTPClientError",
+                         "ConnectionClosedError", "ResponseParserError"})
+
+
+def attempt_limit(storage_options: Optional[dict] = None, nbytes: int = 0) -> float:
+    """Seconds after which one attempt of a remote call moving ``nbytes`` is cancelled:
+    the connect and read timeouts (``storage_options``' ``config_kwargs`` or the
+    environment) plus ``nbytes`` at :data:`MIN_RATE`."""
+    config = _bounded("s3://", storage_options)["config_kwargs"]
+    rate = float(os.environ.get("GLUON_DATA_REMOTE_MIN_RATE", MIN_RATE))
+    return (float(config["connect_timeout"]) + float(config["read_timeout"])
+            + max(0, int(nbytes)) / rate)
+
+
+def call_bound(retries: Optional[int] = None, backoff: Optional[float] = None,
+               storage_options: Optional[dict] = None, nbytes: int = 0) -> float:
+    """Seconds one remote call moving ``nbytes`` may take at most before it raises
+    (:class:`RemoteConnectionError` once the retries are spent): ``retries + 1`` attempts of
+    at most :func:`attempt_limit` each, plus the backoff sleeps between them. botocore makes
+    one attempt per call and s3fs one try (their own retry loops, with their own sleeps,
+    multiplied the time by 5 and more): every retry is :class:`_Remote`'s, and every attempt
+    of an asynchronous filesystem (s3fs, gcsfs, HTTP) is cancelled at its limit.
+
+    >>> round(call_bound(retries=1, backoff=0.5,
+    ...                  storage_options={"config_kwargs": {"connect_timeout": 1,
+    ...                                                     "read_timeout": 2}}), 2)
+    6.5
+    """
+    retries = RETRIES if retries is None else int(retries)
+    backoff = BACKOFF if backoff is None else float(backoff)
+    return ((retries + 1) * attempt_limit(storage_options, nbytes)
+            + sum(min(10.0, backoff * 2 ** k) for k in range(retries)))
 
 
 class _Remote:
@@ -192,18 +235,25 @@ class _Remote:
         if fs is None:
             # a fresh instance per process: an async client's event loop does not survive fork
             fs = filesystem(uri, dict(self.storage_options, skip_instance_cache=True))[0]
+            if hasattr(fs, "retries"):  # s3fs (and gcsfs) retry inside each call, sleeping;
+                fs.retries = 1  # one try each: this class owns every retry (see call_bound)
             self._fs[key] = fs
         return fs, fs._strip_protocol(uri)
 
-    def call(self, uri: str, what: str, fn, *args, **kwargs):
-        """``fn(fs, path, *args)`` with bounded retries; failures become typed errors."""
+    def call(self, uri: str, what: str, fn, nbytes: int = 0):
+        """``fn(fs, path, kw)`` with bounded retries; failures become typed errors. ``kw``
+        holds the keyword arguments every filesystem call of ``fn`` passes on: for an
+        asynchronous filesystem, ``timeout`` (fsspec cancels the attempt then; see
+        :func:`attempt_limit`, given the ``nbytes`` the call moves)."""
         last: Optional[BaseException] = None
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(10.0, self.backoff * 2 ** (attempt - 1)))
             try:
                 fs, path = self.fs(uri)
-                return fn(fs, path, *args, **kwargs)
+                kw = ({"timeout": attempt_limit(self.storage_options, nbytes)}
+                      if getattr(fs, "async_impl", False) else {})
+                return fn(fs, path, kw)
             except FileNotFoundError:
                 raise RemoteNotFoundError("%s: no such object" % what, uri) from None
             except TruncatedDownloadError as e:  # (a RemoteError, but worth another try)
@@ -226,7 +276,7 @@ class _Remote:
 
     # -- operations ----------------------------------------------------------------------
     def info(self, uri: str) -> dict:
-        return self.call(uri, "stat", lambda fs, p: fs.info(p))
+        return self.call(uri, "stat", lambda fs, p, kw: fs.info(p, **kw))
 
     def exists(self, uri: str) -> bool:
         try:
@@ -238,13 +288,15 @@ class _Remote:
     def cat(self, uri: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
         """The object's bytes ``[start, end)`` (all of it by default); a short answer to a
         range is a :class:`TruncatedDownloadError` (retried)."""
-        def get(fs, p):
-            data = fs.cat_file(p, start=start, end=end)
+        def get(fs, p, kw):
+            data = fs.cat_file(p, start=start, end=end, **kw)
             if start is not None and end is not None and len(data) != end - start:
                 raise TruncatedDownloadError("asked for bytes %d..%d, got %d bytes"
                                              % (start, end, len(data)), uri)
             return data
-        return self.call(uri, "read" if start is None else "ranged read", get)
+        return self.call(uri, "read" if start is None else "ranged read", get,
+                         nbytes=(end - start) if start is not None and end is not None
+                         else CHUNK_BYTES)
 
     def download(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> None:
         """Write the object's ``size`` bytes to ``dest`` in ranged chunks (each retried),
@@ -269,14 +321,16 @@ class _Remote:
                 "discarded (re-upload the dataset)" % (size, digest.hexdigest(), sha256), uri)
 
     def put_file(self, local: str, uri: str) -> None:
-        self.call(uri, "upload", lambda fs, p: fs.put_file(local, p))
+        self.call(uri, "upload", lambda fs, p, kw: fs.put_file(local, p, **kw),
+                  nbytes=os.path.getsize(local))
 
     def pipe(self, uri: str, data: bytes) -> None:
-        self.call(uri, "upload", lambda fs, p: fs.pipe_file(p, data))
+        self.call(uri, "upload", lambda fs, p, kw: fs.pipe_file(p, data, **kw),
+                  nbytes=len(data))
 
     def rm(self, uri: str) -> None:
         try:
-            self.call(uri, "delete", lambda fs, p: fs.rm_file(p))
+            self.call(uri, "delete", lambda fs, p, kw: fs.rm_file(p, **kw))
         except RemoteNotFoundError:
             pass
 
@@ -1437,10 +1491,40 @@ def _join(base_uri: str, name: str) -> str:
     return base_uri.rsplit("/", 1)[0] + "/" + name
 
 
+RECEIPT_SUFFIX = ".upload.json"   # PREFIX-SSSSS-of-NNNNN.upload.json: a shard's upload receipt
+
+
+def _commit_names(uri: str) -> Tuple[str, str]:
+    """``(commit document, upload marker)`` URIs of the dataset at ``uri`` (a ``.rec``, an
+    ``.lmdb`` environment or a ``.shards.json`` manifest), as FORMAT.md section 8 names them."""
+    uri = uri.rstrip("/")
+    if uri.endswith(".lmdb"):
+        return uri + "/" + LMDB_COMMIT, uri + "/" + LMDB_MARKER
+    if uri.endswith(".shards.json"):
+        return uri, uri[:-len(".shards.json")] + UPLOAD_MARKER
+    return meta_path(uri), os.path.splitext(uri)[0] + UPLOAD_MARKER
+
+
+def _lmdb_commit(local: str, files: Dict[str, dict]) -> dict:
+    """The commit document of a local LMDB environment uploaded to object storage."""
+    from .lmdbio import read_lmdb_meta
+    return {"format": LMDB_FORMAT, "format_version": 1, "container": "lmdb",
+            "splits": read_lmdb_meta(local), "files": files}
+
+
 def _upload_plan(local: str, uri: str):
     """``(commit uri, commit document, [(local file, uri)], marker uri)`` of one local
-    dataset: a ``.rec`` (committed by its metadata) or a ``.shards.json`` (by the manifest;
-    its shards' files are data)."""
+    dataset: a ``.rec`` (committed by its metadata), an ``.lmdb`` environment (its
+    ``data.mdb``, committed by ``NAME.lmdb/meta.json``) or a ``.shards.json`` (by the
+    manifest; its shards' files are data)."""
+    if local.rstrip("/").endswith(".lmdb"):
+        local = local.rstrip("/")
+        target = _join(uri, os.path.basename(local))
+        data = os.path.join(local, LMDB_DATA)
+        commit, marker = _commit_names(target)
+        doc = _lmdb_commit(local, {LMDB_DATA: {"bytes": os.path.getsize(data),
+                                               "sha256": _sha256_file(data)}})
+        return commit, doc, [(data, target + "/" + LMDB_DATA)], marker
     if local.endswith(".shards.json"):
         with open(local, "rb") as f:
             doc = json.loads(f.read().decode("utf-8"))
@@ -1478,7 +1562,7 @@ def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
     manifest) says ``"format": "gluon_data"`` (``"gluon_data-shards"``), or an upload marker
     of ours says an upload of ours was interrupted. Only content is trusted, never a name."""
     from .shards import MANIFEST_FORMAT
-    for uri, key, wanted in ((commit, "format", ("gluon_data", MANIFEST_FORMAT)),
+    for uri, key, wanted in ((commit, "format", ("gluon_data", MANIFEST_FORMAT, LMDB_FORMAT)),
                              (marker, "writer", ("gluon_data",))):
         try:
             if int(remote.info(uri)["size"]) > 64 << 20:  # no metadata is that large
@@ -1523,7 +1607,8 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     if resume and journal and os.path.exists(journal):
         with open(journal, encoding="utf-8") as f:
             done = json.load(f)
-    plan = [(p,) + _upload_plan(os.fspath(p), uri) for p in local]
+    local = list(dict.fromkeys(os.fspath(p) for p in local))  # (an LMDB's splits: one path)
+    plan = [(p,) + _upload_plan(p, uri) for p in local]
     shas = {t: _sha256_file(p) for _, _, _, pairs, _ in plan for p, t in pairs}
     same = set()
     if resume:  # a complete earlier upload identical to this one is left alone
@@ -1533,8 +1618,9 @@ def upload_dataset(local: Sequence[str], uri: str, *,
                     same.add(commit)
             except RemoteNotFoundError:
                 pass
-    result = {p: (commit if p.endswith(".shards.json") else pairs[0][1])
-              for p, commit, _, pairs, _ in plan}
+    result = {p: (commit if p.endswith(".shards.json") else
+                  pairs[0][1][:-len("/data.mdb")] if p.rstrip("/").endswith(".lmdb")
+                  else pairs[0][1]) for p, commit, _, pairs, _ in plan}
     if len(same) == len(plan):
         return result
     for _, commit, _, pairs, marker in plan:  # refuse before anything is changed
@@ -1585,38 +1671,270 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     return result
 
 
+class ShardUploader:
+    """Where the shard tasks of a sharded conversion into object storage put their shards
+    (the ``sink`` of :func:`gluon_data.shards.convert_sharded`). Picklable: it travels with
+    every task to the process or Dask worker that runs it, with the storage options
+    (credentials stay in memory; nothing of them is written to any object).
+
+    Each task (:meth:`write_shard`) writes its shard into a staging folder local to the machine
+    running it, verifies it, uploads its objects, then its receipt
+    (``PREFIX-SSSSS-of-NNNNN.upload.json``: the plan digest, each object's size and SHA-256,
+    the manifest entry), deletes the staged copy and returns the manifest entry. A shard whose
+    receipt carries this plan's digest and whose objects have the recorded sizes is kept (a
+    rerun with ``resume``, or Dask retrying a task that died after uploading). The client
+    calls :meth:`prepare` before any task (refusals, the upload marker, old commit documents
+    removed) and :meth:`finish` after all (the manifests, last; the markers removed).
+
+    Parameters
+    ----------
+    uri : str
+        The output URI the conversion was given (its folder receives the shards).
+    remote : _Remote
+        Storage options and retry policy.
+    staging : str, optional
+        Folder for the staged shards; default ``staging/shards/<hash of uri>`` under the
+        cache directory of the machine running the task (``$GLUON_DATA_CACHE_DIR`` there,
+        else ``~/.cache/gluon_data``).
+    overwrite, resume : bool
+        As for :func:`convert_to_uri`.
+
+    Examples
+    --------
+    >>> sink = ShardUploader("s3://bucket/voc.rec", _Remote())
+    >>> sink.shard_uri("voc-00000-of-00002.rec")
+    's3://bucket/voc-00000-of-00002.rec'
+    """
+
+    def __init__(self, uri: str, remote: "_Remote", staging: Optional[str] = None,
+                 overwrite: bool = False, resume: bool = False):
+        self.uri, self.remote, self.staging = uri, remote, staging
+        self.overwrite, self.resume = overwrite, resume
+        self.complete: set = set()  # (client) manifests already uploaded for this plan
+
+    def shard_uri(self, name: str) -> str:
+        return _join(self.uri, name)
+
+    def receipt_uri(self, name: str) -> str:
+        from .shards import prefix_of
+        return self.shard_uri(prefix_of(name) + RECEIPT_SUFFIX)
+
+    def _stage_root(self) -> str:
+        root = self.staging or os.path.join(_default_cache_dir(), "staging", "shards")
+        return os.path.join(os.path.abspath(root),
+                            hashlib.sha256(self.uri.encode("utf-8")).hexdigest()[:24])
+
+    # -- client side -----------------------------------------------------------------------
+    def _objects(self, job) -> List[str]:
+        """URIs of the objects of ``job``'s shard and its receipt."""
+        name = os.path.basename(job.path)
+        if job.container == "lmdb":
+            names = [name + "/data.mdb"]
+        else:
+            names = [name, idx_path_for(name), meta_path(name)]
+        return [self.shard_uri(n) for n in names] + [self.receipt_uri(name)]
+
+    def prepare(self, plans: List[dict], container: str) -> None:
+        """Before any task: refuse what may not be replaced (nothing is changed then), put
+        each split's upload marker, remove the old manifests and, unless ``resume``, the old
+        receipts (so only this run's uploads are kept by a retried task)."""
+        from .shards import manifest_path
+        remote, todo = self.remote, []
+        for p in plans:
+            manifest = self.shard_uri(os.path.basename(manifest_path(p["prefix"])))
+            commit, marker = _commit_names(manifest)
+            if self.resume and self._same_plan(manifest, p["digest"]):
+                self.complete.add(manifest)  # complete already: the tasks find every receipt
+                continue
+            targets = [u for j in p["jobs"] for u in self._objects(j)] + [commit]
+            present = self._present(targets)
+            ours = None
+            for target in targets:
+                if target not in present:
+                    continue
+                if ours is None:
+                    ours = _remote_is_ours(remote, commit, marker)
+                if self.resume and ours:
+                    break  # an interrupted upload of ours: the receipts say what is done
+                if not self.overwrite:
+                    raise FileExistsError("%s already exists; pass overwrite=True (CLI: "
+                                          "--overwrite) to replace it" % target)
+                if not ours:
+                    raise OutputError(_NOT_OURS % commit.rsplit("/", 1)[-1], target)
+            todo.append((p, commit, marker, present))
+        for p, commit, marker, present in todo:
+            remote.pipe(marker, json.dumps({"writer": "gluon_data",
+                                            "started": time.time()}).encode())
+            remote.rm(commit)  # no manifest may describe the shards replaced next
+            if not self.resume:
+                for j in p["jobs"]:
+                    receipt = self.receipt_uri(os.path.basename(j.path))
+                    if receipt in present:
+                        remote.rm(receipt)
+
+    def _same_plan(self, manifest: str, digest: str) -> bool:
+        try:
+            doc = json.loads(self.remote.cat(manifest).decode("utf-8"))
+        except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
+            return False
+        return isinstance(doc, dict) and (doc.get("plan") or {}).get("digest") == digest
+
+    def _present(self, uris: List[str]) -> set:
+        """Which of ``uris`` exist: one listing per folder (not one request per object)."""
+        found = set()
+        for folder in sorted({u.rsplit("/", 1)[0] for u in uris}):
+            try:
+                names = self.remote.call(folder, "list", lambda fs, p, kw: fs.ls(
+                    p, detail=False, refresh=True, **kw))
+            except RemoteNotFoundError:
+                continue
+            found.update(n.rstrip("/").rsplit("/", 1)[-1] for n in names)
+        return {u for u in uris if u.rsplit("/", 1)[-1] in found}
+
+    def finish(self, report) -> Dict[str, str]:
+        """After every task: each split's manifest (the local one, plus ``files``: size and
+        SHA-256 of each shard's data object) uploaded last, then the markers removed.
+        Returns ``{split: manifest URI}``."""
+        out = {}
+        for split, local in sorted(report.outputs.items()):
+            uri = self.shard_uri(os.path.basename(local))
+            commit, marker = _commit_names(uri)
+            with open(local, "rb") as f:
+                doc = json.loads(f.read().decode("utf-8"))
+            files = {}
+            for e in report.shards:
+                if e["split"] == split:
+                    data = e["name"] + "/data.mdb" if doc["container"] == "lmdb" else e["name"]
+                    files[data] = e["files"][data]
+            doc["files"] = files
+            if uri not in self.complete or self.remote.cat(commit) != dumps_meta(doc):
+                self.remote.pipe(commit, dumps_meta(doc))
+            self.remote.rm(marker)
+            out[split] = uri
+        return out
+
+    # -- task side -------------------------------------------------------------------------
+    def _uploaded(self, job) -> Optional[dict]:
+        """The manifest entry of ``job``'s shard if its receipt is this plan's and its objects
+        have the sizes the receipt records; else ``None``."""
+        name = os.path.basename(job.path)
+        try:
+            doc = json.loads(self.remote.cat(self.receipt_uri(name)).decode("utf-8"))
+        except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
+            return None
+        want = {"index": job.index, "count": job.count, "plan_digest": job.digest}
+        if not isinstance(doc, dict) or doc.get("shard") != want or not doc.get("files"):
+            return None
+        for rel, f in doc["files"].items():
+            try:
+                if int(self.remote.info(self.shard_uri(rel))["size"]) != f["bytes"]:
+                    return None
+            except RemoteNotFoundError:
+                return None
+        return dict(doc["entry"], files=doc["files"], reused=True)
+
+    def write_shard(self, job) -> dict:
+        """Task: write, verify and upload shard ``job.index`` (or find it uploaded); return
+        its manifest entry with ``files``."""
+        import dataclasses
+
+        from .shards import _shard_files, write_shard
+        done = self._uploaded(job)
+        if done is not None:
+            return done
+        t0 = time.perf_counter()
+        name = os.path.basename(job.path)
+        folder = os.path.join(self._stage_root(), name + ".d")  # this shard's alone
+        os.makedirs(folder, exist_ok=True)
+        try:
+            local = os.path.join(folder, name)
+            summary = write_shard(dataclasses.replace(job, path=local))
+            _verify_shard(local, job)
+            files = {}
+            for path in _shard_files(local, job.container):
+                rel = os.path.relpath(path, folder).replace(os.sep, "/")
+                files[rel] = {"bytes": os.path.getsize(path), "sha256": _sha256_file(path)}
+            for rel, f in files.items():
+                target = self.shard_uri(rel)
+                self.remote.put_file(os.path.join(folder, rel), target)
+                size = int(self.remote.info(target)["size"])
+                if size != f["bytes"]:
+                    raise TruncatedDownloadError("uploaded %d bytes but the object has %d"
+                                                 % (f["bytes"], size), target)
+            entry = {k: summary[k] for k in ("name", "records", "bytes", "idx_sha256",
+                                             "meta_sha256", "meta")}
+            receipt = {"writer": "gluon_data", "format_version": 1,
+                       "shard": {"index": job.index, "count": job.count,
+                                 "plan_digest": job.digest},
+                       "files": files, "entry": entry}
+            self.remote.pipe(self.receipt_uri(name), dumps_meta(receipt))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # the staged copy, uploaded or not
+        return dict(entry, files=files, reused=False, seconds=time.perf_counter() - t0)
+
+
+def _verify_shard(local: str, job) -> None:
+    """Check a freshly written shard before it is uploaded: every record's framing and CRC
+    (RecordIO: :func:`gluon_data.verify.verify`; LMDB: read back in this process, since
+    ``verify`` scans an LMDB in a child process, which a daemonic Dask worker cannot start,
+    and this environment was just written by us)."""
+    from .errors import ConversionError
+    label = "shard %d of %d (%s)" % (job.index, job.count, os.path.basename(local))
+    if job.container == "lmdb":
+        from . import codec
+        from .lmdbio import LMDBFile
+        f = LMDBFile(local, job.split)
+        seg = f.meta["task"] == "segmentation"
+        try:
+            for i in range(len(f)):
+                codec.unpack(f.read(i), segmentation=seg, verify=True, path=local,
+                             key=f.key(i))
+        finally:
+            f.close()
+        return
+    from .verify import verify
+    report = verify(local)
+    if not report.ok:
+        raise ConversionError("%s failed verification before upload: %s"
+                              % (label, report.problems[0]["reason"]), local)
+
+
 def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
                    storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                    overwrite: bool = False, resume: bool = False,
                    retries: Optional[int] = None, **convert_options):
-    """:func:`gluon_data.convert.convert` into object storage: convert into a local staging
-    folder (``CACHE_DIR/staging/<hash of output>/``, kept until the upload completes, so
-    ``resume`` continues an interrupted conversion or upload), then :func:`upload_dataset`.
-    Returns the :class:`~gluon_data.convert.ConversionReport` with URIs as outputs.
+    """:func:`gluon_data.convert.convert` into object storage. Returns the
+    :class:`~gluon_data.convert.ConversionReport` with URIs as outputs.
+
+    A ``.rec`` or an ``.lmdb`` environment is converted into a local staging folder
+    (``CACHE_DIR/staging/<hash of output>/``, kept until the upload completes, so ``resume``
+    continues an interrupted conversion or upload), then uploaded by :func:`upload_dataset`
+    (an LMDB as ``NAME.lmdb/data.mdb`` and its commit document ``NAME.lmdb/meta.json``, last).
+
+    With ``shards``, ``shard_size`` or ``shard_items`` (or a ``.shards.json`` source) the
+    output is sharded (:func:`gluon_data.shards.convert_sharded`), and each shard task writes,
+    verifies and uploads its own shard (:class:`ShardUploader`) where it runs: with
+    ``engine='dask'`` on the worker, staged under the worker's own cache directory, so no
+    shard passes through this machine. Each split's ``.shards.json`` manifest goes up last.
 
     Examples
     --------
-    With ``shards``, ``shard_size`` or ``shard_items`` the output is sharded
-    (:func:`gluon_data.shards.convert_sharded` into the staging folder): every shard goes up,
-    then each split's ``.shards.json`` manifest, last.
-
     >>> convert_to_uri("VOCdevkit", "s3://bucket/voc.rec", layout="voc",
     ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
     from .convert import convert
-    output = os.fspath(output)
-    if output.endswith(".lmdb") or convert_options.get("format") == "lmdb":
-        raise ValueError("an LMDB environment cannot be written to object storage (%s); "
-                         "write a .rec" % output)
+    output = os.fspath(output).rstrip("/")
     remote = _Remote(storage_options, retries)
     # refuse an existing output before any work (the split names are checked again later)
     if not resume and remote.exists(output):
         if not overwrite:
             raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
                                   "to replace it" % output)
-        if not _remote_is_ours(remote, meta_path(output), os.path.splitext(output)[0] + UPLOAD_MARKER):
-            raise OutputError(_NOT_OURS % posixpath.basename(meta_path(output)), output)
-    staging = os.path.join(os.path.abspath(cache_dir or _default_cache_dir()), "staging",
+        commit, marker = _commit_names(output)
+        if not _remote_is_ours(remote, commit, marker):
+            raise OutputError(_NOT_OURS % posixpath.basename(commit), output)
+    cache_root = os.path.abspath(cache_dir or _default_cache_dir())
+    staging = os.path.join(cache_root, "staging",
                            hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
     if not resume and os.path.isdir(staging):
         shutil.rmtree(staging)  # our own staging folder: a fresh conversion starts clean
@@ -1625,14 +1943,20 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     from .shards import convert_sharded, is_manifest
     if is_manifest(os.fspath(source)) or any(convert_options.get(k) is not None
                                              for k in ("shards", "shard_size", "shard_items")):
-        # a rerun with resume skips the shards already staged
         convert_options.pop("checkpoint_every", None)
-        report = convert_sharded(source, local, layout, overwrite=True, **convert_options)
-    else:
-        for k in ("shards", "shard_size", "shard_items", "engine", "scheduler"):
-            convert_options.pop(k, None)
-        report = convert(source, local, layout, overwrite=True, resume=resume,
-                         **convert_options)
+        # the tasks stage and upload their own shards: on a Dask worker under its own cache
+        # directory (this machine's paths mean nothing there), locally under this one's
+        dask = convert_options.get("engine") == "dask"
+        sink = ShardUploader(output, remote, staging=None if dask else os.path.join(
+            cache_root, "staging", "shards"), overwrite=overwrite, resume=resume)
+        report = convert_sharded(source, local, layout, overwrite=True, sink=sink,
+                                 **convert_options)
+        report.outputs = sink.finish(report)
+        shutil.rmtree(staging, ignore_errors=True)
+        return report
+    for k in ("shards", "shard_size", "shard_items", "engine", "scheduler"):
+        convert_options.pop(k, None)
+    report = convert(source, local, layout, overwrite=True, resume=resume, **convert_options)
     uris = upload_dataset([report.outputs[s] for s in sorted(report.outputs)], output,
                           storage_options=storage_options, overwrite=overwrite, resume=resume,
                           journal=os.path.join(staging, "upload.json"), retries=retries)

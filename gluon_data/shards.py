@@ -655,7 +655,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
                     lst_root: Optional[str] = None, max_pixels: Optional[int] = None,
                     follow_symlinks: bool = False, max_file_bytes: Optional[int] = None,
                     overwrite: bool = False, progress: bool = False, retries: int = 2,
-                    source_options: Optional[dict] = None):
+                    source_options: Optional[dict] = None, sink=None):
     """Convert a source (or re-shard a dataset) into shards plus a manifest per split.
 
     ``source`` is a folder / ``.lst`` (encoded through the converter's per-item code), or a
@@ -671,6 +671,12 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     task reads its records through the remote store (:mod:`gluon_data.remote`, with
     ``source_options``: ``storage_options``, ``cache_dir``...; they travel with the tasks and
     are never written into the output), whole objects downloaded once per node into the cache.
+
+    ``sink`` (optional) puts each shard elsewhere than ``output``'s folder, e.g. into object
+    storage (:class:`gluon_data.remote.ShardUploader`): ``sink.prepare(plans, container)`` runs
+    once the plan is known and checked, before any task; each task is then
+    ``sink.write_shard(job)`` instead of :func:`write_shard` (it returns the manifest entry,
+    and may add ``files``); the manifests are still written locally under ``output``.
 
     Returns
     -------
@@ -780,6 +786,8 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
                                       "overwrite=True (CLI: --overwrite) to replace it" % mp)
         for j in p["jobs"]:
             _check_target(j.path, container, j.split, p["digest"], overwrite)
+    if sink is not None:
+        sink.prepare(plans, container)
     jobs = [j for p in plans for j in p["jobs"]]
     total = sum(len(j.items) if j.items is not None else j.copy_from[3] - j.copy_from[2]
                 for j in jobs)
@@ -792,7 +800,8 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     nbytes = 0
     try:
         keys = ["gluon-data-%s-%s" % (os.path.basename(j.path), j.digest[:16]) for j in jobs]
-        for i, res in run_tasks(write_shard, jobs, engine=engine, workers=workers,
+        task = write_shard if sink is None else sink.write_shard
+        for i, res in run_tasks(task, jobs, engine=engine, workers=workers,
                                 scheduler=scheduler, retries=retries, keys=keys):
             results[jobs[i].path] = res
             n_items = (len(jobs[i].items) if jobs[i].items is not None

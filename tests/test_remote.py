@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 import mxnet as mx
 import numpy as np
@@ -41,10 +42,31 @@ class S3Server:
         self.log = []
         self.kill_after = None  # (path suffix, bytes, stop): cut that GET short (and stop)
         self.kill_on_put = None  # path suffix: stop when a PUT of it arrives
+        self.drop_put = None  # (path suffix, n): the next n PUTs of it go unanswered
         self._server = None
+        self._stopping = None  # the thread stopping the server from inside a request
         self.start()
 
     def start(self):
+        # a stop begun from inside a request must finish first: the old listening socket
+        # holds the port until then, and ThreadedMotoServer.start() waits without a bound for
+        # a server that could not bind (a client giving up quickly used to hang the suite here)
+        if self._stopping is not None:
+            self._stopping.join(30)
+            assert not self._stopping.is_alive(), "the S3 test server did not stop"
+            self._stopping = None
+        if self.port:
+            deadline = time.monotonic() + 10
+            while True:  # bounded: the port is free again once the old socket is closed
+                with socket.socket() as probe:
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    try:
+                        probe.bind(("127.0.0.1", self.port))
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            raise
+                time.sleep(0.05)
         self._server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1",
                                                       port=self.port or 0, verbose=False)
         self._server.start()
@@ -62,8 +84,14 @@ class S3Server:
                 # take the body first: werkzeug would otherwise wait for more of it while
                 # the client waits for an answer
                 environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-                threading.Thread(target=self.stop).start()
+                self._stopping = threading.Thread(target=self.stop)
+                self._stopping.start()
                 raise ConnectionAbortedError("server stopped (test)")  # dropped, no answer
+            if self.drop_put and entry[0] == "PUT" and entry[1].endswith(self.drop_put[0]):
+                n = self.drop_put[1] - 1
+                self.drop_put = (self.drop_put[0], n) if n > 0 else None
+                environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+                raise ConnectionAbortedError("PUT dropped (test)")  # no answer, server stays
             kill = self.kill_after
             for chunk in inner(environ, start_response):
                 if (kill and entry[0] == "GET" and entry[1].endswith(kill[0])
@@ -73,7 +101,8 @@ class S3Server:
                     entry[2] += len(part)
                     yield part
                     if kill[2]:
-                        threading.Thread(target=self.stop).start()
+                        self._stopping = threading.Thread(target=self.stop)
+                        self._stopping.start()
                     raise ConnectionAbortedError("response cut short (test)")
                 entry[2] += len(chunk)
                 yield chunk
@@ -127,7 +156,7 @@ def _options(server):
 def so(s3):
     if s3._server is None:  # a test that stopped it failed before restarting it
         s3.start()
-    s3.kill_after = s3.kill_on_put = None
+    s3.kill_after = s3.kill_on_put = s3.drop_put = None
     return _options(s3)
 
 
@@ -591,16 +620,39 @@ def stalled_server():
     srv.close()
 
 
+@pytest.fixture
+def unreachable_server():
+    """A TCP port on 127.0.0.1 whose listener never accepts and whose backlog is full: new
+    connections are never established (SYNs dropped), as with a host that is down."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    fillers = []
+    for _ in range(4):  # fill the accept queue (its length is backlog + 1 on Linux)
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(srv.getsockname())
+        fillers.append(c)
+    time.sleep(0.2)
+    yield "http://127.0.0.1:%d" % srv.getsockname()[1]
+    for c in fillers:
+        c.close()
+    srv.close()
+
+
 @pytest.mark.parametrize("configured", ["environment", "storage_options"])
 def test_stalled_server_is_a_bounded_typed_error(stalled_server, tmp_path, monkeypatch,
                                                  configured):
-    import time
+    from gluon_data.remote import call_bound
     uri = "s3://%s/stalled/x.rec" % BUCKET
     so = {"endpoint_url": stalled_server, "key": "testing", "secret": "testing"}
     if configured == "environment":
         monkeypatch.setenv("GLUON_DATA_REMOTE_READ_TIMEOUT", "0.5")
+        monkeypatch.setenv("GLUON_DATA_REMOTE_CONNECT_TIMEOUT", "0.5")
     else:
-        so["config_kwargs"] = {"read_timeout": 0.5}
+        so["config_kwargs"] = {"read_timeout": 0.5, "connect_timeout": 0.5}
+    bound = call_bound(retries=1, backoff=0.01, storage_options=so)
+    assert bound == pytest.approx(2 * 1.0 + 0.01)
     t0 = time.monotonic()
     with pytest.raises(RemoteConnectionError) as e:
         open_store(uri, storage_options=so, cache_dir=str(tmp_path / "c"), retries=1,
@@ -609,9 +661,11 @@ def test_stalled_server_is_a_bounded_typed_error(stalled_server, tmp_path, monke
     assert e.value.path in (uri, uri[:-4] + ".meta.json")  # the object that stalled
     assert "2 attempts" in str(e.value)
     assert "Timeout" in str(e.value)
-    # two attempts, each s3fs's 5 tries of 0.5 s plus its backoff (~2 s): bounded, where the
-    # client's default read timeout (60 s, botocore retrying) would take many minutes
-    assert elapsed < 60
+    # two attempts of one 0.5 s read timeout each: s3fs no longer retries inside an attempt
+    # (it made 5 tries with sleeps each, so one call against a stalled server took
+    # 5 x 5 x 60 s with the defaults); 3 s of slack for building the client on a busy machine
+    assert 1.0 <= elapsed < bound + 3.0
+
 
 
 # --------------------------------------------------------------------------- LMDB in S3
@@ -923,3 +977,47 @@ def test_a_dataset_copied_to_a_uri_is_uploaded_not_written_to_a_local_s3_folder(
     store = open_store(target, **_remote(so, tmp_path))
     ref = RecordFile(local)
     assert [store.read(i) for i in range(len(store))] == [ref.read(i) for i in range(16)]
+
+
+def test_unreachable_endpoint_is_a_bounded_typed_error(unreachable_server, tmp_path,
+                                                       monkeypatch):
+    from gluon_data.remote import call_bound
+    monkeypatch.setenv("GLUON_DATA_REMOTE_CONNECT_TIMEOUT", "0.5")
+    monkeypatch.setenv("GLUON_DATA_REMOTE_READ_TIMEOUT", "0.5")
+    so = {"endpoint_url": unreachable_server, "key": "testing", "secret": "testing"}
+    uri = "s3://%s/unreachable/x.rec" % BUCKET
+    t0 = time.monotonic()
+    with pytest.raises(RemoteConnectionError, match="after 3 attempts") as e:
+        open_store(uri, storage_options=so, cache_dir=str(tmp_path / "c"), retries=2,
+                   backoff=0.01)
+    elapsed = time.monotonic() - t0
+    assert e.value.path.startswith("s3://%s/unreachable/x." % BUCKET)
+    assert elapsed < call_bound(retries=2, backoff=0.01) + 3.0 < 7.0
+
+
+def test_a_server_silent_after_taking_an_upload_is_retried_within_the_bound(s3, so, tmp_path):
+    """The server answers the PUT's ``Expect: 100-continue``, reads the body and never answers:
+    aiohttp then has no read timeout at all (a 1xx answer disarms it), so without our own
+    per-attempt limit this upload waited forever. Now the attempt is cancelled at its limit and
+    our next attempt succeeds; s3fs retries nothing inside an attempt."""
+    from gluon_data.remote import _Remote, attempt_limit, call_bound
+    fast = dict(so, config_kwargs={"connect_timeout": 1.5, "read_timeout": 1.5,
+                                   "retries": {"max_attempts": 1}})
+    remote = _Remote(fast, retries=1, backoff=0.01)
+    uri = _fresh_uri("dropped/a.bin")
+    s3.drop_put = ("dropped/a.bin", 1)
+    s3.log.clear()
+    t0 = time.monotonic()
+    remote.pipe(uri, b"payload")  # our second attempt succeeds
+    assert time.monotonic() - t0 < attempt_limit(fast, 7) + 3.0
+    assert len(s3.requests("dropped/a.bin", "PUT")) == 2
+    assert remote.cat(uri) == b"payload"
+    assert remote.fs(uri)[0].retries == 1
+    s3.drop_put = ("dropped/a.bin", 100)  # silent for good: a typed error, in bounded time
+    t0 = time.monotonic()
+    with pytest.raises(RemoteConnectionError, match="after 2 attempts") as e:
+        remote.pipe(uri, b"other")
+    assert e.value.path == uri
+    assert time.monotonic() - t0 < call_bound(1, 0.01, fast, nbytes=5) + 3.0
+    s3.drop_put = None
+    assert remote.cat(uri) == b"payload"
