@@ -1807,10 +1807,11 @@ class ShardUploader:
                     data = e["name"] + "/data.mdb" if doc["container"] == "lmdb" else e["name"]
                     files[data] = e["files"][data]
             doc["files"] = files
-            if uri not in self.complete or self.remote.cat(commit) != dumps_meta(doc):
-                self.remote.pipe(commit, dumps_meta(doc))
-            self.remote.rm(marker)
             out[split] = uri
+            if uri in self.complete and self.remote.cat(commit) == dumps_meta(doc):
+                continue  # resumed a complete upload of this plan: nothing to send
+            self.remote.pipe(commit, dumps_meta(doc))
+            self.remote.rm(marker)
         return out
 
     # -- task side -------------------------------------------------------------------------

@@ -1021,3 +1021,198 @@ def test_a_server_silent_after_taking_an_upload_is_retried_within_the_bound(s3, 
     assert time.monotonic() - t0 < call_bound(1, 0.01, fast, nbytes=5) + 3.0
     s3.drop_put = None
     assert remote.cat(uri) == b"payload"
+
+
+# ---------------------------------------------------------------- shards uploaded by their tasks
+def _objects(fs, prefix):
+    """``{name: bytes}`` of every object under ``BUCKET/prefix/``."""
+    return {p.rsplit("/", 1)[-1] if "/" not in p[len(BUCKET) + len(prefix) + 2:]
+            else p[len(BUCKET) + len(prefix) + 2:]: fs.cat_file(p)
+            for p in fs.find("%s/%s/" % (BUCKET, prefix))}
+
+
+def _shard_files_under(root):
+    return [os.path.join(d, n) for d, _, names in os.walk(root) for n in names
+            if n.endswith((".rec", ".idx", ".mdb", ".partial"))]
+
+
+def test_dask_workers_upload_their_own_shards(s3, so, tmp_path):
+    """``--engine dask``: every shard is written, verified and uploaded on a worker, staged
+    under the worker's own cache folder (never the client's), the client uploads the manifest
+    last, the objects equal the local engine's byte for byte, credentials travel with the
+    tasks only, and a task that failed mid-upload and was retried by Dask gives the same
+    bytes."""
+    dd = pytest.importorskip("dask.distributed")
+    from gluon_data.sample import make_imagefolder
+    from gluon_data.shards import convert_sharded
+    src = make_imagefolder(str(tmp_path / "folder"), per_class=4)
+    worker_cache, client_cache = tmp_path / "worker-cache", tmp_path / "client-cache"
+    # the workers know neither the endpoint nor any credentials: they come with the tasks
+    creds = dict(so, key="gd-key-7f3a1", secret="gd-secret-91c2e")
+    cluster = dd.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                              dashboard_address=None,
+                              env={"GLUON_DATA_CACHE_DIR": str(worker_cache),
+                                   "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
+                                   "AWS_ENDPOINT_URL": ""})
+    seen, stop = [], threading.Event()
+
+    def watch():  # the client's staging folder must never hold a shard, not even briefly
+        while not stop.is_set():
+            seen.extend(_shard_files_under(client_cache))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    try:
+        with dd.Client(cluster, timeout=60) as client:
+            env = client.run(lambda: os.environ.get("AWS_SECRET_ACCESS_KEY"))
+            assert set(env.values()) == {""}
+            watcher.start()
+            s3.log.clear()
+            report = convert_to_uri(src, _fresh_uri("dask/c.rec"), "imagefolder", shards=3,
+                                    engine="dask", scheduler=cluster.scheduler_address,
+                                    storage_options=creds, cache_dir=str(client_cache))
+            stop.set()
+            watcher.join(10)
+            assert report.outputs == {"train": _fresh_uri("dask/c.shards.json")}
+            assert not seen and not _shard_files_under(client_cache)
+            staged = worker_cache / "staging" / "shards"
+            assert staged.is_dir() and not _shard_files_under(staged)  # used, then emptied
+            puts = [e[1] for e in s3.log if e[0] == "PUT" and "/dask/" in e[1]]
+            shard_puts = [i for i, p in enumerate(puts) if "-of-00003" in p]
+            assert len(shard_puts) == 3 * 4  # .rec .idx .meta.json and a receipt per shard
+            assert puts[-1].endswith("dask/c.shards.json") and len(shard_puts) == len(puts) - 2
+            assert puts[0].endswith("dask/c.uploading.json")
+            assert s3.requests("dask/c.uploading.json", "DELETE")
+
+            # a task whose upload fails is retried by Dask: same bytes. The server takes shard
+            # 1's .idx and goes silent; with retries=0 the task raises, Dask runs it again.
+            fast = dict(creds, config_kwargs={"connect_timeout": 2, "read_timeout": 2,
+                                              "retries": {"max_attempts": 1}})
+            s3.drop_put = ("retry/c-00001-of-00003.idx", 1)
+            s3.log.clear()
+            convert_to_uri(src, _fresh_uri("retry/c.rec"), "imagefolder", shards=3,
+                           engine="dask", scheduler=cluster.scheduler_address,
+                           storage_options=fast, cache_dir=str(client_cache), retries=0)
+            assert len(s3.requests("retry/c-00001-of-00003.idx", "PUT")) == 2
+            assert s3.drop_put is None
+    finally:
+        stop.set()
+        cluster.close()
+    convert_to_uri(src, _fresh_uri("local/c.rec"), "imagefolder", shards=3, workers=1,
+                   storage_options=so, cache_dir=str(tmp_path / "local-cache"))
+    fs, _ = filesystem(_fresh_uri("x"), so)
+    dask_objects = _objects(fs, "dask")
+    assert dask_objects == _objects(fs, "local") == _objects(fs, "retry")
+    assert sorted(dask_objects) == sorted(
+        ["c.shards.json"] + ["c-%05d-of-00003%s" % (k, ext) for k in range(3)
+                             for ext in (".rec", ".idx", ".meta.json", ".upload.json")])
+    for blob in dask_objects.values():
+        assert b"gd-key-7f3a1" not in blob and b"gd-secret-91c2e" not in blob
+    # the shards are the local sharded conversion's files, byte for byte, and read back
+    local = convert_sharded(src, str(tmp_path / "plain" / "c.rec"), "imagefolder", shards=3)
+    for k in range(3):
+        for ext in (".rec", ".idx", ".meta.json"):
+            name = "c-%05d-of-00003%s" % (k, ext)
+            with open(tmp_path / "plain" / name, "rb") as f:
+                assert dask_objects[name] == f.read()
+    manifest = json.loads(dask_objects["c.shards.json"])
+    assert sorted(manifest["files"]) == ["c-%05d-of-00003.rec" % k for k in range(3)]
+    store = open_store(_fresh_uri("dask/c.shards.json"), **_remote(so, tmp_path))
+    ref = open_store(local.outputs["train"])
+    assert [store.read(i) for i in range(len(store))] == [ref.read(i) for i in range(12)]
+    store.close()
+
+
+def test_sharded_upload_resumes_from_the_receipts(s3, so, voc_src, tmp_path):
+    """A sharded upload that failed at shard 2: nothing is readable; ``resume`` sends only
+    shard 2 and the manifest; resuming a complete upload sends nothing."""
+    uri = _fresh_uri("shresume/voc.rec")
+    cache = str(tmp_path / "cache")
+    fast = dict(so, config_kwargs={"connect_timeout": 1, "read_timeout": 1,
+                                   "retries": {"max_attempts": 1}})
+    s3.drop_put = ("shresume/voc-00002-of-00003.rec", 100)
+    with pytest.raises(RemoteConnectionError) as e:
+        convert_to_uri(voc_src, uri, layout="voc", split="trainval", shards=3,
+                       storage_options=fast, cache_dir=cache, retries=0)
+    assert e.value.path == _fresh_uri("shresume/voc-00002-of-00003.rec")
+    s3.drop_put = None
+    manifest = _fresh_uri("shresume/voc.shards.json")
+    with pytest.raises(RemoteNotFoundError):
+        open_store(manifest, **_remote(so, tmp_path))
+    assert not os.listdir(os.path.join(cache, "staging", "shards",
+                                       os.listdir(os.path.join(cache, "staging", "shards"))[0]))
+    with pytest.raises(FileExistsError):  # neither resume nor overwrite: refused
+        convert_to_uri(voc_src, uri, layout="voc", split="trainval", shards=3,
+                       storage_options=so, cache_dir=cache)
+    s3.log.clear()
+    convert_to_uri(voc_src, uri, layout="voc", split="trainval", shards=3,
+                   storage_options=so, cache_dir=cache, resume=True)
+    puts = sorted({e[1].rsplit("/", 1)[-1] for e in s3.log if e[0] == "PUT"})
+    assert puts == ["voc-00002-of-00003.idx", "voc-00002-of-00003.meta.json",
+                    "voc-00002-of-00003.rec", "voc-00002-of-00003.upload.json",
+                    "voc.shards.json", "voc.uploading.json"]
+    store = open_store(manifest, **_remote(so, tmp_path))
+    local = str(tmp_path / "local" / "voc.rec")
+    convert(voc_src, local, "voc", split="trainval")
+    ref = RecordFile(local)
+    assert [store.read(i) for i in range(len(store))] == [ref.read(i) for i in range(16)]
+    store.close()
+    s3.log.clear()
+    convert_to_uri(voc_src, uri, layout="voc", split="trainval", shards=3,
+                   storage_options=so, cache_dir=cache, resume=True)
+    assert not [e for e in s3.log if e[0] in ("PUT", "POST", "DELETE")]
+
+
+def test_lmdb_to_s3_uploads_data_mdb_then_its_commit_document(s3, so, tmp_path):
+    from gluon_data.lmdbio import LMDBFile, read_lmdb_meta
+    from gluon_data.sample import make_imagefolder
+    src = make_imagefolder(str(tmp_path / "folder"), per_class=3)
+    uri = _fresh_uri("lmdb/cls.lmdb")
+    s3.log.clear()
+    report = convert_to_uri(src, uri, "imagefolder", val_ratio=0.34, storage_options=so,
+                            cache_dir=str(tmp_path / "stage"))
+    assert report.outputs == {"train": uri, "val": uri}
+    fs, _ = filesystem(uri, so)
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.find("%s/lmdb/" % BUCKET)) == [
+        "data.mdb", "meta.json"]  # no lock.mdb, no marker left
+    puts = [e[1] for e in s3.log if e[0] == "PUT" and "/lmdb/" in e[1]]
+    assert puts[0].endswith("cls.lmdb/uploading.json")
+    assert puts[-1].endswith("cls.lmdb/meta.json") and puts.index(
+        "/%s/lmdb/cls.lmdb/data.mdb" % BUCKET) < len(puts) - 1
+    doc = json.loads(fs.cat_file("%s/lmdb/cls.lmdb/meta.json" % BUCKET))
+    data = fs.cat_file("%s/lmdb/cls.lmdb/data.mdb" % BUCKET)
+    import hashlib
+    assert doc["format"] == "gluon_data-lmdb" and doc["container"] == "lmdb"
+    assert doc["files"] == {"data.mdb": {"bytes": len(data),
+                                         "sha256": hashlib.sha256(data).hexdigest()}}
+    copy = tmp_path / "copy.lmdb"  # the object is the environment: it opens as one
+    copy.mkdir()
+    (copy / "data.mdb").write_bytes(data)
+    assert read_lmdb_meta(str(copy)) == doc["splits"] and sorted(doc["splits"]) == [
+        "train", "val"]
+    local = str(tmp_path / "local.lmdb")
+    convert(src, local, "imagefolder", val_ratio=0.34)
+    for split in ("train", "val"):
+        a, b = LMDBFile(str(copy), split), LMDBFile(local, split)
+        assert len(a) == len(b) > 0
+        assert [a.read(i) for i in range(len(a))] == [b.read(i) for i in range(len(b))]
+        a.close()
+        b.close()
+    with pytest.raises(FileExistsError):
+        convert_to_uri(src, uri, "imagefolder", storage_options=so,
+                       cache_dir=str(tmp_path / "stage"))
+    s3.log.clear()
+    convert_to_uri(src, uri, "imagefolder", overwrite=True, storage_options=so,
+                   cache_dir=str(tmp_path / "stage"))  # ours: replaced (one split now)
+    assert sorted(json.loads(fs.cat_file("%s/lmdb/cls.lmdb/meta.json" % BUCKET))["splits"]) \
+        == ["train"]
+    # LMDB shards: each task uploads its environment's data.mdb
+    report = convert_to_uri(src, _fresh_uri("lmdbsh/cls.lmdb"), "imagefolder", shards=2,
+                            storage_options=so, cache_dir=str(tmp_path / "stage"))
+    manifest = json.loads(fs.cat_file("%s/lmdbsh/cls.shards.json" % BUCKET))
+    assert manifest["container"] == "lmdb"
+    assert sorted(manifest["files"]) == ["cls-00000-of-00002.lmdb/data.mdb",
+                                         "cls-00001-of-00002.lmdb/data.mdb"]
+    for name, f in manifest["files"].items():
+        blob = fs.cat_file("%s/lmdbsh/%s" % (BUCKET, name))
+        assert f == {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
