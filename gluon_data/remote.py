@@ -12,13 +12,17 @@ s3fs are imported only here, and only when a URI is used):
 * **Inspection reads** (``info``, ``show --index N``, ``verify``) fetch only the bytes they
   need with ranged GETs: the metadata, the index, then the records asked for (sequential
   scans read ahead in growing chunks).
-* **Writes** (``gluon-data convert SRC s3://bucket/out.rec``) convert into a local staging
-  folder, then upload the records and indexes, and the metadata *last*: the metadata is the
-  commit marker, so a reader never sees a half-written dataset.
+* **Writes** (``gluon-data convert SRC s3://bucket/out.rec``, or ``out.lmdb``) convert into a
+  local staging folder, then upload the records and indexes (an LMDB's ``data.mdb``), and the
+  metadata *last*: the metadata is the commit marker, so a reader never sees a half-written
+  dataset. Sharded outputs are uploaded by their shard tasks, each where it runs (a Dask
+  worker included: :class:`ShardUploader`), and the manifest last by the client.
 
 Every failure is a typed error naming the URI (:class:`~gluon_data.errors.RemoteError`
 and its subclasses); transient ones (connection refused or reset, timeouts, a short read)
-are retried a bounded number of times with exponential backoff.
+are retried a bounded number of times with exponential backoff, by :class:`_Remote` alone
+(the client libraries make one try), each attempt cancelled at :func:`attempt_limit`: a
+failed call takes at most :func:`call_bound` seconds.
 """
 from __future__ import annotations
 
@@ -50,7 +54,8 @@ from .store import is_uri, register_opener
 
 __all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler",
            "PrefetchSampler", "filesystem", "parse_storage_options", "parse_size",
-           "upload_dataset", "convert_to_uri", "call_bound", "attempt_limit", "INSTALL_HINT"]
+           "upload_dataset", "convert_to_uri", "ShardUploader", "call_bound", "attempt_limit",
+           "INSTALL_HINT"]
 
 INSTALL_HINT = "pip install gluon-data[remote]"
 #: Transient failures are retried this many times (``GLUON_DATA_REMOTE_RETRIES``) ...
