@@ -103,7 +103,7 @@ def _cmd_convert(a) -> int:
 
 def _convert_sharded(a) -> int:
     from .shards import convert_sharded
-    if _remote(a):  # into object storage: shards staged locally, uploaded, manifest last
+    if _remote(a):  # into object storage: each shard task uploads its shard, manifest last
         from functools import partial
         from .remote import convert_to_uri
         convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
