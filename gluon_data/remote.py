@@ -146,8 +146,8 @@ def _is_s3(uri: str) -> bool:
 def _bounded(uri: str, storage_options: Optional[dict]) -> dict:
     """``storage_options`` with bounded client timeouts for S3: botocore's
     ``connect_timeout``/``read_timeout`` (aiohttp's socket timeouts) from the environment, and
-    one attempt per call in botocore (s3fs and our :class:`_Remote` retry, bounded, with
-    backoff), unless the options' ``config_kwargs`` set them."""
+    one attempt per call in botocore (only :class:`_Remote` retries, bounded, with backoff),
+    unless the options' ``config_kwargs`` set them."""
     opts = dict(storage_options or {})
     if not _is_s3(uri):
         return opts
@@ -1865,8 +1865,9 @@ class ShardUploader:
                 self.remote.put_file(os.path.join(folder, rel), target)
                 size = int(self.remote.info(target)["size"])
                 if size != f["bytes"]:
-                    raise TruncatedDownloadError("uploaded %d bytes but the object has %d"
-                                                 % (f["bytes"], size), target)
+                    raise RemoteError("uploaded %d bytes but the object has %d: the storage "
+                                      "did not keep the upload whole" % (f["bytes"], size),
+                                      target)
             entry = {k: summary[k] for k in ("name", "records", "bytes", "idx_sha256",
                                              "meta_sha256", "meta")}
             receipt = {"writer": "gluon_data", "format_version": 1,
