@@ -352,8 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   "/ .shards.json dataset to copy into the other container "
                                   "(also at a URI: s3://bucket/x.rec, read through the cache)")
     c.add_argument("output", help="output .rec (several splits: NAME_<split>.rec) or .lmdb, "
-                                  "or a .rec URI (s3://bucket/out.rec: written locally, then "
-                                  "uploaded, metadata last)")
+                                  "or a .rec / .lmdb URI (s3://bucket/out.rec: written locally, "
+                                  "then uploaded, metadata last; with --shards each shard task "
+                                  "uploads its own shard, the manifest last)")
     c.add_argument("--layout", choices=["pairs", "voc", "ade20k", "cityscapes", "imagefolder",
                                         "lst", "raw-lmdb", "caffe-lmdb"],
                    help="source layout (detected when omitted; the LMDB imports must be named)")
