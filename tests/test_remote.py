@@ -1198,6 +1198,11 @@ def test_lmdb_to_s3_uploads_data_mdb_then_its_commit_document(s3, so, tmp_path):
         a, b = LMDBFile(str(copy), split), LMDBFile(local, split)
         assert len(a) == len(b) > 0
         assert [a.read(i) for i in range(len(a))] == [b.read(i) for i in range(len(b))]
+        # and through the remote LMDB reader (download checked against meta.json's SHA-256)
+        remote_store = open_store(uri, split, **_remote(so, tmp_path))
+        assert [remote_store.read(i) for i in range(len(remote_store))] == \
+            [b.read(i) for i in range(len(b))]
+        remote_store.close()
         a.close()
         b.close()
     with pytest.raises(FileExistsError):
@@ -1218,3 +1223,9 @@ def test_lmdb_to_s3_uploads_data_mdb_then_its_commit_document(s3, so, tmp_path):
     for name, f in manifest["files"].items():
         blob = fs.cat_file("%s/lmdbsh/%s" % (BUCKET, name))
         assert f == {"bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    sharded = open_store(report.outputs["train"], **_remote(so, tmp_path))
+    one = str(tmp_path / "one.rec")  # the same records, unsharded: the same payloads
+    convert(src, one, "imagefolder")
+    ref = RecordFile(one)
+    assert [sharded.read(i) for i in range(len(sharded))] == [ref.read(i) for i in range(9)]
+    sharded.close()
