@@ -205,6 +205,53 @@ def atomic_write(path: str, data: bytes, *, suffix: str = ".partial",
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
+def default_cache_dir() -> str:
+    """``$GLUON_DATA_CACHE_DIR``, else ``~/.cache/gluon_data``: where gluon_data keeps what it
+    derives (downloaded objects, parsed indexes), never beside a user's files."""
+    return os.environ.get("GLUON_DATA_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "gluon_data")
+
+
+class CacheLock:
+    """An ``flock`` on a file in the cache directory (shared or exclusive). ``flock``
+    locks belong to the open file, so threads and processes (forked workers included)
+    all take part; lock files are never deleted (an unlinked lock file would let two
+    holders believe they hold the same lock).
+
+    Examples
+    --------
+    >>> import fcntl
+    >>> with CacheLock("/tmp/gd-example.lock", fcntl.LOCK_EX):   # doctest: +SKIP
+    ...     pass  # fill the cache entry once; others wait here
+    """
+
+    def __init__(self, path: str, mode: int, blocking: bool = True):
+        import fcntl
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            fcntl.flock(self.fd, mode | (0 if blocking else fcntl.LOCK_NB))
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
 def remove_partial_dir(path: str) -> None:
     """Remove a leftover partial LMDB directory, only if it holds nothing but LMDB files."""
     if not os.path.lexists(path):

@@ -10,18 +10,20 @@ temporary names and publishes them by rename only when complete.
 """
 from __future__ import annotations
 
+import operator
 import os
 import struct
 import threading
 import warnings
 import zlib
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Iterator, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from . import codec
 from .errors import FormatError, OutputError, ResourceError
-from .fsutil import atomic_write, check_replaceable, fsync_dir, open_new
+from .fsutil import (CacheLock, atomic_write, check_replaceable, default_cache_dir, fsync_dir,
+                     open_new)
 from .meta import dumps_meta, meta_path, read_meta
 from .store import is_uri, register_opener, valid_positions
 
@@ -151,59 +153,280 @@ def _parse_strict_index(raw: bytes, b: np.ndarray) -> Optional[Tuple[np.ndarray,
     return values[:, 0].copy(), values[:, 1].copy()
 
 
-#: A binary copy of an ``.idx`` beside it (``NAME.idx.gdx``): loads a million entries in tens
-#: of milliseconds instead of parsing ~16 MB of text. Used only while the ``.idx`` has the
-#: size and CRC-32 recorded in it, and its own body matches the CRC-32 in its header;
-#: otherwise (stale, damaged, or an older version) it is ignored and the text is parsed.
+#: A binary copy of an ``.idx`` beside it (``NAME.idx.gdx``), mapped read-only instead of
+#: parsed: every process that opens the dataset shares the page cache's one copy, and opening
+#: costs a header check and a checksum pass over the body instead of parsing text. Used only
+#: while it still describes the ``.idx`` (its size and mtime, or else its CRC-32, as recorded)
+#: and its header and body match their CRC-32s; otherwise it is ignored and the text is parsed.
 BINARY_INDEX_SUFFIX = ".gdx"
-_GDX_HEAD = struct.Struct("<8sQQQQQ")  # magic, idx size, idx crc32, count, flags, body crc32
-_GDX_MAGIC = b"GDIDX\x00\x02\x00"     # version 2: the body is checksummed
-_GDX_SEQUENTIAL_KEYS = 1  # flag: keys are 0..count-1 and not stored
+_GDX_HEAD_V2 = struct.Struct("<8sQQQQQ")  # magic, idx size, idx crc32, count, flags, body crc32
+_GDX_MAGIC_V2 = b"GDIDX\x00\x02\x00"
+# version 3: magic, idx size, idx mtime_ns (-1: none recorded), idx crc32, count, flags, largest
+# offset, body crc32, crc32 of the header before this field (72 bytes: the body is 8-aligned)
+_GDX_HEAD = struct.Struct("<8sQqQQQqQQ")
+_GDX_MAGIC = b"GDIDX\x00\x03\x00"
+_GDX_SEQUENTIAL_KEYS = 1  # keys are 0..count-1 and not stored
+_GDX_FILE_ORDER = 2       # offsets strictly increase: records listed in file order
+_GDX_KEYS_SORTED = 4      # keys strictly increase
+_GDX_CLEAN = 8            # offsets >= 0 and multiples of 4, no offset nor key listed twice
+#: An ``.idx`` modified less than this before its binary copy was taken could be rewritten
+#: within the same file-system clock tick (same mtime): its mtime is not recorded.
+_RACY_NS = 50_000_000
+#: Text indexes at least this big (~10,000 records) are parsed once into a binary copy in the
+#: user cache (``$GLUON_DATA_CACHE_DIR/index``) when they have none beside them.
+_CACHE_MIN_BYTES = 128 << 10
+_CHUNK = 1 << 20
+
+
+class _Index(NamedTuple):
+    """A loaded index: ``keys`` (``None``: ``0..n-1``), ``offsets``, the facts a version-3
+    binary copy recorded (``flags``, ``max_offset``; ``None``: not known, scan the arrays)
+    and the ``.idx``'s :func:`file_stamp` when it was read."""
+    keys: Optional[np.ndarray]
+    offsets: np.ndarray
+    flags: Optional[int]
+    max_offset: int
+    stamp: Tuple[int, int, int, int]
+
+
+def _index_facts(keys: np.ndarray, offsets: np.ndarray) -> Tuple[int, int]:
+    """``(flags, largest offset)`` of an index, as a version-3 binary copy records them."""
+    n = len(offsets)
+    flags = 0
+    if np.array_equal(keys, np.arange(n)):
+        flags |= _GDX_SEQUENTIAL_KEYS | _GDX_KEYS_SORTED
+    elif n <= 1 or bool((keys[1:] > keys[:-1]).all()):
+        flags |= _GDX_KEYS_SORTED
+    if n <= 1 or bool((offsets[1:] > offsets[:-1]).all()):
+        flags |= _GDX_FILE_ORDER
+    if n and int(offsets.min()) >= 0 and not (offsets % 4).any() \
+            and (flags & _GDX_KEYS_SORTED or np.unique(keys).size == n) \
+            and (flags & _GDX_FILE_ORDER or np.unique(offsets).size == n):
+        flags |= _GDX_CLEAN
+    return flags, int(offsets.max()) if n else 0
+
+
+def _read_stamped(idx_path: str) -> Tuple[bytes, int]:
+    """The ``.idx``'s bytes and the mtime a binary copy of them may record: ``-1`` when the
+    file changed while it was read, or was modified so recently (``_RACY_NS``) that a rewrite
+    of the same size could keep the same mtime (file-system clocks tick in milliseconds).
+    For a big index (where checking its CRC at every open would cost) it waits that out."""
+    import time
+    with open(idx_path, "rb") as f:
+        before = os.fstat(f.fileno())
+        wait = before.st_mtime_ns + _RACY_NS - time.time_ns()
+        if 0 < wait <= _RACY_NS and before.st_size >= _CACHE_MIN_BYTES:
+            time.sleep(wait / 1e9)
+            wait = before.st_mtime_ns + _RACY_NS - time.time_ns()
+        text = f.read()
+        after = os.fstat(f.fileno())
+    same = (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns) \
+        and len(text) == before.st_size
+    return text, (before.st_mtime_ns if same and wait <= 0 else -1)
+
+
+def _binary_index_parts(keys: np.ndarray, offsets: np.ndarray, text: bytes,
+                        mtime_ns: int) -> Tuple[bytes, bytes]:
+    """(header, body) of the version-3 binary copy of ``text`` (parsed into keys, offsets)."""
+    flags, max_offset = _index_facts(keys, offsets)
+    body = (b"" if flags & _GDX_SEQUENTIAL_KEYS else keys.astype("<i8").tobytes()) + \
+        offsets.astype("<i8").tobytes()
+    head = _GDX_HEAD.pack(_GDX_MAGIC, len(text), mtime_ns, zlib.crc32(text), len(offsets),
+                          flags, max_offset, zlib.crc32(body), 0)[:-8]
+    return head + struct.pack("<Q", zlib.crc32(head)), body
 
 
 def write_binary_index(idx_path: str) -> str:
     """Write ``idx_path + '.gdx'`` from the ``.idx`` (atomically); returns its path. Our
     converters do this for every ``.rec`` they write; run it once on a stock im2rec index
-    to have it load as fast."""
-    keys, offsets = read_index(idx_path, binary=False)
-    with open(idx_path, "rb") as f:
-        text = f.read()
-    sequential = bool(np.array_equal(keys, np.arange(len(keys))))
+    to have it open as fast (without it, a big index is parsed once into the user cache)."""
+    text, mtime_ns = _read_stamped(idx_path)
+    keys, offsets = _parse_index(text, idx_path)
     out = idx_path + BINARY_INDEX_SUFFIX
     check_replaceable(out, "gdx", True)
-    body = (b"" if sequential else keys.astype("<i8").tobytes()) + \
-        offsets.astype("<i8").tobytes()
-    atomic_write(out, _GDX_HEAD.pack(_GDX_MAGIC, len(text), zlib.crc32(text), len(keys),
-                                     _GDX_SEQUENTIAL_KEYS if sequential else 0,
-                                     zlib.crc32(body)) + body)
+    head, body = _binary_index_parts(keys, offsets, text, mtime_ns)
+    atomic_write(out, head + body)
     return out
 
 
-def _read_binary_index(idx_path: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-    """The ``.gdx`` beside ``idx_path`` if it exists and still describes that ``.idx``."""
+def _file_crc(fd: int, start: int, end: int) -> Optional[int]:
+    """CRC-32 of bytes ``[start, end)`` of ``fd``, read in chunks (no private copy of a big
+    file, nothing mapped); ``None`` if the file is shorter."""
+    buf = memoryview(bytearray(min(_CHUNK, max(end - start, 1))))
+    crc, pos = 0, start
+    while pos < end:
+        got = os.preadv(fd, [buf[:min(len(buf), end - pos)]], pos)
+        if got <= 0:
+            return None
+        crc = zlib.crc32(buf[:got], crc)
+        pos += got
+    return crc
+
+
+def _open_regular(path: str) -> Optional[int]:
+    """A read-only descriptor of ``path`` if it is a regular file (a FIFO is never waited on)."""
+    import stat
     try:
-        with open(idx_path + BINARY_INDEX_SUFFIX, "rb") as f:
-            head = f.read(_GDX_HEAD.size)
-            if len(head) != _GDX_HEAD.size:
-                return None
-            magic, size, crc, count, flags, body_crc = _GDX_HEAD.unpack(head)
-            if magic != _GDX_MAGIC or size != os.stat(idx_path).st_size:
-                return None
-            body = f.read()
-            if zlib.crc32(body) != body_crc:  # damaged: the text index is the truth
-                return None
-        with open(idx_path, "rb") as f:
-            if zlib.crc32(f.read()) != crc:
-                return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _idx_matches(idx_path: str, size: int, mtime_ns: int, crc: int) -> Optional[os.stat_result]:
+    """The ``.idx``'s stat when it is the one a binary copy describes: the recorded size and
+    mtime (a rewrite changes the mtime; a copy made within ``_RACY_NS`` of a change records
+    none), else the recorded CRC-32 of all its bytes; ``None`` when it is not."""
+    fd = _open_regular(idx_path)
+    if fd is None:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_size != size:
+            return None
+        if mtime_ns >= 0 and st.st_mtime_ns == mtime_ns:
+            return st
+        return st if _file_crc(fd, 0, size) == crc else None
+    finally:
+        os.close(fd)
+
+
+def _map_binary_index(gdx_path: str, idx_path: str) -> Optional[_Index]:
+    """The binary copy at ``gdx_path`` of ``idx_path``, if it still describes it: version 3
+    mapped read-only (shared page cache, nothing private), version 2 read into arrays."""
+    import mmap
+    fd = _open_regular(gdx_path)
+    if fd is None:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, _GDX_HEAD.size, 0)
+        if head[:8] == _GDX_MAGIC_V2:
+            return _read_binary_index_v2(fd, size, idx_path)
+        if len(head) != _GDX_HEAD.size or head[:8] != _GDX_MAGIC \
+                or zlib.crc32(head[:-8]) != struct.unpack_from("<Q", head, 64)[0]:
+            return None
+        _, idx_size, mtime_ns, idx_crc, count, flags, max_offset, body_crc, _ = \
+            _GDX_HEAD.unpack(head)
+        arrays = 1 if flags & _GDX_SEQUENTIAL_KEYS else 2
+        if count == 0 or size != _GDX_HEAD.size + 8 * count * arrays:
+            return None
+        # the body's CRC at every open: ~25 ms per 10 M records from the page cache, and a
+        # damaged copy is never trusted (the header's own CRC covers the rest)
+        if _file_crc(fd, _GDX_HEAD.size, size) != body_crc:
+            return None
+        st = _idx_matches(idx_path, idx_size, mtime_ns, idx_crc)
+        if st is None:
+            return None
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # the mapping keeps the file
+    if hasattr(mm, "madvise"):
+        mm.madvise(mmap.MADV_RANDOM)  # a cold page is read alone, not with its neighbours
+    data = np.frombuffer(mm, dtype="<i8", offset=_GDX_HEAD.size)
+    if data.dtype != np.int64:  # a big-endian host: a private, native copy
+        data = data.astype(np.int64)
+    keys = None if arrays == 1 else data[:count]
+    return _Index(keys, data[-count:], flags, max_offset, file_stamp(st))
+
+
+def _read_binary_index_v2(fd: int, size: int, idx_path: str) -> Optional[_Index]:
+    """A version-2 copy (no mtime, no facts): its ``.idx``'s CRC is checked at every open."""
+    head = os.pread(fd, size, 0)
+    if len(head) < _GDX_HEAD_V2.size:
+        return None
+    _, idx_size, crc, count, flags, body_crc = _GDX_HEAD_V2.unpack_from(head)
+    body = head[_GDX_HEAD_V2.size:]
     arrays = 1 if flags & _GDX_SEQUENTIAL_KEYS else 2
-    if len(body) != 8 * count * arrays or count == 0:
+    if zlib.crc32(body) != body_crc or len(body) != 8 * count * arrays or count == 0:
+        return None
+    st = _idx_matches(idx_path, idx_size, -1, crc)
+    if st is None:
         return None
     data = np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False)
-    if arrays == 1:
-        return np.arange(count, dtype=np.int64), data
-    return data[:count], data[count:]
+    return _Index(None if arrays == 1 else data[:count], data[count:] if arrays == 2 else data,
+                  None, 0, file_stamp(st))
+
+
+def _read_binary_index(idx_path: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """``(keys, offsets)`` from the ``.gdx`` beside ``idx_path`` if it exists and still
+    describes that ``.idx``, else ``None``."""
+    got = _map_binary_index(idx_path + BINARY_INDEX_SUFFIX, idx_path)
+    if got is None:
+        return None
+    return (np.arange(len(got.offsets)) if got.keys is None else got.keys), got.offsets
+
+
+def index_cache_path(idx_path: str) -> str:
+    """Where a big text ``.idx`` without a binary copy beside it gets one, parsed once:
+    ``$GLUON_DATA_CACHE_DIR/index/<sha256 of its real path>.gdx`` (one file per index,
+    replaced when the index changes; delete the folder at any time)."""
+    import hashlib
+    real = os.path.realpath(idx_path).encode("utf-8", "surrogateescape")
+    return os.path.join(default_cache_dir(), "index", hashlib.sha256(real).hexdigest()[:32]
+                        + BINARY_INDEX_SUFFIX)
+
+
+def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
+    """A big text index's binary copy in the user cache, made by the first process to open
+    it (under an ``flock``: eight workers opening at once parse it once) and mapped by every
+    other; ``None`` where there is no usable cache (``GLUON_DATA_INDEX_CACHE=0``, a read-only
+    or full disk): the caller parses the text itself."""
+    import fcntl
+    if size < _CACHE_MIN_BYTES or os.environ.get("GLUON_DATA_INDEX_CACHE", "1") == "0":
+        return None
+    path = index_cache_path(idx_path)
+    got = _map_binary_index(path, idx_path)
+    if got is not None:
+        return got
+    tmp = "%s.%d.partial" % (path, os.getpid())
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with CacheLock(path + ".lock", fcntl.LOCK_EX):
+            got = _map_binary_index(path, idx_path)  # another process made it meanwhile
+            if got is None:
+                text, mtime_ns = _read_stamped(idx_path)
+                keys, offsets = _parse_index(text, idx_path)
+                head, body = _binary_index_parts(keys, offsets, text, mtime_ns)
+                del keys, offsets, text
+                if os.path.lexists(tmp):
+                    os.remove(tmp)
+                with open_new(tmp) as f:  # no fsync: a torn copy fails its CRCs
+                    f.write(head)
+                    f.write(body)
+                os.replace(tmp, path)
+                got = _map_binary_index(path, idx_path)
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        return None
+    return got
+
+
+def _load_index(idx_path: str) -> _Index:
+    """The index of ``idx_path``: its binary copy beside it, else (a big stock index) the
+    one in the user cache, else the text parsed here."""
+    try:
+        st = os.stat(idx_path)
+    except FileNotFoundError:
+        raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
+                                "name, .idx suffix) for random access" % idx_path) from None
+    got = _map_binary_index(idx_path + BINARY_INDEX_SUFFIX, idx_path) or \
+        _cached_index(idx_path, st.st_size)
+    if got is not None:
+        return got
+    with open(idx_path, "rb") as f:
+        st = os.fstat(f.fileno())
+        raw = f.read()
+    keys, offsets = _parse_index(raw, idx_path)
+    return _Index(keys, offsets, None, 0, file_stamp(st))
 
 
 def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarray]:
@@ -211,18 +434,24 @@ def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarr
 
     Blank lines and CRLF line ends are tolerated; anything else that is not two integers
     per line raises :class:`FormatError` naming the file and the line. With ``binary``, an
-    up-to-date ``.gdx`` beside it (:func:`write_binary_index`) is read instead of the text.
+    up-to-date ``.gdx`` beside it (:func:`write_binary_index`) or in the user cache
+    (:func:`index_cache_path`) is read instead of the text (read-only arrays).
     """
     if binary:
-        loaded = _read_binary_index(idx_path)
-        if loaded is not None:
-            return loaded
+        got = _load_index(idx_path)
+        return (np.arange(len(got.offsets)) if got.keys is None else got.keys), got.offsets
     try:
         with open(idx_path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
         raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
                                 "name, .idx suffix) for random access" % idx_path) from None
+    return _parse_index(raw, idx_path)
+
+
+def _parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
+    """The text of an ``.idx`` as ``(keys, offsets)``; :class:`FormatError` naming the line
+    that is not two integers."""
     b = np.frombuffer(raw, dtype=np.uint8)
     if not _INDEX_BYTES[b].all():  # the C parser would stop quietly at "16x" and keep 16
         raise _bad_line(raw.splitlines(), idx_path, _line_problem)
@@ -295,33 +524,62 @@ class RecordFile:
         self._meta = meta
         for p in (self.path, self.idx_path):
             _require_regular(p)
-        keys, offsets = read_index(self.idx_path)
+        index = _load_index(self.idx_path)
         st = os.stat(self.path)
         self._stamp = file_stamp(st)
-        self._init_index(keys, offsets, st.st_size, expected_count)
+        self._idx_stamp = index.stamp
+        self._init_index(index.keys, index.offsets, st.st_size, expected_count, index.flags,
+                         index.max_offset)
+        self._reload = True  # a pickle carries no index: the copy loads (maps) it again
         try:
             self._check_tail()
         finally:
             self.close()  # opened again on the first read: an idle reader holds no descriptor
 
-    def _init_index(self, keys, offsets, file_size: int, expected_count) -> None:
-        """Validate the index against a data file of ``file_size`` bytes and derive each
-        record's extent (also used by readers of remote objects)."""
+    _reload = False  # whether pickles leave the index out (reloaded from ``idx_path``)
+    _INDEX_STATE = ("_keys", "_offsets", "_ends", "_key_order")
+    _VIEWS = ("_off", "_endv", "_keyv")  # memoryviews of the arrays: rebuilt, never pickled
+
+    def _init_index(self, keys, offsets, file_size: int, expected_count,
+                    flags: Optional[int] = None, max_offset: int = 0) -> None:
+        """Validate the index against a data file of ``file_size`` bytes and derive what
+        reading needs (also used by readers of remote objects). ``flags`` and ``max_offset``
+        are what a version-3 binary copy recorded: a clean index is then checked in O(1)
+        (its largest offset against the file size), not scanned; otherwise every entry is.
+
+        Nothing per record is derived or copied for an index in file order (every one we
+        write, and im2rec's): a record ends where the next begins (the last at the end of
+        the file), so a mapped index stays the page cache's one shared copy."""
         self.file_size = file_size
-        self._validate(keys, offsets, expected_count)
         n = len(offsets)
-        self._keys = None if np.array_equal(keys, np.arange(n)) else keys
-        self._offsets = offsets
-        self._in_file_order = bool(n > 1 and (offsets[1:] > offsets[:-1]).all())
-        if self._in_file_order:
-            self._ends = np.append(offsets[1:], self.file_size)
+        if flags is None or not flags & _GDX_CLEAN or max_offset + 8 > file_size:
+            if keys is None:
+                keys = np.arange(n)
+            self._validate(keys, offsets, expected_count)
+            flags = _index_facts(keys, offsets)[0]
         else:
+            self._check_count(n, expected_count)
+        self._keys = None if flags & _GDX_SEQUENTIAL_KEYS else keys
+        self._keys_sorted = bool(flags & _GDX_KEYS_SORTED)
+        self._offsets = offsets
+        self._in_file_order = bool(flags & _GDX_FILE_ORDER)
+        self._ends = None
+        if not self._in_file_order:  # stock files only: one private array of record ends
             uniq = np.unique(offsets)
             bounds = np.append(uniq, self.file_size)
             self._ends = bounds[np.searchsorted(uniq, offsets, side="right")]
-        self._key_pos: Optional[Dict[int, int]] = None
+        self._key_order: Optional[np.ndarray] = None
         self._fd_pid: Optional[Tuple[int, int]] = None
         self._lock = threading.Lock()
+        self._bind()
+
+    def _bind(self) -> None:
+        """Integer views of the index for the per-record path (indexing a ``memoryview``
+        gives a Python int, without numpy's scalar boxing)."""
+        self._n = len(self._offsets)
+        self._off = _int_view(self._offsets)
+        self._endv = None if self._ends is None else _int_view(self._ends)
+        self._keyv = None if self._keys is None else _int_view(self._keys)
 
     # -- validation -------------------------------------------------------------------
     def _validate(self, keys, offsets, expected_count):
@@ -352,16 +610,19 @@ class RecordFile:
                 a, b = int(order[same[0]]), int(order[same[0] + 1])
                 fail(b, "offset %d is listed twice (keys %d and %d): the index is damaged; "
                      "rebuild it with gluon-data salvage" % (offsets[b], keys[a], keys[b]))
-        if expected_count is not None and keys.size != expected_count:
+        self._check_count(keys.size, expected_count)
+
+    def _check_count(self, n: int, expected_count: Optional[int]) -> None:
+        if expected_count is not None and n != expected_count:
             raise FormatError(
                 "index lists %d records but the metadata promises %d: the conversion was "
                 "interrupted or the files are mismatched; re-convert the dataset"
-                % (keys.size, expected_count), self.idx_path)
+                % (n, expected_count), self.idx_path)
 
     def _check_tail(self):
         """The record at the largest offset must end exactly at the end of the file."""
-        last = int(np.argmax(self._offsets))
-        start, end = int(self._offsets[last]), int(self._ends[last])
+        last = len(self) - 1 if self._in_file_order else int(np.argmax(self._offsets))
+        start, end = self.extent(last)
         if end - start > _LARGE_EXTENT:
             return
         buf = self._pread(end - start, start)
@@ -404,11 +665,7 @@ class RecordFile:
                 stamp = file_stamp(os.fstat(fd))
                 if stamp != self._stamp:
                     os.close(fd)
-                    raise FormatError(
-                        "the file was replaced or rewritten after this dataset was opened "
-                        "(device:inode:size:mtime %d:%d:%d:%d, now %d:%d:%d:%d): its index no "
-                        "longer describes it; open the dataset again" % (self._stamp + stamp),
-                        self.path)
+                    raise self._replaced(self.path, self._stamp, stamp)
                 self._fd_pid = (fd, pid)  # a descriptor inherited from the parent is left alone
             return self._fd_pid[0]
 
@@ -442,23 +699,67 @@ class RecordFile:
             pass
 
     def __getstate__(self):
+        """The location, stamps and metadata; the index only where it cannot be loaded
+        again from ``idx_path`` (a remote reader's): a worker maps the binary index itself
+        instead of unpickling a private copy of it."""
         state = self.__dict__.copy()
         state["_fd_pid"] = None
         state["_lock"] = None
+        for name in self._VIEWS:
+            state.pop(name, None)
+        if self._reload:
+            for name in self._INDEX_STATE:
+                state.pop(name, None)
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.__dict__.pop("_scratch", None)  # pickled by an older version
+        self.__dict__.pop("_key_pos", None)
         self._lock = threading.Lock()
+        if "_offsets" in state:  # a remote reader's index, or a pickle of an older version
+            self.__dict__.setdefault("_keys_sorted", False)
+            self.__dict__.setdefault("_key_order", None)
+            self._bind()
+        # else: loaded on first use (__getattr__), so a replaced file is reported by the read
+
+    def __getattr__(self, name):
+        """Load the index of an unpickled reader on first use (called only for attributes
+        not set: once loaded, reads cost nothing extra)."""
+        state = self.__dict__
+        if name not in self._INDEX_STATE + self._VIEWS or not state.get("_reload") \
+                or "_offsets" in state:
+            raise AttributeError(name)
+        with state["_lock"]:
+            if "_offsets" not in state:
+                self._reload_index()
+        return state[name]
+
+    @staticmethod
+    def _replaced(path: str, then, now) -> FormatError:
+        return FormatError("the file was replaced or rewritten after this dataset was opened "
+                           "(device:inode:size:mtime %d:%d:%d:%d, now %d:%d:%d:%d): its index "
+                           "no longer describes it; open the dataset again" % (then + now), path)
+
+    def _reload_index(self) -> None:
+        stamp = file_stamp(os.stat(self.path))
+        if stamp != self._stamp:
+            raise self._replaced(self.path, self._stamp, stamp)
+        index = _load_index(self.idx_path)
+        if index.stamp != self._idx_stamp or len(index.offsets) != self._n:
+            raise self._replaced(self.idx_path, self._idx_stamp, index.stamp)
+        lock = self._lock
+        self._init_index(index.keys, index.offsets, self.file_size, self._n, index.flags,
+                         index.max_offset)
+        self._lock = lock
 
     # -- access -----------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._offsets)
+        return self._n
 
     def key(self, i: int) -> int:
         """Key (first column of the ``.idx``) of the record at position ``i``."""
-        return int(i) if self._keys is None else int(self._keys[i])
+        return int(i) if self._keyv is None else self._keyv[i]
 
     def keys(self) -> np.ndarray:
         return np.arange(len(self)) if self._keys is None else self._keys.copy()
@@ -475,7 +776,26 @@ class RecordFile:
                               self.idx_path, self.key(i), self.offset(i))
 
     def offset(self, i: int) -> int:
-        return int(self._offsets[i])
+        return self._off[i]
+
+    def extent(self, i: int) -> Tuple[int, int]:
+        """``(start, end)``: the bytes of the ``.rec`` that record ``i`` (negative: from the
+        end) occupies, framing included, up to where the next record begins."""
+        n = self._n
+        i = operator.index(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("record %d out of range for %d records" % (i, n))
+        if self._endv is not None:
+            return self._off[i], self._endv[i]
+        return self._off[i], (self._off[i + 1] if i + 1 < n else self.file_size)
+
+    def extent_sizes(self) -> np.ndarray:
+        """Every record's ``end - start`` (:meth:`extent`), in position order."""
+        if self._ends is not None:
+            return self._ends - self._offsets
+        return np.diff(self._offsets, append=self.file_size)
 
     def read(self, i: int) -> bytes:
         """Payload of the record at position ``i`` (index order), unframed."""
@@ -485,7 +805,7 @@ class RecordFile:
         """Like :meth:`read`, but the payload may be a ``memoryview`` into a per-thread
         buffer (shared by every RecordFile) that the thread's next ``view`` of any file
         overwrites: parse it (or copy it) before that."""
-        start, end = int(self._offsets[i]), int(self._ends[i])
+        start, end = self.extent(i)
         if end - start <= _SCRATCH_MAX:
             buf = self._pread_scratch(end - start, start)
             return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start,
@@ -530,9 +850,18 @@ class RecordFile:
             if not 0 <= key < len(self):
                 raise KeyError(key)
             return self.read(key)
-        if self._key_pos is None:
-            self._key_pos = {int(k): i for i, k in enumerate(self._keys)}
-        return self.read(self._key_pos[int(key)])
+        key = operator.index(key)
+        keys, order = self._keys, None
+        if not self._keys_sorted:  # a stock index with shuffled keys: sorted once, lazily
+            if self._key_order is None:
+                self._key_order = np.argsort(keys, kind="stable")
+            order = self._key_order
+        j = int(np.searchsorted(keys, key, sorter=order))
+        if j < len(keys):
+            i = j if order is None else int(order[j])
+            if keys[i] == key:
+                return self.read(i)
+        raise KeyError(key)
 
     def __iter__(self) -> Iterator[bytes]:
         """Every payload in index order (as :meth:`read`), read in large sequential chunks."""
@@ -549,17 +878,18 @@ class RecordFile:
         """
         buf = bytearray(chunk_bytes)
         mv = memoryview(buf)
-        offsets, ends = self._offsets, self._ends
+        offsets, ends, file_end = self._off, self._endv, self.file_size
         frame, magic_word, mask = codec._FRAME.unpack_from, codec.RECORDIO_MAGIC, codec._LEN_MASK
         n = len(self)
         i = 0
         while i < n:
-            start, end = int(offsets[i]), int(ends[i])
+            start = offsets[i]
+            end = ends[i] if ends is not None else offsets[i + 1] if i + 1 < n else file_end
             if end - start > chunk_bytes:  # a copy: the shared scratch is not ours to lend
                 yield memoryview(self.read(i))
                 i += 1
                 continue
-            sequential = i + 1 < n and int(offsets[i + 1]) == end
+            sequential = i + 1 < n and offsets[i + 1] == end
             lo = start
             hi = start + self._readinto(mv[:chunk_bytes if sequential else end - start], start)
             # every record lying wholly in this chunk; a multi-part or damaged one goes
@@ -580,7 +910,8 @@ class RecordFile:
                 i += 1
                 if i >= n:
                     break
-                start, end = int(offsets[i]), int(ends[i])
+                start = offsets[i]
+                end = ends[i] if ends is not None else offsets[i + 1] if i + 1 < n else file_end
                 if start < lo or end > hi:
                     break
 
@@ -781,6 +1112,12 @@ class RecordWriter:
         if exc_type is not None and self._state in ("open", "finished"):
             self.abort()
         return False
+
+
+def _int_view(a: np.ndarray) -> memoryview:
+    """A flat ``memoryview`` of int64 ``a`` whose items are Python ints (no copy when ``a``
+    is already contiguous int64, mapped or not)."""
+    return memoryview(np.ascontiguousarray(a, dtype=np.int64)).cast("B").cast("q")
 
 
 def _require_regular(path: str) -> None:

@@ -45,6 +45,7 @@ import numpy as np
 
 from .errors import (ChecksumMismatchError, FormatError, OutputError, RemoteConnectionError,
                      RemoteError, RemoteNotFoundError, TruncatedDownloadError)
+from .fsutil import CacheLock, default_cache_dir
 from .fsutil import fsync_dir as _fsync_dir
 from .meta import check_meta, dumps_meta, meta_path
 from .recordio import RecordFile, idx_path_for, read_index
@@ -352,41 +353,9 @@ def _remove(path: str) -> None:
             pass
 
 
-def _default_cache_dir() -> str:
-    return os.environ.get("GLUON_DATA_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "gluon_data")
-
-
-class _Lock:
-    """An ``flock`` on a file in the cache directory (shared or exclusive). ``flock``
-    locks belong to the open file, so threads and processes (forked workers included)
-    all take part; lock files are never deleted (an unlinked lock file would let two
-    holders believe they hold the same lock)."""
-
-    def __init__(self, path: str, mode: int, blocking: bool = True):
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            fcntl.flock(self.fd, mode | (0 if blocking else fcntl.LOCK_NB))
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    def release(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)  # closing the last descriptor drops the lock
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:
-            pass
+# the cache directory and its locks are fsutil's (the index cache shares them)
+_default_cache_dir = default_cache_dir
+_Lock = CacheLock
 
 
 class ShardCache:

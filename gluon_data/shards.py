@@ -881,7 +881,7 @@ def _copy_sources(source: str, split: Optional[str], options: Optional[dict] = N
     meta = read_meta(source)
     f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
     meta = meta or _stock_meta(source, len(f))
-    sizes = (np.asarray(f._ends) - np.asarray(f._offsets)).tolist()
+    sizes = f.extent_sizes().tolist()
     yield None, None, meta, None, sizes
 
 

@@ -257,7 +257,14 @@ def test_damaged_binary_index_body_is_not_trusted(voc_rec, tmp_path):
     rec = _copy(voc_rec, str(tmp_path / "g.rec"))
     gdx = rec[:-4] + ".idx" + BINARY_INDEX_SUFFIX
     data = bytearray(open(gdx, "rb").read())
-    assert data[:8] == b"GDIDX\x00\x02\x00"  # version 2: the body is checksummed
+    assert data[:8] == b"GDIDX\x00\x03\x00"  # version 3: header and body checksummed
+    good = bytes(data)
+    # the header's facts (flags: keys 0..n-1, file order, clean) are trusted only intact
+    for pos in (40, 48):  # the flags, the largest offset
+        data[pos] ^= 0x0A
+        open(gdx, "wb").write(bytes(data))
+        assert read_index(rec[:-4] + ".idx")[1].flags.writeable  # parsed, not mapped
+        data[:] = good
     data[-5] ^= 0x10  # an offset's high bits: a wrong but plausible position
     open(gdx, "wb").write(bytes(data))
     text = read_index(rec[:-4] + ".idx", binary=False)
