@@ -160,8 +160,11 @@ class _StoreDataset(mx.gluon.data.Dataset):
             raise DecodeError(e.reason, self.filename, key, offset) from None
 
     def __getstate__(self):
+        """The store pickles its location (no index); the per-record request counts of
+        plain-int access are this process's own (4 bytes a record): a copy starts afresh."""
         state = self.__dict__.copy()
         state["_passes_lock"] = None
+        state["_passes"] = None
         return state
 
     def __setstate__(self, state):

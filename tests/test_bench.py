@@ -2,6 +2,7 @@
 that every measurement ran and the report holds every row)."""
 import io
 import math
+import os
 
 import pytest
 
@@ -61,15 +62,30 @@ def test_reads_only(tmp_path):
 
 
 def test_scale_step_small(tmp_path):
-    """The scale step on 20,000 tiny records: every worker opened, read, and reported."""
+    """The scale step on 20,000 tiny records: every worker opened, read, and reported, for
+    the binary index, the text .idx (first open, then from the cache), a 4-shard manifest
+    and workers forked after the parent opened; the rows against the targets exist."""
     from gluon_data.cli import load_bench
     from gluon_data.recordio import RecordFile
+    from gluon_data.shards import verify_sharded
     bench = load_bench()
-    out = bench.scale_costs(str(tmp_path), n=20_000, workers=2, reads=200)
+    out = bench.scale_costs(str(tmp_path), n=20_000, workers=2, reads=200, shards=4)
     f = RecordFile(str(tmp_path / "scale-20000.rec"))
     assert len(f) == 20_000 and f.read(19_999) == b"abcd"
-    for key in ("20000, binary index: worst open s", "20000, text .idx only: worst private MB",
-                "20000, forked after the parent opened: random reads/s per worker",
+    manifest = tmp_path / "scale-20000-shards" / "tiny.shards.json"
+    rep = verify_sharded(str(manifest))  # the manifest's counts, sizes and checksums hold;
+    assert rep.records == 20_000  # the only complaints are about the fake 4-byte payloads
+    assert all("IRHeader" in p["reason"] for p in rep.problems), rep.problems[:3]
+    assert os.listdir(tmp_path / "cache" / "index")  # the text .idx went to the bench's cache
+    for case in ("binary index", "text .idx only, first open", "text .idx only, later opens",
+                 "4-shard manifest"):
+        for what in ("worst open s", "worst private MB", "random reads/s per worker"):
+            key = "20000, %s: %s" % (case, what)
+            assert key in out and math.isfinite(out[key]), key
+        assert 0 <= out["20000, %s: worst open s" % case] < 60
+    for key in ("20000, forked after the parent opened: random reads/s per worker",
                 "2,000 records: random reads/s per worker"):
         assert key in out and math.isfinite(out[key]), key
     assert all(v > 0 for k, v in out.items() if "reads/s" in k)
+    rows = {name: (value, target) for name, value, target, _ in bench._scale_rows(out, 20_000)}
+    assert len(rows) == 4 * 3 + 2 and all(math.isfinite(v) and v >= 0 for v, _ in rows.values())
