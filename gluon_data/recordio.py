@@ -453,7 +453,9 @@ def _parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
     """The text of an ``.idx`` as ``(keys, offsets)``; :class:`FormatError` naming the line
     that is not two integers."""
     b = np.frombuffer(raw, dtype=np.uint8)
-    if not _INDEX_BYTES[b].all():  # the C parser would stop quietly at "16x" and keep 16
+    # only digits, signs and white space: the C parser would stop quietly at "16x" and keep
+    # 16 (all of these are <= "9"; those below "0" are checked where there are few of them)
+    if not (b <= 57).all() or not _INDEX_BYTES[b[b < 48]].all():
         raise _bad_line(raw.splitlines(), idx_path, _line_problem)
     fast = _parse_strict_index(raw, b)
     if fast is not None:

@@ -79,7 +79,8 @@ def test_scale_step_small(tmp_path):
     assert os.listdir(tmp_path / "cache" / "index")  # the text .idx went to the bench's cache
     for case in ("binary index", "text .idx only, first open", "text .idx only, later opens",
                  "4-shard manifest"):
-        for what in ("worst open s", "worst private MB", "random reads/s per worker"):
+        for what in ("worst open s", "worst private MB", "random reads/s per worker",
+                     "worst anonymous MB"):
             key = "20000, %s: %s" % (case, what)
             assert key in out and math.isfinite(out[key]), key
         assert 0 <= out["20000, %s: worst open s" % case] < 60
@@ -88,4 +89,5 @@ def test_scale_step_small(tmp_path):
         assert key in out and math.isfinite(out[key]), key
     assert all(v > 0 for k, v in out.items() if "reads/s" in k)
     rows = {name: (value, target) for name, value, target, _ in bench._scale_rows(out, 20_000)}
-    assert len(rows) == 4 * 3 + 2 and all(math.isfinite(v) and v >= 0 for v, _ in rows.values())
+    assert len(rows) == 4 * 4 + 4 and all(math.isfinite(v) for v, _ in rows.values())
+    assert all(v > 0 for name, (v, _) in rows.items() if "reads" in name or "open s" in name)
