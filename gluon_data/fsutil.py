@@ -267,15 +267,23 @@ _RENAME_EXCHANGE = 2
 _libc = None
 
 
+def _get_libc():
+    """The C library (``ctypes``), or ``None`` where it cannot be loaded."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    return _libc
+
+
 def exchange_dirs(a: str, b: str) -> bool:
     """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` when the
     system cannot (then nothing happened)."""
-    global _libc
     try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        fn = _libc.renameat2
-    except (OSError, AttributeError):
+        fn = _get_libc().renameat2
+    except AttributeError:  # no libc, or no renameat2 in it
         return False
     at_fdcwd = -100
     rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
@@ -285,6 +293,36 @@ def exchange_dirs(a: str, b: str) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
         return False
     raise OSError(err, os.strerror(err), a)
+
+
+def map_readonly(fd: int, size: int):
+    """A read-only, shared mapping of the first ``size`` bytes of ``fd`` as a buffer (for
+    ``np.frombuffer``), unmapped when the last object over it is gone, advised for random
+    access. Unlike :class:`mmap.mmap` (which keeps a duplicate of the descriptor until
+    closed) it holds no descriptor: a thousand open datasets hold none. Where ``mmap(2)``
+    cannot be called through ``ctypes``, :class:`mmap.mmap` is used."""
+    import mmap
+    import weakref
+    libc = _get_libc()
+    fn = getattr(libc, "mmap", None)
+    if fn is None:  # pragma: no cover - not a POSIX libc
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_RANDOM)
+        return mm
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    addr = fn(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    libc.madvise(addr, size, getattr(mmap, "MADV_RANDOM", 1))  # a cold page read alone
+    buf = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(buf, libc.munmap, addr, size)
+    return buf
 
 
 class OutputLock:

@@ -2,8 +2,12 @@
 
 :class:`RecordFile` reads by offset with ``os.pread`` on a descriptor opened lazily in each
 process, so one instance is safe to share between threads (``DataLoader(thread_pool=True)``),
-to inherit across ``fork`` and to pickle (``spawn``). Its index is a pair of numpy arrays
-(16 bytes per record), validated on open against the data file.
+to inherit across ``fork`` and to pickle (``spawn``). Its index is the binary copy beside the
+``.idx`` (``.idx.gdx``) mapped read-only — one copy in the page cache for every process, nothing
+per record derived: a record ends where the next begins — or, for a stock index, the text parsed
+once into the user cache and mapped from there (small ones are parsed in memory); validated on
+open against the data file, in O(1) when the copy recorded that the index is clean. Pickles carry
+the location and stamps, never the index.
 
 :class:`RecordWriter` writes the same bytes as ``mx.recordio.MXIndexedRecordIO`` under
 temporary names and publishes them by rename only when complete.
@@ -23,7 +27,7 @@ import numpy as np
 from . import codec
 from .errors import FormatError, OutputError, ResourceError
 from .fsutil import (CacheLock, atomic_write, check_replaceable, default_cache_dir, fsync_dir,
-                     open_new)
+                     map_readonly, open_new)
 from .meta import dumps_meta, meta_path, read_meta
 from .store import is_uri, register_opener, valid_positions
 
@@ -297,7 +301,6 @@ def _idx_matches(idx_path: str, size: int, mtime_ns: int, crc: int) -> Optional[
 def _map_binary_index(gdx_path: str, idx_path: str) -> Optional[_Index]:
     """The binary copy at ``gdx_path`` of ``idx_path``, if it still describes it: version 3
     mapped read-only (shared page cache, nothing private), version 2 read into arrays."""
-    import mmap
     fd = _open_regular(gdx_path)
     if fd is None:
         return None
@@ -321,14 +324,13 @@ def _map_binary_index(gdx_path: str, idx_path: str) -> Optional[_Index]:
         st = _idx_matches(idx_path, idx_size, mtime_ns, idx_crc)
         if st is None:
             return None
-        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        mapped = map_readonly(fd, size)
     except OSError:
         return None
     finally:
-        os.close(fd)  # the mapping keeps the file
-    if hasattr(mm, "madvise"):
-        mm.madvise(mmap.MADV_RANDOM)  # a cold page is read alone, not with its neighbours
-    data = np.frombuffer(mm, dtype="<i8", offset=_GDX_HEAD.size)
+        os.close(fd)  # the mapping keeps the file, not the descriptor
+    data = np.frombuffer(mapped, dtype="<i8", offset=_GDX_HEAD.size)
+    data.flags.writeable = False
     if data.dtype != np.int64:  # a big-endian host: a private, native copy
         data = data.astype(np.int64)
     keys = None if arrays == 1 else data[:count]
