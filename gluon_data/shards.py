@@ -913,4 +913,4 @@ def _uri_copy_sources(source: str, split: Optional[str], options: dict):
         return
     f = first.record_file()  # a .rec: downloaded whole (with its .idx) into the cache
     meta = first.meta or _stock_meta(source, len(first))
-    yield None, None, meta, None, (np.asarray(f._ends) - np.asarray(f._offsets)).tolist()
+    yield None, None, meta, None, f.extent_sizes().tolist()
