@@ -795,6 +795,15 @@ class RecordFile:
             return self._off[i], self._endv[i]
         return self._off[i], (self._off[i + 1] if i + 1 < n else self.file_size)
 
+    def extents(self, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """:meth:`extent` of many records at once: ``(starts, ends)`` arrays for the int64
+        array ``positions`` (each ``0 <= i < len(self)``)."""
+        starts = self._offsets[positions]
+        if self._ends is not None:
+            return starts, self._ends[positions]
+        nxt = np.minimum(positions + 1, self._n - 1)
+        return starts, np.where(positions + 1 < self._n, self._offsets[nxt], self.file_size)
+
     def extent_sizes(self) -> np.ndarray:
         """Every record's ``end - start`` (:meth:`extent`), in position order."""
         if self._ends is not None:
@@ -828,7 +837,7 @@ class RecordFile:
         record. Positions out of range are ignored (their read raises)."""
         pos = valid_positions(indices, len(self))
         if pos.size:
-            advise_willneed(self._fd(), self._offsets[pos], self._ends[pos])
+            advise_willneed(self._fd(), *self.extents(pos))
 
     def _read_large(self, i: int, start: int) -> bytes:
         """Header-first read for records too big to fetch with one ``pread`` of the extent."""

@@ -206,3 +206,32 @@ def test_index_cache_can_be_off_or_unusable(tmp_path, cache, monkeypatch):
     small = tiny_rec(str(tmp_path / "small.rec"), 100, gdx=False)  # parsed in microseconds
     monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "c2"))
     assert RecordFile(small).read(99) == payload(99) and not (tmp_path / "c2").exists()
+
+
+
+def test_extents_of_many_records_match_one_at_a_time(tmp_path):
+    """``will_need`` hints a batch by these (start, end) ranges: in file order (ends derived
+    from the next offset) and out of it (a stock index's private array of ends)."""
+    from gluon_data.recordio import RecordWriter
+    sizes = [4, 40, 401, 4000, 8, 16]
+    path = str(tmp_path / "a.rec")
+    with RecordWriter(path) as w:
+        for i, n in enumerate(sizes):
+            w.write(i, b"x" * n)
+        w.finish()
+        w.publish()
+    framed = [8 + n + (-n) % 4 for n in sizes]
+    pos = np.array([5, 0, 3, 3, 1])
+    f = RecordFile(path)
+    starts, ends = f.extents(pos)
+    assert (ends - starts).tolist() == [framed[i] for i in pos]
+    assert list(zip(starts.tolist(), ends.tolist())) == [f.extent(int(i)) for i in pos]
+    idx = path[:-4] + ".idx"
+    lines = open(idx).read().splitlines(True)
+    os.remove(idx + BINARY_INDEX_SUFFIX)
+    with open(idx, "w") as out:  # listed backwards: position i is record 5 - i
+        out.write("".join(lines[::-1]))
+    g = RecordFile(path)
+    starts, ends = g.extents(pos)
+    assert g._ends is not None and (ends - starts).tolist() == [framed[5 - i] for i in pos]
+    assert list(zip(starts.tolist(), ends.tolist())) == [g.extent(int(i)) for i in pos]
