@@ -21,6 +21,16 @@ def run_im2rec(root, prefix, *extra):
     return prefix + ".rec"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    """What gluon_data caches (downloaded objects, parsed stock indexes) goes to a temporary
+    folder during the tests, never the user's ~/.cache (tests that need another set theirs)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path_factory.mktemp("gluon_data_cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def voc_root(tmp_path_factory):
     return make_voc(str(tmp_path_factory.mktemp("voc") / "VOC2012"), num_images=16,

@@ -57,7 +57,7 @@ def test_binary_index_is_mapped_and_open_is_o1(tmp_path):
     assert [bytes(v) for v in f.scan(chunk_bytes=100)] == [payload(i) for i in range(3000)]
     fds = len(os.listdir("/proc/self/fd"))
     many = [RecordFile(path) for _ in range(50)]  # a mapping holds no descriptor
-    assert len(os.listdir("/proc/self/fd")) == fds and not many[-1]._offsets.flags.writeable
+    assert len(os.listdir("/proc/self/fd")) <= fds and not many[-1]._offsets.flags.writeable
 
 
 def test_header_facts_are_checked_against_the_data_file(tmp_path):
