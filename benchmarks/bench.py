@@ -69,24 +69,37 @@ def _decode_share(pairs, k, workers, barrier, done):  # pragma: no cover - forke
     chunk = pairs[k::workers]
     _decode_pairs(chunk[:1])  # libraries loaded, threads set, before the start signal
     barrier.wait()
-    done.put(_decode_pairs(chunk))
+    c0 = time.process_time()
+    count = _decode_pairs(chunk)
+    done.put((count, time.process_time() - c0))
 
 
-def _forked_decode_rate(pairs, workers: int) -> float:
+def _forked_decode_rate(pairs, workers: int, cpu: Optional[list] = None) -> float:
     """Items/s of ``workers`` processes decoding their shares of ``pairs``: forked after the
     bytes are loaded (each holds them already), timed from a barrier that releases them all
-    to the last one's result, so neither start-up nor moving the bytes is counted."""
+    to the last one's result, so neither start-up nor moving the bytes is counted. ``cpu``
+    (a list) gets the CPU seconds the processes spent per item."""
+    return _forked_rate(_decode_share, (pairs,), workers, cpu)
+
+
+def _forked_rate(target, args, workers: int, cpu: Optional[list] = None) -> float:
+    """Run ``target(*args, k, workers, barrier, done)`` in ``workers`` forked processes, each
+    putting ``(items, cpu seconds)`` after the barrier; items/s from the barrier to the last."""
     ctx = multiprocessing.get_context("fork")
     barrier, done = ctx.Barrier(workers + 1), ctx.Queue()
-    procs = [ctx.Process(target=_decode_share, args=(pairs, k, workers, barrier, done),
+    procs = [ctx.Process(target=target, args=tuple(args) + (k, workers, barrier, done),
                          daemon=True) for k in range(workers)]
     for p in procs:
         p.start()
     try:
         barrier.wait(timeout=300)
         t0 = time.perf_counter()
-        count = sum(done.get(timeout=600) for _ in procs)
-        return count / (time.perf_counter() - t0)
+        got = [done.get(timeout=600) for _ in procs]
+        elapsed = time.perf_counter() - t0
+        count = sum(c for c, _ in got)
+        if cpu is not None:
+            cpu.append(sum(t for _, t in got) / count)
+        return count / elapsed
     finally:
         for p in procs:
             p.join(timeout=60)
@@ -1017,6 +1030,105 @@ def run_read_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout
     return {"rates": results, "ratios": table}
 
 
+def _pipeline_share(dataset, batchify, k, workers, barrier, done):  # pragma: no cover - child
+    idx = list(range(k, len(dataset), workers))
+    batchify([dataset[i] for i in idx[:16]])  # warm: pools, libraries, the staging plan
+    barrier.wait()
+    c0 = time.process_time()
+    for s in range(0, len(idx), 16):
+        batchify([dataset[i] for i in idx[s:s + 16]])
+    done.put((len(idx), time.process_time() - c0))
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def seg_bench(workdir: str, n: int = 400, workers: int = 2, rounds: int = 4,
+              out=sys.stdout) -> dict:
+    """Only segmentation ``train`` against the decode limit (``--only segmentation``), in interleaved
+    rounds (best of each): the limit (1 and N forked processes), ours ``.rec`` ``train``
+    through ``DataLoader(batch_size=16, num_workers=N)`` and ``num_workers=0``, and the same
+    dataset + batchify in N forked processes without a DataLoader. Besides items/s it reports
+    the CPU time per item of every process involved (the DataLoader's main process
+    included): on a shared machine the rates move with the load, the CPU per item much less.
+    Returns ``{"rates", "cpu_ms", "ratios"}``."""
+    import mxnet as mx
+    from mxnet.gluon.data.vision import transforms
+
+    from gluon_data.batchify import SegmentationBatchify
+    from gluon_data.convert import convert
+    from gluon_data.datasets import SegmentationRecordDataset
+
+    def say(*a):
+        print(*a, file=out, flush=True)
+
+    os.makedirs(workdir, exist_ok=True)
+    voc = make_dataset(workdir, n)
+    rec = os.path.join(workdir, "voc.rec")
+    if not os.path.exists(rec):
+        convert(voc, rec, "voc", split="train")
+    jpg_dir, png_dir = os.path.join(voc, "JPEGImages"), os.path.join(voc, "SegmentationClass")
+    pairs = [(open(os.path.join(jpg_dir, f), "rb").read(),
+              open(os.path.join(png_dir, f[:-4] + ".png"), "rb").read())
+             for f in sorted(os.listdir(jpg_dir))]
+    tf = transforms.Compose([transforms.ToTensor(),
+                             transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
+    ds = SegmentationRecordDataset(rec, seed=0, mode="train", base_size=400, crop_size=320,
+                                   transform=tf)
+    batchify = SegmentationBatchify(channels_first=True)
+    rates, cpu = {}, {}
+    lim1, limn = "decode limit, OpenCV, 1 process", "decode limit, OpenCV, %d processes" % workers
+    nodl = "ours .rec train, dataset + batchify, %d processes, no DataLoader" % workers
+    ours, ours0 = "ours .rec train, DataLoader, %d workers" % workers, \
+        "ours .rec train, DataLoader, 0 workers"
+
+    def best(key, rate, cpu_per_item):
+        rates[key] = max(rates.get(key, 0.0), rate)
+        cpu[key] = min(cpu.get(key, float("inf")), cpu_per_item * 1e3)
+
+    loaders = {k: mx.gluon.data.DataLoader(ds, batch_size=16, shuffle=True, num_workers=w,
+                                           batchify_fn=batchify, last_batch="keep")
+               for k, w in ((ours, workers), (ours0, 0))}
+    for loader in loaders.values():
+        for _ in loader:  # workers started, pools and plans warm
+            pass
+    for _ in range(rounds):
+        c0, t0 = time.process_time(), time.perf_counter()
+        seen = _decode_pairs(pairs)
+        best(lim1, seen / (time.perf_counter() - t0), (time.process_time() - c0) / seen)
+        t = []
+        r = _forked_decode_rate(pairs, workers, t)
+        best(limn, r, t[0])
+        t = []
+        r = _forked_rate(_pipeline_share, (ds, batchify), workers, t)
+        best(nodl, r, t[0])
+        for key, loader in loaders.items():
+            pids = [p.pid for p in loader._worker_pool._pool] if loader._num_workers else []
+            w0 = [_cpu_s(p) for p in pids]
+            c0, t0, seen = time.process_time(), time.perf_counter(), 0
+            for batch in loader:
+                seen += batch[0].shape[0]
+            elapsed = time.perf_counter() - t0
+            spent = time.process_time() - c0 + sum(_cpu_s(p) - c for p, c in zip(pids, w0))
+            best(key, seen / elapsed, spent / seen)
+    say("%-64s %8s %8s" % ("measurement", "items/s", "CPU ms"))
+    for k in (lim1, limn, nodl, ours, ours0):
+        say("%-64s %8.0f %8.3f" % (k, rates[k], cpu[k]))
+    ratios = {"ours .rec train / decode limit N (items/s)": rates[ours] / rates[limn],
+              "ours .rec train / decode limit N (CPU per item, inverse)": cpu[limn] / cpu[ours],
+              "DataLoader / no DataLoader (CPU per item, inverse)": cpu[nodl] / cpu[ours],
+              "ours .rec train, 0 workers / decode limit 1 (CPU per item, inverse)":
+                  cpu[lim1] / cpu[ours0]}
+    say("")
+    for k, v in ratios.items():
+        say("%-64s %8.2f" % (k, v))
+    return {"rates": rates, "cpu_ms": cpu, "ratios": ratios}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gluon-data bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1032,18 +1144,26 @@ def main(argv=None) -> int:
     p.add_argument("--scale", type=int, default=10_000_000,
                    help="records of the scale step (a tiny-record .rec opened by 8 workers at "
                         "once; not run by --quick; 0 skips it)")
-    p.add_argument("--reads-only", action="store_true",
-                   help="only the raw, cold LMDB and cold loader read rows and their ratios "
-                        "(a few minutes)")
-    p.add_argument("--only", choices=("all", "scale"), default="all",
-                   help="'scale': run only the scale step (--scale records, in --workdir)")
+    p.add_argument("--only", choices=("all", "scale", "segmentation", "reads"), default="all",
+                   help="run only some rows: 'scale' is the scale step (--scale records); "
+                        "'segmentation' is train against the decode limit, with CPU per item "
+                        "(400 images unless --num-images is given; ~1-2 min); 'reads' is the "
+                        "raw, cold LMDB and cold loader read rows and their ratios (a few "
+                        "minutes)")
+    p.add_argument("--reads-only", action="store_const", dest="only", const="reads",
+                   help="the same as --only reads")
     a = p.parse_args(argv)
     if a.only == "scale":
         run_scale(a.workdir, a.scale)
         return 0
+    if a.only == "segmentation":
+        n = a.num_images if any(x.startswith("--num-images") for x in (argv or sys.argv)) \
+            else 400
+        seg_bench(a.workdir + "-seg%d" % n, n, a.workers, out=sys.stdout)
+        return 0
     n = 200 if a.quick else a.num_images
     workdir = a.workdir + ("-quick" if a.quick else "")
-    if a.reads_only:
+    if a.only == "reads":
         run_read_bench(workdir, n, a.workers, quick=a.quick)
         return 0
     run_bench(workdir, n, a.workers, quick=a.quick, dali_python=a.dali_python,

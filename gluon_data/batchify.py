@@ -6,7 +6,7 @@ from typing import Sequence
 import mxnet as mx
 import numpy as np
 
-from .buffers import batch_buffer, host_view
+from .buffers import batch_buffer, host_view, stack_staged
 
 __all__ = ["SegmentationBatchify", "MultiSizeBatchify", "StackBatchify"]
 
@@ -52,18 +52,26 @@ class SegmentationBatchify:
         w = max(m.shape[1] for m in masks)
         ishape = list(imgs[0].shape)
         ishape[hax], ishape[hax + 1] = h, w
-        nd_i, out_i = batch_buffer([len(imgs)] + ishape, imgs[0].dtype)
-        nd_m, out_m = batch_buffer((len(masks), h, w), masks[0].dtype)
+        chans = imgs[0].shape[2 if hax == 0 else 0]
         for k, (im, m) in enumerate(zip(imgs, masks)):
-            mh, mw = m.shape
-            dst = out_i[k] if self.channels_first else out_i[k].transpose(2, 0, 1)
-            src = im if self.channels_first else im.transpose(2, 0, 1)
-            if src.shape[0] != dst.shape[0] or mh != src.shape[1] or mw != src.shape[2]:
+            if im.shape[hax:hax + 2] != m.shape or im.shape[2 if hax == 0 else 0] != chans:
                 raise ValueError("sample %d: image %s and mask %s do not match (or the channel "
                                  "count differs from sample 0's); is channels_first=%s right?"
                                  % (k, im.shape, m.shape, self.channels_first))
-            _paste(dst, src, self.image_pad)
-            _paste(out_m[k], m, self.mask_pad)
+        if all(m.shape == (h, w) for m in masks):  # nothing to pad: samples staged in a
+            nd_i, nd_m = stack_staged(imgs), stack_staged(masks)  # worker need no copy
+        else:
+            nd_i = nd_m = None
+        if nd_i is None:
+            nd_i, out_i = batch_buffer([len(imgs)] + ishape, imgs[0].dtype)
+            for k, im in enumerate(imgs):
+                dst = out_i[k] if self.channels_first else out_i[k].transpose(2, 0, 1)
+                _paste(dst, im if self.channels_first else im.transpose(2, 0, 1),
+                       self.image_pad)
+        if nd_m is None:
+            nd_m, out_m = batch_buffer((len(masks), h, w), masks[0].dtype)
+            for k, m in enumerate(masks):
+                _paste(out_m[k], m, self.mask_pad)
         return nd_i, nd_m
 
 
@@ -109,6 +117,9 @@ class StackBatchify:
                                  "StackBatchify needs equal shapes (pad with "
                                  "SegmentationBatchify, or keep lists with MultiSizeBatchify)"
                                  % (field, k, a.shape, shape))
+        nd = stack_staged(arrays)
+        if nd is not None:
+            return nd
         nd, view = batch_buffer((len(arrays),) + shape, dtype)
         for k, a in enumerate(arrays):
             view[k] = a

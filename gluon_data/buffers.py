@@ -31,6 +31,15 @@ segments (free ones of other sizes are evicted to make room); when none is free 
 room (say the training loop keeps batches alive), the batch falls back to a plain
 ``cpu_shared`` allocation: slower, never wrong. Segments have no name, so nothing is left behind in ``/dev/shm`` when a worker is
 killed.
+
+Staged batches go one step further. Once a worker's batchify has seen a batch of some sample
+shape, :meth:`SamplePool.take` hands the next samples of that shape out as consecutive slots of
+one segment (the dataset writes each sample there), and :func:`stack_staged` sends that
+segment as the batch instead of copying the samples into another one (16 x 1.2 MB for
+320 x 320 float images). It does so only when the samples are exactly its slots ``0..n-1`` in
+order; otherwise the batch is copied as before. Every live slot, and the cursor that fills the
+segment, holds it: a segment is reused only when no slot, no local batch and no sent batch
+refers to it any more.
 """
 from __future__ import annotations
 
@@ -46,7 +55,7 @@ from typing import Optional, Tuple
 import mxnet as mx
 import numpy as np
 
-__all__ = ["batch_buffer", "host_view", "SamplePool", "samples"]
+__all__ = ["batch_buffer", "stack_staged", "host_view", "SamplePool", "samples"]
 
 #: A worker keeps at most this many segments' worth of its largest batch: the batches it can
 #: have in flight (Gluon prefetches ``2 * num_workers``), the one being built and the one
@@ -63,9 +72,14 @@ class _Segment:
         self.map = mmap.mmap(self.fd, _HEADER + capacity)
         self.counts = np.frombuffer(self.map, np.int64, 2)
         self.local = False   # the worker still holds its own NDArray over the segment
+        self.holds = 0       # staged sample slots (and the staging cursor) still alive
 
     def free(self) -> bool:
-        return not self.local and self.counts[0] == self.counts[1]
+        return not self.local and not self.holds and self.counts[0] == self.counts[1]
+
+    def address(self) -> int:
+        """Where the data (after the header) starts in this process."""
+        return np.frombuffer(self.map, np.uint8, 1, _HEADER).ctypes.data
 
     def close(self) -> bool:
         """Unmap and close a free segment; False if a view of it is still alive."""
@@ -86,7 +100,10 @@ class _Pool:
         self.segments = []
         self.largest = 0
         self.fallbacks = 0   # batches that found no free segment and no room for a new one
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        self.plans = {}      # (shape, dtype str) -> samples per batch, set by the batchify
+        self.staging = {}    # (shape, dtype str) -> [segment, next slot]
+        self.adopted = 0     # batches sent without a copy (their samples were staged)
 
     def acquire(self, nbytes: int) -> Optional[_Segment]:
         with self.lock:
@@ -113,6 +130,73 @@ class _Pool:
             self.segments.append(seg)
             return seg
 
+    def stage(self, key) -> Optional[np.ndarray]:
+        """The next slot of the staging segment planned for samples of ``key``, or ``None``
+        (no plan: the first batch of a shape, or no segment free)."""
+        with self.lock:
+            per_batch = self.plans.get(key)
+            if not per_batch:
+                return None
+            shape, dtype = key[0], np.dtype(key[1])
+            slot = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            cur = self.staging.get(key)
+            if cur is None or cur[1] >= per_batch:
+                self.unstage(key)
+                seg = self.acquire(slot * per_batch)
+                if seg is None:
+                    return None
+                seg.local = False
+                seg.holds += 1  # the cursor's own hold, until the batch is adopted or given up
+                cur = self.staging[key] = [seg, 0]
+            seg, k = cur
+            cur[1] += 1
+            seg.holds += 1
+        view = np.frombuffer(seg.map, dtype, slot // dtype.itemsize,
+                             _HEADER + k * slot).reshape(shape)
+        weakref.finalize(view, _unhold, seg, self.lock)
+        return view
+
+    def unstage(self, key) -> None:
+        """Stop filling ``key``'s staging segment (its live slots keep it held)."""
+        with self.lock:
+            cur = self.staging.pop(key, None)
+            if cur is not None:
+                cur[0].holds -= 1
+
+    def adopt(self, arrays) -> Optional[mx.nd.NDArray]:
+        """The batch of ``arrays`` (equal shapes and dtypes) as an NDArray over the staging
+        segment they were written into, when they are its slots 0..n-1 in order; else
+        ``None``. Either way it plans the next batch: ``len(arrays)`` samples of this shape
+        go into one segment's slots."""
+        first = arrays[0]
+        key = (tuple(int(d) for d in first.shape), first.dtype.str)
+        with self.lock:
+            cur = self.staging.get(key)
+            self.plans[key] = len(arrays)
+            seg = cur[0] if cur is not None else None
+            ok = seg is not None and cur[1] == len(arrays)
+            if ok:
+                base, slot = seg.address(), first.nbytes
+                ok = all(a.shape == first.shape and a.dtype == first.dtype
+                         and a.ctypes.data == base + k * slot for k, a in enumerate(arrays))
+            self.unstage(key)
+            if not ok:
+                return None
+            seg.local = True
+            self.adopted += 1
+        n = len(arrays) * first.size
+        view = np.frombuffer(seg.map, first.dtype, n, _HEADER).reshape(
+            (len(arrays),) + first.shape)
+        weakref.finalize(view, _released_locally, seg)
+        out = mx.nd.from_numpy(view, zero_copy=True, array_cls=_PooledArray)
+        out._gd_segment = seg
+        return out
+
+
+def _unhold(segment: _Segment, lock) -> None:
+    with lock:
+        segment.holds -= 1
+
 
 _pool: Optional[_Pool] = None
 _pool_lock = threading.Lock()
@@ -136,8 +220,18 @@ class SamplePool:
         self._free = {}
 
     def take(self, shape, dtype) -> np.ndarray:
-        """A writable, C-contiguous, uninitialised buffer."""
+        """A writable, C-contiguous, uninitialised buffer.
+
+        In a worker process whose batchify planned batches of this shape (see
+        :func:`stack_staged`), the buffer is the next slot of a shared batch segment, so the
+        batch of these samples is sent without copying them again."""
         key = (tuple(int(d) for d in shape), np.dtype(dtype).str)
+        if multiprocessing.parent_process() is not None:
+            pool = _get_pool()
+            if pool.plans:
+                slot = pool.stage(key)
+                if slot is not None:
+                    return slot
         free = self._free.get(key)
         if free:
             try:
@@ -158,8 +252,9 @@ class SamplePool:
 
     def _give_back(self, buf: np.ndarray) -> None:
         # Bounded by bytes, not per shape: samples of ever-new sizes (full images in
-        # ``testval``) are simply not kept once the budget is used.
-        if self.held + buf.nbytes <= self.max_bytes:
+        # ``testval``) are simply not kept once the budget is used. Staged slots (views of
+        # a shared segment) go back to their segment, not here.
+        if buf.base is None and self.held + buf.nbytes <= self.max_bytes:
             self._free.setdefault((buf.shape, buf.dtype.str), []).append(buf)
             self.held += buf.nbytes
 
@@ -222,6 +317,18 @@ def host_view(x) -> np.ndarray:
         return np.empty(x.shape, dtype)
     buf = (ctypes.c_char * (n * dtype.itemsize)).from_address(ptr.value)
     return np.frombuffer(buf, dtype).reshape(x.shape)
+
+
+def stack_staged(arrays) -> Optional[mx.nd.NDArray]:
+    """The batch stacking ``arrays`` (host views of samples of one shape and dtype), without
+    a copy when a worker's samples were written into consecutive slots of one shared
+    segment (:meth:`SamplePool.take` stages them once a batch of this shape was seen);
+    ``None`` otherwise (the caller copies them into :func:`batch_buffer`). Only in worker
+    processes, where the batch is pickled to the main process."""
+    if (multiprocessing.parent_process() is None or not arrays
+            or not hasattr(os, "memfd_create")):
+        return None
+    return _get_pool().adopt(arrays)
 
 
 def batch_buffer(shape, dtype) -> Tuple[mx.nd.NDArray, np.ndarray]:

@@ -558,20 +558,26 @@ class CenterCrop:
 class ToTensorNormalize:
     """uint8 HxWxC -> float32 CxHxW, ``(x / 255 - mean) / std``; the mask passes through.
 
-    The values of Gluon's ``Compose([ToTensor(), Normalize(mean, std)])`` to float32
-    rounding (within 1e-6), computed with OpenCV in one vectorised pass per channel
-    (``x * (1 / (255 std)) - mean / std``) straight into the CxHxW output, instead of two
-    NDArray operators. ``mean=0, std=1`` is Gluon's ``ToTensor`` alone. :meth:`image`
-    converts an image only.
+    Exactly the values of Gluon's ``Compose([ToTensor(), Normalize(mean, std)])`` for uint8
+    images: each channel's 256 possible results are computed once, in float32 as Gluon's
+    operators compute them, and an image is one OpenCV table lookup per channel straight
+    into the CxHxW output (faster than the arithmetic, and bit-identical), instead of two
+    NDArray operators. Float images are computed arithmetically (within 1e-6).
+    ``mean=0, std=1`` is Gluon's ``ToTensor`` alone. :meth:`image` converts an image only.
+
+    >>> import numpy as np
+    >>> t = ToTensorNormalize(mean=0.5, std=0.5)
+    >>> t.image(np.full((2, 2, 3), 255, np.uint8))[:, 0, 0].tolist()
+    [1.0, 1.0, 1.0]
     """
 
     def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
         self.mean = np.asarray(mean, np.float32).reshape(-1)
         self.std = np.asarray(std, np.float32).reshape(-1)
         self.channels = max(self.mean.size, self.std.size)
-        self._affine = [(1.0 / (255.0 * float(self.std[c % self.std.size])),
-                         -float(self.mean[c % self.mean.size]) / float(self.std[c % self.std.size]))
-                        for c in range(self.channels)]
+        levels = np.arange(256, dtype=np.float32) / np.float32(255.0)  # Gluon's ToTensor
+        self._luts = [(levels - self.mean[c % self.mean.size]) / self.std[c % self.std.size]
+                      for c in range(self.channels)]  # Gluon's Normalize, in float32
 
     def image(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The CxHxW float32 tensor of ``img``, written into ``out`` when given."""
@@ -587,8 +593,7 @@ class ToTensorNormalize:
         if x.dtype == np.uint8:
             planes = cv2.split(x) if c > 1 else [np.ascontiguousarray(x[:, :, 0])]
             for k, plane in enumerate(planes):
-                scale, shift = self._affine[k % self.channels]
-                cv2.addWeighted(plane, scale, plane, 0.0, shift, dst=out[k], dtype=cv2.CV_32F)
+                cv2.LUT(plane, self._luts[k % self.channels], dst=out[k])
             return out
         for k in range(c):
             out[k] = (x[:, :, k].astype(np.float32) / np.float32(255.0)

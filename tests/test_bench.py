@@ -61,6 +61,24 @@ def test_reads_only(tmp_path):
     assert "random reads hinted / stock read_idx (cold)" in out.getvalue()
 
 
+@pytest.mark.slow
+def test_segmentation_only_run_reports_rates_and_cpu_per_item(tmp_path, capsys):
+    from gluon_data.cli import load_bench
+    bench = load_bench()
+    assert bench.main(["--only", "segmentation", "--num-images", "24",
+                       "--workdir", str(tmp_path / "b")]) == 0
+    text = capsys.readouterr().out
+    res = bench.seg_bench(str(tmp_path / "b-seg24"), 24, 2, rounds=1, out=io.StringIO())
+    rows = ("decode limit, OpenCV, 1 process", "decode limit, OpenCV, 2 processes",
+            "ours .rec train, dataset + batchify, 2 processes, no DataLoader",
+            "ours .rec train, DataLoader, 2 workers", "ours .rec train, DataLoader, 0 workers")
+    for key in rows:
+        assert key in text and key in res["rates"] and key in res["cpu_ms"], key
+        assert 0 < res["rates"][key] < math.inf and 0 < res["cpu_ms"][key] < 1000, key
+    assert "ours .rec train / decode limit N (CPU per item, inverse)" in text
+    assert all(0 < v < math.inf for v in res["ratios"].values())
+
+
 def test_scale_step_small(tmp_path):
     """The scale step on 20,000 tiny records: every worker opened, read, and reported, for
     the binary index, the text .idx (first open, then from the cache), a 4-shard manifest

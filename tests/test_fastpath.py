@@ -104,13 +104,18 @@ def test_numpy_image_transform_recognises_only_plain_to_tensor_normalize():
 
 
 @pytest.mark.parametrize("shape", [(37, 53, 3), (320, 320, 3), (5, 7, 1)])
-def test_to_tensor_normalize_equals_gluon_to_float_rounding(shape):
+def test_to_tensor_normalize_equals_gluon(shape):
     img = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    flat = img.reshape(-1)
+    flat[:256] = np.arange(min(256, flat.size))  # every level where it fits
     mean, std = (MEAN, STD) if shape[2] == 3 else (0.5, 0.25)
     ref = VT.Compose([VT.ToTensor(), VT.Normalize(mean, std)])(mx.nd.array(img, dtype="uint8"))
     ours = T.ToTensorNormalize(mean, std).image(img)
     assert ours.dtype == np.float32 and ours.shape == ref.shape
-    np.testing.assert_allclose(ours, ref.asnumpy(), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(ours, ref.asnumpy())  # uint8: bit-identical (lookup tables)
+    out = np.full((shape[2],) + shape[:2], np.nan, np.float32)
+    assert T.ToTensorNormalize(mean, std).image(img, out=out) is out
+    np.testing.assert_array_equal(out, ref.asnumpy())  # written in place, all of it
     np.testing.assert_allclose(T.ToTensorNormalize(mean, std).image(img.astype(np.float32)),
                                ref.asnumpy(), rtol=0, atol=1e-6)
 
@@ -358,3 +363,53 @@ def test_loops_that_break_early_never_corrupt_and_ours_releases_the_rest():
             assert sorted(seen) == list(range(96))
         if loader_cls is DataLoader:  # drained: every segment came back
             assert max(fallbacks) == 0
+
+
+class _PooledNumbered(_Numbered):
+    """Like _Numbered, but its samples live in the sample pool, as the datasets' fast paths'
+    do: in a worker, once a batch was seen, each one is a slot of a staged batch segment."""
+
+    def __getitem__(self, i):
+        img = buffers.samples.take((3, 8, 8), np.float32)
+        img[...] = i
+        mask = buffers.samples.take((8, 8), np.int32)
+        mask[...] = i
+        return buffers.samples.wrap(img), buffers.samples.wrap(mask)
+
+
+class _WithAdopted:
+    """The batchify (ours, or the plain stack), then the worker's adopted/fallback counts."""
+
+    def __init__(self, stack=False):
+        from gluon_data import StackBatchify
+        self.inner = StackBatchify() if stack else SegmentationBatchify(channels_first=True)
+
+    def __call__(self, samples):
+        imgs, masks = self.inner(samples)
+        pool = buffers._get_pool()
+        return imgs, masks, mx.nd.array([pool.adopted, pool.fallbacks])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batchify", ["segmentation", "stack"])
+def test_staged_samples_become_the_batch_without_a_copy_and_are_never_overwritten(batchify):
+    fn = _WithAdopted(stack=batchify == "stack")
+    loader = mx.gluon.data.DataLoader(_PooledNumbered(), batch_size=8, shuffle=True,
+                                      num_workers=2, batchify_fn=fn)
+    adopted = 0
+    for _ in range(3):  # released as consumed: batches after each worker's first are staged
+        seen = []
+        for batch in loader:
+            seen += _check(batch)
+            adopted = max(adopted, int(batch[2].asnumpy()[0]))
+        assert sorted(seen) == list(range(96))
+    assert adopted >= 8  # two fields per batch; most of each worker's 18 batches
+    held = []
+    for _ in range(3):  # every batch kept alive: staging runs out of segments, still right
+        held += list(loader)
+    gc.collect()
+    ids = sum((_check(b) for b in held), [])
+    assert sorted(ids) == sorted(list(range(96)) * 3)
+    # in the main process nothing is staged: samples are plain pooled buffers
+    img, mask = _PooledNumbered()[5]
+    assert (img.asnumpy() == 5).all() and buffers._get_pool().adopted == 0
