@@ -109,3 +109,53 @@ def test_scale_step_small(tmp_path):
     rows = {name: (value, target) for name, value, target, _ in bench._scale_rows(out, 20_000)}
     assert len(rows) == 4 * 4 + 4 and all(math.isfinite(v) for v, _ in rows.values())
     assert all(v > 0 for name, (v, _) in rows.items() if "reads" in name or "open s" in name)
+
+
+def test_classification_only(tmp_path):
+    """``--only classification``: the stock im2rec ``.rec``, its shards (the same records),
+    every classification loader and the recipe ratios, on 16 images."""
+    from gluon_data.cli import load_bench
+    from gluon_data.recordio import RecordFile
+    from gluon_data.shards import ShardedStore
+    out = io.StringIO()
+    res = load_bench().run_classification(str(tmp_path / "c"), n=16, workers=1, out=out,
+                                          epochs=1)
+    stock = tmp_path / "c" / "cls" / "stock.rec"
+    shards = ShardedStore(str(tmp_path / "c" / "cls" / "shards" / "stock.shards.json"))
+    assert len(shards) == len(RecordFile(str(stock))) == 16 and len(shards.paths) == 4
+    assert [shards.read(i) for i in range(16)] == [RecordFile(str(stock)).read(i)
+                                                   for i in range(16)]
+    rates = res["rates"]
+    for key in ("stock ImageRecordDataset", "ours ImageRecordDataset",
+                "stock ImageRecordDataset + RandomResizedCrop 224 recipe",
+                "ours ImageRecordDataset + RandomResizedCrop 224 recipe",
+                "ours sharded + RandomResizedCrop 224 recipe",
+                "stock ImageRecordIter (crop 224)"):
+        assert key in rates and rates[key] > 0 and math.isfinite(rates[key]), key
+    assert not any("DALI" in k for k in rates)  # no --dali-python: no DALI rows
+    assert set(res["ratios"]) == {"ours cls / stock ImageRecordDataset",
+                                  "ours cls / stock ImageRecordIter",
+                                  "ours cls recipe / stock cls recipe",
+                                  "ours cls recipe: sharded / one .rec"}
+    assert "ours cls recipe / stock cls recipe" in out.getvalue()
+
+
+@pytest.mark.skipif(not os.environ.get("GLUON_DATA_DALI_PYTHON"),
+                    reason="needs an interpreter with nvidia-dali (GLUON_DATA_DALI_PYTHON)")
+def test_dali_rows(tmp_path):
+    """Opt-in (DALI needs numpy 2, so it lives in another environment): DALI's CPU pipeline
+    reads the bench's stock ``.rec`` and its shards through one combined index, and the
+    classification run reports the DALI rows and the ratio with its 1.5x target."""
+    from gluon_data.cli import load_bench
+    bench = load_bench()
+    out = io.StringIO()
+    res = bench.run_classification(str(tmp_path / "c"), n=32, workers=1, out=out, epochs=1,
+                                   dali_python=os.environ["GLUON_DATA_DALI_PYTHON"])
+    assert "note (DALI)" not in out.getvalue(), out.getvalue()
+    for key in ("DALI CPU RandomResizedCrop 224 recipe",
+                "DALI CPU RandomResizedCrop 224 recipe, antialiased resize",
+                "DALI CPU sharded RandomResizedCrop 224 recipe"):
+        assert res["rates"][key] > 0, key
+    assert {"ours cls recipe / DALI same recipe",
+            "ours sharded cls recipe / DALI sharded"} <= set(res["ratios"])
+    assert "ours cls recipe / DALI same recipe" in out.getvalue()
