@@ -126,15 +126,28 @@ def _rss_mb(pid: int) -> Tuple[float, float]:
     return fields.get("RssAnon", 0) + fields.get("RssFile", 0), fields.get("RssShmem", 0)
 
 
+def _cpu_seconds(pids) -> float:
+    """User + system CPU seconds used so far by the processes ``pids`` (all their threads)."""
+    total = 0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None,
-                  before=None, loader=None) -> dict:
+                  before=None, loader=None, cpu=None) -> dict:
     """Best items/s of each ``(name, dataset, batchify)`` through
     ``DataLoader(batch_size=16, shuffle=True, num_workers=workers)``. Every loader first runs
     one whole epoch (workers started, caches warm, nothing left unread), then each round runs
     one epoch of every loader in turn, so a change of load on this shared machine hits them
     all alike. ``rss`` collects the first loader's per-worker RSS after every round;
     ``between`` runs after every round, ``before(name)`` before every timed epoch;
-    ``loader`` is the DataLoader class (Gluon's by default), or a pipeline's fourth item."""
+    ``loader`` is the DataLoader class (Gluon's by default), or a pipeline's fourth item;
+    ``cpu`` collects each loader's least CPU milliseconds per item (the main process and its
+    workers, all threads) over its timed epochs: unlike items/s, hardly moved by other
+    jobs on the machine."""
     import mxnet as mx
     loaders = {}
     for name, dataset, batchify, *cls in pipelines:
@@ -148,10 +161,16 @@ def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None,
         for k, (name, loader) in enumerate(loaders.items()):
             if before is not None:
                 before(name)
+            pool = getattr(getattr(loader, "_worker_pool", None), "_pool", None) or []
+            pids = [os.getpid()] + ([p.pid for p in pool] if cpu is not None else [])
+            c0 = _cpu_seconds(pids) if cpu is not None else 0.0
             t0, seen = time.perf_counter(), 0
             for batch in loader:
                 seen += batch[0].shape[0]
             best[name] = max(best[name], seen / (time.perf_counter() - t0))
+            if cpu is not None and seen:
+                ms = (_cpu_seconds(pids) - c0) * 1e3 / seen
+                cpu[name] = min(cpu.get(name, ms), ms)
             if k == 0 and rss is not None and workers:
                 rss.append([_rss_mb(p.pid) for p in loader._worker_pool._pool])
         if between is not None:
@@ -753,19 +772,25 @@ p = pipe()
 p.build()
 for _ in range(warmup):  # the reader's shuffle buffer filled, every buffer allocated
     p.run()
-t0, seen = time.perf_counter(), 0
+t0, c0, seen = time.perf_counter(), time.process_time(), 0
 while seen < n:
     images, _ = p.run()
     seen += len(images)
-print(seen / (time.perf_counter() - t0))
+print(seen / (time.perf_counter() - t0), (time.process_time() - c0) * 1e3 / seen)
 """
 
 
-def _dali_rate(python: str, rec, workers: int, n: int, recipe: str,
-               warmup: int = 8, index: Optional[str] = None) -> float:
-    """Items/s of DALI's CPU pipeline (``device_id=None``: no GPU, ``num_threads=workers``,
-    batch 16) over ``rec``, run by ``python``, an interpreter that has DALI. ``rec`` is a
-    ``.rec`` path, or the list of a dataset's shards with ``index`` their combined ``.idx``
+def _dali_rate(python: str, rec, workers: int, n: int, recipe: str, warmup: int = 8,
+               index: Optional[str] = None) -> float:
+    """Items/s of :func:`_dali_run`."""
+    return _dali_run(python, rec, workers, n, recipe, warmup, index)[0]
+
+
+def _dali_run(python: str, rec, workers: int, n: int, recipe: str, warmup: int = 8,
+              index: Optional[str] = None) -> Tuple[float, float]:
+    """(items/s, CPU ms per item of the whole process, all threads) of DALI's CPU pipeline
+    (``device_id=None``: no GPU, ``num_threads=workers``, batch 16) over ``rec``, run by
+    ``python``, an interpreter that has DALI. ``rec`` is a ``.rec`` path, or the list of a dataset's shards with ``index`` their combined ``.idx``
     (:func:`gluon_data.shards.write_combined_index`: ``fn.readers.mxnet`` takes several
     ``.rec`` files but one index, offsets counted as if the files were concatenated).
     Measured at its best: the pipeline is built and run ``warmup`` batches (the reader's
@@ -786,7 +811,8 @@ def _dali_rate(python: str, rec, workers: int, n: int, recipe: str,
                           recipe, str(warmup)], capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError("DALI run failed: %s" % res.stderr.strip()[-500:])
-    return float(res.stdout.strip().splitlines()[-1])
+    rate, cpu_ms = res.stdout.strip().splitlines()[-1].split()
+    return float(rate), float(cpu_ms)
 
 
 def _stock_lst(cls_root: str, jpg_files) -> str:
@@ -846,6 +872,14 @@ _CLS_RATIOS = (  # (name, numerator row, denominator row, target)
 )
 
 
+_CLS_CPU_RATIOS = (  # CPU ms per item: DALI's / ours (higher: ours cheaper)
+    ("ours cls recipe / DALI, CPU per item", _DALI_RECIPES[0][0],
+     "ours ImageRecordDataset + " + _CLS_RECIPE, None),
+    ("ours sharded / DALI sharded, CPU per item", "DALI CPU sharded %s" % _CLS_RECIPE,
+     "ours sharded + " + _CLS_RECIPE, None),
+)
+
+
 def _cls_recipe():
     """The ImageNet training recipe: ``RandomResizedCrop(224)`` + flip + ``ToTensor`` +
     ``Normalize``, as Gluon transforms."""
@@ -857,7 +891,7 @@ def _cls_recipe():
 
 def classification_rates(stock_rec: str, n: int, workers: int, epochs: int,
                          dali_python: Optional[str] = None, notes: Optional[dict] = None,
-                         shards: Optional[str] = None) -> dict:
+                         shards: Optional[str] = None, cpu: Optional[dict] = None) -> dict:
     """Items/s of classification on a stock im2rec ``.rec``: decode only (stock and ours),
     the ImageNet recipe (stock ``ImageRecordDataset`` + Gluon's transforms, ours with the same
     transforms), ``ImageRecordIter``, and — with ``dali_python`` — DALI's CPU pipeline of the
@@ -865,7 +899,8 @@ def classification_rates(stock_rec: str, n: int, workers: int, epochs: int,
     ``.shards.json`` of the same records: ours and DALI reading its ``.rec`` shards). The
     loaders run in interleaved rounds (see :func:`_loader_rates`); one DALI pass of every
     DALI row runs after every round, each keeping its best, so a change of load on the
-    machine hits DALI and ours alike."""
+    machine hits DALI and ours alike. ``cpu`` collects the least CPU ms per item of the
+    recipe loaders and the DALI rows (every process and thread each one runs)."""
     import mxnet as mx
 
     from gluon_data.batchify import StackBatchify
@@ -891,18 +926,22 @@ def classification_rates(stock_rec: str, n: int, workers: int, epochs: int,
                         ClassificationDataset(ShardedStore(shards)).transform_first(recipe),
                         StackBatchify()))
         dali_runs.append(("DALI CPU sharded %s" % _CLS_RECIPE, paths, combined, "rrc224"))
-    dali_best = {}
+    dali_best: dict = {}
+    cpu = {} if cpu is None else cpu
 
     def dali_round():
         for name, path, index, how in dali_runs if dali_python and "DALI" not in notes else ():
             try:
-                rate = _dali_rate(dali_python, path, workers, n, how, index=index)
+                rate, ms = _dali_run(dali_python, path, workers, n, how, index=index)
             except (RuntimeError, OSError, subprocess.SubprocessError) as e:
                 notes["DALI"] = str(e)
                 return
             dali_best[name] = max(dali_best.get(name, 0.0), rate)
+            cpu[name] = min(cpu.get(name, ms), ms)
 
-    results = _loader_rates(loaders, workers, epochs, between=dali_round)
+    loader_cpu: dict = {}
+    results = _loader_rates(loaders, workers, epochs, between=dali_round, cpu=loader_cpu)
+    cpu.update((k, v) for k, v in loader_cpu.items() if _CLS_RECIPE in k)
     results.update(dali_best)
     it = mx.io.ImageRecordIter(path_imgrec=stock_rec, data_shape=(3, 224, 224), batch_size=16,
                                preprocess_threads=workers, rand_crop=True)
@@ -917,7 +956,8 @@ def run_classification(workdir: str, n: int = 2000, workers: int = 2, out=sys.st
                        dali_python: Optional[str] = None, epochs: int = 3) -> dict:
     """Only the classification rows of :func:`run_bench` (``--only classification``): the
     stock im2rec ``.rec`` of the same dataset, 4 shards of it, the loaders and DALI in
-    interleaved rounds, and their ratios; returns ``{"rates", "ratios"}``."""
+    interleaved rounds, and their ratios; returns ``{"rates", "ratios", "cpu"}`` (CPU ms per
+    item of the recipe loaders and DALI)."""
     def say(*a):
         print(*a, file=out, flush=True)
 
@@ -933,17 +973,28 @@ def run_classification(workdir: str, n: int = 2000, workers: int = 2, out=sys.st
     shards = _stock_shards(stock_rec)
     say("classification ...")
     notes: dict = {}
+    cpu: dict = {}
     results = classification_rates(stock_rec, n, workers, epochs, dali_python, notes,
-                                   shards=shards)
+                                   shards=shards, cpu=cpu)
     say("")
     say("%-56s %12s" % ("measurement (items/s)", "rate"))
     for k, v in results.items():
         say("%-56s %12.0f" % (k, v))
+    _say_cpu(say, cpu)
     say("")
     table = _ratio_table(_CLS_RATIOS, results, say)
+    _ratio_table(_CLS_CPU_RATIOS, cpu, say, table)
     for k, v in notes.items():
         say("note (%s): %s" % (k, v))
-    return {"rates": results, "ratios": table}
+    return {"rates": results, "ratios": table, "cpu": cpu}
+
+
+def _say_cpu(say, cpu: dict) -> None:
+    if cpu:
+        say("")
+        say("%-56s %12s" % ("CPU ms per item (all processes and threads)", "ms"))
+        for k, v in cpu.items():
+            say("%-56s %12.3f" % (k, v))
 
 
 def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
@@ -951,7 +1002,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
               index_records: Optional[int] = None, epochs: int = 3,
               scale: int = 0) -> dict:
     """Run every measurement once (each loader: the best of ``epochs`` epochs) and print the
-    table; returns ``{"rates", "ratios", "index", "rss", "scale"}``. ``scale`` > 0 adds
+    table; returns ``{"rates", "ratios", "index", "rss", "scale", "cpu"}``. ``scale`` > 0 adds
     :func:`scale_costs` for that many records."""
     import mxnet as mx
     from mxnet.gluon.data.vision import transforms
@@ -1045,8 +1096,9 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
 
     # -- classification on a stock im2rec .rec -------------------------------------------
     say("classification ...")
+    cpu: dict = {}
     results.update(classification_rates(stock_rec, n, workers, epochs, dali_python, notes,
-                                        shards=stock_shards))
+                                        shards=stock_shards, cpu=cpu))
 
     # -- raw reads, warm and cold; cold LMDB; cold loaders -----------------------------------
     cold_results, cold_notes = read_rates(rec, lm, jpg_files, workers, quick, kw, say)
@@ -1087,6 +1139,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     say("%-56s %12s" % ("measurement (items/s)", "rate"))
     for k, v in results.items():
         say("%-56s %12.0f" % (k, v))
+    _say_cpu(say, cpu)
     say("")
     say("%-56s %12s" % ("index (scaled to 1M records)", "value"))
     for k, v in index.items():
@@ -1100,6 +1153,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
                         for k in range(len(rss[0]))))
     say("")
     table = _ratio_table(ratios, results, say)
+    _ratio_table(_CLS_CPU_RATIOS, cpu, say, table)
 
     def row(name, value, target, lower=False):
         _ratio_row(table, say, name, value, target, lower)
@@ -1119,7 +1173,8 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         row(*args)
     for k, v in notes.items():
         say("note (%s): %s" % (k, v))
-    return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled}
+    return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled,
+            "cpu": cpu}
 
 
 def _ratio_row(table: dict, say, name: str, value: float, target, lower=False) -> None:
@@ -1130,10 +1185,12 @@ def _ratio_row(table: dict, say, name: str, value: float, target, lower=False) -
                                   ("<=%.2f" if lower else "%.2f") % target, verdict))
 
 
-def _ratio_table(ratios, results: dict, say) -> dict:
-    """Print the header and every ratio whose rows were measured; returns ``{name: value}``."""
-    say("%-56s %8s %8s  %s" % ("ratio (same run)", "value", "target", ""))
-    table = {}
+def _ratio_table(ratios, results: dict, say, table: Optional[dict] = None) -> dict:
+    """Print the header and every ratio whose rows were measured; returns ``{name: value}``.
+    Given ``table`` (the rows printed so far), add to it without a second header."""
+    if table is None:
+        say("%-56s %8s %8s  %s" % ("ratio (same run)", "value", "target", ""))
+        table = {}
     for name, a, b, target in ratios:
         if a not in results or (isinstance(b, str) and b not in results):
             continue

@@ -137,6 +137,10 @@ def test_classification_only(tmp_path):
                                   "ours cls / stock ImageRecordIter",
                                   "ours cls recipe / stock cls recipe",
                                   "ours cls recipe: sharded / one .rec"}
+    assert set(res["cpu"]) == {"ours ImageRecordDataset + RandomResizedCrop 224 recipe",
+                               "ours sharded + RandomResizedCrop 224 recipe",
+                               "stock ImageRecordDataset + RandomResizedCrop 224 recipe"}
+    assert all(0 < v < 1e4 for v in res["cpu"].values())
     assert "ours cls recipe / stock cls recipe" in out.getvalue()
 
 
@@ -156,6 +160,7 @@ def test_dali_rows(tmp_path):
                 "DALI CPU RandomResizedCrop 224 recipe, antialiased resize",
                 "DALI CPU sharded RandomResizedCrop 224 recipe"):
         assert res["rates"][key] > 0, key
-    assert {"ours cls recipe / DALI same recipe",
-            "ours sharded cls recipe / DALI sharded"} <= set(res["ratios"])
+    assert {"ours cls recipe / DALI same recipe", "ours sharded cls recipe / DALI sharded",
+            "ours cls recipe / DALI, CPU per item"} <= set(res["ratios"])
+    assert res["cpu"]["DALI CPU RandomResizedCrop 224 recipe"] > 0
     assert "ours cls recipe / DALI same recipe" in out.getvalue()
