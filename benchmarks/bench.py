@@ -790,7 +790,8 @@ def _dali_run(python: str, rec, workers: int, n: int, recipe: str, warmup: int =
               index: Optional[str] = None) -> Tuple[float, float]:
     """(items/s, CPU ms per item of the whole process, all threads) of DALI's CPU pipeline
     (``device_id=None``: no GPU, ``num_threads=workers``, batch 16) over ``rec``, run by
-    ``python``, an interpreter that has DALI. ``rec`` is a ``.rec`` path, or the list of a dataset's shards with ``index`` their combined ``.idx``
+    ``python``, an interpreter that has DALI. ``rec`` is a ``.rec`` path, or the list of a
+    dataset's shards with ``index`` their combined ``.idx``
     (:func:`gluon_data.shards.write_combined_index`: ``fn.readers.mxnet`` takes several
     ``.rec`` files but one index, offsets counted as if the files were concatenated).
     Measured at its best: the pipeline is built and run ``warmup`` batches (the reader's
