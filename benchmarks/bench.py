@@ -126,16 +126,6 @@ def _rss_mb(pid: int) -> Tuple[float, float]:
     return fields.get("RssAnon", 0) + fields.get("RssFile", 0), fields.get("RssShmem", 0)
 
 
-def _cpu_seconds(pids) -> float:
-    """User + system CPU seconds used so far by the processes ``pids`` (all their threads)."""
-    total = 0
-    for pid in pids:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None,
                   before=None, loader=None, cpu=None) -> dict:
     """Best items/s of each ``(name, dataset, batchify)`` through
@@ -163,13 +153,13 @@ def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None,
                 before(name)
             pool = getattr(getattr(loader, "_worker_pool", None), "_pool", None) or []
             pids = [os.getpid()] + ([p.pid for p in pool] if cpu is not None else [])
-            c0 = _cpu_seconds(pids) if cpu is not None else 0.0
+            c0 = sum(map(_cpu_s, pids)) if cpu is not None else 0.0
             t0, seen = time.perf_counter(), 0
             for batch in loader:
                 seen += batch[0].shape[0]
             best[name] = max(best[name], seen / (time.perf_counter() - t0))
             if cpu is not None and seen:
-                ms = (_cpu_seconds(pids) - c0) * 1e3 / seen
+                ms = (sum(map(_cpu_s, pids)) - c0) * 1e3 / seen
                 cpu[name] = min(cpu.get(name, ms), ms)
             if k == 0 and rss is not None and workers:
                 rss.append([_rss_mb(p.pid) for p in loader._worker_pool._pool])
