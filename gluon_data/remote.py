@@ -575,7 +575,27 @@ def _load_index(local_idx: str, uri: str):
         raise FormatError(e.reason, uri, e.key, e.offset) from None
 
 
-class RemoteStore:
+class _ReadsLocalCopy:
+    """The record methods of a remote store that reads through a local copy: each is the
+    local store's (``self._local()``, opened or downloaded on first use)."""
+
+    def _local(self):
+        raise NotImplementedError
+
+    def key(self, i: int) -> int:
+        return self._local().key(i)
+
+    def read(self, i: int) -> bytes:
+        return self._local().read(i)
+
+    def view(self, i: int):
+        return self._local().view(i)
+
+    def scan(self) -> Iterator:
+        return self._local().scan()
+
+
+class RemoteStore(_ReadsLocalCopy):
     """A ``.rec`` with its ``.idx`` (and ``.meta.json``) in object storage, as a record store.
 
     ``reads='cache'`` (training) downloads the whole ``.rec`` and ``.idx`` into a
@@ -803,20 +823,11 @@ class RemoteStore:
             return int(self._expected)
         return len(self.record_file())
 
-    def key(self, i: int) -> int:
-        return self.record_file().key(i)
+    def _local(self) -> RecordFile:
+        return self.record_file()
 
     def offset(self, i: int) -> Optional[int]:
         return self.record_file().offset(i)
-
-    def read(self, i: int) -> bytes:
-        return self.record_file().read(i)
-
-    def view(self, i: int):
-        return self.record_file().view(i)
-
-    def scan(self) -> Iterator:
-        return self.record_file().scan()
 
     def check_tail(self) -> None:
         """Check that the last indexed record ends the ``.rec`` (``verify`` does)."""
@@ -886,7 +897,7 @@ LMDB_MARKER = "uploading.json"   # NAME.lmdb/uploading.json: an upload in progre
 LMDB_FORMAT = "gluon_data-lmdb"
 
 
-class RemoteLMDBStore:
+class RemoteLMDBStore(_ReadsLocalCopy):
     """One split of an LMDB dataset in object storage, as a record store.
 
     The dataset is the objects under the URI's prefix (FORMAT.md §8): the environment's
@@ -1114,23 +1125,14 @@ class RemoteLMDBStore:
     def __len__(self) -> int:
         return self._n
 
-    def key(self, i: int) -> int:
-        return self.lmdb_file().key(i)
+    def _local(self):
+        return self.lmdb_file()
 
     def keys(self):
         return self.lmdb_file().keys()
 
     def offset(self, i: int) -> Optional[int]:
         return None
-
-    def read(self, i: int) -> bytes:
-        return self.lmdb_file().read(i)
-
-    def view(self, i: int):
-        return self.lmdb_file().view(i)
-
-    def scan(self) -> Iterator:
-        return self.lmdb_file().scan()
 
     def identity(self) -> str:
         """The stamp of ``data.mdb`` (its SHA-256, or ETag and size) and the split's
