@@ -145,7 +145,7 @@ class _WatchedIter(_dl._MultiWorkerIter):
                 if not ret.ready():
                     self._check_workers()
         try:
-            return super().__next__()
+            return self._next_batch()
         except (OSError, EOFError):
             # A worker killed after finishing a batch but before the main process fetched
             # its shared-memory descriptor: the fetch fails with a connection error.
@@ -154,6 +154,35 @@ class _WatchedIter(_dl._MultiWorkerIter):
                 self._check_workers()
                 time.sleep(0.05)
             raise
+
+
+    def _next_batch(self):
+        """Gluon's ``_MultiWorkerIter.__next__`` without its ``Pool.terminate()`` when a
+        batch raised: the worker is alive (the exception came back as its result), and
+        terminating the pool can deadlock (a worker killed while it holds the result queue's
+        lock leaves the pool's handler thread waiting for it forever). The error reaches the
+        loop; the batches still in flight are released as they finish, as a loop that breaks
+        early leaves them; the loader's workers stay usable for the next epoch."""
+        self._push_next()
+        if self._rcvd_idx == self._sent_idx:
+            raise StopIteration
+        ret = self._data_buffer.pop(self._rcvd_idx)
+        try:
+            batch = pickle.loads(ret.get(self._timeout))
+        except _dl.multiprocessing.context.TimeoutError:
+            raise
+        except Exception:
+            # this iterator is finished: hand what is in flight to the release list, send
+            # nothing more
+            _abandoned.extend(self._data_buffer.values())
+            self._data_buffer.clear()
+            self._iter = iter(())
+            self._sent_idx = self._rcvd_idx
+            raise
+        if self._pin_memory:
+            batch = _dl._as_in_context(batch, _dl.context.cpu_pinned(self._pin_device_id))
+        self._rcvd_idx += 1
+        return batch
 
 
 class DataLoader(_dl.DataLoader):

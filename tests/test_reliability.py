@@ -15,7 +15,7 @@ import pytest
 from gluon_data import (DataLoader, RecordFile, RecordWriter,
                         SegmentationLMDBDataset, SegmentationRecordDataset, codec, convert,
                         salvage, verify)
-from gluon_data.errors import ConversionError, GluonDataError
+from gluon_data.errors import ConversionError, FormatError, GluonDataError
 from gluon_data.loader import WorkerDiedError
 from gluon_data.sample import make_voc
 
@@ -282,6 +282,40 @@ def test_killed_worker_is_an_error_within_seconds_not_a_120s_hang():
         for _ in DataLoader(_Bomb(), batch_size=4, num_workers=2):
             pass
     assert time.monotonic() - t0 < 15
+
+
+class _FailsWhileFlagged(mx.gluon.data.Dataset):
+    """Raises a typed error at index 21 while ``flag`` exists (checked in the worker)."""
+
+    def __init__(self, flag):
+        self.flag = flag
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 21 and os.path.exists(self.flag):
+            raise FormatError("record 21 is damaged (test)", self.flag, key=21)
+        time.sleep(0.002)
+        return np.float32(i)
+
+
+def test_a_worker_error_reaches_the_loop_and_the_loader_stays_usable(tmp_path):
+    """Expected: the typed error of one batch reaches the loop, without Pool.terminate()
+    (which can deadlock on a worker killed while it holds the result queue's lock); the
+    batches in flight are released; the same loader's next epoch reads everything."""
+    flag = str(tmp_path / "fail")
+    open(flag, "w").close()
+    loader = DataLoader(_FailsWhileFlagged(flag), batch_size=4, num_workers=2)
+    for _ in range(3):
+        seen = []
+        with pytest.raises(FormatError, match="record 21") as e:
+            for batch in loader:
+                seen += batch.asnumpy().tolist()
+        assert e.value.key == 21 and len(seen) <= 20
+    os.remove(flag)
+    got = sorted(x for batch in loader for x in batch.asnumpy().tolist())
+    assert got == list(range(64))
 
 
 def test_our_dataloader_is_a_drop_in(voc_rec):
