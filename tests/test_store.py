@@ -5,7 +5,6 @@ import pickle
 import subprocess
 import sys
 
-import mxnet as mx
 import numpy as np
 import pytest
 
