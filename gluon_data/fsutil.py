@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -428,3 +429,12 @@ class OutputLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def sha256_file(path: str) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 4 MB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(4 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -45,7 +45,7 @@ import numpy as np
 
 from .errors import (ChecksumMismatchError, FormatError, OutputError, RemoteConnectionError,
                      RemoteError, RemoteNotFoundError, TruncatedDownloadError)
-from .fsutil import CacheLock, default_cache_dir
+from .fsutil import CacheLock, default_cache_dir, sha256_file
 from .fsutil import fsync_dir as _fsync_dir
 from .meta import check_meta, dumps_meta, meta_path
 from .recordio import RecordFile, idx_path_for, read_index
@@ -575,7 +575,24 @@ def _load_index(local_idx: str, uri: str):
         raise FormatError(e.reason, uri, e.key, e.offset) from None
 
 
-class _ReadsLocalCopy:
+class _ProcessLocal:
+    """State rebuilt in each process by ``_init_local()`` (caches, locks, open readers, thread
+    pools) and named in ``_PROCESS_LOCAL``: left out of pickles, rebuilt on unpickling."""
+
+    _PROCESS_LOCAL: Tuple[str, ...] = ()
+
+    def _init_local(self) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in self._PROCESS_LOCAL}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_local()
+
+
+class _ReadsLocalCopy(_ProcessLocal):
     """The record methods of a remote store that reads through a local copy: each is the
     local store's (``self._local()``, opened or downloaded on first use)."""
 
@@ -666,6 +683,8 @@ class RemoteStore(_ReadsLocalCopy):
                 self.location)
         self._init_local()
 
+    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pool", "_pending")
+
     def _init_local(self):
         self._cache = ShardCache(*self._cache_args)
         self._reader: Optional[Tuple[int, RecordFile]] = None
@@ -673,15 +692,6 @@ class RemoteStore(_ReadsLocalCopy):
         self._lock = threading.Lock()
         self._pool: Optional[ThreadPoolExecutor] = None
         self._pending: Optional[Future] = None
-
-    def __getstate__(self) -> dict:
-        state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_cache", "_reader", "_pins", "_lock", "_pool", "_pending")}
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._init_local()
 
     # -- opening -------------------------------------------------------------------------
     def _read_meta(self) -> Optional[dict]:
@@ -1000,20 +1010,14 @@ class RemoteLMDBStore(_ReadsLocalCopy):
         self._init_local()
         return self
 
+    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pending")
+
     def _init_local(self):
         self._cache = ShardCache(*self._cache_args)
         self._reader: Optional[Tuple[int, object]] = None
         self._pins: list = []
         self._lock = threading.Lock()
         self._pending: Optional[Future] = None
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()
-                if k not in ("_cache", "_reader", "_pins", "_lock", "_pending")}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._init_local()
 
     def _read_commit(self) -> Optional[dict]:
         """``meta.json``, checked; ``None`` if there is none (a bare ``data.mdb``)."""
@@ -1166,7 +1170,7 @@ def _remote_lmdb_splits(location: str) -> List[str]:
 register_opener(_names_remote_lmdb, _open_remote_lmdb, priority=20, splits=_remote_lmdb_splits)
 
 
-class RemoteShardedStore(ShardRouter):
+class RemoteShardedStore(_ProcessLocal, ShardRouter):
     """A sharded dataset in object storage (``s3://bucket/train.shards.json``, the manifest of
     :mod:`gluon_data.shards`) as one record store.
 
@@ -1232,6 +1236,8 @@ class RemoteShardedStore(ShardRouter):
         self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
         self._init_local()
 
+    _PROCESS_LOCAL = ("_stores", "_open_order", "_lock", "_pool", "_inflight", "_pid")
+
     def _init_local(self):
         files = self.manifest.get("files") or {}
         self._stores = []
@@ -1254,14 +1260,6 @@ class RemoteShardedStore(ShardRouter):
         self._pool: Optional[ThreadPoolExecutor] = None
         self._inflight: Dict[int, Future] = {}
         self._pid = os.getpid()
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()
-                if k not in ("_stores", "_open_order", "_lock", "_pool", "_inflight", "_pid")}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._init_local()
 
     def parts(self) -> List[int]:
         """Records per shard (for :class:`BlockShuffleSampler`)."""
@@ -1455,14 +1453,6 @@ class PrefetchSampler:
 
 
 # --------------------------------------------------------------------------- writing
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(4 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _join(base_uri: str, name: str) -> str:
     return base_uri.rsplit("/", 1)[0] + "/" + name
 
@@ -1499,7 +1489,7 @@ def _upload_plan(local: str, uri: str):
         data = os.path.join(local, LMDB_DATA)
         commit, marker = _commit_names(target)
         doc = _lmdb_commit(local, {LMDB_DATA: {"bytes": os.path.getsize(data),
-                                               "sha256": _sha256_file(data)}})
+                                               "sha256": sha256_file(data)}})
         return commit, doc, [(data, target + "/" + LMDB_DATA)], marker
     if local.endswith(".shards.json"):
         with open(local, "rb") as f:
@@ -1513,7 +1503,7 @@ def _upload_plan(local: str, uri: str):
                                  % (local, sh["name"]))
             pairs += [(p, _join(uri, os.path.basename(p)))
                       for p in (rec, idx_path_for(rec), meta_path(rec))]
-            files[sh["name"]] = {"bytes": os.path.getsize(rec), "sha256": _sha256_file(rec)}
+            files[sh["name"]] = {"bytes": os.path.getsize(rec), "sha256": sha256_file(rec)}
         doc["files"] = files
         commit = _join(uri, os.path.basename(local))
         return commit, doc, pairs, commit[:-len(".shards.json")] + UPLOAD_MARKER
@@ -1522,7 +1512,7 @@ def _upload_plan(local: str, uri: str):
     with open(meta_path(local), "rb") as f:
         doc = json.loads(f.read().decode("utf-8"))
     doc["files"] = {posixpath.basename(t): {"bytes": os.path.getsize(p),
-                                            "sha256": _sha256_file(p)} for p, t in pairs}
+                                            "sha256": sha256_file(p)} for p, t in pairs}
     return meta_path(rec_uri), doc, pairs, os.path.splitext(rec_uri)[0] + UPLOAD_MARKER
 
 
@@ -1585,7 +1575,7 @@ def upload_dataset(local: Sequence[str], uri: str, *,
             done = json.load(f)
     local = list(dict.fromkeys(os.fspath(p) for p in local))  # (an LMDB's splits: one path)
     plan = [(p,) + _upload_plan(p, uri) for p in local]
-    shas = {t: _sha256_file(p) for _, _, _, pairs, _ in plan for p, t in pairs}
+    shas = {t: sha256_file(p) for _, _, _, pairs, _ in plan for p, t in pairs}
     same = set()
     if resume:  # a complete earlier upload identical to this one is left alone
         for _, commit, doc, _, _ in plan:
@@ -1830,7 +1820,7 @@ class ShardUploader:
             files = {}
             for path in _shard_files(local, job.container):
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
-                files[rel] = {"bytes": os.path.getsize(path), "sha256": _sha256_file(path)}
+                files[rel] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
             for rel, f in files.items():
                 target = self.shard_uri(rel)
                 self.remote.put_file(os.path.join(folder, rel), target)

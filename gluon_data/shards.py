@@ -25,6 +25,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import ConversionError, FormatError, GluonDataError
+from .fsutil import sha256_file
 from .meta import CONTAINER_KEYS
 from .store import is_uri, register_opener, valid_positions, will_need
 
@@ -118,14 +119,6 @@ def plan_ranges(sizes: Sequence[int], shards: Optional[int] = None,
     return out
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------- one shard task
 @dataclass(frozen=True)
 class ShardJob:
@@ -183,8 +176,8 @@ def shard_summary(path: str, container: str, split: str) -> dict:
                 "meta_sha256": hashlib.sha256(dumps_meta(stored)).hexdigest(), "meta": meta}
     rec, idx, mp = _shard_files(path, container)
     return {"name": os.path.basename(path), "records": meta["num_records"],
-            "bytes": os.path.getsize(rec), "idx_sha256": _sha256(idx),
-            "meta_sha256": _sha256(mp), "meta": meta}
+            "bytes": os.path.getsize(rec), "idx_sha256": sha256_file(idx),
+            "meta_sha256": sha256_file(mp), "meta": meta}
 
 
 def _finished(job: ShardJob) -> Optional[dict]:
