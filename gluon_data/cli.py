@@ -489,8 +489,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="replace an existing .idx (kept as .idx.bak)")
     sv.set_defaults(func=_cmd_salvage)
 
-    sub.add_parser("bench", help="benchmark our loaders against the baselines (see "
-                                 "`gluon-data bench --help`)", add_help=False)
+    if bench_path() is not None:  # a source checkout; an installed wheel has no harness
+        sub.add_parser("bench", help="benchmark our loaders against the baselines (see "
+                                     "`gluon-data bench --help`)", add_help=False)
 
     d = sub.add_parser("demo", formatter_class=_Formatter,
                        help="generate a VOC-style sample, pack it, read it through a DataLoader")
@@ -522,19 +523,28 @@ def load_bench():
     if BENCH_MODULE in sys.modules:
         return sys.modules[BENCH_MODULE]
     import importlib.util
+    path = bench_path()
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location(BENCH_MODULE, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[BENCH_MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[BENCH_MODULE]
+        raise
+    return module
+
+
+def bench_path() -> Optional[str]:
+    """Where load_bench finds the harness: ``$GLUON_DATA_BENCH``, else ``benchmarks/bench.py``
+    next to this package; None where neither is a file (an installed wheel)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for path in (os.environ.get("GLUON_DATA_BENCH"),
                  os.path.join(here, "benchmarks", "bench.py")):
         if path and os.path.isfile(path):
-            spec = importlib.util.spec_from_file_location(BENCH_MODULE, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[BENCH_MODULE] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[BENCH_MODULE]
-                raise
-            return module
+            return path
     return None
 
 
@@ -543,10 +553,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv[:1] == ["bench"]:  # its own parser: benchmarks/bench.py
         bench = load_bench()
         if bench is None:
-            print("gluon-data: error: the benchmark harness is benchmarks/bench.py of the "
-                  "source tree and is not installed with the package; run it from a checkout "
-                  "(or an editable install), or set GLUON_DATA_BENCH to its path",
-                  file=sys.stderr)
+            print("gluon-data: error: `gluon-data bench` runs from a source checkout (its "
+                  "harness, benchmarks/bench.py, is not part of the installed package): "
+                  "`bash scripts/run.sh gluon-data bench` there, or set GLUON_DATA_BENCH to "
+                  "the harness's path", file=sys.stderr)
             return 2
         return bench.main(argv[1:])
     parser = build_parser()

@@ -1,0 +1,200 @@
+"""The package as users install it: the sdist built from this tree, the wheel built from that
+sdist, installed with its extras into a fresh virtual environment (no ``-e``, no ``PYTHONPATH``,
+not this checkout's folder) and used from an empty folder: convert, info, verify, a
+``DataLoader(num_workers=2)`` read, a Dask conversion, the demo, and an import of every module
+found in the installed package, compared with the modules of the source tree.
+
+Needs the package registry (pip resolves the extras against constraints.txt): without it the
+install fails, and so do these tests. The install happens once for the module (about two to
+three minutes, most of it pip).
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+# The first test also pays for the build and the install (fixture set-up counts).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "gluon_data"
+# Never copied into the build's copy of the tree: environments, build outputs, caches, data.
+JUNK = [".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "*.py[cod]",
+        ".pytest_cache", ".hypothesis", "demo-data", "bench-data", "bench-data-quick"]
+# What the sdist must carry besides the package: what README.md links to and the pinned set
+# its install commands use.
+SDIST_FILES = ["pyproject.toml", "README.md", "FORMAT.md", "constraints.txt",
+               "docs/preview.png", "scripts/run.sh", "benchmarks/bench.py",
+               "tests/conftest.py"]
+
+
+def _source_files():
+    """Every module file of the package in the source tree, as ``gluon_data/x/y.py``."""
+    return {p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE).rglob("*.py")
+            if "__pycache__" not in p.parts}
+
+
+def _source_modules():
+    """Dotted names of every module of the package in the source tree."""
+    names = set()
+    for f in _source_files():
+        parts = f[:-len(".py")].split("/")
+        if parts[-1] == "__init__":
+            parts.pop()
+        names.add(".".join(parts))
+    return names
+
+
+def _clean_env():
+    """The environment of a user's shell: no PYTHONPATH or other hook into this checkout."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH",
+                        "VIRTUAL_ENV", "GLUON_DATA_BENCH", "PYTHONNOUSERSITE")}
+    env["PYTHONNOUSERSITE"] = "1"  # nothing from ~/.local either
+    return env
+
+
+def _run(cmd, cwd, timeout, env=None, check=True):
+    r = subprocess.run([str(c) for c in cmd], cwd=str(cwd), env=env or _clean_env(),
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                       timeout=timeout)
+    if check and r.returncode != 0:
+        pytest.fail("%s exited %d\n--- stdout\n%s\n--- stderr\n%s"
+                    % (" ".join(map(str, cmd)), r.returncode, r.stdout[-4000:],
+                       r.stderr[-4000:]))
+    return r
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """Build the sdist and the wheel from it (``python -m build``), install the wheel with the
+    dask and remote extras into a fresh venv; yields a dict of the paths."""
+    spec = importlib.util.find_spec("build")
+    if spec is None or spec.origin is None:  # (a stray build/ folder is a namespace package)
+        pytest.fail("the installed-wheel tests need the `build` package of the test extra: "
+                    "pip install -c constraints.txt -e .[test]")
+    base = tmp_path_factory.mktemp("wheel")
+    src, dist, env_dir, work = base / "src", base / "dist", base / "venv", base / "work"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*JUNK))
+    work.mkdir()
+    # Build in the copy (nothing is written into the checkout); the wheel comes from the sdist.
+    _run([sys.executable, "-m", "build", "--outdir", dist, src], cwd=base, timeout=600,
+         env=dict(os.environ))  # the test environment's own build tool
+    sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
+    assert len(sdists) == 1 and len(wheels) == 1, sorted(os.listdir(dist))
+    venv.EnvBuilder(with_pip=True, clear=True).create(str(env_dir))
+    py = env_dir / "bin" / "python"
+    _run([py, "-m", "pip", "install", "--no-compile", "--quiet", "-c", ROOT / "constraints.txt",
+          "%s[dask,remote]" % wheels[0]], cwd=work, timeout=900)
+    yield {"sdist": sdists[0], "wheel": wheels[0], "python": py,
+           "gluon_data": env_dir / "bin" / "gluon-data", "base": base}
+
+
+@pytest.fixture
+def empty(installed, tmp_path):
+    """An empty folder outside the checkout to run from."""
+    d = tmp_path / "empty"
+    d.mkdir()
+    return d
+
+
+def test_sdist_carries_the_tree_and_the_wheel_only_the_package(installed):
+    with tarfile.open(installed["sdist"]) as t:
+        top = t.getnames()[0].split("/")[0]
+        members = {n[len(top) + 1:] for n in t.getnames() if n.startswith(top + "/")}
+    wanted = set(SDIST_FILES) | _source_files()
+    wanted |= {p.name for p in ROOT.glob("LICENSE*")}
+    assert not wanted - members, "not in the sdist: %s" % sorted(wanted - members)
+    with zipfile.ZipFile(installed["wheel"]) as z:
+        names = z.namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {PACKAGE}, "the wheel installs more than the package: %s" % sorted(tops)
+    missing = _source_files() - set(names)
+    assert not missing, "not in the wheel: %s" % sorted(missing)
+
+
+def test_every_module_of_the_tree_is_installed_and_imports(installed, empty):
+    script = textwrap.dedent("""
+        import importlib, json, pkgutil
+        import gluon_data
+        found, errors = [gluon_data.__name__], {}
+        def onerror(name):
+            errors[name] = "import failed while walking"
+        for m in pkgutil.walk_packages(gluon_data.__path__, "gluon_data.", onerror=onerror):
+            found.append(m.name)
+            if m.name.endswith(".__main__"):
+                continue  # runs the CLI when executed, not on import; found is enough
+            try:
+                importlib.import_module(m.name)
+            except Exception as e:
+                errors[m.name] = repr(e)
+        print(json.dumps({"file": gluon_data.__file__, "found": found, "errors": errors}))
+    """)
+    r = _run([installed["python"], "-c", script], cwd=empty, timeout=300)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    site = Path(out["file"]).resolve()
+    assert installed["base"].resolve() / "venv" in site.parents, out["file"]
+    assert ROOT not in site.parents, out["file"]
+    assert not out["errors"], out["errors"]
+    missing = _source_modules() - set(out["found"])
+    assert not missing, "in the source tree, not in the installed package: %s" % sorted(missing)
+
+
+def test_convert_info_verify_read_dask_from_an_empty_folder(installed, empty):
+    py, gd = installed["python"], installed["gluon_data"]
+    _run([py, "-c", "from gluon_data.sample import make_voc; make_voc('voc', num_images=12)"],
+         cwd=empty, timeout=120)
+    r = _run([gd, "convert", "voc", "out/voc.rec", "--layout", "voc", "--split", "trainval",
+              "--workers", "2", "--quiet"], cwd=empty, timeout=300)
+    assert "wrote 12 records" in r.stdout, r.stdout
+    info = json.loads(_run([gd, "info", "out/voc.rec", "--json"], cwd=empty,
+                           timeout=120).stdout)
+    assert info["records"] == 12 and info["task"] == "segmentation", info
+    r = _run([gd, "verify", "out/voc.rec", "--deep"], cwd=empty, timeout=300)
+    assert "12 checked (deep: decoded): OK" in r.stdout, r.stdout
+    reader = textwrap.dedent("""
+        import gluon_data
+        from gluon_data.batchify import SegmentationBatchify
+        ds = gluon_data.SegmentationRecordDataset("out/voc.rec")
+        loader = gluon_data.DataLoader(ds, batch_size=4, num_workers=2,
+                                       batchify_fn=SegmentationBatchify())
+        print("read", sum(imgs.shape[0] for imgs, masks in loader), "of", len(ds))
+    """)
+    assert "read 12 of 12" in _run([py, "-c", reader], cwd=empty, timeout=300).stdout
+    # Dask workers unpickle the shard tasks: they import gluon_data.convert from the venv.
+    r = _run([gd, "convert", "voc", "out/s.rec", "--layout", "voc", "--split", "trainval",
+              "--shards", "2", "--engine", "dask", "--workers", "2", "--quiet"],
+             cwd=empty, timeout=300)
+    assert "wrote 12 records" in r.stdout, r.stdout
+    assert "12 checked: OK" in _run([gd, "verify", "out/s.shards.json"], cwd=empty,
+                                    timeout=300).stdout
+
+
+def test_demo_and_help_from_an_empty_folder(installed, empty):
+    gd = installed["gluon_data"]
+    r = _run([gd, "demo", "--num-images", "16", "--epochs", "1", "--batch-size", "4"],
+             cwd=empty, timeout=300)
+    assert "OK:" in r.stdout and "DataLoader(num_workers=2)" in r.stdout, r.stdout
+    assert "--layout" in _run([gd, "convert", "--help"], cwd=empty, timeout=60).stdout
+    assert not os.listdir(empty), os.listdir(empty)  # the demo cleans up after itself
+
+
+def test_bench_is_a_checkout_tool_not_offered_by_a_wheel(installed, empty):
+    gd = installed["gluon_data"]
+    helptext = _run([gd, "--help"], cwd=empty, timeout=60).stdout
+    assert "convert" in helptext and "demo" in helptext
+    assert "bench" not in helptext, helptext
+    r = _run([gd, "bench", "--quick"], cwd=empty, timeout=60, check=False)
+    assert r.returncode != 0 and r.stdout == "", (r.returncode, r.stdout)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "source checkout" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
