@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -64,9 +65,24 @@ def _clean_env():
 
 
 def _run(cmd, cwd, timeout, env=None, check=True):
-    r = subprocess.run([str(c) for c in cmd], cwd=str(cwd), env=env or _clean_env(),
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout)
+    """Run ``cmd`` in its own session; past ``timeout`` the whole session (DataLoader and Dask
+    workers included) is killed and the test fails."""
+    p = subprocess.Popen([str(c) for c in cmd], cwd=str(cwd), env=env or _clean_env(),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail("%s did not finish in %d s\n--- stdout\n%s\n--- stderr\n%s"
+                    % (" ".join(map(str, cmd)), timeout, out[-4000:], err[-4000:]))
+    finally:
+        try:  # workers left behind by a command that exited
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     if check and r.returncode != 0:
         pytest.fail("%s exited %d\n--- stdout\n%s\n--- stderr\n%s"
                     % (" ".join(map(str, cmd)), r.returncode, r.stdout[-4000:],
