@@ -3,6 +3,7 @@ whatever its worker processes were doing; a closed stdout, Ctrl-C and SIGTERM ar
 
 Every command here is a real subprocess; every wait is bounded and every process started is
 stopped (each runs in its own session, killed as a group if a check fails)."""
+import ast
 import glob
 import os
 import signal
@@ -64,7 +65,7 @@ def _run(cmd, timeout, **kw):
 
 # ---------------------------------------------------------------- workers and SIGTERM
 _STUCK_WORKER = textwrap.dedent("""
-    import ctypes, multiprocessing as mp, os, sys, threading, time
+    import ctypes, multiprocessing as mp, os, signal, sys, threading, time
     from gluon_data import cli
 
     def stuck(flag):
@@ -75,7 +76,8 @@ _STUCK_WORKER = textwrap.dedent("""
         libc.pthread_mutex_lock(mutex)  # waits on a futex for good, as a deadlocked library
 
     if __name__ == "__main__":
-        cli._catch_sigterm()  # what main() does before running a command
+        signal.signal(signal.SIGTERM, cli._on_sigterm)  # as main() installs it
+        cli._handler_pid = os.getpid()
         pool = mp.get_context("fork").Pool(2)
         pool.apply_async(stuck, (sys.argv[1],))
         deadline = time.monotonic() + 60
@@ -104,7 +106,7 @@ def test_forked_workers_do_not_inherit_the_raising_sigterm_handler(tmp_path):
     script.write_text(_STUCK_WORKER)
     rc, out, err, _ = _run([sys.executable, str(script), str(tmp_path / "started")], 90)
     assert rc == 0 and out.startswith("TERMINATED "), (out, err[-3000:])
-    codes = eval(out.split(" ", 1)[1])  # the idle worker may have left on the pool's sentinel
+    codes = ast.literal_eval(out.split(" ", 1)[1])  # (the idle one may have left on the sentinel)
     assert -signal.SIGTERM in codes and set(codes) <= {0, -signal.SIGTERM}, out
     assert "Traceback" not in err, err[-3000:]
 
