@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -15,7 +17,13 @@ __all__ = ["main"]
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+    def _get_help_string(self, action):
+        """``(default: X)`` appended once: not to a help that states its own default, nor for
+        a default that says nothing (a flag's False, an option's None)."""
+        help = action.help or ""
+        if "(default" in help or action.default is None or action.default is False:
+            return help
+        return super()._get_help_string(action)
 
 
 def _classes_arg(value: Optional[str]):
@@ -372,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(raw: no decode cost, several times the disk)")
     c.add_argument("--quality", type=int, default=95, help="JPEG quality when re-encoding")
     c.add_argument("--mask-encoding", choices=["zraw", "png"], default="zraw",
-                   help="masks as a zlib-compressed array (default: decodes ~3x faster than "
+                   help="masks as a zlib-compressed array (zraw: decodes ~3x faster than "
                         "PNG) or as single-channel PNG")
     c.add_argument("--resize", type=int, default=0,
                    help="resize the shorter side to this size (0: keep)")
@@ -382,8 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace existing outputs, only if gluon-data wrote them (a .rec with "
                         "its .idx/.meta.json, an .lmdb holding only its data); never a link")
     c.add_argument("--resume", action="store_true",
-                   help="continue an interrupted conversion (.rec output) from its last "
-                        "checkpoint; the result is identical to an uninterrupted run")
+                   help="continue an interrupted conversion or import (.rec or .lmdb "
+                        "output) from its last checkpoint, or an interrupted upload to a URI "
+                        "without sending again what is up (with --shards, finished shards "
+                        "are kept on any rerun); the result equals an uninterrupted run")
     c.add_argument("--on-error", choices=["fail", "skip"], default="fail",
                    help="on a bad item: abort writing nothing, or skip it and report it")
     c.add_argument("--classes", help="class names: comma separated, or a file with one per line")
@@ -508,8 +518,43 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that the same clean-up runs."""
 
 
+#: the process whose ``main()`` installed :func:`_on_sigterm`: the only one it raises in
+_handler_pid = None
+
+
 def _on_sigterm(signum, frame):
+    if os.getpid() != _handler_pid:  # a forked child that still has it: die as by default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise _Terminated()
+
+
+def _default_sigterm_in_child() -> None:
+    """Run in every forked child (DataLoader and pool workers): SIGTERM ends it at once, as by
+    default. Inherited, :func:`_on_sigterm` would raise inside multiprocessing's own clean-up
+    (``Pool.terminate()`` sends SIGTERM to its workers), and a worker waiting in native code
+    would not run it at all (Python handlers run between bytecodes), so never die, and the
+    parent's join of it would hang."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):  # not the main thread: _on_sigterm's pid check acts
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
+def _catch_sigterm():
+    """Install :func:`_on_sigterm` in this process (from its main thread only: elsewhere
+    nothing happens); returns the handler it replaced, or None."""
+    global _handler_pid
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    _handler_pid = os.getpid()
+    return signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 BENCH_MODULE = "gluon_data_bench"
@@ -548,6 +593,25 @@ def bench_path() -> Optional[str]:
     return None
 
 
+def _stdout_closed() -> bool:
+    """Whether the reader of our stdout has gone (``gluon-data info X | head -3``); if so,
+    stdout is pointed at /dev/null, so that what is still buffered or printed is dropped
+    quietly instead of failing again as the interpreter exits."""
+    import select
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        closed = any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+        if closed:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        return closed
+    except (OSError, ValueError, AttributeError):  # no real stdout (replaced, closed)
+        return False
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # its own parser: benchmarks/bench.py
@@ -562,14 +626,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from .errors import GluonDataError
-    import signal
-    import threading
-    old = None
-    if threading.current_thread() is threading.main_thread():
-        old = signal.signal(signal.SIGTERM, _on_sigterm)
+    old = _catch_sigterm()
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as the interpreter exits
+        return code
     except (GluonDataError, OSError, ValueError, ImportError) as e:
+        if isinstance(e, BrokenPipeError) and _stdout_closed():
+            return 141  # as a Unix tool stopped by SIGPIPE: quietly
         print("gluon-data: error: %s" % e, file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:

@@ -7,11 +7,34 @@ Dask is imported here only, and only for ``engine='dask'``.
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from multiprocessing import resource_tracker
 from typing import Callable, Iterator, Optional, Sequence
 
-__all__ = ["ENGINES", "run_tasks", "import_dask"]
+__all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked"]
 
 ENGINES = ("local", "dask")
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """SIGINT blocked in this (main) thread meanwhile: the processes and threads started
+    inside inherit the block (it stays across thread creation, fork and exec), so a Ctrl-C,
+    which a terminal sends to the whole process group, reaches this process only, and here
+    waits until the block ends, then is raised as usual. Elsewhere than the main thread, or
+    without ``pthread_sigmask``, nothing is blocked."""
+    block = hasattr(signal, "pthread_sigmask") and \
+        threading.current_thread() is threading.main_thread()
+    if block:  # started first: starting it unblocks SIGINT in the calling thread
+        resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if block else None
+    try:
+        yield
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def import_dask():
@@ -95,15 +118,19 @@ def _indexed(arg):
 
 def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
     dd = import_dask()
-    cluster = None
-    if scheduler:
-        client = dd.Client(scheduler)
-    else:
-        cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
-                                  processes=True, dashboard_address=None)
-        client = dd.Client(cluster)
+    cluster = client = None
     futures = []
     try:
+        if scheduler:
+            client = dd.Client(scheduler)
+        else:
+            # our own cluster's processes never see Ctrl-C (each would print its own
+            # KeyboardInterrupt traceback): this process closes them; one while they start
+            # is raised once both are assigned, so the finally below closes them
+            with sigint_blocked():
+                cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
+                                          processes=True, dashboard_address=None)
+                client = dd.Client(cluster)
         client.run(_dask_worker_init)
         futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,
                              retries=retries)
@@ -111,8 +138,10 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
         for fut in dd.as_completed(futures):
             yield index[fut.key], fut.result()
     finally:
-        if futures:
-            client.cancel(futures)
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        with sigint_blocked():  # a second Ctrl-C waits until the cluster is closed
+            if client is not None:
+                if futures:
+                    client.cancel(futures)
+                client.close()
+            if cluster is not None:
+                cluster.close()

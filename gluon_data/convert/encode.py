@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from .. import codec
+from ..engines import sigint_blocked
 from ..errors import DecodeError, GluonDataError, SourceError
 from ..sources import DEFAULT_MAX_FILE_BYTES, Item, read_regular
 
@@ -364,6 +365,9 @@ def _worker_init():
     # A worker killed by it mid-task could die holding the task queue's lock, and the
     # parent's Pool.terminate() would then wait for that lock forever.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Pool.terminate() ends a worker by SIGTERM: the default action, never a handler of the
+    # parent's that raises (a spawned worker starts with it; said here for every start method)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _start_pool(workers: int):
@@ -371,14 +375,8 @@ def _start_pool(workers: int):
     blocked while they are created (a blocked signal stays blocked across fork and exec), so
     an interrupt during start-up waits in the parent and is raised there right after."""
     ctx = multiprocessing.get_context("spawn")
-    block = hasattr(signal, "pthread_sigmask") and \
-        threading.current_thread() is threading.main_thread()
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if block else None
-    try:
+    with sigint_blocked():
         return ctx.Pool(workers, initializer=_worker_init)
-    finally:
-        if block:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _stop_pool(pool, timeout: float = 5.0) -> None:
