@@ -262,6 +262,8 @@ def main(argv=None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("give the worker command after --")
+    # SIGTERM unwinds like Ctrl-C, so the processes started are killed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         results = launch_local(command, args.num_workers, args.num_servers,
                                timeout=args.timeout, stream=sys.stdout)

@@ -70,14 +70,15 @@ def parse_args(argv=None):
                    help="start the backbone from gluoncv's ImageNet weights (downloads them)")
     p.add_argument("--ctx", default="cpu", help="cpu, gpu (GPU 0; Horovod: the local rank's) "
                                                 "or gpu:N")
-    p.add_argument("--base-size", type=int, default=520)
-    p.add_argument("--crop-size", type=int, default=480)
+    p.add_argument("--base-size", type=int, default=520,
+                   help="train: long side scaled to [0.5, 2] x this before the crop")
+    p.add_argument("--crop-size", type=int, default=480, help="training and validation crop")
     p.add_argument("--batch-size", type=int, default=8, help="per worker")
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     p.add_argument("--iters", type=int, default=100,
                    help="training iterations (ignored with --epochs)")
     p.add_argument("--epochs", type=int, help="train this many epochs (instead of --iters)")
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (momentum 0.9)")
     p.add_argument("--seed", type=int, default=0,
                    help="sample order, augmentation and weight init seed")
     p.add_argument("--log-every", type=int, default=0,
