@@ -425,14 +425,17 @@ def validate(job, valset, epoch):
 class Saver:
     """``--save-dir``: DIR/checkpoint.* after every epoch (the model, optimizer and sampler
     position: ``--resume DIR/checkpoint``), DIR/best.params + best.json (epoch, iteration,
-    pixAcc, mIoU) whenever the validation mIoU beats the best so far (kept across resumes).
+    pixAcc, mIoU) whenever the validation mIoU beats the best so far (with --resume: the
+    best of the runs before too).
     Rank 0 writes; every file is replaced atomically."""
 
-    def __init__(self, directory, world):
+    def __init__(self, directory, world, resumed):
         self.dir, self.world = directory, world
         self.best = float("-inf")
         if world.rank == 0:
             os.makedirs(directory, exist_ok=True)
+        if not resumed:  # a new run's first validation is its best so far
+            return
         try:
             with open(os.path.join(directory, "best.json")) as f:
                 self.best = float(json.load(f)["mIoU"])
@@ -510,7 +513,7 @@ def main(argv=None):
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
         job["log"] = open(os.path.join(args.log_dir, "samples.rank%d.jsonl" % world.rank), "a")
-    saver = Saver(args.save_dir, world) if args.save_dir else None
+    saver = Saver(args.save_dir, world, bool(args.resume)) if args.save_dir else None
     if world.rank == 0:
         print("training %s/%s on %r (%d classes), crop %d, batch %d x %d ranks, %d workers, "
               "%s%s" % (args.model, args.backbone, trainset, trainset.num_class,
