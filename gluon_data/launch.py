@@ -2,9 +2,12 @@
 processes over loopback, through MXNet's own ``DMLC_*`` environment.
 
 ``tools/launch.py --launcher local`` does the same but needs dmlc-core's tracker, which the
-pip MXNet wheel does not ship; this module needs nothing beyond MXNet. Every wait is bounded,
-and every process it started (with its children, e.g. DataLoader workers) is killed on the
-way out, whatever happens::
+pip MXNet wheel does not ship; this module needs nothing beyond MXNet. Every process's output
+is streamed as it comes, each line prefixed by its role and rank (``[scheduler]``,
+``[server 0]``, ``[worker 1]``; worker N is the kvstore's rank N). When any process dies the
+whole job is stopped at once with a message naming it, and the command exits non-zero; every
+wait is bounded, and every process it started (with its children, e.g. DataLoader workers)
+is killed on the way out, whatever happens::
 
     python -m gluon_data.launch -n 2 -- python scripts/train_segmentation.py --kvstore dist_sync ...
 """
@@ -12,19 +15,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, TextIO
 
 __all__ = ["launch_local", "WorkerResult", "free_port"]
 
 #: What a scheduler or server runs: importing MXNet with DMLC_ROLE set starts the node's
 #: loop, which returns when the workers finish.
 NODE = "import mxnet"
+
+#: One line of output: ended by a newline, or by a carriage return (a progress bar's update).
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 
 
 class WorkerResult(NamedTuple):
@@ -62,30 +69,99 @@ def _kill(proc: subprocess.Popen) -> None:
         pass
 
 
+def _free_ports(count: int, host: str) -> List[int]:
+    """``count`` distinct TCP ports free on ``host`` right now, ascending."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return sorted(s.getsockname()[1] for s in socks)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return "was killed by %s" % signal.Signals(-code).name
+        except ValueError:
+            return "was killed by signal %d" % -code
+    return "exited with code %d" % code
+
+
+class _Reader(threading.Thread):
+    """One process's output, read as it comes (a thread per pipe): all of it is kept, and
+    with a ``sink`` each line (or progress-bar update, ended by ``\r``) is written to it at
+    once, prefixed with the process's name."""
+
+    def __init__(self, proc: subprocess.Popen, name: str, sink: Optional[TextIO],
+                 lock: threading.Lock):
+        super().__init__(name="output of " + name, daemon=True)
+        self.proc, self.sink, self.lock = proc, sink, lock
+        self.prefix = ("[%s] " % name).encode()
+        self.data = bytearray()
+
+    def run(self) -> None:
+        fd, pending = self.proc.stdout.fileno(), b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.data += chunk
+            if self.sink is not None:
+                pending += chunk
+                lines = [m.group() for m in _LINE.finditer(pending)]
+                pending = pending[sum(map(len, lines)):]
+                self.emit(lines)
+        if pending:
+            self.emit([pending + b"\n"])
+
+    def emit(self, lines) -> None:
+        text = b"".join(self.prefix + line for line in lines if line != b"\r")
+        if text and self.sink is not None:
+            with self.lock:
+                self.sink.write(text.decode("utf-8", "replace"))
+                self.sink.flush()
+
+    def output(self) -> str:
+        return bytes(self.data).decode("utf-8", "replace")
+
+
 def launch_local(command: Sequence[str], num_workers: int = 2, num_servers: int = 1, *,
                  timeout: float = 300.0, env: Optional[Dict[str, str]] = None,
-                 host: str = "127.0.0.1", python: str = sys.executable) -> List[WorkerResult]:
+                 host: str = "127.0.0.1", python: str = sys.executable,
+                 stream: Optional[TextIO] = None) -> List[WorkerResult]:
     """Run ``command`` as ``num_workers`` workers of one ``dist_sync`` job on ``host``.
 
     Parameters
     ----------
     command : sequence of str
         The worker's command line (e.g. ``[sys.executable, "train.py", "--kvstore",
-        "dist_sync"]``); each worker learns its rank from ``mx.kv.create``.
+        "dist_sync"]``); each worker learns its rank from ``mx.kv.create``: worker ``i`` (in
+        start order) gets rank ``i``.
     num_workers, num_servers : int
         Processes of each role (plus one scheduler).
     timeout : float, default 300
         Seconds the whole job may take; then every process is killed and ``TimeoutError``
         raised with the workers' output.
     env : dict, optional
-        Extra environment for every node.
+        Extra environment for every node (``PYTHONUNBUFFERED=1`` is set unless given).
+    stream : text file, optional
+        Where every process's output goes as it comes, line by line, prefixed
+        ``[scheduler]``, ``[server N]``, ``[worker N]``, plus ``[launch]`` lines saying why
+        the job stopped (``python -m gluon_data.launch`` passes ``sys.stdout``).
 
     Returns
     -------
     list of WorkerResult
-        In start order (a worker's rank is assigned by the scheduler). A worker that fails
-        makes the others wait at their next barrier, so the job is stopped as soon as one
-        worker fails.
+        By rank. A worker that fails makes the others wait at their next barrier forever,
+        so the job is stopped as soon as any process fails (the others read -9).
 
     Examples
     --------
@@ -97,57 +173,81 @@ def launch_local(command: Sequence[str], num_workers: int = 2, num_servers: int 
     if num_workers < 1 or num_servers < 1:
         raise ValueError("a dist job needs >= 1 worker and >= 1 server, got %d and %d"
                          % (num_workers, num_servers))
-    port = free_port(host)
-    base = dict(os.environ, **(env or {}))
+    root, *ports = _free_ports(1 + num_servers + num_workers, host)
+    base = {"PYTHONUNBUFFERED": "1"}
+    base.update(os.environ)
+    base.update(env or {})
     procs: List[subprocess.Popen] = []
-    logs = []
+    readers: List[_Reader] = []
+    lock = threading.Lock()
     deadline = time.monotonic() + timeout
 
-    def start(role, argv):
-        log = tempfile.TemporaryFile()
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            argv, env=dict(base, **dmlc_env(role, num_workers, num_servers, port, host)),
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True))
+    def say(text):
+        if stream is not None:
+            with lock:
+                stream.write("[launch] %s\n" % text)
+                stream.flush()
 
-    def output(i):
-        logs[i].seek(0)
-        return logs[i].read().decode("utf-8", "replace")
+    def start(role, name, argv):
+        # ps-lite ranks the nodes of a role by their port (PORT): ascending = start order
+        node = dict(dmlc_env(role, num_workers, num_servers, root, host),
+                    **({"PORT": str(ports.pop(0))} if role != "scheduler" else {}))
+        procs.append(subprocess.Popen(
+            argv, env=dict(base, **node), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True))
+        readers.append(_Reader(procs[-1], name, stream, lock))
+        readers[-1].start()
 
     try:
-        start("scheduler", [python, "-c", NODE])
-        for _ in range(num_servers):
-            start("server", [python, "-c", NODE])
+        start("scheduler", "scheduler", [python, "-c", NODE])
+        for i in range(num_servers):
+            start("server", "server %d" % i, [python, "-c", NODE])
         first = len(procs)
-        for _ in range(num_workers):
-            start("worker", list(command))
-        workers = procs[first:]
-        while True:
-            codes = [p.poll() for p in procs]  # every one, each time (no short circuit)
-            if all(c is not None for c in codes[first:]):
-                break
-            if any(c not in (None, 0) for c in codes):
-                break  # a worker failed (the others would wait for it at the next
-                # barrier), or a scheduler or server died: the job cannot finish
-            if time.monotonic() > deadline:
-                text = "\n".join("--- worker %d:\n%s" % (i, output(first + i)[-3000:])
-                                 for i in range(num_workers))
-                raise TimeoutError("dist job did not finish in %.0f s\n%s" % (timeout, text))
-            time.sleep(0.05)
-        for p in procs[:first]:  # scheduler and servers stop once the workers are done
-            if all(w.returncode == 0 for w in workers):
-                try:
-                    p.wait(max(1.0, min(20.0, deadline - time.monotonic())))
-                except subprocess.TimeoutExpired:
-                    pass
+        for i in range(num_workers):
+            start("worker", "worker %d" % i, list(command))
+        _wait(procs, readers, first, deadline, timeout, say)
         return [WorkerResult(i, p.returncode if p.returncode is not None else -9,
-                             output(first + i)) for i, p in enumerate(workers)]
+                             readers[first + i].output()) for i, p in enumerate(procs[first:])]
     finally:
         for p in procs:
             _kill(p)
-        for log in logs:
-            log.close()
+        for r in readers:
+            r.join(5)
+            r.proc.stdout.close()
+
+
+def _wait(procs, readers, first, deadline, timeout, say) -> None:
+    """Until every worker has exited (then the scheduler and servers, bounded), any process
+    fails, or the deadline passes (``TimeoutError``)."""
+    while True:
+        codes = [p.poll() for p in procs]  # every one, each time (no short circuit)
+        if all(c is not None for c in codes[first:]):
+            break
+        failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed:  # a worker failed (the others would wait for it at the next barrier),
+            # or a scheduler or server died: the job cannot finish
+            i = failed[0]
+            say("%s %s: stopping the job (killing the other processes)"
+                % (readers[i].prefix.decode()[1:-2], _exit_text(codes[i])))
+            return
+        if time.monotonic() > deadline:
+            for r in readers:
+                r.join(0.2)
+            say("the job did not finish in %.0f s: stopping it" % timeout)
+            text = "\n".join("--- %s:\n%s" % (r.prefix.decode()[1:-2], r.output()[-3000:])
+                             for r in readers[first:])
+            raise TimeoutError("dist job did not finish in %.0f s\n%s" % (timeout, text))
+        time.sleep(0.05)
+    workers = procs[first:]
+    for p in procs[:first]:  # scheduler and servers stop once the workers are done
+        if all(w.returncode == 0 for w in workers):
+            try:
+                p.wait(max(1.0, min(20.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
+    bad = [(i, w.returncode) for i, w in enumerate(workers) if w.returncode != 0]
+    if bad:
+        say("worker %d %s" % (bad[0][0], _exit_text(bad[0][1])))
 
 
 def main(argv=None) -> int:
@@ -162,10 +262,18 @@ def main(argv=None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("give the worker command after --")
-    results = launch_local(command, args.num_workers, args.num_servers, timeout=args.timeout)
-    for r in results:
-        sys.stdout.write("--- worker %d (exit %d)\n%s" % (r.worker, r.returncode, r.output))
-    return 0 if all(r.returncode == 0 for r in results) else 1
+    # SIGTERM unwinds like Ctrl-C, so the processes started are killed on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        results = launch_local(command, args.num_workers, args.num_servers,
+                               timeout=args.timeout, stream=sys.stdout)
+    except TimeoutError:
+        return 124
+    codes = [r.returncode for r in results]
+    ok = all(c == 0 for c in codes)
+    print("[launch] %s: workers exited with %s" % ("done" if ok else "failed", codes),
+          flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

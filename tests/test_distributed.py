@@ -3,7 +3,12 @@
 import importlib.util
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
+import threading
+import time
 
 import mxnet as mx
 import numpy as np
@@ -11,7 +16,7 @@ import pytest
 
 from gluon_data import DistributedSampler, SegmentationBatchify, SegmentationRecordDataset, convert
 from gluon_data.distributed import DistributedSegmentationMetric, allreduce_sum
-from gluon_data.launch import launch_local
+from gluon_data.launch import dmlc_env, free_port, launch_local
 from gluon_data.sample import make_voc
 from gluon_data.sampler import epoch_order
 
@@ -56,6 +61,7 @@ def run_dist(cmd, workers=2):
     results = launch_local(cmd, workers, 1, timeout=JOB_TIMEOUT, env=ENV)
     for r in results:
         assert r.returncode == 0, "worker %d failed:\n%s" % (r.worker, r.output[-4000:])
+    return results
 
 
 def samples(log_dir, rank):
@@ -94,8 +100,21 @@ def test_dist_sync_recipe_two_epochs(voc, tmp_path):
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     run_single(recipe(voc, "--epochs", "2", "--log-dir", one))
     # the workers also load through a DataLoader worker process each (--workers 1)
-    run_dist(recipe(voc, "--kvstore", "dist_sync", "--epochs", "2", "--log-dir", two,
-                    "--checkpoint", os.path.join(two, "ck")) + ["--workers", "1"])
+    results = run_dist(recipe(voc, "--kvstore", "dist_sync", "--epochs", "2", "--log-dir", two,
+                              "--checkpoint", os.path.join(two, "ck"), "--save-dir",
+                              os.path.join(two, "run")) + ["--workers", "1"])
+    # rank 0 prints the bars, the epoch lines (the throughput of both ranks: the 11 real
+    # samples of an epoch) and each epoch's validation; rank 1 prints none of it
+    out = results[0].output
+    for epoch in (0, 1):
+        assert re.search(r"Epoch %d/2: 100%%\|[^|]*\| 3/3 \[" % epoch, out), out[-3000:]
+        assert re.search(r"Epoch %d: 3 iterations, .* samples/s \(11 samples over 2 ranks"
+                         % epoch, out), out[-3000:]
+        assert "Epoch %d validation on 5 samples" % epoch in out
+    assert "Epoch" not in results[1].output and "saved" not in results[1].output
+    assert sorted(os.listdir(os.path.join(two, "run"))) == ["best.json", "best.params",
+                                                            "checkpoint.json",
+                                                            "checkpoint.params"]
     logs = [samples(two, 0), samples(two, 1)]
     single = samples(one, 0)
     for epoch in (0, 1):
@@ -205,8 +224,9 @@ def test_launch_local_stops_a_failed_job_quickly():
     # timeout ends such a job
     code = code.replace("os._exit(3)", "sys.exit(3)").replace("import mxnet as mx, os",
                                                               "import mxnet as mx, os, sys")
-    with pytest.raises(TimeoutError, match="did not finish in 12 s") as info:
-        launch_local([sys.executable, "-c", code], 2, 1, timeout=12, env=ENV)
+    # (30 s: two workers need over 12 s to start on a loaded 2-core machine)
+    with pytest.raises(TimeoutError, match="did not finish in 30 s") as info:
+        launch_local([sys.executable, "-c", code], 2, 1, timeout=30, env=ENV)
     assert str(info.value).count("STARTED") == 2
 
 
@@ -256,3 +276,101 @@ def test_allreduce_sum_single_process_and_bad_values():
     metric = DistributedSegmentationMetric(3)
     with pytest.raises(ValueError, match="has 1 keys"):
         metric.update(mx.nd.zeros((2, 4, 4)), mx.nd.zeros((2, 3, 4, 4)), keys=[0])
+
+
+STREAM_WORKER = r"""
+import os, sys, time
+import mxnet as mx
+kv = mx.kv.create("dist_sync")
+print("READY rank %d pid %d" % (kv.rank, os.getpid()))   # no flush: the launcher unbuffers
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_launcher_streams_prefixed_output_and_stops_when_a_worker_is_killed(tmp_path):
+    """`python -m gluon_data.launch`: each worker's line reaches the launcher's stdout,
+    prefixed with its rank, while the workers still run; a worker killed then ends the whole
+    job at once, with a message naming it and a non-zero exit."""
+    script = tmp_path / "worker.py"
+    script.write_text(STREAM_WORKER)
+    p = subprocess.Popen([sys.executable, "-m", "gluon_data.launch", "-n", "2", "-s", "1",
+                          "--timeout", "300", "--", sys.executable, str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, **ENV))
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 90
+        ready = {}
+        while len(ready) < 2:
+            assert p.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+            for line in list(lines):
+                m = re.match(r"\[worker (\d)\] READY rank (\d) pid (\d+)$", line)
+                if m:
+                    assert m.group(1) == m.group(2)         # the prefix is the kvstore rank
+                    ready[int(m.group(1))] = int(m.group(3))
+            time.sleep(0.05)
+        assert p.poll() is None                              # streamed, not at the end
+        t0 = time.monotonic()
+        os.kill(ready[1], signal.SIGKILL)
+        assert p.wait(30) == 1
+        assert time.monotonic() - t0 < 15
+        reader.join(10)
+        text = "".join(lines)
+        assert "[launch] worker 1 was killed by SIGKILL: stopping the job" in text, text
+        assert "[launch] failed: workers exited with [-9, -9]" in text, text
+        for pid in ready.values():  # worker 0 was killed with the job
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if p.poll() is None:
+            p.terminate()   # the launcher kills its processes on SIGTERM
+            p.wait(30)
+        p.stdout.close()
+
+
+@pytest.mark.slow
+def test_hand_launched_job_with_a_killed_worker_ends_on_the_stall_timeout(voc, tmp_path):
+    """Launched by hand (DMLC_* environment, no launcher), a killed worker leaves the other
+    blocked in the kvstore forever (ps-lite does not abort on a dead node): the recipe's
+    --stall-timeout ends it with an error."""
+    root = free_port()
+    logs = str(tmp_path / "logs")
+    base = dict(os.environ, **ENV, PYTHONUNBUFFERED="1")
+    procs, outs = [], []
+
+    def start(role, argv):
+        outs.append(open(tmp_path / ("node%d.out" % len(outs)), "w+"))
+        procs.append(subprocess.Popen(argv, env=dict(base, **dmlc_env(role, 2, 1, root)),
+                                      stdout=outs[-1], stderr=subprocess.STDOUT,
+                                      start_new_session=True))
+    try:
+        start("scheduler", [sys.executable, "-c", "import mxnet"])
+        start("server", [sys.executable, "-c", "import mxnet"])
+        cmd = recipe(voc, "--kvstore", "dist_sync", "--epochs", "100000", "--log-dir", logs,
+                     "--stall-timeout", "8")
+        start("worker", cmd)
+        start("worker", cmd)
+        deadline = time.monotonic() + 90
+        logged = [os.path.join(logs, "samples.rank%d.jsonl" % r) for r in (0, 1)]
+        while not all(os.path.exists(f) and os.path.getsize(f) for f in logged):
+            assert all(q.poll() is None for q in procs) and time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        procs[3].kill()                 # one worker dies, the other is blocked ...
+        assert procs[2].wait(60) == 1   # ... until its watchdog ends it
+        assert time.monotonic() - t0 < 40
+        outs[2].seek(0)
+        out = outs[2].read()
+        assert re.search(r"error: worker [01]: no batch finished for \d+ s \(--stall-timeout 8\)",
+                         out), out[-3000:]
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                os.killpg(q.pid, signal.SIGKILL)
+            q.wait(10)
+        for f in outs:
+            f.close()

@@ -1,36 +1,168 @@
-"""The training recipe runs a few iterations from a .rec and from an LMDB."""
+"""The training recipe as a user runs it: the epoch lines, progress bar and validation of each
+epoch, the checkpoint and best-mIoU files, a .rec, an LMDB and a bucket as the source, the
+sample log of a killed run, and --help."""
+import importlib.util
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
+import mxnet as mx
 import pytest
 
-from gluon_data import convert
+from gluon_data import SegmentationRecordDataset, convert
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "scripts", "train_segmentation.py")
+ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
+SMALL = ["--base-size", "40", "--crop-size", "32", "--batch-size", "4", "--workers", "0"]
 
 
-def run(*args):
-    p = subprocess.run([sys.executable, RECIPE, "--base-size", "40", "--crop-size", "32",
-                        "--batch-size", "4", "--iters", "3", "--log-every", "1", *args],
-                       capture_output=True, text=True, timeout=600)
+def run(*args, env=None):
+    p = subprocess.run([sys.executable, RECIPE, *SMALL, *args], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, **ENV, **(env or {})))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     return p.stdout
 
 
-@pytest.mark.slow
-def test_recipe_trains_from_rec_and_validates(voc_root, tmp_path):
-    outs = convert(voc_root, str(tmp_path / "v.rec"), "voc", split="train,val").outputs
-    out = run("--data", outs["train"], "--val-data", outs["val"])
-    iters = re.findall(r"iter +(\d+)  loss ([\d.]+)  pixAcc ([\d.]+)  mIoU ([\d.]+)", out)
-    assert [int(i[0]) for i in iters] == [1, 2, 3]
-    assert all(0 <= float(i[2]) <= 1 and 0 <= float(i[3]) <= 1 for i in iters)
-    assert re.search(r"validation on 4 samples: pixAcc [\d.]+  mIoU [\d.]+", out)
+@pytest.fixture(scope="module")
+def voc_recs(voc_root, tmp_path_factory):
+    return convert(voc_root, str(tmp_path_factory.mktemp("recipe") / "v.rec"), "voc",
+                   split="train,val").outputs
+
+
+def recipe_module():
+    spec = importlib.util.spec_from_file_location("train_segmentation", RECIPE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_recipe_epochs_bar_validation_and_best(voc_recs, tmp_path):
+    save = tmp_path / "run"
+    out = run("--data", voc_recs["train"], "--val-data", voc_recs["val"], "--model", "tiny",
+              "--epochs", "2", "--save-dir", str(save))
+    # 12 training samples, batch 4: a bar per epoch that reaches 3/3 with an elapsed<ETA
+    for epoch in (0, 1):
+        assert re.search(r"Epoch %d/2: 100%%\|[^|]*\| 3/3 \[\d\d:\d\d<\d\d:\d\d" % epoch, out)
+        assert re.search(r"Epoch %d: 3 iterations, loss [\d.]+, pixAcc [\d.]+, mIoU [\d.]+, "
+                         r"[\d.]+ samples/s \(12 samples over 1 ranks in [\d.]+ s\)" % epoch, out)
+    vals = [float(m) for m in re.findall(r"Epoch \d validation on 4 samples: pixAcc [\d.]+  "
+                                         r"mIoU ([\d.]+)", out)]
+    assert len(vals) == 2                                   # validated after every epoch
+    assert out.count("saved %s" % (save / "checkpoint.params")) == 2
+    assert sorted(os.listdir(save)) == ["best.json", "best.params", "checkpoint.json",
+                                        "checkpoint.params", "checkpoint.states"]
+    with open(save / "best.json") as f:
+        best = json.load(f)
+    assert round(best["mIoU"], 4) == max(vals) and best["epoch"] == vals.index(max(vals))
+    with open(save / "checkpoint.json") as f:
+        assert json.load(f)["iteration"] == 6
+    # best.params is the model that scored that mIoU
+    module = recipe_module()
+    net = module.build_model("tiny", None, 21, 40, 32)
+    net.load_parameters(str(save / "best.params"))
+    t = mx.gluon.data.vision.transforms
+    valset = SegmentationRecordDataset(voc_recs["val"], mode="val", crop_size=32,
+                                       transform=t.Compose([t.ToTensor(), t.Normalize(
+                                           [.485, .456, .406], [.229, .224, .225])]))
+    assert module.evaluate(net, valset, 4, 0, 21) == (best["pixAcc"], best["mIoU"])
+
+
+def test_recipe_val_interval_and_iters(voc_recs):
+    out = run("--data", voc_recs["train"], "--val-data", voc_recs["val"], "--model", "tiny",
+              "--epochs", "3", "--val-interval", "2")
+    assert re.findall(r"Epoch (\d) validation on", out) == ["1", "2"]  # every 2nd + the last
+    out = run("--data", voc_recs["train"], "--model", "tiny", "--iters", "4", "--log-every", "2")
+    assert re.findall(r"iter +(\d+)  loss", out) == ["2", "4"]
+    assert re.search(r"Epoch 1: 1 iterations", out)      # 3 in epoch 0, the 4th in epoch 1
 
 
 @pytest.mark.slow
-def test_recipe_trains_from_lmdb(voc_root, tmp_path):
+def test_recipe_fcn_from_lmdb(voc_root, tmp_path):
     out = str(tmp_path / "v.lmdb")
     convert(voc_root, out, "voc", split="train")
-    assert "iter    3  loss" in run("--data", out, "--split", "train")
+    assert re.search(r"Epoch 0: 2 iterations, loss [\d.]+",
+                     run("--data", out, "--split", "train", "--iters", "2"))
+
+
+def test_sample_log_is_complete_after_kill_9(voc_recs, tmp_path):
+    """Every batch reaches the log as it is trained: a run killed mid-way leaves whole lines,
+    whole batches, iterations 1..n."""
+    log = tmp_path / "log" / "samples.rank0.jsonl"
+    p = subprocess.Popen([sys.executable, RECIPE, *SMALL, "--data", voc_recs["train"],
+                          "--model", "tiny", "--epochs", "100000", "--log-dir",
+                          str(log.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=dict(os.environ, **ENV))
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and log.read_bytes().count(b"\n") >= 12):
+            assert p.poll() is None, p.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no complete batches logged in 120 s"
+            time.sleep(0.02)
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        p.kill()
+        p.wait(30)
+        p.stderr.close()
+    rows = [json.loads(line) for line in log.read_text().split("\n")[:-1]]
+    assert log.read_text().endswith("\n")
+    its = [r["iteration"] for r in rows]
+    assert sorted(set(its)) == list(range(1, its[-1] + 1))
+    # 12 samples, batch 4: every iteration has its 4 rows, every epoch its 12 samples
+    assert all(its.count(i) == 4 for i in set(its))
+    for epoch in {r["epoch"] for r in rows}:
+        assert len({r["index"] for r in rows if r["epoch"] == epoch}) in (4, 8, 12)
+
+
+def test_help_shows_defaults_and_the_launcher():
+    p = subprocess.run([sys.executable, RECIPE, "--help"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())
+    assert "--crop-size CROP_SIZE training and validation crop (default: 480)" in text
+    assert "--val-interval VAL_INTERVAL validate every N epochs (and after the last one) " \
+           "(default: 1)" in text
+    assert "python -m gluon_data.launch" in text and "tools/launch.py" not in text
+    p = subprocess.run([sys.executable, RECIPE, "--data", "x.rec", "--storage-option", "anon"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--storage-option expects KEY=VALUE, got 'anon'" in p.stderr
+
+
+@pytest.mark.slow
+def test_recipe_trains_from_a_bucket_with_storage_options(voc_root, tmp_path):
+    """--storage-option, --cache-dir and --cache-limit reach the remote store, as in the CLI
+    (the endpoint comes only from the option)."""
+    pytest.importorskip("moto.server")
+    import test_remote  # its moto S3 server on 127.0.0.1
+    from gluon_data.remote import convert_to_uri, filesystem
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+             "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
+             "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    saved = {k: os.environ.get(k) for k in creds}
+    os.environ.update(creds)
+    server = test_remote.S3Server()
+    try:
+        options = test_remote._options(server)
+        fs, _ = filesystem("s3://recipe", options)
+        fs.mkdir("recipe")
+        uri = "s3://recipe/v.rec"
+        convert_to_uri(voc_root, uri, layout="voc", split="train", storage_options=options,
+                       cache_dir=str(tmp_path / "stage"))
+        cache = tmp_path / "cache"
+        out = run("--data", uri, "--model", "tiny", "--iters", "2",
+                  "--storage-option", "endpoint_url=%s" % server.url,
+                  "--storage-option", 'config_kwargs={"connect_timeout": 2}',
+                  "--cache-dir", str(cache), "--cache-limit", "1GB")
+        assert "Epoch 0: 2 iterations" in out
+        assert server.served("/v.rec") > 0 and os.listdir(cache / "objects")
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
