@@ -146,8 +146,23 @@ def _verify_rec(path: str, deep: bool) -> VerifyReport:
             store.check_order()
         except GluonDataError as e:
             report.add(e, path)
+    _check_binary_index(store.idx_path, report)
     _check_records(store, meta, report, deep, path)
     return report
+
+
+def _check_binary_index(idx_path: str, report: VerifyReport) -> None:
+    """A ``.idx.gdx`` that readers cannot use is a problem: they ignore it, silently, and
+    parse the text at every open; say how to rebuild it."""
+    from .recordio import BINARY_INDEX_SUFFIX, binary_index_problem
+    why = binary_index_problem(idx_path)
+    if why is not None:
+        report.problems.append({
+            "where": idx_path + BINARY_INDEX_SUFFIX, "key": None, "offset": None,
+            "reason": "the binary index %s, so readers ignore it and parse the .idx at every "
+                      "open; remove it (nothing needs it), then rebuild it from the .idx if "
+                      "wanted: python -c \"from gluon_data.recordio import write_binary_index; "
+                      "write_binary_index('%s')\"" % (why, idx_path)})
 
 
 def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyReport:
