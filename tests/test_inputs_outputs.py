@@ -182,3 +182,13 @@ def test_verify_reports_a_binary_index_of_another_idx(rec):
     report = verify(rec)
     assert not report.ok and [p["where"] for p in report.problems] == [idx + ".gdx"]
     assert "describes another .idx" in report.problems[0]["reason"]
+
+
+def test_an_output_named_like_a_manifest_needs_sharding(rec, voc_root, tmp_path, capsys):
+    out = str(tmp_path / "o" / "train.shards.json")
+    for args in ([rec, out], [voc_root, out, "--layout", "voc", "--split", "trainval"]):
+        assert main(["convert", *args, "--quiet"]) == 1  # (was: a .rec under that name)
+        assert "names a shard manifest" in capsys.readouterr().err
+        assert not os.path.exists(os.path.dirname(out)) or os.listdir(os.path.dirname(out)) == []
+    assert main(["convert", rec, out, "--shards", "2", "--quiet"]) == 0
+    assert payloads(out) == payloads(rec)
