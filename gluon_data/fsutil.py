@@ -145,9 +145,9 @@ def classify_location(location) -> str:
     if os.path.isdir(real):
         return "lmdb" if os.path.isfile(os.path.join(real, "data.mdb")) else "folder"
     name = location.rstrip("/")
-    if name.endswith(_MANIFEST_SUFFIX) or is_ours(real, "manifest"):
+    if name.endswith(_MANIFEST_SUFFIX):
         return "manifest"
-    for kind in ("rec", "gdx", "meta", "checkpoint"):
+    for kind in ("rec", "gdx"):  # (their magic: a few bytes read)
         if is_ours(real, kind):
             return kind
     if name.endswith(".rec"):
@@ -156,6 +156,13 @@ def classify_location(location) -> str:
         return "lst"
     if name.endswith(".idx") or is_ours(real, "idx"):
         return "idx"
+    try:
+        json_like = _head(real, 64).lstrip().startswith(b"{")
+    except OSError:
+        json_like = False
+    for kind in ("manifest", "meta", "checkpoint") if json_like else ():
+        if is_ours(real, kind):
+            return kind
     return "file"
 
 
