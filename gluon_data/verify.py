@@ -1,7 +1,8 @@
 """``gluon-data verify``: check a dataset end to end and name every bad record.
 
 Checks, in order: metadata (version, task), the index against the data (offsets, duplicates,
-an index shorter than the data), the record count against the metadata, every record's framing
+an index shorter than the data), the ``.idx.gdx`` beside it (damaged or stale: readers ignore
+it), the record count against the metadata, every record's framing
 and CRC-32, and with ``deep`` the decoding of every image and mask and the mask ids against the
 declared classes. LMDB datasets are scanned in a child process: LMDB trusts its B-tree pages,
 and a damaged page can crash the reading process, which must not be the caller.
