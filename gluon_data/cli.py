@@ -494,7 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("salvage", formatter_class=_Formatter,
                         help="rebuild a lost or short .idx by scanning the .rec")
-    sv.add_argument("path", help=".rec file")
+    sv.add_argument("path", help=".rec file (a shard manifest, an LMDB, a URI or a folder is "
+                                 "refused, nothing touched: salvage each shard's .rec)")
     sv.add_argument("--overwrite", action="store_true",
                     help="replace an existing .idx (kept as .idx.bak)")
     sv.set_defaults(func=_cmd_salvage)

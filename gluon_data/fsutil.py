@@ -22,9 +22,11 @@ import stat
 from typing import Iterable, List, Tuple
 
 from .errors import ConversionError, OutputError
+from .store import is_uri
 
 __all__ = ["check_replaceable", "is_ours", "open_new", "atomic_write", "fsync_dir",
-           "remove_partial_dir", "exchange_dirs", "OutputLock", "KINDS"]
+           "remove_partial_dir", "exchange_dirs", "OutputLock", "KINDS", "classify_location",
+           "LOCATIONS", "check_disjoint"]
 
 _RECORDIO_MAGIC = (0xCED7230A).to_bytes(4, "little")
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
@@ -43,7 +45,20 @@ KINDS = {
     "png": "a PNG image",
     "image": "an image file (PNG, JPEG, BMP, TIFF, WebP)",
     "checkpoint": "a gluon_data resume checkpoint (.resume.json)",
+    "manifest": "a shard manifest (.shards.json)",
 }
+
+#: What :func:`classify_location` can find at a location, in the words of error messages.
+LOCATIONS = dict(KINDS, **{
+    "rec": "a RecordIO data file (.rec)",
+    "lmdb": "an LMDB environment (a directory holding data.mdb)",
+    "uri": "a URI (a dataset in object storage)",
+    "folder": "a folder (not a dataset: a source layout to convert)",
+    "lst": "an im2rec list (.lst)",
+    "file": "a file that is not a dataset",
+    "missing": "nothing: no such file or folder",
+})
+_MANIFEST_SUFFIX = ".shards.json"  # gluon_data.shards.MANIFEST_SUFFIX (shards imports us)
 
 
 def _head(path: str, n: int) -> bytes:
@@ -106,9 +121,86 @@ def is_ours(path: str, kind: str) -> bool:
             doc = json.loads(f.read().decode("utf-8"))
         if kind == "meta":
             return isinstance(doc, dict) and doc.get("format") == "gluon_data"
+        if kind == "manifest":
+            return isinstance(doc, dict) and doc.get("format") == "gluon_data-shards"
         return isinstance(doc, dict) and "digest" in doc  # checkpoint
     except (OSError, ValueError):
         return False
+
+
+def classify_location(location) -> str:
+    """What ``location`` holds, one key of :data:`LOCATIONS`: ``'uri'``, ``'missing'``,
+    ``'lmdb'`` (a directory holding ``data.mdb``, ours or a legacy layout), ``'folder'``,
+    ``'manifest'`` (a ``.shards.json`` name, or a manifest's content), ``'rec'`` (a ``.rec``
+    name, or the RecordIO magic: a ``.rec`` whose head is damaged is still one), ``'gdx'``,
+    ``'meta'``, ``'idx'``, ``'checkpoint'``, ``'lst'`` or ``'file'``. A link is classified by
+    what it leads to. Every command that takes a location asks this, and refuses the kinds
+    it cannot handle before it touches anything."""
+    location = os.fspath(location)
+    if is_uri(location):
+        return "uri"
+    if not os.path.exists(location):
+        return "missing"
+    real = os.path.realpath(location)
+    if os.path.isdir(real):
+        return "lmdb" if os.path.isfile(os.path.join(real, "data.mdb")) else "folder"
+    name = location.rstrip("/")
+    if name.endswith(_MANIFEST_SUFFIX):
+        return "manifest"
+    for kind in ("rec", "gdx"):  # (their magic: a few bytes read)
+        if is_ours(real, kind):
+            return kind
+    if name.endswith(".rec"):
+        return "rec"
+    if name.endswith(".lst"):
+        return "lst"
+    if name.endswith(".idx") or is_ours(real, "idx"):
+        return "idx"
+    try:
+        json_like = _head(real, 64).lstrip().startswith(b"{")
+    except OSError:
+        json_like = False
+    for kind in ("manifest", "meta", "checkpoint") if json_like else ():
+        if is_ours(real, kind):
+            return kind
+    return "file"
+
+
+def _identity(path: str):
+    """``(st_dev, st_ino)`` of what ``path`` leads to, or None where nothing is."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_disjoint(writes: Iterable[str], reads: Iterable[str]) -> None:
+    """Refuse an output that is, or shares a file with, its input, before anything is
+    written: none of the paths in ``writes`` (what a command would write or replace) may be
+    one of the files in ``reads`` (what it reads), compared by real path and by
+    ``(st_dev, st_ino)`` (so a symbolic or hard link to an input file is that file).
+
+    Raises
+    ------
+    OutputError
+        Naming the output path and the input file it is.
+    """
+    inodes, real = {}, {}
+    for r in map(os.fspath, reads):
+        ident = _identity(r)  # only files that exist are read
+        if ident is not None:
+            inodes.setdefault(ident, r)
+            real.setdefault(os.path.realpath(r), r)
+    for w in writes:
+        w = os.fspath(w)
+        same = real.get(os.path.realpath(w)) or inodes.get(_identity(w))
+        if same is not None:
+            what = "is a file of the input" if os.path.abspath(w) == os.path.abspath(same) \
+                else "is the input's file %s (a link: the same file)" % same
+            raise OutputError("the output %s, which the command reads: it would be replaced "
+                              "while it is read; nothing was written: write the output to "
+                              "another name or folder" % what, w)
 
 
 def check_replaceable(path: str, kind: str, overwrite: bool, *,

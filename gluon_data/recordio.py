@@ -355,6 +355,34 @@ def _read_binary_index_v2(fd: int, size: int, idx_path: str) -> Optional[_Index]
                   None, 0, file_stamp(st))
 
 
+def binary_index_problem(idx_path: str) -> Optional[str]:
+    """Why the ``.gdx`` beside ``idx_path`` is not used (readers ignore it and parse the
+    text instead, silently), or ``None``: there is none, or it is the one readers map."""
+    gdx = idx_path + BINARY_INDEX_SUFFIX
+    if not os.path.lexists(gdx) or _map_binary_index(gdx, idx_path) is not None:
+        return None
+    fd = _open_regular(gdx)
+    if fd is None:
+        return "is not a regular file"
+    try:
+        size, head = os.fstat(fd).st_size, os.pread(fd, _GDX_HEAD.size, 0)
+        if head[:8] == _GDX_MAGIC_V2:
+            return "(version 2) is damaged or describes another .idx"
+        if len(head) != _GDX_HEAD.size or head[:8] != _GDX_MAGIC:
+            return "has a damaged header (no binary index magic)"
+        if zlib.crc32(head[:-8]) != struct.unpack_from("<Q", head, 64)[0]:
+            return "has a damaged header (its CRC-32 does not match)"
+        _, _, _, _, count, flags, _, body_crc, _ = _GDX_HEAD.unpack(head)
+        want = _GDX_HEAD.size + 8 * count * (1 if flags & _GDX_SEQUENTIAL_KEYS else 2)
+        if count == 0 or size != want:
+            return "is %d bytes, its header promises %d" % (size, want)
+        if _file_crc(fd, _GDX_HEAD.size, size) != body_crc:
+            return "has a damaged body (its CRC-32 does not match the header's)"
+        return "describes another .idx (the .idx changed after it was written)"
+    finally:
+        os.close(fd)
+
+
 def _read_binary_index(idx_path: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     """``(keys, offsets)`` from the ``.gdx`` beside ``idx_path`` if it exists and still
     describes that ``.idx``, else ``None``."""

@@ -15,14 +15,28 @@ from dataclasses import dataclass, field
 from typing import List, Tuple
 
 from . import codec
-from .errors import GluonDataError, OutputError
-from .fsutil import atomic_write, check_replaceable, fsync_dir
+from .errors import FormatError, GluonDataError, OutputError
+from .fsutil import (LOCATIONS, atomic_write, check_disjoint, check_replaceable,
+                     classify_location, fsync_dir, is_ours)
 from .meta import dumps_meta, meta_path, read_meta
-from .recordio import idx_path_for
+from .recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
 
 __all__ = ["salvage", "SalvageReport", "scan_records"]
 
 _MAGIC = struct.pack("<I", codec.RECORDIO_MAGIC)
+
+#: What to do instead, for each kind of location salvage does not repair.
+_INSTEAD = {
+    "manifest": "salvage each shard's .rec instead (gluon-data verify %s names the damaged "
+                "ones)",
+    "lmdb": "an LMDB cannot be salvaged by a scan: verify it, then restore it or convert it "
+            "again from its source",
+    "uri": "salvage repairs local files: download the .rec (with its .idx and .meta.json), "
+           "salvage it, upload it again",
+    "idx": "give the .rec beside it",
+    "gdx": "give the .rec beside it",
+    "meta": "give the .rec beside it",
+}
 
 
 @dataclass
@@ -87,16 +101,20 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
     are moved to ``.rec.damaged-tail`` so the ``.rec`` ends with its last intact record.
     """
     rec_path = os.fspath(rec_path)
-    idx_path = idx_path or idx_path_for(rec_path)
+    _check_is_rec(rec_path)
+    idx_path = os.fspath(idx_path or idx_path_for(rec_path))
+    gdx = idx_path + BINARY_INDEX_SUFFIX
     # Everything salvage may write is checked before anything is: only our own files are
     # replaced, nothing through a link (fsutil's rule).
     check_replaceable(idx_path, "idx", overwrite, option="overwrite=True (CLI: --overwrite; "
                       "the old one is kept as .idx.bak)")
     check_replaceable(idx_path + ".bak", "idx", True)
+    check_replaceable(gdx, "gdx", True)
     mp = meta_path(rec_path)
     if os.path.lexists(mp):
         check_replaceable(mp, "meta", True)
         check_replaceable(mp + ".bak", "meta", True)
+    check_disjoint([idx_path, idx_path + ".bak", gdx, mp, mp + ".bak"], [rec_path])
     try:
         meta = read_meta(rec_path)
     except GluonDataError:
@@ -137,6 +155,10 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
         with open(idx_path, "rb") as f:
             atomic_write(idx_path + ".bak", f.read())
     atomic_write(idx_path, text)
+    if offsets:  # the binary copy readers map instead of the text (a stale one is ignored)
+        write_binary_index(idx_path)
+    elif os.path.lexists(gdx) and is_ours(gdx, "gdx"):
+        os.remove(gdx)
     if meta is not None and meta["num_records"] != len(offsets):
         with open(mp, "rb") as f:
             atomic_write(mp + ".bak", f.read())
@@ -145,6 +167,19 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
                               "damaged_ranges": [list(r) for r in report.damaged]})
         atomic_write(mp, dumps_meta(meta))
     return report
+
+
+def _check_is_rec(path: str) -> None:
+    """Refuse, before anything is touched, a location that is not a single local ``.rec``
+    (a manifest, an LMDB, a URI, a folder, an index...), saying what to do instead."""
+    kind = classify_location(path)
+    if kind == "rec":
+        return
+    if kind == "missing":
+        raise FileNotFoundError("no .rec at %s: salvage repairs a single .rec file" % path)
+    instead = _INSTEAD.get(kind, "give a .rec (a RecordIO data file)")
+    raise FormatError("salvage repairs a single .rec file; this is %s: %s; nothing was "
+                      "changed" % (LOCATIONS[kind], instead.replace("%s", path)), path)
 
 
 def _write_unique(path: str, data: bytes) -> str:

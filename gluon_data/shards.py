@@ -25,13 +25,14 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .errors import ConversionError, FormatError, GluonDataError
-from .fsutil import sha256_file
-from .meta import CONTAINER_KEYS
+from .fsutil import check_disjoint, classify_location, sha256_file
+from .meta import CONTAINER_KEYS, meta_path
+from .recordio import BINARY_INDEX_SUFFIX, idx_path_for
 from .store import is_uri, register_opener, valid_positions, will_need
 
 __all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
            "manifest_path", "read_manifest", "is_manifest", "verify_sharded",
-           "write_combined_index",
+           "write_combined_index", "dataset_files",
            "MANIFEST_SUFFIX", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
 
 MANIFEST_SUFFIX = ".shards.json"
@@ -152,6 +153,48 @@ def _shard_files(path: str, container: str) -> List[str]:
     from .meta import meta_path
     from .recordio import idx_path_for
     return [path, idx_path_for(path), meta_path(path)]
+
+
+def dataset_files(*locations: str, container: Optional[str] = None) -> List[str]:
+    """The local files the datasets at ``locations`` consist of: what reading them reads, or
+    writing them writes or replaces. A ``.rec``: it, its ``.idx``, ``.idx.gdx`` and
+    ``.meta.json``; an LMDB: the directory, its ``data.mdb`` and ``lock.mdb``; a manifest: it
+    and every shard's files (only itself when it cannot be read); a URI: none. ``container``
+    (``'rec'``, ``'lmdb'``) says what an output will be (by default: what is there now, see
+    :func:`~gluon_data.fsutil.classify_location`).
+
+    >>> dataset_files("out/a.rec", container="rec")
+    ['out/a.rec', 'out/a.idx', 'out/a.idx.gdx', 'out/a.meta.json']
+    """
+    out: List[str] = []
+    for loc in map(os.fspath, locations):
+        kind = "manifest" if is_manifest(loc) else container or classify_location(loc)
+        if kind in ("uri", "missing") or is_uri(loc):
+            continue
+        if kind == "lmdb":
+            out += [loc, os.path.join(loc, "data.mdb"), os.path.join(loc, "lock.mdb")]
+        elif kind == "rec":
+            idx = idx_path_for(loc)
+            out += [loc, idx, idx + BINARY_INDEX_SUFFIX, meta_path(loc)]
+        else:
+            out.append(loc)
+        if kind == "manifest" and os.path.isfile(loc):
+            try:
+                doc = read_manifest(loc)
+            except (GluonDataError, OSError):
+                continue
+            folder = os.path.dirname(os.path.abspath(loc))
+            out += dataset_files(*(os.path.join(folder, s["name"]) for s in doc["shards"]),
+                                 container=doc["container"])
+    return out
+
+
+def _check_not_source(plans: List[dict], container: str, source: str) -> None:
+    """Refuse a sharded output that would write or replace a file of its ``source`` (its
+    manifests, its shards' files), before any task runs."""
+    shards = dataset_files(*(j.path for p in plans for j in p["jobs"]), container=container)
+    check_disjoint([manifest_path(p["prefix"]) for p in plans] + shards,
+                   dataset_files(source))
 
 
 def _read_shard_meta(path: str, container: str, split: str) -> Optional[dict]:
@@ -766,6 +809,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
                           "plan": {"source": os.path.abspath(src.root), "layout": src.layout,
                                    "kind": "encode", "options": options,
                                    "items": len(items), "ranges": ranges}})
+    _check_not_source(plans, container, source)  # an output sharing a file with the source
     # refuse to clobber what this plan did not write, before any work
     for p in plans:
         mp = manifest_path(p["prefix"])

@@ -1,7 +1,8 @@
 """``gluon-data verify``: check a dataset end to end and name every bad record.
 
 Checks, in order: metadata (version, task), the index against the data (offsets, duplicates,
-an index shorter than the data), the record count against the metadata, every record's framing
+an index shorter than the data), the ``.idx.gdx`` beside it (damaged or stale: readers ignore
+it), the record count against the metadata, every record's framing
 and CRC-32, and with ``deep`` the decoding of every image and mask and the mask ids against the
 declared classes. LMDB datasets are scanned in a child process: LMDB trusts its B-tree pages,
 and a damaged page can crash the reading process, which must not be the caller.
@@ -146,8 +147,23 @@ def _verify_rec(path: str, deep: bool) -> VerifyReport:
             store.check_order()
         except GluonDataError as e:
             report.add(e, path)
+    _check_binary_index(store.idx_path, report)
     _check_records(store, meta, report, deep, path)
     return report
+
+
+def _check_binary_index(idx_path: str, report: VerifyReport) -> None:
+    """A ``.idx.gdx`` that readers cannot use is a problem: they ignore it, silently, and
+    parse the text at every open; say how to rebuild it."""
+    from .recordio import BINARY_INDEX_SUFFIX, binary_index_problem
+    why = binary_index_problem(idx_path)
+    if why is not None:
+        report.problems.append({
+            "where": idx_path + BINARY_INDEX_SUFFIX, "key": None, "offset": None,
+            "reason": "the binary index %s, so readers ignore it and parse the .idx at every "
+                      "open; remove it (nothing needs it), then rebuild it from the .idx if "
+                      "wanted: python -c \"from gluon_data.recordio import write_binary_index; "
+                      "write_binary_index('%s')\"" % (why, idx_path)})
 
 
 def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyReport:

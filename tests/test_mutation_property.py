@@ -103,6 +103,11 @@ def test_damaged_indexes_and_metadata_give_typed_errors_or_the_exact_samples(
         assert len(got) == len(ref)
         for (gi, gm), (ri, rm) in zip(got, ref):
             assert np.array_equal(gi, ri) and np.array_equal(gm, rm)
-        assert verify(rec, deep=True).ok
+        # exact samples: verify finds nothing, or (after an edit of an index) that the
+        # binary index readers now ignore is damaged or stale, never a record
+        report = verify(rec, deep=True)
+        gdx = rec[:-4] + ".idx.gdx"
+        assert report.ok or (any(e[0] != ".meta.json" for e in edits)
+                             and all(p["where"] == gdx for p in report.problems))
     finally:
         shutil.rmtree(d)

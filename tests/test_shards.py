@@ -113,7 +113,8 @@ def test_a_replaced_manifest_is_refused_on_unpickling(voc_shards, tmp_path):
     shutil.copytree(os.path.dirname(voc_shards), str(d))
     man = str(d / "voc.shards.json")
     blob = pickle.dumps(ShardedStore(man))
-    convert_sharded(man, str(d / "voc.rec"), shards=2, overwrite=True)  # re-shard in place
+    # re-sharded from the original (in place, onto its own files, is refused)
+    convert_sharded(voc_shards, str(d / "voc.rec"), shards=2, overwrite=True)
     with pytest.raises(FormatError, match="replaced") as e:
         pickle.loads(blob)
     assert e.value.path == man

@@ -12,9 +12,11 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from .. import __version__, codec
 from ..errors import ConversionError, FormatError, SourceError
+from ..fsutil import check_disjoint
 from ..lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..meta import CONTAINER_KEYS, FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta
 from ..recordio import RecordFile
+from ..shards import dataset_files
 from ..sources import Source
 from ..store import is_uri, open_store
 from .driver import SplitJobs, drive
@@ -79,6 +81,8 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
                          ignore_label=ignore_label, max_pixels=max_pixels)
     src = Source(layout, source, task, {split: []}, classes)
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), [split]))
+    check_disjoint(dataset_files(*report.outputs.values(), container=outputs.name),
+                   dataset_files(source))
     options = dict(encoding=encoding, quality=quality,
                    image_shape=list(image_shape) if image_shape is not None else None,
                    mask_shape=list(mask_shape) if mask_shape is not None else None,
@@ -169,6 +173,8 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
         meta = meta or _stock_meta(source, len(f))
         sources[meta.get("split") or "train"] = (f, meta)
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(sources)))
+    check_disjoint(dataset_files(*report.outputs.values(), container=outputs.name),
+                   dataset_files(source))
     writers: Dict[str, object] = {}
     lock = None
     try:

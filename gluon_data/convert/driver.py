@@ -20,6 +20,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from .. import codec
 from ..errors import ConversionError, SourceError
+from ..fsutil import check_disjoint
+from ..shards import dataset_files
 from ..sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source
 from ..stats import RunningStats
 from .encode import EncodeOptions, _start_pool, _stop_pool, _work
@@ -368,6 +370,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     classes, num_classes = resolve_classes(src, classes, num_classes)
     plan = _plan(src, val_ratio, shuffle, seed)
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(plan)))
+    check_disjoint(dataset_files(*report.outputs.values(), container=outputs.name),
+                   dataset_files(source))
     take_problems(src, on_error, report)
     if not any(plan.values()):
         raise ConversionError("source holds no items to convert (layout %r)" % src.layout,

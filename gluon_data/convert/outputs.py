@@ -23,6 +23,7 @@ from ..fsutil import OutputLock
 from ..lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from ..meta import FORMAT_NAME, FORMAT_VERSION, read_meta
 from ..recordio import RecordWriter
+from ..shards import is_manifest
 from ..sources import Item, Source, voc_palette
 from ..stats import RunningStats
 
@@ -297,6 +298,10 @@ def _check_output(output, fmt: str) -> str:
     output = os.fspath(output)
     if not output or not output.strip() or not os.path.basename(output.rstrip("/")):
         raise ValueError("output name is empty: give a file name (e.g. data.rec or data.lmdb)")
+    if is_manifest(output):  # (a .rec under that name: a "manifest" nothing can open)
+        raise ValueError("output %s names a shard manifest, which only a sharded conversion "
+                         "writes: add --shards, --shard-size or --shard-items (shards=...), or "
+                         "name the output .rec or .lmdb" % output)
     if fmt == "rec" and os.path.isdir(output):
         raise ConversionError("output is a directory; a .rec output is a file name (for an "
                               "LMDB directory use a .lmdb name or --format lmdb)", output)
