@@ -7,9 +7,18 @@ Dask is imported here only, and only for ``engine='dask'``.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional, Sequence
+import os
+import socket
+from typing import Callable, Iterator, Optional, Sequence, Tuple
 
-__all__ = ["ENGINES", "run_tasks", "import_dask"]
+from .errors import WorkerPathError
+
+__all__ = ["ENGINES", "run_tasks", "import_dask", "SHARED_PATH_RULE"]
+
+#: What a path given to a cluster conversion must be (the README's cluster checklist).
+SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
+                    "worker (a shared filesystem mounted at the same path) or be a URI "
+                    "(s3://...)")
 
 ENGINES = ("local", "dask")
 
@@ -29,9 +38,28 @@ def _dask_worker_init():
     cv2.setNumThreads(1)  # one single-threaded worker process per core, as the local pool
 
 
+class _OnSharedPaths:
+    """``fn``, run only where every path of ``paths`` (``(what, absolute path)`` pairs: the
+    source root, the output folder) exists: a worker without the client's filesystem raises
+    :class:`WorkerPathError` naming its host, the path and the rule, instead of a missing
+    item, or a shard written into a folder the client never sees."""
+
+    def __init__(self, fn: Callable, paths: Sequence[Tuple[str, str]]):
+        self.fn, self.paths = fn, tuple(paths)
+
+    def __call__(self, job):
+        for what, path in self.paths:
+            if not os.path.exists(path):
+                raise WorkerPathError("the %s is not on worker host %s (cwd %s): %s"
+                                      % (what, socket.gethostname(), os.getcwd(),
+                                         SHARED_PATH_RULE), path)
+        return self.fn(job)
+
+
 def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: int = 1,
               scheduler: Optional[str] = None, retries: int = 2,
-              keys: Optional[Sequence[str]] = None) -> Iterator:
+              keys: Optional[Sequence[str]] = None,
+              shared_paths: Sequence[Tuple[str, str]] = ()) -> Iterator:
     """Run ``fn(job)`` for every job; yield ``(i, result)`` as each finishes (any order).
 
     Parameters
@@ -52,6 +80,9 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
         by Dask regardless, up to its ``allowed-failures``).
     keys : sequence of str, optional
         Dask task keys (stable names show up in the dashboard).
+    shared_paths : sequence of (str, str)
+        Dask: ``(what, absolute path)`` pairs every task checks first on its worker
+        (:class:`~gluon_data.errors.WorkerPathError` when one is missing there).
 
     Raises
     ------
@@ -68,6 +99,12 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
     if scheduler and engine != "dask":
         raise ValueError("--scheduler applies to --engine dask")
     if engine == "dask":
+        for _, path in shared_paths:
+            if not os.path.isabs(path):
+                raise ValueError("shared path %r must be absolute (resolved on the client)"
+                                 % path)
+        if shared_paths:
+            fn = _OnSharedPaths(fn, shared_paths)
         yield from _run_dask(fn, jobs, workers, scheduler, retries, keys)
         return
     if workers <= 1 or len(jobs) <= 1:
