@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from typing import Callable, Iterator, Optional, Sequence, Tuple
 
-from .errors import WorkerPathError
+from .errors import ConversionError, WorkerPathError
 
 __all__ = ["ENGINES", "run_tasks", "import_dask", "SHARED_PATH_RULE"]
 
@@ -33,9 +34,25 @@ def import_dask():
     return dd
 
 
-def _dask_worker_init():
+def _dask_worker_init() -> str:
     import cv2
     cv2.setNumThreads(1)  # one single-threaded worker process per core, as the local pool
+    return _version()
+
+
+def _version() -> str:
+    """The version of the gluon_data this process runs."""
+    return sys.modules[__package__].__version__
+
+
+def _check_versions(versions: dict) -> None:
+    """Every worker must run this client's gluon_data (the tasks are its code)."""
+    other = {w: v for w, v in versions.items() if v != _version()}
+    if other:
+        w, v = sorted(other.items())[0]
+        raise ConversionError("gluon_data %s on this client, but %s on %d worker(s), e.g. %s: "
+                              "install the same version on the client, the scheduler and "
+                              "every worker" % (_version(), v, len(other), w))
 
 
 class _OnSharedPaths:
@@ -141,7 +158,7 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
         client = dd.Client(cluster)
     futures = []
     try:
-        client.run(_dask_worker_init)
+        _check_versions(client.run(_dask_worker_init))
         futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,
                              retries=retries)
         index = {f.key: i for i, f in enumerate(futures)}

@@ -4,6 +4,7 @@ environment that has no S3 credentials (and an endpoint that refuses connections
 it does can leave loopback unless the task says where to go). S3 is moto's server on
 127.0.0.1; it records which access key signed each request.
 """
+import importlib
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from gluon_data.cli import main
-from gluon_data.errors import RemoteError, RemoteNotFoundError, WorkerPathError
+from gluon_data.errors import ConversionError, RemoteError, RemoteNotFoundError, WorkerPathError
 from gluon_data.remote import convert_to_uri, filesystem
 from gluon_data.sample import make_imagefolder
 from gluon_data.shards import convert_sharded
@@ -198,6 +199,24 @@ def test_a_path_not_shared_with_the_workers_is_a_typed_error(cluster, tmp_path, 
         assert not os.path.exists("out/c.shards.json")
     finally:
         shutil.rmtree(str(worker_cwd / "out"))
+
+
+def test_a_worker_running_another_gluon_data_version_is_refused(cluster, tmp_path):
+    address, _, _ = cluster
+    src = make_imagefolder(str(tmp_path / "data"), per_class=2)
+    import gluon_data
+    mine = gluon_data.__version__
+    _worker_run(address, lambda: setattr(importlib.import_module("gluon_data"), "__version__",
+                                         "0.0.1-old"))
+    try:
+        with pytest.raises(ConversionError) as e:
+            convert_sharded(src, str(tmp_path / "o" / "c.rec"), "imagefolder", shards=2,
+                            engine="dask", scheduler=address)
+    finally:
+        _worker_run(address, lambda: setattr(importlib.import_module("gluon_data"),
+                                             "__version__", mine))
+    assert "gluon_data %s on this client, but 0.0.1-old on 1 worker(s)" % mine in str(e.value)
+    assert not os.path.exists(str(tmp_path / "o" / "c.shards.json"))
 
 
 # ---------------------------------------------------------------- credentials
