@@ -72,8 +72,9 @@ def _cmd_convert(a) -> int:
     if (a.shards is not None or a.shard_size is not None or a.shard_items is not None
             or is_manifest(a.source)):
         return _convert_sharded(a)
-    if a.engine != "local" or a.scheduler:
-        raise ValueError("--engine/--scheduler run shard tasks: add --shards, --shard-size or "
+    if a.engine != "local" or a.scheduler or a.forward_credentials:
+        raise ValueError("--engine/--scheduler/--forward-credentials are for shard tasks: add "
+                         "--shards, --shard-size or "
                          "--shard-items")
     from .convert import convert, copy_dataset, import_lmdb, is_dataset
     every = int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64"))
@@ -115,6 +116,9 @@ def _convert_sharded(a) -> int:
         from functools import partial
         from .remote import convert_to_uri
         convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
+    if a.forward_credentials:
+        from functools import partial
+        convert_sharded = partial(convert_sharded, forward_credentials=True)
     report = convert_sharded(a.source, a.output, a.layout, shards=a.shards,
                              shard_size=a.shard_size, shard_items=a.shard_items,
                              engine=a.engine, scheduler=a.scheduler, workers=a.workers,
@@ -437,6 +441,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "or Dask (pip install gluon-data[dask])")
     g.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786; "
                                        "none: a LocalCluster of --workers processes")
+    g.add_argument("--forward-credentials", action="store_true",
+                   help="send this machine's S3 credentials, endpoint and region (from its "
+                        "environment or profile) to the shard tasks, in memory; by default "
+                        "each worker uses its own environment")
     c.set_defaults(func=_cmd_convert)
 
     i = sub.add_parser("info", formatter_class=_Formatter,

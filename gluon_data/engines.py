@@ -8,12 +8,22 @@ Dask is imported here only, and only for ``engine='dask'``.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import socket
+import sys
 import threading
 from multiprocessing import resource_tracker
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Tuple
 
-__all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked"]
+from .errors import ConversionError, WorkerPathError
+
+__all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE"]
+
+#: What a path given to a cluster conversion must be (the README's cluster checklist).
+SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
+                    "worker (a shared filesystem mounted at the same path) or be a URI "
+                    "(s3://...)")
 
 ENGINES = ("local", "dask")
 
@@ -47,14 +57,49 @@ def import_dask():
     return dd
 
 
-def _dask_worker_init():
+def _dask_worker_init() -> str:
     import cv2
     cv2.setNumThreads(1)  # one single-threaded worker process per core, as the local pool
+    return _version()
+
+
+def _version() -> str:
+    """The version of the gluon_data this process runs."""
+    return sys.modules[__package__].__version__
+
+
+def _check_versions(versions: dict) -> None:
+    """Every worker must run this client's gluon_data (the tasks are its code)."""
+    other = {w: v for w, v in versions.items() if v != _version()}
+    if other:
+        w, v = sorted(other.items())[0]
+        raise ConversionError("gluon_data %s on this client, but %s on %d worker(s), e.g. %s: "
+                              "install the same version on the client, the scheduler and "
+                              "every worker" % (_version(), v, len(other), w))
+
+
+class _OnSharedPaths:
+    """``fn``, run only where every path of ``paths`` (``(what, absolute path)`` pairs: the
+    source root, the output folder) exists: a worker without the client's filesystem raises
+    :class:`WorkerPathError` naming its host, the path and the rule, instead of a missing
+    item, or a shard written into a folder the client never sees."""
+
+    def __init__(self, fn: Callable, paths: Sequence[Tuple[str, str]]):
+        self.fn, self.paths = fn, tuple(paths)
+
+    def __call__(self, job):
+        for what, path in self.paths:
+            if not os.path.exists(path):
+                raise WorkerPathError("the %s is not on worker host %s (cwd %s): %s"
+                                      % (what, socket.gethostname(), os.getcwd(),
+                                         SHARED_PATH_RULE), path)
+        return self.fn(job)
 
 
 def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: int = 1,
               scheduler: Optional[str] = None, retries: int = 2,
-              keys: Optional[Sequence[str]] = None) -> Iterator:
+              keys: Optional[Sequence[str]] = None,
+              shared_paths: Sequence[Tuple[str, str]] = ()) -> Iterator:
     """Run ``fn(job)`` for every job; yield ``(i, result)`` as each finishes (any order).
 
     Parameters
@@ -75,6 +120,9 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
         by Dask regardless, up to its ``allowed-failures``).
     keys : sequence of str, optional
         Dask task keys (stable names show up in the dashboard).
+    shared_paths : sequence of (str, str)
+        Dask: ``(what, absolute path)`` pairs every task checks first on its worker
+        (:class:`~gluon_data.errors.WorkerPathError` when one is missing there).
 
     Raises
     ------
@@ -91,6 +139,12 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
     if scheduler and engine != "dask":
         raise ValueError("--scheduler applies to --engine dask")
     if engine == "dask":
+        for _, path in shared_paths:
+            if not os.path.isabs(path):
+                raise ValueError("shared path %r must be absolute (resolved on the client)"
+                                 % path)
+        if shared_paths:
+            fn = _OnSharedPaths(fn, shared_paths)
         yield from _run_dask(fn, jobs, workers, scheduler, retries, keys)
         return
     if workers <= 1 or len(jobs) <= 1:
@@ -131,7 +185,7 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
                 cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
                                           processes=True, dashboard_address=None)
                 client = dd.Client(cluster)
-        client.run(_dask_worker_init)
+        _check_versions(client.run(_dask_worker_init))
         futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,
                              retries=retries)
         index = {f.key: i for i, f in enumerate(futures)}

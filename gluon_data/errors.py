@@ -13,6 +13,7 @@ __all__ = [
     "ResourceError",
     "OutputError",
     "RemoteError",
+    "WorkerPathError",
     "RemoteConnectionError",
     "RemoteNotFoundError",
     "TruncatedDownloadError",
@@ -80,6 +81,11 @@ class OutputError(GluonDataError):
     """An output path holds something a command must not replace or write through (a
     symbolic link, or a file or folder that is not gluon_data's own output); it was left
     untouched."""
+
+
+class WorkerPathError(GluonDataError, FileNotFoundError):
+    """A path given to a cluster conversion does not name the same file or folder on the
+    machine running a task (no shared filesystem there); ``path`` is the path."""
 
 
 class RemoteError(GluonDataError):

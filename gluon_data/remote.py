@@ -34,7 +34,9 @@ import os
 import posixpath
 import re
 import shutil
+import socket
 import threading
+import uuid
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,6 +45,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .credentials import forward_options
 from .errors import (ChecksumMismatchError, FormatError, OutputError, RemoteConnectionError,
                      RemoteError, RemoteNotFoundError, TruncatedDownloadError)
 from .fsutil import CacheLock, default_cache_dir, sha256_file
@@ -216,6 +219,13 @@ def call_bound(retries: Optional[int] = None, backoff: Optional[float] = None,
             + sum(min(10.0, backoff * 2 ** k) for k in range(retries)))
 
 
+_NO_CREDENTIALS = ("%s: no credentials on host %s: each process, a Dask worker included, "
+                   "uses the storage options it was given and its own environment or profile "
+                   "(AWS_ACCESS_KEY_ID..., an instance role); configure the workers, or "
+                   "convert with --forward-credentials (forward_credentials=True) to send "
+                   "this client's")
+
+
 class _Remote:
     """One storage endpoint: the filesystem (rebuilt lazily in each process) and the retry
     policy. Pickles as its options only."""
@@ -269,6 +279,9 @@ class _Remote:
             except ImportError:
                 raise
             except Exception as e:  # noqa: BLE001 - classified below
+                if type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+                    raise RemoteError(_NO_CREDENTIALS % (what, socket.gethostname()),
+                                      uri) from None
                 if not _transient(e):
                     raise RemoteError("%s failed: %s: %s" % (what, type(e).__name__, e),
                                       uri) from e
@@ -1867,10 +1880,38 @@ def _verify_shard(local: str, job) -> None:
                               % (label, report.problems[0]["reason"]), local)
 
 
+def check_bucket(remote: "_Remote", output: str) -> None:
+    """Before any conversion: the bucket (the URI's first component) must exist (one HEAD;
+    a :class:`RemoteNotFoundError` naming the bucket otherwise)."""
+    scheme, _, rest = output.partition("://")
+    bucket = rest.split("/", 1)[0]
+    try:
+        remote.info("%s://%s" % (scheme, bucket))
+    except RemoteNotFoundError:
+        raise RemoteNotFoundError("bucket %r does not exist (or these credentials cannot see "
+                                  "it): create it first; nothing was converted" % bucket,
+                                  output) from None
+
+
+def probe_writable(remote: "_Remote", output: str) -> None:
+    """Before any conversion: a uniquely named empty object under the output's folder is
+    written and deleted, so missing write or delete permissions show now, not after the
+    conversion (the :class:`RemoteError` of the failed call, naming the probe)."""
+    name = ".%s.gluon-data-probe-%s" % (posixpath.basename(output), uuid.uuid4().hex[:12])
+    target = _join(output, name)
+    try:
+        remote.pipe(target, b"")
+        remote.rm(target)
+    except RemoteError as e:
+        raise type(e)("cannot write and delete under %s (%s); nothing was converted"
+                      % (output, e.reason), target) from None
+
+
 def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
                    storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                    overwrite: bool = False, resume: bool = False,
-                   retries: Optional[int] = None, **convert_options):
+                   retries: Optional[int] = None, forward_credentials: bool = False,
+                   **convert_options):
     """:func:`gluon_data.convert.convert` into object storage. Returns the
     :class:`~gluon_data.convert.ConversionReport` with URIs as outputs.
 
@@ -1892,7 +1933,10 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     """
     from .convert import convert
     output = os.fspath(output).rstrip("/")
+    if forward_credentials:  # this machine's credentials, for the tasks (in memory only)
+        storage_options = forward_options(output, storage_options)
     remote = _Remote(storage_options, retries)
+    check_bucket(remote, output)
     # refuse an existing output before any work (the split names are checked again later)
     if not resume and remote.exists(output):
         if not overwrite:
@@ -1904,23 +1948,29 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     cache_root = os.path.abspath(cache_dir or _default_cache_dir())
     staging = os.path.join(cache_root, "staging",
                            hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
+    from .shards import convert_sharded, is_manifest
+    sharded = is_manifest(os.fspath(source)) or any(
+        convert_options.get(k) is not None for k in ("shards", "shard_size", "shard_items"))
+    if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)
+        probe_writable(remote, output)
     if not resume and os.path.isdir(staging):
         shutil.rmtree(staging)  # our own staging folder: a fresh conversion starts clean
     os.makedirs(staging, exist_ok=True)
     local = os.path.join(staging, posixpath.basename(output) or "out.rec")
-    from .shards import convert_sharded, is_manifest
-    if is_manifest(os.fspath(source)) or any(convert_options.get(k) is not None
-                                             for k in ("shards", "shard_size", "shard_items")):
+    if sharded:
         convert_options.pop("checkpoint_every", None)
         # the tasks stage and upload their own shards: on a Dask worker under its own cache
         # directory (this machine's paths mean nothing there), locally under this one's
         dask = convert_options.get("engine") == "dask"
         sink = ShardUploader(output, remote, staging=None if dask else os.path.join(
             cache_root, "staging", "shards"), overwrite=overwrite, resume=resume)
-        report = convert_sharded(source, local, layout, overwrite=True, sink=sink,
-                                 **convert_options)
-        report.outputs = sink.finish(report)
-        shutil.rmtree(staging, ignore_errors=True)
+        try:  # shards resume from their receipts: the client's staging is never kept
+            report = convert_sharded(source, local, layout, overwrite=True, sink=sink,
+                                     forward_credentials=forward_credentials,
+                                     **convert_options)
+            report.outputs = sink.finish(report)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return report
     for k in ("shards", "shard_size", "shard_items", "engine", "scheduler"):
         convert_options.pop(k, None)

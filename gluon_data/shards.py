@@ -24,7 +24,9 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import ConversionError, FormatError, GluonDataError
+from .credentials import forward_options
+from .engines import SHARED_PATH_RULE
+from .errors import ConversionError, FormatError, GluonDataError, WorkerPathError
 from .fsutil import check_disjoint, classify_location, sha256_file
 from .meta import CONTAINER_KEYS, meta_path
 from .recordio import BINARY_INDEX_SUFFIX, idx_path_for
@@ -691,7 +693,8 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
                     lst_root: Optional[str] = None, max_pixels: Optional[int] = None,
                     follow_symlinks: bool = False, max_file_bytes: Optional[int] = None,
                     overwrite: bool = False, progress: bool = False, retries: int = 2,
-                    source_options: Optional[dict] = None, sink=None):
+                    source_options: Optional[dict] = None, sink=None,
+                    forward_credentials: bool = False):
     """Convert a source (or re-shard a dataset) into shards plus a manifest per split.
 
     ``source`` is a folder / ``.lst`` (encoded through the converter's per-item code), or a
@@ -707,6 +710,13 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     task reads its records through the remote store (:mod:`gluon_data.remote`, with
     ``source_options``: ``storage_options``, ``cache_dir``...; they travel with the tasks and
     are never written into the output), whole objects downloaded once per node into the cache.
+
+    Tasks use the storage options they are given and, for the rest, the environment of the
+    machine running them (a Dask worker's own); ``forward_credentials`` completes
+    ``source_options``' ``storage_options`` with this machine's credentials
+    (:func:`gluon_data.credentials.forward_options`), in memory only. Local paths are made
+    absolute here; with ``engine='dask'`` every task first checks that the source (and the
+    output folder) exist on its worker (:class:`~gluon_data.errors.WorkerPathError`).
 
     ``sink`` (optional) puts each shard elsewhere than ``output``'s folder, e.g. into object
     storage (:class:`gluon_data.remote.ShardUploader`): ``sink.prepare(plans, container)`` runs
@@ -737,8 +747,12 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     _check_options(quality=quality, resize=resize, workers=workers, max_pixels=max_pixels,
                    max_file_bytes=max_file_bytes, ignore_label=ignore_label,
                    num_classes=num_classes)
-    source = os.fspath(source)
-    output = os.fspath(output)
+    # paths resolve here, on the client: a Dask worker runs in its own working directory
+    source, output = (_where(os.fspath(x)) for x in (source, output))
+    lst_root = None if lst_root is None else os.path.abspath(lst_root)
+    if forward_credentials and is_uri(source):
+        source_options = dict(source_options or {}, storage_options=forward_options(
+            source, (source_options or {}).get("storage_options")))
     container = format or ("lmdb" if output.rstrip("/").endswith(".lmdb") else "rec")
     output_format(output, container)  # validates the name
     prefix = prefix_of(output)
@@ -825,6 +839,12 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
             _check_target(j.path, container, j.split, p["digest"], overwrite)
     if sink is not None:
         sink.prepare(plans, container)
+    shared = []  # what every Dask task checks on its worker before it starts
+    if not is_uri(source):
+        shared.append(("source", source if copying else os.path.abspath(src.root)))
+    if sink is None and engine == "dask":
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+        shared.append(("output folder", os.path.dirname(output)))
     jobs = [j for p in plans for j in p["jobs"]]
     total = sum(len(j.items) if j.items is not None else j.copy_from[3] - j.copy_from[2]
                 for j in jobs)
@@ -839,7 +859,10 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
         keys = ["gluon-data-%s-%s" % (os.path.basename(j.path), j.digest[:16]) for j in jobs]
         task = write_shard if sink is None else sink.write_shard
         for i, res in run_tasks(task, jobs, engine=engine, workers=workers,
-                                scheduler=scheduler, retries=retries, keys=keys):
+                                scheduler=scheduler, retries=retries, keys=keys,
+                                shared_paths=shared):
+            if sink is None and engine == "dask":
+                _check_shard_here(jobs[i], res)
             results[jobs[i].path] = res
             n_items = (len(jobs[i].items) if jobs[i].items is not None
                        else jobs[i].copy_from[3] - jobs[i].copy_from[2])
@@ -864,13 +887,27 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
         mp = manifest_path(p["prefix"])
         _write_manifest(mp, doc)
         report.outputs[p["split"]] = mp
-        report.written[p["split"]] = doc["num_records"]
+        report.written[p["split"]] = sum(e["records"] for e in entries if not e["reused"])
+        kept = [e for e in entries if e["reused"]]
+        if kept:  # shards a rerun (or a retried task) found complete: not written again
+            report.kept[p["split"]] = sum(e["records"] for e in kept)
+            report.kept_shards += len(kept)
         for k, e in enumerate(entries):
             report.shards.append(dict(e, split=p["split"], index=k))  # type: ignore
-            report.bytes_written += e["bytes"]
+            report.bytes_written += 0 if e["reused"] else e["bytes"]
             report.skipped.extend(e["meta"].get("skipped", []) if not copying else [])
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _check_shard_here(job: ShardJob, entry: dict) -> None:
+    """A shard a Dask worker reports written must be on this machine too (the output folder
+    is shared): else the manifest would name shards the client does not have."""
+    rec = _shard_files(job.path, job.container)[0]
+    if not os.path.exists(rec) or (job.container == "rec"
+                                   and os.path.getsize(rec) != entry["bytes"]):
+        raise WorkerPathError("a worker wrote this shard, but it is not on this machine: %s"
+                              % SHARED_PATH_RULE, rec)
 
 
 def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:

@@ -42,6 +42,9 @@ class ConversionReport:
     skipped: List[Dict[str, str]] = field(default_factory=list)
     bytes_written: int = 0
     seconds: float = 0.0
+    #: records of shards a rerun found complete and kept (not in ``written``), per split
+    kept: Dict[str, int] = field(default_factory=dict)
+    kept_shards: int = 0
 
     @property
     def total_written(self) -> int:
@@ -50,11 +53,18 @@ class ConversionReport:
     def __str__(self) -> str:
         lines = []
         for split, path in self.outputs.items():
-            lines.append("wrote %d records to %s" % (self.written.get(split, 0), path))
+            kept = self.kept.get(split, 0)
+            lines.append("wrote %d records to %s%s" % (self.written.get(split, 0), path,
+                                                      " (%d kept)" % kept if kept else ""))
         rate = self.total_written / self.seconds if self.seconds > 0 else 0.0
-        lines.append("%d written, %d skipped, %.1f MB in %.1f s (%.0f items/s)"
-                     % (self.total_written, len(self.skipped), self.bytes_written / 1e6,
-                        self.seconds, rate))
+        kept = sum(self.kept.values())
+        done = ("%d records written, %d kept in %d shard%s already complete"
+                % (self.total_written, kept, self.kept_shards,
+                   "" if self.kept_shards == 1 else "s")) if kept else (
+            "%d written" % self.total_written)
+        lines.append("%s, %d skipped, %.1f MB in %.1f s (%.0f items/s)"
+                     % (done, len(self.skipped), self.bytes_written / 1e6, self.seconds,
+                        rate))
         for s in self.skipped:
             lines.append("  skipped %s: %s" % (s["file"], s["reason"]))
         return "\n".join(lines)
