@@ -259,8 +259,9 @@ def write_shard(job: ShardJob) -> dict:
 
 
 def _shard_digest(job: ShardJob) -> str:
-    """The shard's plan digest with its index: its ``conversion_id`` derives from it."""
-    return hashlib.sha256(("%s:%d" % (job.digest, job.index)).encode()).hexdigest()
+    """The split plan's names-only digest with the shard's index: its ``conversion_id``
+    derives from it (and from what was written), as an unsharded conversion's does."""
+    return hashlib.sha256(("%s:%d" % (job.plan or job.digest, job.index)).encode()).hexdigest()
 
 
 class _KeyLog:
@@ -862,7 +863,7 @@ def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
     count = sum(e["records"] for e in entries)
     meta = _metadata(stub, p["split"], count, st, opts, classes, num_classes, skipped, options)
     written = types.SimpleNamespace(count=count, bytes_written=sum(e["bytes"] for e in entries))
-    meta.update(_split_fields(stub, p["split"], p["digest"], written, st,
+    meta.update(_split_fields(stub, p["split"], p["names"], written, st,
                               [i for j in p["jobs"] for _, i in j.items]))
     return meta
 

@@ -150,3 +150,21 @@ def test_upload_rerun_redoes_the_changed_shard(s3, so, tmp_path):  # noqa: F811
         local = tmp_path / "fresh" / e["name"]
         remote = "%s/binding/%s" % (BUCKET, e["name"])
         assert fs.cat_file(remote) == local.read_bytes(), e["name"]
+
+
+@pytest.mark.parametrize("name", ["v.rec", "v.lmdb"])
+def test_resume_of_a_finished_output_after_a_source_change_is_refused(tmp_path, name):
+    src = _voc(tmp_path / "VOC")
+    out = str(tmp_path / name)
+    convert(src, out, "voc", split="trainval")
+    assert convert(src, out, "voc", split="trainval", resume=True).written == {"trainval": 8}
+    before = _records(out)
+    _change(src, "other pixels")
+    with pytest.raises(ConversionError, match="source changed after this output") as e:
+        convert(src, out, "voc", split="trainval", resume=True)
+    assert NAME + ".jpg" in str(e.value)
+    assert _records(out) == before  # left as it was
+    convert(src, out, "voc", split="trainval", overwrite=True)
+    ref = str(tmp_path / ("ref_" + name))
+    convert(src, ref, "voc", split="trainval")
+    assert _records(out) == _records(ref)

@@ -142,11 +142,27 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root:
         made = meta.get("created_by", {})
         if made.get("options") != options or made.get("source") != os.path.abspath(root):
             return None
+        _check_unchanged_since(ckpt.digest, outputs[split])
     for split, meta in metas.items():
         report.written[split] = meta["num_records"]
         report.bytes_written += ckpt.outputs.bytes_on_disk(outputs[split])
     report.skipped[:] = next(iter(metas.values())).get("skipped", [])
     return report
+
+
+def _check_unchanged_since(digest, output: str) -> None:
+    """Refuse to call ``output`` complete when a file of the plan was modified after it was
+    written (the files the digest stamped, by their mtime)."""
+    data = os.path.join(output, "data.mdb") if os.path.isdir(output) else output
+    try:
+        written = os.stat(data).st_mtime_ns
+    except OSError:
+        return
+    n, some = changed_files(getattr(digest, "files", []), written)
+    if n:
+        raise ConversionError("the source changed after this output was written (%d file(s) "
+                              "modified since: %s); rerun with --overwrite to convert the "
+                              "current files" % (n, ", ".join(some)), output)
 
 
 def _import_digest(source: str, layout: str, split: str, count: int, opts: EncodeOptions,
