@@ -20,10 +20,10 @@ import os
 import time
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["file_stamp", "plan_digest", "source_head", "changed_files", "PlanDigest"]
+__all__ = ["plan_digest", "source_head", "changed_files", "PlanDigest"]
 
 
-def file_stamp(path: Optional[str]) -> Optional[List[int]]:
+def _size_mtime(path: Optional[str]) -> Optional[List[int]]:
     """``[size, mtime_ns]`` of ``path`` (``None`` for no path or a file that is gone)."""
     if path is None:
         return None
@@ -46,7 +46,7 @@ def _entry(item, root: Optional[str], stamps: bool) -> list:
         entry = [item.name] + [None if p is None else os.path.relpath(p, root)
                                for p in (item.image, item.mask)] + [item.label, item.key]
     if stamps:
-        entry += [file_stamp(p) for p in _paths(item)]
+        entry += [_size_mtime(p) for p in _paths(item)]
     return entry
 
 
