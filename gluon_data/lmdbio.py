@@ -327,26 +327,60 @@ class _ValueLocations:
                 table[j] = (pgno << 32) | (lo | hi << 16)
         return True
 
-    def read(self, fd: int, loc: int, scratch, where: str, record: int) -> memoryview:
-        """The value at ``loc`` read with one ``pread`` into ``scratch`` (a view of it)."""
+    def read(self, fd: int, loc: int, scratch, where: str, record: int,
+             file_size: int) -> memoryview:
+        """The value at ``loc`` read with one ``pread`` into ``scratch`` (a view of it; a
+        value larger than the buffer: its overflow page's header checked first). The size
+        a leaf node claims is bounded by what the file (``file_size`` bytes) holds from the
+        value's page and by the page count its overflow header gives, before any buffer is
+        allocated for it."""
         pgno, size = loc >> 32, loc & 0xFFFFFFFF
-        need = _PAGEHDRSZ + size
-        if len(scratch.buf) < need:
-            scratch.buf = bytearray(max(need, 1 << 20))
+        start, need = pgno * self.psize, _PAGEHDRSZ + size
+        if start + need > file_size:
+            raise CorruptRecordError(
+                "the leaf node of key %s claims a %d-byte value at page %d, but data.mdb (%d "
+                "bytes) holds at most %d bytes from there: the file is damaged or truncated"
+                % (record_key(record).decode(), size, pgno, file_size,
+                   max(0, file_size - start - _PAGEHDRSZ)), where, record)
         view = memoryview(scratch.buf)[:need]
-        got = os.preadv(fd, [view], pgno * self.psize)
+        got = os.preadv(fd, [view], start)
         head_pgno, _, flags, pages = _OVERFLOW_HEAD.unpack_from(view) if got >= 16 else (
             None, 0, 0, 0)
-        if got < need:
+        if got < len(view):
             raise CorruptRecordError("data.mdb is truncated: the value of this record needs "
                                      "bytes %d..%d, the file ends at %d"
-                                     % (pgno * self.psize, pgno * self.psize + need,
-                                        pgno * self.psize + got), where, record)
+                                     % (start, start + need, start + got), where, record)
         if head_pgno != pgno or not flags & _P_OVERFLOW or pages * self.psize < need:
-            raise CorruptRecordError("overflow page %d does not hold this record's value "
-                                     "(page header: number %s, flags 0x%x, %d pages)"
-                                     % (pgno, head_pgno, flags, pages), where, record)
+            raise CorruptRecordError("overflow page %d does not hold key %s's value of %d "
+                                     "bytes (page header: number %s, flags 0x%x, %d pages "
+                                     "of %d bytes)" % (pgno, record_key(record).decode(), size,
+                                                       head_pgno, flags, pages, self.psize),
+                                     where, record)
+        if len(view) < need:  # bigger than the buffer: grown now that the header agrees
+            first = len(view)
+            scratch.buf = bytearray(need)
+            scratch.buf[:first] = view
+            view = memoryview(scratch.buf)
+            got = first + os.preadv(fd, [view[first:]], start + first)
+            if got < need:
+                raise CorruptRecordError("data.mdb is truncated: the value of this record "
+                                         "needs bytes %d..%d, the file ends at %d"
+                                         % (start, start + need, start + got), where, record)
         return view[_PAGEHDRSZ:]
+
+#: The fewest bytes an entry takes in a leaf page: its node header (8), key (10 digits) and
+#: slot (2). A split claiming more entries than ``data.mdb`` can hold so is damaged.
+_MIN_ENTRY_BYTES = 20
+
+
+def _check_entries(path: str, split: str, n: int) -> None:
+    """Refuse an entry count that ``data.mdb`` cannot hold (before anything is sized by it)."""
+    size = os.path.getsize(os.path.join(path, "data.mdb"))
+    if n > size // _MIN_ENTRY_BYTES:
+        raise FormatError("split %r claims %d records, but data.mdb (%d bytes) holds at most "
+                          "%d: the file is damaged" % (split, n, size, size // _MIN_ENTRY_BYTES),
+                          path)
+
 
 class LMDBFile:
     """Random-access reader of one split of an LMDB dataset; a
@@ -384,11 +418,12 @@ class LMDBFile:
         db = env.open_db(split.encode(), create=False)
         with env.begin(db=db) as txn:
             n = txn.stat(db)["entries"]
+        _check_entries(self.path, split, n)
         if n != self.meta["num_records"]:
             raise FormatError("split %r holds %d records but its metadata promises %d"
                               % (split, n, self.meta["num_records"]), self.path)
         self._n = n
-        self._identity = self._current_identity(self.meta)
+        self._identity = self._current_identity(self.meta, env)
         self._checked_pid = os.getpid()
         self._env = ProcessEnv(self.path)
         self._psize = env.stat()["psize"]
@@ -396,40 +431,48 @@ class LMDBFile:
 
     def _init_direct(self):
         self._locations: Optional[_ValueLocations] = None
-        self._fd_pid: Optional[Tuple[int, int]] = None
+        self._fd_pid: Optional[Tuple[int, int, int]] = None
         self._lock = threading.Lock()
         self._scratch = threading.local()
 
     def _fd(self) -> int:
         """This process's descriptor of ``data.mdb`` for direct value reads, advised
         ``POSIX_FADV_RANDOM`` so a read fetches the value's pages and no more."""
+        return self._fd_size()[0]
+
+    def _fd_size(self) -> Tuple[int, int]:
+        """``(descriptor, size of data.mdb when it was opened)`` for this process."""
         cur, pid = self._fd_pid, os.getpid()
         if cur is not None and cur[1] == pid:
-            return cur[0]
+            return cur[0], cur[2]
         with self._lock:
             if self._fd_pid is None or self._fd_pid[1] != pid:
                 fd = os.open(os.path.join(self.path, "data.mdb"),
                              os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
                 if hasattr(os, "posix_fadvise"):
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                self._fd_pid = (fd, pid)  # one inherited from the parent is left alone
-            return self._fd_pid[0]
+                # one inherited from the parent is left alone
+                self._fd_pid = (fd, pid, os.fstat(fd).st_size)
+            return self._fd_pid[0], self._fd_pid[2]
 
     # -- store protocol ---------------------------------------------------------------
     @property
     def location(self) -> str:
         return self.path
 
-    def _current_identity(self, meta: dict) -> str:
+    def _current_identity(self, meta: dict, env: lmdb.Environment) -> str:
         try:
             st = os.stat(os.path.join(self.path, "data.mdb"))
         except OSError as e:
             raise FormatError("cannot stat data.mdb (%s)" % e.strerror, self.path) from None
-        return "%s/%d:%d" % (meta.get("conversion_id") or "-", st.st_dev, st.st_ino)
+        return "%s/%d:%d:%d:%d" % (meta.get("conversion_id") or "-", st.st_dev, st.st_ino,
+                                   st.st_mtime_ns, env.info()["last_txnid"])
 
     def identity(self) -> str:
-        """``conversion_id`` of the split's metadata (``-`` without one) and the device and
-        inode of ``data.mdb`` when the split was opened: ``id/device:inode``."""
+        """``conversion_id`` of the split's metadata (``-`` without one), the device, inode
+        and mtime (ns) of ``data.mdb`` and LMDB's last committed transaction id when the
+        split was opened: ``id/device:inode:mtime_ns:txnid``. An environment rewritten in
+        place (same file, same size) has another mtime and transaction id."""
         return self._identity
 
     def _check_identity(self) -> None:
@@ -442,7 +485,7 @@ class LMDBFile:
             meta = json.loads(bytes(raw).decode("utf-8")) if raw is not None else {}
         except (lmdb.Error, UnicodeDecodeError, ValueError):
             meta = {}
-        now = self._current_identity(meta if isinstance(meta, dict) else {})
+        now = self._current_identity(meta if isinstance(meta, dict) else {}, env)
         if now != self._identity:
             raise FormatError("the LMDB environment was replaced after this dataset was opened "
                               "(identity %s, now %s): its records are not the ones indexed; "
@@ -489,8 +532,9 @@ class LMDBFile:
         if loc:
             if getattr(self._scratch, "buf", None) is None:
                 self._scratch.buf = bytearray(1 << 20)
+            fd, size = self._fd_size()
             try:
-                return locs.read(self._fd(), loc, self._scratch, self.path, i)
+                return locs.read(fd, loc, self._scratch, self.path, i, size)
             except CorruptRecordError:
                 check_mapped(self._env.get(self.split)[0])  # shrunk under us: say so
                 raise

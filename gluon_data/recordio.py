@@ -876,8 +876,8 @@ class RecordFile:
                 break  # unframe() below reports the truncation
             lrec = int.from_bytes(head[4:8], "little")
             length = lrec & codec.MAX_RECORD_BYTES
-            want = 8 + length + (-length) % 4
-            body = self._pread(want, pos)
+            want = min(8 + length + (-length) % 4, self.file_size - pos)  # no more than
+            body = self._pread(want, pos)  # the file holds: unframe() reports the shortfall
             chunks.append(body)
             pos += len(body)
             if len(body) < want or (lrec >> 29) in (0, 3):

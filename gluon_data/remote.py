@@ -1660,8 +1660,10 @@ class ShardUploader:
     running it, verifies it, uploads its objects, then its receipt
     (``PREFIX-SSSSS-of-NNNNN.upload.json``: the plan digest, each object's size and SHA-256,
     the manifest entry), deletes the staged copy and returns the manifest entry. A shard whose
-    receipt carries this plan's digest and whose objects have the recorded sizes is kept (a
-    rerun with ``resume``, or Dask retrying a task that died after uploading). The client
+    receipt carries the shard's plan digest (``job.digest``: its items' names and each file's
+    size and mtime, see :mod:`gluon_data.plan`) and whose objects have the recorded sizes is
+    kept (a rerun with ``resume``, or Dask retrying a task that died after uploading); a shard
+    of a source file changed since is written and uploaded again. The client
     calls :meth:`prepare` before any task (refusals, the upload marker, old commit documents
     removed) and :meth:`finish` after all (the manifests, last; the markers removed).
 
@@ -1795,8 +1797,9 @@ class ShardUploader:
 
     # -- task side -------------------------------------------------------------------------
     def _uploaded(self, job) -> Optional[dict]:
-        """The manifest entry of ``job``'s shard if its receipt is this plan's and its objects
-        have the sizes the receipt records; else ``None``."""
+        """The manifest entry of ``job``'s shard if its receipt carries this shard's digest
+        (same items, same sizes and mtimes) and its objects have the sizes the receipt
+        records; else ``None``."""
         name = os.path.basename(job.path)
         try:
             doc = json.loads(self.remote.cat(self.receipt_uri(name)).decode("utf-8"))

@@ -29,6 +29,7 @@ from .engines import SHARED_PATH_RULE
 from .errors import ConversionError, FormatError, GluonDataError, WorkerPathError
 from .fsutil import check_disjoint, classify_location, sha256_file
 from .meta import CONTAINER_KEYS, meta_path
+from .plan import plan_digest, source_head
 from .recordio import BINARY_INDEX_SUFFIX, idx_path_for
 from .store import is_uri, register_opener, valid_positions, will_need
 
@@ -147,6 +148,7 @@ class ShardJob:
     options: Optional[dict] = None
     on_error: str = "fail"
     source_options: Optional[dict] = None  # a copy from a URI: the remote store's options
+    plan: Optional[str] = None  # the split plan's names-only digest (``digest``: this shard's)
 
 
 def _shard_files(path: str, container: str) -> List[str]:
@@ -226,7 +228,9 @@ def shard_summary(path: str, container: str, split: str) -> dict:
 
 
 def _finished(job: ShardJob) -> Optional[dict]:
-    """The summary of a shard this plan already published, else ``None``."""
+    """The summary of a shard this plan already published from the same state of its items
+    (``job.digest`` covers their sizes and mtimes), else ``None``: a shard of a changed
+    source, or of a version that did not record those, is rewritten."""
     try:
         meta = _read_shard_meta(job.path, job.container, job.split)
     except (GluonDataError, OSError):
@@ -257,7 +261,8 @@ def write_shard(job: ShardJob) -> dict:
     if done is not None:
         return done
     label = "shard %d of %d (%s)" % (job.index, job.count, os.path.basename(job.path))
-    shard_info = {"index": job.index, "count": job.count, "plan_digest": job.digest}
+    shard_info = {"index": job.index, "count": job.count, "plan_digest": job.digest,
+                  "plan": job.plan}
     writers: Dict[str, object] = {}
     t0 = time.perf_counter()
     try:
@@ -299,8 +304,9 @@ def write_shard(job: ShardJob) -> dict:
 
 
 def _shard_digest(job: ShardJob) -> str:
-    """The plan digest specialised to one shard: its ``conversion_id`` derives from it."""
-    return hashlib.sha256(("%s:%d" % (job.digest, job.index)).encode()).hexdigest()
+    """The split plan's names-only digest with the shard's index: its ``conversion_id``
+    derives from it (and from what was written), as an unsharded conversion's does."""
+    return hashlib.sha256(("%s:%d" % (job.plan or job.digest, job.index)).encode()).hexdigest()
 
 
 class _KeyLog:
@@ -655,15 +661,18 @@ def verify_sharded(path: str, deep: bool = False, workers: int = 4):
 
 
 # --------------------------------------------------------------------------- conversion
-def _check_target(path: str, container: str, split: str, digest: str,
+def _check_target(path: str, container: str, split: str, names: str,
                   overwrite: bool) -> None:
+    """Refuse to replace ``path`` unless it is a shard of this plan (``names``: the plan's
+    names-only digest; the shard may be of another state of the source, then it is redone)."""
     if overwrite or not os.path.exists(path):
         return
     try:
         meta = _read_shard_meta(path, container, split)
     except (GluonDataError, OSError):
         meta = None
-    if ((meta or {}).get("shard") or {}).get("plan_digest") != digest:
+    info = (meta or {}).get("shard") or {}
+    if info.get("plan", info.get("plan_digest")) != names:  # older shards: names only
         raise FileExistsError("%s already exists and was not written by this plan; pass "
                               "overwrite=True (CLI: --overwrite) to replace it" % path)
 
@@ -731,7 +740,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     """
     from . import codec
     from .convert import (ConversionReport, _check_choices, _check_options,
-                          _plan, _plan_digest, output_format)
+                          _plan, output_format)
     from .engines import run_tasks
     from .lmdbio import is_lmdb
     from .sources import DEFAULT_MAX_FILE_BYTES, open_source
@@ -771,20 +780,21 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
                 raise ValueError("re-sharding %s needs --shards, --shard-size or "
                                  "--shard-items" % source)
             spfx = prefix if len(found) == 1 else "%s_%s" % (prefix, s)
-            digest = hashlib.sha256(json.dumps(
-                {"copy": _where(source), "split": s, "ranges": ranges,
-                 "container": container, "meta": meta}, sort_keys=True,
-                default=str).encode()).hexdigest()
+            head = {"copy": _where(source), "split": s, "ranges": ranges,
+                    "container": container, "meta": meta}
+            names = plan_digest(head)
+            digest = plan_digest(head, {s: _stamped_files(source)})
             jobs = [ShardJob(path=shard_name(spfx, k, len(ranges), container), index=k,
                              count=len(ranges), container=container, split=meta.get("split")
-                             or "train", digest=digest,
+                             or "train", digest=str(plan_digest({"plan": digest, "shard": k})),
                              copy_from=(source, loc_split, a, b), source_meta=meta,
-                             source_options=source_options)
+                             source_options=source_options, plan=str(names))
                     for k, (a, b) in enumerate(ranges)]
             plans.append({"prefix": spfx, "jobs": jobs, "digest": digest, "meta": meta,
-                          "split": meta.get("split") or "train", "ranges": ranges,
+                          "names": names, "split": meta.get("split") or "train",
+                          "ranges": ranges,
                           "plan": {"source": _where(source), "kind": "copy",
-                                   "ranges": ranges}})
+                                   "ranges": ranges, "names": names}})
     else:
         try:
             src = open_source(source, layout, split=split, images_dir=images_dir,
@@ -809,34 +819,39 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
             ranges = plan_ranges([_item_size(i) for i in items], shards, shard_size,
                                  shard_items) if given else [(0, len(items))]
             spfx = prefix if len(plan) == 1 else "%s_%s" % (prefix, s)
-            digest = _plan_digest(src, {s: items}, opts,
-                                  dict(options, shards=ranges, container=container))
+            head = source_head(src, opts, dict(options, shards=ranges, container=container))
+            names = plan_digest(head, {s: items}, src.root, stamps=False)
+            each = [str(plan_digest(dict(head, shard=k), {s: items[a:b]}, src.root))
+                    for k, (a, b) in enumerate(ranges)]  # each shard: its own items' stamps
+            digest = plan_digest(dict(head, shards=each))
             jobs = [ShardJob(path=shard_name(spfx, k, len(ranges), container), index=k,
-                             count=len(ranges), container=container, split=s, digest=digest,
+                             count=len(ranges), container=container, split=s, digest=each[k],
                              items=tuple((p, items[p]) for p in range(a, b)), src=stub,
                              opts=opts, classes=classes, num_classes=num_classes,
-                             options=options, on_error=on_error)
+                             options=options, on_error=on_error, plan=str(names))
                     for k, (a, b) in enumerate(ranges)]
-            plans.append({"prefix": spfx, "jobs": jobs, "digest": digest, "split": s,
+            plans.append({"prefix": spfx, "jobs": jobs, "digest": digest, "names": names,
+                          "split": s,
                           "ranges": ranges, "merge": (stub, opts, classes, num_classes,
                                                       options),
                           "plan": {"source": os.path.abspath(src.root), "layout": src.layout,
                                    "kind": "encode", "options": options,
-                                   "items": len(items), "ranges": ranges}})
+                                   "items": len(items), "ranges": ranges, "names": names}})
     _check_not_source(plans, container, source)  # an output sharing a file with the source
     # refuse to clobber what this plan did not write, before any work
     for p in plans:
         mp = manifest_path(p["prefix"])
         if not overwrite and os.path.exists(mp):
-            try:
-                same = read_manifest(mp)["plan"]["digest"] == p["digest"]
+            try:  # this plan's, of this or another state of the source
+                made = read_manifest(mp)["plan"]
+                same = made.get("names", made["digest"]) == p["names"]
             except (GluonDataError, KeyError, OSError):
                 same = False
             if not same:
                 raise FileExistsError("%s already exists and was made by another plan; pass "
                                       "overwrite=True (CLI: --overwrite) to replace it" % mp)
         for j in p["jobs"]:
-            _check_target(j.path, container, j.split, p["digest"], overwrite)
+            _check_target(j.path, container, j.split, p["names"], overwrite)
     if sink is not None:
         sink.prepare(plans, container)
     shared = []  # what every Dask task checks on its worker before it starts
@@ -929,9 +944,20 @@ def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
     count = sum(e["records"] for e in entries)
     meta = _metadata(stub, p["split"], count, st, opts, classes, num_classes, skipped, options)
     written = types.SimpleNamespace(count=count, bytes_written=sum(e["bytes"] for e in entries))
-    meta.update(_split_fields(stub, p["split"], p["digest"], written, st,
+    meta.update(_split_fields(stub, p["split"], p["names"], written, st,
                               [i for j in p["jobs"] for _, i in j.items]))
     return meta
+
+
+def _stamped_files(source: str) -> List[str]:
+    """The local files of a dataset being copied, whose sizes and mtimes its plan binds
+    (none for a URI: its metadata, in the plan, identifies it)."""
+    if is_uri(source):
+        return []
+    if is_manifest(source):
+        return [source]
+    from .lmdbio import is_lmdb
+    return _shard_files(source, "lmdb" if is_lmdb(source) else "rec")
 
 
 def _copy_sources(source: str, split: Optional[str], options: Optional[dict] = None):

@@ -154,7 +154,10 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
             for s, w in writers.items():
                 if w.count == 0:
                     raise ConversionError("split %r would be empty" % s, source)
-                w.finish(finish_meta(s, w, stats[s], ckpt.digest))
+                # conversion_id: from the plan's names (equal files give equal ids wherever
+                # the source was copied to), its content enters through what was written
+                w.finish(finish_meta(s, w, stats[s], getattr(ckpt.digest, "names",
+                                                             ckpt.digest)))
                 report.bytes_written += w.bytes_written
             ckpt.mark_publishing()
             for w in writers.values():

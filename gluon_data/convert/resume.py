@@ -7,13 +7,13 @@ A checkpoint records, per split, how many items are done, the writer's position
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Dict, List, Optional
 
 from ..errors import ConversionError
 from ..fsutil import atomic_write, check_replaceable, fsync_dir, is_ours
+from ..plan import PlanDigest, changed_files, plan_digest, source_head
 from ..sources import Item, Source
 from ..stats import RunningStats
 from .encode import EncodeOptions
@@ -23,15 +23,10 @@ __all__ = []
 
 
 def _plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,
-                 options: dict) -> str:
-    """Identity of a conversion: a checkpoint only resumes the same inputs and options."""
-    def rel(p):  # the same source spelled relative or absolute has the same digest
-        return None if p is None else os.path.relpath(p, src.root)
-
-    doc = {"source": os.path.abspath(src.root), "layout": src.layout, "options": options,
-           "opts": repr(opts), "plan": {s: [(i.name, rel(i.image), rel(i.mask), i.label, i.key)
-                                            for i in items] for s, items in plan.items()}}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+                 options: dict) -> PlanDigest:
+    """Identity of a conversion (:func:`gluon_data.plan.plan_digest`): a checkpoint only
+    resumes the same inputs (names and each file's size and mtime) and options."""
+    return plan_digest(source_head(src, opts, options), plan, src.root)
 
 
 class _Checkpoint:
@@ -61,15 +56,32 @@ class _Checkpoint:
             raise ConversionError("resume checkpoint is unreadable (%s); rerun without "
                                   "--resume" % e, where) from None
         if state.get("digest") != self.digest:
-            raise ConversionError("this checkpoint belongs to a conversion with other inputs or "
-                                  "options; rerun with the same ones, or without --resume",
-                                  where)
+            raise ConversionError(self._mismatch(state), where)
         self.splits = state["splits"]
         self.saved = True
         return state
 
+    def _mismatch(self, state: dict) -> str:
+        """Why a checkpoint is not this conversion's: other inputs or options, or the same
+        plan over source files changed since (named, with their size and mtime now)."""
+        names = getattr(self.digest, "names", None)
+        if names is None or state.get("names", state.get("digest")) != names:
+            return ("this checkpoint belongs to a conversion with other inputs or options; "
+                    "rerun with the same ones, or without --resume")
+        if "names" not in state:
+            return ("this checkpoint was written by a version that did not record the source "
+                    "files' sizes and mtimes, so it cannot tell whether they changed; rerun "
+                    "without --resume")
+        n, some = changed_files(self.digest.files, int(state.get("planned_ns") or 0))
+        return ("the source changed since this checkpoint was written (%s); resuming would "
+                "mix records of both states: rerun without --resume to convert the current "
+                "files" % ("%d file(s) modified after it: %s" % (n, ", ".join(some)) if n else
+                           "a file's size or mtime differs"))
+
     def _doc(self, skipped, **extra) -> dict:
-        return dict({"digest": self.digest, "splits": self.splits, "skipped": skipped}, **extra)
+        return dict({"digest": self.digest, "names": getattr(self.digest, "names", None),
+                     "planned_ns": getattr(self.digest, "taken_ns", None),
+                     "splits": self.splits, "skipped": skipped}, **extra)
 
     def save(self, split: str, done: int, writer, stats: "RunningStats", skipped) -> None:
         """Record that ``done`` items of ``split`` are written (``writer`` made durable up
@@ -94,8 +106,9 @@ class _Checkpoint:
         (An LMDB is published by one directory rename, which needs no such record.)"""
         if self.outputs.keeps_progress:
             return
-        self._write(json.dumps({"digest": self.digest, "splits": self.splits,
-                                "publishing": True}).encode("utf-8"))
+        doc = self._doc(None, publishing=True)
+        del doc["skipped"]
+        self._write(json.dumps(doc).encode("utf-8"))
 
     def remove(self) -> None:
         """Delete the checkpoint (only if it is one of ours) and its temporary."""
@@ -129,6 +142,7 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root:
         made = meta.get("created_by", {})
         if made.get("options") != options or made.get("source") != os.path.abspath(root):
             return None
+        _check_unchanged_since(ckpt.digest, outputs[split])
     for split, meta in metas.items():
         report.written[split] = meta["num_records"]
         report.bytes_written += ckpt.outputs.bytes_on_disk(outputs[split])
@@ -136,16 +150,26 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root:
     return report
 
 
-def _import_digest(source: str, layout: str, split: str, count: int, opts: EncodeOptions,
-                   options: dict) -> str:
-    """Identity of a legacy LMDB import: its source (and the stamp of its ``data.mdb``),
-    layout, split, record count and options."""
-    mdb = os.path.join(source, "data.mdb") if os.path.isdir(source) else source
+def _check_unchanged_since(digest, output: str) -> None:
+    """Refuse to call ``output`` complete when a file of the plan was modified after it was
+    written (the files the digest stamped, by their mtime)."""
+    data = os.path.join(output, "data.mdb") if os.path.isdir(output) else output
     try:
-        st = os.stat(mdb)
-        stamp = [st.st_size, st.st_mtime_ns]
+        written = os.stat(data).st_mtime_ns
     except OSError:
-        stamp = None
-    doc = {"source": os.path.abspath(source), "layout": layout, "split": split,
-           "count": count, "stamp": stamp, "options": options, "opts": repr(opts)}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+        return
+    n, some = changed_files(getattr(digest, "files", []), written)
+    if n:
+        raise ConversionError("the source changed after this output was written (%d file(s) "
+                              "modified since: %s); rerun with --overwrite to convert the "
+                              "current files" % (n, ", ".join(some)), output)
+
+
+def _import_digest(source: str, layout: str, split: str, count: int, opts: EncodeOptions,
+                   options: dict) -> PlanDigest:
+    """Identity of a legacy LMDB import: its source (and the size and mtime of its
+    ``data.mdb``), layout, split, record count and options."""
+    mdb = os.path.join(source, "data.mdb") if os.path.isdir(source) else source
+    head = {"source": os.path.abspath(source), "layout": layout, "split": split,
+            "count": count, "options": options, "opts": repr(opts)}
+    return plan_digest(head, {split: [mdb]})
