@@ -12,7 +12,8 @@ import json
 import os
 from typing import Dict, List, Optional
 
-from ..errors import ConversionError
+from ..documents import load_document
+from ..errors import ConversionError, FormatError
 from ..fsutil import atomic_write, check_replaceable, fsync_dir, is_ours
 from ..sources import Item, Source
 from ..stats import RunningStats
@@ -56,11 +57,11 @@ class _Checkpoint:
             return None
         where = self.output if self.outputs.keeps_progress else self.path
         try:
-            state = json.loads(raw.decode("utf-8"))
-        except ValueError as e:
+            state = load_document(raw, "checkpoint", where)
+        except FormatError as e:
             raise ConversionError("resume checkpoint is unreadable (%s); rerun without "
-                                  "--resume" % e, where) from None
-        if state.get("digest") != self.digest:
+                                  "--resume" % e.reason, where) from None
+        if state["digest"] != self.digest:
             raise ConversionError("this checkpoint belongs to a conversion with other inputs or "
                                   "options; rerun with the same ones, or without --resume",
                                   where)
