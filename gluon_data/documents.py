@@ -159,6 +159,15 @@ def check_document(doc: Any, kind: str, where) -> dict:
     return doc
 
 
+def check_nested(doc: Any, kind: str, where, noun: str, field: str) -> dict:
+    """:func:`check_document` of a document held in field ``field`` of another (a manifest's
+    ``meta``): the error names the outer file and the field."""
+    try:
+        return check_document(doc, kind, where)
+    except FormatError as e:
+        raise FormatError("%s field %r: %s" % (noun, field, e.reason), where) from None
+
+
 def load_document(source: Union[str, "os.PathLike[str]", bytes], kind: str,
                   where: Optional[str] = None) -> dict:
     """Parse a JSON document (a file's path, or its bytes with ``where`` naming it) and
@@ -297,7 +306,7 @@ def _manifest_after(doc: dict, where) -> None:
         raise FormatError("manifest's shard record counts (sum %d) do not add up to "
                           "num_records=%d" % (total, doc["num_records"]), where)
     meta = {k: v for k, v in doc["meta"].items() if k != CHECKSUM_FIELD}  # the outer CRC
-    check_document(meta, "meta", "%s [meta]" % (where,))
+    check_nested(meta, "meta", where, "manifest", "meta")
     if meta["num_records"] != total:
         raise FormatError("manifest field 'meta.num_records' is %d, the shards hold %d"
                           % (meta["num_records"], total), where)
@@ -327,7 +336,7 @@ RECEIPT_FIELDS: Dict[str, F] = {
 
 def _receipt_after(doc: dict, where) -> None:
     check_crc(doc, where, "upload receipt")
-    check_document(doc["entry"]["meta"], "meta", "%s [entry.meta]" % (where,))
+    check_nested(doc["entry"]["meta"], "meta", where, "upload receipt", "entry.meta")
 
 
 register("receipt", Doc("shard upload receipt", RECEIPT_FIELDS,
