@@ -301,6 +301,10 @@ def _manifest_after(doc: dict, where) -> None:
                                               prefix or m.group(1), i, n, doc["container"]),
                               where)
         prefix = m.group(1)
+        if doc["container"] == "rec" and entry.get("idx_sha256") is None:
+            raise FormatError("manifest field 'shards[%d].idx_sha256' must be %s for RecordIO "
+                              "shards, got %s" % (i, SHA256.want, _short(entry.get("idx_sha256"))),
+                              where)
     total = sum(e["records"] for e in shards)
     if total != doc["num_records"]:
         raise FormatError("manifest's shard record counts (sum %d) do not add up to "

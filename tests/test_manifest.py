@@ -132,7 +132,7 @@ BAD_FIELDS = [(lambda d: d["shards"][0].update(records="2"), "shards[0].records"
               (lambda d: d["shards"][0].update(name=7), "shards[0].name"),
               (lambda d: d.update(shards={"a": 1}), "'shards'"),
               (lambda d: d.update(num_records="8"), "'num_records'"),
-              (lambda d: d.pop("meta"), "'meta'"),
+              (lambda d: d["shards"][1].pop("records"), "shards[1].records"),
               (lambda d: d["meta"].update(num_records=None), "num_records"),
               (lambda d: d["shards"][3].update(idx_sha256=12), "shards[3].idx_sha256"),
               (lambda d: d.update(plan="x"), "'plan'")]
@@ -210,7 +210,7 @@ META_BAD = [({"item_names": [1, 2]}, "item_names[0]"), ({"conversion_id": 5}, "c
             ({"masks": "no"}, "masks"), ({"shard": {"index": "1", "count": 4,
                                                     "plan_digest": "x"}}, "shard.index"),
             ({"files": {"p.rec": {"bytes": "5", "sha256": "0" * 64}}}, "files['p.rec'].bytes"),
-            ({"num_records": "8"}, "num_records")]
+            ({"files": {"p.rec": {"bytes": 5}}}, "files['p.rec'].sha256")]
 
 
 @pytest.mark.parametrize("change,field", META_BAD, ids=[f for _, f in META_BAD])
