@@ -101,12 +101,17 @@ def register(kind: str, doc: Doc) -> Doc:
     return doc
 
 
-def _fail(noun: str, field: str, want: str, value, where) -> None:
-    raise FormatError("%s field %r must be %s, got %s %s"
-                      % (noun, field, want, type(value).__name__, _short(value)), where)
+def _fail(noun: str, field: str, want: str, value, where, top=None) -> None:
+    """``top``: the document's field holding ``field`` (a list element, a nested key), named
+    first, with what it must be."""
+    head = "%s field %r" % (noun, field) if top is None or top[0] == field else \
+        "%s field %r (%s): %s" % (noun, top[0], top[1], field)
+    raise FormatError("%s must be %s, got %s %s"
+                      % (head, want, type(value).__name__, _short(value)), where)
 
 
-def _check_fields(d: dict, fields: Dict[str, F], title: str, where, prefix: str = "") -> None:
+def _check_fields(d: dict, fields: Dict[str, F], title: str, where, prefix: str = "",
+                  top=None) -> None:
     for name, f in fields.items():
         field = prefix + name
         if name not in d:
@@ -115,24 +120,25 @@ def _check_fields(d: dict, fields: Dict[str, F], title: str, where, prefix: str 
                                   % (title, field, f.spec.want), where)
             continue
         v = d[name]
+        at = top or (field, f.spec.want)
         if v is None:
             if not f.null:
-                _fail(title, field, f.spec.want, v, where)
+                _fail(title, field, f.spec.want, v, where, at)
             continue
-        _check_value(v, f.spec, title, field, where)
+        _check_value(v, f.spec, title, field, where, at)
 
 
-def _check_value(v, spec: Spec, title: str, field: str, where) -> None:
+def _check_value(v, spec: Spec, title: str, field: str, where, top) -> None:
     if not spec.ok(v):
-        _fail(title, field, spec.want, v, where)
+        _fail(title, field, spec.want, v, where, top)
     if spec.items is not None:
         for i, x in enumerate(v):
-            _check_value(x, spec.items, title, "%s[%d]" % (field, i), where)
+            _check_value(x, spec.items, title, "%s[%d]" % (field, i), where, top)
     if spec.values is not None:
         for k, x in v.items():
-            _check_value(x, spec.values, title, "%s[%r]" % (field, k), where)
+            _check_value(x, spec.values, title, "%s[%r]" % (field, k), where, top)
     if spec.fields is not None:
-        _check_fields(v, spec.fields, title, where, field + ".")
+        _check_fields(v, spec.fields, title, where, field + ".", top)
 
 
 def check_document(doc: Any, kind: str, where) -> dict:
@@ -377,4 +383,4 @@ register("checkpoint", Doc("resume checkpoint", {
     "publishing": F(BOOL)}, after=_checkpoint_after))
 
 register("journal", Doc("upload journal", {}, after=lambda d, w: [
-    _check_value(v, SHA256, "upload journal", k, w) for k, v in d.items()]))
+    _check_value(v, SHA256, "upload journal", k, w, None) for k, v in d.items()]))
