@@ -33,9 +33,10 @@ from typing import Dict, List, Optional, Tuple
 import lmdb
 import numpy as np
 
+from .documents import load_document
 from .errors import CorruptRecordError, FormatError, OutputError
 from .fsutil import check_replaceable, exchange_dirs, fsync_dir, remove_partial_dir
-from .meta import check_meta, dumps_meta
+from .meta import dumps_meta
 from .recordio import advise_willneed, open_or_explain
 from .store import is_uri, register_opener, valid_positions
 
@@ -243,11 +244,7 @@ def _read_all_meta(env: lmdb.Environment, path: str) -> Dict[str, dict]:
     with env.begin(db=mdb) as txn:
         for k, v in txn.cursor():
             where = "%s [split %s]" % (path, k.decode("utf-8", "replace"))
-            try:
-                meta = json.loads(bytes(v).decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as e:
-                raise FormatError("metadata is not valid JSON (%s)" % e, where) from None
-            out[k.decode()] = check_meta(meta, where)
+            out[k.decode()] = load_document(bytes(v), "meta", where)
     return out
 
 

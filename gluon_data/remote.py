@@ -48,12 +48,13 @@ import numpy as np
 from .credentials import forward_options
 from .errors import (ChecksumMismatchError, FormatError, OutputError, RemoteConnectionError,
                      RemoteError, RemoteNotFoundError, TruncatedDownloadError)
+from .documents import load_document
 from .fsutil import CacheLock, default_cache_dir, sha256_file
 from .fsutil import fsync_dir as _fsync_dir
-from .meta import check_meta, dumps_meta, meta_path
+from .meta import dumps_meta, meta_path
 from .recordio import RecordFile, idx_path_for, read_index
 from .sampler import SampleKey
-from .shards import ShardRouter
+from .shards import ShardRouter, _load_manifest, read_manifest
 from .store import is_uri, register_opener
 
 __all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler",
@@ -718,12 +719,7 @@ class RemoteStore(_ReadsLocalCopy):
                                   "rerun the conversion with --resume"
                                   % (prefix + UPLOAD_MARKER), self.location) from None
             return None
-        try:
-            meta = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise FormatError("metadata is not valid JSON (%s)" % e, self.meta_location) \
-                from None
-        return check_meta(meta, self.meta_location)
+        return load_document(raw, "meta", self.meta_location)
 
     def _sha(self, uri: str) -> Optional[str]:
         entry = self._sums.get(uri)
@@ -1044,26 +1040,7 @@ class RemoteLMDBStore(_ReadsLocalCopy):
                                   "conversion with --resume" % (marker, LMDB_COMMIT),
                                   self.location) from None
             return None
-        where = self.commit_location
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise FormatError("not valid JSON (%s)" % e, where) from None
-        if not isinstance(doc, dict) or doc.get("format") != LMDB_FORMAT:
-            raise FormatError("not the commit document of an LMDB dataset (\"format\": \"%s\" "
-                              "expected)" % LMDB_FORMAT, where)
-        if doc.get("format_version") != 1:
-            raise FormatError("version %r is not supported (supports 1); upgrade gluon_data"
-                              % (doc.get("format_version"),), where)
-        files = (doc.get("files") or {}).get(LMDB_DATA)
-        if (not isinstance(doc.get("splits"), dict) or not isinstance(files, dict)
-                or not isinstance(files.get("bytes"), int)
-                or not isinstance(files.get("sha256"), str)):
-            raise FormatError("lacks \"splits\" or the size and SHA-256 of %s (\"files\")"
-                              % LMDB_DATA, where)
-        for s, m in doc["splits"].items():
-            check_meta(m, "%s [split %s]" % (where, s))
-        return doc
+        return load_document(raw, "lmdb_commit", self.commit_location)
 
     def _stamp_of(self) -> str:
         if self._stamp is None:  # a shard the manifest gives no SHA-256 for
@@ -1222,18 +1199,10 @@ class RemoteShardedStore(_ProcessLocal, ShardRouter):
                  cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
                  backoff: Optional[float] = None, prefetch_threads: int = 2,
                  max_open_shards: int = 2, prefetch_shards: int = 1):
-        import tempfile
-        from .shards import read_manifest
         self.location = os.fspath(location)
         self._remote = _Remote(storage_options, retries, backoff)
         raw = self._remote.cat(self.location)
-        with tempfile.NamedTemporaryFile(suffix=".shards.json") as tmp:
-            tmp.write(raw)
-            tmp.flush()
-            try:
-                manifest = read_manifest(tmp.name)
-            except FormatError as e:
-                raise FormatError(e.reason, self.location) from None
+        manifest = _load_manifest(self.location, raw)[0]  # schema and invariants, as on disk
         if split is not None and split != manifest.get("split"):
             raise FormatError("split %r not found; this manifest holds split %r"
                               % (split, manifest.get("split")), self.location)
@@ -1505,8 +1474,7 @@ def _upload_plan(local: str, uri: str):
                                                "sha256": sha256_file(data)}})
         return commit, doc, [(data, target + "/" + LMDB_DATA)], marker
     if local.endswith(".shards.json"):
-        with open(local, "rb") as f:
-            doc = json.loads(f.read().decode("utf-8"))
+        doc = read_manifest(local)
         folder = os.path.dirname(local)
         pairs, files = [], {}
         for sh in doc["shards"]:
@@ -1522,8 +1490,7 @@ def _upload_plan(local: str, uri: str):
         return commit, doc, pairs, commit[:-len(".shards.json")] + UPLOAD_MARKER
     rec_uri = _join(uri, os.path.basename(local))
     pairs = [(local, rec_uri), (idx_path_for(local), idx_path_for(rec_uri))]
-    with open(meta_path(local), "rb") as f:
-        doc = json.loads(f.read().decode("utf-8"))
+    doc = load_document(meta_path(local), "meta")
     doc["files"] = {posixpath.basename(t): {"bytes": os.path.getsize(p),
                                             "sha256": sha256_file(p)} for p, t in pairs}
     return meta_path(rec_uri), doc, pairs, os.path.splitext(rec_uri)[0] + UPLOAD_MARKER
@@ -1584,8 +1551,7 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     remote = _Remote(storage_options, retries)
     done: Dict[str, str] = {}
     if resume and journal and os.path.exists(journal):
-        with open(journal, encoding="utf-8") as f:
-            done = json.load(f)
+        done = load_document(journal, "journal")
     local = list(dict.fromkeys(os.fspath(p) for p in local))  # (an LMDB's splits: one path)
     plan = [(p,) + _upload_plan(p, uri) for p in local]
     shas = {t: sha256_file(p) for _, _, _, pairs, _ in plan for p, t in pairs}
@@ -1755,10 +1721,10 @@ class ShardUploader:
 
     def _same_plan(self, manifest: str, digest: str) -> bool:
         try:
-            doc = json.loads(self.remote.cat(manifest).decode("utf-8"))
-        except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
-            return False
-        return isinstance(doc, dict) and (doc.get("plan") or {}).get("digest") == digest
+            doc = _load_manifest(manifest, self.remote.cat(manifest))[0]
+        except (RemoteNotFoundError, FormatError):
+            return False  # none, or not one whole: this run writes it
+        return (doc.get("plan") or {}).get("digest") == digest
 
     def _present(self, uris: List[str]) -> set:
         """Which of ``uris`` exist: one listing per folder (not one request per object)."""
@@ -1780,8 +1746,7 @@ class ShardUploader:
         for split, local in sorted(report.outputs.items()):
             uri = self.shard_uri(os.path.basename(local))
             commit, marker = _commit_names(uri)
-            with open(local, "rb") as f:
-                doc = json.loads(f.read().decode("utf-8"))
+            doc = read_manifest(local)
             files = {}
             for e in report.shards:
                 if e["split"] == split:
@@ -1801,12 +1766,13 @@ class ShardUploader:
         (same items, same sizes and mtimes) and its objects have the sizes the receipt
         records; else ``None``."""
         name = os.path.basename(job.path)
+        uri = self.receipt_uri(name)
         try:
-            doc = json.loads(self.remote.cat(self.receipt_uri(name)).decode("utf-8"))
-        except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
-            return None
+            doc = load_document(self.remote.cat(uri), "receipt", uri)
+        except (RemoteNotFoundError, FormatError):
+            return None  # none, or damaged: the shard is written and uploaded again
         want = {"index": job.index, "count": job.count, "plan_digest": job.digest}
-        if not isinstance(doc, dict) or doc.get("shard") != want or not doc.get("files"):
+        if doc["shard"] != want or not doc["files"]:
             return None
         for rel, f in doc["files"].items():
             try:

@@ -25,6 +25,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .credentials import forward_options
+from .documents import load_document
 from .engines import SHARED_PATH_RULE
 from .errors import ConversionError, FormatError, GluonDataError, WorkerPathError
 from .fsutil import check_disjoint, classify_location, sha256_file
@@ -381,31 +382,43 @@ def read_manifest(path: str) -> dict:
     return _load_manifest(path)[0]
 
 
-def _load_manifest(path: str) -> Tuple[dict, bytes]:
+def _load_manifest(path: str, raw: Optional[bytes] = None,
+                   where: Optional[str] = None) -> Tuple[dict, bytes]:
+    """The manifest at ``path`` (or its bytes ``raw``, named ``where``) and its bytes, checked:
+    its schema and its invariants (:mod:`gluon_data.documents`, kind ``manifest``: shard ``i``
+    named ``PREFIX-%05d-of-%05d`` at position ``i``, counts adding up, the checksum)."""
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-        doc = json.loads(raw.decode("utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError("no sharded dataset at %s (its manifest is missing: a sharded "
-                                "conversion writes it last, so the conversion did not finish;"
-                                " rerun the same command)" % path) from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError("manifest is not valid JSON (%s)" % e, path) from None
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-        raise FormatError("not a shard manifest (missing \"format\": \"%s\")" % MANIFEST_FORMAT,
-                          path)
-    if doc.get("format_version") != MANIFEST_VERSION:
-        raise FormatError("manifest version %r is not supported (supports %d); upgrade "
-                          "gluon_data" % (doc.get("format_version"), MANIFEST_VERSION), path)
-    for key in ("container", "shards", "meta", "num_records"):
-        if key not in doc:
-            raise FormatError("manifest lacks %r" % key, path)
-    if sum(s["records"] for s in doc["shards"]) != doc["num_records"]:
-        raise FormatError("manifest's shard record counts do not add up to num_records=%d"
-                          % doc["num_records"], path)
-    return doc, raw
+    if raw is None:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError("no sharded dataset at %s (its manifest is missing: a "
+                                    "sharded conversion writes it last, so the conversion did "
+                                    "not finish; rerun the same command)" % path) from None
+    return load_document(raw, "manifest", where or path), raw
+
+
+def shard_mismatch(doc: dict, s: int, meta: Optional[dict]) -> Optional[str]:
+    """Why shard ``s``'s metadata does not belong to manifest ``doc`` (``None`` if it does):
+    its ``shard`` record must give its position, the number of shards and the manifest's plan
+    digest. Metadata without a ``shard`` record (written before it existed) is left to the
+    counts and, in ``verify``, the checksums."""
+    if meta is None:
+        return "has no metadata (.meta.json): every shard of a sharded conversion has one"
+    info = meta.get("shard")
+    if info is None:
+        return None
+    n = len(doc["shards"])
+    if (info["index"], info["count"]) != (s, n):
+        return ("is shard %d of %d by its metadata, not %d of %d: the manifest's entries or "
+                "the shard files were moved" % (info["index"], info["count"], s, n))
+    want = (doc.get("plan") or {}).get("digest")
+    if want is not None and info["plan_digest"] != want:
+        return ("belongs to another conversion (its metadata's plan digest is %s..., the "
+                "manifest's %s...): restore the shard or rerun the conversion"
+                % (info["plan_digest"][:12], want[:12]))
+    return None
 
 
 def _write_manifest(path: str, doc: dict) -> None:
@@ -535,12 +548,26 @@ class ShardedStore(ShardRouter):
         if not os.path.exists(path):
             raise FileNotFoundError("%s of %s is missing; restore it or rerun the conversion"
                                     % (self._label(s), self.location))
+        entry = self.manifest["shards"][s]
+        data = os.path.join(path, "data.mdb") if self.container == "lmdb" else path
+        try:
+            size = os.path.getsize(data)
+        except OSError:
+            size = None  # the reader below names what is missing
+        if size is not None and size != entry["bytes"]:
+            raise FormatError("%s has %d bytes, the manifest says %d: the shard was replaced "
+                              "or damaged; restore it or rerun the conversion"
+                              % (self._label(s), size, entry["bytes"]), data)
         try:
             f = (LMDBFile(path, self.manifest.get("split") or "train")
                  if self.container == "lmdb" else RecordFile(path, expected_count=want))
+            wrong = shard_mismatch(self.manifest, s, f.meta)
         except GluonDataError as e:
             raise type(e)("%s is damaged: %s" % (self._label(s), e.reason), e.path or path,
                           e.key, e.offset) from None
+        if wrong is not None:
+            f.close()
+            raise FormatError("%s %s" % (self._label(s), wrong), path)
         if len(f) != want:
             raise FormatError("%s holds %d records, the manifest promises %d"
                               % (self._label(s), len(f), want), path)
@@ -644,6 +671,10 @@ def verify_sharded(path: str, deep: bool = False, workers: int = 4):
         except (GluonDataError, OSError) as e:
             report.add(e, where)
             continue
+        wrong = shard_mismatch(doc, s, have["meta"])
+        if wrong is not None:
+            report.problems.append({"where": where, "key": None, "offset": None,
+                                    "reason": "the shard " + wrong})
         for k in ("records", "bytes", "idx_sha256", "meta_sha256"):
             if have[k] != entry.get(k):
                 report.problems.append({"where": where, "key": None, "offset": None,

@@ -1,5 +1,7 @@
 """Property: damage to an index (.idx, .idx.gdx) or the metadata (.meta.json) of a dataset,
 not only to its records, gives a typed error or exactly the original samples."""
+import copy
+import json
 import os
 import shutil
 import tempfile
@@ -109,5 +111,103 @@ def test_damaged_indexes_and_metadata_give_typed_errors_or_the_exact_samples(
         gdx = rec[:-4] + ".idx.gdx"
         assert report.ok or (any(e[0] != ".meta.json" for e in edits)
                              and all(p["where"] == gdx for p in report.problems))
+    finally:
+        shutil.rmtree(d)
+
+
+# --------------------------------------------------------------------------- manifests
+@pytest.fixture(scope="module")
+def small_sharded(tmp_path_factory):
+    """8 records in 4 shards, the manifest's document and every record's bytes."""
+    from gluon_data.sample import make_imagefolder
+    from gluon_data.shards import ShardedStore, convert_sharded
+    root = make_imagefolder(str(tmp_path_factory.mktemp("pms") / "src"), classes=("a", "b"),
+                            per_class=4, size_range=(16, 24), seed=2)
+    man = convert_sharded(root, str(tmp_path_factory.mktemp("pmo") / "s.rec"), "imagefolder",
+                          shards=4).outputs["train"]
+    with open(man, "rb") as f:
+        doc = json.loads(f.read())
+    store = ShardedStore(man)
+    return man, doc, [store.read(i) for i in range(len(store))]
+
+
+def mutate_manifest(doc: dict, kind: str, a: int, b: int, value) -> dict:
+    """One edit of a manifest document; entry positions ``a``/``b`` are taken modulo the
+    number of shards."""
+    doc = copy.deepcopy(doc)
+    sh = doc["shards"]
+    i, j = a % len(sh), b % len(sh)
+    if kind == "drop":
+        del sh[i]
+    elif kind == "duplicate":
+        sh.insert(j, dict(sh[i]))
+    elif kind == "swap":
+        sh[i], sh[j] = sh[j], sh[i]
+    elif kind == "rename":  # another shard's name, or one digit of the index or count changed
+        sh[i]["name"] = (sh[j]["name"] if value is None else
+                         sh[i]["name"].replace("-0000", "-%04d" % (a % 3), 1))
+    elif kind == "records":
+        sh[i]["records"] += (b % 3) - 1
+    elif kind == "total":
+        doc["num_records"] += (b % 3) - 1
+    elif kind == "meta_total":
+        doc["meta"]["num_records"] += (b % 3) - 1
+    elif kind == "retype":  # a field gets a value of another type, or goes missing
+        field = ("name", "records", "bytes", "idx_sha256", "meta_sha256")[j % 5]
+        if value is None:
+            del sh[i][field]
+        else:
+            sh[i][field] = value
+    elif kind == "retype_top":
+        field = ("shards", "num_records", "meta", "container", "plan")[j % 5]
+        if value is None:
+            del doc[field]
+        else:
+            doc[field] = value
+    return doc
+
+
+MKINDS = ("drop", "duplicate", "swap", "rename", "records", "total", "meta_total", "retype",
+          "retype_top")
+values = st.one_of(st.none(), st.integers(-5, 10), st.text(max_size=4), st.just([]),
+                   st.just({}), st.booleans())
+medit = st.tuples(st.sampled_from(MKINDS), st.integers(0, 64), st.integers(0, 64), values)
+
+
+@settings(max_examples=int(os.environ.get("GLUON_DATA_PROP_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(edits=st.lists(medit, min_size=1, max_size=3), keep_checksum=st.booleans())
+def test_damaged_manifests_give_typed_errors_or_the_exact_records(small_sharded, edits,
+                                                                  keep_checksum):
+    """Whatever is done to a manifest's entries, counts, names or field types, a reader
+    (and verify) refuses it with a typed error, or it serves exactly the original records:
+    the checksum is recomputed (``keep_checksum`` false) so only the schema and the
+    invariants can tell."""
+    from gluon_data.meta import dumps_meta
+    from gluon_data.shards import ShardedStore, verify_sharded
+    man, doc, ref = small_sharded
+    d = tempfile.mkdtemp(prefix="gd-propm-")
+    try:
+        for name in os.listdir(os.path.dirname(man)):
+            shutil.copy(os.path.join(os.path.dirname(man), name), d)
+        bad = doc
+        for kind, a, b, value in edits:
+            try:
+                bad = mutate_manifest(bad, kind, a, b, value)
+            except (TypeError, KeyError, IndexError, ZeroDivisionError, AttributeError):
+                break  # an earlier edit made this one meaningless: test what there is
+        path = os.path.join(d, os.path.basename(man))
+        with open(path, "wb") as f:
+            f.write(json.dumps(bad, sort_keys=True).encode() if keep_checksum
+                    else dumps_meta(bad))
+        try:
+            store = ShardedStore(path)
+            got = [store.read(i) for i in range(len(store))]
+        except GluonDataError as e:
+            assert e.path is not None
+            assert not verify_sharded(path).ok  # what the reader refuses, verify reports
+            return
+        assert got == ref  # every record, byte for byte, in order
+        assert verify_sharded(path).ok
     finally:
         shutil.rmtree(d)

@@ -950,7 +950,8 @@ def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path, capsys
         with open(data, "rb") as f:
             files[sh["name"] + "/data.mdb"] = {"bytes": os.path.getsize(data),
                                                "sha256": hashlib.sha256(f.read()).hexdigest()}
-    fs.pipe_file(base + "/voc.shards.json", json.dumps(dict(doc, files=files)).encode())
+    from gluon_data.meta import dumps_meta  # as the uploader writes it: with its checksum
+    fs.pipe_file(base + "/voc.shards.json", dumps_meta(dict(doc, files=files)))
     store = open_store(_fresh_uri("lmshards/voc.shards.json"),
                        **_remote(so, tmp_path, max_open_shards=1))
     ref = open_store(os.path.join(folder, "voc.shards.json"))

@@ -205,9 +205,8 @@ def test_manifest_is_checked_on_open(voc_shards, tmp_path):
         with pytest.raises(FormatError, match=msg) as e:
             open_store(bad)
         assert e.value.path == bad
-    with open(bad, "w") as f:
-        json.dump(dict(doc, shards=[dict(doc["shards"][0], records=4)] + doc["shards"][1:],
-                       num_records=15), f)  # shards resolve beside bad.shards.json: missing
+    with open(bad, "w") as f:  # a whole manifest, whose shards resolve beside it: missing
+        json.dump(doc, f)
     with pytest.raises(FileNotFoundError, match="shard 0 of 3"):
         open_store(bad).read(0)
 

@@ -11,7 +11,8 @@ import json
 import os
 from typing import Dict, List, Optional
 
-from ..errors import ConversionError
+from ..documents import load_document
+from ..errors import ConversionError, FormatError
 from ..fsutil import atomic_write, check_replaceable, fsync_dir, is_ours
 from ..plan import PlanDigest, changed_files, plan_digest, source_head
 from ..sources import Item, Source
@@ -51,11 +52,11 @@ class _Checkpoint:
             return None
         where = self.output if self.outputs.keeps_progress else self.path
         try:
-            state = json.loads(raw.decode("utf-8"))
-        except ValueError as e:
+            state = load_document(raw, "checkpoint", where)
+        except FormatError as e:
             raise ConversionError("resume checkpoint is unreadable (%s); rerun without "
-                                  "--resume" % e, where) from None
-        if state.get("digest") != self.digest:
+                                  "--resume" % e.reason, where) from None
+        if state["digest"] != self.digest:
             raise ConversionError(self._mismatch(state), where)
         self.splits = state["splits"]
         self.saved = True
