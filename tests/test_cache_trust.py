@@ -99,10 +99,11 @@ def test_a_link_or_fifo_at_an_object_entry_is_refused_and_nothing_foreign_touche
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "x.partial-1").write_bytes(b"someone else's")
-    (foreign / "cls.rec").write_bytes(b"not a copy")
+    victim = tmp_path / "victim.rec"
+    victim.write_bytes(b"not a copy")
     before = tree(foreign)
     cache = tmp_path / "cache"
-    ShardCache(str(cache)).ready()
+    os.makedirs(cache / "objects", mode=0o700)
     entry = cache / "objects" / keys["cls.rec"]
     if plant == "link-entry":  # objects/<key> -> a foreign folder
         os.symlink(foreign, entry)
@@ -113,12 +114,13 @@ def test_a_link_or_fifo_at_an_object_entry_is_refused_and_nothing_foreign_touche
         if plant == "fifo-file":
             os.mkfifo(planted)
         else:
-            os.symlink(foreign / "cls.rec", planted)
+            os.symlink(victim, planted)
     store = _open(uri, so, cache)
     with pytest.raises(CacheError) as e:
         store.read(0)
     assert e.value.path == str(planted) and "left untouched" in str(e.value)
     assert tree(foreign) == before  # nothing deleted, nothing written through the link
+    assert victim.read_bytes() == b"not a copy"
     assert os.path.lexists(planted) and stat.S_IFMT(os.lstat(planted).st_mode) == (
         stat.S_IFIFO if plant == "fifo-file" else stat.S_IFLNK)
     # the .idx was downloaded; what the link or FIFO shows is neither counted nor evicted
