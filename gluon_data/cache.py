@@ -37,7 +37,7 @@ import shutil
 import stat
 import threading
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -48,7 +48,6 @@ __all__ = ["Cache", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.I)
 KINDS = ("objects", "index")  # the entry folders, under one limit
-_SECRETS: Dict[str, bytes] = {}
 _SEAL_TAG = b"gluon_data cache seal v1\0"
 
 
@@ -132,6 +131,18 @@ class Cache:
         self._locks = os.path.join(self.cache_dir, "locks")
         self._ready = False
 
+    @classmethod
+    def for_file(cls, path: str) -> "Cache":
+        """The cache holding ``path`` if it is a downloaded object's copy
+        (``<cache>/objects/<key>/<name>``, the cache's ``key`` beside ``objects``), else the
+        default cache: an ``.idx`` downloaded into a cache is parsed into the same one."""
+        entry = os.path.dirname(os.path.abspath(path))
+        objects = os.path.dirname(entry)
+        root = os.path.dirname(objects)
+        if os.path.basename(objects) == "objects" and os.path.isfile(os.path.join(root, "key")):
+            return cls(root)
+        return cls()
+
     # -- folders, locks, the secret ------------------------------------------------------
     def ready(self) -> "Cache":
         """Check (and make) the cache folder and its sub-folders; :class:`CacheError`."""
@@ -152,9 +163,8 @@ class Cache:
         return CacheLock(os.path.join(self._locks, "%s.%s" % (key, what)), mode, blocking)
 
     def _secret(self) -> bytes:
-        got = _SECRETS.get(self.cache_dir)
-        if got is not None:
-            return got
+        """The cache's key, made on first use (read each time, ~10 us: a cache folder deleted
+        and made again under a running job gets one key for every process)."""
         path = os.path.join(self.cache_dir, "key")
         if not os.path.lexists(path):
             tmp = "%s.partial-%d-%d" % (path, os.getpid(), threading.get_ident())
@@ -180,7 +190,6 @@ class Cache:
                 or st.st_mode & 0o077 or len(secret) != 32:
             raise CacheError("is not the cache's key (a 32-byte file only you can read); it "
                              "was left untouched: remove it", path)
-        _SECRETS[self.cache_dir] = secret
         return secret
 
     # -- seals ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import numpy as np
 from . import codec
 from .cache import Cache
 from .errors import CacheError, FormatError, OutputError, ResourceError
-from .fsutil import (atomic_write, check_replaceable, default_cache_dir, fsync_dir,
+from .fsutil import (atomic_write, check_replaceable, fsync_dir,
                      map_readonly, open_new)
 from .meta import dumps_meta, meta_path, read_meta
 from .store import is_uri, register_opener, valid_positions
@@ -374,9 +374,11 @@ def _index_key(idx_path: str) -> str:
 def index_cache_path(idx_path: str) -> str:
     """Where a big text ``.idx`` without a binary copy beside it gets one, parsed once:
     ``$GLUON_DATA_CACHE_DIR/index/<sha256 of its real path>/index.gdx`` (one entry per
-    index, replaced when the index changes; delete the folder at any time). The cache's
-    trust rule and limit are :class:`~gluon_data.cache.Cache`'s."""
-    return os.path.join(default_cache_dir(), "index", _index_key(idx_path), "index.gdx")
+    index, replaced when the index changes; delete the folder at any time), or the same in
+    the cache an ``.idx`` was downloaded into. The cache's trust rule and limit are
+    :class:`~gluon_data.cache.Cache`'s."""
+    return os.path.join(Cache.for_file(idx_path).cache_dir, "index", _index_key(idx_path),
+                        "index.gdx")
 
 
 def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
@@ -390,7 +392,7 @@ def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
     import hashlib
     if size < _CACHE_MIN_BYTES or os.environ.get("GLUON_DATA_INDEX_CACHE", "1") == "0":
         return None
-    cache, key, path = Cache(), _index_key(idx_path), None
+    cache, key, path = Cache.for_file(idx_path), _index_key(idx_path), None
     try:
         path = os.path.join(cache.entry("index", key), "index.gdx")
         with cache.lock(key, "pin", fcntl.LOCK_SH):  # not evicted while made or checked

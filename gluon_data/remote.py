@@ -289,7 +289,7 @@ class _Remote:
                          nbytes=(end - start) if start is not None and end is not None
                          else CHUNK_BYTES)
 
-    def download(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> None:
+    def download(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> str:
         """Write the object's ``size`` bytes to ``dest`` in ranged chunks (each retried),
         check the count and the SHA-256, fsync; returns the SHA-256 of what it wrote. Raises
         on any mismatch; the caller discards ``dest``."""

@@ -129,6 +129,19 @@ def test_a_link_or_fifo_at_an_object_entry_is_refused_and_nothing_foreign_touche
     assert _open(uri, so, cache).read(0) == RecordFile(local).read(0)
 
 
+def test_files_named_like_temporaries_are_not_deleted_by_pattern(dataset, so, tmp_path):  # noqa: F811
+    uri, local = dataset
+    keys = _entries(tmp_path / "scratch", uri, so)
+    entry = tmp_path / "cache" / "objects" / keys["cls.rec"]
+    os.makedirs(entry / ".partial-1-1-1", mode=0o700)  # what older downloads were called
+    (entry / ".partial-1-1-1" / "notes").write_bytes(b"mine")
+    (entry / "y.partial-2").write_bytes(b"mine too")
+    before = tree(entry)
+    assert _open(uri, so, tmp_path / "cache").read(0) == RecordFile(local).read(0)
+    after = tree(entry)
+    assert {k: after[k] for k in before} == before and set(after) == set(before) | {"cls.rec"}
+
+
 @pytest.mark.parametrize("how", ["new-file", "in-place"])
 def test_a_planted_copy_of_the_right_size_is_not_served(dataset, s3, so, tmp_path, how):  # noqa: F811
     uri, local = dataset
@@ -258,3 +271,21 @@ def test_parsed_indexes_and_downloads_share_one_limit(dataset, so, tmp_path, cac
     assert store.read(0) == RecordFile(local).read(0)  # a download evicts the parsed index
     assert not os.path.exists(index_cache_path(b[:-4] + ".idx"))
     assert ShardCache(str(cache)).usage() == limit
+
+
+def test_a_downloaded_stock_index_is_parsed_into_the_same_cache(s3, so, tmp_path, cache):  # noqa: F811
+    from gluon_data.remote import filesystem
+    local = stock_rec(str(tmp_path / "stock.rec"))
+    uri = "s3://%s/trust/stock.rec" % BUCKET
+    fs, _ = filesystem(uri, so)
+    for ext in (".rec", ".idx"):  # a stock pair, no metadata
+        fs.put_file(local[:-4] + ext, uri[:-4].split("://", 1)[1] + ext)
+    store_cache = tmp_path / "store-cache"
+    store = _open(uri, so, store_cache)
+    assert [store.read(i) for i in (0, 5, 11999)] == [payload(0), payload(5), payload(11999)]
+    assert not cache.exists()  # nothing in the default cache: one folder, one limit
+    (entry,) = os.listdir(store_cache / "index")
+    assert os.listdir(store_cache / "index" / entry) == ["index.gdx"]
+    gdx = os.path.getsize(store_cache / "index" / entry / "index.gdx")
+    assert ShardCache(str(store_cache)).usage() == gdx + sum(
+        os.path.getsize(local[:-4] + ext) for ext in (".rec", ".idx"))
