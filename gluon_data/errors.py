@@ -12,6 +12,7 @@ __all__ = [
     "ConversionError",
     "ResourceError",
     "OutputError",
+    "CacheError",
     "RemoteError",
     "WorkerPathError",
     "RemoteConnectionError",
@@ -80,6 +81,12 @@ class ResourceError(GluonDataError, OSError):
 class OutputError(GluonDataError):
     """An output path holds something a command must not replace or write through (a
     symbolic link, or a file or folder that is not gluon_data's own output); it was left
+    untouched."""
+
+
+class CacheError(OutputError):
+    """The cache folder, or an entry in it, is not one gluon_data can trust (a folder writable
+    by others or owned by someone else, a link, a FIFO, a file it did not make); it was left
     untouched."""
 
 

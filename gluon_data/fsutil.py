@@ -320,11 +320,24 @@ class CacheLock:
 
     def __init__(self, path: str, mode: int, blocking: bool = True):
         import fcntl
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        self.fd = None
+        try:  # never through a link, never a FIFO (a planted one would block the open)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise OutputError("is in the way of a lock file of the cache (not a regular "
+                                  "file); it was left untouched: remove it", path) from None
+            raise
+        self.fd = fd
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OutputError("is in the way of a lock file of the cache (not a regular "
+                                  "file); it was left untouched: remove it", path)
             fcntl.flock(self.fd, mode | (0 if blocking else fcntl.LOCK_NB))
         except BaseException:
-            os.close(self.fd)
+            self.fd = None
+            os.close(fd)
             raise
 
     def release(self) -> None:

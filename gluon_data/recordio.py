@@ -25,8 +25,9 @@ from typing import Iterator, NamedTuple, Optional, Tuple
 import numpy as np
 
 from . import codec
-from .errors import FormatError, OutputError, ResourceError
-from .fsutil import (CacheLock, atomic_write, check_replaceable, default_cache_dir, fsync_dir,
+from .cache import Cache
+from .errors import CacheError, FormatError, OutputError, ResourceError
+from .fsutil import (atomic_write, check_replaceable, fsync_dir,
                      map_readonly, open_new)
 from .meta import dumps_meta, meta_path, read_meta
 from .store import is_uri, register_opener, valid_positions
@@ -392,52 +393,73 @@ def _read_binary_index(idx_path: str) -> Optional[Tuple[np.ndarray, np.ndarray]]
     return (np.arange(len(got.offsets)) if got.keys is None else got.keys), got.offsets
 
 
-def index_cache_path(idx_path: str) -> str:
-    """Where a big text ``.idx`` without a binary copy beside it gets one, parsed once:
-    ``$GLUON_DATA_CACHE_DIR/index/<sha256 of its real path>.gdx`` (one file per index,
-    replaced when the index changes; delete the folder at any time)."""
+def _index_key(idx_path: str) -> str:
     import hashlib
     real = os.path.realpath(idx_path).encode("utf-8", "surrogateescape")
-    return os.path.join(default_cache_dir(), "index", hashlib.sha256(real).hexdigest()[:32]
-                        + BINARY_INDEX_SUFFIX)
+    return hashlib.sha256(real).hexdigest()[:32]
+
+
+def index_cache_path(idx_path: str) -> str:
+    """Where a big text ``.idx`` without a binary copy beside it gets one, parsed once:
+    ``$GLUON_DATA_CACHE_DIR/index/<sha256 of its real path>/index.gdx`` (one entry per
+    index, replaced when the index changes; delete the folder at any time), or the same in
+    the cache an ``.idx`` was downloaded into. The cache's trust rule and limit are
+    :class:`~gluon_data.cache.Cache`'s."""
+    return os.path.join(Cache.for_file(idx_path).cache_dir, "index", _index_key(idx_path),
+                        "index.gdx")
 
 
 def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
     """A big text index's binary copy in the user cache, made by the first process to open
     it (under an ``flock``: eight workers opening at once parse it once) and mapped by every
-    other; ``None`` where there is no usable cache (``GLUON_DATA_INDEX_CACHE=0``, a read-only
-    or full disk): the caller parses the text itself."""
+    other, only while it is the copy the cache sealed (:meth:`Cache.verify`); ``None`` where
+    there is no usable cache (``GLUON_DATA_INDEX_CACHE=0``; a cache folder or an entry the
+    trust rule refuses, with a warning; a read-only or full disk; the limit): the caller
+    parses the text itself."""
     import fcntl
+    import hashlib
     if size < _CACHE_MIN_BYTES or os.environ.get("GLUON_DATA_INDEX_CACHE", "1") == "0":
         return None
-    path = index_cache_path(idx_path)
-    got = _map_binary_index(path, idx_path)
-    if got is not None:
-        return got
-    tmp = "%s.%d.partial" % (path, os.getpid())
+    cache, key, path = Cache.for_file(idx_path), _index_key(idx_path), None
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with CacheLock(path + ".lock", fcntl.LOCK_EX):
-            got = _map_binary_index(path, idx_path)  # another process made it meanwhile
-            if got is None:
+        path = os.path.join(cache.entry("index", key), "index.gdx")
+        with cache.lock(key, "pin", fcntl.LOCK_SH):  # not evicted while made or checked
+            got = cache.verify(key, path)[0] and _map_binary_index(path, idx_path)
+            if got:
+                os.utime(os.path.dirname(path))  # last use, for the cache's LRU
+                return got
+            with cache.lock(key, "get", fcntl.LOCK_EX):
+                ok, replaceable, why = cache.verify(key, path, locked=True)
+                got = ok and _map_binary_index(path, idx_path)  # made meanwhile?
+                if got:
+                    return got
+                if not replaceable:
+                    raise CacheError("%s; the index cache is not used for %s (the text is "
+                                     "parsed), and the file was left untouched: remove it"
+                                     % (why, idx_path), path)
                 text, mtime_ns = _read_stamped(idx_path)
                 keys, offsets = _parse_index(text, idx_path)
                 head, body = _binary_index_parts(keys, offsets, text, mtime_ns)
                 del keys, offsets, text
-                if os.path.lexists(tmp):
-                    os.remove(tmp)
-                with open_new(tmp) as f:  # no fsync: a torn copy fails its CRCs
-                    f.write(head)
-                    f.write(body)
-                os.replace(tmp, path)
-                got = _map_binary_index(path, idx_path)
-    except OSError:
+                with cache.room_lock():
+                    cache.make_room(len(head) + len(body), keep=key, what=idx_path + " parsed")
+                    with open_new(path + ".partial") as f:  # no fsync: a torn copy fails
+                        f.write(head)                        # its seal and CRCs
+                        f.write(body)
+                os.replace(path + ".partial", path)
+                cache.seal(key, path, hashlib.sha256(head + body).hexdigest())
+                return _map_binary_index(path, idx_path)
+    except FormatError:
+        raise  # the .idx itself is bad
+    except CacheError as e:
+        warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+    except (OSError, ValueError, OutputError):  # read-only, full; over the limit; in the way
         try:
-            os.remove(tmp)
-        except OSError:
+            if path is not None:
+                cache.discard(path + ".partial")
+        except (OSError, OutputError):
             pass
-        return None
-    return got
+    return None
 
 
 def _load_index(idx_path: str) -> _Index:

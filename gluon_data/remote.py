@@ -45,11 +45,13 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .cache import Cache, parse_size
 from .credentials import forward_options
-from .errors import (ChecksumMismatchError, FormatError, OutputError, RemoteConnectionError,
-                     RemoteError, RemoteNotFoundError, TruncatedDownloadError)
 from .documents import load_document
-from .fsutil import CacheLock, default_cache_dir, sha256_file
+from .errors import (CacheError, ChecksumMismatchError, FormatError, OutputError,
+                     RemoteConnectionError, RemoteError, RemoteNotFoundError,
+                     TruncatedDownloadError)
+from .fsutil import CacheLock, default_cache_dir, open_new, sha256_file
 from .fsutil import fsync_dir as _fsync_dir
 from .meta import dumps_meta, meta_path
 from .recordio import RecordFile, idx_path_for, read_index
@@ -83,26 +85,9 @@ READ_TIMEOUT = 60.0
 MIN_RATE = 1e6
 CHUNK_BYTES = 8 << 20        # one ranged GET of a download (and the largest read-ahead)
 UPLOAD_MARKER = ".uploading.json"  # PREFIX.uploading.json: an upload is in progress
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.I)
 
 
 # --------------------------------------------------------------------------- options
-def parse_size(value) -> Optional[int]:
-    """``"20GB"`` -> bytes (``KB``/``MB``/``GB``/``TB`` are powers of 1000, ``KiB``... of
-    1024); an int passes through; ``None`` or ``""`` means no limit."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    m = _SIZE.match(str(value))
-    if not m:
-        raise ValueError("cannot read %r as a size (e.g. 500MB, 20GB, 1GiB)" % (value,))
-    unit = m.group(2).lower().rstrip("b")
-    base = 1024 if unit.endswith("i") else 1000
-    power = " kmgt".index(unit[:1]) if unit else 0
-    return int(float(m.group(1)) * base ** power)
-
-
 def parse_storage_options(pairs: Optional[Sequence[str]]) -> dict:
     """CLI ``--storage-option KEY=VALUE`` pairs -> fsspec ``storage_options``. Values are
     read as JSON when they parse (``anon=true``, ``config_kwargs={"connect_timeout": 5}``),
@@ -318,10 +303,10 @@ class _Remote:
                          nbytes=(end - start) if start is not None and end is not None
                          else CHUNK_BYTES)
 
-    def download(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> None:
+    def download(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> str:
         """Write the object's ``size`` bytes to ``dest`` in ranged chunks (each retried),
-        check the count and the SHA-256, fsync. Raises on any mismatch; the caller
-        discards ``dest``."""
+        check the count and the SHA-256, fsync; returns the SHA-256 of what it wrote. Raises
+        on any mismatch; the caller discards ``dest``."""
         digest = hashlib.sha256()
         with open(dest, "r+b") as f:
             pos = 0
@@ -339,6 +324,7 @@ class _Remote:
                 "downloaded %d bytes with SHA-256 %s, but the dataset records %s: "
                 "the object was modified or damaged after it was written; the copy was "
                 "discarded (re-upload the dataset)" % (size, digest.hexdigest(), sha256), uri)
+        return digest.hexdigest()
 
     def put_file(self, local: str, uri: str) -> None:
         self.call(uri, "upload", lambda fs, p, kw: fs.put_file(local, p, **kw),
@@ -356,36 +342,30 @@ class _Remote:
 
 
 # --------------------------------------------------------------------------- the cache
-def _remove(path: str) -> None:
-    """Remove a file or folder of the cache's own making, if it is there."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
-
-
-# the cache directory and its locks are fsutil's (the index cache shares them)
+# the cache directory and its locks are fsutil's, the trust rule and the limit cache.py's (the
+# index cache shares them)
 _default_cache_dir = default_cache_dir
 _Lock = CacheLock
 
 
-class ShardCache:
+class ShardCache(Cache):
     """A local cache of whole remote objects, shared by every process on the node.
 
-    Layout under ``cache_dir``: ``objects/<key>/<name>`` (a verified copy; the folder's mtime
-    is its last use), ``locks/<key>.pin`` (held shared by every process reading the copy: an
-    entry in use is never evicted), ``locks/<key>.get`` (one downloader per object; the
-    others wait and then use its copy) and ``cache.lock`` (room-making). A download goes to
-    ``.partial-<pid>-<n>/<name>`` in the entry, pre-sized so concurrent downloads count
-    against the limit, and is renamed only after its size and SHA-256 (or the ``check`` of
-    :meth:`fetch`) check out; a crash leaves a partial that the next download of the object
-    removes. An LMDB's copy, ``objects/<key>/data.mdb``, makes the entry an environment
-    folder. ``<key>`` hashes the URI with the
-    object's checksum (or ETag and size), so a replaced object is never served from a stale
-    copy.
+    Layout under ``cache_dir`` (see :mod:`gluon_data.cache` for the trust rule and the one
+    limit it shares with the index cache): ``objects/<key>/<name>`` (a verified copy; the
+    folder's mtime is its last use), ``locks/<key>.pin`` (held shared by every process reading
+    the copy: an entry in use is never evicted), ``locks/<key>.get`` (one downloader per
+    object; the others wait and then use its copy), ``locks/<key>.seal`` (the copy's SHA-256
+    and identity, keyed: only this cache can have written it) and ``cache.lock``
+    (room-making). A download goes to ``objects/<key>/.partial/<name>`` (made exclusively),
+    pre-sized so concurrent downloads count against the limit, and is renamed only after its
+    size and SHA-256 (or the ``check`` of :meth:`fetch`) check out; a crash leaves a partial
+    that the next download of the object removes, by its exact name. A copy is served only
+    while it matches its seal (and the recorded SHA-256); anything else at an entry's name (a
+    link, a FIFO, a file of other bytes) is a :class:`~gluon_data.errors.CacheError` naming it,
+    left untouched. An LMDB's copy, ``objects/<key>/data.mdb``, makes the entry an environment
+    folder. ``<key>`` hashes the URI with the object's checksum (or ETag and size), so a
+    replaced object is never served from a stale copy.
 
     Parameters
     ----------
@@ -402,21 +382,12 @@ class ShardCache:
     >>> path, pin = cache.fetch(_Remote(), "s3://bucket/a.rec", size=1 << 20)  # doctest: +SKIP
     """
 
-    def __init__(self, cache_dir: Optional[str] = None, cache_limit=None):
-        self.cache_dir = os.path.abspath(os.fspath(cache_dir or _default_cache_dir()))
-        self.cache_limit = parse_size(cache_limit if cache_limit is not None
-                                      else os.environ.get("GLUON_DATA_CACHE_LIMIT"))
-        self._objects = os.path.join(self.cache_dir, "objects")
-        self._locks = os.path.join(self.cache_dir, "locks")
-        self._seq = 0
-
-    def _ensure_dirs(self):
-        os.makedirs(self._objects, exist_ok=True)
-        os.makedirs(self._locks, exist_ok=True)
+    PARTIAL = ".partial"
 
     @staticmethod
     def entry_key(uri: str, stamp: str) -> str:
-        return hashlib.sha256(("%s\0%s" % (uri, stamp)).encode("utf-8")).hexdigest()[:32]
+        # "v2": entries sealed under the trust rule (older, unsealed ones are never consulted)
+        return hashlib.sha256(("%s\0%s\0v2" % (uri, stamp)).encode("utf-8")).hexdigest()[:32]
 
     def fetch(self, remote: _Remote, uri: str, size: int, sha256: Optional[str] = None,
               stamp: str = "", pin: bool = False, check=None):
@@ -425,23 +396,27 @@ class ShardCache:
         ``pin``). ``check(path)``, if given, inspects a finished download (a file named like
         the object, alone in a private folder) before it becomes the cached copy, and raises
         to discard it: how objects without a recorded SHA-256 are verified."""
-        self._ensure_dirs()
         key = self.entry_key(uri, stamp)
-        entry = os.path.join(self._objects, key)
+        entry = self.entry("objects", key)
         final = os.path.join(entry, posixpath.basename(uri) or "object")
-        held = _Lock(os.path.join(self._locks, key + ".pin"), fcntl.LOCK_SH)
+        held = self.lock(key, "pin", fcntl.LOCK_SH)
         try:
-            if not os.path.isfile(final):
-                with _Lock(os.path.join(self._locks, key + ".get"), fcntl.LOCK_EX):
-                    if not os.path.isfile(final):
+            if not self.verify(key, final, sha256)[0]:
+                with self.lock(key, "get", fcntl.LOCK_EX):
+                    ok, replaceable, why = self.verify(key, final, sha256, locked=True)
+                    if not ok and not replaceable:
+                        raise CacheError("%s; it is not served, and was left untouched: "
+                                         "remove it (or the whole cache folder %s)"
+                                         % (why, self.cache_dir), final)
+                    if not ok:
                         self._download(remote, uri, size, sha256, entry, final, key, check)
-            st = os.stat(final)
+            st = os.lstat(final)
             if st.st_size != size:
                 raise ChecksumMismatchError("the cached copy %s has %d bytes, the object %d; "
                                             "delete the cache folder %s"
                                             % (final, st.st_size, size, self.cache_dir), uri)
             os.utime(entry)  # last use, for LRU: the folder's mtime (the file's is part of
-            # the stamp an open RecordFile checks, so a use elsewhere must not change it)
+            # the stamp an open RecordFile checks, and of the seal)
         except BaseException:
             held.release()
             raise
@@ -451,82 +426,27 @@ class ShardCache:
         return final, held
 
     def _download(self, remote, uri, size, sha256, entry, final, key, check=None) -> None:
-        os.makedirs(entry, exist_ok=True)
-        for name in os.listdir(entry):  # we hold the object's download lock: leftovers
-            if ".partial-" in name:
-                _remove(os.path.join(entry, name))
-        self._seq += 1
         # the download lands in a private folder under the object's own name, so a check
-        # can open it as it will be (an LMDB environment is a folder holding data.mdb)
-        part = os.path.join(entry, ".partial-%d-%d-%d" % (os.getpid(), threading.get_ident(),
-                                                          self._seq))
-        tmp = os.path.join(part, os.path.basename(final))
-        with _Lock(os.path.join(self.cache_dir, "cache.lock"), fcntl.LOCK_EX):
-            self._make_room(size, keep=key, uri=uri)
-            os.mkdir(part)
-            with open(tmp, "wb") as f:
+        # can open it as it will be (an LMDB environment is a folder holding data.mdb); we
+        # hold the object's download lock, so the folder's one name is ours alone
+        name = os.path.basename(final)
+        part = os.path.join(entry, self.PARTIAL)
+        tmp = os.path.join(part, name)
+        self.discard(part, [name])  # a crashed download's leftover
+        with self.room_lock():
+            self.make_room(size, keep=key, what=uri)
+            os.mkdir(part, 0o700)
+            with open_new(tmp) as f:
                 f.truncate(size)  # counted by the next room-making, before a byte arrives
         try:
-            remote.download(uri, tmp, size, sha256)
+            digest = remote.download(uri, tmp, size, sha256)
             if check is not None:
                 check(tmp)
-            os.replace(tmp, final)
+            os.replace(tmp, final)  # over nothing, or over the sealed copy (our own file)
+            self.seal(key, final, digest)
         finally:
-            _remove(part)
+            self.discard(part, [name])
         _fsync_dir(entry)
-
-    def _entries(self) -> List[Tuple[float, int, str]]:
-        """``(last use, bytes, key)`` of every entry."""
-        out = []
-        for key in os.listdir(self._objects):
-            d = os.path.join(self._objects, key)
-            size = 0
-            try:
-                used = os.stat(d).st_mtime
-                for name in os.listdir(d):
-                    p = os.path.join(d, name)
-                    if os.path.isdir(p):  # a download in flight (see _download)
-                        size += sum(os.stat(os.path.join(p, n)).st_size
-                                    for n in os.listdir(p))
-                    else:
-                        size += os.stat(p).st_size
-            except FileNotFoundError:
-                continue
-            out.append((used, size, key))
-        return out
-
-    def usage(self) -> int:
-        """Bytes the cache holds now (copies and downloads in flight)."""
-        self._ensure_dirs()
-        return sum(e[1] for e in self._entries())
-
-    def _make_room(self, incoming: int, keep: str, uri: str) -> None:
-        limit = self.cache_limit
-        if limit is None:
-            return
-        if incoming > limit:
-            raise ValueError("%s has %d bytes, more than the whole cache_limit (%d bytes); "
-                             "raise cache_limit (or write smaller shards)"
-                             % (uri, incoming, limit))
-        entries = self._entries()
-        total = sum(e[1] for e in entries)
-        for used, size, key in sorted(entries):
-            if total + incoming <= limit:
-                return
-            if key == keep:
-                continue
-            try:  # an entry pinned by a reader (or a download in flight) stays
-                lock = _Lock(os.path.join(self._locks, key + ".pin"), fcntl.LOCK_EX,
-                             blocking=False)
-            except BlockingIOError:
-                continue
-            with lock:
-                shutil.rmtree(os.path.join(self._objects, key), ignore_errors=True)
-            total -= size
-        if total + incoming > limit:
-            warnings.warn("cache %s: %d bytes in use exceed cache_limit %d; the in-use copies "
-                          "are kept" % (self.cache_dir, total + incoming, limit),
-                          RuntimeWarning, stacklevel=4)
 
 
 # --------------------------------------------------------------------------- reading
