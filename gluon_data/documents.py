@@ -250,8 +250,8 @@ META_FIELDS: Dict[str, F] = {
     "files": F(_FILES),
     "shard": F(obj("an object with \"index\", \"count\" and \"plan_digest\"",
                    index=F(COUNT, True, False), count=F(COUNT, True, False),
-                   plan_digest=F(STR, True, False), items=F(list_of(COUNT, "[first, end]")),
-                   stats=F(OBJ))),
+                   plan_digest=F(STR, True, False), plan=F(STR),
+                   items=F(list_of(COUNT, "[first, end]")), stats=F(OBJ))),
     CHECKSUM_FIELD: F(INT),
 }
 
@@ -272,7 +272,7 @@ MANIFEST_FIELDS: Dict[str, F] = {
     "num_records": F(COUNT, True, False),
     "shards": F(list_of(SHARD_ENTRY, "a list of shard entries"), True, False),
     "meta": F(OBJ, True, False),
-    "plan": F(obj("an object (kind, source, ranges, digest)", digest=F(STR),
+    "plan": F(obj("an object (kind, source, ranges, digest)", digest=F(STR), names=F(STR),
                   ranges=F(LIST), kind=F(STR))),
     "files": F(_FILES),
     CHECKSUM_FIELD: F(INT),
@@ -368,7 +368,8 @@ register("lmdb_commit", Doc("LMDB commit document", {
 
 _CKPT_SPLIT = obj("an object with \"done\", \"stats\" and \"writer\"",
                   done=F(COUNT, True, False), stats=F(OBJ, True, False),
-                  writer=F(list_of(INT, "a list of integers"), True, False))
+                  writer=F(list_of(INT, "a list of integers"), True, False),
+                  stamps=F(STR))  # the digest of the written items with their files' stamps
 
 def _checkpoint_after(doc: dict, where) -> None:
     if not doc.get("publishing") and "skipped" not in doc:

@@ -58,6 +58,20 @@ class PlanDigest(str):
     names: str
     taken_ns: int
     files: List[Tuple[str, Optional[List[int]]]]
+    stamped: Mapping[str, list]  # per split, each item's entry with its files' stamps
+
+    def prefix(self, split: str, n: int) -> str:
+        """The digest of the first ``n`` items of ``split`` with their stamps: what a
+        checkpoint that has written them binds (later items may still change)."""
+        return _sha256({"names": self.names, "items": [  # stamps, not paths as spelled
+            [e, [st for _, st in pairs]] for e, pairs in self.stamped.get(split, [])[:n]]})
+
+    def files_of(self, split: str, n: int) -> List[Tuple[str, Optional[List[int]]]]:
+        """``(path, stamp)`` of the files the first ``n`` items of ``split`` read."""
+        out = []
+        for e in self.stamped.get(split, [])[:n]:
+            out.extend((p, st) for p, st in e[1] if p is not None)
+        return out
 
 
 def plan_digest(head: dict, plan: Optional[Mapping[str, Sequence]] = None,
@@ -72,13 +86,15 @@ def plan_digest(head: dict, plan: Optional[Mapping[str, Sequence]] = None,
     if plan is not None:
         doc["plan"] = {s: [_entry(i, root, stamps) for i in items] for s, items in plan.items()}
     out = PlanDigest(_sha256(doc))
-    out.taken_ns, out.names, out.files = taken, str(out), out_files
+    out.taken_ns, out.names, out.files, out.stamped = taken, str(out), out_files, {}
     if plan is not None and stamps:  # the same entries without their stamps
         for s, items in plan.items():
+            out.stamped[s] = []
             for k, (e, i) in enumerate(zip(doc["plan"][s], items)):
                 paths = _paths(i)
-                out_files.extend((p, st) for p, st in zip(paths, e[-len(paths):])
-                                 if p is not None)
+                pairs = list(zip(paths, e[-len(paths):]))
+                out_files.extend((p, st) for p, st in pairs if p is not None)
+                out.stamped[s].append((e[:-len(paths)], pairs))
                 doc["plan"][s][k] = e[:-len(paths)]
         out.names = _sha256(doc)
     return out

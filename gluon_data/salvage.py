@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import List, Tuple
 
 from . import codec
+from ._callable import callable_module
 from .errors import FormatError, GluonDataError, OutputError
 from .fsutil import (LOCATIONS, atomic_write, check_disjoint, check_replaceable,
                      classify_location, fsync_dir, is_ours)
@@ -205,3 +206,6 @@ def _write_unique(path: str, data: bytes) -> str:
         fsync_dir(os.path.dirname(os.path.abspath(name)))
         return name
     raise OutputError("no free name for the damaged tail beside it", path)
+
+
+callable_module(__name__)  # from gluon_data import salvage: the function, even once the module is loaded

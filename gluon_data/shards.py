@@ -413,11 +413,15 @@ def shard_mismatch(doc: dict, s: int, meta: Optional[dict]) -> Optional[str]:
     if (info["index"], info["count"]) != (s, n):
         return ("is shard %d of %d by its metadata, not %d of %d: the manifest's entries or "
                 "the shard files were moved" % (info["index"], info["count"], s, n))
-    want = (doc.get("plan") or {}).get("digest")
-    if want is not None and info["plan_digest"] != want:
+    plan = doc.get("plan") or {}
+    if "names" in plan:  # the plan's names digest: each shard's own digest covers its items
+        want, have = plan["names"], info.get("plan")
+    else:  # written before shards had a digest of their own: one plan digest for all
+        want, have = plan.get("digest"), info["plan_digest"]
+    if want is not None and have != want:
         return ("belongs to another conversion (its metadata's plan digest is %s..., the "
                 "manifest's %s...): restore the shard or rerun the conversion"
-                % (info["plan_digest"][:12], want[:12]))
+                % (str(have)[:12], want[:12]))
     return None
 
 
@@ -549,9 +553,11 @@ class ShardedStore(ShardRouter):
             raise FileNotFoundError("%s of %s is missing; restore it or rerun the conversion"
                                     % (self._label(s), self.location))
         entry = self.manifest["shards"][s]
-        data = os.path.join(path, "data.mdb") if self.container == "lmdb" else path
+        # a .rec's size is fixed by its records; an LMDB's data.mdb may grow with any commit,
+        # so an LMDB shard is bound by its metadata and its records' checksums instead
+        data = path
         try:
-            size = os.path.getsize(data)
+            size = None if self.container == "lmdb" else os.path.getsize(data)
         except OSError:
             size = None  # the reader below names what is missing
         if size is not None and size != entry["bytes"]:

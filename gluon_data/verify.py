@@ -17,6 +17,7 @@ from typing import List, Optional
 import numpy as np
 
 from . import codec
+from ._callable import callable_module
 from .errors import GluonDataError
 
 __all__ = ["verify", "VerifyReport"]
@@ -266,3 +267,6 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
                                 "offset": None, "reason": "LMDB crashed while reading the file "
                                 "(exit code %s): data.mdb is damaged" % exitcode})
     return report
+
+
+callable_module(__name__)  # from gluon_data import verify: the function, even once the module is loaded

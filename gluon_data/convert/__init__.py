@@ -16,6 +16,7 @@ The package reads as the data flow, each module one concern, imports pointing on
 The running statistics are :class:`gluon_data.stats.RunningStats`. Everything is
 importable from ``gluon_data.convert`` as before the split.
 """
+from .._callable import callable_module
 from ..stats import RunningStats as _Stats
 from .copy import _stock_meta, copy_dataset, import_lmdb
 from .driver import SplitJobs, _plan, convert, drive, is_dataset
@@ -32,3 +33,6 @@ from .resume import _Checkpoint, _import_digest, _plan_digest, _resume_finished
 __all__ = ["convert", "copy_dataset", "import_lmdb", "ConversionReport", "EncodeOptions",
            "encode_item", "ENCODINGS", "FORMATS", "output_paths", "output_format",
            "open_writers", "outputs_for", "Outputs", "drive", "SplitJobs", "is_dataset"]
+
+
+callable_module(__name__)  # from gluon_data import convert: the function, even once the module is loaded

@@ -56,11 +56,21 @@ class _Checkpoint:
         except FormatError as e:
             raise ConversionError("resume checkpoint is unreadable (%s); rerun without "
                                   "--resume" % e.reason, where) from None
-        if state["digest"] != self.digest:
+        if state["digest"] != self.digest and not self._written_unchanged(state):
             raise ConversionError(self._mismatch(state), where)
         self.splits = state["splits"]
         self.saved = True
         return state
+
+    def _written_unchanged(self, state: dict) -> bool:
+        """Same plan, and every item already written reads files whose size and mtime are
+        as they were then: files of items not yet written may change (a corrupt image
+        fixed after the run stopped on it), those already written may not."""
+        names = getattr(self.digest, "names", None)
+        if names is None or state.get("names") != names or state.get("publishing"):
+            return False
+        return all(isinstance(sp, dict) and sp.get("stamps") == self.digest.prefix(s, sp["done"])
+                   for s, sp in state["splits"].items())
 
     def _mismatch(self, state: dict) -> str:
         """Why a checkpoint is not this conversion's: other inputs or options, or the same
@@ -73,11 +83,18 @@ class _Checkpoint:
             return ("this checkpoint was written by a version that did not record the source "
                     "files' sizes and mtimes, so it cannot tell whether they changed; rerun "
                     "without --resume")
-        n, some = changed_files(self.digest.files, int(state.get("planned_ns") or 0))
+        written = [f for s, sp in state["splits"].items()
+                   for f in self.digest.files_of(s, sp["done"])]
+        n, some = changed_files(written or self.digest.files,
+                                int(state.get("planned_ns") or 0))
         return ("the source changed since this checkpoint was written (%s); resuming would "
                 "mix records of both states: rerun without --resume to convert the current "
                 "files" % ("%d file(s) modified after it: %s" % (n, ", ".join(some)) if n else
                            "a file's size or mtime differs"))
+
+    def _prefix(self, split: str, done: int) -> Optional[str]:
+        prefix = getattr(self.digest, "prefix", None)
+        return None if prefix is None else prefix(split, done)
 
     def _doc(self, skipped, **extra) -> dict:
         return dict({"digest": self.digest, "names": getattr(self.digest, "names", None),
@@ -88,7 +105,8 @@ class _Checkpoint:
         """Record that ``done`` items of ``split`` are written (``writer`` made durable up
         to there first, so a checkpoint never promises bytes that are not on disk)."""
         self.splits[split] = {"done": done, "stats": stats.state(),
-                              "writer": list(writer.sync())}  # buffered records included
+                              "writer": list(writer.sync()),  # buffered records included
+                              "stamps": self._prefix(split, done)}
         doc = json.dumps(self._doc(skipped)).encode("utf-8")
         if writer.keeps_progress:  # committed with the records it describes
             writer.checkpoint(doc)
