@@ -20,7 +20,7 @@ with palette masks, packs it, and measures in one run:
   gains reading every index entry;
 * per-worker RSS after each of 3 epochs.
 
-This machine is shared and noisy: compare ratios from one run, never absolute numbers from
+A shared machine is noisy: compare ratios from one run, never absolute numbers from
 different runs.
 """
 from __future__ import annotations

@@ -7,8 +7,8 @@ the segmentation ``train`` crop keeps (``base_size=400``, ``crop_size=320``).
     python scripts/route_lossless_crop.py bench-data/VOC2012/JPEGImages 150
 
 Prints the largest pixel difference between the cropped decode and the full decode's crop,
-the mean fraction of the area kept, and three rounds of decode rates. The README's
-Performance section records the result (dropped).
+the mean fraction of the area kept, and three rounds of decode rates. docs/performance.md's
+appendix records the result (dropped).
 """
 import ctypes as C, glob, os, sys, time
 import numpy as np, cv2

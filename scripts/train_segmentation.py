@@ -17,7 +17,7 @@ A quick start that runs in about a minute on a CPU (the defaults are gluoncv's G
     gluon-data demo --workdir data
     python scripts/train_segmentation.py --data data/voc_train.rec --val-data data/voc_val.rec \\
         --base-size 160 --crop-size 128 --batch-size 4 --epochs 2 --save-dir runs/fcn
-    # 2 workers on this machine (see README, "Distributed training"):
+    # 2 workers on this machine (see docs/distributed.md):
     python -m gluon_data.launch -n 2 -s 1 -- python scripts/train_segmentation.py \\
         --kvstore dist_sync --data data/voc_train.rec --val-data data/voc_val.rec \\
         --base-size 160 --crop-size 128 --batch-size 4 --epochs 2 --save-dir runs/fcn-dist
@@ -85,7 +85,7 @@ def parse_args(argv=None):
                    help="also print a plain line every N iterations (0: only the bar)")
     p.add_argument("--kvstore", default=None,
                    help="MXNet kvstore: dist_sync for multi-worker training, launched with "
-                        "%s or the DMLC_* environment (README, 'Distributed training'); "
+                        "%s or the DMLC_* environment (docs/distributed.md); "
                         "default: one process" % LAUNCHER)
     p.add_argument("--horovod", action="store_true", help="data-parallel over Horovod")
     p.add_argument("--stall-timeout", type=float, default=600.0,
@@ -218,8 +218,8 @@ class World:
             try:
                 import horovod.mxnet as hvd
             except ImportError as exc:
-                raise SystemExit("error: --horovod needs horovod.mxnet (%s); see README, "
-                                 "'Distributed training'" % exc)
+                raise SystemExit("error: --horovod needs horovod.mxnet (%s); see docs/distributed.md, "
+                                 "'Horovod'" % exc)
             hvd.init()
             self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
         elif args.kvstore:

@@ -34,7 +34,8 @@ JUNK = [".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "
 # What the sdist must carry besides the package: what README.md links to and the pinned set
 # its install commands use.
 SDIST_FILES = ["pyproject.toml", "README.md", "FORMAT.md", "constraints.txt",
-               "docs/preview.png", "scripts/run.sh", "benchmarks/bench.py",
+               "docs/preview.png", "docs/reading.md", "docs/cli.md", "scripts/run.sh",
+               "scripts/gen_cli_docs.py", "benchmarks/bench.py",
                "tests/conftest.py"]
 
 
