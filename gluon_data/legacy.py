@@ -24,17 +24,17 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional, Sequence, Tuple, Union  # noqa: F401
 
+import functools
 import os
 
 import numpy as np
 
 from . import codec
 from .errors import FormatError, SourceError
-from .lmdbio import ProcessEnv, shared_env
+from .lmdbio import ProcessEnv, register_layout, shared_env
 
 __all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
-           "RecipeLMDBStore", "CaffeLMDBStore", "open_legacy_store",
-           "RecipeLMDBDataset", "CaffeLMDBDataset"]
+           "RecipeLMDBStore", "CaffeLMDBStore", "open_legacy_store"]
 
 LEGACY_LAYOUTS = ("raw-lmdb", "caffe-lmdb")
 
@@ -408,8 +408,12 @@ def open_legacy_store(path: str, split: Optional[str] = None, *, layout: str, **
                      % (layout, ", ".join(LEGACY_LAYOUTS)))
 
 
-def __getattr__(name):  # the dataset classes live with the other datasets (they need MXNet)
-    if name in ("RecipeLMDBDataset", "CaffeLMDBDataset"):
-        from . import datasets
-        return getattr(datasets, name)
+for _layout in LEGACY_LAYOUTS:  # open_store(path, split, layout=...) reaches us through lmdbio
+    register_layout(_layout, functools.partial(open_legacy_store, layout=_layout))
+
+
+def __getattr__(name):
+    if name in ("RecipeLMDBDataset", "CaffeLMDBDataset"):  # they moved: they need MXNet
+        raise AttributeError("%s lives in gluon_data.datasets (it needs MXNet, this module "
+                             "does not): use gluon_data.%s" % (name, name))
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
