@@ -19,12 +19,12 @@ import json
 import os
 import shutil
 import stat
-from typing import Iterable, List, Tuple
+from typing import Callable, Dict, Iterable, List, Tuple
 
 from .errors import ConversionError, OutputError
 from .store import is_uri
 
-__all__ = ["check_replaceable", "is_ours", "open_new", "atomic_write", "fsync_dir",
+__all__ = ["check_replaceable", "is_ours", "register_sniffer", "open_new", "atomic_write", "fsync_dir",
            "remove_partial_dir", "exchange_dirs", "OutputLock", "KINDS", "classify_location",
            "LOCATIONS", "check_disjoint"]
 
@@ -75,12 +75,28 @@ def _lmdb_dir_only(path: str) -> bool:
         return False
 
 
+# kind -> sniff(path): whether the content is our output of that kind, for the kinds whose
+# content only their container's module can read (an LMDB's ``__meta__``): that module
+# registers its sniffer when imported, so this layer knows no container format.
+_SNIFFERS: Dict[str, Callable[[str], object]] = {}
+
+
+def register_sniffer(kind: str, sniff: Callable[[str], object]) -> None:
+    """Make :func:`is_ours` ask ``sniff(path)`` whether ``path`` holds our output of
+    ``kind`` (one of :data:`KINDS`), after the checks made here (no link, the right file
+    type). A true result means ours; a false one or any exception means not ours."""
+    if kind not in KINDS:
+        raise ValueError("unknown output kind %r" % (kind,))
+    _SNIFFERS[kind] = sniff
+
+
 def is_ours(path: str, kind: str) -> bool:
     """Whether ``path`` (which exists) is recognisably gluon_data output of ``kind``.
 
     Only content is trusted, never the name: a ``.rec`` must start with the RecordIO magic
     word, an index must be index text, metadata must say ``"format": "gluon_data"``, an LMDB
-    directory must hold nothing but ``data.mdb``/``lock.mdb`` and carry our ``__meta__``.
+    directory must hold nothing but ``data.mdb``/``lock.mdb`` and carry our ``__meta__`` (read
+    by the sniffer :mod:`gluon_data.lmdbio` registers, see :func:`register_sniffer`).
     A symbolic link is never ours.
     """
     if kind not in KINDS:
@@ -94,9 +110,11 @@ def is_ours(path: str, kind: str) -> bool:
     if kind == "lmdb":
         if not _lmdb_dir_only(path) or not os.path.isfile(os.path.join(path, "data.mdb")):
             return False
-        from .lmdbio import read_lmdb_meta
+        sniff = _SNIFFERS.get("lmdb")  # registered by gluon_data.lmdbio (reads __meta__)
+        if sniff is None:  # the module that could tell is not loaded: never assume ours
+            return False
         try:
-            return bool(read_lmdb_meta(path))
+            return bool(sniff(path))
         except Exception:  # FormatError, lmdb.Error, OSError...: not a dataset of ours
             return False
     if not stat.S_ISREG(st.st_mode):

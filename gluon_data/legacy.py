@@ -24,17 +24,19 @@ from __future__ import annotations
 
 from typing import Iterator, List, Optional, Sequence, Tuple, Union  # noqa: F401
 
+import functools
+import importlib
 import os
+import warnings
 
 import numpy as np
 
 from . import codec
 from .errors import FormatError, SourceError
-from .lmdbio import ProcessEnv, shared_env
+from .lmdbio import ProcessEnv, register_layout, shared_env
 
 __all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
-           "RecipeLMDBStore", "CaffeLMDBStore", "open_legacy_store",
-           "RecipeLMDBDataset", "CaffeLMDBDataset"]
+           "RecipeLMDBStore", "CaffeLMDBStore", "open_legacy_store"]
 
 LEGACY_LAYOUTS = ("raw-lmdb", "caffe-lmdb")
 
@@ -408,8 +410,14 @@ def open_legacy_store(path: str, split: Optional[str] = None, *, layout: str, **
                      % (layout, ", ".join(LEGACY_LAYOUTS)))
 
 
-def __getattr__(name):  # the dataset classes live with the other datasets (they need MXNet)
-    if name in ("RecipeLMDBDataset", "CaffeLMDBDataset"):
-        from . import datasets
-        return getattr(datasets, name)
+for _layout in LEGACY_LAYOUTS:  # open_store(path, split, layout=...) reaches us through lmdbio
+    register_layout(_layout, functools.partial(open_legacy_store, layout=_layout))
+
+
+def __getattr__(name):
+    if name in ("RecipeLMDBDataset", "CaffeLMDBDataset"):  # moved: they need MXNet, we do not
+        warnings.warn("gluon_data.legacy.%s moved to gluon_data.%s" % (name, name),
+                      DeprecationWarning, stacklevel=2)
+        # loaded by name, on first use only: the datasets layer sits above this one
+        return getattr(importlib.import_module("gluon_data.datasets"), name)
     raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -28,16 +28,17 @@ import shutil
 import struct
 import sys
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import lmdb
 import numpy as np
 
 from .documents import load_document
 from .errors import CorruptRecordError, FormatError, OutputError
-from .fsutil import check_replaceable, exchange_dirs, fsync_dir, remove_partial_dir
+from .fileio import advise_willneed, open_or_explain
+from .fsutil import (check_replaceable, exchange_dirs, fsync_dir, register_sniffer,
+                     remove_partial_dir)
 from .meta import dumps_meta
-from .recordio import advise_willneed, open_or_explain
 from .store import is_uri, register_opener, valid_positions
 
 __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
@@ -251,6 +252,9 @@ def _read_all_meta(env: lmdb.Environment, path: str) -> Dict[str, dict]:
 def read_lmdb_meta(path: str) -> Dict[str, dict]:
     """Metadata of every split of an LMDB dataset: ``{split: meta}``."""
     return _read_all_meta(shared_env(path), path)
+
+
+register_sniffer("lmdb", read_lmdb_meta)  # what fsutil.is_ours(path, "lmdb") asks
 
 
 # LMDB 0.9 on-disk structures read by _ValueLocations (lmdb.h / mdb.c: MDB_page, MDB_node).
@@ -545,7 +549,7 @@ class LMDBFile:
     def will_need(self, indices) -> None:
         """Start fetching the values of the records at positions ``indices`` (the batch about
         to be read) into the page cache and return at once: ``posix_fadvise(WILLNEED)`` on
-        each value's pages in ``data.mdb`` (see :func:`~gluon_data.recordio.advise_willneed`),
+        each value's pages in ``data.mdb`` (see :func:`~gluon_data.fileio.advise_willneed`),
         so the device serves them together and each :meth:`read` that follows finds its
         pages cached (and checks the overflow page header, as always). Locations not known
         yet are learnt first (one leaf page per ~150 records); values stored inline in the
@@ -644,13 +648,27 @@ class LMDBFile:
         return "LMDBFile(%r, split=%r, %d records)" % (self.path, self.split, self._n)
 
 
+# layout name -> opener(location, split, **options) for LMDBs in other layouts, registered by
+# the modules that read them (gluon_data.legacy: 'raw-lmdb', 'caffe-lmdb'), so this module
+# needs none of them.
+_LAYOUTS: Dict[str, Callable[..., object]] = {}
+
+
+def register_layout(name: str, opener: Callable[..., object]) -> None:
+    """Make ``open_store(path, split, layout=name, **options)`` on an LMDB directory return
+    ``opener(path, split, **options)`` (a store over an LMDB in another layout)."""
+    _LAYOUTS[name] = opener
+
+
 def _open_lmdb(location: str, split: Optional[str] = None, *, layout: Optional[str] = None,
                **options):
     """The :func:`~gluon_data.store.open_store` opener of an LMDB directory: one split of
     our layout, or (``layout='raw-lmdb'`` / ``'caffe-lmdb'``) a legacy LMDB read in place."""
     if layout is not None and layout != "gluon_data":
-        from .legacy import open_legacy_store
-        return open_legacy_store(location, split, layout=layout, **options)
+        if layout not in _LAYOUTS:
+            raise ValueError("unknown LMDB layout %r; valid: %s"
+                             % (layout, ", ".join(["gluon_data"] + sorted(_LAYOUTS))))
+        return _LAYOUTS[layout](location, split, **options)
     if options:
         raise TypeError("an LMDB store takes no options but layout=, got %s"
                         % ", ".join(sorted(options)))

@@ -10,6 +10,7 @@ import os
 from typing import Any, Dict, Optional
 
 from .documents import CHECKSUM_FIELD, check_document, content_crc32, load_document
+from .fileio import require_regular
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "TASKS",
            "meta_path", "read_meta", "check_meta", "dumps_meta", "ids_are_keys",
@@ -73,10 +74,7 @@ def wrong_record(found_id: int, key: int) -> str:
 def read_meta(rec_path: str) -> Optional[Dict[str, Any]]:
     """Metadata of a ``.rec``, or ``None`` when there is none (a stock MXNet file)."""
     path = meta_path(rec_path)
-    from .recordio import _require_regular
-    _require_regular(path)
-    from .recordio import _require_regular
-    _require_regular(path)
+    require_regular(path)
     try:
         return load_document(path, "meta")
     except FileNotFoundError:

@@ -26,7 +26,9 @@ import numpy as np
 
 from . import codec
 from .cache import Cache
-from .errors import CacheError, FormatError, OutputError, ResourceError
+from .errors import CacheError, FormatError, OutputError
+from .fileio import advise_willneed, open_or_explain
+from .fileio import require_regular as _require_regular
 from .fsutil import (atomic_write, check_replaceable, fsync_dir,
                      map_readonly, open_new)
 from .meta import dumps_meta, meta_path, read_meta
@@ -39,61 +41,6 @@ _SCRATCH_MAX = 8 << 20    # records up to this size are read into a reused per-t
 # One scratch buffer per thread, shared by every RecordFile: a thousand open datasets cost a
 # thousand small objects, not a thousand 1 MB buffers.
 _SCRATCH = threading.local()
-
-
-def open_or_explain(path: str, flags: int = os.O_RDONLY) -> int:
-    """``os.open`` whose running out of descriptors is a :class:`ResourceError` saying so
-    (with the limit and the fix) instead of a bare ``EMFILE``."""
-    import errno
-    try:
-        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        if e.errno not in (errno.EMFILE, errno.ENFILE):
-            raise
-        try:
-            import resource
-            limit = "the limit is %d" % resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        except (ImportError, OSError, ValueError):
-            limit = "limit unknown"
-        raise ResourceError("cannot open: too many open files (%s%s); close datasets you no "
-                            "longer read, or raise the limit (ulimit -n)"
-                            % ("system-wide, " if e.errno == errno.ENFILE else "", limit),
-                            path) from None
-
-
-_FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
-# One WILLNEED call asks for at most this much: Linux silently cuts a call at
-# max(read_ahead_kb, max_sectors_kb) of the device, never below its default 128 KB.
-_WILLNEED_CHUNK = 128 << 10
-
-
-def advise_willneed(fd: int, starts, ends) -> None:
-    """Start reading the byte ranges ``[starts[k], ends[k])`` of ``fd`` into the page cache
-    asynchronously (``posix_fadvise(POSIX_FADV_WILLNEED)``) and return at once: ranges that
-    touch are merged, so adjacent records go as one request, and each call asks for at most
-    128 KB. Pages already cached cost a lookup, no I/O. Does nothing where the OS has no
-    ``posix_fadvise``; an OS error is ignored (a hint, not a read)."""
-    if _FADV_WILLNEED is None or not len(starts):
-        return
-    starts = np.asarray(starts, np.int64)
-    ends = np.asarray(ends, np.int64)
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    if len(starts) > 1:  # merge runs whose next range starts where the last one ends
-        ends = np.maximum.accumulate(ends)
-        breaks = np.flatnonzero(starts[1:] > ends[:-1]) + 1
-        first = np.concatenate(([0], breaks))
-        last = np.concatenate((breaks - 1, [len(starts) - 1]))
-        starts, ends = starts[first], ends[last]
-    advise = os.posix_fadvise
-    try:
-        for lo, hi in zip(starts.tolist(), ends.tolist()):
-            while lo < hi:
-                n = min(hi - lo, _WILLNEED_CHUNK)
-                advise(fd, lo, n, _FADV_WILLNEED)
-                lo += n
-    except OSError:
-        pass
 
 
 def idx_path_for(rec_path: str) -> str:
@@ -1181,18 +1128,3 @@ def _int_view(a: np.ndarray) -> memoryview:
     """A flat ``memoryview`` of int64 ``a`` whose items are Python ints (no copy when ``a``
     is already contiguous int64, mapped or not)."""
     return memoryview(np.ascontiguousarray(a, dtype=np.int64)).cast("B").cast("q")
-
-
-def _require_regular(path: str) -> None:
-    """Refuse a FIFO, device or socket before opening it (a FIFO would block forever, a
-    device be read without end); a missing file is left to the caller's own message."""
-    import stat
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
-    if not stat.S_ISREG(st.st_mode):
-        raise FormatError("not a regular file (%s); datasets are read from regular files only"
-                          % ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory"
-                             if stat.S_ISDIR(st.st_mode) else "a device or socket"), path)
-

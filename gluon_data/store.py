@@ -24,6 +24,8 @@ import os
 import re
 from typing import Callable, Iterator, List, Optional, Tuple, Union
 
+from .errors import FormatError
+
 try:  # Python >= 3.8
     from typing import Protocol, runtime_checkable
 except ImportError:  # pragma: no cover
@@ -131,8 +133,8 @@ def valid_positions(indices, n: int):
 _OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore],
                      Optional[Callable[[str], List[str]]]]] = []
 # modules whose import registers the built-in backends (imported on first open_store)
-_BUILTIN_BACKENDS = ("gluon_data.recordio", "gluon_data.lmdbio", "gluon_data.shards",
-                     "gluon_data.remote")
+_BUILTIN_BACKENDS = ("gluon_data.recordio", "gluon_data.lmdbio", "gluon_data.legacy",
+                     "gluon_data.shards", "gluon_data.remote")
 _loaded = False
 
 
@@ -190,8 +192,6 @@ def store_splits(location: str) -> List[Optional[str]]:
 
 
 def _backend(location):
-    from .errors import FormatError
-
     location = os.fspath(location)
     _load_builtins()
     for _, predicate, opener, splits in _OPENERS:

@@ -20,3 +20,12 @@ def test_a_function_named_like_its_module_stays_callable(name, module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "raised" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["RecipeLMDBDataset", "CaffeLMDBDataset"])
+def test_moved_legacy_dataset_names_warn_and_still_work(name):
+    import gluon_data
+    import gluon_data.legacy as legacy
+    with pytest.warns(DeprecationWarning, match="moved to gluon_data.%s" % name):
+        cls = getattr(legacy, name)
+    assert cls is getattr(gluon_data, name)
