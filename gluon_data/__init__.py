@@ -4,6 +4,8 @@ Names are imported on first use (PEP 562), so command-line tools that only conve
 files do not pay for importing MXNet.
 """
 import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
@@ -44,3 +46,17 @@ def __getattr__(name):
 
 def __dir__():
     return __all__
+
+
+class _Package(types.ModuleType):
+    """``convert``, ``verify`` and ``salvage`` name both a module and the function it
+    exports: the package attribute stays the function whichever imports the module first
+    (the import system sets the attribute to the module once it has loaded)."""
+
+    def __setattr__(self, name, value):
+        if _EXPORTS.get(name) == name and isinstance(value, types.ModuleType):
+            value = getattr(value, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
