@@ -45,19 +45,23 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import codec
 from .cache import Cache, parse_size
 from .credentials import forward_options
 from .documents import load_document
-from .errors import (CacheError, ChecksumMismatchError, FormatError, OutputError,
-                     RemoteConnectionError, RemoteError, RemoteNotFoundError,
+from .errors import (CacheError, ChecksumMismatchError, ConversionError, FormatError,
+                     OutputError, RemoteConnectionError, RemoteError, RemoteNotFoundError,
                      TruncatedDownloadError)
 from .fsutil import CacheLock, default_cache_dir, open_new, sha256_file
 from .fsutil import fsync_dir as _fsync_dir
+from .lmdbio import LMDBFile, read_lmdb_meta
 from .meta import dumps_meta, meta_path
 from .recordio import RecordFile, idx_path_for, read_index
 from .sampler import SampleKey
-from .shards import ShardRouter, _load_manifest, read_manifest
+from .shards import (MANIFEST_FORMAT, ShardRouter, _load_manifest, _shard_files, is_manifest,
+                     manifest_path, prefix_of, read_manifest)
 from .store import is_uri, register_opener
+from .verify import verify
 
 __all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler",
            "PrefetchSampler", "filesystem", "parse_storage_options", "parse_size",
@@ -816,7 +820,6 @@ def check_lmdb_download(path: str, uri: str) -> None:
     ChecksumMismatchError
         Naming ``uri``: the first problem found (and how many there are).
     """
-    from .verify import verify
     folder = os.path.dirname(path)
     report = verify(folder, deep=False, isolate=True)
     if report.ok:
@@ -901,7 +904,6 @@ class RemoteLMDBStore(_ReadsLocalCopy):
             self._sha, self._stamp = want["sha256"], "sha256:" + want["sha256"]
             metas = doc["splits"]
         else:  # the metadata lives in data.mdb: download it now (checked by a full scan)
-            from .lmdbio import read_lmdb_meta
             self._sha, self._stamp = None, _stamp(info)
             path, pin = self.fetch(pin=True)
             self._pins.append(pin)
@@ -990,7 +992,6 @@ class RemoteLMDBStore(_ReadsLocalCopy):
             return self._reader[1]
 
     def _open(self):
-        from .lmdbio import LMDBFile
         path, pin = self.fetch(pin=True)
         try:
             try:
@@ -1375,7 +1376,6 @@ def _commit_names(uri: str) -> Tuple[str, str]:
 
 def _lmdb_commit(local: str, files: Dict[str, dict]) -> dict:
     """The commit document of a local LMDB environment uploaded to object storage."""
-    from .lmdbio import read_lmdb_meta
     return {"format": LMDB_FORMAT, "format_version": 1, "container": "lmdb",
             "splits": read_lmdb_meta(local), "files": files}
 
@@ -1427,7 +1427,6 @@ def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
     remote form of :func:`gluon_data.fsutil.is_ours`: its commit document (metadata or
     manifest) says ``"format": "gluon_data"`` (``"gluon_data-shards"``), or an upload marker
     of ours says an upload of ours was interrupted. Only content is trusted, never a name."""
-    from .shards import MANIFEST_FORMAT
     for uri, key, wanted in ((commit, "format", ("gluon_data", MANIFEST_FORMAT, LMDB_FORMAT)),
                              (marker, "writer", ("gluon_data",))):
         try:
@@ -1583,7 +1582,6 @@ class ShardUploader:
         return _join(self.uri, name)
 
     def receipt_uri(self, name: str) -> str:
-        from .shards import prefix_of
         return self.shard_uri(prefix_of(name) + RECEIPT_SUFFIX)
 
     def _stage_root(self) -> str:
@@ -1605,7 +1603,6 @@ class ShardUploader:
         """Before any task: refuse what may not be replaced (nothing is changed then), put
         each split's upload marker, remove the old manifests and, unless ``resume``, the old
         receipts (so only this run's uploads are kept by a retried task)."""
-        from .shards import manifest_path
         remote, todo = self.remote, []
         for p in plans:
             manifest = self.shard_uri(os.path.basename(manifest_path(p["prefix"])))
@@ -1707,7 +1704,7 @@ class ShardUploader:
         its manifest entry with ``files``."""
         import dataclasses
 
-        from .shards import _shard_files, write_shard
+        from .convert.sharded import write_shard  # the converter: only when converting
         done = self._uploaded(job)
         if done is not None:
             return done
@@ -1748,11 +1745,8 @@ def _verify_shard(local: str, job) -> None:
     (RecordIO: :func:`gluon_data.verify.verify`; LMDB: read back in this process, since
     ``verify`` scans an LMDB in a child process, which a daemonic Dask worker cannot start,
     and this environment was just written by us)."""
-    from .errors import ConversionError
     label = "shard %d of %d (%s)" % (job.index, job.count, os.path.basename(local))
     if job.container == "lmdb":
-        from . import codec
-        from .lmdbio import LMDBFile
         f = LMDBFile(local, job.split)
         seg = f.meta["task"] == "segmentation"
         try:
@@ -1762,7 +1756,6 @@ def _verify_shard(local: str, job) -> None:
         finally:
             f.close()
         return
-    from .verify import verify
     report = verify(local)
     if not report.ok:
         raise ConversionError("%s failed verification before upload: %s"
@@ -1837,7 +1830,7 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     cache_root = os.path.abspath(cache_dir or _default_cache_dir())
     staging = os.path.join(cache_root, "staging",
                            hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
-    from .shards import convert_sharded, is_manifest
+    from .convert.sharded import convert_sharded
     sharded = is_manifest(os.fspath(source)) or any(
         convert_options.get(k) is not None for k in ("shards", "shard_size", "shard_items"))
     if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)

@@ -9,18 +9,23 @@ and a damaged page can crash the reading process, which must not be the caller.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
 from . import codec
 from ._callable import callable_module
 from .errors import GluonDataError
+from .lmdbio import names_lmdb
+from .meta import ids_are_keys, read_meta, wrong_record
+from .recordio import BINARY_INDEX_SUFFIX, RecordFile, binary_index_problem
+from .store import is_uri, open_store, store_splits
 
-__all__ = ["verify", "VerifyReport"]
+__all__ = ["verify", "VerifyReport", "register_verifier"]
 
 
 @dataclass
@@ -65,7 +70,6 @@ def _check_records(store, meta, report: VerifyReport, deep: bool, where: str,
                    container: str = "rec") -> None:
     """Check every record as the dataset readers would read it: framing, checksum, header id
     against the index key, and with ``deep`` the reader's own image and mask decoders."""
-    from .meta import ids_are_keys, wrong_record
     seg = bool(meta) and meta.get("task") == "segmentation"
     check_ids = ids_are_keys(meta, container)
     checksummed = bool(meta) and meta.get("checksum") == "crc32-id2"
@@ -102,7 +106,6 @@ def _verify_uri(path: str, deep: bool, remote: Optional[dict],
     files downloaded into the local cache, verified against the recorded SHA-256). An LMDB
     is downloaded whole (its metadata is inside) and its cached copy checked as a local one,
     problems named by the URI."""
-    from .store import open_store
     report = VerifyReport(path, deep=deep)
     try:
         store = open_store(path, reads="cache" if deep else "ranged", **(remote or {}))
@@ -128,8 +131,6 @@ def _verify_uri(path: str, deep: bool, remote: Optional[dict],
 
 
 def _verify_rec(path: str, deep: bool) -> VerifyReport:
-    from .meta import read_meta
-    from .recordio import RecordFile
     report = VerifyReport(path, deep=deep)
     try:
         meta = read_meta(path)
@@ -156,7 +157,6 @@ def _verify_rec(path: str, deep: bool) -> VerifyReport:
 def _check_binary_index(idx_path: str, report: VerifyReport) -> None:
     """A ``.idx.gdx`` that readers cannot use is a problem: they ignore it, silently, and
     parse the text at every open; say how to rebuild it."""
-    from .recordio import BINARY_INDEX_SUFFIX, binary_index_problem
     why = binary_index_problem(idx_path)
     if why is not None:
         report.problems.append({
@@ -168,7 +168,6 @@ def _check_binary_index(idx_path: str, report: VerifyReport) -> None:
 
 
 def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyReport:
-    from .store import open_store, store_splits
     report = VerifyReport(path, deep=deep)
     try:
         splits = store_splits(path)
@@ -227,6 +226,34 @@ def _verify_lmdb_isolated(path: str, deep: bool, split: Optional[str]):
     return result, os.waitstatus_to_exitcode(status)
 
 
+#: ``(predicate, verifier)`` pairs: datasets that a layer above this one checks (shards).
+_VERIFIERS: List[Tuple[Callable[[str], bool], Callable[..., "VerifyReport"]]] = []
+#: The modules holding built-in verifiers, imported on first use as :mod:`gluon_data.store`
+#: imports its built-in backends (they import this module, so it cannot import them).
+_BUILTIN_VERIFIERS = ("gluon_data.shards",)
+_loaded = False
+
+
+def register_verifier(predicate: Callable[[str], bool],
+                      verifier: Callable[..., "VerifyReport"]) -> None:
+    """Make :func:`verify` hand local paths for which ``predicate(path)`` is true to
+    ``verifier(path, deep=deep)`` (as :func:`gluon_data.store.register_opener` does for
+    stores): :mod:`gluon_data.shards` registers its manifests' check this way."""
+    _VERIFIERS.append((predicate, verifier))
+
+
+def _verifier_for(path: str) -> Optional[Callable[..., "VerifyReport"]]:
+    global _loaded
+    if not _loaded:
+        for name in _BUILTIN_VERIFIERS:
+            importlib.import_module(name)
+        _loaded = True
+    for predicate, verifier in _VERIFIERS:
+        if predicate(path):
+            return verifier
+    return None
+
+
 def verify(path: str, deep: bool = False, split: Optional[str] = None,
            isolate: bool = True, remote: Optional[dict] = None) -> VerifyReport:
     """Check a ``.rec``, ``.lmdb`` or sharded (``.shards.json``) dataset, local or at a
@@ -244,14 +271,12 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     remote : dict, optional
         For a URI: :class:`gluon_data.remote.RemoteStore` options (``storage_options``...).
     """
-    from .lmdbio import names_lmdb
-    from .shards import is_manifest, verify_sharded
-    from .store import is_uri
     path = os.fspath(path)
     if is_uri(path):
         return _verify_uri(path, deep, remote, split)
-    if is_manifest(path):
-        return verify_sharded(path, deep=deep)
+    checker = _verifier_for(path)
+    if checker is not None:
+        return checker(path, deep=deep)
     if not names_lmdb(path):
         return _verify_rec(path, deep)
     if not isolate:

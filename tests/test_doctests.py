@@ -14,7 +14,7 @@ import pytest
 import gluon_data
 from gluon_data import convert
 
-MODULES = sorted(m.name[len("gluon_data."):]  # sub-packages' modules too (convert.driver)
+MODULES = sorted(m.name[len("gluon_data."):]  # sub-packages' modules too (convert.loop)
                  for m in pkgutil.walk_packages(gluon_data.__path__, "gluon_data.")
                  if m.name != "gluon_data.__main__")
 
@@ -44,5 +44,5 @@ def test_docstring_examples_run(name, example_dir, monkeypatch):
     result = runner.summarize(verbose=False)
     assert result.failed == 0, "".join(out)
     if name in ("datasets", "recordio", "lmdbio", "legacy", "transforms", "sampler", "codec",
-                "stats", "convert.outputs", "convert.driver"):
+                "stats", "convert.outputs", "convert.loop"):  # SplitJobs: convert.loop
         assert result.attempted > 0, "%s lost its examples" % name

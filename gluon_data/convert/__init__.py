@@ -2,13 +2,15 @@
 copy a dataset between containers; import the legacy LMDB layouts.
 
 The package reads as the data flow, each module one concern, imports pointing one way
-(``outputs`` at the bottom):
+(each module imports only those below it; ``outputs`` at the bottom):
 
 ========================  ==================================================================
-``driver``                :func:`convert` and :func:`drive`, the loop every conversion runs
-``encode``                per-item work in the worker processes (:func:`encode_item`)
-``resume``                the plan digest and checkpoints (``--resume``)
+``sharded``               :func:`convert_sharded`: one task per shard, a manifest per split
+``driver``                :func:`convert`: a source planned into splits
 ``copy``                  :func:`copy_dataset` (rec <-> lmdb) and :func:`import_lmdb`
+``loop``                  :func:`drive`, the loop every conversion runs
+``resume``                the plan digest and checkpoints (``--resume``)
+``encode``                per-item work in the worker processes (:func:`encode_item`)
 ``outputs``               :class:`ConversionReport`, output names, the writers of each
                           container (:class:`Outputs`), option checks, metadata
 ========================  ==================================================================
@@ -17,22 +19,26 @@ The running statistics are :class:`gluon_data.stats.RunningStats`. Everything is
 importable from ``gluon_data.convert`` as before the split.
 """
 from .._callable import callable_module
+from ..engines import _start_pool, _stop_pool, _worker_init
 from ..stats import RunningStats as _Stats
 from .copy import _stock_meta, copy_dataset, import_lmdb
-from .driver import SplitJobs, _plan, convert, drive, is_dataset
+from .driver import _plan, convert, is_dataset
+from .loop import SplitJobs, drive
 from .encode import (_PASSTHROUGH_FORMATS, EncodeOptions, _check_pixels, _decode_like_reader,
                      _encode_pixels, _legacy_work, _mask_indices, _open_strict, _pixel_stats,
-                     _read_bytes, _reads_back, _resize_short, _start_pool, _stop_pool, _work,
-                     _worker_init, encode_item, encode_legacy, image_part, mask_part)
+                     _read_bytes, _reads_back, _resize_short, _work, encode_item, encode_legacy,
+                     image_part, mask_part)
 from .outputs import (ENCODINGS, FORMATS, ConversionReport, Outputs, _check_choices,
                       _check_options, _check_output, _check_range, _conversion_id, _fail,
                       _free_space, _metadata, _output_lock, _split_fields, open_writers, output_format,
                       output_paths, outputs_for)
 from .resume import _Checkpoint, _import_digest, _plan_digest, _resume_finished
+from .sharded import ShardJob, convert_sharded, write_shard
 
 __all__ = ["convert", "copy_dataset", "import_lmdb", "ConversionReport", "EncodeOptions",
            "encode_item", "ENCODINGS", "FORMATS", "output_paths", "output_format",
-           "open_writers", "outputs_for", "Outputs", "drive", "SplitJobs", "is_dataset"]
+           "open_writers", "outputs_for", "Outputs", "drive", "SplitJobs", "is_dataset",
+           "convert_sharded"]
 
 
 callable_module(__name__)  # from gluon_data import convert: the function, even once the module is loaded

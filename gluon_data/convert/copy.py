@@ -13,14 +13,15 @@ from typing import Dict, Optional, Sequence, Tuple
 from .. import __version__, codec
 from ..errors import ConversionError, FormatError, SourceError
 from ..fsutil import check_disjoint
+from ..legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items
 from ..lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..meta import CONTAINER_KEYS, FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta
 from ..recordio import RecordFile
 from ..shards import dataset_files
 from ..sources import Source
 from ..store import is_uri, open_store
-from .driver import SplitJobs, drive
 from .encode import EncodeOptions, _legacy_work
+from .loop import SplitJobs, drive
 from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,
                       _conversion_id, _fail, _metadata, _output_lock, outputs_for)
 from .resume import _import_digest
@@ -50,7 +51,6 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
     >>> import_lmdb("voc_lmdb", "voc.rec", "raw-lmdb", split="train",
     ...             image_shape=(256, 256, 3))                                  # doctest: +SKIP
     """
-    from ..legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items  # imports MXNet
     _check_choices(encoding, on_error)
     _check_options(quality=quality, max_pixels=max_pixels, ignore_label=ignore_label,
                    num_classes=num_classes, workers=workers, checkpoint_every=checkpoint_every)

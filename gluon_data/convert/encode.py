@@ -10,9 +10,6 @@ are what the driver's spawned pool runs (found by this module's path).
 from __future__ import annotations
 
 import io
-import multiprocessing
-import signal
-import threading
 import warnings
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -22,7 +19,6 @@ import numpy as np
 from PIL import Image
 
 from .. import codec
-from ..engines import sigint_blocked
 from ..errors import DecodeError, GluonDataError, SourceError
 from ..sources import DEFAULT_MAX_FILE_BYTES, Item, read_regular
 
@@ -357,46 +353,3 @@ def _legacy_work(job, opts: EncodeOptions, raw_as: str):
         return pos, payload, info, None
     except GluonDataError as e:
         return pos, None, None, (e.path or where, e.reason)
-
-
-def _worker_init():
-    cv2.setNumThreads(1)  # one process per core already; safe in a fresh (spawned) process
-    # Ctrl-C reaches the whole process group: only the parent acts on it (it stops the pool).
-    # A worker killed by it mid-task could die holding the task queue's lock, and the
-    # parent's Pool.terminate() would then wait for that lock forever.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Pool.terminate() ends a worker by SIGTERM: the default action, never a handler of the
-    # parent's that raises (a spawned worker starts with it; said here for every start method)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _start_pool(workers: int):
-    """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
-    blocked while they are created (a blocked signal stays blocked across fork and exec), so
-    an interrupt during start-up waits in the parent and is raised there right after."""
-    ctx = multiprocessing.get_context("spawn")
-    with sigint_blocked():
-        return ctx.Pool(workers, initializer=_worker_init)
-
-
-def _stop_pool(pool, timeout: float = 5.0) -> None:
-    """Terminate a pool within ``timeout`` seconds whatever state it is in, reaping every
-    worker: ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a
-    worker killed from outside while it held a queue lock), the workers are killed."""
-    procs = list(getattr(pool, "_pool", []))
-    t = threading.Thread(target=pool.terminate, name="gluon-data-pool-stop", daemon=True)
-    t.start()
-    t.join(timeout)
-    if t.is_alive():
-        for p in procs + list(getattr(pool, "_pool", [])):
-            try:
-                p.kill()
-            except (OSError, AttributeError, ValueError):
-                pass
-    for p in procs + list(getattr(pool, "_pool", [])):
-        try:
-            p.join(timeout)
-        except (OSError, AssertionError, ValueError):
-            pass
-
-
