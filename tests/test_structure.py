@@ -1,0 +1,30 @@
+"""Imports of the package run one way (the whole package; tests/test_lower_layers.py checks
+the lower layers module by module). Figures: ``python scripts/structure_report.py``."""
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location(
+    "structure_report", os.path.join(ROOT, "scripts", "structure_report.py"))
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+# loaded on first use only: the converter, from the remote store's upload entry points
+# (open_store loads the remote module for every URI; reading must not import the converter)
+ALLOWED_INSIDE = {("gluon_data.remote", "gluon_data.convert"),
+                  ("gluon_data.remote", "gluon_data.convert.sharded")}
+
+
+def test_no_import_circle_in_the_package():
+    mods = report._modules()
+    graph, _, _ = report._graph(mods)
+    for me in graph:
+        graph[me] = {t for t in graph[me] if not t.startswith(me + ".")}
+    assert report._circles(graph) == []
+
+
+def test_imports_of_our_modules_inside_functions_are_only_the_lazy_ones():
+    _, inside, _ = report._graph(report._modules())
+    extra = [(m, line, found) for m, line, found in inside if m != "gluon_data.cli"
+             and not all((m, f) in ALLOWED_INSIDE for f in found)]
+    assert extra == [], extra
