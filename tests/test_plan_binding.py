@@ -1,6 +1,5 @@
 """A rerun over a source whose files changed (same names, other content) never keeps or
 resumes records of the old state: the plan digest binds each file's size and mtime (ns)."""
-import filecmp
 import os
 import signal
 import subprocess
@@ -17,6 +16,8 @@ from gluon_data.recordio import RecordFile
 from gluon_data.sample import make_voc
 from gluon_data.shards import convert_sharded
 from test_remote import BUCKET, s3, so  # noqa: F401 - moto's S3 server fixtures
+
+from conftest import same_output_bytes
 
 NAME = "2007_000002"  # the third item of trainval: shard 1 of 4 (8 items, 2 a shard)
 SECOND = 1_800_000_000  # the mtime's whole seconds, kept across the rewrite
@@ -74,7 +75,7 @@ def _files(folder):
 def _same_output(a, b):
     assert _files(a) == _files(b)
     for f in _files(a):
-        assert filecmp.cmp(os.path.join(a, f), os.path.join(b, f), shallow=False), f
+        assert same_output_bytes(os.path.join(a, f), os.path.join(b, f)), f
 
 
 @pytest.mark.parametrize("how", ["same size, same second", "other pixels"])

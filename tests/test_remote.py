@@ -136,7 +136,10 @@ def s3():
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = S3Server()
     fs, _ = filesystem("s3://%s" % BUCKET, _options(server))
-    fs.mkdir(BUCKET)
+    try:
+        fs.mkdir(BUCKET)
+    except FileExistsError:  # moto's state is per process: a module that imported this
+        pass                 # session fixture (its own instance) made the bucket already
     yield server
     server.stop()
     for k, v in saved.items():
