@@ -261,26 +261,12 @@ def test_a_damaged_upload_journal_is_a_format_error_naming_it(src, tmp_path):
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto.server")
-    from test_remote import BUCKET, S3Server, _options
+    from test_remote import BUCKET, _options, moto_s3
     from gluon_data.remote import filesystem
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                            "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE",
-                                            "AWS_SHARED_CREDENTIALS_FILE")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                      AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.devnull,
-                      AWS_SHARED_CREDENTIALS_FILE=os.devnull)
-    server = S3Server()
-    opts = _options(server)
-    fs, _ = filesystem("s3://%s" % BUCKET, opts)
-    if not fs.exists(BUCKET):
-        fs.mkdir(BUCKET)
-    yield server, opts, fs, "s3://%s/manifest" % BUCKET
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with moto_s3() as server:
+        opts = _options(server)
+        fs, _ = filesystem("s3://%s" % BUCKET, opts)
+        yield server, opts, fs, "s3://%s/manifest" % BUCKET
 
 
 def test_a_remote_manifest_gets_the_same_checks(s3, sharded, tmp_path):

@@ -138,17 +138,9 @@ def test_recipe_trains_from_a_bucket_with_storage_options(voc_root, tmp_path):
     (the endpoint comes only from the option)."""
     pytest.importorskip("moto.server")
     import test_remote  # its moto S3 server on 127.0.0.1
-    from gluon_data.remote import convert_to_uri, filesystem
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-             "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
-             "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
-    saved = {k: os.environ.get(k) for k in creds}
-    os.environ.update(creds)
-    server = test_remote.S3Server()
-    try:
+    from gluon_data.remote import convert_to_uri
+    with test_remote.moto_s3("recipe") as server:
         options = test_remote._options(server)
-        fs, _ = filesystem("s3://recipe", options)
-        fs.mkdir("recipe")
         uri = "s3://recipe/v.rec"
         convert_to_uri(voc_root, uri, layout="voc", split="train", storage_options=options,
                        cache_dir=str(tmp_path / "stage"))
@@ -159,10 +151,3 @@ def test_recipe_trains_from_a_bucket_with_storage_options(voc_root, tmp_path):
                   "--cache-dir", str(cache), "--cache-limit", "1GB")
         assert "Epoch 0: 2 iterations" in out
         assert server.served("/v.rec") > 0 and os.listdir(cache / "objects")
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

@@ -4,6 +4,7 @@ The server runs in-process (``ThreadedMotoServer``); a tiny WSGI middleware in f
 logs every request with the bytes it served, and can cut a response short and stop the
 server (a server dying mid-download). s3fs talks to it through ``endpoint_url``.
 """
+import contextlib
 import json
 import logging
 import os
@@ -125,8 +126,10 @@ class S3Server:
         return [e for e in self.log if e[0] == method and e[1].endswith(suffix)]
 
 
-@pytest.fixture(scope="session")
-def s3():
+@contextlib.contextmanager
+def moto_s3(bucket=BUCKET):
+    """A moto S3 server on 127.0.0.1 with test credentials in the environment (restored
+    after) and ``bucket`` made; yields the server, stopped at the end."""
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                             "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE",
                                             "AWS_SHARED_CREDENTIALS_FILE")}
@@ -135,18 +138,24 @@ def s3():
                       AWS_SHARED_CREDENTIALS_FILE=os.devnull)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = S3Server()
-    fs, _ = filesystem("s3://%s" % BUCKET, _options(server))
     try:
-        fs.mkdir(BUCKET)
-    except FileExistsError:  # moto's state is per process: a module that imported this
-        pass                 # session fixture (its own instance) made the bucket already
-    yield server
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+        fs, _ = filesystem("s3://%s" % bucket, _options(server))
+        if not fs.exists(bucket):  # moto's state is per process: another server of this
+            fs.mkdir(bucket)       # process (another module's fixture) may have made it
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def s3():
+    with moto_s3() as server:
+        yield server
 
 
 def _options(server):
