@@ -1,0 +1,292 @@
+"""Options, the fsspec client and the one retry and time-bound policy of every remote call."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import socket
+import time
+from typing import Dict, Optional, Sequence, Tuple
+
+
+from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
+                      RemoteNotFoundError, TruncatedDownloadError)
+
+
+
+INSTALL_HINT = "pip install gluon-data[remote]"
+#: Transient failures are retried this many times (``GLUON_DATA_REMOTE_RETRIES``) ...
+RETRIES = int(os.environ.get("GLUON_DATA_REMOTE_RETRIES", "4"))
+#: ... sleeping ``BACKOFF * 2**attempt`` seconds (``GLUON_DATA_REMOTE_BACKOFF``), at most 10 s.
+BACKOFF = float(os.environ.get("GLUON_DATA_REMOTE_BACKOFF", "0.25"))
+#: Client timeouts in seconds for S3 (``GLUON_DATA_REMOTE_CONNECT_TIMEOUT``,
+#: ``GLUON_DATA_REMOTE_READ_TIMEOUT``; ``storage_options``' ``config_kwargs`` override them).
+#: Every retry is :class:`_Remote`'s (botocore makes one attempt, s3fs one try), so a stalled
+#: or unreachable server is a :class:`RemoteConnectionError` after at most
+#: :func:`call_bound` seconds: ``RETRIES + 1`` attempts of at most one connect and one read
+#: timeout each, plus the backoff sleeps (defaults: 5 x 70 s + 3.75 s).
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+#: Slowest transfer rate in bytes/s an attempt is allowed (``GLUON_DATA_REMOTE_MIN_RATE``):
+#: one attempt of a call moving ``n`` bytes is cancelled after ``connect + read timeout +
+#: n / MIN_RATE`` seconds whatever the client library does (a server that answers an upload's
+#: ``Expect: 100-continue``, takes the body and never answers leaves aiohttp without any read
+#: timeout; see :func:`call_bound`).
+MIN_RATE = 1e6
+CHUNK_BYTES = 8 << 20        # one ranged GET of a download (and the largest read-ahead)
+
+
+
+# --------------------------------------------------------------------------- options
+def parse_storage_options(pairs: Optional[Sequence[str]]) -> dict:
+    """CLI ``--storage-option KEY=VALUE`` pairs -> fsspec ``storage_options``. Values are
+    read as JSON when they parse (``anon=true``, ``config_kwargs={"connect_timeout": 5}``),
+    else kept as strings (``endpoint_url=http://127.0.0.1:9000``)."""
+    out = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError("--storage-option expects KEY=VALUE, got %r" % pair)
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def filesystem(uri: str, storage_options: Optional[dict] = None):
+    """``(fs, path)`` for ``uri``: an fsspec filesystem built from ``storage_options``
+    (endpoint, credentials...; unset ones come from the standard environment or profile,
+    e.g. ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws``).
+
+    Raises
+    ------
+    ImportError
+        fsspec (or the backend for the URI's scheme, e.g. s3fs) is not installed; the
+        message says what to install.
+    """
+    try:
+        import fsspec.core
+    except ImportError:
+        raise ImportError("reading or writing %s needs fsspec and s3fs: %s"
+                          % (uri, INSTALL_HINT)) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(uri, **_bounded(uri, storage_options))
+    except ImportError as e:
+        raise ImportError("the filesystem for %s is not installed (%s): %s; other schemes "
+                          "need their fsspec backend (gcsfs, adlfs, ...)"
+                          % (uri, e, INSTALL_HINT)) from None
+    return fs, path
+
+
+def _is_s3(uri: str) -> bool:
+    return uri.split("://", 1)[0] in ("s3", "s3a")
+
+
+def _bounded(uri: str, storage_options: Optional[dict]) -> dict:
+    """``storage_options`` with bounded client timeouts for S3: botocore's
+    ``connect_timeout``/``read_timeout`` (aiohttp's socket timeouts) from the environment, and
+    one attempt per call in botocore (only :class:`_Remote` retries, bounded, with backoff),
+    unless the options' ``config_kwargs`` set them."""
+    opts = dict(storage_options or {})
+    if not _is_s3(uri):
+        return opts
+    config = {"connect_timeout": float(os.environ.get("GLUON_DATA_REMOTE_CONNECT_TIMEOUT",
+                                                      CONNECT_TIMEOUT)),
+              "read_timeout": float(os.environ.get("GLUON_DATA_REMOTE_READ_TIMEOUT",
+                                                   READ_TIMEOUT)),
+              "retries": {"max_attempts": 1}}
+    config.update(opts.get("config_kwargs") or {})
+    opts["config_kwargs"] = config
+    return opts
+
+
+def _transient(exc: BaseException) -> bool:
+    """Connection refused or reset, timeouts, short reads: worth another try."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError, ChecksumMismatchError)):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError, TruncatedDownloadError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in (errno.ECONNRESET, errno.ECONNREFUSED,
+                                                  errno.ETIMEDOUT, errno.EPIPE):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
+        return True  # s3fs's translation of SlowDown / 503 ServiceUnavailable (throttling)
+    names = {c.__name__ for c in type(exc).__mro__}
+    # botocore.exceptions.ConnectionError/HTTPClientError (ConnectionClosedError: the server
+    # dropped the connection before answering; ReadTimeoutError), ResponseParserError, aiohttp's
+    # client errors, http.client.IncompleteRead: raised by the fsspec backends on a broken
+    # connection. Everything s3fs's own retry loop retried is here: we own the retries.
+    return bool(names & {"ConnectionError", "EndpointConnectionError", "ReadTimeoutError",
+                         "ConnectTimeoutError", "ClientConnectionError", "ClientPayloadError",
+                         "ServerDisconnectedError", "IncompleteRead", "ResponseStreamingError",
+                         "ProtocolError", "ClientOSError", "HTTPClientError",
+                         "ConnectionClosedError", "ResponseParserError"})
+
+
+def attempt_limit(storage_options: Optional[dict] = None, nbytes: int = 0) -> float:
+    """Seconds after which one attempt of a remote call moving ``nbytes`` is cancelled:
+    the connect and read timeouts (``storage_options``' ``config_kwargs`` or the
+    environment) plus ``nbytes`` at :data:`MIN_RATE`."""
+    config = _bounded("s3://", storage_options)["config_kwargs"]
+    rate = float(os.environ.get("GLUON_DATA_REMOTE_MIN_RATE", MIN_RATE))
+    return (float(config["connect_timeout"]) + float(config["read_timeout"])
+            + max(0, int(nbytes)) / rate)
+
+
+def call_bound(retries: Optional[int] = None, backoff: Optional[float] = None,
+               storage_options: Optional[dict] = None, nbytes: int = 0) -> float:
+    """Seconds one remote call moving ``nbytes`` may take at most before it raises
+    (:class:`RemoteConnectionError` once the retries are spent): ``retries + 1`` attempts of
+    at most :func:`attempt_limit` each, plus the backoff sleeps between them. botocore makes
+    one attempt per call and s3fs one try (their own retry loops, with their own sleeps,
+    multiplied the time by 5 and more): every retry is :class:`_Remote`'s, and every attempt
+    of an asynchronous filesystem (s3fs, gcsfs, HTTP) is cancelled at its limit.
+
+    >>> round(call_bound(retries=1, backoff=0.5,
+    ...                  storage_options={"config_kwargs": {"connect_timeout": 1,
+    ...                                                     "read_timeout": 2}}), 2)
+    6.5
+    """
+    retries = RETRIES if retries is None else int(retries)
+    backoff = BACKOFF if backoff is None else float(backoff)
+    return ((retries + 1) * attempt_limit(storage_options, nbytes)
+            + sum(min(10.0, backoff * 2 ** k) for k in range(retries)))
+
+
+_NO_CREDENTIALS = ("%s: no credentials on host %s: each process, a Dask worker included, "
+                   "uses the storage options it was given and its own environment or profile "
+                   "(AWS_ACCESS_KEY_ID..., an instance role); configure the workers, or "
+                   "convert with --forward-credentials (forward_credentials=True) to send "
+                   "this client's")
+
+
+class _Remote:
+    """One storage endpoint: the filesystem (rebuilt lazily in each process) and the retry
+    policy. Pickles as its options only."""
+
+    def __init__(self, storage_options: Optional[dict] = None, retries: Optional[int] = None,
+                 backoff: Optional[float] = None):
+        self.storage_options = dict(storage_options or {})
+        self.retries = RETRIES if retries is None else int(retries)
+        self.backoff = BACKOFF if backoff is None else float(backoff)
+        self._fs: Dict[Tuple[int, str], object] = {}
+
+    def __getstate__(self):
+        return {"storage_options": self.storage_options, "retries": self.retries,
+                "backoff": self.backoff}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def fs(self, uri: str):
+        proto = uri.split("://", 1)[0]
+        key = (os.getpid(), proto)
+        fs = self._fs.get(key)
+        if fs is None:
+            # a fresh instance per process: an async client's event loop does not survive fork
+            fs = filesystem(uri, dict(self.storage_options, skip_instance_cache=True))[0]
+            if hasattr(fs, "retries"):  # s3fs (and gcsfs) retry inside each call, sleeping;
+                fs.retries = 1  # one try each: this class owns every retry (see call_bound)
+            self._fs[key] = fs
+        return fs, fs._strip_protocol(uri)
+
+    def call(self, uri: str, what: str, fn, nbytes: int = 0):
+        """``fn(fs, path, kw)`` with bounded retries; failures become typed errors. ``kw``
+        holds the keyword arguments every filesystem call of ``fn`` passes on: for an
+        asynchronous filesystem, ``timeout`` (fsspec cancels the attempt then; see
+        :func:`attempt_limit`, given the ``nbytes`` the call moves)."""
+        last: Optional[BaseException] = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(10.0, self.backoff * 2 ** (attempt - 1)))
+            try:
+                fs, path = self.fs(uri)
+                kw = ({"timeout": attempt_limit(self.storage_options, nbytes)}
+                      if getattr(fs, "async_impl", False) else {})
+                return fn(fs, path, kw)
+            except FileNotFoundError:
+                raise RemoteNotFoundError("%s: no such object" % what, uri) from None
+            except TruncatedDownloadError as e:  # (a RemoteError, but worth another try)
+                last = e
+            except RemoteError:
+                raise
+            except ImportError:
+                raise
+            except Exception as e:  # noqa: BLE001 - classified below
+                if type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+                    raise RemoteError(_NO_CREDENTIALS % (what, socket.gethostname()),
+                                      uri) from None
+                if not _transient(e):
+                    raise RemoteError("%s failed: %s: %s" % (what, type(e).__name__, e),
+                                      uri) from e
+                last = e
+        if isinstance(last, TruncatedDownloadError):
+            raise TruncatedDownloadError("%s (after %d attempts)" % (last.reason,
+                                                                     self.retries + 1), uri)
+        raise RemoteConnectionError("%s failed after %d attempts: %s: %s"
+                                    % (what, self.retries + 1, type(last).__name__, last),
+                                    uri) from last
+
+    # -- operations ----------------------------------------------------------------------
+    def info(self, uri: str) -> dict:
+        return self.call(uri, "stat", lambda fs, p, kw: fs.info(p, **kw))
+
+    def exists(self, uri: str) -> bool:
+        try:
+            self.info(uri)
+            return True
+        except RemoteNotFoundError:
+            return False
+
+    def cat(self, uri: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
+        """The object's bytes ``[start, end)`` (all of it by default); a short answer to a
+        range is a :class:`TruncatedDownloadError` (retried)."""
+        def get(fs, p, kw):
+            data = fs.cat_file(p, start=start, end=end, **kw)
+            if start is not None and end is not None and len(data) != end - start:
+                raise TruncatedDownloadError("asked for bytes %d..%d, got %d bytes"
+                                             % (start, end, len(data)), uri)
+            return data
+        return self.call(uri, "read" if start is None else "ranged read", get,
+                         nbytes=(end - start) if start is not None and end is not None
+                         else CHUNK_BYTES)
+
+    def download(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> str:
+        """Write the object's ``size`` bytes to ``dest`` in ranged chunks (each retried),
+        check the count and the SHA-256, fsync; returns the SHA-256 of what it wrote. Raises
+        on any mismatch; the caller discards ``dest``."""
+        digest = hashlib.sha256()
+        with open(dest, "r+b") as f:
+            pos = 0
+            while pos < size:
+                end = min(size, pos + CHUNK_BYTES)
+                data = self.cat(uri, pos, end)
+                f.write(data)
+                digest.update(data)
+                pos = end
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+        if sha256 is not None and digest.hexdigest() != sha256:
+            raise ChecksumMismatchError(
+                "downloaded %d bytes with SHA-256 %s, but the dataset records %s: "
+                "the object was modified or damaged after it was written; the copy was "
+                "discarded (re-upload the dataset)" % (size, digest.hexdigest(), sha256), uri)
+        return digest.hexdigest()
+
+    def put_file(self, local: str, uri: str) -> None:
+        self.call(uri, "upload", lambda fs, p, kw: fs.put_file(local, p, **kw),
+                  nbytes=os.path.getsize(local))
+
+    def pipe(self, uri: str, data: bytes) -> None:
+        self.call(uri, "upload", lambda fs, p, kw: fs.pipe_file(p, data, **kw),
+                  nbytes=len(data))
+
+    def rm(self, uri: str) -> None:
+        try:
+            self.call(uri, "delete", lambda fs, p, kw: fs.rm_file(p, **kw))
+        except RemoteNotFoundError:
+            pass

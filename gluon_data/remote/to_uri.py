@@ -1,0 +1,121 @@
+"""Converting into a URI: bucket checks, then convert into staging, then upload."""
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import shutil
+import uuid
+from typing import Optional
+
+
+from ..credentials import forward_options
+from ..errors import OutputError, RemoteError, RemoteNotFoundError
+from ..shards import is_manifest
+from .layout import _join
+from .fs import _Remote
+from .objects import _default_cache_dir
+from .upload import ShardUploader, _NOT_OURS, _commit_names, _remote_is_ours, upload_dataset
+
+
+def check_bucket(remote: "_Remote", output: str) -> None:
+    """Before any conversion: the bucket (the URI's first component) must exist (one HEAD;
+    a :class:`RemoteNotFoundError` naming the bucket otherwise)."""
+    scheme, _, rest = output.partition("://")
+    bucket = rest.split("/", 1)[0]
+    try:
+        remote.info("%s://%s" % (scheme, bucket))
+    except RemoteNotFoundError:
+        raise RemoteNotFoundError("bucket %r does not exist (or these credentials cannot see "
+                                  "it): create it first; nothing was converted" % bucket,
+                                  output) from None
+
+
+def probe_writable(remote: "_Remote", output: str) -> None:
+    """Before any conversion: a uniquely named empty object under the output's folder is
+    written and deleted, so missing write or delete permissions show now, not after the
+    conversion (the :class:`RemoteError` of the failed call, naming the probe)."""
+    name = ".%s.gluon-data-probe-%s" % (posixpath.basename(output), uuid.uuid4().hex[:12])
+    target = _join(output, name)
+    try:
+        remote.pipe(target, b"")
+        remote.rm(target)
+    except RemoteError as e:
+        raise type(e)("cannot write and delete under %s (%s); nothing was converted"
+                      % (output, e.reason), target) from None
+
+
+def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
+                   storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                   overwrite: bool = False, resume: bool = False,
+                   retries: Optional[int] = None, forward_credentials: bool = False,
+                   **convert_options):
+    """:func:`gluon_data.convert.convert` into object storage. Returns the
+    :class:`~gluon_data.convert.ConversionReport` with URIs as outputs.
+
+    A ``.rec`` or an ``.lmdb`` environment is converted into a local staging folder
+    (``CACHE_DIR/staging/<hash of output>/``, kept until the upload completes, so ``resume``
+    continues an interrupted conversion or upload), then uploaded by :func:`upload_dataset`
+    (an LMDB as ``NAME.lmdb/data.mdb`` and its commit document ``NAME.lmdb/meta.json``, last).
+
+    With ``shards``, ``shard_size`` or ``shard_items`` (or a ``.shards.json`` source) the
+    output is sharded (:func:`gluon_data.shards.convert_sharded`), and each shard task writes,
+    verifies and uploads its own shard (:class:`ShardUploader`) where it runs: with
+    ``engine='dask'`` on the worker, staged under the worker's own cache directory, so no
+    shard passes through this machine. Each split's ``.shards.json`` manifest goes up last.
+
+    Examples
+    --------
+    >>> convert_to_uri("VOCdevkit", "s3://bucket/voc.rec", layout="voc",
+    ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
+    """
+    from ..convert import convert
+    output = os.fspath(output).rstrip("/")
+    if forward_credentials:  # this machine's credentials, for the tasks (in memory only)
+        storage_options = forward_options(output, storage_options)
+    remote = _Remote(storage_options, retries)
+    check_bucket(remote, output)
+    # refuse an existing output before any work (the split names are checked again later)
+    if not resume and remote.exists(output):
+        if not overwrite:
+            raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
+                                  "to replace it" % output)
+        commit, marker = _commit_names(output)
+        if not _remote_is_ours(remote, commit, marker):
+            raise OutputError(_NOT_OURS % posixpath.basename(commit), output)
+    cache_root = os.path.abspath(cache_dir or _default_cache_dir())
+    staging = os.path.join(cache_root, "staging",
+                           hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
+    from ..convert.sharded import convert_sharded
+    sharded = is_manifest(os.fspath(source)) or any(
+        convert_options.get(k) is not None for k in ("shards", "shard_size", "shard_items"))
+    if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)
+        probe_writable(remote, output)
+    if not resume and os.path.isdir(staging):
+        shutil.rmtree(staging)  # our own staging folder: a fresh conversion starts clean
+    os.makedirs(staging, exist_ok=True)
+    local = os.path.join(staging, posixpath.basename(output) or "out.rec")
+    if sharded:
+        convert_options.pop("checkpoint_every", None)
+        # the tasks stage and upload their own shards: on a Dask worker under its own cache
+        # directory (this machine's paths mean nothing there), locally under this one's
+        dask = convert_options.get("engine") == "dask"
+        sink = ShardUploader(output, remote, staging=None if dask else os.path.join(
+            cache_root, "staging", "shards"), overwrite=overwrite, resume=resume)
+        try:  # shards resume from their receipts: the client's staging is never kept
+            report = convert_sharded(source, local, layout, overwrite=True, sink=sink,
+                                     forward_credentials=forward_credentials,
+                                     **convert_options)
+            report.outputs = sink.finish(report)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return report
+    for k in ("shards", "shard_size", "shard_items", "engine", "scheduler"):
+        convert_options.pop(k, None)
+    report = convert(source, local, layout, overwrite=True, resume=resume, **convert_options)
+    uris = upload_dataset([report.outputs[s] for s in sorted(report.outputs)], output,
+                          storage_options=storage_options, overwrite=overwrite, resume=resume,
+                          journal=os.path.join(staging, "upload.json"), retries=retries)
+    report.outputs = {s: uris[p] for s, p in report.outputs.items()}
+    shutil.rmtree(staging, ignore_errors=True)
+    return report
