@@ -37,7 +37,7 @@ from .fileio import advise_willneed
 from .store import valid_positions
 
 __all__ = ["META_DB", "MAX_DBS", "LMDB_MAGIC", "KNOWN_DATA_VERSIONS", "KNOWN_LIBRARIES",
-           "PAGES_ENV", "record_key", "direct_reads_refused", "PageReader"]
+           "PAGES_ENV", "record_key", "check_data_file", "direct_reads_refused", "PageReader"]
 
 META_DB = b"__meta__"   # sub-database: split name -> the split's metadata JSON
 MAX_DBS = 64
@@ -65,6 +65,45 @@ _PGNO = struct.Struct("<Q")
 _OVERFLOW_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, number of pages
 
 
+def _read_head(data: str) -> bytes:
+    """The first 128 KB of ``data.mdb``: both meta pages at any page size LMDB allows."""
+    with open(data, "rb") as f:
+        return f.read(2 * 65536)
+
+
+def check_data_file(path: str) -> int:
+    """Refuse a missing, empty or truncated ``data.mdb`` before LMDB maps it (SIGBUS);
+    return the size in bytes its newest meta page needs."""
+    if not os.path.isdir(path):
+        raise FormatError("not an LMDB environment: %s" % ("no such directory"
+                          if not os.path.exists(path) else "not a directory"), path)
+    data = os.path.join(path, "data.mdb")
+    if not os.path.isfile(data):
+        raise FormatError("not an LMDB environment: no data.mdb in it", path)
+    size = os.path.getsize(data)
+    head = _read_head(data)
+    if len(head) < 160:
+        raise FormatError("data.mdb is empty or truncated (%d bytes)" % size, data)
+    magic, = struct.unpack_from("<I", head, _META_MAGIC_AT)
+    if magic != LMDB_MAGIC:
+        raise FormatError("data.mdb has no LMDB meta page (magic 0x%08x)" % magic, data)
+    psize, = struct.unpack_from("<I", head, _META_PSIZE_AT)
+    metas = []
+    for base in (0, psize):
+        at = base + _META_MAGIC_AT
+        if base + 152 <= len(head) and struct.unpack_from("<I", head, at)[0] == LMDB_MAGIC:
+            last_pg, txnid = struct.unpack_from("<QQ", head, base + 136)
+            metas.append((txnid, last_pg))
+    if not metas:
+        raise FormatError("data.mdb meta pages unreadable", data)
+    txnid, last_pg = max(metas)
+    need = (last_pg + 1) * psize
+    if size < need:
+        raise FormatError("data.mdb is truncated: %d bytes, its meta page needs %d; the copy is "
+                          "incomplete" % (size, need), data)
+    return need
+
+
 def direct_reads_refused(path: str, pages: Optional[bool] = None) -> Optional[str]:
     """Why the environment directory ``path`` must be read through py-lmdb only, or
     ``None`` where :class:`PageReader` may read its values: ``pages=False`` or
@@ -78,14 +117,12 @@ def direct_reads_refused(path: str, pages: Optional[bool] = None) -> Optional[st
     if sys.byteorder != "little":
         return "big-endian host"
     try:
-        with open(os.path.join(path, "data.mdb"), "rb") as f:
-            head = f.read(64)
-            psize = struct.unpack_from("<I", head, _META_PSIZE_AT)[0] if len(head) >= 44 else 0
-            f.seek(psize)
-            second = f.read(24) if psize else b""
+        head = _read_head(os.path.join(path, "data.mdb"))
     except OSError as e:
         return "data.mdb unreadable (%s)" % e.strerror
-    for page in (head, second):
+    psize = struct.unpack_from("<I", head, _META_PSIZE_AT)[0] if len(head) >= 44 else 0
+    for base in (0, psize):
+        page = head[base:base + 24] if psize else b""
         if len(page) < 24 or struct.unpack_from("<I", page, _META_MAGIC_AT)[0] != LMDB_MAGIC:
             return "no LMDB meta page"
         version, = struct.unpack_from("<I", page, _META_VERSION_AT)

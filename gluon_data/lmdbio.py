@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -34,9 +33,9 @@ from .documents import load_document
 from .errors import CorruptRecordError, FormatError
 from .fileio import open_or_explain
 from .fsutil import register_sniffer
-from .lmdb_pages import LMDB_MAGIC as _LMDB_MAGIC
 from .lmdb_pages import MAX_DBS as _MAX_DBS
 from .lmdb_pages import META_DB, PageReader, direct_reads_refused, record_key
+from .lmdb_pages import check_data_file as _check_data_file
 from .lmdb_writer import LMDBWriter  # noqa: F401  (gluon_data.lmdbio.LMDBWriter)
 from .store import is_uri, register_opener
 
@@ -52,39 +51,6 @@ def names_lmdb(path: str) -> bool:
     """Whether ``path`` is, or by its ``.lmdb`` suffix is meant to be, an LMDB dataset."""
     path = os.fspath(path)
     return is_lmdb(path) or path.rstrip("/").endswith(".lmdb")
-
-
-def _check_data_file(path: str) -> int:
-    """Refuse a missing, empty or truncated ``data.mdb`` before LMDB maps it (SIGBUS);
-    return the size in bytes its newest meta page needs."""
-    if not os.path.isdir(path):
-        raise FormatError("not an LMDB environment: %s" % ("no such directory"
-                          if not os.path.exists(path) else "not a directory"), path)
-    data = os.path.join(path, "data.mdb")
-    if not os.path.isfile(data):
-        raise FormatError("not an LMDB environment: no data.mdb in it", path)
-    size = os.path.getsize(data)
-    with open(data, "rb") as f:
-        head = f.read(2 * 65536)
-    if len(head) < 160:
-        raise FormatError("data.mdb is empty or truncated (%d bytes)" % size, data)
-    magic, = struct.unpack_from("<I", head, 16)
-    if magic != _LMDB_MAGIC:
-        raise FormatError("data.mdb has no LMDB meta page (magic 0x%08x)" % magic, data)
-    psize, = struct.unpack_from("<I", head, 40)
-    metas = []
-    for base in (0, psize):
-        if base + 152 <= len(head) and struct.unpack_from("<I", head, base + 16)[0] == _LMDB_MAGIC:
-            last_pg, txnid = struct.unpack_from("<QQ", head, base + 136)
-            metas.append((txnid, last_pg))
-    if not metas:
-        raise FormatError("data.mdb meta pages unreadable", data)
-    txnid, last_pg = max(metas)
-    need = (last_pg + 1) * psize
-    if size < need:
-        raise FormatError("data.mdb is truncated: %d bytes, its meta page needs %d; the copy is "
-                          "incomplete" % (size, need), data)
-    return need
 
 
 # A read-only environment's data.mdb can shrink under it (truncated, rewritten in place);
