@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import multiprocessing
 import os
 import shutil
@@ -1095,6 +1096,11 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     cold_results, cold_notes = read_rates(rec, lm, jpg_files, workers, quick, kw, say)
     results.update(cold_results)
     notes.update(cold_notes)
+    spec = importlib.util.spec_from_file_location(  # LMDB / .rec loaders on a slow device
+        "gluon_data_bench_lmdb", os.path.join(os.path.dirname(__file__), "bench_lmdb.py"))
+    bench_lmdb = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_lmdb)  # {} below unless root with a blkio throttle
+    slow = bench_lmdb.slow_device_rows(48 if quick else 240, epochs=1 if quick else 2, say=say)
 
     # -- index -------------------------------------------------------------------------
     say("index ...")
@@ -1162,6 +1168,8 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
                 lower=True)
     for args in _scale_rows(scaled, scale) if scaled else ():
         row(*args)
+    for k, v in slow.items():
+        row(k, v, 0.9 if k.startswith("LMDB / RecordIO") else None)
     for k, v in notes.items():
         say("note (%s): %s" % (k, v))
     return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled,

@@ -13,20 +13,16 @@ reader slot can leak), with one short read transaction per read. Before mapping,
 size is checked against the newest meta page so a truncated ``data.mdb`` raises
 :class:`FormatError` instead of killing the process with SIGBUS.
 
-Cold reads: a record bigger than about half a page lives in LMDB "overflow" pages, and
-py-lmdb touches every 4 KB page of a value it returns; with ``readahead=False`` each touch is
-one device read (~19 per 75 KB record). :class:`LMDBFile` therefore reads such values itself,
-with one ``pread`` of the value's pages from ``data.mdb`` (see :class:`_ValueLocations`).
+Cold reads: values in LMDB's overflow pages (records bigger than about half a page) are
+read by :class:`~gluon_data.lmdb_pages.PageReader`, one ``pread`` per value, where the
+environment's on-disk version is one it knows and it is not switched off
+(``GLUON_DATA_LMDB_PAGES=0``); every other read goes through py-lmdb. The writer lives in
+:mod:`gluon_data.lmdb_writer` (``LMDBWriter`` is importable from here too).
 """
 from __future__ import annotations
 
-import ctypes
 import json
-import mmap
 import os
-import shutil
-import struct
-import sys
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -34,25 +30,17 @@ import lmdb
 import numpy as np
 
 from .documents import load_document
-from .errors import CorruptRecordError, FormatError, OutputError
-from .fileio import advise_willneed, open_or_explain
-from .fsutil import (check_replaceable, exchange_dirs, fsync_dir, register_sniffer,
-                     remove_partial_dir)
-from .meta import dumps_meta
-from .store import is_uri, register_opener, valid_positions
+from .errors import CorruptRecordError, FormatError
+from .fileio import open_or_explain
+from .fsutil import register_sniffer
+from .lmdb_pages import MAX_DBS as _MAX_DBS
+from .lmdb_pages import META_DB, PageReader, direct_reads_refused, record_key
+from .lmdb_pages import check_data_file as _check_data_file
+from .lmdb_writer import LMDBWriter  # noqa: F401  (gluon_data.lmdbio.LMDBWriter)
+from .store import is_uri, register_opener
 
 __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
            "record_key", "shared_env"]
-
-META_DB = b"__meta__"
-_MAX_DBS = 64
-_LMDB_MAGIC = 0xBEEFC0DE
-
-
-def record_key(position: int) -> bytes:
-    """LMDB key of the record at ``position``: zero-padded so byte order is numeric order."""
-    return b"%010d" % position
-
 
 def is_lmdb(path: str) -> bool:
     """Whether ``path`` is an LMDB environment directory (holds a ``data.mdb``)."""
@@ -63,39 +51,6 @@ def names_lmdb(path: str) -> bool:
     """Whether ``path`` is, or by its ``.lmdb`` suffix is meant to be, an LMDB dataset."""
     path = os.fspath(path)
     return is_lmdb(path) or path.rstrip("/").endswith(".lmdb")
-
-
-def _check_data_file(path: str) -> int:
-    """Refuse a missing, empty or truncated ``data.mdb`` before LMDB maps it (SIGBUS);
-    return the size in bytes its newest meta page needs."""
-    if not os.path.isdir(path):
-        raise FormatError("not an LMDB environment: %s" % ("no such directory"
-                          if not os.path.exists(path) else "not a directory"), path)
-    data = os.path.join(path, "data.mdb")
-    if not os.path.isfile(data):
-        raise FormatError("not an LMDB environment: no data.mdb in it", path)
-    size = os.path.getsize(data)
-    with open(data, "rb") as f:
-        head = f.read(2 * 65536)
-    if len(head) < 160:
-        raise FormatError("data.mdb is empty or truncated (%d bytes)" % size, data)
-    magic, = struct.unpack_from("<I", head, 16)
-    if magic != _LMDB_MAGIC:
-        raise FormatError("data.mdb has no LMDB meta page (magic 0x%08x)" % magic, data)
-    psize, = struct.unpack_from("<I", head, 40)
-    metas = []
-    for base in (0, psize):
-        if base + 152 <= len(head) and struct.unpack_from("<I", head, base + 16)[0] == _LMDB_MAGIC:
-            last_pg, txnid = struct.unpack_from("<QQ", head, base + 136)
-            metas.append((txnid, last_pg))
-    if not metas:
-        raise FormatError("data.mdb meta pages unreadable", data)
-    txnid, last_pg = max(metas)
-    need = (last_pg + 1) * psize
-    if size < need:
-        raise FormatError("data.mdb is truncated: %d bytes, its meta page needs %d; the copy is "
-                          "incomplete" % (size, need), data)
-    return need
 
 
 # A read-only environment's data.mdb can shrink under it (truncated, rewritten in place);
@@ -208,23 +163,35 @@ class ProcessEnv:
                             if db_name is not None else None)
         return st[1], dbs[db_name]
 
-    def get_value(self, key: bytes, db_name: Optional[str] = None, *, where=None,
-                  record=None) -> Optional[bytes]:
-        """One short read transaction; handles a map grown by another process."""
+    def run(self, db_name: Optional[str], fn, *, buffers: bool = False, where=None,
+            record=None):
+        """``fn(txn)`` in one short read transaction on sub-database ``db_name``; handles a
+        map grown by another process, and an LMDB error is a :class:`CorruptRecordError`."""
         env, db = self.get(db_name)
         check_mapped(env)
         try:
             try:
-                with env.begin(db=db) as txn:
-                    return txn.get(key)
+                with env.begin(db=db, buffers=buffers) as txn:
+                    return fn(txn)
             except lmdb.MapResizedError:  # another process grew the map: adopt its size
                 env.set_mapsize(0)
-                with env.begin(db=db) as txn:
-                    return txn.get(key)
+                with env.begin(db=db, buffers=buffers) as txn:
+                    return fn(txn)
         except lmdb.Error as e:
             raise CorruptRecordError("LMDB could not read the value (%s: %s)"
                                      % (type(e).__name__, e), where or self.path,
                                      record) from None
+
+    def get_value(self, key: bytes, db_name: Optional[str] = None, *, where=None,
+                  record=None) -> Optional[bytes]:
+        """The value of ``key`` (``None`` if absent), as :meth:`run` reads it."""
+        return self.run(db_name, lambda txn: txn.get(key), where=where, record=record)
+
+    def check(self) -> None:
+        """:func:`check_mapped` on this process's environment (if it is open)."""
+        st = self._state
+        if st is not None and st[0] == os.getpid():
+            check_mapped(st[1])
 
     def __getstate__(self):
         return {"path": self.path}
@@ -257,118 +224,6 @@ def read_lmdb_meta(path: str) -> Dict[str, dict]:
 register_sniffer("lmdb", read_lmdb_meta)  # what fsutil.is_ours(path, "lmdb") asks
 
 
-# LMDB 0.9 on-disk structures read by _ValueLocations (lmdb.h / mdb.c: MDB_page, MDB_node).
-_PAGEHDRSZ = 16            # pgno u64, pad u16, flags u16, lower u16, upper u16 (or pages u32)
-_P_LEAF, _P_OVERFLOW = 0x02, 0x04
-_F_BIGDATA = 0x01          # node data is the u64 number of the value's first overflow page
-_NODE = struct.Struct("<HHHH")  # mn_lo, mn_hi (data size), mn_flags, mn_ksize (little endian)
-_PGNO = struct.Struct("<Q")
-_OVERFLOW_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, number of pages
-
-
-def _address(buf) -> int:
-    """Address of a (read-only) buffer's first byte."""
-    return np.frombuffer(buf, np.uint8).ctypes.data
-
-
-class _ValueLocations:
-    """Where each record's value lies in ``data.mdb``, learnt a leaf page at a time, so a
-    cold value costs one ``pread`` (one device read) instead of a page fault per 4 KB.
-
-    A lookup through LMDB positions a cursor on the key; the leaf page holding it is then in
-    memory, and every node on it names its value's overflow page and size. Those are kept in
-    one ``uint64`` per record (``pgno << 32 | size``, 0 = not known yet), filled lazily, so
-    the ~150 records sharing a leaf cost one lookup together. Values stored inline in the
-    leaf (small records), big-endian hosts and anything that does not parse as expected keep
-    the plain ``txn.get`` path. Every ``pread`` checks the overflow page's own header (its
-    page number, flag and page count) and that the file holds the whole value, so a stale
-    or damaged location is a typed error, never another record's bytes.
-    """
-
-    def __init__(self, n: int, psize: int):
-        self.n, self.psize = n, psize
-        self.table = np.zeros(n, np.uint64)  # untouched pages cost no memory
-        # a leaf page is found from a node's address, which needs the map aligned to psize
-        self.usable = sys.byteorder == "little" and mmap.PAGESIZE % psize == 0
-
-    def learn(self, txn, key: bytes) -> bool:
-        """Position on ``key`` in ``txn`` (``buffers=True``) and record the locations of
-        every value on its leaf page; False if the key is absent."""
-        cur = txn.cursor()
-        if not cur.set_key(key):
-            return False
-        if not self.usable:
-            return True
-        node = _address(cur.key()) - 8
-        psize = self.psize
-        start = node - node % psize
-        page = ctypes.string_at(start, psize)  # resident: LMDB just searched it
-        _, _, flags, lower, _ = struct.unpack_from("<QHHHH", page)
-        count = (lower - _PAGEHDRSZ) // 2
-        if not flags & _P_LEAF or count <= 0 or _PAGEHDRSZ + 2 * count > psize:
-            self.usable = False
-            return True
-        ptrs = struct.unpack_from("<%dH" % count, page, _PAGEHDRSZ)
-        if node - start not in ptrs:  # not the page we think (e.g. map alignment differs)
-            self.usable = False
-            return True
-        table = self.table
-        for ptr in ptrs:
-            if ptr + 8 > psize:
-                continue
-            lo, hi, nflags, ksize = _NODE.unpack_from(page, ptr)
-            if nflags != _F_BIGDATA or ksize != 10 or ptr + 8 + ksize + 8 > psize:
-                continue
-            k = page[ptr + 8:ptr + 18]
-            if not k.isdigit():
-                continue
-            j = int(k)
-            pgno, = _PGNO.unpack_from(page, ptr + 18)
-            if j < self.n and 0 < pgno < (1 << 32):
-                table[j] = (pgno << 32) | (lo | hi << 16)
-        return True
-
-    def read(self, fd: int, loc: int, scratch, where: str, record: int,
-             file_size: int) -> memoryview:
-        """The value at ``loc`` read with one ``pread`` into ``scratch`` (a view of it; a
-        value larger than the buffer: its overflow page's header checked first). The size
-        a leaf node claims is bounded by what the file (``file_size`` bytes) holds from the
-        value's page and by the page count its overflow header gives, before any buffer is
-        allocated for it."""
-        pgno, size = loc >> 32, loc & 0xFFFFFFFF
-        start, need = pgno * self.psize, _PAGEHDRSZ + size
-        if start + need > file_size:
-            raise CorruptRecordError(
-                "the leaf node of key %s claims a %d-byte value at page %d, but data.mdb (%d "
-                "bytes) holds at most %d bytes from there: the file is damaged or truncated"
-                % (record_key(record).decode(), size, pgno, file_size,
-                   max(0, file_size - start - _PAGEHDRSZ)), where, record)
-        view = memoryview(scratch.buf)[:need]
-        got = os.preadv(fd, [view], start)
-        head_pgno, _, flags, pages = _OVERFLOW_HEAD.unpack_from(view) if got >= 16 else (
-            None, 0, 0, 0)
-        if got < len(view):
-            raise CorruptRecordError("data.mdb is truncated: the value of this record needs "
-                                     "bytes %d..%d, the file ends at %d"
-                                     % (start, start + need, start + got), where, record)
-        if head_pgno != pgno or not flags & _P_OVERFLOW or pages * self.psize < need:
-            raise CorruptRecordError("overflow page %d does not hold key %s's value of %d "
-                                     "bytes (page header: number %s, flags 0x%x, %d pages "
-                                     "of %d bytes)" % (pgno, record_key(record).decode(), size,
-                                                       head_pgno, flags, pages, self.psize),
-                                     where, record)
-        if len(view) < need:  # bigger than the buffer: grown now that the header agrees
-            first = len(view)
-            scratch.buf = bytearray(need)
-            scratch.buf[:first] = view
-            view = memoryview(scratch.buf)
-            got = first + os.preadv(fd, [view[first:]], start + first)
-            if got < need:
-                raise CorruptRecordError("data.mdb is truncated: the value of this record "
-                                         "needs bytes %d..%d, the file ends at %d"
-                                         % (start, start + need, start + got), where, record)
-        return view[_PAGEHDRSZ:]
-
 #: The fewest bytes an entry takes in a leaf page: its node header (8), key (10 digits) and
 #: slot (2). A split claiming more entries than ``data.mdb`` can hold so is damaged.
 _MIN_ENTRY_BYTES = 20
@@ -393,6 +248,11 @@ class LMDBFile:
         The ``NAME.lmdb`` directory.
     split : str
         Sub-database to read; :class:`FormatError` lists the available ones if absent.
+    pages : bool, optional
+        ``False``: every read through py-lmdb, never the direct reads of overflow values
+        (:class:`~gluon_data.lmdb_pages.PageReader`); ``None`` (default): direct reads unless
+        ``$GLUON_DATA_LMDB_PAGES`` is ``0`` when the dataset is opened, or the environment's
+        on-disk version is not one the page reader knows (:attr:`pages_refused` says why).
 
     Keys are positions (``key(i) == i``) and records have no byte offset (``offset(i)`` is
     ``None``). The first read in every process (a forked or spawned worker, an unpickled
@@ -407,7 +267,7 @@ class LMDBFile:
     (True, 'val', None)
     """
 
-    def __init__(self, path: str, split: str = "train"):
+    def __init__(self, path: str, split: str = "train", *, pages: Optional[bool] = None):
         self.path = os.fspath(path)
         self.split = split
         env = shared_env(self.path)
@@ -428,33 +288,10 @@ class LMDBFile:
         self._checked_pid = os.getpid()
         self._env = ProcessEnv(self.path)
         self._psize = env.stat()["psize"]
-        self._init_direct()
-
-    def _init_direct(self):
-        self._locations: Optional[_ValueLocations] = None
-        self._fd_pid: Optional[Tuple[int, int, int]] = None
-        self._lock = threading.Lock()
-        self._scratch = threading.local()
-
-    def _fd(self) -> int:
-        """This process's descriptor of ``data.mdb`` for direct value reads, advised
-        ``POSIX_FADV_RANDOM`` so a read fetches the value's pages and no more."""
-        return self._fd_size()[0]
-
-    def _fd_size(self) -> Tuple[int, int]:
-        """``(descriptor, size of data.mdb when it was opened)`` for this process."""
-        cur, pid = self._fd_pid, os.getpid()
-        if cur is not None and cur[1] == pid:
-            return cur[0], cur[2]
-        with self._lock:
-            if self._fd_pid is None or self._fd_pid[1] != pid:
-                fd = os.open(os.path.join(self.path, "data.mdb"),
-                             os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                # one inherited from the parent is left alone
-                self._fd_pid = (fd, pid, os.fstat(fd).st_size)
-            return self._fd_pid[0], self._fd_pid[2]
+        #: why values are read through py-lmdb only (``None``: overflow values read directly)
+        self.pages_refused = direct_reads_refused(self.path, pages)
+        self._pages = (None if self.pages_refused else
+                       PageReader(self.path, split, n, self._psize, self._env))
 
     # -- store protocol ---------------------------------------------------------------
     @property
@@ -504,7 +341,6 @@ class LMDBFile:
 
     def keys(self):
         """Keys of every record in position order (as :meth:`key`)."""
-        import numpy as np
         keys = self.meta.get("record_keys")
         return np.asarray(keys, dtype=np.int64) if keys is not None else np.arange(self._n)
 
@@ -524,21 +360,10 @@ class LMDBFile:
         i = int(i)
         if not 0 <= i < self._n:
             raise IndexError("record %d out of range (%d records)" % (i, self._n))
-        locs = self._locations
-        if locs is None:
-            locs = self._locations = _ValueLocations(self._n, self._psize)
-        loc = int(locs.table[i])
-        if not loc and locs.usable:
-            loc = self._learn(locs, i)
-        if loc:
-            if getattr(self._scratch, "buf", None) is None:
-                self._scratch.buf = bytearray(1 << 20)
-            fd, size = self._fd_size()
-            try:
-                return locs.read(fd, loc, self._scratch, self.path, i, size)
-            except CorruptRecordError:
-                check_mapped(self._env.get(self.split)[0])  # shrunk under us: say so
-                raise
+        if self._pages is not None:
+            v = self._pages.view(i)
+            if v is not None:
+                return v
         k = record_key(i)
         v = self._env.get_value(k, self.split, record=i)
         if v is None:
@@ -549,51 +374,17 @@ class LMDBFile:
     def will_need(self, indices) -> None:
         """Start fetching the values of the records at positions ``indices`` (the batch about
         to be read) into the page cache and return at once: ``posix_fadvise(WILLNEED)`` on
-        each value's pages in ``data.mdb`` (see :func:`~gluon_data.fileio.advise_willneed`),
-        so the device serves them together and each :meth:`read` that follows finds its
-        pages cached (and checks the overflow page header, as always). Locations not known
-        yet are learnt first (one leaf page per ~150 records); values stored inline in the
-        leaf pages are left to the read. Positions out of range are ignored."""
-        pos = valid_positions(indices, self._n)
-        if not pos.size:
+        the overflow pages of each value in ``data.mdb`` (see
+        :meth:`~gluon_data.lmdb_pages.PageReader.will_need`), so the device serves them
+        together and each :meth:`read` that follows finds its pages cached (and checks the
+        overflow page header, as always). Values stored inline in the leaf pages, and every
+        value where direct reads are off, are left to the read. Positions out of range are
+        ignored."""
+        if self._pages is None:
             return
         if self._checked_pid != os.getpid():
             self._check_identity()
-        locs = self._locations
-        if locs is None:
-            locs = self._locations = _ValueLocations(self._n, self._psize)
-        if not locs.usable:
-            return
-        table = locs.table
-        for i in pos[table[pos] == 0].tolist():
-            if not table[i] and locs.usable:
-                self._learn(locs, i)
-        loc = table[pos]
-        loc = loc[loc != 0]
-        if loc.size:
-            starts = (loc >> np.uint64(32)).astype(np.int64) * self._psize
-            sizes = (loc & np.uint64(0xFFFFFFFF)).astype(np.int64) + _PAGEHDRSZ
-            advise_willneed(self._fd(), starts, starts + sizes)
-
-    def _learn(self, locs: _ValueLocations, i: int) -> int:
-        k = record_key(i)
-        env, db = self._env.get(self.split)
-        check_mapped(env)
-        try:
-            try:
-                with env.begin(db=db, buffers=True) as txn:
-                    found = locs.learn(txn, k)
-            except lmdb.MapResizedError:  # another process grew the map: adopt its size
-                env.set_mapsize(0)
-                with env.begin(db=db, buffers=True) as txn:
-                    found = locs.learn(txn, k)
-        except lmdb.Error as e:
-            raise CorruptRecordError("LMDB could not read the value (%s: %s)"
-                                     % (type(e).__name__, e), self.path, i) from None
-        if not found:
-            raise FormatError("record key %r missing from split %r" % (k.decode(), self.split),
-                              self.path, i)
-        return int(locs.table[i])
+        self._pages.will_need(indices)
 
     def scan(self):
         """Every payload in position order, read with one cursor in one read transaction
@@ -618,31 +409,16 @@ class LMDBFile:
             raise FormatError("split %r yielded %d records, its metadata promises %d"
                               % (self.split, n, self._n), self.path)
 
-    def __del__(self):
-        try:
-            cur = self._fd_pid
-            if cur is not None and cur[1] == os.getpid():
-                os.close(cur[0])
-        except Exception:
-            pass
-
     def close(self) -> None:
         """Forget this reader's handles (the shared environment stays for other readers)."""
         self._env = ProcessEnv(self.path)
-        cur, self._fd_pid = self._fd_pid, None
-        if cur is not None and cur[1] == os.getpid():
-            os.close(cur[0])
+        if self._pages is not None:
+            self._pages.close(self._env)
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_checked_pid"] = None  # an unpickled copy checks the identity on first read
-        for k in ("_locations", "_fd_pid", "_lock", "_scratch"):
-            state.pop(k, None)
         return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._init_direct()
 
     def __repr__(self):
         return "LMDBFile(%r, split=%r, %d records)" % (self.path, self.split, self._n)
@@ -688,204 +464,3 @@ def _names_lmdb_store(location: str) -> bool:
 
 
 register_opener(_names_lmdb_store, _open_lmdb, priority=10, splits=_lmdb_splits)
-
-
-class LMDBWriter:
-    """Write one LMDB dataset (several splits) atomically, growing the map as needed.
-
-    Records are buffered and committed every ``commit_every`` puts. When the map is full
-    the transaction is aborted, the map doubled and the *whole* batch replayed, so no put
-    is lost. The environment is built in ``NAME.lmdb.partial`` and renamed on
-    :meth:`publish`.
-    """
-
-    PARTIAL = ".partial"
-    PROGRESS_DB = b"__progress__"
-
-    def __init__(self, path: str, *, overwrite: bool = False, map_size: int = 64 << 20,
-                 commit_every: int = 256, resume: bool = False):
-        self.path = os.fspath(path).rstrip("/")
-        check_replaceable(self.path, "lmdb", overwrite)  # only our own LMDB, never a link
-        self.tmp = self.path + self.PARTIAL
-        if not resume:
-            remove_partial_dir(self.tmp)
-        elif os.path.lexists(self.tmp) and (os.path.islink(self.tmp)
-                                            or not os.path.isdir(self.tmp)):
-            raise OutputError("cannot resume: the partial LMDB environment is not a directory "
-                              "(a link?); rerun without --resume", self.tmp)
-        os.makedirs(self.tmp, exist_ok=True)
-        self.env = lmdb.open(self.tmp, map_size=map_size, max_dbs=_MAX_DBS, subdir=True,
-                             sync=False, metasync=False, writemap=False)
-        self.env.set_mapsize(max(map_size, self.env.info()["map_size"]))
-        self.commit_every = commit_every
-        self.grows = 0
-        self._state = "open"
-
-    def split(self, name: str, resume: Optional[Tuple[int, int]] = None) -> "_SplitWriter":
-        """A writer for split ``name``; ``resume=(count, bytes)`` continues a checkpoint."""
-        if name == META_DB.decode() or not name:
-            raise ValueError("invalid split name %r" % name)
-        return _SplitWriter(self, name, resume)
-
-    @classmethod
-    def read_progress(cls, path: str) -> Optional[bytes]:
-        """The progress document of an interrupted write of ``path``, if there is one."""
-        tmp = os.fspath(path).rstrip("/") + cls.PARTIAL
-        if not os.path.isfile(os.path.join(tmp, "data.mdb")):
-            return None
-        env = lmdb.open(tmp, readonly=True, lock=False, max_dbs=_MAX_DBS, subdir=True)
-        try:
-            try:
-                db = env.open_db(cls.PROGRESS_DB, create=False)
-            except lmdb.NotFoundError:
-                return None
-            with env.begin(db=db) as txn:
-                v = txn.get(b"state")
-                return None if v is None else bytes(v)
-        finally:
-            env.close()
-
-    def _commit(self, db, batch, progress: Optional[bytes] = None) -> None:
-        """Put ``batch`` (and the progress document) in one transaction; on a full map, grow
-        it and replay the whole batch, so nothing is lost and nothing is half-written."""
-        pdb = self.env.open_db(self.PROGRESS_DB) if progress is not None else None
-        while True:
-            try:
-                with self.env.begin(write=True, db=db) as txn:
-                    for k, v in batch:
-                        txn.put(k, v, db=db)
-                    if pdb is not None:
-                        txn.put(b"state", progress, db=pdb)
-                return
-            except lmdb.MapFullError:
-                self.env.set_mapsize(self.env.info()["map_size"] * 2)
-                self.grows += 1
-
-    def put_meta(self, split: str, meta: dict) -> None:
-        self._commit(self.env.open_db(META_DB), [(split.encode(), dumps_meta(meta))])
-
-    def publish(self) -> None:
-        if self._state == "published":
-            return
-        with self.env.begin(write=True) as txn:  # resume bookkeeping does not ship
-            try:
-                txn.drop(self.env.open_db(self.PROGRESS_DB, txn=txn), delete=True)
-            except lmdb.NotFoundError:
-                pass
-        self.env.sync(True)
-        self.env.close()
-        try:  # readers run lock-free; a published dataset is just data.mdb
-            os.remove(os.path.join(self.tmp, "lock.mdb"))
-        except FileNotFoundError:
-            pass
-        self._replace_final()
-        fsync_dir(os.path.dirname(os.path.abspath(self.path)))
-        self._state = "published"
-
-    def suspend(self) -> None:
-        """Close the partial environment and keep it: its committed progress document says
-        where a resume continues."""
-        if self._state in ("published", "aborted", "suspended"):
-            return
-        try:
-            self.env.close()
-        except lmdb.Error:
-            pass
-        self._state = "suspended"
-
-    def _replace_final(self) -> None:
-        """Put the finished environment under the final name. An existing dataset (checked
-        as ours when the writer opened) is swapped out in one atomic exchange, so the final
-        name always holds a complete dataset, then removed; without ``renameat2`` it is moved
-        to a fresh ``NAME.lmdb.old-*`` folder for the instant between two renames. (A
-        directory, so not :func:`~gluon_data.fsutil.atomic_write`, which writes one file;
-        :meth:`publish` syncs the environment first and the parent directory after.)"""
-        if not os.path.lexists(self.path):
-            os.rename(self.tmp, self.path)
-            return
-        if exchange_dirs(self.tmp, self.path):
-            shutil.rmtree(self.tmp)  # now the previous dataset
-            return
-        import tempfile
-        parent, base = os.path.split(os.path.abspath(self.path))
-        old = tempfile.mkdtemp(prefix=base + ".old-", dir=parent)
-        os.rename(self.path, old)  # replaces the empty folder we just made, nothing else
-        try:
-            os.rename(self.tmp, self.path)
-        except BaseException:
-            os.rename(old, self.path)
-            raise
-        shutil.rmtree(old)
-
-    def abort(self) -> None:
-        if self._state in ("published", "aborted"):
-            return
-        try:
-            self.env.close()
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self._state = "aborted"
-
-
-class _SplitWriter:
-    """The RecordWriter interface for one split of an :class:`LMDBWriter`."""
-
-    def __init__(self, parent: LMDBWriter, name: str,
-                 resume: Optional[Tuple[int, int]] = None):
-        self.parent, self.name = parent, name
-        self.db = parent.env.open_db(name.encode())
-        count, nbytes = resume or (0, 0)
-        if resume is not None:  # drop whatever was committed after the checkpoint
-            with parent.env.begin(write=True, db=self.db) as txn:
-                cur = txn.cursor()
-                if cur.set_range(record_key(count)):
-                    while cur.delete():
-                        pass
-        self.count = count
-        self.bytes_written = nbytes
-        self._batch: List[Tuple[bytes, bytes]] = []
-        self._state = "open"
-
-    def write(self, key: int, payload: bytes) -> int:
-        """Append a record (``key`` is ignored: LMDB keys are positions)."""
-        pos = self.count
-        self._batch.append((record_key(pos), bytes(payload)))
-        self.count += 1
-        self.bytes_written += len(payload)
-        if len(self._batch) >= self.parent.commit_every:
-            self._flush()
-        return pos
-
-    def _flush(self, progress: Optional[bytes] = None):
-        if self._batch or progress is not None:
-            self.parent._commit(self.db, self._batch, progress)
-            self._batch = []
-
-    keeps_progress = True  # a conversion's checkpoint commits with the records
-
-    def sync(self) -> Tuple[int, int]:
-        """``(count, bytes)``, the argument ``resume`` takes to continue from here; the
-        records up to it become durable with the next :meth:`checkpoint`."""
-        return self.count, self.bytes_written
-
-    def checkpoint(self, progress: bytes) -> None:
-        """Commit the buffered records together with ``progress`` (atomically)."""
-        self._flush(progress)
-
-    def finish(self, meta: Optional[dict] = None) -> None:
-        self._flush()
-        if meta is not None:
-            self.parent.put_meta(self.name, dict(meta, container="lmdb"))
-        self._state = "finished"
-
-    def publish(self) -> None:
-        self.parent.publish()
-        self._state = "published"
-
-    def suspend(self) -> None:
-        self.parent.suspend()
-        self._state = "suspended"
-
-    def abort(self) -> None:
-        self.parent.abort()
-        self._state = "aborted"

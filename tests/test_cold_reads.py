@@ -48,7 +48,7 @@ def test_direct_reads_equal_lmdb_values(big_voc, tmp_path):
     ref = _values(_copy(out, tmp_path))
     assert [got[i] for i in range(len(f))] == ref
     assert min(len(v) for v in ref) > 8192  # overflow values: the direct path ran
-    assert int(f._locations.table.astype(bool).sum()) == len(f)
+    assert int(f._pages.locations.table.astype(bool).sum()) == len(f)
     with pytest.raises(IndexError):
         f.read(len(f))
 
@@ -73,8 +73,8 @@ def test_truncated_value_is_a_typed_error(big_voc, tmp_path):
     convert(big_voc, out, "voc", split="train")
     f = LMDBFile(out, "train")
     f.read(0)  # locations learnt, environment open
-    last = max(range(len(f)), key=lambda i: int(f._locations.table[i]) >> 32)
-    start = (int(f._locations.table[last]) >> 32) * f._psize
+    last = max(range(len(f)), key=lambda i: int(f._pages.locations.table[i]) >> 32)
+    start = (int(f._pages.locations.table[last]) >> 32) * f._psize
     data = os.path.join(out, "data.mdb")
     with open(data, "r+b") as fh:  # cut into the last value's pages only
         fh.truncate(start + 100)
@@ -88,7 +88,7 @@ def test_wrong_location_is_a_typed_error(big_voc, tmp_path):
     f = LMDBFile(out, "train")
     f.read(0)
     f.read(1)
-    table = f._locations.table
+    table = f._pages.locations.table
     table[0] = table[1] + np.uint64(1 << 32)  # one page into another value: no page header
     with pytest.raises(CorruptRecordError, match="overflow page"):
         f.read(0)
