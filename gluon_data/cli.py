@@ -14,9 +14,10 @@ from functools import partial
 import numpy as np
 from typing import List, Optional
 
-from . import __version__
-from .codec import DEFAULT_MAX_PIXELS
+from . import __version__, codec
+from .errors import FormatError, GluonDataError
 from .remote import convert_to_uri, parse_storage_options
+from .shards import is_manifest, read_manifest
 from .sources import DEFAULT_MAX_FILE_BYTES
 from .store import is_uri, open_store, store_splits
 
@@ -71,7 +72,6 @@ def _cmd_convert(a) -> int:
     """``gluon-data convert``: write shards (``--shards``...), import a legacy LMDB layout,
     copy a dataset between containers (``.rec`` <-> ``.lmdb``, or one container re-written),
     or convert a source layout."""
-    from .shards import is_manifest
     if (a.shards is not None or a.shard_size is not None or a.shard_items is not None
             or is_manifest(a.source)):
         return _convert_sharded(a)
@@ -153,8 +153,6 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
     """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens;
     a URI with ``remote`` options, read by ranged GETs: the metadata and, for a stock file,
     the index and a few records)."""
-    from . import codec
-    from .shards import is_manifest, read_manifest
     opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
     if is_manifest(path) and not is_uri(path):
         doc = read_manifest(path)
@@ -194,7 +192,6 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
 
 
 def _load_meta(path: str, split=None, remote: Optional[dict] = None) -> dict:
-    from .errors import FormatError
     opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
     meta = open_store(path, split, **opts).meta
     if meta is None:
@@ -460,7 +457,7 @@ def _convert_source(c) -> None:
     c.add_argument("--masks-dir", default="masks", help="pairs layout: masks folder")
     c.add_argument("--root", help="lst layout: folder the listed paths are relative to "
                                   "(default: the .lst's folder)")
-    c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+    c.add_argument("--max-pixels", type=int, default=codec.DEFAULT_MAX_PIXELS,
                    help="refuse images larger than this many pixels (decoded, and after "
                         "--resize)")
     c.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
@@ -668,7 +665,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         return bench.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .errors import GluonDataError
     old = _catch_sigterm()
     try:
         code = args.func(args)
