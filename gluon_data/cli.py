@@ -9,11 +9,19 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 
 import numpy as np
 from typing import List, Optional
 
-__all__ = ["main"]
+from . import __version__, codec
+from .errors import FormatError, GluonDataError
+from .remote import convert_to_uri, parse_storage_options
+from .shards import is_manifest, read_manifest
+from .sources import DEFAULT_MAX_FILE_BYTES
+from .store import is_uri, open_store, store_splits
+
+__all__ = ["main", "storage_option_parser"]
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -47,20 +55,16 @@ def _shape_arg(value: str):
 
 def _remote(a) -> dict:
     """RemoteStore options from ``--storage-option`` (empty for local paths)."""
-    from .store import is_uri
     path = getattr(a, "path", None) or getattr(a, "output", None)
     if path is None or not is_uri(path):
         return {}
-    from .remote import parse_storage_options
     return {"storage_options": parse_storage_options(getattr(a, "storage_option", None))}
 
 
 def _source_options(a) -> Optional[dict]:
     """Remote store options for a dataset SOURCE at a URI (``--storage-option``)."""
-    from .store import is_uri
     if not is_uri(a.source):
         return None
-    from .remote import parse_storage_options
     return {"storage_options": parse_storage_options(getattr(a, "storage_option", None))}
 
 
@@ -68,7 +72,6 @@ def _cmd_convert(a) -> int:
     """``gluon-data convert``: write shards (``--shards``...), import a legacy LMDB layout,
     copy a dataset between containers (``.rec`` <-> ``.lmdb``, or one container re-written),
     or convert a source layout."""
-    from .shards import is_manifest
     if (a.shards is not None or a.shard_size is not None or a.shard_items is not None
             or is_manifest(a.source)):
         return _convert_sharded(a)
@@ -93,8 +96,6 @@ def _cmd_convert(a) -> int:
                               source_options=_source_options(a))
     else:  # a source layout, or any source into object storage (a dataset: copied there)
         if _remote(a):  # into object storage: converted locally, then uploaded (metadata last)
-            from functools import partial
-            from .remote import convert_to_uri
             convert = partial(convert_to_uri, **_remote(a))
         report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
                          shuffle=a.shuffle, seed=a.seed, encoding=a.encoding,
@@ -113,11 +114,8 @@ def _cmd_convert(a) -> int:
 def _convert_sharded(a) -> int:
     from .shards import convert_sharded
     if _remote(a):  # into object storage: each shard task uploads its shard, manifest last
-        from functools import partial
-        from .remote import convert_to_uri
         convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
     if a.forward_credentials:
-        from functools import partial
         convert_sharded = partial(convert_sharded, forward_credentials=True)
     report = convert_sharded(a.source, a.output, a.layout, shards=a.shards,
                              shard_size=a.shard_size, shard_items=a.shard_items,
@@ -155,9 +153,6 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
     """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens;
     a URI with ``remote`` options, read by ranged GETs: the metadata and, for a stock file,
     the index and a few records)."""
-    from . import codec
-    from .shards import is_manifest, read_manifest
-    from .store import is_uri, open_store, store_splits
     opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
     if is_manifest(path) and not is_uri(path):
         doc = read_manifest(path)
@@ -197,8 +192,6 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
 
 
 def _load_meta(path: str, split=None, remote: Optional[dict] = None) -> dict:
-    from .errors import FormatError
-    from .store import is_uri, open_store
     opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
     meta = open_store(path, split, **opts).meta
     if meta is None:
@@ -221,7 +214,6 @@ def _cmd_stats(a) -> int:
 def _cmd_show(a) -> int:
     from .datasets import SegmentationDataset, open_segmentation
     from .preview import render_preview
-    from .store import open_store
     remote = _remote(a)
     ds = (SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged")),
                               ignore_value=None) if remote  # a URI: ranged reads
@@ -342,24 +334,69 @@ def _cmd_demo(a) -> int:
     return 0 if res["ok"] else 1
 
 
+def _parent(*parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False, parents=list(parents))
+
+
+def storage_option_parser() -> argparse.ArgumentParser:
+    """``--storage-option KEY=VALUE`` (repeatable), as a parent parser: every command that
+    reads or writes a URI declares it through this, and so does the training recipe
+    (``ArgumentParser(parents=[storage_option_parser()])``). The values are read by
+    :func:`gluon_data.remote.parse_storage_options`."""
+    p = _parent()
+    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="fsspec storage option for a URI (repeatable), e.g. "
+                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
+                        "standard environment or profile")
+    return p
+
+
+def _dataset_parser(note: str = "") -> argparse.ArgumentParser:
+    """PATH, a dataset to read (local or at a URI), and the URI's ``--storage-option``."""
+    p = _parent(storage_option_parser())
+    p.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
+                                "manifest" + note)
+    return p
+
+
+def _split_parser(help: str = "LMDB split (default: train)") -> argparse.ArgumentParser:
+    """``--split``: the LMDB split to read."""
+    p = _parent()
+    p.add_argument("--split", help=help)
+    return p
+
+
+def _json_parser(note: str = "") -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--json", action="store_true", help="print JSON" + note)
+    return p
+
+
+def _command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    return sub.add_parser(name, formatter_class=_Formatter, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-    from .codec import DEFAULT_MAX_PIXELS
-    from .sources import DEFAULT_MAX_FILE_BYTES
     p = argparse.ArgumentParser(prog="gluon-data", formatter_class=_Formatter,
                                 description="Pack image datasets into MXNet RecordIO or "
                                             "LMDB and inspect them.")
     p.add_argument("--version", action="version", version="gluon_data %s" % __version__)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    for add in (_add_convert, _add_info, _add_stats, _add_show, _add_verify, _add_salvage,
+                _add_bench, _add_demo):
+        add(sub)
+    return p
 
-    c = sub.add_parser("convert", formatter_class=_Formatter,
-                       help="pack a folder or .lst into .rec/.idx/.meta.json",
-                       description="Pack a source into RecordIO or LMDB. Layouts: pairs "
-                                   "(images/ + masks/), voc, ade20k, cityscapes, imagefolder, lst (im2rec list), "
-                                   "raw-lmdb (the classic <split>_data/<split>_label recipe), "
-                                   "caffe-lmdb (convert_imageset). A .rec or .lmdb source is "
-                                   "copied into the other container.")
+
+def _add_convert(sub) -> None:
+    c = _command(sub, "convert", parents=[storage_option_parser()],
+                 help="pack a folder or .lst into .rec/.idx/.meta.json",
+                 description="Pack a source into RecordIO or LMDB. Layouts: pairs "
+                             "(images/ + masks/), voc, ade20k, cityscapes, imagefolder, "
+                             "lst (im2rec list), raw-lmdb (the classic <split>_data/<split>_label recipe), "
+                             "caffe-lmdb (convert_imageset). A .rec or .lmdb source is "
+                             "copied into the other container.")
     c.add_argument("source", help="source folder, .lst file (--layout lst), or a .rec / .lmdb "
                                   "/ .shards.json dataset to copy into the other container "
                                   "(also at a URI: s3://bucket/x.rec, read through the cache)")
@@ -378,6 +415,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="move this fraction of the items into a 'val' split")
     c.add_argument("--shuffle", action="store_true", help="shuffle items (with --seed)")
     c.add_argument("--seed", type=int, default=0, help="seed for --shuffle")
+    _convert_writing(c)
+    _convert_source(c)
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    _convert_sharding(c)
+    c.set_defaults(func=_cmd_convert)
+
+
+def _convert_writing(c) -> None:
+    """How ``convert`` encodes and writes: encodings, workers, replacing, resuming, errors."""
     c.add_argument("--encoding", choices=["passthrough", "jpg", "png", "raw"],
                    default="passthrough",
                    help="keep the original image bytes, re-encode, or store decoded arrays "
@@ -400,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "are kept on any rerun); the result equals an uninterrupted run")
     c.add_argument("--on-error", choices=["fail", "skip"], default="fail",
                    help="on a bad item: abort writing nothing, or skip it and report it")
+
+
+def _convert_source(c) -> None:
+    """How ``convert`` reads its source: labels, layout folders, limits, raw-lmdb shapes."""
     c.add_argument("--classes", help="class names: comma separated, or a file with one per line")
     c.add_argument("--num-classes", type=int, help="number of classes (mask ids 0..N-1)")
     c.add_argument("--ignore-label", type=int, default=255, help="mask value for 'unlabelled'")
@@ -407,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--masks-dir", default="masks", help="pairs layout: masks folder")
     c.add_argument("--root", help="lst layout: folder the listed paths are relative to "
                                   "(default: the .lst's folder)")
-    c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+    c.add_argument("--max-pixels", type=int, default=codec.DEFAULT_MAX_PIXELS,
                    help="refuse images larger than this many pixels (decoded, and after "
                         "--resize)")
     c.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
@@ -424,11 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--channels-first", action="store_true",
                    help="raw-lmdb: images are stored C,H,W")
     c.add_argument("--bgr", action="store_true", help="raw-lmdb: image channels are BGR")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
-    c.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
-                   help="fsspec storage option for a URI (repeatable), e.g. "
-                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
-                        "standard environment or profile")
+
+
+def _convert_sharding(c) -> None:
     g = c.add_argument_group("sharding", "write N self-contained shards plus a manifest "
                                          "OUTPUT_PREFIX.shards.json, one task per shard; a "
                                          "rerun skips finished shards")
@@ -445,82 +493,65 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send this machine's S3 credentials, endpoint and region (from its "
                         "environment or profile) to the shard tasks, in memory; by default "
                         "each worker uses its own environment")
-    c.set_defaults(func=_cmd_convert)
 
-    i = sub.add_parser("info", formatter_class=_Formatter,
-                       help="task, record count, classes, image sizes, format version")
-    i.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
-                                    "manifest")
-    i.add_argument("--json", action="store_true", help="print JSON")
-    i.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
-                   help="fsspec storage option for a URI (repeatable), e.g. "
-                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
-                        "standard environment or profile")
+
+def _add_info(sub) -> None:
+    i = _command(sub, "info", parents=[_dataset_parser(), _json_parser()],
+                 help="task, record count, classes, image sizes, format version")
     i.set_defaults(func=_cmd_info)
 
-    st = sub.add_parser("stats", formatter_class=_Formatter,
-                        help="class pixel counts, image counts, class weights, mean/std")
-    st.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
-                                    "manifest")
-    st.add_argument("--split", help="LMDB split (default: train)")
-    st.add_argument("--json", action="store_true", help="print JSON (weights as lists)")
-    st.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
-                   help="fsspec storage option for a URI (repeatable), e.g. "
-                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
-                        "standard environment or profile")
+
+def _add_stats(sub) -> None:
+    st = _command(sub, "stats", parents=[_dataset_parser(), _split_parser(),
+                                         _json_parser(" (weights as lists)")],
+                  help="class pixel counts, image counts, class weights, mean/std")
     st.set_defaults(func=_cmd_stats)
 
-    sh = sub.add_parser("show", formatter_class=_Formatter,
-                        help="write a PNG of a sample: image, mask overlay and class legend")
-    sh.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
-                                    "manifest "
-                                    "(segmentation)")
+
+def _add_show(sub) -> None:
+    sh = _command(sub, "show", parents=[_dataset_parser(" (segmentation)"), _split_parser()],
+                  help="write a PNG of a sample: image, mask overlay and class legend")
     sh.add_argument("--index", type=int, default=0, help="record position")
     sh.add_argument("--out", default="sample.png",
                     help="output PNG (an existing image file is replaced; any other file or a "
                          "link is refused)")
-    sh.add_argument("--split", help="LMDB split (default: train)")
     sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity")
-    sh.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
-                   help="fsspec storage option for a URI (repeatable), e.g. "
-                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
-                        "standard environment or profile")
     sh.set_defaults(func=_cmd_show)
 
-    v = sub.add_parser("verify", formatter_class=_Formatter,
-                       help="check structure, index, counts and every checksum (--deep: decode)")
-    v.add_argument("path", help=".rec file or URI (s3://...), .lmdb directory or .shards.json "
-                                    "manifest")
+
+def _add_verify(sub) -> None:
+    v = _command(sub, "verify",
+                 parents=[_dataset_parser(), _split_parser("LMDB: only this split")],
+                 help="check structure, index, counts and every checksum (--deep: decode)")
     v.add_argument("--deep", action="store_true",
                    help="also decode every image and mask and check mask ids")
-    v.add_argument("--split", help="LMDB: only this split")
-    v.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
-                   help="fsspec storage option for a URI (repeatable), e.g. "
-                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
-                        "standard environment or profile")
     v.set_defaults(func=_cmd_verify)
 
-    sv = sub.add_parser("salvage", formatter_class=_Formatter,
-                        help="rebuild a lost or short .idx by scanning the .rec")
+
+def _add_salvage(sub) -> None:
+    sv = _command(sub, "salvage", help="rebuild a lost or short .idx by scanning the .rec")
     sv.add_argument("path", help=".rec file (a shard manifest, an LMDB, a URI or a folder is "
                                  "refused, nothing touched: salvage each shard's .rec)")
     sv.add_argument("--overwrite", action="store_true",
                     help="replace an existing .idx (kept as .idx.bak)")
     sv.set_defaults(func=_cmd_salvage)
 
+
+def _add_bench(sub) -> None:
     if bench_path() is not None:  # a source checkout; an installed wheel has no harness
         sub.add_parser("bench", help="benchmark our loaders against the baselines (see "
                                      "`gluon-data bench --help`)", add_help=False)
 
-    d = sub.add_parser("demo", formatter_class=_Formatter,
-                       help="generate a VOC-style sample, pack it, read it through a DataLoader")
+
+def _add_demo(sub) -> None:
+    d = _command(sub, "demo",
+                 help="generate a VOC-style sample, pack it, read it through a DataLoader")
     d.add_argument("--workdir", help="keep the files here (default: a temporary folder)")
     d.add_argument("--num-images", type=int, default=96, help="images to generate")
     d.add_argument("--workers", type=int, default=2, help="conversion and DataLoader workers")
     d.add_argument("--batch-size", type=int, default=8, help="DataLoader batch size")
     d.add_argument("--epochs", type=int, default=2, help="passes over the data")
     d.set_defaults(func=_cmd_demo)
-    return p
 
 
 class _Terminated(KeyboardInterrupt):
@@ -634,7 +665,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         return bench.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .errors import GluonDataError
     old = _catch_sigterm()
     try:
         code = args.func(args)

@@ -173,45 +173,59 @@ def launch_local(command: Sequence[str], num_workers: int = 2, num_servers: int 
     if num_workers < 1 or num_servers < 1:
         raise ValueError("a dist job needs >= 1 worker and >= 1 server, got %d and %d"
                          % (num_workers, num_servers))
-    root, *ports = _free_ports(1 + num_servers + num_workers, host)
-    base = {"PYTHONUNBUFFERED": "1"}
-    base.update(os.environ)
-    base.update(env or {})
-    procs: List[subprocess.Popen] = []
-    readers: List[_Reader] = []
-    lock = threading.Lock()
+    nodes = _Nodes(num_workers, num_servers, host, env, stream)
     deadline = time.monotonic() + timeout
-
-    def say(text):
-        if stream is not None:
-            with lock:
-                stream.write("[launch] %s\n" % text)
-                stream.flush()
-
-    def start(role, name, argv):
-        # ps-lite ranks the nodes of a role by their port (PORT): ascending = start order
-        node = dict(dmlc_env(role, num_workers, num_servers, root, host),
-                    **({"PORT": str(ports.pop(0))} if role != "scheduler" else {}))
-        procs.append(subprocess.Popen(
-            argv, env=dict(base, **node), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True))
-        readers.append(_Reader(procs[-1], name, stream, lock))
-        readers[-1].start()
-
     try:
-        start("scheduler", "scheduler", [python, "-c", NODE])
+        nodes.start("scheduler", "scheduler", [python, "-c", NODE])
         for i in range(num_servers):
-            start("server", "server %d" % i, [python, "-c", NODE])
-        first = len(procs)
+            nodes.start("server", "server %d" % i, [python, "-c", NODE])
+        first = len(nodes.procs)
         for i in range(num_workers):
-            start("worker", "worker %d" % i, list(command))
-        _wait(procs, readers, first, deadline, timeout, say)
+            nodes.start("worker", "worker %d" % i, list(command))
+        _wait(nodes.procs, nodes.readers, first, deadline, timeout, nodes.say)
         return [WorkerResult(i, p.returncode if p.returncode is not None else -9,
-                             readers[first + i].output()) for i, p in enumerate(procs[first:])]
+                             nodes.readers[first + i].output())
+                for i, p in enumerate(nodes.procs[first:])]
     finally:
-        for p in procs:
+        nodes.close()
+
+
+class _Nodes:
+    """The processes of one local job: each started with its DMLC environment on a free
+    port, its output read by a :class:`_Reader`; :meth:`close` kills and reaps them all."""
+
+    def __init__(self, num_workers: int, num_servers: int, host: str,
+                 env: Optional[Dict[str, str]], stream: Optional[TextIO]):
+        self.num_workers, self.num_servers, self.host = num_workers, num_servers, host
+        self.root, *self.ports = _free_ports(1 + num_servers + num_workers, host)
+        self.base = {"PYTHONUNBUFFERED": "1"}
+        self.base.update(os.environ)
+        self.base.update(env or {})
+        self.stream = stream
+        self.procs: List[subprocess.Popen] = []
+        self.readers: List[_Reader] = []
+        self.lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        if self.stream is not None:
+            with self.lock:
+                self.stream.write("[launch] %s\n" % text)
+                self.stream.flush()
+
+    def start(self, role: str, name: str, argv: List[str]) -> None:
+        # ps-lite ranks the nodes of a role by their port (PORT): ascending = start order
+        node = dict(dmlc_env(role, self.num_workers, self.num_servers, self.root, self.host),
+                    **({"PORT": str(self.ports.pop(0))} if role != "scheduler" else {}))
+        self.procs.append(subprocess.Popen(
+            argv, env=dict(self.base, **node), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True))
+        self.readers.append(_Reader(self.procs[-1], name, self.stream, self.lock))
+        self.readers[-1].start()
+
+    def close(self) -> None:
+        for p in self.procs:
             _kill(p)
-        for r in readers:
+        for r in self.readers:
             r.join(5)
             r.proc.stdout.close()
 

@@ -105,17 +105,8 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
     _check_is_rec(rec_path)
     idx_path = os.fspath(idx_path or idx_path_for(rec_path))
     gdx = idx_path + BINARY_INDEX_SUFFIX
-    # Everything salvage may write is checked before anything is: only our own files are
-    # replaced, nothing through a link (fsutil's rule).
-    check_replaceable(idx_path, "idx", overwrite, option="overwrite=True (CLI: --overwrite; "
-                      "the old one is kept as .idx.bak)")
-    check_replaceable(idx_path + ".bak", "idx", True)
-    check_replaceable(gdx, "gdx", True)
     mp = meta_path(rec_path)
-    if os.path.lexists(mp):
-        check_replaceable(mp, "meta", True)
-        check_replaceable(mp + ".bak", "meta", True)
-    check_disjoint([idx_path, idx_path + ".bak", gdx, mp, mp + ".bak"], [rec_path])
+    _check_targets(rec_path, idx_path, gdx, mp, overwrite)
     try:
         meta = read_meta(rec_path)
     except GluonDataError:
@@ -123,34 +114,10 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
     seg = None if meta is None else meta["task"] == "segmentation"
     require = meta is not None and meta.get("checksum") == "crc32-id2"
     report = SalvageReport(rec_path, idx_path, file_size=os.path.getsize(rec_path))
-    offsets = []
-    with open(rec_path, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if report.file_size else b""
-        try:
-            for item in scan_records(buf, seg, require):
-                if len(item) == 3:
-                    report.damaged.append((item[0], item[1]))
-                else:
-                    offsets.append(item[0])
-        finally:
-            if report.file_size:
-                buf.close()
+    offsets = _scan(rec_path, seg, require, report)
     report.records = len(offsets)
     if report.damaged and report.damaged[-1][1] == report.file_size:
-        # Unreadable bytes at the end (a writer killed mid-record): move them aside, so the
-        # .rec ends with its last intact record and readers accept the rebuilt index.
-        if os.path.islink(rec_path):
-            raise OutputError("the damaged tail must be cut from this .rec, but it is a "
-                              "symbolic link (to %s) and gluon-data never writes through one: "
-                              "salvage the real file" % os.readlink(rec_path), rec_path)
-        start = report.damaged[-1][0]
-        with open(rec_path, "r+b") as f:
-            f.seek(start)
-            tail = f.read()
-            report.tail_moved_to = _write_unique(rec_path + ".damaged-tail", tail)
-            f.truncate(start)  # in place (the tail is saved above): no temporary + rename
-            f.flush()
-            os.fsync(f.fileno())
+        _cut_damaged_tail(rec_path, report)
     text = "".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)).encode("ascii")
     if os.path.exists(idx_path):
         with open(idx_path, "rb") as f:
@@ -168,6 +135,54 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
                               "damaged_ranges": [list(r) for r in report.damaged]})
         atomic_write(mp, dumps_meta(meta))
     return report
+
+
+def _check_targets(rec_path: str, idx_path: str, gdx: str, mp: str, overwrite: bool) -> None:
+    """Everything salvage may write is checked before anything is: only our own files are
+    replaced, nothing through a link (fsutil's rule)."""
+    check_replaceable(idx_path, "idx", overwrite, option="overwrite=True (CLI: --overwrite; "
+                      "the old one is kept as .idx.bak)")
+    check_replaceable(idx_path + ".bak", "idx", True)
+    check_replaceable(gdx, "gdx", True)
+    if os.path.lexists(mp):
+        check_replaceable(mp, "meta", True)
+        check_replaceable(mp + ".bak", "meta", True)
+    check_disjoint([idx_path, idx_path + ".bak", gdx, mp, mp + ".bak"], [rec_path])
+
+
+def _scan(rec_path: str, seg, require: bool, report: SalvageReport) -> List[int]:
+    """The offsets of the intact records of ``rec_path``; damaged byte ranges are added to
+    ``report.damaged``."""
+    offsets = []
+    with open(rec_path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if report.file_size else b""
+        try:
+            for item in scan_records(buf, seg, require):
+                if len(item) == 3:
+                    report.damaged.append((item[0], item[1]))
+                else:
+                    offsets.append(item[0])
+        finally:
+            if report.file_size:
+                buf.close()
+    return offsets
+
+
+def _cut_damaged_tail(rec_path: str, report: SalvageReport) -> None:
+    """Unreadable bytes at the end (a writer killed mid-record): move them aside, so the
+    .rec ends with its last intact record and readers accept the rebuilt index."""
+    if os.path.islink(rec_path):
+        raise OutputError("the damaged tail must be cut from this .rec, but it is a "
+                          "symbolic link (to %s) and gluon-data never writes through one: "
+                          "salvage the real file" % os.readlink(rec_path), rec_path)
+    start = report.damaged[-1][0]
+    with open(rec_path, "r+b") as f:
+        f.seek(start)
+        tail = f.read()
+        report.tail_moved_to = _write_unique(rec_path + ".damaged-tail", tail)
+        f.truncate(start)  # in place (the tail is saved above): no temporary + rename
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _check_is_rec(path: str) -> None:

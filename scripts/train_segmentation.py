@@ -43,6 +43,7 @@ from mxnet.gluon.data.vision import transforms
 from tqdm import tqdm
 
 from gluon_data import DistributedSampler, SegmentationBatchify
+from gluon_data.cli import storage_option_parser
 from gluon_data.datasets import SegmentationDataset
 from gluon_data.remote import parse_storage_options
 from gluon_data.store import is_uri, open_store
@@ -55,7 +56,8 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=_Formatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_Formatter,
+                                parents=[storage_option_parser()])  # as the CLI's commands
     p.add_argument("--data", required=True, help="training .rec or .lmdb (path or URI)")
     p.add_argument("--split", default="train", help="LMDB split to train on")
     p.add_argument("--val-data", help="validation .rec or .lmdb (evaluated in 'val' mode)")
@@ -104,10 +106,6 @@ def parse_args(argv=None):
     p.add_argument("--log-dir", help="write rank<R>.json (results) and samples.rank<R>.jsonl "
                                      "(every trained sample: epoch, index, pad, checksums; "
                                      "flushed every batch)")
-    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
-                   help="fsspec storage option for a URI (repeatable), e.g. "
-                        "endpoint_url=http://127.0.0.1:9000; credentials come from the "
-                        "standard environment or profile")
     p.add_argument("--cache-dir", help="local cache of a URI's files (default: the gluon_data "
                                        "cache, $GLUON_DATA_CACHE_DIR)")
     p.add_argument("--cache-limit", help="bound on the cache's size, e.g. 20GB")

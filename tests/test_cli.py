@@ -53,3 +53,28 @@ def test_demo_runs_end_to_end(tmp_path):
     p = cli("demo", "--workdir", str(tmp_path), "--num-images", "24", "--epochs", "2")
     assert "OK: 18 records read 2 times through DataLoader(num_workers=2)" in p.stdout
     assert os.path.exists(tmp_path / "voc_train.rec")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_storage_option_is_one_parent_parser_shared_by_the_commands_and_the_recipe():
+    """Every command that reads or writes a URI, and the training recipe, take
+    --storage-option from one declaration, the public parent parser."""
+    import argparse
+
+    from gluon_data.cli import build_parser, storage_option_parser
+    from gluon_data.remote import parse_storage_options
+    a = argparse.ArgumentParser(parents=[storage_option_parser()]).parse_args(
+        ["--storage-option", "anon=true", "--storage-option", "endpoint_url=http://h:1"])
+    assert parse_storage_options(a.storage_option) == {"anon": True,
+                                                       "endpoint_url": "http://h:1"}
+    subs = next(x for x in build_parser()._actions
+                if isinstance(x, argparse._SubParsersAction)).choices
+    want = storage_option_parser()._option_string_actions["--storage-option"]
+    for name in ("convert", "info", "stats", "show", "verify"):
+        got = subs[name]._option_string_actions["--storage-option"]
+        assert (got.help, got.metavar, type(got)) == (want.help, want.metavar, type(want)), name
+    for rel in ("gluon_data/cli.py", "scripts/train_segmentation.py"):
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            assert f.read().count('"--storage-option", action=') == (rel.endswith("cli.py")), rel

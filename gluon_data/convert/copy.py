@@ -158,20 +158,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
                          % output)
     _check_output(output, outputs.name)
     t0 = time.perf_counter()
-    sources: Dict[str, Tuple[object, dict]] = {}
-    if is_uri(source):
-        sources = _uri_sources(source, split, dict(source_options or {}))
-    elif is_lmdb(source):
-        metas = read_lmdb_meta(source)
-        names = split.split(",") if split else sorted(metas)
-        for s in names:
-            f = LMDBFile(source, s)  # raises listing the available splits
-            sources[s] = (f, f.meta)
-    else:
-        meta = read_meta(source)
-        f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
-        meta = meta or _stock_meta(source, len(f))
-        sources[meta.get("split") or "train"] = (f, meta)
+    sources = _open_sources(source, split, source_options)
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(sources)))
     check_disjoint(dataset_files(*report.outputs.values(), container=outputs.name),
                    dataset_files(source))
@@ -182,22 +169,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
         writers = outputs.open(output, list(sources), overwrite)
         for s, (f, meta) in sources.items():
             w = writers[s]
-            keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
-            meta = {k: v for k, v in meta.items() if k not in CONTAINER_KEYS}
-            task_seg = meta["task"] == "segmentation"
-            # ours, but written before header ids were always the keys (an LMDB from a .lst
-            # without record_keys, or items skipped): the header ids are the true keys
-            id_keys = (keys is None and meta.get("checksum") == "crc32-id2"
-                       and not ids_are_keys(meta, "lmdb" if f.split is not None else "rec"))
-            for i in range(len(f)):
-                payload = f.read(i)
-                rec = codec.unpack(payload, segmentation=task_seg, verify=True,
-                                   path=f.location, key=f.key(i), offset=f.offset(i))
-                key = keys[i] if keys is not None else rec.id if id_keys else f.key(i)
-                w.write(key, payload)
-            meta = outputs.copy_meta(meta, [f.key(i) for i in range(len(f))]
-                                     if keys is None else list(keys))
-            w.finish(meta)
+            _copy_split(f, meta, w, outputs)
             report.written[s] = w.count
             report.bytes_written += w.bytes_written
         for w in writers.values():
@@ -209,3 +181,44 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
             lock.release()
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _open_sources(source: str, split: Optional[str],
+                  source_options: Optional[dict]) -> Dict[str, Tuple[object, dict]]:
+    """``{split: (store, meta)}``: the splits of a dataset to copy, at a URI, an LMDB or a
+    ``.rec`` (a stock one given classification metadata)."""
+    if is_uri(source):
+        return _uri_sources(source, split, dict(source_options or {}))
+    sources: Dict[str, Tuple[object, dict]] = {}
+    if is_lmdb(source):
+        metas = read_lmdb_meta(source)
+        names = split.split(",") if split else sorted(metas)
+        for s in names:
+            f = LMDBFile(source, s)  # raises listing the available splits
+            sources[s] = (f, f.meta)
+    else:
+        meta = read_meta(source)
+        f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
+        meta = meta or _stock_meta(source, len(f))
+        sources[meta.get("split") or "train"] = (f, meta)
+    return sources
+
+
+def _copy_split(f, meta: dict, w, outputs) -> None:
+    """Copy the records of one split, ``f``, into writer ``w``, each payload verified and
+    kept byte for byte under its key; then finish ``w`` with the split's metadata."""
+    keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
+    meta = {k: v for k, v in meta.items() if k not in CONTAINER_KEYS}
+    task_seg = meta["task"] == "segmentation"
+    # ours, but written before header ids were always the keys (an LMDB from a .lst
+    # without record_keys, or items skipped): the header ids are the true keys
+    id_keys = (keys is None and meta.get("checksum") == "crc32-id2"
+               and not ids_are_keys(meta, "lmdb" if f.split is not None else "rec"))
+    for i in range(len(f)):
+        payload = f.read(i)
+        rec = codec.unpack(payload, segmentation=task_seg, verify=True,
+                           path=f.location, key=f.key(i), offset=f.offset(i))
+        key = keys[i] if keys is not None else rec.id if id_keys else f.key(i)
+        w.write(key, payload)
+    w.finish(outputs.copy_meta(meta, [f.key(i) for i in range(len(f))]
+                               if keys is None else list(keys)))

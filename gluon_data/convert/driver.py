@@ -208,6 +208,30 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                             overwrite=overwrite, progress=progress,
                             source_options=source_options)
     t0 = time.perf_counter()
+    src, classes, num_classes, plan, report = _open_and_plan(
+        source, layout, output, outputs, split=split, images_dir=images_dir,
+        masks_dir=masks_dir, lst_root=lst_root, follow_symlinks=follow_symlinks,
+        classes=classes, num_classes=num_classes, val_ratio=val_ratio, shuffle=shuffle,
+        seed=seed, on_error=on_error)
+    opts, options = encode_options(
+        src, num_classes, encoding=encoding, quality=quality, resize=resize,
+        ignore_label=ignore_label, max_pixels=max_pixels, mask_encoding=mask_encoding,
+        max_file_bytes=max_file_bytes, shuffle=shuffle, seed=seed, val_ratio=val_ratio,
+        on_error=on_error)
+    return _drive_plan(src, plan, opts, options, classes, num_classes, report, output,
+                       outputs, source=source, workers=workers, overwrite=overwrite,
+                       on_error=on_error, resume=resume, checkpoint_every=checkpoint_every,
+                       progress=progress, t0=t0)
+
+
+def _open_and_plan(source: str, layout: Optional[str], output: str, outputs, *,
+                   split: Optional[str], images_dir: str, masks_dir: str,
+                   lst_root: Optional[str], follow_symlinks: bool,
+                   classes: Optional[Sequence[str]], num_classes: Optional[int],
+                   val_ratio: float, shuffle: bool, seed: int, on_error: str):
+    """The planning of :func:`convert`: ``(src, classes, num_classes, plan, report)``, the
+    source opened, its classes resolved and its items split, and the report naming the
+    outputs (checked disjoint from the source files) with the source's problems taken."""
     try:
         src = open_source(source, layout, split=split, images_dir=images_dir,
                           masks_dir=masks_dir, lst_root=lst_root,
@@ -223,11 +247,14 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     if not any(plan.values()):
         raise ConversionError("source holds no items to convert (layout %r)" % src.layout,
                               source)
-    opts, options = encode_options(
-        src, num_classes, encoding=encoding, quality=quality, resize=resize,
-        ignore_label=ignore_label, max_pixels=max_pixels, mask_encoding=mask_encoding,
-        max_file_bytes=max_file_bytes, shuffle=shuffle, seed=seed, val_ratio=val_ratio,
-        on_error=on_error)
+    return src, classes, num_classes, plan, report
+
+
+def _drive_plan(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions, options: dict,
+                classes, num_classes, report: ConversionReport, output: str, outputs,
+                **run) -> ConversionReport:
+    """Hand a planned conversion to :func:`~.loop.drive`: one job list per split, each
+    split's metadata made from the source and the plan; ``run``: drive's run options."""
     seg = src.task == "segmentation"
     splits = {s: SplitJobs(len(items), partial(_from, list(enumerate(items))),
                            partial(_item_key, items),
@@ -242,9 +269,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
 
     return drive(output, outputs, splits, partial(_work, opts=opts),
                  digest=_plan_digest(src, plan, opts, options), root=src.root, options=options,
-                 report=report, finish_meta=finish_meta, source=source, workers=workers,
-                 overwrite=overwrite, on_error=on_error, resume=resume,
-                 checkpoint_every=checkpoint_every, progress=progress, t0=t0)
+                 report=report, finish_meta=finish_meta, **run)
 
 
 def _from(jobs: list, start: int) -> list:
