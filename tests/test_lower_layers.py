@@ -10,7 +10,8 @@ import gluon_data
 PKG = os.path.dirname(gluon_data.__file__)
 # the modules below the converters and the datasets' views
 LOWER = ("errors", "fileio", "documents", "meta", "store", "fsutil", "cache", "codec",
-         "recordio", "lmdbio", "legacy", "datasets", "salvage", "stats", "sample")
+         "recindex", "recordio", "recwriter", "lmdbio", "legacy", "datasets", "salvage", "stats",
+         "sample")
 
 
 def _imports(name):
