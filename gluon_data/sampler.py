@@ -12,12 +12,15 @@ Nothing here imports MXNet.
 from __future__ import annotations
 
 import operator
-from typing import Iterator, Optional, Tuple
+import warnings
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["SampleKey", "split_key", "sample_rng", "epoch_order", "DistributedSampler",
-           "DistributedBatchSampler"]
+from .orders import _count, _merged, _pieces, _positions, block_order, epoch_order
+
+__all__ = ["SampleKey", "split_key", "sample_rng", "epoch_order", "block_order",
+           "DistributedSampler", "DistributedBatchSampler", "BlockShuffleSampler"]
 
 
 class SampleKey(int):
@@ -84,30 +87,7 @@ def sample_rng(seed: int, epoch: Optional[int], index: int) -> np.random.Generat
 
 
 _STATE_VERSION = 1
-
-
-def _count(name: str, value, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``, or a ValueError naming the parameter."""
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError("%s must be an integer, got %r" % (name, value)) from None
-    if number < minimum:
-        raise ValueError("%s must be >= %d, got %d" % (name, minimum, number))
-    return number
-
-
-def epoch_order(length: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
-    """The global sample order of ``epoch``: a permutation of ``range(length)`` that depends on
-    ``(seed, epoch)`` only, never on the number of replicas (``shuffle=False``: ``arange``).
-
-    It draws from its own stream (``SeedSequence([seed, epoch], spawn_key=(1,))``), distinct
-    from every sample's :func:`sample_rng` stream."""
-    if not shuffle:
-        return np.arange(length, dtype=np.int64)
-    sequence = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, int(epoch)],
-                                      spawn_key=(1,))
-    return np.random.default_rng(sequence).permutation(length).astype(np.int64, copy=False)
+_BLOCK_STATE = ("part_sizes", "parts_per_block")  # in the states of a block-local order only
 
 
 class DistributedSampler:
@@ -129,8 +109,19 @@ class DistributedSampler:
     With ``drop_last=True`` the incomplete global step is dropped instead (every batch is
     full; those samples are skipped this epoch).
 
+    **Block-local order** (``part_sizes``: records per part, e.g. ``store.parts()`` of a
+    sharded or remote store). ``P`` is then :func:`block_order`: the parts in a seeded order,
+    ``parts_per_block`` at a time shuffled together, block after block. The samples left in
+    the pass are cut into ``num_replicas`` contiguous runs of ``P``, one per rank (the sizes
+    the steps above give each rank), which each rank reads in order, in batches of
+    ``batch_size``: a rank reads whole parts one after another (a part is split only where a
+    run ends), so it downloads only its own shards, each once, and holds one block at a time.
+    Pads (the same count, in the last batch) repeat the rank's own last samples backwards.
+    A batch then mixes at most two blocks: convert with ``--shuffle`` and raise
+    ``parts_per_block`` for more mixing.
+
     **Resume.** The state is one number, the global samples consumed (plus the epoch and what
-    identifies the order). ``state_dict(batches_done=k)`` after ``k`` batches of a pass,
+    identifies the order; with ``part_sizes`` also the ranges of ``P`` not yet read). ``state_dict(batches_done=k)`` after ``k`` batches of a pass,
     restored with ``load_state_dict`` -- also into a sampler with another ``num_replicas`` or
     ``batch_size`` -- continues with exactly the samples not yet seen.
 
@@ -158,6 +149,10 @@ class DistributedSampler:
         Yield :class:`SampleKey` (an ``int`` carrying the epoch and pad flag), which every
         dataset accepts as an index. ``False`` yields plain ``int`` indexes (datasets then
         cannot tell epochs apart; use :meth:`batch_sampler` keys for the pad flags).
+    part_sizes : sequence of int, optional
+        Records per part in store order (summing to ``length``): block-local order.
+    parts_per_block : int, default 1
+        Parts shuffled together in the block-local order.
 
     Examples
     --------
@@ -173,11 +168,15 @@ class DistributedSampler:
     >>> t.load_state_dict(state)                     # 7 left: one step of 6, then 1 + 2 pads
     >>> len(t), t.num_batches, t.epoch
     (3, 2, 3)
+    >>> b = DistributedSampler(10, num_replicas=2, rank=1, part_sizes=[4, 4, 2], seed=0)
+    >>> [int(k) for k in b] == b.order()[5:].tolist()   # rank 1: the second half of P
+    True
     """
 
     def __init__(self, length: int, num_replicas: int = 1, rank: int = 0,
                  shuffle: bool = True, seed: int = 0, batch_size: int = 1,
-                 drop_last: bool = False, keys: bool = True):
+                 drop_last: bool = False, keys: bool = True,
+                 part_sizes: Optional[Sequence[int]] = None, parts_per_block: int = 1):
         self.length = _count("length", length, 0)
         self.num_replicas = _count("num_replicas", num_replicas, 1)
         self.rank = _count("rank", rank, 0)
@@ -192,6 +191,14 @@ class DistributedSampler:
         self.epoch = 0
         self.consumed = 0
         self._order: Optional[Tuple[int, np.ndarray]] = None
+        self.parts_per_block = _count("parts_per_block", parts_per_block, 1)
+        self.part_sizes: Optional[List[int]] = None
+        if part_sizes is not None:
+            self.part_sizes = [_count("part size", n, 0) for n in part_sizes]
+            if sum(self.part_sizes) != self.length:
+                raise ValueError("part_sizes sum to %d records, but length is %d"
+                                 % (sum(self.part_sizes), self.length))
+        self._remaining = [[0, self.length]]  # block-local order: the ranges of P not read
 
     # -- constructors -----------------------------------------------------------------------
     @classmethod
@@ -228,6 +235,7 @@ class DistributedSampler:
         epoch = _count("epoch", epoch, 0)
         if epoch != self.epoch:
             self.epoch, self.consumed = epoch, 0
+            self._remaining = [[0, self.length]]
 
     def state_dict(self, batches_done: int = 0) -> dict:
         """The position after this rank (and so every rank) finished ``batches_done`` batches
@@ -243,8 +251,24 @@ class DistributedSampler:
                              % (batches_done, total))
         consumed = (self.length if batches_done == total else
                     self.consumed + batches_done * self.num_replicas * self.batch_size)
-        return {"version": _STATE_VERSION, "epoch": self.epoch, "consumed": consumed,
-                "length": self.length, "seed": self.seed, "shuffle": self.shuffle}
+        state = {"version": _STATE_VERSION, "epoch": self.epoch, "consumed": consumed,
+                 "length": self.length, "seed": self.seed, "shuffle": self.shuffle}
+        if self.part_sizes is not None:
+            left = [] if batches_done == total else self._left_after(batches_done)
+            state.update(part_sizes=list(self.part_sizes), parts_per_block=self.parts_per_block,
+                         remaining=left)
+        return state
+
+    def _left_after(self, batches_done: int) -> List[List[int]]:
+        """The ranges of ``P`` no rank has read after ``batches_done`` batches of this pass
+        (the block-local order), the dropped tail of ``drop_last`` included."""
+        starts, counts, _ = self._runs()
+        done, left = batches_done * self.batch_size, []
+        for a, m in zip(starts.tolist(), counts.tolist()):
+            left += _pieces(self._remaining, a + min(done, m), a + m)
+        left += _pieces(self._remaining, int(starts[-1] + counts[-1]),
+                        self.length - self.consumed)
+        return _merged(left)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, possibly of a job with another
@@ -260,25 +284,50 @@ class DistributedSampler:
         if state["version"] != _STATE_VERSION:
             raise ValueError("sampler state version %r is not supported (supported: %d)"
                              % (state["version"], _STATE_VERSION))
-        for name in ("length", "seed", "shuffle"):
-            if state[name] != getattr(self, name):
+        blocks = self.part_sizes is not None
+        for name in ("length", "seed", "shuffle", "part_sizes", "parts_per_block"):
+            want = getattr(self, name) if blocks or name not in _BLOCK_STATE else None
+            if state.get(name) != want:
                 raise ValueError(
                     "sampler state is for %s=%r but this sampler has %s=%r: the sample "
                     "order would differ, so the run could not continue with exactly the "
-                    "unseen samples" % (name, state[name], name, getattr(self, name)))
+                    "unseen samples" % (name, state.get(name), name, want))
         consumed = _count("consumed", state["consumed"], 0)
         if consumed > self.length:
             raise ValueError("sampler state consumed %d samples of a dataset of %d"
                              % (consumed, self.length))
+        remaining = [[0, self.length]]
+        if self.part_sizes is not None:
+            remaining = self._check_remaining(state.get("remaining"), consumed)
         self.epoch = _count("epoch", state["epoch"], 0)
         self.consumed = consumed
+        self._remaining = remaining
+
+    def _check_remaining(self, ranges, consumed: int) -> List[List[int]]:
+        """The ``remaining`` ranges of a block-local state, checked: sorted, disjoint, inside
+        the order, ``length - consumed`` positions in all."""
+        try:
+            out = [[operator.index(a), operator.index(b)] for a, b in ranges]
+        except (TypeError, ValueError):
+            raise ValueError("sampler state: remaining must be a list of [start, end] "
+                             "ranges, got %r" % (ranges,)) from None
+        ends = [0] + [b for _, b in out]
+        if any(not e <= a < b <= self.length for (a, b), e in zip(out, ends)) \
+                or sum(b - a for a, b in out) != self.length - consumed:
+            raise ValueError("sampler state: remaining %r is not %d unread positions of an "
+                             "order of %d" % (out, self.length - consumed, self.length))
+        return out
 
     # -- the plan ---------------------------------------------------------------------------
     def order(self) -> np.ndarray:
         """The global order ``P`` of the current epoch (cached)."""
         if self._order is None or self._order[0] != self.epoch:
-            self._order = (self.epoch, epoch_order(self.length, self.seed, self.epoch,
-                                                   self.shuffle))
+            if self.part_sizes is None:
+                order = epoch_order(self.length, self.seed, self.epoch, self.shuffle)
+            else:
+                order = block_order(self.part_sizes, self.seed, self.epoch, self.shuffle,
+                                    self.parts_per_block)[0]
+            self._order = (self.epoch, order)
         return self._order[1]
 
     def _shape(self) -> Tuple[int, int]:
@@ -300,8 +349,33 @@ class DistributedSampler:
         full, tail = self._shape()
         return full * self.batch_size + tail
 
+    def _runs(self) -> Tuple[np.ndarray, np.ndarray, int]:
+        """Block-local order: (where each rank's run starts among the samples left, its
+        samples, samples per rank with pads): every rank reads the samples the steps above
+        would give it, but as one contiguous run."""
+        full, tail = self._shape()
+        counts = np.full(self.num_replicas, full * self.batch_size, dtype=np.int64)
+        if tail:
+            rest = self.length - self.consumed - full * self.num_replicas * self.batch_size
+            counts += np.clip(rest - np.arange(self.num_replicas) * tail, 0, tail)
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        return starts, counts, full * self.batch_size + tail
+
+    def _block_positions(self) -> Tuple[np.ndarray, np.ndarray]:
+        starts, counts, n = self._runs()
+        a, m = int(starts[self.rank]), int(counts[self.rank])
+        real = _positions(self._remaining, a, a + m)
+        pad = n - m
+        if pad:  # the rank's own samples backwards (before its run: a rank with none)
+            left = self.length - self.consumed
+            source = real if m else _positions(self._remaining, max(0, left - pad), left)
+            real = np.concatenate([real, source[::-1][np.arange(pad) % len(source)]])
+        return self.order()[real], np.arange(n) >= m
+
     def positions(self) -> Tuple[np.ndarray, np.ndarray]:
         """This rank's pass as ``(indexes, pad)`` arrays (dataset indexes, pad flags)."""
+        if self.part_sizes is not None:
+            return self._block_positions()
         order = self.order()
         full, tail = self._shape()
         step, b, r = self.num_replicas * self.batch_size, self.batch_size, self.rank
@@ -332,10 +406,13 @@ class DistributedSampler:
         return DistributedBatchSampler(self)
 
     def __repr__(self) -> str:
-        return ("DistributedSampler(length=%d, num_replicas=%d, rank=%d, batch_size=%d, "
-                "shuffle=%s, seed=%d, drop_last=%s, epoch=%d, consumed=%d)"
-                % (self.length, self.num_replicas, self.rank, self.batch_size, self.shuffle,
-                   self.seed, self.drop_last, self.epoch, self.consumed))
+        parts = "" if self.part_sizes is None else ", parts=%d, parts_per_block=%d" % (
+            len(self.part_sizes), self.parts_per_block)
+        return ("%s(length=%d, num_replicas=%d, rank=%d, batch_size=%d, "
+                "shuffle=%s, seed=%d, drop_last=%s, epoch=%d, consumed=%d%s)"
+                % (type(self).__name__, self.length, self.num_replicas, self.rank,
+                   self.batch_size, self.shuffle, self.seed, self.drop_last, self.epoch,
+                   self.consumed, parts))
 
 
 class DistributedBatchSampler:
@@ -365,3 +442,40 @@ def _no_world(options: dict) -> None:
     if clash:
         raise TypeError("%s come from the launcher here; do not pass %s"
                         % (" and ".join(clash), ", ".join(clash)))
+
+
+class BlockShuffleSampler(DistributedSampler):
+    """Deprecated: ``DistributedSampler(sum(part_sizes), part_sizes=part_sizes,
+    parts_per_block=k, seed=seed)``, which this is with one rank (and which also takes
+    ``num_replicas``, ``rank``, ``batch_size`` and resumes from ``state_dict``).
+
+    A seeded, shard-local order: the parts (shards) in a seeded permutation, the records of
+    each block of ``parts_per_block`` parts shuffled together, block after block, so an
+    epoch needs ``parts_per_block`` shards at a time, each read once; a pure function of
+    ``(seed, epoch, part sizes)`` (see :func:`block_order`).
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore", DeprecationWarning)
+    ...     s = BlockShuffleSampler([3, 3, 2], seed=0)
+    >>> s.set_epoch(1)
+    >>> sorted(int(k) for k in s) == list(range(8)), len(s), len(s.blocks())
+    (True, 8, 3)
+    """
+
+    def __init__(self, part_sizes: Sequence[int], shuffle: bool = True, seed: int = 0,
+                 parts_per_block: int = 1):
+        warnings.warn("BlockShuffleSampler is deprecated: use gluon_data.DistributedSampler("
+                      "sum(part_sizes), part_sizes=part_sizes, parts_per_block=k), which is "
+                      "also rank-aware and resumable", DeprecationWarning, stacklevel=2)
+        sizes = [_count("part size", n, 0) for n in part_sizes]
+        super().__init__(sum(sizes), shuffle=shuffle, seed=seed, part_sizes=sizes,
+                         parts_per_block=parts_per_block)
+
+    def blocks(self) -> List[np.ndarray]:
+        """This epoch's order, block by block (arrays of record indexes)."""
+        order, bounds = block_order(self.part_sizes, self.seed, self.epoch, self.shuffle,
+                                    self.parts_per_block)
+        return [order[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
