@@ -75,6 +75,6 @@ def test_storage_option_is_one_parent_parser_shared_by_the_commands_and_the_reci
     for name in ("convert", "info", "stats", "show", "verify"):
         got = subs[name]._option_string_actions["--storage-option"]
         assert (got.help, got.metavar, type(got)) == (want.help, want.metavar, type(want)), name
-    for rel in ("gluon_data/cli.py", "scripts/train_segmentation.py"):
+    for rel in ("gluon_data/cli/parser.py", "scripts/train_segmentation.py"):
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
-            assert f.read().count('"--storage-option", action=') == (rel.endswith("cli.py")), rel
+            assert f.read().count('"--storage-option", action=') == (rel.endswith("parser.py")), rel

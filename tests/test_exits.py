@@ -66,7 +66,7 @@ def _run(cmd, timeout, **kw):
 # ---------------------------------------------------------------- workers and SIGTERM
 _STUCK_WORKER = textwrap.dedent("""
     import ctypes, multiprocessing as mp, os, signal, sys, threading, time
-    from gluon_data import cli
+    from gluon_data.cli import signals as cli
 
     def stuck(flag):
         open(flag, "w").close()

@@ -16,6 +16,11 @@ ALLOWED_INSIDE = {("gluon_data.remote.to_uri", "gluon_data.convert"),
                   ("gluon_data.remote.upload", "gluon_data.convert.sharded")}
 
 
+def _is_cli(module: str) -> bool:
+    """The command line loads each command's modules on first use (a fast ``--help``)."""
+    return module == "gluon_data.cli" or module.startswith("gluon_data.cli.")
+
+
 def test_no_import_circle_in_the_package():
     mods = report._modules()
     graph, _, _ = report._graph(mods)
@@ -26,6 +31,6 @@ def test_no_import_circle_in_the_package():
 
 def test_imports_of_our_modules_inside_functions_are_only_the_lazy_ones():
     _, inside, _ = report._graph(report._modules())
-    extra = [(m, line, found) for m, line, found in inside if m != "gluon_data.cli"
+    extra = [(m, line, found) for m, line, found in inside if not _is_cli(m)
              and not all((m, f) in ALLOWED_INSIDE for f in found)]
     assert extra == [], extra

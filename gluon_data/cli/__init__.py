@@ -1,0 +1,54 @@
+"""The ``gluon-data`` command: thin subcommands over the library functions.
+
+:mod:`.parser` builds the command line, :mod:`.commands` runs each command,
+:mod:`.signals` decides how it ends, :mod:`.bench` loads the benchmark harness of a
+source checkout."""
+from __future__ import annotations
+
+import signal
+import sys
+from typing import List, Optional
+
+from ..errors import GluonDataError
+from .bench import BENCH_MODULE, bench_path, load_bench  # noqa: F401
+from .commands import describe, run_demo  # noqa: F401
+from .parser import build_parser, storage_option_parser
+from .signals import _Terminated, _catch_sigterm, _stdout_closed
+
+__all__ = ["main", "storage_option_parser"]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its own parser: benchmarks/bench.py
+        bench = load_bench()
+        if bench is None:
+            print("gluon-data: error: `gluon-data bench` runs from a source checkout (its "
+                  "harness, benchmarks/bench.py, is not part of the installed package): "
+                  "`bash scripts/run.sh gluon-data bench` there, or set GLUON_DATA_BENCH to "
+                  "the harness's path", file=sys.stderr)
+            return 2
+        return bench.main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    old = _catch_sigterm()
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not as the interpreter exits
+        return code
+    except (GluonDataError, OSError, ValueError, ImportError) as e:
+        if isinstance(e, BrokenPipeError) and _stdout_closed():
+            return 141  # as a Unix tool stopped by SIGPIPE: quietly
+        print("gluon-data: error: %s" % e, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print("gluon-data: %s%s" % ("terminated" if isinstance(e, _Terminated) else
+                                    "interrupted",
+                                    "; rerun the same command with --resume to continue"
+                                    if args.command == "convert" else ""), file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+

@@ -1,0 +1,308 @@
+"""The subcommands: thin functions over the library, one per command."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from functools import partial
+
+import numpy as np
+from typing import Optional
+
+from .. import codec
+from ..errors import FormatError
+from ..remote import convert_to_uri, parse_storage_options
+from ..shards import is_manifest, read_manifest
+from ..store import is_uri, open_store, store_splits
+
+
+def _classes_arg(value: Optional[str]):
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return [ln.strip() for ln in f if ln.strip()]
+    return [c.strip() for c in value.split(",") if c.strip()]
+
+
+def _remote(a) -> dict:
+    """RemoteStore options from ``--storage-option`` (empty for local paths)."""
+    path = getattr(a, "path", None) or getattr(a, "output", None)
+    if path is None or not is_uri(path):
+        return {}
+    return {"storage_options": parse_storage_options(getattr(a, "storage_option", None))}
+
+
+def _source_options(a) -> Optional[dict]:
+    """Remote store options for a dataset SOURCE at a URI (``--storage-option``)."""
+    if not is_uri(a.source):
+        return None
+    return {"storage_options": parse_storage_options(getattr(a, "storage_option", None))}
+
+
+def _cmd_convert(a) -> int:
+    """``gluon-data convert``: write shards (``--shards``...), import a legacy LMDB layout,
+    copy a dataset between containers (``.rec`` <-> ``.lmdb``, or one container re-written),
+    or convert a source layout."""
+    if (a.shards is not None or a.shard_size is not None or a.shard_items is not None
+            or is_manifest(a.source)):
+        return _convert_sharded(a)
+    if a.engine != "local" or a.scheduler or a.forward_credentials:
+        raise ValueError("--engine/--scheduler/--forward-credentials are for shard tasks: add "
+                         "--shards, --shard-size or "
+                         "--shard-items")
+    from ..convert import convert, copy_dataset, import_lmdb, is_dataset
+    every = int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64"))
+    if a.layout in ("raw-lmdb", "caffe-lmdb"):
+        report = import_lmdb(a.source, a.output, a.layout, split=a.split,
+                             image_shape=a.image_shape, mask_shape=a.mask_shape,
+                             channels_first=a.channels_first, bgr=a.bgr, encoding=a.encoding,
+                             quality=a.quality, classes=_classes_arg(a.classes),
+                             num_classes=a.num_classes, ignore_label=a.ignore_label,
+                             format=a.format, overwrite=a.overwrite, on_error=a.on_error,
+                             max_pixels=a.max_pixels, progress=not a.quiet, workers=a.workers,
+                             resume=a.resume, checkpoint_every=every)
+    elif is_dataset(a.source) and not _remote(a):
+        report = copy_dataset(a.source, a.output, split=a.split, format=a.format,
+                              overwrite=a.overwrite, progress=not a.quiet,
+                              source_options=_source_options(a))
+    else:  # a source layout, or any source into object storage (a dataset: copied there)
+        if _remote(a):  # into object storage: converted locally, then uploaded (metadata last)
+            convert = partial(convert_to_uri, **_remote(a))
+        report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
+                         shuffle=a.shuffle, seed=a.seed, encoding=a.encoding,
+                         quality=a.quality, mask_encoding=a.mask_encoding, resize=a.resize,
+                         workers=a.workers, overwrite=a.overwrite, on_error=a.on_error,
+                         classes=_classes_arg(a.classes), num_classes=a.num_classes,
+                         ignore_label=a.ignore_label, images_dir=a.images_dir,
+                         masks_dir=a.masks_dir, lst_root=a.root, max_pixels=a.max_pixels,
+                         format=a.format, resume=a.resume, progress=not a.quiet,
+                         follow_symlinks=a.follow_symlinks, max_file_bytes=a.max_file_bytes,
+                         checkpoint_every=every, source_options=_source_options(a))
+    print(report)
+    return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
+
+
+def _convert_sharded(a) -> int:
+    from ..shards import convert_sharded
+    if _remote(a):  # into object storage: each shard task uploads its shard, manifest last
+        convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
+    if a.forward_credentials:
+        convert_sharded = partial(convert_sharded, forward_credentials=True)
+    report = convert_sharded(a.source, a.output, a.layout, shards=a.shards,
+                             shard_size=a.shard_size, shard_items=a.shard_items,
+                             engine=a.engine, scheduler=a.scheduler, workers=a.workers,
+                             format=a.format, split=a.split, val_ratio=a.val_ratio,
+                             shuffle=a.shuffle, seed=a.seed, encoding=a.encoding,
+                             quality=a.quality, resize=a.resize, mask_encoding=a.mask_encoding,
+                             on_error=a.on_error, classes=_classes_arg(a.classes),
+                             num_classes=a.num_classes, ignore_label=a.ignore_label,
+                             images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
+                             max_pixels=a.max_pixels, follow_symlinks=a.follow_symlinks,
+                             max_file_bytes=a.max_file_bytes, overwrite=a.overwrite,
+                             progress=not a.quiet, source_options=_source_options(a))
+    for e in report.shards:
+        print("  %-6s shard %3d  %-36s %7d records %11d bytes  %s"
+              % (e["split"], e["index"], e["name"], e["records"], e["bytes"],
+                 "kept (already done)" if e.get("reused") else "written"))
+    print(report)
+    return 0
+
+
+def _summary(meta: dict) -> dict:
+    out = dict(task=meta["task"], format="gluon_data v%d" % meta["format_version"],
+               split=meta.get("split"), classes=meta.get("classes"),
+               num_classes=meta.get("num_classes"), image_size=meta.get("image_size"),
+               image_encoding=meta.get("image_encoding"), checksum=meta.get("checksum"),
+               skipped=len(meta.get("skipped", [])), created_by=meta.get("created_by"))
+    if meta["task"] == "segmentation":
+        out["ignore_label"] = meta.get("ignore_label")
+        out["class_pixels"] = meta.get("class_pixels")
+    return out
+
+
+def describe(path: str, remote: Optional[dict] = None) -> dict:
+    """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens;
+    a URI with ``remote`` options, read by ranged GETs: the metadata and, for a stock file,
+    the index and a few records)."""
+    opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
+    if is_manifest(path) and not is_uri(path):
+        doc = read_manifest(path)
+        out = {"path": path, "container": doc["container"] + " shards",
+               "shards": len(doc["shards"]), "records": doc["num_records"],
+               "bytes": sum(s["bytes"] for s in doc["shards"])}
+        out.update(_summary(doc["meta"]))
+        return out
+    first = open_store(path, **opts) if is_uri(path) else None  # (a URI's options)
+    splits = store_splits(path) if first is None else getattr(first, "splits", [None])
+    if splits != [None]:
+        out = {}
+        for s in splits:
+            st = open_store(path, s, **opts)
+            out[s] = dict(_summary(st.meta), records=len(st))
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) \
+            if os.path.isdir(path) else getattr(first, "file_size", None)
+        return {"path": path, "container": "lmdb", "bytes": size, "splits": out}
+    f = first or open_store(path, **opts)
+    meta = f.meta
+    out = {"path": path, "records": len(f), "bytes": getattr(f, "file_size", None)}
+    if meta is None:
+        out.update(task="classification", format="stock MXNet RecordIO (no metadata)")
+        sizes = []
+        for i in range(min(len(f), 32)):
+            rec = codec.unpack(f.read(i), segmentation=False, verify=False)
+            hw = codec.image_size(rec.image)
+            if hw:
+                sizes.append(hw)
+        if sizes:
+            out["image_size_of_first_%d" % len(sizes)] = {
+                "min_hw": [min(s[0] for s in sizes), min(s[1] for s in sizes)],
+                "max_hw": [max(s[0] for s in sizes), max(s[1] for s in sizes)]}
+        return out
+    out.update(_summary(meta))
+    return out
+
+
+def _load_meta(path: str, split=None, remote: Optional[dict] = None) -> dict:
+    opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
+    meta = open_store(path, split, **opts).meta
+    if meta is None:
+        raise FormatError("no metadata: a stock RecordIO file has no statistics", path)
+    return meta
+
+
+def _cmd_stats(a) -> int:
+    from ..stats import class_statistics, format_statistics
+    stats = class_statistics(_load_meta(a.path, a.split, _remote(a)), a.path)
+    if a.json:
+        out = dict(stats)
+        out["weights"] = {k: [r[k] for r in stats["classes"]] for k in ("median_freq", "enet")}
+        print(json.dumps(out, indent=1))
+    else:
+        print(format_statistics(stats))
+    return 0
+
+
+def _cmd_show(a) -> int:
+    from ..datasets import SegmentationDataset, open_segmentation
+    from ..preview import render_preview
+    remote = _remote(a)
+    ds = (SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged")),
+                              ignore_value=None) if remote  # a URI: ranged reads
+          else open_segmentation(a.path, a.split, ignore_value=None))
+    if not -len(ds) <= a.index < len(ds):
+        raise ValueError("--index %d out of range: the dataset has %d records"
+                         % (a.index, len(ds)))
+    img, mask = ds._arrays(a.index)
+    pic = render_preview(img, mask, ds.palette, ds.classes, ds.ignore_label, alpha=a.alpha)
+    _save_image(pic, a.out)
+    print("wrote %s (record %d of %s: %dx%d, %d classes present)"
+          % (a.out, a.index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
+    return 0
+
+
+def _save_image(pic, out: str) -> None:
+    """Save a picture atomically; an existing file is replaced only if it is an image
+    (never a link, a dataset or any other file)."""
+    import io
+
+    from ..fsutil import atomic_write, check_replaceable
+    check_replaceable(out, "image", True)
+    ext = os.path.splitext(out)[1].lower()
+    buf = io.BytesIO()
+    pic.save(buf, format={".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".tif": "TIFF",
+                          ".tiff": "TIFF", ".webp": "WEBP"}.get(ext, "PNG"))
+    atomic_write(out, buf.getvalue())
+
+
+def _cmd_verify(a) -> int:
+    from ..verify import verify
+    report = verify(a.path, deep=a.deep, split=a.split, **({"remote": _remote(a)}
+                                                            if _remote(a) else {}))
+    print(report)
+    return 0 if report.ok else 1
+
+
+def _cmd_salvage(a) -> int:
+    from ..salvage import salvage
+    report = salvage(a.path, overwrite=a.overwrite)
+    print(report)
+    return 0 if report.records else 1
+
+
+def _cmd_info(a) -> int:
+    info = describe(a.path, _remote(a))
+    if a.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    def show(d, indent=""):
+        for k, v in d.items():
+            if k in ("class_pixels", "created_by") or v is None:
+                continue
+            if isinstance(v, dict) and k == "splits":
+                for s, sub in v.items():
+                    print("%ssplit %s:" % (indent, s))
+                    show(sub, indent + "  ")
+                continue
+            print("%s%-16s %s" % (indent, k + ":", v))
+    show(info)
+    return 0
+
+
+def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: int = 8,
+             epochs: int = 2, out=sys.stdout) -> dict:
+    """Generate a VOC-like sample, pack it, and read it back through a multi-worker DataLoader."""
+    import mxnet as mx
+
+    from ..batchify import SegmentationBatchify
+    from ..convert import convert
+    from ..datasets import SegmentationRecordDataset
+    from ..sample import make_voc
+
+    def say(*args):
+        print(*args, file=out, flush=True)
+
+    voc = os.path.join(workdir, "VOCsample")
+    say("1. generating a VOC-style sample of %d images in %s" % (num_images, voc))
+    make_voc(voc, num_images=num_images, size_range=(96, 192))
+    rec = os.path.join(workdir, "voc.rec")
+    say("2. packing it: gluon-data convert %s %s --layout voc --split train,val --workers %d"
+        % (voc, rec, workers))
+    report = convert(voc, rec, "voc", split="train,val", workers=workers, overwrite=True)
+    say("   " + str(report).replace("\n", "\n   "))
+    ds = SegmentationRecordDataset(report.outputs["train"])
+    say("3. reading %r" % ds)
+    loader = mx.gluon.data.DataLoader(ds, batch_size=batch_size, shuffle=True,
+                                      num_workers=workers, batchify_fn=SegmentationBatchify())
+    result = {"records": len(ds), "epochs": []}
+    for epoch in range(epochs):
+        t0, seen, pixels = time.perf_counter(), 0, 0
+        for imgs, masks in loader:
+            seen += imgs.shape[0]
+            pixels += int((masks >= 0).sum().asscalar())
+        dt = time.perf_counter() - t0
+        result["epochs"].append({"samples": seen, "seconds": dt})
+        say("   epoch %d: %d samples in %d batches, %.0f samples/s, %d labelled pixels"
+            % (epoch + 1, seen, len(loader), seen / dt, pixels))
+    img, mask = ds[0]
+    present = sorted(set(mask.asnumpy().ravel().tolist()) - {-1})
+    say("4. sample 0: image %s %s, mask %s %s, classes %s"
+        % (img.shape, img.dtype.__name__, mask.shape, mask.dtype.__name__,
+           [ds.classes[i] for i in present]))
+    ok = all(e["samples"] == len(ds) for e in result["epochs"])
+    say("%s: %d records read %d times through DataLoader(num_workers=%d)"
+        % ("OK" if ok else "MISMATCH", len(ds), epochs, workers))
+    result["ok"] = ok
+    return result
+
+
+def _cmd_demo(a) -> int:
+    if a.workdir:
+        os.makedirs(a.workdir, exist_ok=True)
+        res = run_demo(a.workdir, a.num_images, a.workers, a.batch_size, a.epochs)
+    else:
+        with tempfile.TemporaryDirectory(prefix="gluon-data-demo-") as d:
+            res = run_demo(d, a.num_images, a.workers, a.batch_size, a.epochs)
+    return 0 if res["ok"] else 1

@@ -1,0 +1,70 @@
+"""How the command ends: SIGTERM raised like Ctrl-C in the process that installed it only
+(forked children die as by default), and a closed stdout noticed."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the same clean-up runs."""
+
+
+#: the process whose ``main()`` installed :func:`_on_sigterm`: the only one it raises in
+_handler_pid = None
+
+
+def _on_sigterm(signum, frame):
+    if os.getpid() != _handler_pid:  # a forked child that still has it: die as by default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise _Terminated()
+
+
+def _default_sigterm_in_child() -> None:
+    """Run in every forked child (DataLoader and pool workers): SIGTERM ends it at once, as by
+    default. Inherited, :func:`_on_sigterm` would raise inside multiprocessing's own clean-up
+    (``Pool.terminate()`` sends SIGTERM to its workers), and a worker waiting in native code
+    would not run it at all (Python handlers run between bytecodes), so never die, and the
+    parent's join of it would hang."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):  # not the main thread: _on_sigterm's pid check acts
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_default_sigterm_in_child)
+
+
+def _catch_sigterm():
+    """Install :func:`_on_sigterm` in this process (from its main thread only: elsewhere
+    nothing happens); returns the handler it replaced, or None."""
+    global _handler_pid
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    _handler_pid = os.getpid()
+    return signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _stdout_closed() -> bool:
+    """Whether the reader of our stdout has gone (``gluon-data info X | head -3``); if so,
+    stdout is pointed at /dev/null, so that what is still buffered or printed is dropped
+    quietly instead of failing again as the interpreter exits."""
+    import select
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        closed = any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+        if closed:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        return closed
+    except (OSError, ValueError, AttributeError):  # no real stdout (replaced, closed)
+        return False
