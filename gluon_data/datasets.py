@@ -11,6 +11,13 @@ views that open a store and pass every option through. Stores hold no OS handle 
 Every dataset accepts a :class:`~gluon_data.sampler.SampleKey` wherever it accepts an ``int``;
 seeded random transforms then draw from ``sample_rng(seed, epoch, index)`` only (see
 :class:`SegmentationDataset` and the README's "Randomness").
+
+A view given a URI (``s3://bucket/train.rec``, ``s3://bucket/voc.lmdb``, a ``.shards.json``
+manifest there) reads from object storage; its ``storage_options`` (fsspec's: endpoint,
+credentials, client settings) and ``cache_dir`` / ``cache_limit`` (the local download cache)
+go to the remote store :func:`~gluon_data.store.open_store` opens (see
+:class:`~gluon_data.remote.RemoteStore`). Given with a local path, they are a ``ValueError``
+naming them: nothing would use them.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import warnings
 from typing import Callable, Optional, Tuple
 
 from .fastpath import numpy_classification_transform, numpy_image_transform
-from .store import open_store
+from .store import is_uri, open_store
 from .taskdatasets import (_DEFAULT_MAX_PIXELS, MODES, ClassificationDataset,  # noqa: F401
                            SegmentationDataset, default_joint_transform)
 
@@ -26,6 +33,33 @@ __all__ = ["ClassificationDataset", "SegmentationDataset",
            "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
            "SegmentationLMDBDataset", "RecipeLMDBDataset", "CaffeLMDBDataset",
            "open_segmentation", "numpy_image_transform", "numpy_classification_transform"]
+
+
+def _open(cls: str, location, split: Optional[str] = None, *,
+          storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+          cache_limit=None):
+    """``open_store(location, split)`` for the view ``cls``, with the remote options that
+    were given; for a local ``location`` any of them is a ``ValueError`` naming it (an empty
+    ``storage_options`` configures nothing and counts as not given, as in pandas)."""
+    given = {k: v for k, v in (("storage_options", storage_options or None),
+                               ("cache_dir", cache_dir), ("cache_limit", cache_limit))
+             if v is not None}
+    if given and not is_uri(location):
+        one = len(given) == 1
+        raise ValueError("%s(%r, %s=...): %s %s only to a dataset in object storage (a URI "
+                         "such as s3://bucket/train.rec); a local path reads without %s"
+                         % (cls, str(location), "=..., ".join(given), " and ".join(given),
+                            "applies" if one else "apply", "it" if one else "them"))
+    return open_store(location, split, **given)
+
+
+def _local_only(cls: str, path) -> None:
+    """The legacy layouts are read in place from a local folder only."""
+    if is_uri(path):
+        raise ValueError("%s reads a legacy LMDB in place from a local folder, and %s is a "
+                         "URI: copy the environment folder here first, or convert it with "
+                         "`gluon-data convert` (its outputs read from object storage)"
+                         % (cls, path))
 
 
 def _legacy_split(cls: str, value, default):
@@ -47,9 +81,16 @@ class ImageRecordDataset(ClassificationDataset):
     Parameters
     ----------
     filename : str
-        Path to the ``.rec``; its ``.idx`` (and ``.meta.json`` if present) lie beside it.
+        Path or URI of the ``.rec``; its ``.idx`` (and ``.meta.json`` if present) lie beside
+        it.
     flag, transform, seed, verify, max_pixels
         As for :class:`ClassificationDataset`.
+    storage_options : dict, optional
+        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
+        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
+    cache_dir, cache_limit : optional
+        Where a dataset in object storage is downloaded to, and how much that cache may hold
+        (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
 
     Examples
     --------
@@ -61,8 +102,12 @@ class ImageRecordDataset(ClassificationDataset):
 
     def __init__(self, filename: str, flag: int = 1, transform: Optional[Callable] = None,
                  *, seed: Optional[int] = None, verify: bool = True,
-                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
-        super().__init__(open_store(filename), flag, transform, seed=seed, verify=verify,
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
+                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                 cache_limit=None):
+        store = _open("ImageRecordDataset", filename, storage_options=storage_options,
+                      cache_dir=cache_dir, cache_limit=cache_limit)
+        super().__init__(store, flag, transform, seed=seed, verify=verify,
                          max_pixels=max_pixels)
 
 
@@ -75,11 +120,17 @@ class ImageLMDBDataset(ClassificationDataset):
     Parameters
     ----------
     path : str
-        The ``NAME.lmdb`` directory written by ``gluon-data convert``.
+        The ``NAME.lmdb`` directory written by ``gluon-data convert``, or its URI.
     flag, transform, seed, verify, max_pixels
         As for :class:`ClassificationDataset`.
     split : str, default 'train'
         Split (sub-database) to read.
+    storage_options : dict, optional
+        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
+        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
+    cache_dir, cache_limit : optional
+        Where a dataset in object storage is downloaded to, and how much that cache may hold
+        (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
 
     Examples
     --------
@@ -91,12 +142,16 @@ class ImageLMDBDataset(ClassificationDataset):
 
     def __init__(self, path: str, flag: int = 1, transform: Optional[Callable] = None,
                  *, split: str = "train", seed: Optional[int] = None, verify: bool = True,
-                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
+                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                 cache_limit=None):
         if isinstance(flag, str):  # the old ImageLMDBDataset(path, split, flag)
             split, flag = _legacy_split("ImageLMDBDataset", flag, None)
             flag, transform = (1, transform) if callable(transform) or transform is None \
                 else (transform, None)
-        super().__init__(open_store(path, split), flag, transform, seed=seed, verify=verify,
+        store = _open("ImageLMDBDataset", path, split, storage_options=storage_options,
+                      cache_dir=cache_dir, cache_limit=cache_limit)
+        super().__init__(store, flag, transform, seed=seed, verify=verify,
                          max_pixels=max_pixels)
 
 
@@ -123,6 +178,7 @@ class CaffeLMDBDataset(ClassificationDataset):
     def __init__(self, path: str, flag: int = 1, transform: Optional[Callable] = None,
                  *, seed: Optional[int] = None, verify: bool = True,
                  max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        _local_only("CaffeLMDBDataset", path)
         super().__init__(open_store(path, layout="caffe-lmdb"), flag, transform, seed=seed,
                          verify=verify, max_pixels=max_pixels)
 
@@ -134,9 +190,15 @@ class SegmentationRecordDataset(SegmentationDataset):
     Parameters
     ----------
     filename : str
-        Path to the ``.rec``; ``.idx`` and ``.meta.json`` lie beside it.
+        Path or URI of the ``.rec``; ``.idx`` and ``.meta.json`` lie beside it.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
         As for :class:`SegmentationDataset`.
+    storage_options : dict, optional
+        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
+        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
+    cache_dir, cache_limit : optional
+        Where a dataset in object storage is downloaded to, and how much that cache may hold
+        (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
 
     Examples
     --------
@@ -157,8 +219,12 @@ class SegmentationRecordDataset(SegmentationDataset):
                  ignore_value: Optional[int] = -1, *, mode: Optional[str] = None,
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
-                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
-        super().__init__(open_store(filename), transform, ignore_value, mode=mode,
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
+                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                 cache_limit=None):
+        store = _open("SegmentationRecordDataset", filename, storage_options=storage_options,
+                      cache_dir=cache_dir, cache_limit=cache_limit)
+        super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
                          max_pixels=max_pixels)
@@ -171,11 +237,17 @@ class SegmentationLMDBDataset(SegmentationDataset):
     Parameters
     ----------
     path : str
-        The ``NAME.lmdb`` directory written by ``gluon-data convert``.
+        The ``NAME.lmdb`` directory written by ``gluon-data convert``, or its URI.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
         As for :class:`SegmentationDataset`.
     split : str, default 'train'
         Split (sub-database) to read.
+    storage_options : dict, optional
+        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
+        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
+    cache_dir, cache_limit : optional
+        Where a dataset in object storage is downloaded to, and how much that cache may hold
+        (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
 
     Examples
     --------
@@ -189,10 +261,14 @@ class SegmentationLMDBDataset(SegmentationDataset):
                  ignore_value: Optional[int] = -1, *, split: str = "train",
                  mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
-                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
+                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                 cache_limit=None):
         if isinstance(transform, str):
             (split, transform) = _legacy_split("SegmentationLMDBDataset", transform, None)
-        super().__init__(open_store(path, split), transform, ignore_value, mode=mode,
+        store = _open("SegmentationLMDBDataset", path, split, storage_options=storage_options,
+                      cache_dir=cache_dir, cache_limit=cache_limit)
+        super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
                          max_pixels=max_pixels)
@@ -243,6 +319,7 @@ class RecipeLMDBDataset(SegmentationDataset):
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
         if isinstance(transform, str):
             (split, transform) = _legacy_split("RecipeLMDBDataset", transform, None)
+        _local_only("RecipeLMDBDataset", path)
         store = open_store(path, split, layout="raw-lmdb", image_shape=image_shape,
                            mask_shape=mask_shape, channels_first=channels_first, bgr=bgr,
                            ignore_label=ignore_label, num_classes=num_classes)
@@ -251,7 +328,12 @@ class RecipeLMDBDataset(SegmentationDataset):
                          verify=verify, max_pixels=max_pixels)
 
 
-def open_segmentation(path: str, split: Optional[str] = None, **kwargs) -> SegmentationDataset:
-    """A :class:`SegmentationDataset` over ``open_store(path, split)`` (any store);
-    ``kwargs`` are its options."""
-    return SegmentationDataset(open_store(path, split), **kwargs)
+def open_segmentation(path: str, split: Optional[str] = None, *,
+                      storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                      cache_limit=None, **kwargs) -> SegmentationDataset:
+    """A :class:`SegmentationDataset` over ``open_store(path, split)`` (any store, local or
+    a URI with ``storage_options``, ``cache_dir``, ``cache_limit`` as for
+    :class:`SegmentationRecordDataset`); ``kwargs`` are its options."""
+    store = _open("open_segmentation", path, split, storage_options=storage_options,
+                  cache_dir=cache_dir, cache_limit=cache_limit)
+    return SegmentationDataset(store, **kwargs)
