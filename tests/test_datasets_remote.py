@@ -16,14 +16,21 @@ from gluon_data.datasets import (CaffeLMDBDataset, ImageLMDBDataset, ImageRecord
                                  RecipeLMDBDataset, SegmentationLMDBDataset,
                                  SegmentationRecordDataset, open_segmentation)
 from gluon_data.remote import filesystem
+from gluon_data.shards import convert_sharded
 
 from test_remote import BUCKET, s3, so  # noqa: F401 - moto's S3 server fixtures
 
 
 def _upload(so, local, uri):
-    """Put a local ``.rec`` (with its ``.idx`` and ``.meta.json``) or an LMDB folder's
-    ``data.mdb`` at ``uri``, as they are."""
+    """Put a local ``.rec`` (with its ``.idx`` and ``.meta.json``), an LMDB folder's
+    ``data.mdb`` or a manifest with its shards (the files of its folder) at ``uri``, as they
+    are."""
     fs, path = filesystem(uri, so)
+    if local.endswith(".shards.json"):
+        folder, rfolder = os.path.dirname(local), path.rsplit("/", 1)[0]
+        for name in os.listdir(folder):
+            fs.put_file(os.path.join(folder, name), rfolder + "/" + name)
+        return uri
     if os.path.isdir(local):
         fs.put_file(os.path.join(local, "data.mdb"), path + "/data.mdb")
         return uri
@@ -34,19 +41,21 @@ def _upload(so, local, uri):
 
 
 @pytest.fixture(scope="module")
-def local_lmdbs(voc_root, folder_root, tmp_path_factory):
+def local_sets(voc_root, folder_root, tmp_path_factory):
     d = tmp_path_factory.mktemp("views_lmdb")
     convert(voc_root, str(d / "voc.lmdb"), "voc", split="trainval", val_ratio=0.5)
     convert(folder_root, str(d / "cls.lmdb"), "imagefolder")
-    return {"voc": str(d / "voc.lmdb"), "cls": str(d / "cls.lmdb")}
+    sharded = convert_sharded(voc_root, str(d / "sharded" / "voc.rec"), "voc",
+                              split="trainval", shard_items=5).outputs["trainval"]
+    return {"voc": str(d / "voc.lmdb"), "cls": str(d / "cls.lmdb"), "sharded": sharded}
 
 
 @pytest.fixture(scope="module")
-def uploaded(s3, cls_rec, voc_rec, local_lmdbs):
+def uploaded(s3, cls_rec, voc_rec, local_sets):
     """``{name: (uri, local)}`` for each kind of dataset, in the bucket and on disk."""
     opts = {"endpoint_url": s3.url}
-    local = {"cls.rec": cls_rec, "voc.rec": voc_rec, "cls.lmdb": local_lmdbs["cls"],
-             "voc.lmdb": local_lmdbs["voc"]}
+    local = {"cls.rec": cls_rec, "voc.rec": voc_rec, "cls.lmdb": local_sets["cls"],
+             "voc.lmdb": local_sets["voc"], "sharded/voc.shards.json": local_sets["sharded"]}
     return {name: (_upload(opts, path, "s3://%s/views/%s" % (BUCKET, name)), path)
             for name, path in local.items()}
 
@@ -65,9 +74,13 @@ VIEWS = [  # (name, dataset uploaded, how to open it)
      lambda p, **kw: SegmentationRecordDataset(p, ignore_value=None, **kw)),
     ("SegmentationLMDBDataset", "voc.lmdb",
      lambda p, **kw: SegmentationLMDBDataset(p, split="val", ignore_value=None, **kw)),
+    ("SegmentationRecordDataset", "sharded/voc.shards.json",
+     lambda p, **kw: SegmentationRecordDataset(p, ignore_value=None, **kw)),
     ("open_segmentation", "voc.lmdb",
      lambda p, **kw: open_segmentation(p, "train", mode="val", crop_size=16, **kw)),
 ]
+
+IDS = ["%s-%s" % (name, data.rsplit("/", 1)[-1]) for name, data, _ in VIEWS]
 
 
 def _as_arrays(sample):
@@ -79,7 +92,7 @@ def _same(a, b):
                for x, y in zip(_as_arrays(a), _as_arrays(b)))
 
 
-@pytest.mark.parametrize("name,data,view", VIEWS, ids=[v[0] for v in VIEWS])
+@pytest.mark.parametrize("name,data,view", VIEWS, ids=IDS)
 def test_each_view_reads_a_bucket_with_its_options_like_the_local_file(
         name, data, view, uploaded, so, tmp_path, no_default_endpoint):
     """Expected: ``View(uri, storage_options=..., cache_dir=..., cache_limit=...)`` reads
@@ -108,7 +121,7 @@ def test_cache_limit_reaches_the_store(uploaded, so, tmp_path, no_default_endpoi
         ds[0]
 
 
-@pytest.mark.parametrize("name,data,view", VIEWS, ids=[v[0] for v in VIEWS])
+@pytest.mark.parametrize("name,data,view", VIEWS, ids=IDS)
 @pytest.mark.parametrize("option,value", [("storage_options", {"anon": True}),
                                           ("cache_dir", "/nonexistent/cache"),
                                           ("cache_limit", "1GB")])
