@@ -20,6 +20,10 @@ DataLoader workers inherit identically through ``fork``.
   gets its own stream derived from ``s`` and its pid.
 * ``seed=None``: fresh OS entropy in every process, always.
 
+The machinery (:class:`sample_context`, :class:`SeededRandom`) lives in
+:mod:`gluon_data.seeding`, the image-only tensor fast paths (:class:`ToTensorNormalize`,
+:class:`ImageCropNormalize`) in :mod:`gluon_data.tensorize`; both are importable from here.
+
 >>> import numpy as np
 >>> t = Compose([RandomHorizontalFlip(), RandomScale(base_size=64), RandomCrop(48)], seed=0)
 >>> img, mask = t(np.zeros((40, 60, 3), np.uint8), np.zeros((40, 60), np.int32))
@@ -28,8 +32,6 @@ DataLoader workers inherit identically through ``fork``.
 """
 from __future__ import annotations
 
-import os
-import threading
 from typing import Optional, Sequence, Tuple, Union
 
 import cv2
@@ -37,7 +39,8 @@ import numpy as np
 
 from .codec import DEFAULT_MAX_PIXELS
 from .errors import DecodeError
-from .sampler import sample_rng
+from .seeding import SeededRandom, _Random, sample_context
+from .tensorize import ImageCropNormalize, ToTensorNormalize, _hwc, _np
 
 __all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
            "RandomRotation",
@@ -57,15 +60,6 @@ def _check_derived(h: int, w: int, oh: int, ow: int, max_pixels: Optional[int],
                           % (name, w, h, ow, oh, oh * ow, max_pixels))
 
 
-def _np(x) -> np.ndarray:
-    return x.asnumpy() if hasattr(x, "asnumpy") else np.asarray(x)
-
-
-def _hwc(img: np.ndarray) -> np.ndarray:
-    """OpenCV returns single-channel images as HxW: give them their channel axis back."""
-    return img[:, :, None] if img.ndim == 2 else img
-
-
 def _resize_pair(img, mask, ow: int, oh: int):
     img = _hwc(cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR))
     m = cv2.resize(mask, (ow, oh), interpolation=_MASK_INTERP)
@@ -77,96 +71,6 @@ def _mask_for_cv(mask: np.ndarray) -> Tuple[np.ndarray, np.dtype]:
     if mask.dtype in (np.uint8, np.uint16, np.int16, np.int32, np.float32):
         return mask, mask.dtype
     return mask.astype(np.int32), mask.dtype
-
-
-_SAMPLE = threading.local()
-
-
-class sample_context:
-    """Within ``with sample_context(epoch, index):`` every seeded random transform called by
-    this thread draws from ``sample_rng(seed, epoch, index)`` (one generator per transform
-    and sample), so the sample's draws depend on nothing else. Datasets enter it around their
-    transforms; contexts nest (the innermost wins).
-
-    >>> import numpy as np
-    >>> t = RandomCrop(4, seed=7)
-    >>> img, mask = np.arange(64, dtype=np.uint8).reshape(8, 8, 1), np.zeros((8, 8), np.int32)
-    >>> with sample_context(epoch=2, index=5):
-    ...     a = t(img, mask)[0]
-    >>> with sample_context(epoch=2, index=5):
-    ...     b = t(img, mask)[0]
-    >>> bool((a == b).all())
-    True
-    """
-
-    __slots__ = ("epoch", "index", "generators", "_prev")
-
-    def __init__(self, epoch: Optional[int], index: int):
-        self.epoch, self.index = epoch, int(index)
-        self.generators: dict = {}
-        self._prev = None
-
-    def __enter__(self) -> "sample_context":
-        self._prev = getattr(_SAMPLE, "ctx", None)
-        _SAMPLE.ctx = self
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _SAMPLE.ctx = self._prev
-
-
-class SeededRandom:
-    """A process-aware ``numpy.random.Generator`` that follows :func:`sample_context`
-    (see the module docstring)."""
-
-    def __init__(self, seed: Optional[int] = None):
-        self.seed = seed
-        self._owner = os.getpid()
-        self._pid = None
-        self._gen = None
-        self._lock = threading.Lock()
-
-    def generator(self) -> np.random.Generator:
-        pid = os.getpid()
-        if self._pid != pid:
-            if self.seed is None:
-                self._gen = np.random.default_rng()
-            elif pid == self._owner:
-                self._gen = np.random.default_rng(self.seed)
-            else:
-                self._gen = np.random.default_rng([self.seed, pid])
-            self._pid = pid
-        return self._gen
-
-    def draw(self, fn):
-        """Run ``fn(generator)``: the sample's own generator inside a :class:`sample_context`
-        (seeded transforms), else this transform's stream under a lock (threads of a
-        thread-pool loader share it)."""
-        ctx = getattr(_SAMPLE, "ctx", None)
-        if ctx is not None and self.seed is not None:
-            g = ctx.generators.get(id(self))
-            if g is None:
-                g = ctx.generators[id(self)] = sample_rng(self.seed, ctx.epoch, ctx.index)
-            return fn(g)
-        with self._lock:
-            return fn(self.generator())
-
-    def __getstate__(self):
-        return {"seed": self.seed, "_owner": self._owner}
-
-    def __setstate__(self, d):
-        self.__init__(d["seed"])
-        self._owner = d["_owner"]
-
-
-class _Random:
-    """Base of random transforms: a :class:`SeededRandom` and ``reseed``."""
-
-    def __init__(self, seed: Optional[int] = None):
-        self.rng = SeededRandom(seed)
-
-    def reseed(self, seed: Optional[int]) -> None:
-        self.rng = SeededRandom(seed)
 
 
 class Compose:
@@ -553,148 +457,3 @@ class CenterCrop:
 
     def __repr__(self):
         return "CenterCrop(%d)" % self.size
-
-
-class ToTensorNormalize:
-    """uint8 HxWxC -> float32 CxHxW, ``(x / 255 - mean) / std``; the mask passes through.
-
-    Exactly the values of Gluon's ``Compose([ToTensor(), Normalize(mean, std)])`` for uint8
-    images: each channel's 256 possible results are computed once, in float32 as Gluon's
-    operators compute them, and an image is one OpenCV table lookup per channel straight
-    into the CxHxW output (faster than the arithmetic, and bit-identical), instead of two
-    NDArray operators. Float images are computed arithmetically (within 1e-6).
-    ``mean=0, std=1`` is Gluon's ``ToTensor`` alone. :meth:`image` converts an image only.
-
-    >>> import numpy as np
-    >>> t = ToTensorNormalize(mean=0.5, std=0.5)
-    >>> t.image(np.full((2, 2, 3), 255, np.uint8))[:, 0, 0].tolist()
-    [1.0, 1.0, 1.0]
-    """
-
-    def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
-        self.mean = np.asarray(mean, np.float32).reshape(-1)
-        self.std = np.asarray(std, np.float32).reshape(-1)
-        self.channels = max(self.mean.size, self.std.size)
-        levels = np.arange(256, dtype=np.float32) / np.float32(255.0)  # Gluon's ToTensor
-        self._luts = [(levels - self.mean[c % self.mean.size]) / self.std[c % self.std.size]
-                      for c in range(self.channels)]  # Gluon's Normalize, in float32
-
-    def image(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
-        """The CxHxW float32 tensor of ``img``, written into ``out`` when given."""
-        x = _np(img)
-        if x.ndim != 3:
-            raise ValueError("expected an HxWxC image, got shape %s" % (x.shape,))
-        c = x.shape[2]
-        if self.channels not in (1, c):
-            raise ValueError("mean/std have %d values but the image has %d channels"
-                             % (self.channels, c))
-        if out is None:
-            out = np.empty((c,) + x.shape[:2], np.float32)
-        if x.dtype == np.uint8:
-            planes = cv2.split(x) if c > 1 else [np.ascontiguousarray(x[:, :, 0])]
-            for k, plane in enumerate(planes):
-                cv2.LUT(plane, self._luts[k % self.channels], dst=out[k])
-            return out
-        for k in range(c):
-            out[k] = (x[:, :, k].astype(np.float32) / np.float32(255.0)
-                      - self.mean[k % self.mean.size]) / self.std[k % self.std.size]
-        return out
-
-    def __call__(self, img, mask):
-        return self.image(img), _np(mask)
-
-    def __repr__(self):
-        return "ToTensorNormalize(mean=%s, std=%s)" % (self.mean.tolist(), self.std.tolist())
-
-
-# ------------------------------------------------------------------ image-only (classification)
-def _interp(code: int, sizes: Tuple[int, int, int, int]) -> int:
-    """MXNet's interpolation codes (0-4 as OpenCV's, 9 = by direction) -> OpenCV's."""
-    if code == 9:
-        oh, ow, nh, nw = sizes
-        return 2 if nh > oh and nw > ow else 3 if nh < oh and nw < ow else 1
-    return code
-
-
-def _scale_down(src_wh, size_wh):
-    """``mx.image.scale_down``: shrink a crop size that does not fit the image."""
-    w, h = size_wh
-    sw, sh = src_wh
-    if sh < h:
-        w, h = float(w * sh) / h, sh
-    if sw < w:
-        w, h = sw, float(h * sw) / w
-    return int(w), int(h)
-
-
-class ImageCropNormalize(_Random):
-    """Gluon's classification transforms in numpy/OpenCV: an optional ``RandomResizedCrop`` or
-    ``CenterCrop``, an optional ``RandomFlipLeftRight``, then ``ToTensor`` (+ ``Normalize``).
-
-    The geometry follows ``mx.image.random_size_crop`` / ``center_crop`` / ``fixed_crop`` (same
-    draws of area and aspect ratio, same crop arithmetic, the same OpenCV interpolation), with
-    draws from the transform's own generator (``sample_rng(seed, epoch, index)`` inside a
-    dataset's :class:`sample_context`) instead of the global ``random`` module. Returns a
-    CxHxW float32 array, written into ``out`` when given.
-
-    Parameters
-    ----------
-    crop : None, ('random', (w, h), scale, ratio, interp) or ('center', (w, h), interp)
-    flip : bool
-        Mirror left-right with probability 1/2.
-    mean, std
-        As for :class:`ToTensorNormalize` (``0, 1``: ``ToTensor`` alone).
-    """
-
-    def __init__(self, crop=None, flip: bool = False, mean=0.0, std=1.0,
-                 seed: Optional[int] = None):
-        super().__init__(seed)
-        self.crop, self.flip = crop, flip
-        self.tensor = ToTensorNormalize(mean, std)
-
-    def out_shape(self, img_shape) -> Tuple[int, int, int]:
-        h, w, c = img_shape
-        if self.crop is not None:
-            w, h = self.crop[1]
-        return c, h, w
-
-    def _draw_crop(self, g, h: int, w: int):
-        _, (cw, ch), area, ratio, interp = self.crop
-        src_area = h * w
-        area = (area, 1.0) if np.isscalar(area) else area
-        for _ in range(10):
-            target_area = g.uniform(area[0], area[1]) * src_area
-            new_ratio = np.exp(g.uniform(np.log(ratio[0]), np.log(ratio[1])))
-            new_w = int(round(np.sqrt(target_area * new_ratio)))
-            new_h = int(round(np.sqrt(target_area / new_ratio)))
-            if new_w <= w and new_h <= h:
-                return (int(g.integers(0, w - new_w + 1)), int(g.integers(0, h - new_h + 1)),
-                        new_w, new_h)
-        return None  # fall back to the centre crop, as MXNet does
-
-    def __call__(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
-        x = _np(img)
-        h, w = x.shape[:2]
-        box, flip = None, False
-        if self.crop is not None or self.flip:
-            def draw(g):
-                b = self._draw_crop(g, h, w) if self.crop and self.crop[0] == "random" else None
-                return b, bool(self.flip and g.random() < 0.5)
-            box, flip = self.rng.draw(draw)
-        if self.crop is not None:
-            size = self.crop[1]
-            interp = self.crop[-1]
-            if box is None:  # centre crop (or the random crop's fallback)
-                nw, nh = _scale_down((w, h), size)
-                box = (int((w - nw) / 2), int((h - nh) / 2), nw, nh)
-            x0, y0, cw, ch = box
-            x = x[y0:y0 + ch, x0:x0 + cw]
-            if (cw, ch) != tuple(size):
-                x = _hwc(cv2.resize(x, tuple(size), interpolation=_interp(
-                    interp, (ch, cw, size[1], size[0]))))
-        if flip:
-            x = _hwc(cv2.flip(x, 1))
-        return self.tensor.image(x, out=out)
-
-    def __repr__(self):
-        return "ImageCropNormalize(crop=%r, flip=%s, %r)" % (self.crop, self.flip, self.tensor)

@@ -43,6 +43,7 @@ def test_docstring_examples_run(name, example_dir, monkeypatch):
         runner.run(test, out=out.append)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, "".join(out)
-    if name in ("datasets", "recordio", "lmdbio", "legacy", "transforms", "sampler", "codec",
+    if name in ("datasets", "taskdatasets", "recordio", "lmdbio", "legacy", "transforms",
+                "seeding", "tensorize", "sampler", "codec",
                 "stats", "convert.outputs", "convert.loop"):  # SplitJobs: convert.loop
         assert result.attempted > 0, "%s lost its examples" % name

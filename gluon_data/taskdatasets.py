@@ -1,0 +1,477 @@
+"""The task datasets: :class:`ClassificationDataset` and :class:`SegmentationDataset` over a
+record store.
+
+Both read any :class:`~gluon_data.store.RecordStore` (a ``.rec``, an LMDB split, a legacy
+LMDB read in place, objects in S3, or whatever :func:`~gluon_data.store.open_store` opens);
+the public classes of :mod:`gluon_data.datasets` are thin views that open a store and pass
+every option through. Stores hold no OS handle across ``fork`` or pickling, so every dataset
+works unchanged under ``DataLoader(num_workers=N)``, ``DataLoader(thread_pool=True)`` and
+the ``spawn`` start method.
+
+Every dataset accepts a :class:`~gluon_data.sampler.SampleKey` wherever it accepts an ``int``;
+seeded random transforms then draw from ``sample_rng(seed, epoch, index)`` only (see
+:class:`SegmentationDataset` and the README's "Randomness"). Recognised Gluon image
+transforms run as numpy (:mod:`gluon_data.fastpath`).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from typing import Callable, List, Optional, Tuple
+
+import mxnet as mx
+import numpy as np
+
+from . import buffers, codec
+from . import transforms as T
+from .errors import CorruptRecordError, DecodeError, FormatError
+from .fastpath import _as_ndarray, _fast_tensor, _tensor_only, numpy_classification_transform
+from .meta import ids_are_keys, wrong_record
+from .sampler import split_key
+from .store import RecordStore, will_need
+
+__all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "default_joint_transform"]
+
+_DEFAULT_MAX_PIXELS = codec.DEFAULT_MAX_PIXELS
+
+
+def _container(store) -> str:
+    return "lmdb" if store.split is not None else "rec"
+
+
+class _StoreDataset(mx.gluon.data.Dataset):
+    """Shared machinery: the store, metadata, checksum policy, sample keys, error context."""
+
+    _task = "classification"
+
+    def __init__(self, store: RecordStore, *, seed: Optional[int], verify: bool,
+                 max_pixels: Optional[int]):
+        super().__init__()
+        if not isinstance(store, RecordStore):
+            raise TypeError("expected a record store (see gluon_data.store.open_store), got %r"
+                            % (store,))
+        self._file = store
+        self.filename = store.location
+        self.meta = store.meta
+        if self.meta is None and self._task == "segmentation":
+            raise FormatError("no metadata beside it (%s): not a gluon_data segmentation "
+                              "dataset; create one with `gluon-data convert`"
+                              % (os.path.splitext(self.filename)[0] + ".meta.json"),
+                              self.filename)
+        if self.meta is not None and self.meta["task"] != self._task:
+            raise FormatError("this is a %s dataset; open it with %s"
+                              % (self.meta["task"],
+                                 _CLASS_FOR[_container(store), self.meta["task"]]),
+                              self.filename)
+        self._verify = verify
+        self._checksummed = bool(self.meta) and self.meta.get("checksum") == "crc32-id2"
+        self._ids_are_keys = ids_are_keys(self.meta, _container(store))
+        self._max_pixels = max_pixels
+        self.seed = seed
+        self._positions: Optional[np.ndarray] = None  # store positions of a shard()
+        self._passes: Optional[np.ndarray] = None  # per-index request counts (plain ints)
+        self._passes_lock = threading.Lock()
+
+    @property
+    def store(self) -> RecordStore:
+        """The record store this dataset reads."""
+        return self._file
+
+    def __len__(self) -> int:
+        return len(self._file) if self._positions is None else len(self._positions)
+
+    def shard(self, num_shards: int, index: int):
+        """Gluon's ``shard`` (the ``index``-th of ``num_shards`` contiguous parts), as a dataset
+        of this same type with its options, fast paths and attributes. Random draws still use
+        each sample's index in the whole store, so a sample is the same in any shard layout."""
+        if not (isinstance(num_shards, int) and isinstance(index, int)
+                and num_shards > 0 and 0 <= index < num_shards):
+            raise ValueError("shard(num_shards, index) needs 0 <= index < num_shards, got "
+                             "num_shards=%r, index=%r" % (num_shards, index))
+        n = len(self)
+        size, rest = divmod(n, num_shards)
+        start = size * index + min(index, rest)
+        end = start + size + (index < rest)
+        positions = np.arange(n) if self._positions is None else self._positions
+        clone = copy.copy(self)
+        clone._positions = positions[start:end].copy()
+        return clone
+
+    @property
+    def classes(self) -> Optional[List[str]]:
+        """Class names from the metadata (``None`` for stock files)."""
+        return None if self.meta is None else self.meta.get("classes")
+
+    def _position(self, idx) -> Tuple[int, Optional[int]]:
+        """``(position, epoch)`` of an int or a :class:`~gluon_data.sampler.SampleKey`."""
+        i, epoch = split_key(idx)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("index %d out of range for %d records" % (int(idx), n))
+        return (i if self._positions is None else int(self._positions[i])), epoch
+
+    def will_need(self, indices) -> None:
+        """Start fetching the records of the samples ``indices`` (ints or
+        :class:`~gluon_data.sampler.SampleKey`, e.g. the batch about to be read) from the
+        device asynchronously, where the store can (:func:`gluon_data.store.will_need`);
+        returns at once and changes nothing a read returns. ``gluon_data.DataLoader`` calls
+        it with every batch."""
+        n = len(self)
+        pos = [i + n if i < 0 else i for i in (split_key(k)[0] for k in indices)]
+        pos = [i for i in pos if 0 <= i < n]
+        if self._positions is not None:
+            pos = self._positions[pos].tolist()
+        will_need(self._file, pos)
+
+    def _sample(self, i: int, epoch: Optional[int]) -> T.sample_context:
+        """The context a sample's random transforms draw in. A plain int (``epoch=None``)
+        counts as epoch ``k`` on its ``k``-th request in this process: the first pass is epoch
+        0 everywhere; later passes are reproducible within one process (``num_workers=0``,
+        ``thread_pool=True``) — give :class:`~gluon_data.sampler.SampleKey` for the rest."""
+        if epoch is None:
+            with self._passes_lock:
+                if self._passes is None:
+                    self._passes = np.zeros(len(self._file), np.uint32)
+                epoch = int(self._passes[i])
+                self._passes[i] += 1
+        return T.sample_context(epoch, i)
+
+    def _record(self, i: int):
+        key, offset = self._file.key(i), self._file.offset(i)
+        payload = self._file.view(i)  # parsed (and image/mask copied out) before the next read
+        rec = codec.unpack(payload, segmentation=self._task == "segmentation",
+                           verify=self._verify, path=self.filename, key=key, offset=offset)
+        if self._checksummed and self._verify and rec.checksum is None:
+            raise CorruptRecordError("checksum missing: metadata promises a CRC-32 in every "
+                                     "record's id2 field", self.filename, key, offset)
+        if self._ids_are_keys and rec.id != key:
+            raise CorruptRecordError(wrong_record(rec.id, key), self.filename, key, offset)
+        return rec, key, offset
+
+    def _decode(self, fn: Callable, buf, key, offset, what: str, **kw):
+        try:
+            return fn(buf, max_pixels=self._max_pixels, what=what, **kw)
+        except DecodeError as e:
+            raise DecodeError(e.reason, self.filename, key, offset) from None
+
+    def __getstate__(self):
+        """The store pickles its location (no index); the per-record request counts of
+        plain-int access are this process's own (4 bytes a record): a copy starts afresh."""
+        state = self.__dict__.copy()
+        state["_passes_lock"] = None
+        state["_passes"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._passes_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        classes = self.classes
+        shown = "" if classes is None else ", classes=%s" % (
+            classes if len(classes) <= 8 else classes[:8] + ["... %d more" % (len(classes) - 8)])
+        split = "" if self._file.split is None else ", split=%r" % self._file.split
+        return "%s(%r%s, %d records%s)" % (type(self).__name__, self.filename, split, len(self),
+                                           shown)
+
+
+class ClassificationDataset(_StoreDataset):
+    """Classification images and labels from any record store.
+
+    Parameters
+    ----------
+    store : RecordStore
+        From :func:`gluon_data.store.open_store` (or any object satisfying the protocol).
+    flag : {0, 1}, default 1
+        1: RGB images (HxWx3); 0: greyscale (HxWx1).
+    transform : callable, optional
+        ``transform(image, label) -> sample``, as in Gluon.
+    seed : int, optional
+        Seed of a recognised ``transform_first`` fast path's random crop and flip: sample
+        ``i`` of epoch ``e`` draws from ``sample_rng(seed, e, i)``. ``None``: fresh entropy.
+    verify : bool, default True
+        Check each record's CRC-32 when it has one.
+    max_pixels : int, optional
+        Refuse images claiming more pixels than this before decoding them.
+
+    Returns
+    -------
+    (NDArray, label)
+        ``uint8`` HWC image; label a float, or a float32 vector for multi-label records.
+
+    Examples
+    --------
+    >>> from gluon_data.store import open_store
+    >>> ds = ClassificationDataset(open_store("train.rec"))
+    >>> img, label = ds[0]
+    >>> img.dtype, img.ndim, type(label)
+    (<class 'numpy.uint8'>, 3, <class 'float'>)
+    """
+
+    _task = "classification"
+
+    def __init__(self, store: RecordStore, flag: int = 1, transform: Optional[Callable] = None,
+                 *, seed: Optional[int] = None, verify: bool = True,
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
+        if flag not in (0, 1):
+            raise ValueError("flag must be 0 or 1, got %r" % (flag,))
+        self._flag = flag
+        self._transform = transform
+
+    _fast_first = None  # set by transform_first for a recognised Gluon image transform
+
+    @property
+    def fast_path(self) -> Optional[T.ImageCropNormalize]:
+        """The numpy transform ``transform_first`` recognised (``None`` if it runs as Gluon)."""
+        return self._fast_first
+
+    def __getitem__(self, idx):
+        i, epoch = self._position(idx)
+        rec, key, offset = self._record(i)
+        img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=self._flag)
+        if self._fast_first is not None:
+            with self._sample(i, epoch):
+                tensor = _fast_tensor(self._fast_first, img)
+            if tensor is not None:
+                return tensor, rec.label
+            return self._fast_source(_as_ndarray(img, np.uint8)), rec.label  # channel mismatch
+        img = _as_ndarray(img, np.uint8)
+        if self._transform is not None:
+            return self._transform(img, rec.label)
+        return img, rec.label
+
+    def transform_first(self, fn, lazy: bool = True):
+        """Gluon's ``transform_first``; a recognised image transform (``RandomResizedCrop`` /
+        ``CenterCrop``, ``RandomFlipLeftRight``, ``ToTensor``, ``Normalize``: see
+        :func:`numpy_classification_transform`) runs in numpy on the decoded image instead
+        of as NDArray operators, with the same results; its random draws come from
+        ``sample_rng(seed, epoch, index)`` with the dataset's ``seed``. The fast path is
+        visible as :attr:`fast_path` of the returned dataset. Anything else (and any second
+        ``transform_first``) goes to Gluon's implementation, composed as Gluon composes it."""
+        fast = (numpy_classification_transform(fn, seed=self.seed)
+                if self._transform is None and self._fast_first is None else None)
+        if fast is None:
+            return super().transform_first(fn, lazy)
+        clone = copy.copy(self)
+        clone._fast_first, clone._fast_source = fast, fn
+        return clone
+
+
+MODES = ("train", "val", "testval", "test")
+
+
+def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
+                            seed: Optional[int] = None,
+                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
+    """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
+    (train: mirror, random scale, pad + random crop, blur, fused into one
+    :class:`~gluon_data.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
+    bilinear filter, as gluoncv, + centre crop),
+    except that padded mask pixels get ``mask_fill`` (the ignore value) instead of class 0."""
+    if mode == "train":
+        return T.RandomScaleCrop(base_size, crop_size, image_fill=0, mask_fill=mask_fill,
+                                 seed=seed)
+    if mode == "val":
+        return T.Compose([T.ResizeShort(crop_size, pil=True,  # gluoncv's exact values
+                                        max_pixels=max_pixels),
+                          T.CenterCrop(crop_size, 0, mask_fill)])
+    return None
+
+
+class SegmentationDataset(_StoreDataset):
+    """Image and mask pairs from any segmentation record store.
+
+    Without ``mode``, returns the stored samples. With ``mode``, behaves like gluoncv's
+    ``SegmentationDataset`` (e.g. ``VOCSegmentation``) so it drops into gluoncv's
+    ``train.py``: ``train`` applies the seeded random joint augmentation, ``val`` resizes and
+    centre-crops, ``testval`` returns full-size samples, ``test`` returns ``(image, name)``;
+    ``transform`` is then the image-only transform (e.g. ``ToTensor`` + ``Normalize``).
+
+    Parameters
+    ----------
+    store : RecordStore
+        From :func:`gluon_data.store.open_store` (or any object satisfying the protocol).
+    transform : callable, optional
+        Without ``mode``: joint ``transform(image, mask)``. With ``mode``: image-only
+        ``transform(image)``, applied last, as in gluoncv.
+    ignore_value : int or None, default -1
+        Value returned for the dataset's ignore label (VOC: 255), following gluoncv's
+        convention of -1. ``None`` returns the stored value.
+    mode : {None, 'train', 'val', 'testval', 'test'}
+    base_size : int, default 520
+        ``train``: the long side is drawn from ``[0.5, 2.0] x base_size``.
+    crop_size : int, default 480
+        Output size in ``train`` and ``val``.
+    joint_transform : callable, optional
+        Replaces the mode's built-in joint transform: ``(image, mask) -> (image, mask)`` on
+        numpy arrays (see :mod:`gluon_data.transforms`).
+    seed : int, optional
+        Seed of the random joint transforms: sample ``i`` of epoch ``e`` (a
+        :class:`~gluon_data.sampler.SampleKey`; a plain int counts its requests in this
+        process as the epoch) draws from ``sample_rng(seed, e, i)`` only, whatever runs it.
+        Also reseeds a given ``joint_transform``. ``None``: fresh entropy (a seeded
+        ``joint_transform`` keeps its own seed).
+    verify : bool, default True
+        Check each record's CRC-32.
+    max_pixels : int, optional
+        Refuse images claiming more pixels than this before decoding them.
+
+    Returns
+    -------
+    (NDArray, NDArray)
+        ``uint8`` HxWx3 RGB image (or what ``transform`` makes of it) and ``int32`` HxW mask.
+
+    Examples
+    --------
+    >>> from gluon_data.store import open_store
+    >>> from gluon_data.sampler import SampleKey
+    >>> ds = SegmentationDataset(open_store("voc.lmdb", "val"), mode="val", crop_size=32)
+    >>> img, mask = ds[0]
+    >>> img.shape, mask.dtype
+    ((32, 32, 3), <class 'numpy.int32'>)
+    >>> train = SegmentationDataset(open_store("voc.lmdb", "train"), mode="train",
+    ...                             base_size=40, crop_size=32, seed=0)
+    >>> a, b = train[SampleKey(1, epoch=3)], train[SampleKey(1, epoch=3)]
+    >>> bool((a[0] == b[0]).asnumpy().all())      # (seed, epoch, index) fixes the draws
+    True
+    """
+
+    _task = "segmentation"
+
+    def __init__(self, store: RecordStore, transform: Optional[Callable] = None,
+                 ignore_value: Optional[int] = -1, *, mode: Optional[str] = None,
+                 base_size: int = 520, crop_size: int = 480,
+                 joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+        if mode is not None and mode not in MODES:
+            raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
+        if mode in ("train", "val"):
+            if int(crop_size) <= 0 or int(base_size) <= 0:
+                raise ValueError("crop_size and base_size must be positive, got %r and %r"
+                                 % (crop_size, base_size))
+            if mode == "train" and crop_size > 2 * base_size:
+                raise ValueError("crop_size %d is larger than the largest scaled image "
+                                 "(2 x base_size = %d): every crop would be mostly padding; "
+                                 "raise base_size or lower crop_size" % (crop_size,
+                                                                       2 * base_size))
+        super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
+        if self.meta.get("masks") is False and mode != "test":
+            raise ValueError("%s holds images without masks (e.g. VOC's test split): read it "
+                             "with mode='test'" % self.filename)
+        names = self.meta.get("item_names")
+        self._names = names if isinstance(names, list) and len(names) == len(store) else None
+        self._transform = transform
+        self._ignore_value = ignore_value
+        stored = self.meta.get("ignore_label", 255)
+        self.ignore_label = None if stored is None else int(stored)
+        self.mode, self.base_size, self.crop_size = mode, base_size, crop_size
+        self._builtin_joint = joint_transform is None and mode in ("train", "val")
+        fill = self.ignore_label if self.ignore_label is not None else (
+            -1 if ignore_value is None else ignore_value)
+        if joint_transform is not None and seed is not None and hasattr(joint_transform,
+                                                                        "reseed"):
+            joint_transform.reseed(seed)
+        self._joint = (joint_transform if joint_transform is not None else
+                       default_joint_transform(mode, base_size, crop_size, fill, seed,
+                                               self._max_pixels) if mode else None)
+        # In a mode, a Gluon ToTensor(+Normalize) image transform runs as numpy (same values).
+        self._tensorize = _tensor_only(transform) if mode else None
+
+    @property
+    def num_class(self) -> int:
+        """Number of classes (gluoncv's name)."""
+        n = self.meta.get("num_classes")
+        if n is None:
+            raise AttributeError("the store records no class count (pass num_classes=)")
+        return int(n)
+
+    NUM_CLASS = num_class
+
+    @property
+    def pred_offset(self) -> int:
+        """Add this to predicted class ids to get the dataset's original ids (ADE20K: 1)."""
+        return int(self.meta.get("pred_offset", 0))
+
+    @property
+    def palette(self) -> List[List[int]]:
+        return self.meta.get("palette") or []
+
+    def name(self, idx) -> str:
+        """The source name of sample ``idx``, what ``mode='test'`` returns with the image:
+        the image's file name as gluoncv returns it (``2007_000033.jpg``), recorded at
+        conversion; ``"record N"`` for datasets converted before names were recorded."""
+        i, _ = self._position(idx)
+        return self._names[i] if self._names is not None else "record %d" % self._file.key(i)
+
+    @property
+    def fast_path(self) -> Optional[T.ToTensorNormalize]:
+        """The numpy form of the image ``transform`` in a mode (``None``: it runs as given)."""
+        return None if self._tensorize is None else self._tensorize.tensor
+
+    def _arrays(self, i: int, with_mask: bool = True):
+        """Decoded image (HxWx3 uint8) and mask as stored (HxW uint8/uint16)."""
+        rec, key, offset = self._record(i)
+        img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
+        if not with_mask:
+            return img, None
+        mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask")
+        if mask.shape != img.shape[:2]:
+            raise CorruptRecordError("mask is %dx%d but image is %dx%d"
+                                     % (mask.shape[1], mask.shape[0], img.shape[1],
+                                        img.shape[0]), self.filename, key, offset)
+        return img, mask
+
+    def _labels(self, mask: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Stored mask -> int32 labels with the ignore value mapped (into ``out``)."""
+        if out is None:
+            out = np.empty(mask.shape, np.int32)
+        np.copyto(out, mask, casting="unsafe")
+        if (self._ignore_value is not None and self.ignore_label is not None
+                and self._ignore_value != self.ignore_label):
+            out[mask == self.ignore_label] = self._ignore_value
+        return out
+
+    def _image_out(self, img: np.ndarray):
+        tensor = _fast_tensor(self._tensorize, img)
+        if tensor is not None:
+            return tensor
+        img = _as_ndarray(img, np.uint8)
+        return img if self._transform is None else self._transform(img)
+
+    def __getitem__(self, idx):
+        i, epoch = self._position(idx)
+        if self.mode == "test":
+            img = self._image_out(self._arrays(i, with_mask=False)[0])
+            return img, self.name(i)
+        img, mask = self._arrays(i)
+        if self._builtin_joint:  # works on the stored mask, padding with the stored ignore
+            try:
+                with self._sample(i, epoch):
+                    img, mask = self._joint(img, mask)
+            except DecodeError as e:  # a derived size over max_pixels: name the record
+                raise DecodeError(e.reason, self.filename, self._file.key(i),
+                                  self._file.offset(i)) from None
+            mask = buffers.samples.wrap(
+                self._labels(mask, buffers.samples.take(mask.shape, np.int32)))
+        else:
+            mask = self._labels(mask)
+            if self._joint is not None:
+                with self._sample(i, epoch):
+                    img, mask = self._joint(img, mask)
+            mask = _as_ndarray(mask, np.int32)
+        if self.mode is not None:
+            return self._image_out(img), mask
+        img = _as_ndarray(img, np.uint8)
+        if self._transform is None:
+            return img, mask
+        return self._transform(img, mask)
+
+
+_CLASS_FOR = {("rec", "classification"): "ImageRecordDataset",
+              ("rec", "segmentation"): "SegmentationRecordDataset",
+              ("lmdb", "classification"): "ImageLMDBDataset",
+              ("lmdb", "segmentation"): "SegmentationLMDBDataset"}
