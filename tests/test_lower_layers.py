@@ -9,9 +9,9 @@ import gluon_data
 
 PKG = os.path.dirname(gluon_data.__file__)
 # the modules below the converters and the datasets' views
-LOWER = ("errors", "fileio", "documents", "meta", "store", "ownership", "fsutil", "cache", "codec",
-         "recindex", "recordio", "recwriter", "lmdb_pages", "lmdb_writer", "lmdbio", "legacy",
-         "datasets", "salvage", "stats", "sample")
+LOWER = ("errors", "fileio", "documents", "meta", "store", "ownership", "fsutil", "cache",
+         "codec", "recindex", "recordio", "recwriter", "lmdb_pages", "lmdb_writer", "lmdbio",
+         "legacy", "datasets", "salvage", "stats", "sample")
 
 
 def _imports(name):
