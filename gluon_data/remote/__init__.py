@@ -26,7 +26,8 @@ failed call takes at most :func:`call_bound` seconds.
 
 The package: :mod:`.layout` (object names), :mod:`.fs` (options, client, retries),
 :mod:`.objects` (the object cache), :mod:`.ranged` (ranged reads), :mod:`.stores`,
-:mod:`.sampling`, :mod:`.upload` (the commit protocol), :mod:`.to_uri` (convert into a URI).
+:mod:`.sampling`, :mod:`.commit` (the one upload protocol: marker, objects, commit document),
+:mod:`.upload` (uploads of local datasets and of shards), :mod:`.to_uri` (convert into a URI).
 """
 from __future__ import annotations
 
@@ -41,9 +42,11 @@ from .stores import (_ProcessLocal, _ReadsLocalCopy, RemoteStore, _stamp, _open_
                      _open_remote_lmdb, _remote_lmdb_splits, RemoteShardedStore,
                      _names_remote_manifest)  # noqa: F401
 from .sampling import (BlockShuffleSampler, PrefetchSampler)  # noqa: F401
-from .upload import (RECEIPT_SUFFIX, _commit_names, _lmdb_commit, _upload_plan, _NOT_OURS,
-                     _remote_is_ours, upload_dataset, ShardUploader, _verify_shard)  # noqa: F401
-from .to_uri import (check_bucket, probe_writable, convert_to_uri)  # noqa: F401
+from .commit import (Commit, _commit_names, _NOT_OURS, _remote_is_ours, put_object,
+                     check_bucket, probe_writable)  # noqa: F401
+from .upload import (RECEIPT_SUFFIX, _lmdb_commit, _upload_plan, upload_dataset,
+                     ShardUploader, _verify_shard)  # noqa: F401
+from .to_uri import convert_to_uri  # noqa: F401
 from ..cache import parse_size  # noqa: F401  (re-exported, as before)
 
 __all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler",

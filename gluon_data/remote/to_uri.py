@@ -5,44 +5,15 @@ import hashlib
 import os
 import posixpath
 import shutil
-import uuid
 from typing import Optional
 
 
 from ..credentials import forward_options
-from ..errors import OutputError, RemoteError, RemoteNotFoundError
 from ..shards import is_manifest
-from .layout import _join
+from .commit import Commit, check_bucket, probe_writable
 from .fs import _Remote
 from .objects import _default_cache_dir
-from .upload import ShardUploader, _NOT_OURS, _commit_names, _remote_is_ours, upload_dataset
-
-
-def check_bucket(remote: "_Remote", output: str) -> None:
-    """Before any conversion: the bucket (the URI's first component) must exist (one HEAD;
-    a :class:`RemoteNotFoundError` naming the bucket otherwise)."""
-    scheme, _, rest = output.partition("://")
-    bucket = rest.split("/", 1)[0]
-    try:
-        remote.info("%s://%s" % (scheme, bucket))
-    except RemoteNotFoundError:
-        raise RemoteNotFoundError("bucket %r does not exist (or these credentials cannot see "
-                                  "it): create it first; nothing was converted" % bucket,
-                                  output) from None
-
-
-def probe_writable(remote: "_Remote", output: str) -> None:
-    """Before any conversion: a uniquely named empty object under the output's folder is
-    written and deleted, so missing write or delete permissions show now, not after the
-    conversion (the :class:`RemoteError` of the failed call, naming the probe)."""
-    name = ".%s.gluon-data-probe-%s" % (posixpath.basename(output), uuid.uuid4().hex[:12])
-    target = _join(output, name)
-    try:
-        remote.pipe(target, b"")
-        remote.rm(target)
-    except RemoteError as e:
-        raise type(e)("cannot write and delete under %s (%s); nothing was converted"
-                      % (output, e.reason), target) from None
+from .upload import ShardUploader, upload_dataset
 
 
 def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
@@ -77,12 +48,7 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     check_bucket(remote, output)
     # refuse an existing output before any work (the split names are checked again later)
     if not resume and remote.exists(output):
-        if not overwrite:
-            raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
-                                  "to replace it" % output)
-        commit, marker = _commit_names(output)
-        if not _remote_is_ours(remote, commit, marker):
-            raise OutputError(_NOT_OURS % posixpath.basename(commit), output)
+        Commit(remote, output).refuse([output], overwrite)
     cache_root = os.path.abspath(cache_dir or _default_cache_dir())
     staging = os.path.join(cache_root, "staging",
                            hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
