@@ -4,6 +4,8 @@ interrupted uploads; and the converter importing the uploader (never the other w
 Against moto's S3 server on 127.0.0.1 (tests/test_remote.py), whose request log is read."""
 import contextlib
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +19,8 @@ import gluon_data.remote as remote_pkg  # noqa: E402
 from gluon_data.remote import convert_to_uri, filesystem  # noqa: E402
 from gluon_data.sample import make_imagefolder  # noqa: E402
 from gluon_data.store import open_store  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +219,17 @@ def test_a_commit_document_is_never_written_before_every_object_exists(s3, so, t
     assert fs.cat_file("%s/commitcheck/d.meta.json" % BUCKET) == dumps_meta(doc)
     assert not fs.exists("%s/commitcheck/d.uploading.json" % BUCKET)
 
+
+def test_the_converter_imports_the_uploader_not_the_other_way_round():
+    """Expected: ``convert_to_uri`` lives with the converters and is still reachable from
+    ``gluon_data.remote``; loading the remote package (every URI read does) loads no converter
+    module."""
+    code = ("import sys, gluon_data.remote, gluon_data.remote.upload, gluon_data.store; "
+            "assert not [m for m in sys.modules if m.startswith('gluon_data.convert')], "
+            "sorted(m for m in sys.modules if m.startswith('gluon_data.convert')); "
+            "from gluon_data.remote import convert_to_uri; "
+            "import gluon_data.convert.to_uri as t; assert convert_to_uri is t.convert_to_uri")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -1,4 +1,6 @@
-"""Converting into a URI: bucket checks, then convert into staging, then upload."""
+"""Converting into a URI: bucket checks, then convert into staging, then upload by the
+uploaders of :mod:`gluon_data.remote` (the converter imports the uploader, never the other
+way round; ``gluon_data.remote.convert_to_uri`` loads this module on first use)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,11 +11,13 @@ from typing import Optional
 
 
 from ..credentials import forward_options
+from ..remote.commit import Commit, check_bucket, probe_writable
+from ..remote.fs import _Remote
+from ..remote.objects import _default_cache_dir
+from ..remote.upload import ShardUploader, upload_dataset
 from ..shards import is_manifest
-from .commit import Commit, check_bucket, probe_writable
-from .fs import _Remote
-from .objects import _default_cache_dir
-from .upload import ShardUploader, upload_dataset
+from .driver import convert
+from .sharded import convert_sharded
 
 
 def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
@@ -40,7 +44,6 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     >>> convert_to_uri("VOCdevkit", "s3://bucket/voc.rec", layout="voc",
     ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
-    from ..convert import convert
     output = os.fspath(output).rstrip("/")
     if forward_credentials:  # this machine's credentials, for the tasks (in memory only)
         storage_options = forward_options(output, storage_options)
@@ -52,7 +55,6 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     cache_root = os.path.abspath(cache_dir or _default_cache_dir())
     staging = os.path.join(cache_root, "staging",
                            hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
-    from ..convert.sharded import convert_sharded
     sharded = is_manifest(os.fspath(source)) or any(
         convert_options.get(k) is not None for k in ("shards", "shard_size", "shard_items"))
     if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)
