@@ -8,7 +8,8 @@ import os
 import posixpath
 import shutil
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from functools import partial
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import codec
 from ..documents import load_document
@@ -108,11 +109,12 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     if resume and journal and os.path.exists(journal):
         done = load_document(journal, "journal")
     local = list(dict.fromkeys(os.fspath(p) for p in local))  # (an LMDB's splits: one path)
-    plan = [(p, Commit(remote, u), doc, triples)
-            for p in local for u, doc, triples in [_upload_plan(p, uri)]]
-    todo = [(c, doc, {t: (p, sha) for p, t, sha in triples}) for _, c, doc, triples in plan
-            if not (resume and c.complete(lambda blob, d=doc, ts=triples: {
-                t: os.path.getsize(p) for p, t, _ in ts} if blob == dumps_meta(d) else None))]
+    plan = []  # (local path, its Commit, commit document, {object uri: (file, SHA-256)})
+    for p in local:
+        u, doc, triples = _upload_plan(p, uri)
+        plan.append((p, Commit(remote, u), doc, {t: (f, sha) for f, t, sha in triples}))
+    todo = [(c, doc, objects) for _, c, doc, objects in plan
+            if not (resume and c.complete(partial(_same, doc, objects)))]
     for c, _, objects in todo:  # refuse before anything is changed
         c.refuse(_found(remote, list(objects) + [c.commit]), overwrite,
                  lambda target: resume and target in done)
@@ -124,9 +126,19 @@ def upload_dataset(local: Sequence[str], uri: str, *,
             if up.get(target) != os.path.getsize(path) or done.get(target) != sha:
                 put_object(remote, path, target)
                 _record(journal, done, target, sha)
-        c.end(doc, {t: os.path.getsize(p) for t, (p, _) in objects.items()})
+        c.end(doc, _sizes(objects))
         _record(journal, done, c.commit, hashlib.sha256(dumps_meta(doc)).hexdigest())
     return {p: c.uri for p, c, _, _ in plan}
+
+
+def _sizes(objects: Dict[str, Tuple[str, str]]) -> Dict[str, int]:
+    return {t: os.path.getsize(f) for t, (f, _) in objects.items()}
+
+
+def _same(doc: dict, objects: Dict[str, Tuple[str, str]], blob: bytes):
+    """The objects (``{uri: size}``) of a complete upload of ``doc`` if ``blob``, the commit
+    document found, is ``doc`` (for :meth:`Commit.complete`); else ``None``."""
+    return _sizes(objects) if blob == dumps_meta(doc) else None
 
 
 def _record(journal: Optional[str], done: Dict[str, str], target: str, sha: str) -> None:
@@ -213,7 +225,7 @@ class ShardUploader:
         todo = []
         for p in plans:
             c = self._commit(p)
-            if self.resume and c.complete(lambda blob, p=p: self._needs(p, blob)):
+            if self.resume and c.complete(partial(self._needs, p)):
                 self.complete.add(c.uri)  # complete already: the tasks find every receipt
                 continue
             targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
@@ -251,9 +263,10 @@ class ShardUploader:
             c = Commit(self.remote, self.shard_uri(os.path.basename(local)))
             doc = read_manifest(local)
             entries = [e for e in report.shards if e["split"] == split]
-            data = (lambda e: e["name"] + "/" + LMDB_DATA) if doc["container"] == "lmdb" \
-                else (lambda e: e["name"])
-            doc["files"] = {data(e): e["files"][data(e)] for e in entries}
+            doc["files"] = {}
+            for e in entries:  # each shard's data object
+                data = e["name"] + "/" + LMDB_DATA if doc["container"] == "lmdb" else e["name"]
+                doc["files"][data] = e["files"][data]
             out[split] = c.uri
             if c.uri in self.complete and self.remote.cat(c.commit) == dumps_meta(doc):
                 continue  # resumed a complete upload of this plan: nothing to send
