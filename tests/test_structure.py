@@ -9,11 +9,9 @@ spec = importlib.util.spec_from_file_location(
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 
-# loaded on first use only: the converter, from the remote store's upload entry points
-# (open_store loads the remote module for every URI; reading must not import the converter)
-ALLOWED_INSIDE = {("gluon_data.remote.to_uri", "gluon_data.convert"),
-                  ("gluon_data.remote.to_uri", "gluon_data.convert.sharded"),
-                  ("gluon_data.remote.upload", "gluon_data.convert.sharded")}
+# none: the converter imports the uploader (gluon_data.convert.to_uri), and the remote package
+# loads convert_to_uri on first use through its PEP 562 __getattr__, as gluon_data/__init__ does
+ALLOWED_INSIDE: set = set()
 
 
 def _is_cli(module: str) -> bool:

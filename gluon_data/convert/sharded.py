@@ -291,8 +291,9 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     ``sink`` (optional) puts each shard elsewhere than ``output``'s folder, e.g. into object
     storage (:class:`gluon_data.remote.ShardUploader`): ``sink.prepare(plans, container)`` runs
     once the plan is known and checked, before any task; each task is then
-    ``sink.write_shard(job)`` instead of :func:`write_shard` (it returns the manifest entry,
-    and may add ``files``); the manifests are still written locally under ``output``.
+    ``sink.write_shard(job, write=write_shard)`` instead of :func:`write_shard` (it returns
+    the manifest entry, and may add ``files``); the manifests are still written locally under
+    ``output``.
 
     Returns
     -------
@@ -484,7 +485,7 @@ def _run_shards(plans: List[dict], sink, *, engine: str, workers: int,
     nbytes = 0
     try:
         keys = ["gluon-data-%s-%s" % (os.path.basename(j.path), j.digest[:16]) for j in jobs]
-        task = write_shard if sink is None else sink.write_shard
+        task = write_shard if sink is None else partial(sink.write_shard, write=write_shard)
         for i, res in run_tasks(task, jobs, engine=engine, workers=workers,
                                 scheduler=scheduler, retries=retries, keys=keys,
                                 shared_paths=shared):

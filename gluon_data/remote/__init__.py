@@ -26,9 +26,14 @@ failed call takes at most :func:`call_bound` seconds.
 
 The package: :mod:`.layout` (object names), :mod:`.fs` (options, client, retries),
 :mod:`.objects` (the object cache), :mod:`.ranged` (ranged reads), :mod:`.stores`,
-:mod:`.sampling`, :mod:`.upload` (the commit protocol), :mod:`.to_uri` (convert into a URI).
+:mod:`.sampling`, :mod:`.commit` (the one upload protocol: marker, objects, commit document),
+:mod:`.upload` (uploads of local datasets and of shards). :func:`convert_to_uri` lives with the
+converters (:mod:`gluon_data.convert.to_uri`, which imports the uploader) and is loaded from
+here on first use, so reading a URI never loads the converter.
 """
 from __future__ import annotations
+
+import importlib
 
 from .layout import (UPLOAD_MARKER, LMDB_DATA, LMDB_COMMIT, LMDB_MARKER, LMDB_FORMAT, _join)  # noqa: F401
 from .fs import (INSTALL_HINT, RETRIES, BACKOFF, CONNECT_TIMEOUT, READ_TIMEOUT, MIN_RATE,
@@ -41,12 +46,23 @@ from .stores import (_ProcessLocal, _ReadsLocalCopy, RemoteStore, _stamp, _open_
                      _open_remote_lmdb, _remote_lmdb_splits, RemoteShardedStore,
                      _names_remote_manifest)  # noqa: F401
 from .sampling import (BlockShuffleSampler, PrefetchSampler)  # noqa: F401
-from .upload import (RECEIPT_SUFFIX, _commit_names, _lmdb_commit, _upload_plan, _NOT_OURS,
-                     _remote_is_ours, upload_dataset, ShardUploader, _verify_shard)  # noqa: F401
-from .to_uri import (check_bucket, probe_writable, convert_to_uri)  # noqa: F401
+from .commit import (Commit, _commit_names, _NOT_OURS, _remote_is_ours, put_object,
+                     check_bucket, probe_writable)  # noqa: F401
+from .upload import (RECEIPT_SUFFIX, _lmdb_commit, _upload_plan, upload_dataset,
+                     ShardUploader, _verify_shard)  # noqa: F401
 from ..cache import parse_size  # noqa: F401  (re-exported, as before)
 
 __all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler",
            "PrefetchSampler", "filesystem", "parse_storage_options", "parse_size",
            "upload_dataset", "convert_to_uri", "ShardUploader", "call_bound", "attempt_limit",
            "INSTALL_HINT"]
+
+
+def __getattr__(name: str):
+    """``convert_to_uri``, loaded on first use from :mod:`gluon_data.convert.to_uri` (PEP 562):
+    the converter imports this package, so this package may not import it."""
+    if name == "convert_to_uri":
+        value = importlib.import_module("gluon_data.convert.to_uri").convert_to_uri
+        globals()[name] = value
+        return value
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -1,26 +1,27 @@
 """Uploads: a local dataset, or each shard where it is written, then the commit document."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import posixpath
 import shutil
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
-
+from functools import partial
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import codec
 from ..documents import load_document
-from ..errors import ConversionError, FormatError, OutputError, RemoteError, RemoteNotFoundError
-from ..fsutil import sha256_file
+from ..errors import ConversionError, FormatError, RemoteNotFoundError
+from ..fsutil import atomic_write, sha256_file
 from ..lmdbio import LMDBFile, read_lmdb_meta
 from ..meta import dumps_meta, meta_path
 from ..recordio import idx_path_for
-from ..shards import (MANIFEST_FORMAT, _load_manifest, _shard_files, manifest_path, prefix_of,
-                      read_manifest)
+from ..shards import _load_manifest, _shard_files, manifest_path, prefix_of, read_manifest
 from ..verify import verify
-from .layout import LMDB_COMMIT, LMDB_DATA, LMDB_FORMAT, LMDB_MARKER, UPLOAD_MARKER, _join
+from .commit import Commit, _found, put_object
+from .layout import LMDB_DATA, LMDB_FORMAT, _join
 from .fs import _Remote
 from .objects import _default_cache_dir
 
@@ -29,25 +30,18 @@ from .objects import _default_cache_dir
 RECEIPT_SUFFIX = ".upload.json"   # PREFIX-SSSSS-of-NNNNN.upload.json: a shard's upload receipt
 
 
-def _commit_names(uri: str) -> Tuple[str, str]:
-    """``(commit document, upload marker)`` URIs of the dataset at ``uri`` (a ``.rec``, an
-    ``.lmdb`` environment or a ``.shards.json`` manifest), as FORMAT.md section 8 names them."""
-    uri = uri.rstrip("/")
-    if uri.endswith(".lmdb"):
-        return uri + "/" + LMDB_COMMIT, uri + "/" + LMDB_MARKER
-    if uri.endswith(".shards.json"):
-        return uri, uri[:-len(".shards.json")] + UPLOAD_MARKER
-    return meta_path(uri), os.path.splitext(uri)[0] + UPLOAD_MARKER
-
-
 def _lmdb_commit(local: str, files: Dict[str, dict]) -> dict:
     """The commit document of a local LMDB environment uploaded to object storage."""
     return {"format": LMDB_FORMAT, "format_version": 1, "container": "lmdb",
             "splits": read_lmdb_meta(local), "files": files}
 
 
+def _file(path: str, sha: str) -> dict:
+    return {"bytes": os.path.getsize(path), "sha256": sha}
+
+
 def _upload_plan(local: str, uri: str):
-    """``(commit uri, commit document, [(local file, uri)], marker uri)`` of one local
+    """``(dataset uri, commit document, [(local file, uri, SHA-256)])`` of one local
     dataset: a ``.rec`` (committed by its metadata), an ``.lmdb`` environment (its
     ``data.mdb``, committed by ``NAME.lmdb/meta.json``) or a ``.shards.json`` (by the
     manifest; its shards' files are data)."""
@@ -55,55 +49,29 @@ def _upload_plan(local: str, uri: str):
         local = local.rstrip("/")
         target = _join(uri, os.path.basename(local))
         data = os.path.join(local, LMDB_DATA)
-        commit, marker = _commit_names(target)
-        doc = _lmdb_commit(local, {LMDB_DATA: {"bytes": os.path.getsize(data),
-                                               "sha256": sha256_file(data)}})
-        return commit, doc, [(data, target + "/" + LMDB_DATA)], marker
+        sha = sha256_file(data)
+        doc = _lmdb_commit(local, {LMDB_DATA: _file(data, sha)})
+        return target, doc, [(data, target + "/" + LMDB_DATA, sha)]
     if local.endswith(".shards.json"):
         doc = read_manifest(local)
         folder = os.path.dirname(local)
-        pairs, files = [], {}
+        triples, files = [], {}
         for sh in doc["shards"]:
             rec = os.path.join(folder, sh["name"])
             if not os.path.isfile(rec):
                 raise ValueError("%s: only RecordIO shards can be uploaded (%s)"
                                  % (local, sh["name"]))
-            pairs += [(p, _join(uri, os.path.basename(p)))
-                      for p in (rec, idx_path_for(rec), meta_path(rec))]
-            files[sh["name"]] = {"bytes": os.path.getsize(rec), "sha256": sha256_file(rec)}
+            triples += [(p, _join(uri, os.path.basename(p)), sha256_file(p))
+                        for p in (rec, idx_path_for(rec), meta_path(rec))]
+            files[sh["name"]] = _file(rec, triples[-3][2])
         doc["files"] = files
-        commit = _join(uri, os.path.basename(local))
-        return commit, doc, pairs, commit[:-len(".shards.json")] + UPLOAD_MARKER
+        return _join(uri, os.path.basename(local)), doc, triples
     rec_uri = _join(uri, os.path.basename(local))
-    pairs = [(local, rec_uri), (idx_path_for(local), idx_path_for(rec_uri))]
+    triples = [(p, t, sha256_file(p)) for p, t in ((local, rec_uri),
+                                                   (idx_path_for(local), idx_path_for(rec_uri)))]
     doc = load_document(meta_path(local), "meta")
-    doc["files"] = {posixpath.basename(t): {"bytes": os.path.getsize(p),
-                                            "sha256": sha256_file(p)} for p, t in pairs}
-    return meta_path(rec_uri), doc, pairs, os.path.splitext(rec_uri)[0] + UPLOAD_MARKER
-
-
-_NOT_OURS = ("exists and is not a dataset written by gluon-data (no gluon-data metadata %s "
-             "beside it, nor an interrupted upload of ours); --overwrite only replaces "
-             "gluon-data's own outputs, so it was left untouched: remove it or choose another "
-             "output name")
-
-
-def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
-    """Whether the objects under a dataset's names are recognisably gluon_data's output, the
-    remote form of :func:`gluon_data.fsutil.is_ours`: its commit document (metadata or
-    manifest) says ``"format": "gluon_data"`` (``"gluon_data-shards"``), or an upload marker
-    of ours says an upload of ours was interrupted. Only content is trusted, never a name."""
-    for uri, key, wanted in ((commit, "format", ("gluon_data", MANIFEST_FORMAT, LMDB_FORMAT)),
-                             (marker, "writer", ("gluon_data",))):
-        try:
-            if int(remote.info(uri)["size"]) > 64 << 20:  # no metadata is that large
-                continue
-            doc = json.loads(remote.cat(uri).decode("utf-8"))
-        except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get(key) in wanted:
-            return True
-    return False
+    doc["files"] = {posixpath.basename(t): _file(p, sha) for p, t, sha in triples}
+    return rec_uri, doc, triples
 
 
 def upload_dataset(local: Sequence[str], uri: str, *,
@@ -111,17 +79,20 @@ def upload_dataset(local: Sequence[str], uri: str, *,
                    resume: bool = False, journal: Optional[str] = None,
                    retries: Optional[int] = None) -> Dict[str, str]:
     """Upload local datasets beside ``uri``: ``.rec`` files (with their ``.idx`` and
-    metadata) or ``.shards.json`` manifests (with every shard's files). Returns
-    ``{local path: its URI}`` (the ``.rec``, or the manifest).
+    metadata), ``.lmdb`` environments (their ``data.mdb``) or ``.shards.json`` manifests
+    (with every shard's files). Returns ``{local path: its URI}`` (the ``.rec``, the
+    ``.lmdb`` or the manifest).
 
-    Order: ``PREFIX.uploading.json`` markers; the old commit documents (metadata, manifest)
-    removed; every data object; every commit document -- the metadata with a ``files`` entry
-    recording the size and SHA-256 of its ``.rec`` and ``.idx``, the manifest with one
-    recording each shard's ``.rec`` (what readers verify downloads against); then the
-    markers removed. A reader therefore sees either no dataset (while the marker exists, an
-    error saying an upload is in progress) or a complete one. With ``resume``, objects the
-    ``journal`` (a local JSON file) lists as uploaded with the same SHA-256 and found with
-    the same size are not sent again, and an identical complete dataset is left alone.
+    Each dataset goes up by the one protocol of :class:`~gluon_data.remote.commit.Commit`:
+    refusals first (nothing is changed then); its upload marker, its old commit document
+    removed; every data object; its commit document -- the metadata with a ``files`` entry
+    recording the size and SHA-256 of its ``.rec`` and ``.idx``, the LMDB commit document,
+    the manifest with one per shard's ``.rec`` (what readers verify downloads against) --
+    written only once every object is there; then the marker removed. A reader sees either
+    no dataset (while the marker exists, an error saying an upload is in progress) or a
+    complete one. With ``resume``, objects the ``journal`` (a local JSON file) lists as
+    uploaded with the same SHA-256 and found with the same size are not sent again, and an
+    identical complete dataset (every object there with its size) is left alone.
 
     Raises
     ------
@@ -138,67 +109,43 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     if resume and journal and os.path.exists(journal):
         done = load_document(journal, "journal")
     local = list(dict.fromkeys(os.fspath(p) for p in local))  # (an LMDB's splits: one path)
-    plan = [(p,) + _upload_plan(p, uri) for p in local]
-    shas = {t: sha256_file(p) for _, _, _, pairs, _ in plan for p, t in pairs}
-    same = set()
-    if resume:  # a complete earlier upload identical to this one is left alone
-        for _, commit, doc, _, _ in plan:
-            try:
-                if remote.cat(commit) == dumps_meta(doc):
-                    same.add(commit)
-            except RemoteNotFoundError:
-                pass
-    result = {p: (commit if p.endswith(".shards.json") else
-                  pairs[0][1][:-len("/data.mdb")] if p.rstrip("/").endswith(".lmdb")
-                  else pairs[0][1]) for p, commit, _, pairs, _ in plan}
-    if len(same) == len(plan):
-        return result
-    for _, commit, _, pairs, marker in plan:  # refuse before anything is changed
-        ours = None
-        for target in [t for _, t in pairs] + [commit]:
-            if (resume and target in done) or not remote.exists(target):
-                continue
-            if not overwrite:
-                raise FileExistsError("%s already exists; pass overwrite=True (CLI: "
-                                      "--overwrite) to replace it" % target)
-            if ours is None:
-                ours = _remote_is_ours(remote, commit, marker)
-            if not ours:
-                raise OutputError(_NOT_OURS % commit.rsplit("/", 1)[-1], target)
-    markers = [m for _, _, _, _, m in plan]
-    for m in markers:
-        remote.pipe(m, json.dumps({"writer": "gluon_data", "started": time.time()}).encode())
-    for _, commit, _, _, _ in plan:
-        if commit not in same:
-            remote.rm(commit)  # no commit document may describe the objects replaced next
+    plan = []  # (local path, its Commit, commit document, {object uri: (file, SHA-256)})
+    for p in local:
+        u, doc, triples = _upload_plan(p, uri)
+        plan.append((p, Commit(remote, u), doc, {t: (f, sha) for f, t, sha in triples}))
+    todo = [(c, doc, objects) for _, c, doc, objects in plan
+            if not (resume and c.complete(partial(_same, doc, objects)))]
+    for c, _, objects in todo:  # refuse before anything is changed
+        c.refuse(_found(remote, list(objects) + [c.commit]), overwrite,
+                 lambda target: resume and target in done)
+    for c, _, _ in todo:
+        c.begin()
+    for c, doc, objects in todo:
+        up = _found(remote, [t for t, (_, sha) in objects.items() if done.get(t) == sha])
+        for target, (path, sha) in objects.items():
+            if up.get(target) != os.path.getsize(path) or done.get(target) != sha:
+                put_object(remote, path, target)
+                _record(journal, done, target, sha)
+        c.end(doc, _sizes(objects))
+        _record(journal, done, c.commit, hashlib.sha256(dumps_meta(doc)).hexdigest())
+    return {p: c.uri for p, c, _, _ in plan}
 
-    def record(target, sha):
-        done[target] = sha
-        if journal:
-            tmp = journal + ".partial"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(done, f)
-            os.replace(tmp, journal)
 
-    for _, commit, _, pairs, _ in plan:
-        if commit in same:
-            continue
-        for path, target in pairs:
-            if done.get(target) == shas[target]:
-                try:
-                    if int(remote.info(target)["size"]) == os.path.getsize(path):
-                        continue
-                except RemoteNotFoundError:
-                    pass
-            remote.put_file(path, target)
-            record(target, shas[target])
-    for _, commit, doc, _, _ in plan:  # the commit documents, last
-        if commit not in same:
-            remote.pipe(commit, dumps_meta(doc))
-            record(commit, "commit")
-    for m in markers:
-        remote.rm(m)
-    return result
+def _sizes(objects: Dict[str, Tuple[str, str]]) -> Dict[str, int]:
+    return {t: os.path.getsize(f) for t, (f, _) in objects.items()}
+
+
+def _same(doc: dict, objects: Dict[str, Tuple[str, str]], blob: bytes):
+    """The objects (``{uri: size}``) of a complete upload of ``doc`` if ``blob``, the commit
+    document found, is ``doc`` (for :meth:`Commit.complete`); else ``None``."""
+    return _sizes(objects) if blob == dumps_meta(doc) else None
+
+
+def _record(journal: Optional[str], done: Dict[str, str], target: str, sha: str) -> None:
+    """Note in the upload journal that ``target`` holds the content of SHA-256 ``sha``."""
+    done[target] = sha
+    if journal:
+        atomic_write(journal, json.dumps(done).encode("utf-8"), sync_dir=False)
 
 
 class ShardUploader:
@@ -214,9 +161,12 @@ class ShardUploader:
     receipt carries the shard's plan digest (``job.digest``: its items' names and each file's
     size and mtime, see :mod:`gluon_data.plan`) and whose objects have the recorded sizes is
     kept (a rerun with ``resume``, or Dask retrying a task that died after uploading); a shard
-    of a source file changed since is written and uploaded again. The client
-    calls :meth:`prepare` before any task (refusals, the upload marker, old commit documents
-    removed) and :meth:`finish` after all (the manifests, last; the markers removed).
+    of a source file changed since is written and uploaded again. Each split's manifest is
+    uploaded by the one protocol of :class:`~gluon_data.remote.commit.Commit`, the tasks
+    putting its objects: the client calls :meth:`prepare` before any task (refusals, the
+    upload marker, old commit documents removed) and :meth:`finish` after all (each
+    manifest, once every shard object is there; the markers removed). The converter hands
+    each task its shard writer (``write``: :func:`gluon_data.convert.sharded.write_shard`).
 
     Parameters
     ----------
@@ -260,66 +210,49 @@ class ShardUploader:
         """URIs of the objects of ``job``'s shard and its receipt."""
         name = os.path.basename(job.path)
         if job.container == "lmdb":
-            names = [name + "/data.mdb"]
+            names = [name + "/" + LMDB_DATA]
         else:
             names = [name, idx_path_for(name), meta_path(name)]
         return [self.shard_uri(n) for n in names] + [self.receipt_uri(name)]
+
+    def _commit(self, p: dict) -> Commit:
+        return Commit(self.remote, self.shard_uri(os.path.basename(manifest_path(p["prefix"]))))
 
     def prepare(self, plans: List[dict], container: str) -> None:
         """Before any task: refuse what may not be replaced (nothing is changed then), put
         each split's upload marker, remove the old manifests and, unless ``resume``, the old
         receipts (so only this run's uploads are kept by a retried task)."""
-        remote, todo = self.remote, []
+        todo = []
         for p in plans:
-            manifest = self.shard_uri(os.path.basename(manifest_path(p["prefix"])))
-            commit, marker = _commit_names(manifest)
-            if self.resume and self._same_plan(manifest, p["digest"]):
-                self.complete.add(manifest)  # complete already: the tasks find every receipt
+            c = self._commit(p)
+            if self.resume and c.complete(partial(self._needs, p)):
+                self.complete.add(c.uri)  # complete already: the tasks find every receipt
                 continue
-            targets = [u for j in p["jobs"] for u in self._objects(j)] + [commit]
-            present = self._present(targets)
-            ours = None
-            for target in targets:
-                if target not in present:
-                    continue
-                if ours is None:
-                    ours = _remote_is_ours(remote, commit, marker)
-                if self.resume and ours:
-                    break  # an interrupted upload of ours: the receipts say what is done
-                if not self.overwrite:
-                    raise FileExistsError("%s already exists; pass overwrite=True (CLI: "
-                                          "--overwrite) to replace it" % target)
-                if not ours:
-                    raise OutputError(_NOT_OURS % commit.rsplit("/", 1)[-1], target)
-            todo.append((p, commit, marker, present))
-        for p, commit, marker, present in todo:
-            remote.pipe(marker, json.dumps({"writer": "gluon_data",
-                                            "started": time.time()}).encode())
-            remote.rm(commit)  # no manifest may describe the shards replaced next
+            targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
+            present = _found(self.remote, targets)
+            c.refuse(present, self.overwrite, lambda target, c=c: self.resume and c.ours())
+            todo.append((p, c, present))
+        for p, c, present in todo:
+            c.begin()
             if not self.resume:
                 for j in p["jobs"]:
                     receipt = self.receipt_uri(os.path.basename(j.path))
                     if receipt in present:
-                        remote.rm(receipt)
+                        self.remote.rm(receipt)
 
-    def _same_plan(self, manifest: str, digest: str) -> bool:
+    def _needs(self, p: dict, blob: bytes) -> Optional[Dict[str, Optional[int]]]:
+        """The objects a complete upload of plan ``p`` has (``{uri: size, or None}``), if
+        the manifest ``blob`` is of this plan; else ``None``."""
+        uri = self._commit(p).commit
         try:
-            doc = _load_manifest(manifest, self.remote.cat(manifest))[0]
-        except (RemoteNotFoundError, FormatError):
-            return False  # none, or not one whole: this run writes it
-        return (doc.get("plan") or {}).get("digest") == digest
-
-    def _present(self, uris: List[str]) -> set:
-        """Which of ``uris`` exist: one listing per folder (not one request per object)."""
-        found = set()
-        for folder in sorted({u.rsplit("/", 1)[0] for u in uris}):
-            try:
-                names = self.remote.call(folder, "list", lambda fs, p, kw: fs.ls(
-                    p, detail=False, refresh=True, **kw))
-            except RemoteNotFoundError:
-                continue
-            found.update(n.rstrip("/").rsplit("/", 1)[-1] for n in names)
-        return {u for u in uris if u.rsplit("/", 1)[-1] in found}
+            doc = _load_manifest(uri, blob)[0]
+        except FormatError:
+            return None  # not one whole: this run writes it
+        if (doc.get("plan") or {}).get("digest") != p["digest"]:
+            return None
+        sizes: Dict[str, Optional[int]] = {u: None for j in p["jobs"] for u in self._objects(j)}
+        sizes.update((self.shard_uri(n), f["bytes"]) for n, f in doc.get("files", {}).items())
+        return sizes
 
     def finish(self, report) -> Dict[str, str]:
         """After every task: each split's manifest (the local one, plus ``files``: size and
@@ -327,20 +260,18 @@ class ShardUploader:
         Returns ``{split: manifest URI}``."""
         out = {}
         for split, local in sorted(report.outputs.items()):
-            uri = self.shard_uri(os.path.basename(local))
-            commit, marker = _commit_names(uri)
+            c = Commit(self.remote, self.shard_uri(os.path.basename(local)))
             doc = read_manifest(local)
-            files = {}
-            for e in report.shards:
-                if e["split"] == split:
-                    data = e["name"] + "/data.mdb" if doc["container"] == "lmdb" else e["name"]
-                    files[data] = e["files"][data]
-            doc["files"] = files
-            out[split] = uri
-            if uri in self.complete and self.remote.cat(commit) == dumps_meta(doc):
+            entries = [e for e in report.shards if e["split"] == split]
+            doc["files"] = {}
+            for e in entries:  # each shard's data object
+                data = e["name"] + "/" + LMDB_DATA if doc["container"] == "lmdb" else e["name"]
+                doc["files"][data] = e["files"][data]
+            out[split] = c.uri
+            if c.uri in self.complete and self.remote.cat(c.commit) == dumps_meta(doc):
                 continue  # resumed a complete upload of this plan: nothing to send
-            self.remote.pipe(commit, dumps_meta(doc))
-            self.remote.rm(marker)
+            c.end(doc, {self.shard_uri(n): f["bytes"] for e in entries
+                        for n, f in e["files"].items()})
         return out
 
     # -- task side -------------------------------------------------------------------------
@@ -357,20 +288,16 @@ class ShardUploader:
         want = {"index": job.index, "count": job.count, "plan_digest": job.digest}
         if doc["shard"] != want or not doc["files"]:
             return None
-        for rel, f in doc["files"].items():
-            try:
-                if int(self.remote.info(self.shard_uri(rel))["size"]) != f["bytes"]:
-                    return None
-            except RemoteNotFoundError:
-                return None
+        sizes = {self.shard_uri(rel): f["bytes"] for rel, f in doc["files"].items()}
+        found = _found(self.remote, sizes)
+        if any(found.get(u) != n for u, n in sizes.items()):
+            return None
         return dict(doc["entry"], files=doc["files"], reused=True)
 
-    def write_shard(self, job) -> dict:
-        """Task: write, verify and upload shard ``job.index`` (or find it uploaded); return
-        its manifest entry with ``files``."""
-        import dataclasses
-
-        from ..convert.sharded import write_shard  # the converter: only when converting
+    def write_shard(self, job, write: Callable[[object], dict]) -> dict:
+        """Task: write shard ``job.index`` with ``write`` (the converter's shard writer, given
+        the job with a staged path), verify and upload it (or find it uploaded); return its
+        manifest entry with ``files``."""
         done = self._uploaded(job)
         if done is not None:
             return done
@@ -380,20 +307,14 @@ class ShardUploader:
         os.makedirs(folder, exist_ok=True)
         try:
             local = os.path.join(folder, name)
-            summary = write_shard(dataclasses.replace(job, path=local))
+            summary = write(dataclasses.replace(job, path=local))
             _verify_shard(local, job)
             files = {}
             for path in _shard_files(local, job.container):
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
                 files[rel] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
-            for rel, f in files.items():
-                target = self.shard_uri(rel)
-                self.remote.put_file(os.path.join(folder, rel), target)
-                size = int(self.remote.info(target)["size"])
-                if size != f["bytes"]:
-                    raise RemoteError("uploaded %d bytes but the object has %d: the storage "
-                                      "did not keep the upload whole" % (f["bytes"], size),
-                                      target)
+            for rel in files:
+                put_object(self.remote, os.path.join(folder, rel), self.shard_uri(rel))
             entry = {k: summary[k] for k in ("name", "records", "bytes", "idx_sha256",
                                              "meta_sha256", "meta")}
             receipt = {"writer": "gluon_data", "format_version": 1,

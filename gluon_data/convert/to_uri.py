@@ -1,48 +1,23 @@
-"""Converting into a URI: bucket checks, then convert into staging, then upload."""
+"""Converting into a URI: bucket checks, then convert into staging, then upload by the
+uploaders of :mod:`gluon_data.remote` (the converter imports the uploader, never the other
+way round; ``gluon_data.remote.convert_to_uri`` loads this module on first use)."""
 from __future__ import annotations
 
 import hashlib
 import os
 import posixpath
 import shutil
-import uuid
 from typing import Optional
 
 
 from ..credentials import forward_options
-from ..errors import OutputError, RemoteError, RemoteNotFoundError
+from ..remote.commit import Commit, check_bucket, probe_writable
+from ..remote.fs import _Remote
+from ..remote.objects import _default_cache_dir
+from ..remote.upload import ShardUploader, upload_dataset
 from ..shards import is_manifest
-from .layout import _join
-from .fs import _Remote
-from .objects import _default_cache_dir
-from .upload import ShardUploader, _NOT_OURS, _commit_names, _remote_is_ours, upload_dataset
-
-
-def check_bucket(remote: "_Remote", output: str) -> None:
-    """Before any conversion: the bucket (the URI's first component) must exist (one HEAD;
-    a :class:`RemoteNotFoundError` naming the bucket otherwise)."""
-    scheme, _, rest = output.partition("://")
-    bucket = rest.split("/", 1)[0]
-    try:
-        remote.info("%s://%s" % (scheme, bucket))
-    except RemoteNotFoundError:
-        raise RemoteNotFoundError("bucket %r does not exist (or these credentials cannot see "
-                                  "it): create it first; nothing was converted" % bucket,
-                                  output) from None
-
-
-def probe_writable(remote: "_Remote", output: str) -> None:
-    """Before any conversion: a uniquely named empty object under the output's folder is
-    written and deleted, so missing write or delete permissions show now, not after the
-    conversion (the :class:`RemoteError` of the failed call, naming the probe)."""
-    name = ".%s.gluon-data-probe-%s" % (posixpath.basename(output), uuid.uuid4().hex[:12])
-    target = _join(output, name)
-    try:
-        remote.pipe(target, b"")
-        remote.rm(target)
-    except RemoteError as e:
-        raise type(e)("cannot write and delete under %s (%s); nothing was converted"
-                      % (output, e.reason), target) from None
+from .driver import convert
+from .sharded import convert_sharded
 
 
 def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
@@ -69,7 +44,6 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     >>> convert_to_uri("VOCdevkit", "s3://bucket/voc.rec", layout="voc",
     ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
-    from ..convert import convert
     output = os.fspath(output).rstrip("/")
     if forward_credentials:  # this machine's credentials, for the tasks (in memory only)
         storage_options = forward_options(output, storage_options)
@@ -77,16 +51,10 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     check_bucket(remote, output)
     # refuse an existing output before any work (the split names are checked again later)
     if not resume and remote.exists(output):
-        if not overwrite:
-            raise FileExistsError("%s already exists; pass overwrite=True (CLI: --overwrite) "
-                                  "to replace it" % output)
-        commit, marker = _commit_names(output)
-        if not _remote_is_ours(remote, commit, marker):
-            raise OutputError(_NOT_OURS % posixpath.basename(commit), output)
+        Commit(remote, output).refuse([output], overwrite)
     cache_root = os.path.abspath(cache_dir or _default_cache_dir())
     staging = os.path.join(cache_root, "staging",
                            hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
-    from ..convert.sharded import convert_sharded
     sharded = is_manifest(os.fspath(source)) or any(
         convert_options.get(k) is not None for k in ("shards", "shard_size", "shard_items"))
     if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)
