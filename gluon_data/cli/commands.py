@@ -13,7 +13,7 @@ from typing import Optional
 
 from .. import codec
 from ..errors import FormatError
-from ..remote import convert_to_uri, parse_storage_options
+from ..remote.fs import parse_storage_options
 from ..shards import is_manifest, read_manifest
 from ..store import is_uri, open_store, store_splits
 
@@ -54,6 +54,7 @@ def _cmd_convert(a) -> int:
                          "--shards, --shard-size or "
                          "--shard-items")
     from ..convert import convert, copy_dataset, import_lmdb, is_dataset
+    from ..convert.to_uri import convert_to_uri
     every = int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64"))
     if a.layout in ("raw-lmdb", "caffe-lmdb"):
         report = import_lmdb(a.source, a.output, a.layout, split=a.split,
@@ -86,6 +87,7 @@ def _cmd_convert(a) -> int:
 
 
 def _convert_sharded(a) -> int:
+    from ..convert.to_uri import convert_to_uri
     from ..shards import convert_sharded
     if _remote(a):  # into object storage: each shard task uploads its shard, manifest last
         convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
