@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -43,6 +44,26 @@ def _dask_rate(voc: str, out: str, n: int, workers: int, shards: int) -> tuple:
     return n / seconds, started
 
 
+_FLOOR = """
+import os, sys
+from gluon_data.cli import load_bench
+voc, w = sys.argv[1], int(sys.argv[2])
+jpgs = sorted(os.listdir(os.path.join(voc, "JPEGImages")))
+pairs = [(open(os.path.join(voc, "JPEGImages", f), "rb").read(),
+          open(os.path.join(voc, "SegmentationClass", f[:-4] + ".png"), "rb").read())
+         for f in jpgs]
+print(load_bench()._forked_decode_rate(pairs, w))
+"""
+
+
+def _decode_floor(voc: str, workers: int) -> float:
+    """``bench._forked_decode_rate`` of the dataset's pairs, run from a fresh process: one
+    forked from this one after OpenCV ran its threads here can deadlock."""
+    res = subprocess.run([sys.executable, "-c", _FLOOR, voc, str(workers)], check=True,
+                         capture_output=True, text=True, timeout=900)
+    return float(res.stdout.split()[-1])
+
+
 def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.stdout,
                       dask_items: int = -1, shards: int = 16) -> dict:
     """Measure and print (see the module's doc); returns ``{"rates", "ratios", "seconds"}``.
@@ -58,6 +79,8 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
     rec = os.path.join(workdir, "conv.rec")
     rates, seconds = {}, {}
     say("conversion scaling: %d VOC-like pairs, 1 and %d workers" % (n, workers))
+    for w in (1, workers):
+        rates["decode floor, %d processes" % w] = _decode_floor(voc, w)
     for mode, kw in (("pass-through", {}), ("re-encode", dict(encoding="jpg", quality=90))):
         for w in (1, workers):
             rates["convert %s, %d workers" % (mode, w)] = n / _timed(lambda: convert(
@@ -66,11 +89,6 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
         seconds["convert 10 pairs, %d workers (s)" % w] = _timed(lambda: convert(
             small, rec, "voc", split="train", workers=w, overwrite=True))
     jpgs = sorted(os.listdir(os.path.join(voc, "JPEGImages")))
-    pairs = [(open(os.path.join(voc, "JPEGImages", f), "rb").read(),
-              open(os.path.join(voc, "SegmentationClass", f[:-4] + ".png"), "rb").read())
-             for f in jpgs]
-    for w in (1, workers):
-        rates["decode floor, %d processes" % w] = bench._forked_decode_rate(pairs, w)
     prefix = os.path.join(workdir, "im2rec", "reenc")
     shutil.copy(bench._stock_lst(os.path.dirname(prefix),
                                  [os.path.join(voc, "JPEGImages", f) for f in jpgs]),
