@@ -30,6 +30,7 @@ import contextlib
 import importlib.util
 import multiprocessing
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -1042,6 +1043,11 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         results["im2rec %s, %d threads" % (mode, threads)] = n / (time.perf_counter() - t0)
     stock_rec = os.path.join(cls_root, "stock.rec")
     stock_shards = _stock_shards(stock_rec)
+
+    if not quick:  # conversion scaling rows and ratios (benchmarks/bench_convert.py)
+        runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "bench_convert.py"))["run_convert_bench"](
+            workdir, n, workers, out=out)  # the same dataset
 
     # -- decode limit ------------------------------------------------------------------
     say("decode limit ...")

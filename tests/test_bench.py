@@ -164,3 +164,23 @@ def test_dali_rows(tmp_path):
             "ours cls recipe / DALI, CPU per item"} <= set(res["ratios"])
     assert res["cpu"]["DALI CPU RandomResizedCrop 224 recipe"] > 0
     assert "ours cls recipe / DALI same recipe" in out.getvalue()
+
+
+def test_convert_bench_smoke(tmp_path):
+    """benchmarks/bench_convert.py on 8 pairs (Dask on 8 too): every row measured, every
+    ratio printed with its target."""
+    import runpy
+    from gluon_data.cli import bench_path
+    conv = runpy.run_path(os.path.join(os.path.dirname(bench_path()), "bench_convert.py"))
+    out = io.StringIO()
+    res = conv["run_convert_bench"](str(tmp_path / "c"), n=8, workers=2, out=out, shards=2)
+    assert set(res["rates"]) == {
+        "convert pass-through, 1 workers", "convert pass-through, 2 workers",
+        "convert re-encode, 1 workers", "convert re-encode, 2 workers",
+        "decode floor, 1 processes", "decode floor, 2 processes",
+        "im2rec re-encode, 2 threads", "dask convert_sharded, 1 worker processes",
+        "dask convert_sharded, 2 worker processes"}
+    assert all(v > 0 and math.isfinite(v) for v in res["rates"].values())
+    assert len(res["ratios"]) == 6 and all(v > 0 for v in res["ratios"].values())
+    assert res["seconds"]["convert 10 pairs, 2 workers (s)"] > 0
+    assert "convert pass-through: 2 / 1 workers" in out.getvalue()

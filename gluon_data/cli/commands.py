@@ -55,7 +55,8 @@ def _cmd_convert(a) -> int:
                          "--shard-items")
     from ..convert import convert, copy_dataset, import_lmdb, is_dataset
     from ..convert.to_uri import convert_to_uri
-    every = int(os.environ.get("GLUON_DATA_CHECKPOINT_EVERY", "64"))
+    every = os.environ.get("GLUON_DATA_CHECKPOINT_EVERY")  # unset: by time and bytes
+    every = int(every) if every else None
     if a.layout in ("raw-lmdb", "caffe-lmdb"):
         report = import_lmdb(a.source, a.output, a.layout, split=a.split,
                              image_shape=a.image_shape, mask_shape=a.mask_shape,

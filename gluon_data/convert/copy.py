@@ -38,7 +38,7 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
                 overwrite: bool = False, on_error: str = "fail",
                 max_pixels: int = codec.DEFAULT_MAX_PIXELS,
                 progress: bool = False, workers: int = 1, resume: bool = False,
-                checkpoint_every: int = 64) -> ConversionReport:
+                checkpoint_every: Optional[int] = None) -> ConversionReport:
     """Import a ``raw-lmdb`` (the original recipe) or ``caffe-lmdb`` into our format.
 
     Raw arrays are kept raw by ``encoding='passthrough'`` for ``raw-lmdb`` (lossless, no

@@ -98,7 +98,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
             lst_root: Optional[str] = None, max_pixels: int = codec.DEFAULT_MAX_PIXELS,
             format: Optional[str] = None, image_shape: Optional[Sequence[int]] = None,
             mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
-            bgr: bool = False, resume: bool = False, checkpoint_every: int = 64,
+            bgr: bool = False, resume: bool = False, checkpoint_every: Optional[int] = None,
             progress: bool = False, mask_encoding: str = "zraw",
             follow_symlinks: bool = False,
             max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
@@ -152,7 +152,8 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
         whether images are stored CxHxW, and whether their channels are BGR.
     resume : bool
         Continue an interrupted conversion from its last checkpoint, taken every
-        ``checkpoint_every`` items (RecordIO: ``OUTPUT.resume.json`` after an fsync; LMDB:
+        ``checkpoint_every`` items, or when None every 5 s or 256 MiB written, whichever
+        comes first, and at most every 64 items (RecordIO: ``OUTPUT.resume.json`` after an fsync; LMDB:
         inside the partial environment, in the same transaction as the records). The result
         equals an uninterrupted run (RecordIO: byte for byte); a checkpoint made with other
         inputs or options is refused. A conversion that failed or was interrupted (Ctrl-C,

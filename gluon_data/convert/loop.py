@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterable, Optional
 from .. import codec
 from ..engines import _start_pool, _stop_pool
 from ..errors import ConversionError
+from ..progress import progress_bar
 from ..stats import RunningStats
 from .outputs import ConversionReport, Outputs, _fail, _output_lock
 from .resume import _Checkpoint, _resume_finished
@@ -44,14 +45,20 @@ class SplitJobs:
     name: Callable[[int], Optional[str]] = lambda pos: None
 
 
-def _results(pool, fn, jobs, workers: int):
+def _chunksize(count: int, workers: int) -> int:
+    """Items per task message: enough to amortise the per-message cost, small enough that
+    every worker still gets several chunks (the ordered results wait for the slowest)."""
+    return max(1, min(16, count // (8 * workers)))
+
+
+def _results(pool, fn, jobs, workers: int, count: int):
     """``fn`` over ``jobs`` in order: in this process, or in the pool (a list is handed over
     at once; an iterator, e.g. records read from a legacy LMDB, a window at a time, so
     memory stays bounded)."""
     if pool is None:
         return map(fn, jobs)
     if isinstance(jobs, list):
-        return pool.imap(fn, jobs, chunksize=4)
+        return pool.imap(fn, jobs, chunksize=_chunksize(count, workers))
 
     def windows():
         it = iter(jobs)
@@ -63,24 +70,121 @@ def _results(pool, fn, jobs, workers: int):
     return windows()
 
 
+#: Without ``checkpoint_every``, a checkpoint (an fsync of everything written, then the
+#: checkpoint's own) is taken once at least CHECKPOINT_MIN_ITEMS items and either
+#: CHECKPOINT_SECONDS seconds or CHECKPOINT_BYTES bytes went by since the last one (the
+#: clock starts at the first item): an interrupted run loses about that much work, and a
+#: fast run does not spend its time in fsync.
+CHECKPOINT_MIN_ITEMS = 64
+CHECKPOINT_SECONDS = 5.0
+CHECKPOINT_BYTES = 256 << 20
+
+
+class _Cadence:
+    """When the next checkpoint is due: every ``every`` items (positions ``every - 1``,
+    ``2 * every - 1``...) when given, else as :data:`CHECKPOINT_SECONDS` says."""
+
+    def __init__(self, every: Optional[int]):
+        self.every = every
+        self.since = None
+        self.items = self.nbytes = 0
+
+    def taken(self) -> None:
+        self.since, self.items, self.nbytes = time.monotonic(), 0, 0
+
+    def due(self, pos: int, nbytes: int) -> bool:
+        if self.every:
+            return (pos + 1) % self.every == 0
+        if self.since is None:
+            self.since = time.monotonic()
+        self.items += 1
+        self.nbytes += nbytes
+        return self.items >= CHECKPOINT_MIN_ITEMS and (
+            self.nbytes >= CHECKPOINT_BYTES
+            or time.monotonic() - self.since >= CHECKPOINT_SECONDS)
+
+
+def _open_writers(outputs: Outputs, output: str, splits, overwrite: bool, state,
+                  report: ConversionReport) -> Dict[str, object]:
+    """The writers: new ones, or (``state``: a checkpoint) reopened where it left them."""
+    if state is None:
+        return outputs.open(output, list(splits), overwrite)
+    report.skipped[:] = state["skipped"]
+    return outputs.open(output, list(splits), True,
+                        positions={s: state["splits"][s]["writer"]
+                                   if s in state["splits"] else None for s in splits})
+
+
+def _write_split(s: str, plan: SplitJobs, w, st: RunningStats, results, *, ckpt,
+                 cadence: _Cadence, report: ConversionReport, on_error: str, bar,
+                 last: bool) -> None:
+    """Write one split's results in order, checkpointing as ``cadence`` says; the split's
+    end is checkpointed too unless it is the ``last`` (the publish that follows records
+    that everything is on disk)."""
+    for pos, payload, info, err in results:
+        bar.update(1)
+        if err is not None:
+            if on_error == "fail":
+                raise ConversionError(err[1], err[0])
+            report.skipped.append({"file": err[0], "reason": err[1]})
+        else:
+            own = plan.key(pos)
+            key = own if own is not None else w.count
+            if own is None and pos != key:  # items were skipped before it:
+                payload = codec.with_id(payload, key)  # header id = the key
+            w.write(key, payload)
+            st.add(info)
+            name = plan.name(pos)
+            if name is not None:  # gluoncv's mode='test' returns it
+                st.names.append(name)
+        if cadence.due(pos, len(payload) if err is None else 0) and pos + 1 < plan.count:
+            ckpt.save(s, pos + 1, w, st, report.skipped)
+            cadence.taken()
+    if not last:
+        ckpt.save(s, plan.count, w, st, report.skipped)
+        cadence.taken()
+    report.written[s] = w.count
+
+
+def _publish(writers: Dict[str, object], stats: Dict[str, RunningStats], ckpt,
+             report: ConversionReport, finish_meta, source: str, verb: str) -> None:
+    """Check the splits, finish each writer with its metadata and publish them all."""
+    if report.total_written == 0:
+        raise ConversionError("no item could be %s (%d skipped)"
+                              % ("imported" if verb == "import" else "converted",
+                                 len(report.skipped)), source)
+    for s, w in writers.items():
+        if w.count == 0:
+            raise ConversionError("split %r would be empty" % s, source)
+        # conversion_id: from the plan's names (equal files give equal ids wherever
+        # the source was copied to), its content enters through what was written
+        w.finish(finish_meta(s, w, stats[s], getattr(ckpt.digest, "names", ckpt.digest)))
+        report.bytes_written += w.bytes_written
+    ckpt.mark_publishing()
+    for w in writers.values():
+        w.publish()
+    ckpt.remove()
+
+
 def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
           digest: str, root: str, options: dict, report: ConversionReport,
           finish_meta: Callable[[str, object, RunningStats, str], dict], source: str,
           workers: int = 1, overwrite: bool = False, on_error: str = "fail",
-          resume: bool = False, checkpoint_every: int = 64, progress: bool = False,
-          verb: str = "convert", t0: Optional[float] = None) -> ConversionReport:
+          resume: bool = False, checkpoint_every: Optional[int] = None,
+          progress: bool = False, verb: str = "convert",
+          t0: Optional[float] = None) -> ConversionReport:
     """Run a planned conversion into ``output``: ``fn((pos, item))`` gives ``(pos, payload,
     info, error)`` for each job (in ``workers`` spawned processes when more than one), the
-    payloads are written in order, a checkpoint is taken every ``checkpoint_every`` items,
-    ``finish_meta(split, writer, stats, digest)`` gives each split's metadata, then every
-    split is published. ``digest`` identifies the conversion (a checkpoint of another one is
-    refused); with ``resume``, outputs already complete (same ``root`` and ``options``) are
-    recognised. Failure: see :func:`~gluon_data.convert.outputs._fail`."""
+    payloads are written in order, a checkpoint is taken every ``checkpoint_every`` items
+    (None: by time and bytes, see :data:`CHECKPOINT_SECONDS`), ``finish_meta(split, writer,
+    stats, digest)`` gives each split's metadata, then every split is published. ``digest``
+    identifies the conversion (a checkpoint of another one is refused); with ``resume``,
+    outputs already complete (same ``root`` and ``options``) are recognised. Failure: see
+    :func:`~gluon_data.convert.outputs._fail`."""
     t0 = time.perf_counter() if t0 is None else t0
     writers: Dict[str, object] = {}
     stats: Dict[str, RunningStats] = {}
     pool = None
-    total = sum(s.count for s in splits.values())
     # one writer per output at a time, from the first look at the checkpoint to publish
     lock = _output_lock(output, list(splits), outputs.name)
     try:
@@ -93,70 +197,27 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
             if done is not None:
                 done.seconds = time.perf_counter() - t0
                 return done
-        bar = None
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=total, unit="img", desc=verb, dynamic_ncols=True)
+        # started before the writers are opened: the workers import while this sets up
+        # (spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
+        # the parent's threads left it and can deadlock in its first OpenCV call)
+        pool = _start_pool(workers) if workers > 1 else None
+        bar = progress_bar(sum(s.count for s in splits.values()), verb, enabled=progress)
         try:
-            if state is None:
-                writers = outputs.open(output, list(splits), overwrite)
-            else:
-                report.skipped[:] = state["skipped"]
-                writers = outputs.open(output, list(splits), True,
-                                       positions={s: state["splits"][s]["writer"]
-                                                  if s in state["splits"] else None
-                                                  for s in splits})
-            if workers > 1:
-                # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
-                # the parent's threads left it and can deadlock in its first OpenCV call.
-                pool = _start_pool(workers)
-            for s, plan in splits.items():
-                w = writers[s]
-                done = state["splits"][s] if state is not None and s in state["splits"] else None
-                st = RunningStats.from_state(done["stats"]) if done else RunningStats()
+            writers = _open_writers(outputs, output, splits, overwrite, state, report)
+            cadence = _Cadence(checkpoint_every)
+            for k, (s, plan) in enumerate(splits.items()):
+                done = state["splits"].get(s) if state is not None else None
+                stats[s] = st = RunningStats.from_state(done["stats"]) if done else RunningStats()
                 start = done["done"] if done else 0
-                stats[s] = st
-                if bar is not None:
-                    bar.update(start)
-                for pos, payload, info, err in _results(pool, fn, plan.jobs(start), workers):
-                    if bar is not None:
-                        bar.update(1)
-                    if err is not None:
-                        if on_error == "fail":
-                            raise ConversionError(err[1], err[0])
-                        report.skipped.append({"file": err[0], "reason": err[1]})
-                    else:
-                        own = plan.key(pos)
-                        key = own if own is not None else w.count
-                        if own is None and pos != key:  # items were skipped before it:
-                            payload = codec.with_id(payload, key)  # header id = the key
-                        w.write(key, payload)
-                        st.add(info)
-                        name = plan.name(pos)
-                        if name is not None:  # gluoncv's mode='test' returns it
-                            st.names.append(name)
-                    if (pos + 1) % checkpoint_every == 0:
-                        ckpt.save(s, pos + 1, w, st, report.skipped)
-                ckpt.save(s, plan.count, w, st, report.skipped)
-                report.written[s] = w.count
-            if report.total_written == 0:
-                raise ConversionError("no item could be %s (%d skipped)"
-                                      % ("imported" if verb == "import" else "converted",
-                                         len(report.skipped)), source)
-            for s, w in writers.items():
-                if w.count == 0:
-                    raise ConversionError("split %r would be empty" % s, source)
-                # conversion_id: from the plan's names (equal files give equal ids wherever
-                # the source was copied to), its content enters through what was written
-                w.finish(finish_meta(s, w, stats[s], getattr(ckpt.digest, "names",
-                                                             ckpt.digest)))
-                report.bytes_written += w.bytes_written
-            ckpt.mark_publishing()
-            for w in writers.values():
-                w.publish()
-            ckpt.remove()
-            if pool is not None:  # all results are in: let the workers exit on their own
+                bar.update(start)
+                _write_split(s, plan, writers[s], st,
+                             _results(pool, fn, plan.jobs(start), workers, plan.count - start),
+                             ckpt=ckpt, cadence=cadence, report=report, on_error=on_error,
+                             bar=bar, last=k == len(splits) - 1)
+            if pool is not None:  # all results are in: the workers exit while this publishes
                 pool.close()
+            _publish(writers, stats, ckpt, report, finish_meta, source, verb)
+            if pool is not None:
                 pool.join()
                 pool = None
         except BaseException as e:
@@ -167,8 +228,7 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
         finally:
             if pool is not None:
                 _stop_pool(pool)
-            if bar is not None:
-                bar.close()
+            bar.close()
         report.seconds = time.perf_counter() - t0
         return report
     finally:

@@ -295,7 +295,8 @@ def _check_options(*, quality=95, resize=0, workers=1, max_pixels=1, max_file_by
     _check_range("workers", workers, 1)
     _check_range("max_pixels", max_pixels, 1)
     _check_range("max_file_bytes", max_file_bytes, 1)
-    _check_range("checkpoint_every", checkpoint_every, 1)
+    if checkpoint_every is not None:  # None: by time and bytes
+        _check_range("checkpoint_every", checkpoint_every, 1)
     _check_range("ignore_label", ignore_label, 0, 65535, "a mask value 0..65535")
     if num_classes is not None:
         _check_range("num_classes", num_classes, 1)

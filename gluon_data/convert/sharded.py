@@ -28,6 +28,7 @@ from ..fsutil import check_disjoint
 from ..lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..meta import CONTAINER_KEYS, read_meta
 from ..plan import plan_digest, source_head
+from ..progress import progress_bar
 from ..recordio import RecordFile
 from ..shards import (MANIFEST_FORMAT, MANIFEST_VERSION, ShardedStore, _read_shard_meta,
                       _shard_files, _write_manifest, dataset_files, is_manifest,
@@ -320,40 +321,56 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     report.shards = []  # type: ignore[attr-defined]
     copying = (is_manifest(source) or source.endswith(".rec") or is_lmdb(source)
                or (is_uri(source) and source.rstrip("/").endswith(".lmdb")))
-    if copying:
-        plans = _plan_copy(source, split, source_options, prefix, container, cut)
-        root = source
-    else:
-        src = _open_encode_source(source, layout, split=split, images_dir=images_dir,
-                                  masks_dir=masks_dir, lst_root=lst_root,
-                                  follow_symlinks=follow_symlinks)
-        root = os.path.abspath(src.root)
-        classes, num_classes = resolve_classes(src, classes, num_classes)
-        plan = _plan(src, val_ratio, shuffle, seed)
-        take_problems(src, on_error, report)
-        opts, options = encode_options(
-            src, num_classes, encoding=encoding, quality=quality, resize=resize,
-            ignore_label=ignore_label, max_pixels=max_pixels, mask_encoding=mask_encoding,
-            max_file_bytes=max_file_bytes, shuffle=shuffle, seed=seed, val_ratio=val_ratio,
-            on_error=on_error)
-        plans = _plan_encode(src, plan, source, prefix, container, cut,
-                             (opts, classes, num_classes, options, on_error))
+    plans, root = (_plan_copy(source, split, source_options, prefix, container, cut),
+                   source) if copying else _plan_encoding(
+            source, layout, prefix, container, cut, report, split=split,
+            images_dir=images_dir, masks_dir=masks_dir, lst_root=lst_root,
+            follow_symlinks=follow_symlinks, classes=classes, num_classes=num_classes,
+            val_ratio=val_ratio, shuffle=shuffle, seed=seed, on_error=on_error,
+            encoding=encoding, quality=quality, resize=resize, ignore_label=ignore_label,
+            max_pixels=max_pixels, mask_encoding=mask_encoding, max_file_bytes=max_file_bytes)
     _check_targets(plans, container, source, overwrite)
     if sink is not None:
         sink.prepare(plans, container)
-    shared = []  # what every Dask task checks on its worker before it starts
-    if not is_uri(source):
-        shared.append(("source", root))
-    if sink is None and engine == "dask":
-        os.makedirs(os.path.dirname(output), exist_ok=True)
-        shared.append(("output folder", os.path.dirname(output)))
     results = _run_shards(plans, sink, engine=engine, workers=workers, scheduler=scheduler,
-                          retries=retries, shared=shared, progress=progress)
+                          retries=retries, progress=progress,
+                          shared=_shared_paths(source, root, output, sink, engine))
     for p in plans:
         _write_split_manifest(p, [results[j.path] for j in p["jobs"]], container, report,
                               copying)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _shared_paths(source: str, root: str, output: str, sink, engine: str) -> list:
+    """What every Dask task checks on its worker before it starts (the output folder made
+    here first when the shards are written there)."""
+    shared = []
+    if not is_uri(source):
+        shared.append(("source", root))
+    if sink is None and engine == "dask":
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+        shared.append(("output folder", os.path.dirname(output)))
+    return shared
+
+
+def _plan_encoding(source: str, layout: Optional[str], prefix: str, container: str, cut,
+                   report: ConversionReport, *, split, images_dir, masks_dir, lst_root,
+                   follow_symlinks, classes, num_classes, val_ratio, shuffle, seed, on_error,
+                   **encode) -> Tuple[List[dict], str]:
+    """The shard plans of a source encoded through the per-item code, and its root: the
+    source opened and planned, its problems taken into ``report``, the options checked."""
+    src = _open_encode_source(source, layout, split=split, images_dir=images_dir,
+                              masks_dir=masks_dir, lst_root=lst_root,
+                              follow_symlinks=follow_symlinks)
+    classes, num_classes = resolve_classes(src, classes, num_classes)
+    plan = _plan(src, val_ratio, shuffle, seed)
+    take_problems(src, on_error, report)
+    opts, options = encode_options(src, num_classes, shuffle=shuffle, seed=seed,
+                                   val_ratio=val_ratio, on_error=on_error, **encode)
+    return (_plan_encode(src, plan, source, prefix, container, cut,
+                         (opts, classes, num_classes, options, on_error)),
+            os.path.abspath(src.root))
 
 
 def _checked_options(shards, shard_size, shard_items, *, encoding: str, on_error: str,
@@ -476,11 +493,8 @@ def _run_shards(plans: List[dict], sink, *, engine: str, workers: int,
                 progress: bool) -> Dict[str, dict]:
     """Run every shard task on ``engine``; each shard's manifest entry, by shard path."""
     jobs = [j for p in plans for j in p["jobs"]]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=sum(map(_job_items, jobs)), unit="img",
-                   desc="convert %d shards" % len(jobs), dynamic_ncols=True)
+    bar = progress_bar(sum(map(_job_items, jobs)), "convert %d shards" % len(jobs),
+                       enabled=progress)
     results: Dict[str, dict] = {}
     nbytes = 0
     try:
@@ -493,13 +507,11 @@ def _run_shards(plans: List[dict], sink, *, engine: str, workers: int,
                 _check_shard_here(jobs[i], res)
             results[jobs[i].path] = res
             nbytes += res["bytes"]
-            if bar is not None:
-                bar.update(_job_items(jobs[i]))
-                bar.set_postfix_str("%.1f MB, %d/%d shards" % (nbytes / 1e6, len(results),
-                                                               len(jobs)))
+            bar.update(_job_items(jobs[i]))
+            bar.set_postfix_str("%.1f MB, %d/%d shards" % (nbytes / 1e6, len(results),
+                                                           len(jobs)))
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return results
 
 

@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+"""How conversion scales, in one run: ``python benchmarks/bench_convert.py [--images N]``.
+
+On the same VOC-like pairs (``bench.make_dataset``): ``convert`` pass-through and re-encode
+with 1 and N workers, their fixed cost (10 pairs), the N-process decode floor of the same
+files (the bytes in memory, forked processes timed from a barrier), im2rec re-encoding at N
+threads, and ``convert_sharded`` on a Dask ``LocalCluster`` of 1 and 2 single-threaded worker
+processes (each cluster started before its clock, its start-up printed apart). Prints the
+rates and the ratio rows with their targets; the machine may be shared, so compare ratios
+of one run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from gluon_data.cli import load_bench
+from gluon_data.convert import convert, convert_sharded
+
+__all__ = ["run_convert_bench"]
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _dask_rate(voc: str, out: str, n: int, workers: int, shards: int) -> tuple:
+    """(items/s of a sharded conversion on a running LocalCluster, its start-up seconds)."""
+    import dask.distributed as dd
+    t0 = time.perf_counter()
+    with dd.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                         dashboard_address=None) as cluster, dd.Client(cluster):
+        started = time.perf_counter() - t0
+        seconds = _timed(lambda: convert_sharded(
+            voc, out, "voc", split="train", shards=shards, engine="dask",
+            scheduler=cluster.scheduler_address, overwrite=True))
+    shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+    return n / seconds, started
+
+
+_FLOOR = """
+import os, sys
+from gluon_data.cli import load_bench
+voc, w = sys.argv[1], int(sys.argv[2])
+jpgs = sorted(os.listdir(os.path.join(voc, "JPEGImages")))
+pairs = [(open(os.path.join(voc, "JPEGImages", f), "rb").read(),
+          open(os.path.join(voc, "SegmentationClass", f[:-4] + ".png"), "rb").read())
+         for f in jpgs]
+print(load_bench()._forked_decode_rate(pairs, w))
+"""
+
+
+def _decode_floor(voc: str, workers: int) -> float:
+    """``bench._forked_decode_rate`` of the dataset's pairs, run from a fresh process: one
+    forked from this one after OpenCV ran its threads here can deadlock."""
+    res = subprocess.run([sys.executable, "-c", _FLOOR, voc, str(workers)], check=True,
+                         capture_output=True, text=True, timeout=900)
+    return float(res.stdout.split()[-1])
+
+
+def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.stdout,
+                      dask_items: int = -1, shards: int = 16) -> dict:
+    """Measure and print (see the module's doc); returns ``{"rates", "ratios", "seconds"}``.
+    ``dask_items``: images of the Dask rows (-1: ``n``; 0: no Dask rows)."""
+    bench = load_bench()
+
+    def say(*a):
+        print(*a, file=out, flush=True)
+
+    os.makedirs(workdir, exist_ok=True)
+    voc = bench.make_dataset(workdir, n)
+    small = bench.make_dataset(os.path.join(workdir, "small"), 10, seed=1)
+    rec = os.path.join(workdir, "conv.rec")
+    rates, seconds = {}, {}
+    say("conversion scaling: %d VOC-like pairs, 1 and %d workers" % (n, workers))
+    for w in (1, workers):
+        rates["decode floor, %d processes" % w] = _decode_floor(voc, w)
+    for mode, kw in (("pass-through", {}), ("re-encode", dict(encoding="jpg", quality=90))):
+        for w in (1, workers):
+            rates["convert %s, %d workers" % (mode, w)] = n / _timed(lambda: convert(
+                voc, rec, "voc", split="train", workers=w, overwrite=True, **kw))
+    for w in (1, workers):
+        seconds["convert 10 pairs, %d workers (s)" % w] = _timed(lambda: convert(
+            small, rec, "voc", split="train", workers=w, overwrite=True))
+    jpgs = sorted(os.listdir(os.path.join(voc, "JPEGImages")))
+    prefix = os.path.join(workdir, "im2rec", "reenc")
+    shutil.copy(bench._stock_lst(os.path.dirname(prefix),
+                                 [os.path.join(voc, "JPEGImages", f) for f in jpgs]),
+                prefix + ".lst")
+    rates["im2rec re-encode, %d threads" % workers] = n / _timed(
+        lambda: bench._im2rec(voc, prefix, "re-encode", workers))
+    dask_n = n if dask_items < 0 else dask_items
+    if dask_n:
+        dvoc = voc if dask_n == n else bench.make_dataset(os.path.join(workdir, "dask"),
+                                                          dask_n)
+        for w in (1, 2):
+            rates["dask convert_sharded, %d worker processes" % w], \
+                seconds["dask LocalCluster start-up, %d workers (s)" % w] = _dask_rate(
+                    dvoc, os.path.join(workdir, "dask-out", "d.rec"), dask_n, w, shards)
+    return _report(bench, say, rates, seconds, workers)
+
+
+def _report(bench, say, rates: dict, seconds: dict, workers: int) -> dict:
+    say("")
+    say("%-56s %12s" % ("measurement (items/s; seconds where marked)", "value"))
+    for k, v in list(rates.items()) + list(seconds.items()):
+        say("%-56s %12.2f" % (k, v))
+    say("")
+    n = workers
+    ratios = [
+        ("convert pass-through: %d / 1 workers" % n, "convert pass-through, %d workers" % n,
+         "convert pass-through, 1 workers", 0.9 * n if n > 1 else None),
+        ("convert pass-through %d workers / decode floor %d" % (n, n),
+         "convert pass-through, %d workers" % n, "decode floor, %d processes" % n, 0.8),
+        ("convert pass-through 1 worker / decode floor 1", "convert pass-through, 1 workers",
+         "decode floor, 1 processes", None),
+        ("convert re-encode: %d / 1 workers" % n, "convert re-encode, %d workers" % n,
+         "convert re-encode, 1 workers", 0.9 * n if n > 1 else None),
+        ("convert re-encode %d workers / im2rec %d threads" % (n, n),
+         "convert re-encode, %d workers" % n, "im2rec re-encode, %d threads" % n, 1.0),
+        ("dask convert_sharded: 2 / 1 worker processes",
+         "dask convert_sharded, 2 worker processes", "dask convert_sharded, 1 worker processes",
+         1.7),
+    ]
+    table = bench._ratio_table(ratios, rates, say)
+    return {"rates": rates, "ratios": table, "seconds": seconds}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", default="bench-data-convert", help="dataset and outputs")
+    p.add_argument("--images", type=int, default=2400)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--dask-images", type=int, default=-1,
+                   help="images of the Dask rows (-1: --images; 0: none)")
+    a = p.parse_args(argv)
+    run_convert_bench(a.workdir, a.images, a.workers, dask_items=a.dask_images)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
