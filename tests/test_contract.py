@@ -55,7 +55,9 @@ from gluon_data import (CaffeLMDBDataset, ClassificationDataset, ImageLMDBDatase
 from gluon_data.errors import FormatError, GluonDataError
 from gluon_data.lmdbio import record_key
 from gluon_data.recordio import RecordFile
+from gluon_data.remote import convert_to_uri, filesystem, upload_dataset
 from gluon_data.sample import make_voc
+from gluon_data.shards import read_manifest
 from gluon_data.store import RecordStore, open_store
 from http_range_server import RangeServer
 
@@ -368,7 +370,8 @@ class Servers:
 
     def __init__(self, s3, http, mirror):
         self.s3, self.http, self.mirror = s3, http, mirror
-        self.s3_options = {"endpoint_url": s3.url,
+        # (the credentials too: a worker spawned before moto_s3 set them has none)
+        self.s3_options = {"endpoint_url": s3.url, "key": "testing", "secret": "testing",
                            "config_kwargs": {"connect_timeout": 2, "read_timeout": 10}}
         self._count = itertools.count()
 
@@ -378,7 +381,6 @@ class Servers:
     def publish(self, local: str, prefix: str, overwrite: bool = False) -> str:
         """Upload the local dataset (``upload_dataset``; LMDB shards: ``convert_to_uri``)
         under ``s3://BUCKET/prefix/``, mirror that prefix for HTTP; return its S3 URI."""
-        from gluon_data.remote import convert_to_uri, upload_dataset
         base = "s3://%s/%s/" % (BUCKET, prefix)
         if local.endswith(".shards.json") and _manifest_container(local) == "lmdb":
             uri = convert_to_uri(local, base + os.path.basename(local)[:-12] + ".lmdb",
@@ -392,7 +394,6 @@ class Servers:
         return uri
 
     def _mirror(self, prefix: str) -> None:
-        from gluon_data.remote import filesystem
         fs, _ = filesystem("s3://" + BUCKET, self.s3_options)
         fs.invalidate_cache()
         dst = os.path.join(self.mirror, prefix)
@@ -408,7 +409,6 @@ class Servers:
 
 
 def _manifest_container(path):
-    from gluon_data.shards import read_manifest
     return read_manifest(path)["container"]
 
 
