@@ -1,0 +1,202 @@
+"""One shard task: a pure function of (plan, shard number, options) that writes one shard
+with the converter's writers, publishes it by rename, and is skipped on a rerun when the
+shard's metadata carries the plan's digest (:func:`write_shard`, :class:`ShardJob`)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+
+from .. import codec
+from ..errors import ConversionError, GluonDataError
+from ..fsutil import check_disjoint
+from ..lmdbio import LMDBFile, is_lmdb
+from ..meta import CONTAINER_KEYS, read_meta
+from ..recordio import RecordFile
+from ..shards import (ShardedStore, _read_shard_meta, _shard_files, dataset_files, is_manifest,
+                      manifest_path, shard_summary)
+from ..stats import RunningStats as _Stats
+from ..store import is_uri, open_store
+from .encode import _work
+from .outputs import _fail, _metadata, _split_fields, open_writers
+
+__all__ = ["write_shard", "ShardJob"]
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Everything one shard task needs (picklable; sent to a process or a Dask worker).
+
+    ``items`` (encode: ``(global position, Item)`` pairs) or ``copy_from`` (copy: a store
+    location, its split and the ``[start, end)`` record range) say what goes in.
+    """
+
+    path: str
+    index: int
+    count: int
+    container: str
+    split: str
+    digest: str
+    items: Optional[tuple] = None
+    copy_from: Optional[Tuple[str, Optional[str], int, int]] = None
+    source_meta: Optional[dict] = None
+    src: object = None        # convert's Source, without its item lists
+    opts: object = None       # convert.EncodeOptions
+    classes: Optional[list] = None
+    num_classes: Optional[int] = None
+    options: Optional[dict] = None
+    on_error: str = "fail"
+    source_options: Optional[dict] = None  # a copy from a URI: the remote store's options
+    plan: Optional[str] = None  # the split plan's names-only digest (``digest``: this shard's)
+
+
+def _check_not_source(plans: List[dict], container: str, source: str) -> None:
+    """Refuse a sharded output that would write or replace a file of its ``source`` (its
+    manifests, its shards' files), before any task runs."""
+    shards = dataset_files(*(j.path for p in plans for j in p["jobs"]), container=container)
+    check_disjoint([manifest_path(p["prefix"]) for p in plans] + shards,
+                   dataset_files(source))
+
+
+def _finished(job: ShardJob) -> Optional[dict]:
+    """The summary of a shard this plan already published from the same state of its items
+    (``job.digest`` covers their sizes and mtimes), else ``None``: a shard of a changed
+    source, or of a version that did not record those, is rewritten."""
+    try:
+        meta = _read_shard_meta(job.path, job.container, job.split)
+    except (GluonDataError, OSError):
+        return None
+    info = (meta or {}).get("shard") or {}
+    if info.get("plan_digest") != job.digest or info.get("index") != job.index:
+        return None
+    if not all(os.path.exists(p) for p in _shard_files(job.path, job.container)):
+        return None
+    return dict(shard_summary(job.path, job.container, job.split), reused=True)
+
+
+def _open_writer(job: ShardJob):
+    _, writers = open_writers(job.path, [job.split], job.container, overwrite=True)
+    return writers
+
+
+def write_shard(job: ShardJob) -> dict:
+    """Write shard ``job.index`` (or recognise it as done); return its manifest entry.
+
+    Idempotent: a shard published by the same plan is kept; anything else under its name
+    (partial files of a killed attempt included) is rewritten from scratch and published
+    by rename. Raises :class:`ConversionError` naming the shard and the bad item.
+    """
+    done = _finished(job)
+    if done is not None:
+        return done
+    label = "shard %d of %d (%s)" % (job.index, job.count, os.path.basename(job.path))
+    shard_info = {"index": job.index, "count": job.count, "plan_digest": job.digest,
+                  "plan": job.plan}
+    writers: Dict[str, object] = {}
+    t0 = time.perf_counter()
+    try:
+        writers = _open_writer(job)
+        w = _KeyLog(writers[job.split])
+        written_keys = w.keys
+        if job.copy_from is not None:
+            meta = _copy_records(job, w, label)
+        else:
+            st, skipped = _Stats(), []
+            for pos, item in job.items:
+                _, payload, info, err = _work((pos, item), job.opts)
+                if err is not None:
+                    if job.on_error == "fail":
+                        raise ConversionError("%s, item %d (%s): %s"
+                                              % (label, pos, item.name, err[1]), err[0])
+                    skipped.append({"file": err[0], "reason": err[1]})
+                    continue
+                w.write(item.key if item.key is not None else pos, payload)
+                st.add(info)
+                if job.src.task == "segmentation":  # as convert(): mode='test' returns it
+                    st.names.append(os.path.basename(item.image))
+            meta = _metadata(job.src, job.split, w.count, st, job.opts, job.classes,
+                             job.num_classes, skipped, job.options)
+            meta.update(_split_fields(job.src, job.split, _shard_digest(job), w, st,
+                                      [i for _, i in job.items]))
+            shard_info.update(items=[job.items[0][0], job.items[-1][0] + 1],
+                              stats=st.state())
+        meta["shard"] = shard_info
+        if job.container == "lmdb" and written_keys != list(range(len(written_keys))):
+            meta["record_keys"] = written_keys  # LMDB keys are positions: keep the .idx keys
+        w.finish(meta)
+        w.publish()
+    except BaseException as e:
+        _fail(e, writers, job.path)
+    out = shard_summary(job.path, job.container, job.split)
+    out.update(reused=False, seconds=time.perf_counter() - t0)
+    return out
+
+
+def _shard_digest(job: ShardJob) -> str:
+    """The split plan's names-only digest with the shard's index: its ``conversion_id``
+    derives from it (and from what was written), as an unsharded conversion's does."""
+    return hashlib.sha256(("%s:%d" % (job.plan or job.digest, job.index)).encode()).hexdigest()
+
+
+class _KeyLog:
+    """A writer that remembers the keys written through it (LMDB shards store them)."""
+
+    def __init__(self, writer):
+        self.writer, self.keys = writer, []
+
+    def write(self, key: int, payload) -> int:
+        self.keys.append(int(key))
+        return self.writer.write(key, payload)
+
+    def __getattr__(self, name):
+        return getattr(self.writer, name)
+
+
+def _copy_records(job: ShardJob, w, label: str) -> dict:
+    """Copy records ``[start, end)`` of a store byte for byte (checksums verified)."""
+    location, split, start, end = job.copy_from
+    store = _open_source_store(location, split, job.source_options)
+    seg = job.source_meta["task"] == "segmentation"
+    keys = job.source_meta.get("record_keys")
+    for i in range(start, end):
+        payload = store.read(i)
+        try:
+            codec.unpack(payload, segmentation=seg, verify=True, path=location,
+                         key=store.key(i), offset=store.offset(i))
+        except GluonDataError as e:
+            raise ConversionError("%s: source record %d: %s" % (label, i, e.reason),
+                                  e.path or location) from None
+        w.write(keys[i] if keys is not None else store.key(i), payload)
+    meta = {k: v for k, v in job.source_meta.items()
+            if k not in _NOT_COPIED}
+    meta["num_records"] = end - start
+    if meta.get("item_names") is not None:  # position i of this shard is start + i
+        meta["item_names"] = meta["item_names"][start:end]
+    if "conversion_id" in meta:  # a shard is its own dataset: its own, derived id
+        meta["conversion_id"] = _shard_digest(job)[:32]
+    return meta
+
+
+#: Metadata keys a copied shard (and its manifest) does not take from the source: the
+#: container's own (:data:`gluon_data.meta.CONTAINER_KEYS`) and ``shard``.
+_NOT_COPIED = CONTAINER_KEYS + ("shard",)
+
+
+def _where(source: str) -> str:
+    """How a plan names its source: a URI as given, a path made absolute."""
+    return source if is_uri(source) else os.path.abspath(source)
+
+
+def _open_source_store(location: str, split: Optional[str],
+                       options: Optional[dict] = None):
+    if is_uri(location):  # through the remote store (whole objects cached on the node)
+        return open_store(location, split, **(options or {}))
+    if is_manifest(location):
+        return ShardedStore(location, split)
+    if is_lmdb(location):
+        return LMDBFile(location, split or "train")
+    meta = read_meta(location)
+    return RecordFile(location, expected_count=meta["num_records"] if meta else None)
