@@ -294,7 +294,7 @@ def test_classification_fast_path_through_workers_keeps_labels(cls_rec):
 def test_sample_pool_is_bounded_by_bytes_not_by_shape():
     pool = buffers.SamplePool(max_bytes=10_000)
     for k in range(12):  # ever-new shapes, as full-size testval images are
-        nd = pool.wrap(pool.take((10, 10 + k), np.float32))
+        nd = pool.wrap(pool.take((10, 40 + 10 * k), np.float32))
         del nd
         mx.nd.waitall()
         gc.collect()
