@@ -10,17 +10,23 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 
+from .buffers import host_view
+from .tensorize import ToTensorNormalize
+
 __all__ = ["InputNormalize"]
 
 
 class InputNormalize(mx.gluon.HybridBlock):
     """uint8 NCHW batch -> float32 NCHW ``(x / 255 - mean) / std``, on the batch's context.
 
-    The same float32 operations, in the same order, as Gluon's ``ToTensor`` then
-    ``Normalize(mean, std)`` (and the datasets' numpy fast path of them), so a batch from
-    ``output="uint8"`` gives the values the float32 path gives, to the bit on CPU. Put it
+    It runs Gluon's ``ToTensor`` and ``Normalize(mean, std)`` operators on the batch, so a
+    batch from ``output="uint8"`` gives the values the float32 path gives (the datasets'
+    numpy fast path of those transforms), to the bit on CPU. Put it
     first in your model, or call it on the batch after ``as_in_context(ctx)``; it holds no
-    parameters (nothing to initialise) and hybridizes and exports like any block.
+    parameters (nothing to initialise) and hybridizes and exports like any block. Called on a
+    CPU NDArray it computes the same values by one table lookup per image plane (as the
+    float32 path's workers do) instead of the operators: on a machine without a GPU the
+    consumer's share then costs about what the workers save.
 
     Parameters
     ----------
@@ -49,7 +55,7 @@ class InputNormalize(mx.gluon.HybridBlock):
         n = max(m.size, s.size)
         self.mean = np.broadcast_to(m, (n,)).tolist()
         self.std = np.broadcast_to(s, (n,)).tolist()
-        self._ctx_consts = {}
+        self._tables = ToTensorNormalize(m, s)
 
     def forward(self, x, *args):
         if isinstance(x, mx.nd.NDArray):  # checked here: a hybridized block sees symbols
@@ -62,26 +68,24 @@ class InputNormalize(mx.gluon.HybridBlock):
                                  "shape %s (is the dataset's output='uint8' set?)"
                                  % ("any" if len(self.mean) == 1 else len(self.mean),
                                     x.shape))
+            if x.context.device_type in ("cpu", "cpu_shared", "cpu_pinned") and not args:
+                return self._lookup(x)
         return super().forward(x, *args)
 
-    def _consts(self, F, x):
-        """mean and std as (1, C, 1, 1) float32 arrays (on ``x``'s context for NDArrays)."""
-        shape = (1, len(self.mean), 1, 1)
-        if F is mx.nd:
-            key = x.context
-            if key not in self._ctx_consts:
-                self._ctx_consts[key] = tuple(
-                    mx.nd.array(np.asarray(v, np.float32).reshape(shape), ctx=key,
-                                dtype=np.float32) for v in (self.mean, self.std))
-            return self._ctx_consts[key]
-        return tuple(F.reshape(F.concat(*[F.full((1,), float(np.float32(v)), dtype="float32")
-                                          for v in vals], dim=0), shape)
-                     for vals in (self.mean, self.std))
+    def _lookup(self, x: mx.nd.NDArray) -> mx.nd.NDArray:
+        """A CPU batch: the same values by one table lookup per plane (what the float32
+        path's workers run), several times cheaper on CPU than the operators."""
+        src = host_view(x)
+        out = np.empty(src.shape, np.float32)
+        return mx.nd.from_numpy(self._tables.planes(src, out), zero_copy=True)
 
     def hybrid_forward(self, F, x):
-        mean, std = self._consts(F, x)
-        y = F.cast(x, dtype="float32") / 255.0  # Gluon's ToTensor
-        return F.broadcast_div(F.broadcast_sub(y, mean), std)  # Gluon's Normalize
+        # Gluon's own operators, so the values are Gluon's: ToTensor (``/ 255`` in float32)
+        # on the N*C planes as 1-channel NHWC images (a reshape, no transpose), then
+        # Normalize; one pass each, several times faster on CPU than broadcast arithmetic.
+        planes = F.expand_dims(F.reshape(x, shape=(-3, -2)), axis=3)
+        y = F.reshape_like(F.image.to_tensor(planes), x)
+        return F.image.normalize(y, mean=tuple(self.mean), std=tuple(self.std))
 
     def __repr__(self):
         return "InputNormalize(mean=%s, std=%s)" % (self.mean, self.std)

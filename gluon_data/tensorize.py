@@ -98,6 +98,16 @@ class ToTensorNormalize:
                       - self.mean[k % self.mean.size]) / self.std[k % self.std.size]
         return out
 
+    def planes(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out[..., c, :, :]`` = channel ``c`` of the uint8 ``...xCxHxW`` array ``x``
+        converted (the same tables as :meth:`image`: one lookup per plane)."""
+        flat_x = x.reshape((-1,) + x.shape[-3:])
+        flat_out = out.reshape(flat_x.shape)
+        for img, dst in zip(flat_x, flat_out):
+            for k in range(img.shape[0]):
+                cv2.LUT(img[k], self._luts[k % self.channels], dst=dst[k])
+        return out
+
     def __call__(self, img, mask):
         return self.image(img), _np(mask)
 

@@ -111,12 +111,14 @@ def test_input_normalize_is_gluons_to_tensor_normalize_hybridized_and_in_a_model
     want = np.stack([gluon(mx.nd.array(im.transpose(1, 2, 0), dtype="uint8")).asnumpy()
                      for im in x])
     norm = InputNormalize(MEAN, STD)
-    eager = norm(mx.nd.array(x, dtype="uint8")).asnumpy()
-    norm.hybridize()
-    hybrid = norm(mx.nd.array(x, dtype="uint8")).asnumpy()
-    assert eager.dtype == hybrid.dtype == np.float32
-    np.testing.assert_array_equal(eager, want)
-    np.testing.assert_allclose(hybrid, want, rtol=0, atol=1e-6)
+    lookup = norm(mx.nd.array(x, dtype="uint8")).asnumpy()  # a CPU NDArray: the tables
+    graph = nn.HybridSequential()
+    graph.add(InputNormalize(MEAN, STD))
+    graph.hybridize()  # the operators, as on a GPU
+    ops = graph(mx.nd.array(x, dtype="uint8")).asnumpy()
+    assert lookup.dtype == ops.dtype == np.float32
+    np.testing.assert_array_equal(lookup, want)
+    np.testing.assert_array_equal(ops, want)
     net = nn.HybridSequential()
     net.add(InputNormalize(MEAN, STD), nn.Conv2D(2, 1, in_channels=3))
     net.initialize(mx.init.One())  # nothing of InputNormalize's to initialise
