@@ -30,7 +30,7 @@ from .fastpath import _as_ndarray, _fast_tensor, _tensor_only, numpy_classificat
 from .meta import ids_are_keys, wrong_record
 from .sampler import split_key
 from .store import RecordStore, will_need
-from .tensorize import ImageCropNormalize
+from .tensorize import OUTPUTS, ImageCropNormalize, _uint8_image, _uint8_output
 
 __all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "OUTPUTS",
            "default_joint_transform"]
@@ -286,41 +286,6 @@ class ClassificationDataset(_StoreDataset):
 
 
 MODES = ("train", "val", "testval", "test")
-#: The image outputs of a mode: ``None`` (what ``transform`` makes), ``"uint8"`` (CxHxW uint8).
-OUTPUTS = (None, "uint8")
-
-
-def _uint8_output(output, mode, transform, fast):
-    """``(fast path, image transform)`` of a mode's ``output`` (see :class:`SegmentationDataset`):
-    ``"uint8"`` lays the image out as CxHxW uint8; a Gluon ``ToTensor`` alone then means that
-    layout, and a ``Normalize`` is refused (it belongs to the consumer)."""
-    if output not in OUTPUTS:
-        raise ValueError("unknown output %r; valid outputs: None (what transform makes), "
-                         "'uint8'" % (output,))
-    if output is None:
-        return fast, transform
-    if mode is None:
-        raise ValueError("output='uint8' applies in a mode (train, val, testval, test); "
-                         "without one the samples are the stored HxWxC uint8 images")
-    if fast is not None:
-        if fast.normalizes:
-            raise ValueError("output='uint8' delivers images before normalisation, but "
-                             "transform=%r normalises: drop it (or keep ToTensor alone) and "
-                             "put gluon_data.InputNormalize(mean, std) at the model's input"
-                             % (transform,))
-        transform = None  # ToTensor alone: the uint8 output's layout already
-    return ImageCropNormalize(uint8=True), transform
-
-
-def _uint8_image(x) -> np.ndarray:
-    """An image ``transform``'s result under ``output='uint8'``: still HxWxC uint8."""
-    arr = x.asnumpy() if isinstance(x, mx.nd.NDArray) else np.asarray(x)
-    if arr.dtype != np.uint8 or arr.ndim != 3:
-        raise ValueError("with output='uint8' the image transform must return an HxWxC "
-                         "uint8 image (laid out as CxHxW after it), but it returned %s %s: "
-                         "converting and normalising belong in the consumer "
-                         "(gluon_data.InputNormalize)" % (arr.dtype, arr.shape))
-    return arr
 
 
 def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
@@ -379,7 +344,7 @@ class SegmentationDataset(_StoreDataset):
     max_pixels : int, optional
         Refuse images claiming more pixels than this before decoding them.
     output : {None, 'uint8'}, default None
-        In a mode, ``'uint8'`` returns the image as CxHxW ``uint8``, not normalised (a third
+        In a mode, ``'uint8'`` returns the image as CxHxW ``uint8``, not normalised (a quarter
         of the float32 tensor's bytes, no arithmetic in the worker), for
         :class:`gluon_data.InputNormalize` to normalise on the batch in the consumer. An
         image ``transform`` then runs on the HxWxC uint8 image and must return one (a Gluon

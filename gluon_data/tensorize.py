@@ -16,7 +16,7 @@ import numpy as np
 
 from .seeding import _Random
 
-__all__ = ["ToTensorNormalize", "ImageCropNormalize", "to_chw_uint8"]
+__all__ = ["ToTensorNormalize", "ImageCropNormalize", "to_chw_uint8", "OUTPUTS"]
 
 
 def _np(x) -> np.ndarray:
@@ -218,3 +218,41 @@ class ImageCropNormalize(_Random):
     def __repr__(self):
         return "ImageCropNormalize(crop=%r, flip=%s, %s)" % (
             self.crop, self.flip, "uint8" if self.uint8 else repr(self.tensor))
+
+
+#: The image outputs of a mode: ``None`` (what ``transform`` makes), ``"uint8"`` (CxHxW uint8).
+OUTPUTS = (None, "uint8")
+
+
+def _uint8_output(output, mode, transform, fast):
+    """``(fast path, image transform)`` of a mode's ``output`` (see
+    :class:`~gluon_data.taskdatasets.SegmentationDataset`):
+    ``"uint8"`` lays the image out as CxHxW uint8; a Gluon ``ToTensor`` alone then means that
+    layout, and a ``Normalize`` is refused (it belongs to the consumer)."""
+    if output not in OUTPUTS:
+        raise ValueError("unknown output %r; valid outputs: None (what transform makes), "
+                         "'uint8'" % (output,))
+    if output is None:
+        return fast, transform
+    if mode is None:
+        raise ValueError("output='uint8' applies in a mode (train, val, testval, test); "
+                         "without one the samples are the stored HxWxC uint8 images")
+    if fast is not None:
+        if fast.normalizes:
+            raise ValueError("output='uint8' delivers images before normalisation, but "
+                             "transform=%r normalises: drop it (or keep ToTensor alone) and "
+                             "put gluon_data.InputNormalize(mean, std) at the model's input"
+                             % (transform,))
+        transform = None  # ToTensor alone: the uint8 output's layout already
+    return ImageCropNormalize(uint8=True), transform
+
+
+def _uint8_image(x) -> np.ndarray:
+    """An image ``transform``'s result under ``output='uint8'``: still HxWxC uint8."""
+    arr = _np(x)
+    if arr.dtype != np.uint8 or arr.ndim != 3:
+        raise ValueError("with output='uint8' the image transform must return an HxWxC "
+                         "uint8 image (laid out as CxHxW after it), but it returned %s %s: "
+                         "converting and normalising belong in the consumer "
+                         "(gluon_data.InputNormalize)" % (arr.dtype, arr.shape))
+    return arr
