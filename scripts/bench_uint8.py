@@ -7,13 +7,13 @@
 Generates a VOC-like set (JPEG photos of 300-500 px, as ``gluon-data bench``), converts it
 to a ``.rec`` and reads it in ``train`` mode (base 400, crop 320, seed 0) two ways, in
 interleaved rounds (best of each): ``transform=ToTensor+Normalize`` (the numpy fast path,
-float32 CxHxW in the workers) and ``output="uint8"`` with the batch normalised by a
-hybridized ``InputNormalize`` in the main process and waited for; each batch is moved to
-the model's context (``as_in_context(mx.cpu())``: a copy out of the shared segment) as a
-training loop does. The consumer's cost is
-counted: on a machine without a GPU it runs on the same CPUs. A third line reads the uint8
-samples without normalising them: the workers' share alone, what a GPU consumer leaves to
-the device. Prints items/s, CPU ms per item of every process (main process and workers)
+float32 CxHxW in the workers) and ``output="uint8"`` with the batch normalised by
+``InputNormalize`` (not hybridized: on CPU its table path) in the main process and waited
+for; each batch is moved to the model's context (``as_in_context(mx.cpu())``: a copy out of
+the shared segment) as a training loop does. The consumer's cost is counted: on a machine
+without a GPU it runs on the same CPUs. A third line reads the uint8 samples without
+normalising them: the workers' share alone, what a GPU consumer leaves to the device.
+Prints items/s, CPU ms per item of every process (main process and workers)
 and the ratios of the first two.
 """
 import argparse
@@ -53,8 +53,7 @@ def run(workdir, n, workers, rounds, batch_size=16):
         convert(voc, rec, "voc", split="train")
     kw = dict(seed=0, mode="train", base_size=400, crop_size=320)
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
-    norm = InputNormalize(MEAN, STD)
-    norm.hybridize()
+    norm = InputNormalize(MEAN, STD)  # eager: a CPU batch takes the per-plane tables
     ctx = mx.cpu()
     ways = {
         "float32 samples (ToTensor+Normalize in the workers)":

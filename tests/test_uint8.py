@@ -104,7 +104,8 @@ def test_misuse_is_a_clear_error(voc_rec):
         tofloat[0]
 
 
-def test_input_normalize_is_gluons_to_tensor_normalize_hybridized_and_in_a_model():
+@pytest.mark.filterwarnings("ignore:Cannot decide type")  # the imported block's uint8 input
+def test_input_normalize_is_gluons_to_tensor_normalize_hybridized_and_in_a_model(tmp_path):
     rng = np.random.RandomState(0)
     x = rng.randint(0, 256, (3, 3, 9, 11)).astype(np.uint8)
     gluon = _tf()
@@ -112,13 +113,15 @@ def test_input_normalize_is_gluons_to_tensor_normalize_hybridized_and_in_a_model
                      for im in x])
     norm = InputNormalize(MEAN, STD)
     lookup = norm(mx.nd.array(x, dtype="uint8")).asnumpy()  # a CPU NDArray: the tables
-    graph = nn.HybridSequential()
-    graph.add(InputNormalize(MEAN, STD))
-    graph.hybridize()  # the operators, as on a GPU
-    ops = graph(mx.nd.array(x, dtype="uint8")).asnumpy()
+    norm.hybridize()  # the operators, as on a GPU
+    ops = norm(mx.nd.array(x, dtype="uint8")).asnumpy()
     assert lookup.dtype == ops.dtype == np.float32
     np.testing.assert_array_equal(lookup, want)
     np.testing.assert_array_equal(ops, want)
+    norm.export(str(tmp_path / "norm"))
+    loaded = nn.SymbolBlock.imports(str(tmp_path / "norm-symbol.json"), ["data"],
+                                    str(tmp_path / "norm-0000.params"))
+    np.testing.assert_array_equal(loaded(mx.nd.array(x, dtype="uint8")).asnumpy(), want)
     net = nn.HybridSequential()
     net.add(InputNormalize(MEAN, STD), nn.Conv2D(2, 1, in_channels=3))
     net.initialize(mx.init.One())  # nothing of InputNormalize's to initialise
