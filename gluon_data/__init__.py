@@ -18,7 +18,7 @@ _EXPORTS = {
     "convert": "convert", "ConversionReport": "convert",
     "verify": "verify", "salvage": "salvage",
     "SegmentationBatchify": "batchify", "MultiSizeBatchify": "batchify",
-    "StackBatchify": "batchify",
+    "StackBatchify": "batchify", "InputNormalize": "normalize",
     "DataLoader": "loader", "WorkerDiedError": "loader",
     "DistributedSampler": "sampler",
     "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",

@@ -83,7 +83,7 @@ class ImageRecordDataset(ClassificationDataset):
     filename : str
         Path or URI of the ``.rec``; its ``.idx`` (and ``.meta.json`` if present) lie beside
         it.
-    flag, transform, seed, verify, max_pixels
+    flag, transform, seed, verify, max_pixels, output
         As for :class:`ClassificationDataset`.
     storage_options : dict, optional
         fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
@@ -104,11 +104,11 @@ class ImageRecordDataset(ClassificationDataset):
                  *, seed: Optional[int] = None, verify: bool = True,
                  max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None):
+                 cache_limit=None, output: Optional[str] = None):
         store = _open("ImageRecordDataset", filename, storage_options=storage_options,
                       cache_dir=cache_dir, cache_limit=cache_limit)
         super().__init__(store, flag, transform, seed=seed, verify=verify,
-                         max_pixels=max_pixels)
+                         max_pixels=max_pixels, output=output)
 
 
 class ImageLMDBDataset(ClassificationDataset):
@@ -121,7 +121,7 @@ class ImageLMDBDataset(ClassificationDataset):
     ----------
     path : str
         The ``NAME.lmdb`` directory written by ``gluon-data convert``, or its URI.
-    flag, transform, seed, verify, max_pixels
+    flag, transform, seed, verify, max_pixels, output
         As for :class:`ClassificationDataset`.
     split : str, default 'train'
         Split (sub-database) to read.
@@ -144,7 +144,7 @@ class ImageLMDBDataset(ClassificationDataset):
                  *, split: str = "train", seed: Optional[int] = None, verify: bool = True,
                  max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None):
+                 cache_limit=None, output: Optional[str] = None):
         if isinstance(flag, str):  # the old ImageLMDBDataset(path, split, flag)
             split, flag = _legacy_split("ImageLMDBDataset", flag, None)
             flag, transform = (1, transform) if callable(transform) or transform is None \
@@ -152,7 +152,7 @@ class ImageLMDBDataset(ClassificationDataset):
         store = _open("ImageLMDBDataset", path, split, storage_options=storage_options,
                       cache_dir=cache_dir, cache_limit=cache_limit)
         super().__init__(store, flag, transform, seed=seed, verify=verify,
-                         max_pixels=max_pixels)
+                         max_pixels=max_pixels, output=output)
 
 
 class CaffeLMDBDataset(ClassificationDataset):
@@ -193,6 +193,9 @@ class SegmentationRecordDataset(SegmentationDataset):
         Path or URI of the ``.rec``; ``.idx`` and ``.meta.json`` lie beside it.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
         As for :class:`SegmentationDataset`.
+    output : {None, 'uint8'}
+        As for :class:`SegmentationDataset`: CxHxW uint8 images, for
+        :class:`gluon_data.InputNormalize` in the consumer.
     storage_options : dict, optional
         fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
         ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
@@ -221,13 +224,13 @@ class SegmentationRecordDataset(SegmentationDataset):
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None):
+                 cache_limit=None, output: Optional[str] = None):
         store = _open("SegmentationRecordDataset", filename, storage_options=storage_options,
                       cache_dir=cache_dir, cache_limit=cache_limit)
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
-                         max_pixels=max_pixels)
+                         max_pixels=max_pixels, output=output)
 
 
 class SegmentationLMDBDataset(SegmentationDataset):
@@ -240,6 +243,9 @@ class SegmentationLMDBDataset(SegmentationDataset):
         The ``NAME.lmdb`` directory written by ``gluon-data convert``, or its URI.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
         As for :class:`SegmentationDataset`.
+    output : {None, 'uint8'}
+        As for :class:`SegmentationDataset`: CxHxW uint8 images, for
+        :class:`gluon_data.InputNormalize` in the consumer.
     split : str, default 'train'
         Split (sub-database) to read.
     storage_options : dict, optional
@@ -263,7 +269,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None):
+                 cache_limit=None, output: Optional[str] = None):
         if isinstance(transform, str):
             (split, transform) = _legacy_split("SegmentationLMDBDataset", transform, None)
         store = _open("SegmentationLMDBDataset", path, split, storage_options=storage_options,
@@ -271,7 +277,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
-                         max_pixels=max_pixels)
+                         max_pixels=max_pixels, output=output)
 
 
 class RecipeLMDBDataset(SegmentationDataset):
@@ -287,6 +293,9 @@ class RecipeLMDBDataset(SegmentationDataset):
         The LMDB directory with ``<split>_data`` / ``<split>_label`` sub-databases.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
         As for :class:`SegmentationDataset`.
+    output : {None, 'uint8'}
+        As for :class:`SegmentationDataset`: CxHxW uint8 images, for
+        :class:`gluon_data.InputNormalize` in the consumer.
     split : str, default 'train'
     image_shape : tuple of int
         Stored image shape, ``(H, W, C)`` or ``(C, H, W)`` with ``channels_first``.
@@ -316,7 +325,8 @@ class RecipeLMDBDataset(SegmentationDataset):
                  num_classes: Optional[int] = None, mode: Optional[str] = None,
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
-                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
+                 output: Optional[str] = None):
         if isinstance(transform, str):
             (split, transform) = _legacy_split("RecipeLMDBDataset", transform, None)
         _local_only("RecipeLMDBDataset", path)
@@ -325,7 +335,7 @@ class RecipeLMDBDataset(SegmentationDataset):
                            ignore_label=ignore_label, num_classes=num_classes)
         super().__init__(store, transform, ignore_value, mode=mode, base_size=base_size,
                          crop_size=crop_size, joint_transform=joint_transform, seed=seed,
-                         verify=verify, max_pixels=max_pixels)
+                         verify=verify, max_pixels=max_pixels, output=output)
 
 
 def open_segmentation(path: str, split: Optional[str] = None, *,

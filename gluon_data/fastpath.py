@@ -54,7 +54,7 @@ def _fast_tensor(fast: Optional[ImageCropNormalize], img: np.ndarray):
     as Gluon fails)."""
     if fast is None or fast.tensor.channels not in (1, img.shape[2]):
         return None
-    buf = buffers.samples.take(fast.out_shape(img.shape), np.float32)
+    buf = buffers.samples.take(fast.out_shape(img.shape), np.uint8 if fast.uint8 else np.float32)
     return buffers.samples.wrap(fast(img, out=buf))
 
 

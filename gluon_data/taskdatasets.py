@@ -30,8 +30,10 @@ from .fastpath import _as_ndarray, _fast_tensor, _tensor_only, numpy_classificat
 from .meta import ids_are_keys, wrong_record
 from .sampler import split_key
 from .store import RecordStore, will_need
+from .tensorize import OUTPUTS, ImageCropNormalize, _uint8_image, _uint8_output
 
-__all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "default_joint_transform"]
+__all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "OUTPUTS",
+           "default_joint_transform"]
 
 _DEFAULT_MAX_PIXELS = codec.DEFAULT_MAX_PIXELS
 
@@ -196,11 +198,17 @@ class ClassificationDataset(_StoreDataset):
         Check each record's CRC-32 when it has one.
     max_pixels : int, optional
         Refuse images claiming more pixels than this before decoding them.
+    output : {None, 'uint8'}, default None
+        ``'uint8'``: CxHxW uint8 images, not normalised, for
+        :class:`gluon_data.InputNormalize` in the consumer; ``transform_first`` then takes a
+        recognised recipe ending in ``ToTensor`` (its crop and flip run, ``ToTensor`` means
+        the layout) and refuses a ``Normalize`` or any other transform (``ValueError``).
 
     Returns
     -------
     (NDArray, label)
-        ``uint8`` HWC image; label a float, or a float32 vector for multi-label records.
+        ``uint8`` HWC image (CHW with ``output='uint8'``); label a float, or a float32
+        vector for multi-label records.
 
     Examples
     --------
@@ -215,12 +223,20 @@ class ClassificationDataset(_StoreDataset):
 
     def __init__(self, store: RecordStore, flag: int = 1, transform: Optional[Callable] = None,
                  *, seed: Optional[int] = None, verify: bool = True,
-                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None):
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
         if flag not in (0, 1):
             raise ValueError("flag must be 0 or 1, got %r" % (flag,))
         self._flag = flag
         self._transform = transform
+        self.output = output
+        if output is not None:
+            if transform is not None:
+                raise ValueError("output='uint8' with transform=%r: the transform would see "
+                                 "uint8 CxHxW images; give the crop/flip recipe to "
+                                 "transform_first instead" % (transform,))
+            self._fast_first = _uint8_output(output, "train", None, None)[0]
+            self._fast_source = None
 
     _fast_first = None  # set by transform_first for a recognised Gluon image transform
 
@@ -252,8 +268,16 @@ class ClassificationDataset(_StoreDataset):
         ``sample_rng(seed, epoch, index)`` with the dataset's ``seed``. The fast path is
         visible as :attr:`fast_path` of the returned dataset. Anything else (and any second
         ``transform_first``) goes to Gluon's implementation, composed as Gluon composes it."""
+        first = self._fast_first is None or (self.output is not None
+                                             and self._fast_source is None)
         fast = (numpy_classification_transform(fn, seed=self.seed)
-                if self._transform is None and self._fast_first is None else None)
+                if self._transform is None and first else None)
+        if self.output is not None:
+            if fast is None:
+                raise ValueError("output='uint8' runs only a recognised transform_first "
+                                 "recipe (crop, flip, ToTensor), once; %r is not one" % (fn,))
+            fast = ImageCropNormalize(fast.crop, fast.flip, fast.tensor.mean, fast.tensor.std,
+                                      seed=self.seed, uint8=True)
         if fast is None:
             return super().transform_first(fn, lazy)
         clone = copy.copy(self)
@@ -319,11 +343,19 @@ class SegmentationDataset(_StoreDataset):
         Check each record's CRC-32.
     max_pixels : int, optional
         Refuse images claiming more pixels than this before decoding them.
+    output : {None, 'uint8'}, default None
+        In a mode, ``'uint8'`` returns the image as CxHxW ``uint8``, not normalised (a quarter
+        of the float32 tensor's bytes, no arithmetic in the worker), for
+        :class:`gluon_data.InputNormalize` to normalise on the batch in the consumer. An
+        image ``transform`` then runs on the HxWxC uint8 image and must return one (a Gluon
+        ``ToTensor`` alone means the CxHxW layout; a ``Normalize`` is a ``ValueError``).
+        ``None``: what ``transform`` makes.
 
     Returns
     -------
     (NDArray, NDArray)
-        ``uint8`` HxWx3 RGB image (or what ``transform`` makes of it) and ``int32`` HxW mask.
+        ``uint8`` HxWx3 RGB image (or what ``transform`` makes of it; CxHxW uint8 with
+        ``output='uint8'``) and ``int32`` HxW mask.
 
     Examples
     --------
@@ -346,7 +378,8 @@ class SegmentationDataset(_StoreDataset):
                  ignore_value: Optional[int] = -1, *, mode: Optional[str] = None,
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
-                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS):
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
+                 output: Optional[str] = None):
         if mode is not None and mode not in MODES:
             raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
         if mode in ("train", "val"):
@@ -380,6 +413,9 @@ class SegmentationDataset(_StoreDataset):
                                                self._max_pixels) if mode else None)
         # In a mode, a Gluon ToTensor(+Normalize) image transform runs as numpy (same values).
         self._tensorize = _tensor_only(transform) if mode else None
+        self.output = output
+        self._tensorize, self._transform = _uint8_output(output, mode, transform,
+                                                         self._tensorize)
 
     @property
     def num_class(self) -> int:
@@ -436,6 +472,8 @@ class SegmentationDataset(_StoreDataset):
         return out
 
     def _image_out(self, img: np.ndarray):
+        if self.output is not None and self._transform is not None:
+            img = _uint8_image(self._transform(_as_ndarray(img, np.uint8)))
         tensor = _fast_tensor(self._tensorize, img)
         if tensor is not None:
             return tensor

@@ -16,7 +16,7 @@ import numpy as np
 
 from .seeding import _Random
 
-__all__ = ["ToTensorNormalize", "ImageCropNormalize"]
+__all__ = ["ToTensorNormalize", "ImageCropNormalize", "to_chw_uint8", "OUTPUTS"]
 
 
 def _np(x) -> np.ndarray:
@@ -26,6 +26,31 @@ def _np(x) -> np.ndarray:
 def _hwc(img: np.ndarray) -> np.ndarray:
     """OpenCV returns single-channel images as HxW: give them their channel axis back."""
     return img[:, :, None] if img.ndim == 2 else img
+
+
+def to_chw_uint8(img, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """uint8 HxWxC -> uint8 CxHxW (``ToTensor``'s layout, values kept), into ``out`` when
+    given: one OpenCV ``split`` straight into the channel planes, a third of the bytes of the
+    float32 tensor and no arithmetic (``output="uint8"``; the consumer normalises).
+
+    >>> to_chw_uint8(np.arange(12, dtype=np.uint8).reshape(2, 2, 3))[:, 0, 1].tolist()
+    [3, 4, 5]
+    """
+    x = _np(img)
+    if x.ndim != 3 or x.dtype != np.uint8:
+        raise ValueError("expected a uint8 HxWxC image, got %s %s" % (x.dtype, x.shape))
+    c = x.shape[2]
+    if out is None:
+        out = np.empty((c,) + x.shape[:2], np.uint8)
+    if c == 1:
+        out[0] = x[:, :, 0]
+        return out
+    planes = [out[k] for k in range(c)]
+    got = cv2.split(np.ascontiguousarray(x), planes)
+    for k in range(c):  # OpenCV writes into planes of the right size and type; else copy
+        if not np.shares_memory(got[k], out[k]):
+            out[k] = got[k]
+    return out
 
 
 class ToTensorNormalize:
@@ -73,6 +98,16 @@ class ToTensorNormalize:
                       - self.mean[k % self.mean.size]) / self.std[k % self.std.size]
         return out
 
+    def planes(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``out[..., c, :, :]`` = channel ``c`` of the uint8 ``...xCxHxW`` array ``x``
+        converted (the same tables as :meth:`image`: one lookup per plane)."""
+        flat_x = x.reshape((-1,) + x.shape[-3:])
+        flat_out = out.reshape(flat_x.shape)
+        for img, dst in zip(flat_x, flat_out):
+            for k in range(img.shape[0]):
+                cv2.LUT(img[k], self._luts[k % self.channels], dst=dst[k])
+        return out
+
     def __call__(self, img, mask):
         return self.image(img), _np(mask)
 
@@ -116,13 +151,25 @@ class ImageCropNormalize(_Random):
         Mirror left-right with probability 1/2.
     mean, std
         As for :class:`ToTensorNormalize` (``0, 1``: ``ToTensor`` alone).
+    uint8 : bool
+        Return the CxHxW uint8 image instead (:func:`to_chw_uint8`: ``ToTensor``'s layout,
+        values kept); needs ``mean=0, std=1``: the consumer normalises.
     """
 
     def __init__(self, crop=None, flip: bool = False, mean=0.0, std=1.0,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, uint8: bool = False):
         super().__init__(seed)
         self.crop, self.flip = crop, flip
         self.tensor = ToTensorNormalize(mean, std)
+        self.uint8 = bool(uint8)
+        if self.uint8 and self.normalizes:
+            raise ValueError("a uint8 output is not normalised: drop Normalize(mean, std) "
+                             "and normalise in the consumer (gluon_data.InputNormalize)")
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether the tensor step is more than ``ToTensor`` (a ``Normalize`` follows)."""
+        return bool((self.tensor.mean != 0).any() or (self.tensor.std != 1).any())
 
     def out_shape(self, img_shape) -> Tuple[int, int, int]:
         h, w, c = img_shape
@@ -166,7 +213,46 @@ class ImageCropNormalize(_Random):
                     interp, (ch, cw, size[1], size[0]))))
         if flip:
             x = _hwc(cv2.flip(x, 1))
-        return self.tensor.image(x, out=out)
+        return to_chw_uint8(x, out) if self.uint8 else self.tensor.image(x, out=out)
 
     def __repr__(self):
-        return "ImageCropNormalize(crop=%r, flip=%s, %r)" % (self.crop, self.flip, self.tensor)
+        return "ImageCropNormalize(crop=%r, flip=%s, %s)" % (
+            self.crop, self.flip, "uint8" if self.uint8 else repr(self.tensor))
+
+
+#: The image outputs of a mode: ``None`` (what ``transform`` makes), ``"uint8"`` (CxHxW uint8).
+OUTPUTS = (None, "uint8")
+
+
+def _uint8_output(output, mode, transform, fast):
+    """``(fast path, image transform)`` of a mode's ``output`` (see
+    :class:`~gluon_data.taskdatasets.SegmentationDataset`):
+    ``"uint8"`` lays the image out as CxHxW uint8; a Gluon ``ToTensor`` alone then means that
+    layout, and a ``Normalize`` is refused (it belongs to the consumer)."""
+    if output not in OUTPUTS:
+        raise ValueError("unknown output %r; valid outputs: None (what transform makes), "
+                         "'uint8'" % (output,))
+    if output is None:
+        return fast, transform
+    if mode is None:
+        raise ValueError("output='uint8' applies in a mode (train, val, testval, test); "
+                         "without one the samples are the stored HxWxC uint8 images")
+    if fast is not None:
+        if fast.normalizes:
+            raise ValueError("output='uint8' delivers images before normalisation, but "
+                             "transform=%r normalises: drop it (or keep ToTensor alone) and "
+                             "put gluon_data.InputNormalize(mean, std) at the model's input"
+                             % (transform,))
+        transform = None  # ToTensor alone: the uint8 output's layout already
+    return ImageCropNormalize(uint8=True), transform
+
+
+def _uint8_image(x) -> np.ndarray:
+    """An image ``transform``'s result under ``output='uint8'``: still HxWxC uint8."""
+    arr = _np(x)
+    if arr.dtype != np.uint8 or arr.ndim != 3:
+        raise ValueError("with output='uint8' the image transform must return an HxWxC "
+                         "uint8 image (laid out as CxHxW after it), but it returned %s %s: "
+                         "converting and normalising belong in the consumer "
+                         "(gluon_data.InputNormalize)" % (arr.dtype, arr.shape))
+    return arr
