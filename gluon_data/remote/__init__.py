@@ -39,7 +39,7 @@ from .ranged import (_RangedRecordFile, _load_index)  # noqa: F401
 from .stores import (_ProcessLocal, _ReadsLocalCopy, RemoteStore, _stamp, _open_remote,
                      _names_remote_lmdb, check_lmdb_download, RemoteLMDBStore, _prefetch_pool,
                      _open_remote_lmdb, _remote_lmdb_splits, RemoteShardedStore,
-                     _names_remote_manifest)  # noqa: F401
+                     _read_uri)  # noqa: F401
 from .sampling import (BlockShuffleSampler, PrefetchSampler)  # noqa: F401
 from .upload import (RECEIPT_SUFFIX, _commit_names, _lmdb_commit, _upload_plan, _NOT_OURS,
                      _remote_is_ours, upload_dataset, ShardUploader, _verify_shard)  # noqa: F401

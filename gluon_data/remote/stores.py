@@ -1,25 +1,24 @@
 """The remote stores: a ``.rec``, an LMDB and a manifest of shards at a URI."""
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-import numpy as np
 
 from ..documents import load_document
 from ..errors import ChecksumMismatchError, FormatError, RemoteNotFoundError
 from ..lmdbio import LMDBFile, read_lmdb_meta
 from ..meta import meta_path
 from ..recordio import RecordFile, idx_path_for
-from ..shards import ShardRouter, _load_manifest
-from ..store import is_uri, register_opener
+from ..shards import ShardedStore
+from ..store import is_uri, register_opener, register_reader
 from ..verify import verify
-from .layout import LMDB_COMMIT, LMDB_DATA, LMDB_MARKER, UPLOAD_MARKER, _join
+from .layout import LMDB_COMMIT, LMDB_DATA, LMDB_MARKER, UPLOAD_MARKER
 from .fs import _Remote
 from .objects import ShardCache
 from .ranged import _RangedRecordFile, _load_index
@@ -90,6 +89,10 @@ class RemoteStore(_ReadsLocalCopy):
         Retry policy for transient errors (defaults :data:`RETRIES`, :data:`BACKOFF`).
     prefetch_threads : int
         Bound of the background download pool :meth:`prefetch` uses.
+    described : dict, optional
+        What a manifest says of this shard (``records``, ``bytes``, ``files``: the size and
+        SHA-256 of each object, by name), taken as given: no metadata GET, no HEAD
+        (:class:`~gluon_data.shards.ShardedStore` passes it).
 
     Examples
     --------
@@ -103,7 +106,8 @@ class RemoteStore(_ReadsLocalCopy):
     def __init__(self, location: str, split: Optional[str] = None, *,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                  cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
-                 backoff: Optional[float] = None, prefetch_threads: int = 2):
+                 backoff: Optional[float] = None, prefetch_threads: int = 2,
+                 described: Optional[dict] = None):
         if reads not in ("cache", "ranged"):
             raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
         self.location = os.fspath(location)
@@ -114,15 +118,13 @@ class RemoteStore(_ReadsLocalCopy):
         self._prefetch_threads = max(1, int(prefetch_threads))
         self.idx_location = idx_path_for(self.location)
         self.meta_location = meta_path(self.location)
-        self.meta = self._read_meta()
-        if split is not None and (self.meta or {}).get("split", split) != split:
-            raise ValueError("%s holds split %r, not %r: a .rec holds one split"
-                             % (self.location, self.meta["split"], split))
-        self._expected = self.meta["num_records"] if self.meta else None
-        info = self._remote.info(self.location)
-        self.file_size = int(info["size"])
-        self._stamps = {self.location: _stamp(info)}
-        files = (self.meta or {}).get("files") or {}
+        self._stamps: Dict[str, str] = {}
+        if described is not None:  # a shard: its manifest entry, taken as given
+            self.meta, self._expected = None, int(described["records"])
+            self.file_size = int(described["bytes"])
+            files = described["files"]
+        else:
+            files = self._open_meta(split)
         self._sums = {u: files.get(posixpath.basename(u)) for u in (self.location,
                                                                       self.idx_location)}
         want = self._sums[self.location]
@@ -132,6 +134,18 @@ class RemoteStore(_ReadsLocalCopy):
                 "is being rewritten; re-upload the dataset" % (self.file_size, want["bytes"]),
                 self.location)
         self._init_local()
+
+    def _open_meta(self, split: Optional[str]) -> dict:
+        """Read the metadata and the object's size (a GET and a HEAD); its ``files``."""
+        self.meta = self._read_meta()
+        if split is not None and (self.meta or {}).get("split", split) != split:
+            raise ValueError("%s holds split %r, not %r: a .rec holds one split"
+                             % (self.location, self.meta["split"], split))
+        self._expected = self.meta["num_records"] if self.meta else None
+        info = self._remote.info(self.location)
+        self.file_size = int(info["size"])
+        self._stamps[self.location] = _stamp(info)
+        return (self.meta or {}).get("files") or {}
 
     _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pool", "_pending")
 
@@ -181,24 +195,6 @@ class RemoteStore(_ReadsLocalCopy):
         uri = uri or self.location
         return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
                                  self._stamp_of(uri), pin=pin)
-
-    @classmethod
-    def _part(cls, location: str, remote: "_Remote", cache_args, reads: str, records: int,
-              size: int, sums: Dict[str, dict], prefetch_threads: int = 2) -> "RemoteStore":
-        """One shard of a remote sharded dataset: what the manifest says about it is taken
-        as given (no metadata GET, no HEAD of the ``.rec``)."""
-        self = cls.__new__(cls)
-        self.location, self.split, self.reads, self.meta = location, None, reads, None
-        self._remote, self._cache_args = remote, cache_args
-        self._prefetch_threads = prefetch_threads
-        self.idx_location = idx_path_for(location)
-        self.meta_location = meta_path(location)
-        self._expected, self.file_size = int(records), int(size)
-        self._stamps = {}
-        self._sums = {location: sums.get(location), self.idx_location: sums.get(
-            self.idx_location)}
-        self._init_local()
-        return self
 
     def _open(self) -> RecordFile:
         expected = self._expected
@@ -371,7 +367,7 @@ class RemoteLMDBStore(_ReadsLocalCopy):
         URI of the environment (``s3://bucket/prefix/voc.lmdb``).
     split : str, optional
         The split (sub-database); default ``train`` if there is one, else the first.
-    storage_options, cache_dir, cache_limit, retries, backoff
+    storage_options, cache_dir, cache_limit, retries, backoff, described
         As for :class:`RemoteStore`.
     reads : {'cache', 'ranged'}
         Accepted for symmetry with :class:`RemoteStore`; both read the cached download.
@@ -387,7 +383,8 @@ class RemoteLMDBStore(_ReadsLocalCopy):
     def __init__(self, location: str, split: Optional[str] = None, *,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                  cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
-                 backoff: Optional[float] = None, prefetch_threads: int = 2):
+                 backoff: Optional[float] = None, prefetch_threads: int = 2,
+                 described: Optional[dict] = None):
         if reads not in ("cache", "ranged"):
             raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
         self._locate(location)
@@ -395,6 +392,13 @@ class RemoteLMDBStore(_ReadsLocalCopy):
         self._remote = _Remote(storage_options, retries, backoff)
         self._cache_args = (cache_dir, cache_limit)
         self._init_local()
+        if described is not None:  # a shard: its manifest entry (split, records, data.mdb's
+            want = described["files"].get(LMDB_DATA) or {}  # size and SHA-256) as given
+            self.file_size, self._sha = int(described["bytes"]), want.get("sha256")
+            self._stamp = None if self._sha is None else "sha256:" + self._sha
+            self.split, self.splits, self.meta = split or "train", [split or "train"], None
+            self._n, self._conversion = int(described["records"]), None
+            return
         doc = self._read_commit()
         try:
             info = self._remote.info(self.data_location)
@@ -433,21 +437,6 @@ class RemoteLMDBStore(_ReadsLocalCopy):
         self.location = os.fspath(location).rstrip("/")
         self.data_location = self.location + "/" + LMDB_DATA
         self.commit_location = self.location + "/" + LMDB_COMMIT
-
-    @classmethod
-    def _part(cls, location: str, remote: "_Remote", cache_args, split: Optional[str],
-              records: int, size: int, sha256: Optional[str]) -> "RemoteLMDBStore":
-        """One LMDB shard of a remote sharded dataset: what the manifest says about it (its
-        split, records, size and SHA-256 of ``data.mdb``) is taken as given."""
-        self = cls.__new__(cls)
-        self._locate(location)
-        self.reads, self._remote, self._cache_args = "cache", remote, cache_args
-        self.file_size, self._sha = int(size), sha256
-        self._stamp = None if sha256 is None else "sha256:" + sha256
-        self.split, self.splits, self.meta = split or "train", [split or "train"], None
-        self._n, self._conversion = int(records), None
-        self._init_local()
-        return self
 
     _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pending")
 
@@ -589,164 +578,23 @@ def _remote_lmdb_splits(location: str) -> List[str]:
 register_opener(_names_remote_lmdb, _open_remote_lmdb, priority=20, splits=_remote_lmdb_splits)
 
 
-class RemoteShardedStore(_ProcessLocal, ShardRouter):
-    """A sharded dataset in object storage (``s3://bucket/train.shards.json``, the manifest of
-    :mod:`gluon_data.shards`) as one record store.
+class RemoteShardedStore(ShardedStore):
+    """Deprecated: a manifest at a URI is a :class:`~gluon_data.shards.ShardedStore` whose
+    shards are remote stores; ``open_store("s3://bucket/train.shards.json", ...)`` gives it.
+    This name still opens one (same options), with a :class:`DeprecationWarning`."""
 
-    Each shard is a :class:`RemoteStore` part: downloaded whole into the :class:`ShardCache`
-    when first read (its ``.idx`` checked against the manifest's ``idx_sha256``, its ``.rec``
-    against the size and, when uploaded by ``gluon-data convert``, the SHA-256 the manifest's
-    ``files`` records), then read locally. LMDB shards (``NAME.lmdb/data.mdb``, the manifest's
-    ``container`` ``lmdb``) are :class:`RemoteLMDBStore` parts, downloaded whole the same way
-    (checked against the SHA-256 the manifest's ``files`` records for ``NAME.lmdb/data.mdb``,
-    else by :func:`check_lmdb_download`). At most ``max_open_shards`` shards are held open
-    (pinned in the cache) per process; older ones are released and become evictable, so a
-    ``cache_limit`` of a few shards serves a dataset of any size. :meth:`prefetch` downloads the
-    shards the upcoming indices need, in sampler order, on a bounded pool.
-
-    Parameters
-    ----------
-    location : str
-        URI of the manifest.
-    split : str, optional
-        Must match the manifest's split when given.
-    storage_options, cache_dir, cache_limit, retries, backoff, prefetch_threads
-        As for :class:`RemoteStore`.
-    max_open_shards : int
-        Shards held open (and pinned) per process.
-    prefetch_shards : int
-        How many shards ahead of the current one :meth:`prefetch` downloads.
-
-    Examples
-    --------
-    >>> store = RemoteShardedStore("s3://bucket/train.shards.json", cache_limit="4GB")  # doctest: +SKIP
-    >>> sampler = PrefetchSampler(BlockShuffleSampler(store.parts(), seed=0), store)  # doctest: +SKIP
-    """
-
-    def __init__(self, location: str, split: Optional[str] = None, *,
-                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
-                 backoff: Optional[float] = None, prefetch_threads: int = 2,
-                 max_open_shards: int = 2, prefetch_shards: int = 1):
-        self.location = os.fspath(location)
-        self._remote = _Remote(storage_options, retries, backoff)
-        raw = self._remote.cat(self.location)
-        manifest = _load_manifest(self.location, raw)[0]  # schema and invariants, as on disk
-        if split is not None and split != manifest.get("split"):
-            raise FormatError("split %r not found; this manifest holds split %r"
-                              % (split, manifest.get("split")), self.location)
-        self.manifest, self.meta, self.split = manifest, manifest["meta"], None
-        self.reads = reads
-        self._opts = ((cache_dir, cache_limit), reads, max(1, int(prefetch_threads)))
-        self.max_open_shards = max(1, int(max_open_shards))
-        self.prefetch_shards = max(0, int(prefetch_shards))
-        self.uris = [_join(self.location, sh["name"]) for sh in manifest["shards"]]
-        self._counts = [int(sh["records"]) for sh in manifest["shards"]]
-        self._starts = [0] + np.cumsum(self._counts, dtype=np.int64).tolist()
-        self._n = self._starts[-1]
-        self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
-        self._init_local()
-
-    _PROCESS_LOCAL = ("_stores", "_open_order", "_lock", "_pool", "_inflight", "_pid")
-
-    def _init_local(self):
-        files = self.manifest.get("files") or {}
-        self._stores = []
-        for uri, sh in zip(self.uris, self.manifest["shards"]):
-            if self.manifest["container"] == "lmdb":  # NAME.lmdb/data.mdb per shard
-                want = files.get(sh["name"] + "/" + LMDB_DATA) or {}
-                self._stores.append(RemoteLMDBStore._part(
-                    uri, self._remote, self._opts[0], self.manifest.get("split"),
-                    sh["records"], sh["bytes"], want.get("sha256")))
-                continue
-            idx = idx_path_for(uri)
-            sums = {uri: files.get(posixpath.basename(uri)) or {"bytes": sh["bytes"]},
-                    idx: dict(files.get(posixpath.basename(idx)) or {},
-                              sha256=sh.get("idx_sha256"))}
-            self._stores.append(RemoteStore._part(uri, self._remote, self._opts[0],
-                                                  self._opts[1], sh["records"], sh["bytes"],
-                                                  sums, self._opts[2]))
-        self._open_order: List[int] = []
-        self._lock = threading.Lock()
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._inflight: Dict[int, Future] = {}
-        self._pid = os.getpid()
-
-    def parts(self) -> List[int]:
-        """Records per shard (for :class:`BlockShuffleSampler`)."""
-        return list(self._counts)
-
-    def shard(self, s: int) -> RemoteStore:
-        """Shard ``s``'s store, kept among this process's ``max_open_shards`` open ones."""
-        if self._pid != os.getpid():  # forked: the parent's open list is not ours
-            self._open_order, self._pid = [], os.getpid()
-            self._inflight, self._pool = {}, None
-        order = self._open_order
-        if order and order[-1] == s:
-            return self._stores[s]
-        with self._lock:
-            if s in order:
-                order.remove(s)
-            order.append(s)
-            while len(order) > self.max_open_shards:
-                self._stores[order.pop(0)].close()  # unpinned; open readers keep working
-        return self._stores[s]
-
-    def prefetch(self, indices: Iterable[int]) -> List[Future]:
-        """Download the shards holding ``indices`` (the first ``1 + prefetch_shards`` of
-        them, in order, counting the shard being read) in the background; returns the futures
-        of downloads in flight."""
-        if self.reads != "cache":
-            return []
-        wanted: List[int] = []
-        for i in indices:
-            s = int(np.searchsorted(self._starts, int(i), side="right")) - 1
-            if s not in wanted:
-                wanted.append(s)
-                if len(wanted) > self.prefetch_shards:
-                    break
-        reading = self._open_order[-1] if self._open_order else None
-        if reading is not None and reading not in wanted:  # the shard being read holds a slot:
-            wanted = wanted[:self.prefetch_shards]  # a next one may not evict the one after
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._opts[2],
-                                                thread_name_prefix="gluon-data-prefetch")
-            for s in wanted:
-                fut = self._inflight.get(s)
-                if fut is None or (fut.done() and fut.exception() is not None):
-                    part = self._stores[s]
-                    self._inflight[s] = self._pool.submit(
-                        part.fetch if isinstance(part, RemoteLMDBStore) else
-                        lambda p=part: [p.fetch(u) for u in (p.idx_location, p.location)])
-            return [self._inflight[s] for s in wanted]
-
-    def close(self) -> None:
-        for st in self._stores:
-            st.close()
-        self._open_order = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    @property
-    def file_size(self) -> int:
-        """Bytes of all the shards' ``.rec`` objects."""
-        return sum(int(sh["bytes"]) for sh in self.manifest["shards"])
-
-    def check_tail(self) -> None:
-        """Check that each shard's last indexed record ends its ``.rec`` (``verify``)."""
-        for s in range(len(self._stores)):
-            if self.manifest["container"] == "rec":
-                self.shard(s).check_tail()
-
-    def __repr__(self) -> str:
-        return "RemoteShardedStore(%r, %d shards, %d records)" % (self.location,
-                                                                  len(self.uris), self._n)
+    def __init__(self, location: str, split: Optional[str] = None, **options):
+        warnings.warn("RemoteShardedStore is deprecated: open_store(manifest_uri, ...) gives a "
+                      "ShardedStore whose shards are remote stores", DeprecationWarning,
+                      stacklevel=2)
+        super().__init__(location, split, **options)
 
 
-def _names_remote_manifest(location: str) -> bool:
-    return is_uri(location) and location.endswith(".shards.json")
+def _read_uri(location: str, storage_options: Optional[dict] = None,
+              retries: Optional[int] = None, backoff: Optional[float] = None,
+              **_store_options) -> bytes:
+    """:func:`~gluon_data.store.read_bytes` of a URI (a manifest): one GET, retried."""
+    return _Remote(storage_options, retries, backoff).cat(location)
 
 
-register_opener(_names_remote_manifest, RemoteShardedStore, priority=20)
+register_reader(is_uri, _read_uri)
