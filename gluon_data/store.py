@@ -61,8 +61,11 @@ class RecordStore(Protocol):
     the device holds many requests at once instead of one synchronous read at a time. It is
     only a hint: it reads nothing into process memory, verifies nothing (the reads that
     follow do, as always), ignores positions out of range and never changes what a read
-    returns. Callers go through :func:`will_need`, which does nothing for stores that
-    cannot (remote, legacy); ``gluon_data.DataLoader`` calls it with every batch's indices.
+    returns. A remote store's ``will_need`` starts downloading, in the background, the
+    objects that hold those records into the cache (its ``prefetch`` is the same call,
+    returning the download's future); a sharded store hands each shard its positions.
+    Callers go through :func:`will_need`, which does nothing for stores that cannot
+    (legacy); ``gluon_data.DataLoader`` and ``PrefetchSampler`` call it.
     """
 
     location: str

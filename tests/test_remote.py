@@ -1362,3 +1362,72 @@ def test_an_http_served_rec_and_manifest_read(voc_src, voc_s3, tmp_path):
         assert again.read(15) == ref.read(15)
         assert {p for m, p in log if m == "GET"} == {"/sh.shards.json"}  # HEADs of the shards
         store.close()
+
+
+def _wait_for(cond, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_will_need_on_a_remote_store_downloads_and_the_read_needs_no_request(voc_s3, s3, so,
+                                                                            tmp_path):
+    """The hint is the prefetch: ``will_need`` on a remote store (what the DataLoader's
+    hints and PrefetchSampler give) starts the download in the background; once it is done,
+    reading sends no request at all."""
+    from gluon_data.store import will_need
+    uri, local = voc_s3
+    store = open_store(uri, **_remote(so, tmp_path))
+    s3.log.clear()
+    will_need(store, [3, 1, 10 ** 6, -1])  # returns at once; out-of-range positions ignored
+    assert _wait_for(lambda: s3.served("sess/voc.rec") == os.path.getsize(local))
+    assert store.prefetch([3]).result(timeout=60) is not None  # the same download's future
+    s3.log.clear()
+    ref = RecordFile(local)
+    assert [store.read(i) for i in range(16)] == [ref.read(i) for i in range(16)]
+    assert not [e for e in s3.log if "sess/voc" in e[1]]  # no request: the cache serves it
+    store.close()
+
+
+def test_dataset_hints_reach_the_shards_of_a_remote_manifest(s3, so, voc_src, voc_s3,
+                                                            tmp_path):
+    """A dataset's ``will_need`` (what ``gluon_data.DataLoader`` calls with each batch) on a
+    manifest at a URI downloads the shard that holds the hinted records, and only it."""
+    uri = _fresh_uri("hinted/voc.rec")
+    manifest = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=8,
+                              storage_options=so, cache_dir=str(tmp_path / "stage")
+                              ).outputs["trainval"]
+    ds = SegmentationDataset(open_store(manifest, **_remote(so, tmp_path)), ignore_value=None)
+    shard1 = "hinted/voc-00001-of-00002.rec"
+    size = filesystem(_fresh_uri(shard1), so)[0].info(_fresh_uri(shard1))["size"]
+    s3.log.clear()
+    ds.will_need([9, 12])
+    assert _wait_for(lambda: s3.served(shard1) == size)
+    assert s3.served("hinted/voc-00000-of-00002.rec") == 0
+    for f in ds.store.prefetch([9]):
+        f.result(timeout=60)
+    s3.log.clear()
+    assert ds.store.read(12) == RecordFile(voc_s3[1]).read(12)
+    assert not [e for e in s3.log if e[0] == "GET" and "hinted/" in e[1]]
+    ds.store.close()
+
+
+def test_one_remote_store_for_rec_and_lmdb(s3, so, voc_s3, voc_lmdb, tmp_path):
+    """A .rec and an LMDB at a URI are the same remote store (described, fetched by the
+    cache, opened as the local store), pickled alike; RemoteLMDBStore names it."""
+    import pickle
+    from gluon_data.lmdbio import LMDBFile
+    from gluon_data.remote import RemoteLMDBStore
+    uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("onestore/voc.lmdb"), commit=True)
+    lm, rec = open_store(uri, "val", **_remote(so, tmp_path)), open_store(voc_s3[0],
+                                                                          **_remote(so, tmp_path))
+    assert type(lm) is type(rec) is RemoteStore and RemoteLMDBStore is RemoteStore
+    assert (lm.container, rec.container) == ("lmdb", "rec")
+    assert lm.parts() == [8] and rec.parts() == [16]
+    lm = pickle.loads(pickle.dumps(lm))
+    assert lm.read(2) == LMDBFile(voc_lmdb, "val").read(2)
+    assert type(lm.lmdb_file()) is type(open_store(voc_lmdb, "val"))  # the local store
+    lm.close()

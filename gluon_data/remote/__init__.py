@@ -25,7 +25,8 @@ are retried a bounded number of times with exponential backoff, by :class:`_Remo
 failed call takes at most :func:`call_bound` seconds.
 
 The package: :mod:`.layout` (object names), :mod:`.fs` (options, client, retries),
-:mod:`.objects` (the object cache), :mod:`.ranged` (ranged reads), :mod:`.stores`,
+:mod:`.objects` (the object cache), :mod:`.ranged` (ranged reads), :mod:`.describe` (what a
+remote location is made of), :mod:`.stores` (the one remote store),
 :mod:`.sampling`, :mod:`.upload` (the commit protocol), :mod:`.to_uri` (convert into a URI).
 """
 from __future__ import annotations
@@ -36,8 +37,9 @@ from .fs import (INSTALL_HINT, RETRIES, BACKOFF, CONNECT_TIMEOUT, READ_TIMEOUT, 
                  attempt_limit, call_bound, _NO_CREDENTIALS, _Remote)  # noqa: F401
 from .objects import (_default_cache_dir, _Lock, ShardCache)  # noqa: F401
 from .ranged import (_RangedRecordFile, _load_index)  # noqa: F401
+from .describe import (Described, describe_rec, describe_lmdb)  # noqa: F401
 from .stores import (_ProcessLocal, _ReadsLocalCopy, RemoteStore, _stamp, _open_remote,
-                     _names_remote_lmdb, check_lmdb_download, RemoteLMDBStore, _prefetch_pool,
+                     _names_remote_lmdb, check_lmdb_download, RemoteLMDBStore,
                      _open_remote_lmdb, _remote_lmdb_splits, RemoteShardedStore,
                      _read_uri)  # noqa: F401
 from .sampling import (BlockShuffleSampler, PrefetchSampler)  # noqa: F401

@@ -6,6 +6,7 @@ from typing import Iterator, List, Sequence
 import numpy as np
 
 from ..sampler import SampleKey
+from ..store import will_need
 
 
 
@@ -82,8 +83,9 @@ class BlockShuffleSampler:
 
 
 class PrefetchSampler:
-    """Wraps a sampler and tells ``store.prefetch`` the next ``lookahead`` indices before
-    yielding each one, so downloads run ahead of the DataLoader in the sampler's order.
+    """Wraps a sampler and hints the store with the next ``lookahead`` indices before
+    yielding each one (:func:`gluon_data.store.will_need`, the hint ``gluon_data.DataLoader``
+    gives each batch), so downloads run ahead of the DataLoader in the sampler's order.
     The store's cache is shared on the node, so workers find the files the main process
     prefetched.
 
@@ -116,5 +118,5 @@ class PrefetchSampler:
                     done = True
             if not window:
                 return
-            self.store.prefetch(int(k) for k in window)
+            will_need(self.store, [int(k) for k in window])
             yield window.pop(0)
