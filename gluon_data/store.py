@@ -141,7 +141,7 @@ _OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore],
 # document (a shard manifest) at a location that is not a local path (the remote backend)
 _READERS: List[Tuple[Callable[[str], bool], Callable[..., bytes]]] = []
 _BUILTIN_BACKENDS = ("gluon_data.recordio", "gluon_data.lmdbio", "gluon_data.legacy",
-                     "gluon_data.shards", "gluon_data.remote")
+                     "gluon_data.shards", "gluon_data.shardstore", "gluon_data.remote")
 _loaded = False
 
 

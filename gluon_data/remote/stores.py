@@ -19,7 +19,7 @@ from ..errors import FormatError
 from ..lmdbio import read_lmdb_meta
 from ..meta import meta_path
 from ..recordio import RecordFile, idx_path_for
-from ..shards import ShardedStore
+from ..shardstore import ShardedStore
 from ..store import is_uri, open_store, register_opener, register_reader
 from .describe import (check_lmdb_download, describe_lmdb, describe_rec, names_remote_lmdb,
                        stamp)
