@@ -296,7 +296,7 @@ class ShardedStore(ShardRouter):
         if self.container == "rec":
             for s in range(len(self.paths)):
                 f = self.shard(s)
-                getattr(f, "check_tail", None) or f._check_tail()
+                (getattr(f, "check_tail", None) or f._check_tail)()
 
     def close(self) -> None:
         """Close every open shard (a remote shard's cached copy becomes evictable)."""
