@@ -39,7 +39,7 @@ from .objects import (_default_cache_dir, _Lock, ShardCache)  # noqa: F401
 from .ranged import (_RangedRecordFile, _load_index)  # noqa: F401
 from .describe import (Described, describe_rec, describe_lmdb)  # noqa: F401
 from .stores import (_ProcessLocal, _ReadsLocalCopy, RemoteStore, _stamp, _open_remote,
-                     _names_remote_lmdb, check_lmdb_download, RemoteLMDBStore,
+                     _names_remote_lmdb, check_lmdb_download, RemoteLMDBStore, _prefetch_pool,
                      _open_remote_lmdb, _remote_lmdb_splits, RemoteShardedStore,
                      _read_uri)  # noqa: F401
 from .sampling import (BlockShuffleSampler, PrefetchSampler)  # noqa: F401

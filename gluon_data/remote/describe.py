@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from ..documents import load_document
 from ..errors import ChecksumMismatchError, FormatError, RemoteNotFoundError
@@ -26,8 +26,8 @@ class Described:
     """A remote location, described once: ``container`` (``'rec'`` or ``'lmdb'``), the
     ``objects`` it is made of (URI -> its manifest-style entry: ``bytes`` and ``sha256``,
     either may be unknown), the ``main`` object (the ``.rec``, ``data.mdb``), the metadata
-    (``meta``, ``splits`` of an LMDB), the record count and the stamps learnt (ETag, size)
-    of objects without a SHA-256."""
+    (``meta``; an LMDB's ``metas``, split name -> metadata, from its commit document), the
+    record count and the stamps learnt (ETag, size) of objects without a SHA-256."""
 
     def __init__(self, container: str, main: str, objects: Dict[str, dict],
                  meta: Optional[dict], records: Optional[int], size: int,
@@ -35,7 +35,7 @@ class Described:
         self.container, self.main, self.objects = container, main, objects
         self.meta, self.records, self.size = meta, records, size
         self.stamps = dict(stamps or {})
-        self.splits: Optional[List[str]] = None
+        self.metas: Optional[Dict[str, dict]] = None
         self.conversion: Optional[str] = None
 
 
@@ -105,7 +105,7 @@ def describe_lmdb(remote: _Remote, location: str, described: Optional[dict]) -> 
     """An LMDB environment's ``data.mdb``: from a manifest's entry (its split is the
     manifest's), else from the commit document ``meta.json`` (every split's metadata, the
     size and SHA-256 of ``data.mdb``) and a HEAD. Without ``meta.json`` (a bare
-    ``data.mdb``) ``meta`` and ``splits`` stay ``None``: the metadata is inside, read from
+    ``data.mdb``) ``metas`` stays ``None``: the metadata is inside, read from
     the download."""
     data = location + "/" + LMDB_DATA
     if described is not None:
@@ -123,7 +123,7 @@ def describe_lmdb(remote: _Remote, location: str, described: Optional[dict]) -> 
     want = doc["files"][LMDB_DATA]
     _check_size(want, size, LMDB_COMMIT, data)
     out = Described("lmdb", data, {data: dict(want)}, None, None, size)
-    out.splits = doc["splits"]
+    out.metas = doc["splits"]
     return out
 
 

@@ -13,7 +13,7 @@ import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..errors import FormatError
 from ..lmdbio import read_lmdb_meta
@@ -150,14 +150,13 @@ class RemoteStore(_ReadsLocalCopy):
             self.meta = self._d.meta
             self.container, self.file_size = "rec", self._d.size
 
-    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pool", "_pending")
+    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pending")
 
     def _init_local(self):
         self._cache = ShardCache(*self._cache_args)
         self._reader: Optional[Tuple[int, object]] = None
         self._pins: list = []
         self._lock = threading.Lock()
-        self._pool: Optional[Tuple[int, ThreadPoolExecutor]] = None
         self._pending: Optional[Future] = None
 
     def _choose_split(self, split: Optional[str], shard: bool) -> None:
@@ -167,7 +166,7 @@ class RemoteStore(_ReadsLocalCopy):
             self.split = split or "train"
             self.splits, self.meta = [self.split], None
             return
-        metas = self._d.splits
+        metas = self._d.metas
         if metas is None:  # the metadata lives in data.mdb: download it now
             path, pin = self.fetch(pin=True)
             self._pins.append(pin)
@@ -308,11 +307,7 @@ class RemoteStore(_ReadsLocalCopy):
             return self._pending
 
     def _prefetch_pool(self) -> ThreadPoolExecutor:
-        """This process's download pool (a forked child makes its own)."""
-        if self._pool is None or self._pool[0] != os.getpid():
-            self._pool = (os.getpid(), ThreadPoolExecutor(
-                self._prefetch_threads, thread_name_prefix="gluon-data-prefetch"))
-        return self._pool[1]
+        return _prefetch_pool(self._prefetch_threads)
 
     # -- the store protocol --------------------------------------------------------------
     def parts(self) -> List[int]:
@@ -344,6 +339,19 @@ class RemoteStore(_ReadsLocalCopy):
 
     def __repr__(self) -> str:
         return "RemoteStore(%r, split=%r, reads=%r)" % (self.location, self.split, self.reads)
+
+
+_POOLS: Dict[int, Tuple[int, ThreadPoolExecutor]] = {}
+
+
+def _prefetch_pool(threads: int = 2) -> ThreadPoolExecutor:
+    """This process's background download pool of ``threads`` threads, shared by every
+    remote store (a forked child makes its own): the shards of a dataset share its bound."""
+    cur = _POOLS.get(threads)
+    if cur is None or cur[0] != os.getpid():
+        cur = _POOLS[threads] = (os.getpid(), ThreadPoolExecutor(
+            threads, thread_name_prefix="gluon-data-prefetch"))
+    return cur[1]
 
 
 #: The LMDB environment at a URI is a :class:`RemoteStore` (the one remote store; the name
