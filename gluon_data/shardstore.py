@@ -126,6 +126,9 @@ class ShardedStore(ShardRouter):
         self.location = os.fspath(location)
         self._options = dict(options)
         remote = is_uri(self.location)
+        if options and not remote:  # (the local shards' openers take none)
+            raise TypeError("a local sharded store takes no options but max_open_shards= and "
+                            "prefetch_shards=, got %s" % ", ".join(sorted(options)))
         raw = read_bytes(self.location, **options) if remote else None
         self.manifest, raw = _load_manifest(self.location, raw)
         self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
