@@ -12,23 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import operator
 import os
 import re
-import threading
-from bisect import bisect_right
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, List, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import List, Optional, Sequence, Tuple
 
 from .documents import load_document
 from .errors import FormatError, GluonDataError
 from .fsutil import atomic_write, classify_location, sha256_file
-from .lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
+from .lmdbio import is_lmdb, read_lmdb_meta
 from .meta import dumps_meta, meta_path, read_meta
-from .recordio import BINARY_INDEX_SUFFIX, RecordFile, idx_path_for, read_index
-from .store import is_uri, register_opener, valid_positions, will_need
+from .recordio import BINARY_INDEX_SUFFIX, idx_path_for, read_index
+from .store import is_uri, open_store
 from .verify import VerifyReport, register_verifier, verify
 
 __all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
@@ -237,194 +232,6 @@ def _write_manifest(path: str, doc: dict) -> None:
     atomic_write(path, dumps_meta(doc))
 
 
-# --------------------------------------------------------------------------- the store
-class ShardRouter:
-    """The :class:`~gluon_data.store.RecordStore` methods of N shards read as one: global
-    position ``i`` -> (shard, record) through the cumulative record counts, each call routed
-    to ``self.shard(s)``. Subclasses (local :class:`ShardedStore`, remote
-    ``RemoteShardedStore``) set ``_starts`` (a list: 0, then the running totals), ``_n``
-    and ``_identity``, and define ``shard(s)``."""
-
-    _starts: List[int]
-    _n: int
-    _identity: str
-
-    def shard(self, s: int):  # pragma: no cover - defined by subclasses
-        raise NotImplementedError
-
-    def locate(self, i: int) -> Tuple[int, int]:
-        """``(shard, record in shard)`` of global position ``i`` (negative: from the end)."""
-        i = operator.index(i)
-        if not 0 <= i < self._n:
-            if -self._n <= i < 0:
-                i += self._n
-            else:
-                raise IndexError("index %d out of range for %d records" % (i, self._n))
-        s = bisect_right(self._starts, i) - 1
-        return s, i - self._starts[s]
-
-    def __len__(self) -> int:
-        return self._n
-
-    def key(self, i: int) -> int:
-        """The shard's key (our converters write the item's global position, or its ``.lst``
-        index; LMDB shards keep them in ``record_keys``)."""
-        s, j = self.locate(i)
-        return self.shard(s).key(j)
-
-    def offset(self, i: int) -> Optional[int]:
-        s, j = self.locate(i)
-        return self.shard(s).offset(j)
-
-    def read(self, i: int) -> bytes:
-        return bytes(self.view(i))
-
-    def view(self, i: int):
-        s, j = self.locate(i)
-        return self.shard(s).view(j)
-
-    def scan(self) -> Iterator:
-        for s in range(len(self._starts) - 1):
-            f = self.shard(s)
-            if hasattr(f, "scan"):
-                yield from f.scan()
-            else:
-                for j in range(len(f)):
-                    yield f.read(j)
-
-    def identity(self) -> str:
-        """SHA-256 of the manifest as opened (it holds every shard's checksums)."""
-        return self._identity
-
-
-class ShardedStore(ShardRouter):
-    """N shards behind a manifest, read as one :class:`~gluon_data.store.RecordStore`.
-
-    Global position ``i`` maps to (shard, record) through the cumulative record counts;
-    shards are opened lazily, on first use, in each process. Pickles carry the location
-    only. A missing or damaged shard raises an error naming it.
-
-    Parameters
-    ----------
-    location : str
-        The ``PREFIX.shards.json`` manifest.
-    split : str, optional
-        Must match the manifest's split when given.
-
-    Examples
-    --------
-    >>> store = ShardedStore("imagenet/train.shards.json")   # doctest: +SKIP
-    >>> len(store), store.locate(1000)                        # doctest: +SKIP
-    (1281167, ('imagenet/train-00000-of-00016.rec', 1000))
-    """
-
-    def __init__(self, location: str, split: Optional[str] = None, **options):
-        self.location = os.fspath(location)
-        self.manifest, raw = _load_manifest(self.location)
-        self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
-        if split is not None and split != self.manifest.get("split"):
-            raise FormatError("split %r not found; this manifest holds split %r"
-                              % (split, self.manifest.get("split")), self.location)
-        self.split = self.manifest.get("split") if self.manifest["container"] == "lmdb" \
-            else None
-        self.meta = self.manifest["meta"]
-        self.container = self.manifest["container"]
-        folder = os.path.dirname(os.path.abspath(self.location))
-        self.paths = [os.path.join(folder, s["name"]) for s in self.manifest["shards"]]
-        counts = [int(s["records"]) for s in self.manifest["shards"]]
-        self._starts = [0] + np.cumsum(counts, dtype=np.int64).tolist()  # bisect: ~0.1 us
-        self._n = self._starts[-1]
-        self._shards: List[object] = [None] * len(self.paths)
-        self._lock = threading.Lock()
-
-    # -- shards ------------------------------------------------------------------------
-    def _label(self, s: int) -> str:
-        return "shard %d of %d (%s)" % (s, len(self.paths), self.paths[s])
-
-    def shard(self, s: int):
-        """The reader of shard ``s`` (``RecordFile`` / ``LMDBFile``), opened on first use."""
-        f = self._shards[s]
-        if f is not None:
-            return f
-        with self._lock:
-            if self._shards[s] is None:
-                self._shards[s] = self._open_shard(s)
-            return self._shards[s]
-
-    def _open_shard(self, s: int):
-        path, want = self.paths[s], self.manifest["shards"][s]["records"]
-        if not os.path.exists(path):
-            raise FileNotFoundError("%s of %s is missing; restore it or rerun the conversion"
-                                    % (self._label(s), self.location))
-        entry = self.manifest["shards"][s]
-        # a .rec's size is fixed by its records; an LMDB's data.mdb may grow with any commit,
-        # so an LMDB shard is bound by its metadata and its records' checksums instead
-        data = path
-        try:
-            size = None if self.container == "lmdb" else os.path.getsize(data)
-        except OSError:
-            size = None  # the reader below names what is missing
-        if size is not None and size != entry["bytes"]:
-            raise FormatError("%s has %d bytes, the manifest says %d: the shard was replaced "
-                              "or damaged; restore it or rerun the conversion"
-                              % (self._label(s), size, entry["bytes"]), data)
-        try:
-            f = (LMDBFile(path, self.manifest.get("split") or "train")
-                 if self.container == "lmdb" else RecordFile(path, expected_count=want))
-            wrong = shard_mismatch(self.manifest, s, f.meta)
-        except GluonDataError as e:
-            raise type(e)("%s is damaged: %s" % (self._label(s), e.reason), e.path or path,
-                          e.key, e.offset) from None
-        if wrong is not None:
-            f.close()
-            raise FormatError("%s %s" % (self._label(s), wrong), path)
-        if len(f) != want:
-            raise FormatError("%s holds %d records, the manifest promises %d"
-                              % (self._label(s), len(f), want), path)
-        return f
-
-    def will_need(self, indices) -> None:
-        """Hand each shard the positions of ``indices`` that fall in it (see
-        :func:`gluon_data.store.will_need`). Local shards only: the remote sharded store has
-        none, so a hint never opens a remote object."""
-        pos = valid_positions(indices, self._n)
-        if not pos.size:
-            return
-        starts = np.asarray(self._starts, np.int64)
-        which = np.searchsorted(starts, pos, side="right") - 1
-        for s in np.unique(which).tolist():
-            will_need(self.shard(s), (pos[which == s] - starts[s]).tolist())
-
-    def view(self, i: int):
-        if isinstance(i, int) and 0 <= i < self._n:  # the hot path, inlined: ~0.3 us
-            starts = self._starts
-            s = bisect_right(starts, i) - 1
-            f = self._shards[s]
-            return (self.shard(s) if f is None else f).view(i - starts[s])
-        s, j = self.locate(i)
-        return self.shard(s).view(j)
-
-    def __getstate__(self) -> dict:
-        return {"location": self.location, "identity": self._identity}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["location"])
-        if self._identity != state["identity"]:
-            raise FormatError("the sharded dataset was replaced after it was opened (its "
-                              "manifest changed); open it again", self.location)
-
-    def __repr__(self) -> str:
-        return "ShardedStore(%r, %d shards, %d records)" % (self.location, len(self.paths),
-                                                            self._n)
-
-
-def _open(location: str, split: Optional[str] = None, **options) -> ShardedStore:
-    return ShardedStore(location, split, **options)
-
-
-register_opener(is_manifest, _open, priority=10)
-
-
 def write_combined_index(manifest: str, idx_path: str) -> List[str]:
     """For stock MXNet: one ``.idx`` over all RecordIO shards of ``manifest``, offsets
     counted from the start of the first shard as if the shards were concatenated, which is
@@ -435,7 +242,7 @@ def write_combined_index(manifest: str, idx_path: str) -> List[str]:
     >>> it = mx.io.ImageRecordIter(path_imgrec=";".join(paths),              # doctest: +SKIP
     ...                            path_imgidx="train.all.idx", shuffle=True, ...)
     """
-    store = ShardedStore(manifest)
+    store = open_store(manifest)  # the ShardedStore (gluon_data.shardstore)
     if store.container != "rec":
         raise ValueError("a combined index needs RecordIO shards, %s holds %s"
                          % (manifest, store.container))
@@ -499,11 +306,15 @@ def verify_sharded(path: str, deep: bool = False, workers: int = 4):
 register_verifier(is_manifest, verify_sharded)
 
 _CONVERTER_NAMES = ("convert_sharded", "write_shard", "ShardJob")
+_STORE_NAMES = ("ShardedStore", "ShardRouter")
 
 
 def __getattr__(name: str):
-    """The sharded conversion's names, kept importable from here: the converter lives above
-    the stores, in :mod:`gluon_data.convert.sharded`, which imports this module (PEP 562)."""
+    """The sharded conversion's names and the store's, kept importable from here: the
+    converter lives above the stores, in :mod:`gluon_data.convert.sharded`, and the store in
+    :mod:`gluon_data.shardstore`; both import this module (PEP 562)."""
     if name in _CONVERTER_NAMES:
         return getattr(importlib.import_module("gluon_data.convert.sharded"), name)
+    if name in _STORE_NAMES:
+        return getattr(importlib.import_module("gluon_data.shardstore"), name)
     raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -31,7 +31,8 @@ try:  # Python >= 3.8
 except ImportError:  # pragma: no cover
     from typing_extensions import Protocol, runtime_checkable  # type: ignore
 
-__all__ = ["RecordStore", "open_store", "store_splits", "register_opener", "is_uri", "will_need"]
+__all__ = ["RecordStore", "open_store", "store_splits", "register_opener", "is_uri", "will_need",
+           "read_bytes", "register_reader"]
 
 Buffer = Union[bytes, memoryview]
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -60,8 +61,11 @@ class RecordStore(Protocol):
     the device holds many requests at once instead of one synchronous read at a time. It is
     only a hint: it reads nothing into process memory, verifies nothing (the reads that
     follow do, as always), ignores positions out of range and never changes what a read
-    returns. Callers go through :func:`will_need`, which does nothing for stores that
-    cannot (remote, legacy); ``gluon_data.DataLoader`` calls it with every batch's indices.
+    returns. A remote store's ``will_need`` starts downloading, in the background, the
+    objects that hold those records into the cache (its ``prefetch`` is the same call,
+    returning the download's future); a sharded store hands each shard its positions.
+    Callers go through :func:`will_need`, which does nothing for stores that cannot
+    (legacy); ``gluon_data.DataLoader`` and ``PrefetchSampler`` call it.
     """
 
     location: str
@@ -133,8 +137,11 @@ def valid_positions(indices, n: int):
 _OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore],
                      Optional[Callable[[str], List[str]]]]] = []
 # modules whose import registers the built-in backends (imported on first open_store)
+# (predicate(location) -> bool, reader(location, **options) -> bytes): who reads a small
+# document (a shard manifest) at a location that is not a local path (the remote backend)
+_READERS: List[Tuple[Callable[[str], bool], Callable[..., bytes]]] = []
 _BUILTIN_BACKENDS = ("gluon_data.recordio", "gluon_data.lmdbio", "gluon_data.legacy",
-                     "gluon_data.shards", "gluon_data.remote")
+                     "gluon_data.shards", "gluon_data.shardstore", "gluon_data.remote")
 _loaded = False
 
 
@@ -147,6 +154,25 @@ def register_opener(predicate: Callable[[str], bool], opener: Callable[..., Reco
     :func:`store_splits`)."""
     _OPENERS.append((priority, predicate, opener, splits))
     _OPENERS.sort(key=lambda t: -t[0])
+
+
+def register_reader(predicate: Callable[[str], bool], reader: Callable[..., bytes]) -> None:
+    """Make :func:`read_bytes` hand locations for which ``predicate(location)`` is true to
+    ``reader(location, **options)`` (the remote backend registers URIs)."""
+    _READERS.append((predicate, reader))
+
+
+def read_bytes(location: str, **options) -> bytes:
+    """The bytes of the small document at ``location`` (a manifest): a local file, or an
+    object read by the backend registered for it with the store ``options`` (the remote
+    backend takes ``storage_options``, ``retries``, ``backoff`` and ignores the rest)."""
+    location = os.fspath(location)
+    _load_builtins()
+    for predicate, reader in _READERS:
+        if predicate(location):
+            return reader(location, **options)
+    with open(location, "rb") as f:
+        return f.read()
 
 
 def is_uri(location: str) -> bool:

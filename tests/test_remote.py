@@ -1245,3 +1245,189 @@ def test_lmdb_to_s3_uploads_data_mdb_then_its_commit_document(s3, so, tmp_path):
     ref = RecordFile(one)
     assert [sharded.read(i) for i in range(len(sharded))] == [ref.read(i) for i in range(9)]
     sharded.close()
+
+
+# --------------------------------------------------------------------------- one remote path
+class _RangeHandler(__import__("http.server").server.SimpleHTTPRequestHandler):
+    """A static file server on loopback that answers ``Range: bytes=a-b`` with a 206 (what
+    fsspec's HTTP filesystem reads objects with) and logs every request."""
+
+    log = []
+
+    def log_message(self, *args):
+        pass
+
+    def send_head(self):
+        path = self.translate_path(self.path)
+        self.log.append((self.command, self.path))
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return None
+        f = open(path, "rb")
+        size = os.fstat(f.fileno()).st_size
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes="):
+            a, _, b = rng[6:].partition("-")
+            start, end = int(a or 0), min(size - 1, int(b) if b else size - 1)
+            f.seek(start)
+            self.send_response(206)
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end, size))
+            self.send_header("Content-Length", str(end - start + 1))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            self._left = end - start + 1
+            return f
+        self.send_response(200)
+        self.send_header("Content-Length", str(size))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self._left = size
+        return f
+
+    def copyfile(self, source, outputfile):
+        outputfile.write(source.read(self._left))
+
+
+@contextlib.contextmanager
+def http_server(folder):
+    """``folder`` served over HTTP on 127.0.0.1 (a free port); yields the base URL and the
+    request log; the server is shut down after."""
+    import functools
+    from http.server import ThreadingHTTPServer
+    handler = type("Handler", (_RangeHandler,), {"log": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0),
+                                 functools.partial(handler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield "http://127.0.0.1:%d" % server.server_address[1], handler.log
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_a_manifest_at_a_uri_is_a_sharded_store_of_the_remote_stores(s3, so, voc_src, voc_s3,
+                                                                     tmp_path):
+    """One remote path: the manifest at a URI is the local ShardedStore, its shards opened
+    through open_store (each the very class a single remote .rec gives, given the manifest's
+    entry: opening one sends no request); RemoteShardedStore still opens it, deprecated."""
+    import pickle
+    from gluon_data.remote import RemoteShardedStore
+    from gluon_data.shards import ShardedStore
+    uri = _fresh_uri("onepath/voc.rec")
+    manifest = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=8,
+                              storage_options=so, cache_dir=str(tmp_path / "stage")
+                              ).outputs["trainval"]
+    ref = RecordFile(voc_s3[1])
+    s3.log.clear()
+    store = open_store(manifest, **_remote(so, tmp_path))
+    assert type(store) is ShardedStore and store.parts() == [8, 8]
+    shard = store.shard(1)
+    assert type(shard) is type(open_store(voc_s3[0], **_remote(so, tmp_path)))
+    assert {e[1] for e in s3.log if "onepath" in e[1]} == {"/%s/onepath/voc.shards.json"
+                                                           % BUCKET}  # the manifest alone
+    assert [store.read(i) for i in range(16)] == [ref.read(i) for i in range(16)]
+    copy = pickle.loads(pickle.dumps(store))  # what a DataLoader worker gets
+    assert type(copy) is ShardedStore and copy.read(11) == ref.read(11)
+    assert copy.identity() == store.identity()
+    with pytest.warns(DeprecationWarning, match="open_store"):
+        old = RemoteShardedStore(manifest, **_remote(so, tmp_path))
+    assert isinstance(old, ShardedStore) and old.read(3) == ref.read(3)
+    store.close()
+
+
+def test_an_http_served_rec_and_manifest_read(voc_src, voc_s3, tmp_path):
+    """Plain HTTP(S) is a scheme like S3: a .rec and a sharded dataset served by a loopback
+    HTTP server with range requests read through the same stores, the shards downloaded into
+    the cache once."""
+    from gluon_data.shards import ShardedStore
+    folder = tmp_path / "www"
+    folder.mkdir()
+    convert(voc_src, str(folder / "voc.rec"), "voc", split="trainval")
+    from gluon_data.shards import convert_sharded
+    convert_sharded(voc_src, str(folder / "sh.rec"), "voc", split="trainval", shard_items=8)
+    ref = RecordFile(voc_s3[1])
+    opts = dict(storage_options={}, cache_dir=str(tmp_path / "cache"), **FAST)
+    with http_server(folder) as (base, log):
+        single = open_store(base + "/voc.rec", **opts)
+        assert len(single) == 16 and single.read(5) == ref.read(5)
+        store = open_store(base + "/sh.shards.json", **opts)
+        assert type(store) is ShardedStore and type(store.shard(0)) is type(single)
+        assert [store.read(i) for i in range(16)] == [ref.read(i) for i in range(16)]
+        assert [p for m, p in log if m == "GET" and p.endswith("-of-00002.rec")] and \
+            len({p for m, p in log if p.endswith(".rec")}) == 3
+        log.clear()
+        again = open_store(base + "/sh.shards.json", **opts)  # the cache serves the shards
+        assert again.read(15) == ref.read(15)
+        assert {p for m, p in log if m == "GET"} == {"/sh.shards.json"}  # HEADs of the shards
+        store.close()
+
+
+def _wait_for(cond, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_will_need_on_a_remote_store_downloads_and_the_read_needs_no_request(voc_s3, s3, so,
+                                                                            tmp_path):
+    """The hint is the prefetch: ``will_need`` on a remote store (what the DataLoader's
+    hints and PrefetchSampler give) starts the download in the background; once it is done,
+    reading sends no request at all."""
+    from gluon_data.store import will_need
+    uri, local = voc_s3
+    store = open_store(uri, **_remote(so, tmp_path))
+    s3.log.clear()
+    will_need(store, [3, 1, 10 ** 6, -1])  # returns at once; out-of-range positions ignored
+    assert _wait_for(lambda: s3.served("sess/voc.rec") == os.path.getsize(local))
+    assert store.prefetch([3]).result(timeout=60) is not None  # the same download's future
+    s3.log.clear()
+    ref = RecordFile(local)
+    assert [store.read(i) for i in range(16)] == [ref.read(i) for i in range(16)]
+    assert not [e for e in s3.log if "sess/voc" in e[1]]  # no request: the cache serves it
+    store.close()
+
+
+def test_dataset_hints_reach_the_shards_of_a_remote_manifest(s3, so, voc_src, voc_s3,
+                                                            tmp_path):
+    """A dataset's ``will_need`` (what ``gluon_data.DataLoader`` calls with each batch) on a
+    manifest at a URI downloads the shard that holds the hinted records, and only it."""
+    uri = _fresh_uri("hinted/voc.rec")
+    manifest = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=8,
+                              storage_options=so, cache_dir=str(tmp_path / "stage")
+                              ).outputs["trainval"]
+    ds = SegmentationDataset(open_store(manifest, **_remote(so, tmp_path)), ignore_value=None)
+    shard1 = "hinted/voc-00001-of-00002.rec"
+    size = filesystem(_fresh_uri(shard1), so)[0].info(_fresh_uri(shard1))["size"]
+    s3.log.clear()
+    ds.will_need([9, 12])
+    assert _wait_for(lambda: s3.served(shard1) == size)
+    assert s3.served("hinted/voc-00000-of-00002.rec") == 0
+    for f in ds.store.prefetch([9]):
+        f.result(timeout=60)
+    s3.log.clear()
+    assert ds.store.read(12) == RecordFile(voc_s3[1]).read(12)
+    assert not [e for e in s3.log if e[0] == "GET" and "hinted/" in e[1]]
+    ds.store.close()
+
+
+def test_one_remote_store_for_rec_and_lmdb(s3, so, voc_s3, voc_lmdb, tmp_path):
+    """A .rec and an LMDB at a URI are the same remote store (described, fetched by the
+    cache, opened as the local store), pickled alike; RemoteLMDBStore names it."""
+    import pickle
+    from gluon_data.lmdbio import LMDBFile
+    from gluon_data.remote import RemoteLMDBStore
+    uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("onestore/voc.lmdb"), commit=True)
+    lm, rec = open_store(uri, "val", **_remote(so, tmp_path)), open_store(voc_s3[0],
+                                                                          **_remote(so, tmp_path))
+    assert type(lm) is type(rec) is RemoteStore and RemoteLMDBStore is RemoteStore
+    assert (lm.container, rec.container) == ("lmdb", "rec")
+    assert lm.parts() == [8] and rec.parts() == [16]
+    lm = pickle.loads(pickle.dumps(lm))
+    assert lm.read(2) == LMDBFile(voc_lmdb, "val").read(2)
+    assert type(lm.lmdb_file()) is type(open_store(voc_lmdb, "val"))  # the local store
+    lm.close()

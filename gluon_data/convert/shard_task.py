@@ -16,7 +16,8 @@ from ..fsutil import check_disjoint
 from ..lmdbio import LMDBFile, is_lmdb
 from ..meta import CONTAINER_KEYS, read_meta
 from ..recordio import RecordFile
-from ..shards import (ShardedStore, _read_shard_meta, _shard_files, dataset_files, is_manifest,
+from ..shardstore import ShardedStore
+from ..shards import (_read_shard_meta, _shard_files, dataset_files, is_manifest,
                       manifest_path, shard_summary)
 from ..stats import RunningStats as _Stats
 from ..store import is_uri, open_store

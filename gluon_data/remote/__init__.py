@@ -25,11 +25,12 @@ are retried a bounded number of times with exponential backoff, by :class:`_Remo
 failed call takes at most :func:`call_bound` seconds.
 
 The package: :mod:`.layout` (object names), :mod:`.fs` (options, client, retries),
-:mod:`.objects` (the object cache), :mod:`.ranged` (ranged reads), :mod:`.stores`,
-:mod:`.sampling`, :mod:`.commit` (the one upload protocol: marker, objects, commit document),
-:mod:`.upload` (uploads of local datasets and of shards). :func:`convert_to_uri` lives with the
-converters (:mod:`gluon_data.convert.to_uri`, which imports the uploader) and is loaded from
-here on first use, so reading a URI never loads the converter.
+:mod:`.objects` (the object cache), :mod:`.ranged` (ranged reads), :mod:`.describe` (what a
+remote location is made of), :mod:`.stores` (the one remote store), :mod:`.sampling`,
+:mod:`.commit` (the one upload protocol: marker, objects, commit document), :mod:`.upload`
+(uploads of local datasets and of shards). :func:`convert_to_uri` lives with the converters
+(:mod:`gluon_data.convert.to_uri`, which imports the uploader) and is loaded from here on
+first use, so reading a URI never loads the converter.
 """
 from __future__ import annotations
 
@@ -41,10 +42,11 @@ from .fs import (INSTALL_HINT, RETRIES, BACKOFF, CONNECT_TIMEOUT, READ_TIMEOUT, 
                  attempt_limit, call_bound, _NO_CREDENTIALS, _Remote)  # noqa: F401
 from .objects import (_default_cache_dir, _Lock, ShardCache)  # noqa: F401
 from .ranged import (_RangedRecordFile, _load_index)  # noqa: F401
+from .describe import (Described, describe_rec, describe_lmdb)  # noqa: F401
 from .stores import (_ProcessLocal, _ReadsLocalCopy, RemoteStore, _stamp, _open_remote,
                      _names_remote_lmdb, check_lmdb_download, RemoteLMDBStore, _prefetch_pool,
                      _open_remote_lmdb, _remote_lmdb_splits, RemoteShardedStore,
-                     _names_remote_manifest)  # noqa: F401
+                     _read_uri)  # noqa: F401
 from .sampling import (BlockShuffleSampler, PrefetchSampler)  # noqa: F401
 from .commit import (Commit, _commit_names, _NOT_OURS, _remote_is_ours, put_object,
                      check_bucket, probe_writable)  # noqa: F401

@@ -1,28 +1,35 @@
-"""The remote stores: a ``.rec``, an LMDB and a manifest of shards at a URI."""
+"""The remote store: a ``.rec`` or an LMDB environment at a URI, read through the cache.
+
+A remote location is described once (:mod:`.describe`: its objects, their sizes and SHA-256
+sums), its objects are fetched and verified by the :class:`~.objects.ShardCache` (one limit,
+one trust rule), and the local copy is then read as a local store is: the same reader
+:func:`~gluon_data.store.open_store` gives for a local path. A manifest at a URI is a
+:class:`~gluon_data.shards.ShardedStore` whose shards are remote stores.
+"""
 from __future__ import annotations
 
-import hashlib
 import os
-import posixpath
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-import numpy as np
-
-from ..documents import load_document
-from ..errors import ChecksumMismatchError, FormatError, RemoteNotFoundError
-from ..lmdbio import LMDBFile, read_lmdb_meta
+from ..errors import FormatError
+from ..lmdbio import read_lmdb_meta
 from ..meta import meta_path
 from ..recordio import RecordFile, idx_path_for
-from ..shards import ShardRouter, _load_manifest
-from ..store import is_uri, register_opener
-from ..verify import verify
-from .layout import LMDB_COMMIT, LMDB_DATA, LMDB_MARKER, UPLOAD_MARKER, _join
+from ..shardstore import ShardedStore
+from ..store import is_uri, open_store, register_opener, register_reader
+from .describe import (check_lmdb_download, describe_lmdb, describe_rec, names_remote_lmdb,
+                       stamp)
 from .fs import _Remote
+from .layout import LMDB_COMMIT, LMDB_DATA
 from .objects import ShardCache
 from .ranged import _RangedRecordFile, _load_index
+
+_stamp = stamp  # (the names these had)
+_names_remote_lmdb = names_remote_lmdb
 
 
 class _ProcessLocal:
@@ -63,21 +70,31 @@ class _ReadsLocalCopy(_ProcessLocal):
 
 
 class RemoteStore(_ReadsLocalCopy):
-    """A ``.rec`` with its ``.idx`` (and ``.meta.json``) in object storage, as a record store.
+    """A dataset at a URI, as a record store: a ``.rec`` with its ``.idx`` (and
+    ``.meta.json``), or one split of an LMDB environment (``s3://bucket/voc.lmdb``: its
+    ``data.mdb``, and the commit document ``meta.json`` that ``gluon-data convert`` uploads).
 
-    ``reads='cache'`` (training) downloads the whole ``.rec`` and ``.idx`` into a
-    :class:`ShardCache` on the first record read (verified against the SHA-256 sums the
-    metadata records when the dataset was uploaded by ``gluon-data convert``) and reads the
-    local copies with :class:`~gluon_data.recordio.RecordFile`. ``reads='ranged'``
-    (inspection) fetches the index, then only the bytes of the records read. Either way the
-    constructor fetches the metadata and the object sizes only.
+    The constructor reads what the location is made of (the metadata or commit document and
+    the object sizes; nothing for a shard its manifest describes). The first record read
+    downloads the objects whole into a :class:`ShardCache` (once per node; atomically;
+    verified against the SHA-256 sums recorded at upload, a ``data.mdb`` without one by
+    :func:`check_lmdb_download`) and opens the local copy with the local store
+    (:class:`~gluon_data.recordio.RecordFile`, :class:`~gluon_data.lmdbio.LMDBFile`).
+    ``reads='ranged'`` (inspection of a ``.rec``) fetches the index, then only the bytes of
+    the records read. :meth:`will_need` (the hint ``gluon_data.DataLoader`` and
+    :class:`PrefetchSampler` give) starts the download in the background.
+
+    A bare ``data.mdb`` (no ``meta.json``) is downloaded when opened, since its metadata is
+    inside. While an upload marker exists and the metadata does not, the dataset is refused.
 
     Parameters
     ----------
     location : str
-        URI of the ``.rec`` (``s3://bucket/prefix/voc_train.rec``).
+        URI of the ``.rec`` (``s3://bucket/prefix/voc_train.rec``) or of the LMDB
+        environment (``s3://bucket/prefix/voc.lmdb``).
     split : str, optional
-        A ``.rec`` holds one split; when given, it must be the metadata's.
+        A ``.rec`` holds one split; when given, it must be the metadata's. An LMDB's default
+        is ``train`` if there is one, else the first.
     storage_options : dict, optional
         fsspec options (``endpoint_url``, ``key``/``secret``, ``anon``, ``client_kwargs``...).
         Credentials default to the standard environment or profile; nothing is stored in
@@ -86,10 +103,15 @@ class RemoteStore(_ReadsLocalCopy):
         The :class:`ShardCache` (defaults: ``$GLUON_DATA_CACHE_DIR`` or
         ``~/.cache/gluon_data``, ``$GLUON_DATA_CACHE_LIMIT`` or unlimited).
     reads : {'cache', 'ranged'}
+        (An LMDB reads the cached download either way.)
     retries, backoff : optional
         Retry policy for transient errors (defaults :data:`RETRIES`, :data:`BACKOFF`).
     prefetch_threads : int
-        Bound of the background download pool :meth:`prefetch` uses.
+        Bound of the background download pool :meth:`will_need` uses.
+    described : dict, optional
+        What a manifest says of this shard (``records``, ``bytes``, ``files``: the size and
+        SHA-256 of each object, by name), taken as given: no metadata GET, no HEAD
+        (:class:`~gluon_data.shards.ShardedStore` passes it).
 
     Examples
     --------
@@ -103,316 +125,49 @@ class RemoteStore(_ReadsLocalCopy):
     def __init__(self, location: str, split: Optional[str] = None, *,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                  cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
-                 backoff: Optional[float] = None, prefetch_threads: int = 2):
+                 backoff: Optional[float] = None, prefetch_threads: int = 2,
+                 described: Optional[dict] = None):
         if reads not in ("cache", "ranged"):
             raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
-        self.location = os.fspath(location)
-        self.split = None
         self.reads = reads
         self._remote = _Remote(storage_options, retries, backoff)
         self._cache_args = (cache_dir, cache_limit)
         self._prefetch_threads = max(1, int(prefetch_threads))
-        self.idx_location = idx_path_for(self.location)
-        self.meta_location = meta_path(self.location)
-        self.meta = self._read_meta()
-        if split is not None and (self.meta or {}).get("split", split) != split:
-            raise ValueError("%s holds split %r, not %r: a .rec holds one split"
-                             % (self.location, self.meta["split"], split))
-        self._expected = self.meta["num_records"] if self.meta else None
-        info = self._remote.info(self.location)
-        self.file_size = int(info["size"])
-        self._stamps = {self.location: _stamp(info)}
-        files = (self.meta or {}).get("files") or {}
-        self._sums = {u: files.get(posixpath.basename(u)) for u in (self.location,
-                                                                      self.idx_location)}
-        want = self._sums[self.location]
-        if want is not None and int(want.get("bytes", -1)) != self.file_size:
-            raise ChecksumMismatchError(
-                "the object has %d bytes but the metadata records %d: it was replaced or "
-                "is being rewritten; re-upload the dataset" % (self.file_size, want["bytes"]),
-                self.location)
         self._init_local()
+        location = os.fspath(location)
+        if names_remote_lmdb(location):
+            self.location = location.rstrip("/")
+            self.data_location = self.location + "/" + LMDB_DATA
+            self.commit_location = self.location + "/" + LMDB_COMMIT
+            self._d = describe_lmdb(self._remote, self.location, described)
+            self.container, self.file_size = "lmdb", self._d.size
+            self._choose_split(split, described is not None)
+        else:
+            self.location, self.split = location, None  # (no "splits": it holds one)
+            self.idx_location = idx_path_for(location)
+            self.meta_location = meta_path(location)
+            self._d = describe_rec(self._remote, location, split, described)
+            self.meta = self._d.meta
+            self.container, self.file_size = "rec", self._d.size
 
-    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pool", "_pending")
+    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pending")
 
     def _init_local(self):
         self._cache = ShardCache(*self._cache_args)
-        self._reader: Optional[Tuple[int, RecordFile]] = None
+        self._reader: Optional[Tuple[int, object]] = None
         self._pins: list = []
         self._lock = threading.Lock()
-        self._pool: Optional[ThreadPoolExecutor] = None
         self._pending: Optional[Future] = None
 
-    # -- opening -------------------------------------------------------------------------
-    def _read_meta(self) -> Optional[dict]:
-        try:
-            raw = self._remote.cat(self.meta_location)
-        except RemoteNotFoundError:
-            prefix = os.path.splitext(self.location)[0]
-            if self._remote.exists(prefix + UPLOAD_MARKER):
-                raise FormatError("an upload of this dataset is in progress or was interrupted "
-                                  "(%s exists, the metadata does not yet): wait for it, or "
-                                  "rerun the conversion with --resume"
-                                  % (prefix + UPLOAD_MARKER), self.location) from None
-            return None
-        return load_document(raw, "meta", self.meta_location)
-
-    def _sha(self, uri: str) -> Optional[str]:
-        entry = self._sums.get(uri)
-        return None if not entry else entry.get("sha256")
-
-    def _stamp_of(self, uri: str) -> str:
-        sha = self._sha(uri)
-        if sha is not None:
-            return "sha256:" + sha
-        if uri not in self._stamps:
-            self._stamps[uri] = _stamp(self._remote.info(uri))
-        return self._stamps[uri]
-
-    def _size_of(self, uri: str) -> int:
-        entry = self._sums.get(uri)
-        if entry and "bytes" in entry:
-            return int(entry["bytes"])
-        return self.file_size if uri == self.location else int(self._remote.info(uri)["size"])
-
-    def fetch(self, uri: Optional[str] = None, pin: bool = False):
-        """Download ``uri`` (default: the ``.rec``) into the cache if it is not there;
-        return ``(local path, pin)``."""
-        uri = uri or self.location
-        return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
-                                 self._stamp_of(uri), pin=pin)
-
-    @classmethod
-    def _part(cls, location: str, remote: "_Remote", cache_args, reads: str, records: int,
-              size: int, sums: Dict[str, dict], prefetch_threads: int = 2) -> "RemoteStore":
-        """One shard of a remote sharded dataset: what the manifest says about it is taken
-        as given (no metadata GET, no HEAD of the ``.rec``)."""
-        self = cls.__new__(cls)
-        self.location, self.split, self.reads, self.meta = location, None, reads, None
-        self._remote, self._cache_args = remote, cache_args
-        self._prefetch_threads = prefetch_threads
-        self.idx_location = idx_path_for(location)
-        self.meta_location = meta_path(location)
-        self._expected, self.file_size = int(records), int(size)
-        self._stamps = {}
-        self._sums = {location: sums.get(location), self.idx_location: sums.get(
-            self.idx_location)}
-        self._init_local()
-        return self
-
-    def _open(self) -> RecordFile:
-        expected = self._expected
-        idx_local, idx_pin = self.fetch(self.idx_location, pin=True)
-        pins = [idx_pin]
-        try:
-            if self.reads == "ranged":
-                keys, offsets = _load_index(idx_local, self.idx_location)
-                return _RangedRecordFile(self.location, self._remote, self.file_size, keys,
-                                         offsets, expected, self.idx_location), pins
-            rec_local, rec_pin = self.fetch(self.location, pin=True)
-            pins.append(rec_pin)
-            try:
-                return RecordFile(rec_local, idx_local, expected_count=expected), pins
-            except FormatError as e:
-                raise FormatError(e.reason, self.location, e.key, e.offset) from None
-        except BaseException:
-            for p in pins:
-                p.release()
-            raise
-
-    def record_file(self) -> RecordFile:
-        """The reader of this process (opened on first use: the index and, with
-        ``reads='cache'``, the data are fetched then)."""
-        pid = os.getpid()
-        cur = self._reader
-        if cur is not None and cur[0] == pid:
-            return cur[1]
-        with self._lock:
-            if self._reader is None or self._reader[0] != pid:
-                f, pins = self._open()
-                self._pins = pins  # (a forked child keeps its parent's pins too)
-                self._reader = (pid, f)
-            return self._reader[1]
-
-    def close(self) -> None:
-        """Release this process's pins on cached copies (they become evictable)."""
-        with self._lock:
-            for p in self._pins:
-                p.release()
-            self._pins = []
-            self._reader = None
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-
-    # -- prefetch ------------------------------------------------------------------------
-    def parts(self) -> List[int]:
-        """Record counts of the objects downloaded as units (one ``.rec``: ``[len]``)."""
-        return [len(self)]
-
-    def prefetch(self, indices: Iterable[int]) -> Optional[Future]:
-        """Start downloading, in the background, what reading ``indices`` will need (the
-        sampler's upcoming order); returns the future of the download, or ``None`` when
-        nothing is needed (ranged reads, already fetched). Bounded: one download per
-        object in flight, on at most ``prefetch_threads`` threads."""
-        if self.reads != "cache" or not any(True for _ in indices):
-            return None
-        cur = self._reader
-        if cur is not None and cur[0] == os.getpid():
-            return None
-        with self._lock:
-            if self._pending is not None and not self._pending.done():
-                return self._pending
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._prefetch_threads,
-                                                thread_name_prefix="gluon-data-prefetch")
-            def work():
-                for uri in (self.idx_location, self.location):
-                    self.fetch(uri)
-            self._pending = self._pool.submit(work)
-            return self._pending
-
-    # -- the store protocol --------------------------------------------------------------
-    def __len__(self) -> int:
-        if self._expected is not None:
-            return int(self._expected)
-        return len(self.record_file())
-
-    def _local(self) -> RecordFile:
-        return self.record_file()
-
-    def offset(self, i: int) -> Optional[int]:
-        return self.record_file().offset(i)
-
-    def check_tail(self) -> None:
-        """Check that the last indexed record ends the ``.rec`` (``verify`` does)."""
-        self.record_file()._check_tail()
-
-    def identity(self) -> str:
-        return self._stamp_of(self.location)
-
-    def __repr__(self) -> str:
-        return "RemoteStore(%r, reads=%r)" % (self.location, self.reads)
-
-
-def _stamp(info: dict) -> str:
-    etag = info.get("ETag") or info.get("etag") or info.get("mtime") or ""
-    return "etag:%s:%s" % (str(etag).strip('"'), info.get("size"))
-
-
-def _open_remote(location: str, split: Optional[str] = None, **options) -> RemoteStore:
-    return RemoteStore(location, split, **options)
-
-
-register_opener(is_uri, _open_remote, priority=10)
-
-
-# --------------------------------------------------------------------------- LMDB
-
-
-def _names_remote_lmdb(location: str) -> bool:
-    """A URI naming an LMDB environment: ``s3://bucket/voc.lmdb`` (its ``data.mdb`` below)."""
-    return is_uri(location) and location.rstrip("/").endswith(".lmdb")
-
-
-def check_lmdb_download(path: str, uri: str) -> None:
-    """The integrity check of a downloaded ``data.mdb`` that no SHA-256 is recorded for.
-
-    Run on the download (``path``, alone in its folder) before it becomes the cached copy:
-    everything ``gluon-data verify`` checks, in a child process (LMDB trusts its B-tree pages,
-    so a damaged page may crash the reader, which must not be the training process) -- the
-    meta pages and the file size they need, every split's metadata (with its ``meta_crc32``)
-    and record count, and every record's framing, CRC-32 and header id against its key.
-    Together with the size from the object's listing this catches a truncated or damaged
-    transfer and a tampered record; it cannot tell bytes LMDB never reads (free pages).
-
-    Raises
-    ------
-    ChecksumMismatchError
-        Naming ``uri``: the first problem found (and how many there are).
-    """
-    folder = os.path.dirname(path)
-    report = verify(folder, deep=False, isolate=True)
-    if report.ok:
-        return
-    first = report.problems[0]
-    where = (first["where"] or "").replace(folder, uri.rsplit("/", 1)[0])
-    raise ChecksumMismatchError(
-        "the downloaded data.mdb fails the integrity check (%s%s: %s; %d problem(s) in all); "
-        "the copy was discarded: the object was modified or damaged after it was written "
-        "(re-upload the dataset)"
-        % (where, "" if first["key"] is None else ", record %s" % first["key"],
-           first["reason"], len(report.problems)), uri, first["key"])
-
-
-
-
-class RemoteLMDBStore(_ReadsLocalCopy):
-    """One split of an LMDB dataset in object storage, as a record store.
-
-    The dataset is the objects under the URI's prefix (FORMAT.md §8): the environment's
-    ``data.mdb`` (``s3://bucket/voc.lmdb/data.mdb``, byte for byte as the local ``voc.lmdb/``
-    folder holds it) and, as uploaded by ``gluon-data convert``, the commit document
-    ``meta.json`` (every split's metadata, and the size and SHA-256 of ``data.mdb``).
-
-    Training and inspection reads alike download ``data.mdb`` whole into the
-    :class:`ShardCache` (once per node; atomically, as ``.rec`` downloads) and read the cached
-    copy with the local fast path (:class:`~gluon_data.lmdbio.LMDBFile`, read-only, without a
-    lock file). With ``meta.json`` the store opens from it alone (``info`` and ``stats``
-    download nothing else), the download happens on the first record read and is verified
-    against the recorded SHA-256. A ``data.mdb`` without ``meta.json`` (copied up by other
-    tools) is downloaded when opened, since its metadata is inside, and verified by
-    :func:`check_lmdb_download`. While ``uploading.json`` exists and ``meta.json`` does not,
-    the dataset is refused (an upload is in progress).
-
-    Parameters
-    ----------
-    location : str
-        URI of the environment (``s3://bucket/prefix/voc.lmdb``).
-    split : str, optional
-        The split (sub-database); default ``train`` if there is one, else the first.
-    storage_options, cache_dir, cache_limit, retries, backoff
-        As for :class:`RemoteStore`.
-    reads : {'cache', 'ranged'}
-        Accepted for symmetry with :class:`RemoteStore`; both read the cached download.
-
-    Examples
-    --------
-    >>> store = RemoteLMDBStore("s3://bucket/voc.lmdb", "val",
-    ...                         storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
-    >>> store.splits, len(store), store.meta["task"]                                  # doctest: +SKIP
-    (['train', 'val'], 1449, 'segmentation')
-    """
-
-    def __init__(self, location: str, split: Optional[str] = None, *,
-                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
-                 backoff: Optional[float] = None, prefetch_threads: int = 2):
-        if reads not in ("cache", "ranged"):
-            raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
-        self._locate(location)
-        self.reads = reads
-        self._remote = _Remote(storage_options, retries, backoff)
-        self._cache_args = (cache_dir, cache_limit)
-        self._init_local()
-        doc = self._read_commit()
-        try:
-            info = self._remote.info(self.data_location)
-        except RemoteNotFoundError:
-            raise RemoteNotFoundError("no LMDB environment here (no %s object under it)"
-                                      % LMDB_DATA, self.location) from None
-        self.file_size = int(info["size"])
-        if doc is not None:
-            want = doc["files"][LMDB_DATA]
-            if int(want["bytes"]) != self.file_size:
-                raise ChecksumMismatchError(
-                    "the object has %d bytes but %s records %d: it was replaced or is being "
-                    "rewritten; re-upload the dataset" % (self.file_size, LMDB_COMMIT,
-                                                          want["bytes"]), self.data_location)
-            self._sha, self._stamp = want["sha256"], "sha256:" + want["sha256"]
-            metas = doc["splits"]
-        else:  # the metadata lives in data.mdb: download it now (checked by a full scan)
-            self._sha, self._stamp = None, _stamp(info)
+    def _choose_split(self, split: Optional[str], shard: bool) -> None:
+        """An LMDB's split: the manifest's for a shard, else one of the commit document's
+        (or, for a bare ``data.mdb``, of the metadata inside its download)."""
+        if shard:
+            self.split = split or "train"
+            self.splits, self.meta = [self.split], None
+            return
+        metas = self._d.metas
+        if metas is None:  # the metadata lives in data.mdb: download it now
             path, pin = self.fetch(pin=True)
             self._pins.append(pin)
             try:
@@ -426,327 +181,217 @@ class RemoteLMDBStore(_ReadsLocalCopy):
             raise FormatError("split %r not found; available splits: %s"
                               % (split, ", ".join(self.splits) or "none"), self.location)
         self.split, self.meta = split, metas[split]
-        self._n = int(self.meta["num_records"])
-        self._conversion = self.meta.get("conversion_id")
+        self._d.records = int(self.meta["num_records"])
+        self._d.conversion = self.meta.get("conversion_id")
 
-    def _locate(self, location: str) -> None:
-        self.location = os.fspath(location).rstrip("/")
-        self.data_location = self.location + "/" + LMDB_DATA
-        self.commit_location = self.location + "/" + LMDB_COMMIT
+    # -- the objects ---------------------------------------------------------------------
+    def _sha(self, uri: str) -> Optional[str]:
+        return (self._d.objects.get(uri) or {}).get("sha256")
 
-    @classmethod
-    def _part(cls, location: str, remote: "_Remote", cache_args, split: Optional[str],
-              records: int, size: int, sha256: Optional[str]) -> "RemoteLMDBStore":
-        """One LMDB shard of a remote sharded dataset: what the manifest says about it (its
-        split, records, size and SHA-256 of ``data.mdb``) is taken as given."""
-        self = cls.__new__(cls)
-        self._locate(location)
-        self.reads, self._remote, self._cache_args = "cache", remote, cache_args
-        self.file_size, self._sha = int(size), sha256
-        self._stamp = None if sha256 is None else "sha256:" + sha256
-        self.split, self.splits, self.meta = split or "train", [split or "train"], None
-        self._n, self._conversion = int(records), None
-        self._init_local()
-        return self
+    def _stamp_of(self, uri: Optional[str] = None) -> str:
+        uri = uri or self._d.main
+        sha = self._sha(uri)
+        if sha is not None:
+            return "sha256:" + sha
+        if uri not in self._d.stamps:
+            self._d.stamps[uri] = stamp(self._remote.info(uri))
+        return self._d.stamps[uri]
 
-    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pending")
+    def _size_of(self, uri: str) -> int:
+        entry = self._d.objects.get(uri) or {}
+        if "bytes" in entry:
+            return int(entry["bytes"])
+        return self.file_size if uri == self._d.main else int(self._remote.info(uri)["size"])
 
-    def _init_local(self):
-        self._cache = ShardCache(*self._cache_args)
-        self._reader: Optional[Tuple[int, object]] = None
-        self._pins: list = []
-        self._lock = threading.Lock()
-        self._pending: Optional[Future] = None
-
-    def _read_commit(self) -> Optional[dict]:
-        """``meta.json``, checked; ``None`` if there is none (a bare ``data.mdb``)."""
-        try:
-            raw = self._remote.cat(self.commit_location)
-        except RemoteNotFoundError:
-            marker = self.location + "/" + LMDB_MARKER
-            if self._remote.exists(marker):
-                raise FormatError("an upload of this dataset is in progress or was interrupted "
-                                  "(%s exists, %s does not yet): wait for it, or rerun the "
-                                  "conversion with --resume" % (marker, LMDB_COMMIT),
-                                  self.location) from None
-            return None
-        return load_document(raw, "lmdb_commit", self.commit_location)
-
-    def _stamp_of(self) -> str:
-        if self._stamp is None:  # a shard the manifest gives no SHA-256 for
-            self._stamp = _stamp(self._remote.info(self.data_location))
-        return self._stamp
-
-    def fetch(self, pin: bool = False):
-        """Download ``data.mdb`` into the cache if it is not there (verified against the
-        recorded SHA-256, else by :func:`check_lmdb_download`); return ``(local path,
-        pin)``."""
+    def fetch(self, uri: Optional[str] = None, pin: bool = False):
+        """Download object ``uri`` (default: the ``.rec``, the ``data.mdb``) into the cache
+        if it is not there; return ``(local path, pin)``."""
+        uri = uri or self._d.main
         check = None
-        if self._sha is None:
-            check = partial(check_lmdb_download, uri=self.data_location)
-        return self._cache.fetch(self._remote, self.data_location, self.file_size, self._sha,
-                                 self._stamp_of(), pin=pin, check=check)
+        if self.container == "lmdb" and self._sha(uri) is None:
+            check = partial(check_lmdb_download, uri=uri)
+        return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
+                                 self._stamp_of(uri), pin=pin, check=check)
 
-    def lmdb_file(self):
-        """The :class:`~gluon_data.lmdbio.LMDBFile` of this process on the cached copy
-        (downloaded on first use)."""
+    # -- the local copy ------------------------------------------------------------------
+    def _open(self):
+        """The reader of the local copy, and the pins of its objects."""
+        pins = []
+        try:
+            if self.reads == "ranged" and self.container == "rec":
+                idx_local, pin = self.fetch(self.idx_location, pin=True)
+                pins.append(pin)
+                keys, offsets = _load_index(idx_local, self.idx_location)
+                return _RangedRecordFile(self.location, self._remote, self.file_size, keys,
+                                         offsets, self._d.records, self.idx_location), pins
+            local = {}
+            for uri in self._d.objects:  # (.idx first: it is checked before the .rec)
+                local[uri], pin = self.fetch(uri, pin=True)
+                pins.append(pin)
+            try:
+                return self._open_local(local), pins
+            except FormatError as e:  # name the object, not the cache file
+                raise FormatError(e.reason, self.location, e.key, e.offset) from None
+        except BaseException:
+            for p in pins:
+                p.release()
+            raise
+
+    def _open_local(self, local: dict):
+        if self.container == "rec":  # (the .idx lands in its own cache entry)
+            return RecordFile(local[self.location], local[self.idx_location],
+                              expected_count=self._d.records)
+        f = open_store(os.path.dirname(local[self.data_location]), self.split)
+        conversion = self._d.conversion
+        if len(f) != self._d.records or (conversion is not None
+                                         and f.meta.get("conversion_id") != conversion):
+            raise FormatError("%s holds %d records of conversion %s in split %r, not the %d "
+                              "of conversion %s the dataset was opened with: it was "
+                              "replaced; open the dataset again"
+                              % (LMDB_DATA, len(f), f.meta.get("conversion_id"), self.split,
+                                 self._d.records, conversion), self.location)
+        return f
+
+    def _local(self):
+        """The reader of this process (opened on first use: the objects are fetched then)."""
         pid = os.getpid()
         cur = self._reader
         if cur is not None and cur[0] == pid:
             return cur[1]
         with self._lock:
             if self._reader is None or self._reader[0] != pid:
-                self._reader = (pid, self._open())
+                f, pins = self._open()
+                self._pins += pins  # (a forked child keeps its parent's pins too)
+                self._reader = (pid, f)
             return self._reader[1]
 
-    def _open(self):
-        path, pin = self.fetch(pin=True)
-        try:
-            try:
-                f = LMDBFile(os.path.dirname(path), self.split)
-            except FormatError as e:  # name the object, not the cache folder
-                raise FormatError(e.reason, self.location, e.key, e.offset) from None
-            if len(f) != self._n or (self._conversion is not None
-                                     and f.meta.get("conversion_id") != self._conversion):
-                raise FormatError("%s holds %d records of conversion %s in split %r, not the "
-                                  "%d of conversion %s the dataset was opened with: it was "
-                                  "replaced; open the dataset again"
-                                  % (LMDB_DATA, len(f), f.meta.get("conversion_id"),
-                                     self.split, self._n, self._conversion), self.location)
-        except BaseException:
-            pin.release()
-            raise
-        self._pins.append(pin)  # (a forked child keeps its parent's pins too)
-        return f
+    record_file = lmdb_file = _local  # (the names of the local reader, by container)
 
     def close(self) -> None:
-        """Release this process's pins on the cached copy (it becomes evictable)."""
+        """Release this process's pins on cached copies (they become evictable), after the
+        background download in flight, if any."""
         with self._lock:
+            pending, self._pending = self._pending, None
             for p in self._pins:
                 p.release()
             self._pins = []
             self._reader = None
+        if pending is not None:
+            pending.exception()  # waits (each remote call is bounded); failures are ignored
 
-    # -- what the samplers use ------------------------------------------------------------
-    def parts(self) -> List[int]:
-        """Records per unit downloaded (the one environment: ``[len]``)."""
-        return [len(self)]
+    # -- fetching ahead ------------------------------------------------------------------
+    def will_need(self, indices: Iterable[int]) -> None:
+        """The hint (:func:`gluon_data.store.will_need`): start downloading, in the
+        background, what reading ``indices`` needs (the objects, unless this process reads
+        them already); returns at once, never raises (the read that follows reports)."""
+        self._fetch_ahead(indices)
 
     def prefetch(self, indices: Iterable[int]) -> Optional[Future]:
-        """Download ``data.mdb`` in the background if it is not cached yet (see
-        :meth:`RemoteStore.prefetch`); ``None`` when nothing is needed."""
+        """:meth:`will_need`, returning the future of the download (the one in flight, if
+        any), or ``None`` when nothing is needed (ranged reads, already open)."""
+        return self._fetch_ahead(indices)
+
+    def _fetch_ahead(self, indices: Iterable[int]) -> Optional[Future]:
+        if (self.reads != "cache" and self.container == "rec") or \
+                not any(True for _ in indices):
+            return None
         cur = self._reader
-        if (cur is not None and cur[0] == os.getpid()) or not any(True for _ in indices):
+        if cur is not None and cur[0] == os.getpid():
             return None
         with self._lock:
             pending = self._pending
-            if pending is None or (pending.done() and pending.exception() is not None):
-                self._pending = _prefetch_pool().submit(self.fetch)
+            if pending is not None and not (pending.done() and pending.exception()):
+                return pending
+            self._pending = self._prefetch_pool().submit(
+                lambda: [self.fetch(uri) for uri in list(self._d.objects)])
             return self._pending
 
-    # -- the store protocol ---------------------------------------------------------------
-    def __len__(self) -> int:
-        return self._n
+    def _prefetch_pool(self) -> ThreadPoolExecutor:
+        return _prefetch_pool(self._prefetch_threads)
 
-    def _local(self):
-        return self.lmdb_file()
+    # -- the store protocol --------------------------------------------------------------
+    def parts(self) -> List[int]:
+        """Records per object downloaded as a unit (one ``.rec`` or ``data.mdb``:
+        ``[len]``)."""
+        return [len(self)]
+
+    def __len__(self) -> int:
+        if self._d.records is not None:
+            return int(self._d.records)
+        return len(self._local())
 
     def keys(self):
-        return self.lmdb_file().keys()
+        return self._local().keys()
 
     def offset(self, i: int) -> Optional[int]:
-        return None
+        return self._local().offset(i) if self.container == "rec" else None
+
+    def check_tail(self) -> None:
+        """Check that the last indexed record ends the ``.rec`` (``verify`` does)."""
+        self._local()._check_tail()
 
     def identity(self) -> str:
-        """The stamp of ``data.mdb`` (its SHA-256, or ETag and size) and the split's
-        ``conversion_id``."""
-        return "%s/%s" % (self._stamp_of(), self._conversion or "-")
+        """The stamp of the ``.rec`` or ``data.mdb`` (its SHA-256, or ETag and size); for
+        an LMDB, with the split's ``conversion_id``."""
+        if self.container == "rec":
+            return self._stamp_of()
+        return "%s/%s" % (self._stamp_of(), self._d.conversion or "-")
 
     def __repr__(self) -> str:
-        return "RemoteLMDBStore(%r, split=%r)" % (self.location, self.split)
+        return "RemoteStore(%r, split=%r, reads=%r)" % (self.location, self.split, self.reads)
 
 
-_POOL: Optional[Tuple[int, ThreadPoolExecutor]] = None
+_POOLS: Dict[int, Tuple[int, ThreadPoolExecutor]] = {}
 
 
-def _prefetch_pool() -> ThreadPoolExecutor:
-    """One small background pool per process for LMDB prefetches."""
-    global _POOL
-    if _POOL is None or _POOL[0] != os.getpid():
-        _POOL = (os.getpid(), ThreadPoolExecutor(2, thread_name_prefix="gluon-data-prefetch"))
-    return _POOL[1]
+def _prefetch_pool(threads: int = 2) -> ThreadPoolExecutor:
+    """This process's background download pool of ``threads`` threads, shared by every
+    remote store (a forked child makes its own): the shards of a dataset share its bound."""
+    cur = _POOLS.get(threads)
+    if cur is None or cur[0] != os.getpid():
+        cur = _POOLS[threads] = (os.getpid(), ThreadPoolExecutor(
+            threads, thread_name_prefix="gluon-data-prefetch"))
+    return cur[1]
 
 
-def _open_remote_lmdb(location: str, split: Optional[str] = None, **options):
-    return RemoteLMDBStore(location, split, **options)
+#: The LMDB environment at a URI is a :class:`RemoteStore` (the one remote store; the name
+#: stays as an alias: it opens what it always opened, with the same options).
+RemoteLMDBStore = RemoteStore
+
+
+def _open_remote(location: str, split: Optional[str] = None, **options) -> RemoteStore:
+    return RemoteStore(location, split, **options)
+
+
+_open_remote_lmdb = _open_remote
 
 
 def _remote_lmdb_splits(location: str) -> List[str]:
     """Split names of a remote LMDB (storage options from the standard environment)."""
-    return RemoteLMDBStore(location).splits
+    return RemoteStore(location).splits
 
 
-register_opener(_names_remote_lmdb, _open_remote_lmdb, priority=20, splits=_remote_lmdb_splits)
+register_opener(is_uri, _open_remote, priority=10)
+register_opener(names_remote_lmdb, _open_remote, priority=20, splits=_remote_lmdb_splits)
 
 
-class RemoteShardedStore(_ProcessLocal, ShardRouter):
-    """A sharded dataset in object storage (``s3://bucket/train.shards.json``, the manifest of
-    :mod:`gluon_data.shards`) as one record store.
+class RemoteShardedStore(ShardedStore):
+    """Deprecated: a manifest at a URI is a :class:`~gluon_data.shards.ShardedStore` whose
+    shards are remote stores; ``open_store("s3://bucket/train.shards.json", ...)`` gives it.
+    This name still opens one (same options), with a :class:`DeprecationWarning`."""
 
-    Each shard is a :class:`RemoteStore` part: downloaded whole into the :class:`ShardCache`
-    when first read (its ``.idx`` checked against the manifest's ``idx_sha256``, its ``.rec``
-    against the size and, when uploaded by ``gluon-data convert``, the SHA-256 the manifest's
-    ``files`` records), then read locally. LMDB shards (``NAME.lmdb/data.mdb``, the manifest's
-    ``container`` ``lmdb``) are :class:`RemoteLMDBStore` parts, downloaded whole the same way
-    (checked against the SHA-256 the manifest's ``files`` records for ``NAME.lmdb/data.mdb``,
-    else by :func:`check_lmdb_download`). At most ``max_open_shards`` shards are held open
-    (pinned in the cache) per process; older ones are released and become evictable, so a
-    ``cache_limit`` of a few shards serves a dataset of any size. :meth:`prefetch` downloads the
-    shards the upcoming indices need, in sampler order, on a bounded pool.
-
-    Parameters
-    ----------
-    location : str
-        URI of the manifest.
-    split : str, optional
-        Must match the manifest's split when given.
-    storage_options, cache_dir, cache_limit, retries, backoff, prefetch_threads
-        As for :class:`RemoteStore`.
-    max_open_shards : int
-        Shards held open (and pinned) per process.
-    prefetch_shards : int
-        How many shards ahead of the current one :meth:`prefetch` downloads.
-
-    Examples
-    --------
-    >>> store = RemoteShardedStore("s3://bucket/train.shards.json", cache_limit="4GB")  # doctest: +SKIP
-    >>> sampler = PrefetchSampler(BlockShuffleSampler(store.parts(), seed=0), store)  # doctest: +SKIP
-    """
-
-    def __init__(self, location: str, split: Optional[str] = None, *,
-                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
-                 backoff: Optional[float] = None, prefetch_threads: int = 2,
-                 max_open_shards: int = 2, prefetch_shards: int = 1):
-        self.location = os.fspath(location)
-        self._remote = _Remote(storage_options, retries, backoff)
-        raw = self._remote.cat(self.location)
-        manifest = _load_manifest(self.location, raw)[0]  # schema and invariants, as on disk
-        if split is not None and split != manifest.get("split"):
-            raise FormatError("split %r not found; this manifest holds split %r"
-                              % (split, manifest.get("split")), self.location)
-        self.manifest, self.meta, self.split = manifest, manifest["meta"], None
-        self.reads = reads
-        self._opts = ((cache_dir, cache_limit), reads, max(1, int(prefetch_threads)))
-        self.max_open_shards = max(1, int(max_open_shards))
-        self.prefetch_shards = max(0, int(prefetch_shards))
-        self.uris = [_join(self.location, sh["name"]) for sh in manifest["shards"]]
-        self._counts = [int(sh["records"]) for sh in manifest["shards"]]
-        self._starts = [0] + np.cumsum(self._counts, dtype=np.int64).tolist()
-        self._n = self._starts[-1]
-        self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
-        self._init_local()
-
-    _PROCESS_LOCAL = ("_stores", "_open_order", "_lock", "_pool", "_inflight", "_pid")
-
-    def _init_local(self):
-        files = self.manifest.get("files") or {}
-        self._stores = []
-        for uri, sh in zip(self.uris, self.manifest["shards"]):
-            if self.manifest["container"] == "lmdb":  # NAME.lmdb/data.mdb per shard
-                want = files.get(sh["name"] + "/" + LMDB_DATA) or {}
-                self._stores.append(RemoteLMDBStore._part(
-                    uri, self._remote, self._opts[0], self.manifest.get("split"),
-                    sh["records"], sh["bytes"], want.get("sha256")))
-                continue
-            idx = idx_path_for(uri)
-            sums = {uri: files.get(posixpath.basename(uri)) or {"bytes": sh["bytes"]},
-                    idx: dict(files.get(posixpath.basename(idx)) or {},
-                              sha256=sh.get("idx_sha256"))}
-            self._stores.append(RemoteStore._part(uri, self._remote, self._opts[0],
-                                                  self._opts[1], sh["records"], sh["bytes"],
-                                                  sums, self._opts[2]))
-        self._open_order: List[int] = []
-        self._lock = threading.Lock()
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._inflight: Dict[int, Future] = {}
-        self._pid = os.getpid()
-
-    def parts(self) -> List[int]:
-        """Records per shard (for :class:`BlockShuffleSampler`)."""
-        return list(self._counts)
-
-    def shard(self, s: int) -> RemoteStore:
-        """Shard ``s``'s store, kept among this process's ``max_open_shards`` open ones."""
-        if self._pid != os.getpid():  # forked: the parent's open list is not ours
-            self._open_order, self._pid = [], os.getpid()
-            self._inflight, self._pool = {}, None
-        order = self._open_order
-        if order and order[-1] == s:
-            return self._stores[s]
-        with self._lock:
-            if s in order:
-                order.remove(s)
-            order.append(s)
-            while len(order) > self.max_open_shards:
-                self._stores[order.pop(0)].close()  # unpinned; open readers keep working
-        return self._stores[s]
-
-    def prefetch(self, indices: Iterable[int]) -> List[Future]:
-        """Download the shards holding ``indices`` (the first ``1 + prefetch_shards`` of
-        them, in order, counting the shard being read) in the background; returns the futures
-        of downloads in flight."""
-        if self.reads != "cache":
-            return []
-        wanted: List[int] = []
-        for i in indices:
-            s = int(np.searchsorted(self._starts, int(i), side="right")) - 1
-            if s not in wanted:
-                wanted.append(s)
-                if len(wanted) > self.prefetch_shards:
-                    break
-        reading = self._open_order[-1] if self._open_order else None
-        if reading is not None and reading not in wanted:  # the shard being read holds a slot:
-            wanted = wanted[:self.prefetch_shards]  # a next one may not evict the one after
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._opts[2],
-                                                thread_name_prefix="gluon-data-prefetch")
-            for s in wanted:
-                fut = self._inflight.get(s)
-                if fut is None or (fut.done() and fut.exception() is not None):
-                    part = self._stores[s]
-                    self._inflight[s] = self._pool.submit(
-                        part.fetch if isinstance(part, RemoteLMDBStore) else
-                        lambda p=part: [p.fetch(u) for u in (p.idx_location, p.location)])
-            return [self._inflight[s] for s in wanted]
-
-    def close(self) -> None:
-        for st in self._stores:
-            st.close()
-        self._open_order = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    @property
-    def file_size(self) -> int:
-        """Bytes of all the shards' ``.rec`` objects."""
-        return sum(int(sh["bytes"]) for sh in self.manifest["shards"])
-
-    def check_tail(self) -> None:
-        """Check that each shard's last indexed record ends its ``.rec`` (``verify``)."""
-        for s in range(len(self._stores)):
-            if self.manifest["container"] == "rec":
-                self.shard(s).check_tail()
-
-    def __repr__(self) -> str:
-        return "RemoteShardedStore(%r, %d shards, %d records)" % (self.location,
-                                                                  len(self.uris), self._n)
+    def __init__(self, location: str, split: Optional[str] = None, **options):
+        warnings.warn("RemoteShardedStore is deprecated: open_store(manifest_uri, ...) gives a "
+                      "ShardedStore whose shards are remote stores", DeprecationWarning,
+                      stacklevel=2)
+        super().__init__(location, split, **options)
 
 
-def _names_remote_manifest(location: str) -> bool:
-    return is_uri(location) and location.endswith(".shards.json")
+def _read_uri(location: str, storage_options: Optional[dict] = None,
+              retries: Optional[int] = None, backoff: Optional[float] = None,
+              **_store_options) -> bytes:
+    """:func:`~gluon_data.store.read_bytes` of a URI (a manifest): one GET, retried."""
+    return _Remote(storage_options, retries, backoff).cat(location)
 
 
-register_opener(_names_remote_manifest, RemoteShardedStore, priority=20)
+register_reader(is_uri, _read_uri)
