@@ -325,6 +325,10 @@ class RecipeLMDBStore(_LegacyStore):
     def read(self, i: int) -> bytes:
         self._check()
         i = int(i)
+        if not -self._n <= i < self._n:  # as a list, and as the other stores
+            raise IndexError("record %d out of range: %s holds %d records"
+                             % (i, self.path, self._n))
+        i %= self._n
         where = "%s [%s/%d]" % (self.path, self._dname, i)
         try:
             img = _to_rgb(_reshape(self._get(self._dname, i), self._shape, where, "image"),

@@ -95,9 +95,6 @@ BUCKET = "gd-contract"
 # (test, store id) -> why that store fails that test today: a strict xfail (each one is a bug,
 # to be fixed in the store) or, starting with "skip: ", where the store differs on purpose
 KNOWN = {
-    ("test_seg_store_protocol", "recipe"):
-        "bug: RecipeLMDBStore.read(len(store)) raises FormatError (key missing), not "
-        "IndexError",
     ("test_seg_store_protocol", "s3-sharded-lmdb"):
         "bug: RemoteShardedStore.split is None for LMDB shards; the local ShardedStore "
         "gives the manifest's split ('trainval')",
