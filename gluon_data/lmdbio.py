@@ -87,8 +87,11 @@ def _open_env(path: str) -> lmdb.Environment:
     need = _check_data_file(path)
     fd = open_or_explain(data)
     try:
-        env = lmdb.open(path, readonly=True, lock=False, readahead=False, meminit=False,
-                        max_dbs=_MAX_DBS, subdir=True, create=False)
+        # the data file itself (subdir=False): read-only without locks, the environment is
+        # that one file, so an environment rewritten in place (a new data.mdb beside an old
+        # lock.mdb) is not taken by py-lmdb for the one still open in this process
+        env = lmdb.open(data, readonly=True, lock=False, readahead=False, meminit=False,
+                        max_dbs=_MAX_DBS, subdir=False, create=False)
     except lmdb.Error as e:
         os.close(fd)
         raise FormatError("cannot open LMDB environment: %s" % e, path) from None

@@ -94,27 +94,7 @@ BUCKET = "gd-contract"
 
 # (test, store id) -> why that store fails that test today: a strict xfail (each one is a bug,
 # to be fixed in the store) or, starting with "skip: ", where the store differs on purpose
-KNOWN = {
-    ("test_seg_store_protocol", "s3-sharded-lmdb"):
-        "bug: RemoteShardedStore.split is None for LMDB shards; the local ShardedStore "
-        "gives the manifest's split ('trainval')",
-    ("test_seg_replaced_store_is_detected", "recipe"):
-        "bug: opening a legacy LMDB again after it was replaced, while the old dataset is "
-        "alive, fails: 'is already open in this process'",
-    **{("test_cls_replaced_store_is_detected", sid):
-       "bug: a pickled copy of a remote store (reads='cache') whose object was replaced by "
-       "one of another size raises TruncatedDownloadError after futile retries ('asked for "
-       "bytes 0..85, got 60 bytes'), not a FormatError saying the dataset was replaced"
-       for sid in ("s3-rec", "s3-lmdb", "http-rec", "http-lmdb")},
-    **{("test_cls_replaced_store_is_detected", sid):
-       "bug: a pickled copy of a remote sharded store, its dataset replaced, rejects its own "
-       "verified cached .idx ('the cached copy has 25 bytes, the object 18; delete the cache "
-       "folder'): the .idx size comes from a HEAD of the new object, not the manifest"
-       for sid in ("s3-sharded", "http-sharded")},
-    ("test_cls_replaced_store_is_detected", "caffe"):
-        "bug: opening a legacy LMDB again after it was replaced, while the old dataset is "
-        "alive, fails: 'is already open in this process'",
-}
+KNOWN = {}
 
 
 class Case(NamedTuple):
@@ -602,10 +582,11 @@ def _check_replaced(case, tmp_path):
     other_node = {} if case.origin is None else {"store": {"cache_dir": str(tmp_path / "c2")}}
     unread = pickle.dumps(case.open(where, **other_node))  # nothing read (nor cached) yet
     swap()
-    if case.origin is not None and REMOTE[case.name][1] == "cache":
+    if case.origin is not None and REMOTE[case.name][1] == "cache" and "sharded" not in case.name:
         # Differs on purpose: these stores read verified whole copies, so a copy keeps
         # reading the version it opened while the cache holds it (never a mixture), and one
-        # that must download the replaced object fails its recorded checksum.
+        # that must download the replaced object says it was replaced. (A sharded store
+        # re-reads its manifest when unpickled and refuses a changed one, as a local one.)
         clone = pickle.loads(blob)
         assert [_np(clone[i][0]).tobytes() for i in range(len(clone))] == first
         with pytest.raises(FormatError) as e:
@@ -671,8 +652,7 @@ def _check_will_need(case, batchify, tmp_path):
     from gluon_data.store import will_need
     ds = case.make()
     store = ds.store
-    local = case.origin is None and case.name not in LEGACY
-    assert hasattr(store, "will_need") == local, case.name
+    assert hasattr(store, "will_need") == (case.name not in LEGACY), case.name
     single = [bytes(store.read(i)) for i in range(len(store))]
     fresh = pickle.loads(pickle.dumps(ds))  # a copy that has opened nothing yet
     order = list(np.random.default_rng(2).permutation(len(store)))
@@ -701,8 +681,8 @@ def _check_will_need(case, batchify, tmp_path):
 
 
 def test_seg_will_need_then_read_gives_the_single_reads_bytes(seg, tmp_path):
-    """Every store, hinted (``store.will_need`` where it has one, nothing where it cannot:
-    legacy, remote) then read, returns exactly the bytes of plain reads; a hint never
+    """Every store, hinted (``store.will_need``: every store but the legacy layouts; a remote
+    one starts its download) then read, returns exactly the bytes of plain reads; a hint never
     raises, not for positions out of range, SampleKeys, or a damaged record; the damaged
     record's read (and gluon_data.DataLoader, which hints every batch) still raises the
     typed error naming the damaged copy."""

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import FormatError
+from ..errors import ChecksumMismatchError, FormatError, RemoteError, TruncatedDownloadError
 from ..lmdbio import read_lmdb_meta
 from ..meta import meta_path
 from ..recordio import RecordFile, idx_path_for
@@ -210,8 +210,27 @@ class RemoteStore(_ReadsLocalCopy):
         check = None
         if self.container == "lmdb" and self._sha(uri) is None:
             check = partial(check_lmdb_download, uri=uri)
-        return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
-                                 self._stamp_of(uri), pin=pin, check=check)
+        try:
+            return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
+                                     self._stamp_of(uri), pin=pin, check=check)
+        except (TruncatedDownloadError, ChecksumMismatchError) as e:
+            self._check_not_replaced(uri, e)
+            raise
+
+    def _check_not_replaced(self, uri: str, cause: BaseException) -> None:
+        """After a download came short or failed its checksum: if the object no longer has
+        the size (or version) this store described when it was opened, it was replaced by
+        another upload, which is what the error must say (reading on would mix datasets)."""
+        try:
+            info = self._remote.info(uri)
+        except RemoteError:
+            return  # gone or unreachable: the download's own error says enough
+        was, now = self._size_of(uri), int(info["size"])
+        then = self._d.stamps.get(uri)
+        if now != was or (then is not None and stamp(info) != then):
+            raise FormatError("the object was replaced after this dataset was opened (%d bytes "
+                              "then, %d now); open the dataset again to read the new one"
+                              % (was, now), uri) from cause
 
     # -- the local copy ------------------------------------------------------------------
     def _open(self):
