@@ -10,7 +10,7 @@ import sys
 import pytest
 
 pytest.importorskip("moto.server")
-from test_remote import BUCKET, _options, moto_s3  # noqa: E402
+from test_remote import BUCKET, moto_s3, so  # noqa: E402,F401  (so: the fixture)
 
 from gluon_data import convert  # noqa: E402
 from gluon_data.errors import FormatError, RemoteError  # noqa: E402
@@ -27,14 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def s3():
     with moto_s3() as server:
         yield server
-
-
-@pytest.fixture
-def so(s3):
-    if s3._server is None:  # a test that stopped it failed before restarting it
-        s3.start()
-    s3.kill_after = s3.kill_on_put = s3.drop_put = None
-    return _options(s3)
 
 
 @pytest.fixture(scope="module")
