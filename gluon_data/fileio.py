@@ -9,12 +9,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
 from .errors import FormatError, ResourceError
 
-__all__ = ["open_or_explain", "require_regular", "advise_willneed"]
+__all__ = ["open_or_explain", "require_regular", "advise_willneed", "ProcessDescriptor"]
 
 
 def open_or_explain(path: str, flags: int = os.O_RDONLY) -> int:
@@ -34,6 +36,64 @@ def open_or_explain(path: str, flags: int = os.O_RDONLY) -> int:
                             "longer read, or raise the limit (ulimit -n)"
                             % ("system-wide, " if e.errno == errno.ENFILE else "", limit),
                             path) from None
+
+
+class ProcessDescriptor:
+    """One read-only descriptor of ``path`` per process, opened on first use.
+
+    A reader is pickled into DataLoader workers and forked with its parent's state, and a
+    descriptor must not be shared across processes (the parent may close it; readahead
+    state is per open file): :meth:`get` opens a descriptor in each process that asks,
+    leaves one inherited from the parent alone, and :meth:`close` closes only the calling
+    process's own. ``on_open(fd)`` runs once per descriptor, under the lock, before anyone
+    reads through it; what it returns comes back beside the descriptor (the file's size as
+    opened, say), and an exception it raises closes the descriptor and propagates (a file
+    replaced since the reader opened it). Pickles without the descriptor.
+    """
+
+    __slots__ = ("path", "_on_open", "_cur", "_lock")
+
+    def __init__(self, path: str, on_open: Optional[Callable[[int], object]] = None):
+        self.path, self._on_open = path, on_open
+        self._cur: Optional[Tuple[int, int, object]] = None  # (fd, pid, on_open's value)
+        self._lock = threading.Lock()
+
+    def get(self) -> Tuple[int, object]:
+        """``(descriptor, on_open's value)`` for this process."""
+        cur, pid = self._cur, os.getpid()
+        if cur is not None and cur[1] == pid:
+            return cur[0], cur[2]
+        with self._lock:
+            cur = self._cur
+            if cur is None or cur[1] != pid:
+                fd = open_or_explain(self.path)
+                try:
+                    value = self._on_open(fd) if self._on_open is not None else None
+                except BaseException:
+                    os.close(fd)
+                    raise
+                cur = self._cur = (fd, pid, value)
+            return cur[0], cur[2]
+
+    def fd(self) -> int:
+        """This process's descriptor."""
+        cur = self._cur
+        if cur is not None and cur[1] == os.getpid():
+            return cur[0]
+        return self.get()[0]
+
+    def close(self) -> None:
+        """Close this process's descriptor, if it opened one; the next :meth:`get` opens
+        again."""
+        cur, self._cur = self._cur, None
+        if cur is not None and cur[1] == os.getpid():
+            os.close(cur[0])
+
+    def __getstate__(self):
+        return {"path": self.path, "_on_open": self._on_open}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"], state["_on_open"])
 
 
 def require_regular(path: str) -> None:

@@ -33,7 +33,7 @@ import lmdb
 import numpy as np
 
 from .errors import CorruptRecordError, FormatError
-from .fileio import advise_willneed
+from .fileio import ProcessDescriptor, advise_willneed
 from .store import valid_positions
 
 __all__ = ["META_DB", "MAX_DBS", "LMDB_MAGIC", "KNOWN_DATA_VERSIONS", "KNOWN_LIBRARIES",
@@ -248,6 +248,14 @@ class _ValueLocations:
         return view[_PAGEHDRSZ:]
 
 
+def _opened(fd: int) -> int:
+    """A page reader's descriptor reads only the pages asked for (``POSIX_FADV_RANDOM``);
+    the size of ``data.mdb`` as opened bounds every read."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+    return os.fstat(fd).st_size
+
+
 class PageReader:
     """Direct reads of the overflow values of one split (``n`` records, pages of ``psize``
     bytes) of the environment at ``path``; ``env`` is the split's
@@ -261,8 +269,7 @@ class PageReader:
 
     def _init_process(self) -> None:
         self._locations: Optional[_ValueLocations] = None
-        self._fd_pid: Optional[Tuple[int, int, int]] = None
-        self._lock = threading.Lock()
+        self._file = ProcessDescriptor(os.path.join(self.path, "data.mdb"), _opened)
         self._scratch = threading.local()
 
     @property
@@ -275,18 +282,7 @@ class PageReader:
 
     def _fd_size(self) -> Tuple[int, int]:
         """``(descriptor, size of data.mdb when it was opened)`` for this process."""
-        cur, pid = self._fd_pid, os.getpid()
-        if cur is not None and cur[1] == pid:
-            return cur[0], cur[2]
-        with self._lock:
-            if self._fd_pid is None or self._fd_pid[1] != pid:
-                fd = os.open(os.path.join(self.path, "data.mdb"),
-                             os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-                # one inherited from the parent is left alone
-                self._fd_pid = (fd, pid, os.fstat(fd).st_size)
-            return self._fd_pid[0], self._fd_pid[2]
+        return self._file.get()
 
     def view(self, i: int) -> Optional[memoryview]:
         """The value of record ``i`` (``0 <= i < n``) read directly, in this thread's
@@ -339,9 +335,7 @@ class PageReader:
         ``env`` where one is given."""
         if env is not None:
             self._env = env
-        cur, self._fd_pid = self._fd_pid, None
-        if cur is not None and cur[1] == os.getpid():
-            os.close(cur[0])
+        self._file.close()
 
     def __del__(self):
         try:

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import codec
 from .errors import FormatError
-from .fileio import advise_willneed, open_or_explain
+from .fileio import ProcessDescriptor, advise_willneed
 from .fileio import require_regular as _require_regular
 from .meta import read_meta
 from .recindex import (  # noqa: F401  (the index names stay importable from here)
@@ -126,7 +126,7 @@ class RecordFile:
             bounds = np.append(uniq, self.file_size)
             self._ends = bounds[np.searchsorted(uniq, offsets, side="right")]
         self._key_order: Optional[np.ndarray] = None
-        self._fd_pid: Optional[Tuple[int, int]] = None
+        self._file = ProcessDescriptor(self.path, self._check_opened)
         self._lock = threading.Lock()
         self._bind()
 
@@ -210,21 +210,14 @@ class RecordFile:
         return "%s/%d:%d:%d:%d" % ((cid,) + self._stamp)
 
     # -- process-local descriptor -----------------------------------------------------
+    def _check_opened(self, fd: int) -> None:
+        """A descriptor opened in this process still names the file the index describes."""
+        stamp = file_stamp(os.fstat(fd))
+        if stamp != self._stamp:
+            raise self._replaced(self.path, self._stamp, stamp)
+
     def _fd(self) -> int:
-        pid = os.getpid()
-        cur = self._fd_pid
-        if cur is not None and cur[1] == pid:
-            return cur[0]
-        with self._lock:
-            cur = self._fd_pid
-            if cur is None or cur[1] != pid:
-                fd = open_or_explain(self.path)
-                stamp = file_stamp(os.fstat(fd))
-                if stamp != self._stamp:
-                    os.close(fd)
-                    raise self._replaced(self.path, self._stamp, stamp)
-                self._fd_pid = (fd, pid)  # a descriptor inherited from the parent is left alone
-            return self._fd_pid[0]
+        return self._file.fd()
 
     def _pread(self, n: int, offset: int) -> bytes:
         return os.pread(self._fd(), n, offset)
@@ -245,9 +238,7 @@ class RecordFile:
         return view[:self._readinto(view, offset)]
 
     def close(self) -> None:
-        cur, self._fd_pid = self._fd_pid, None
-        if cur is not None and cur[1] == os.getpid():
-            os.close(cur[0])
+        self._file.close()
 
     def __del__(self):
         try:
@@ -260,7 +251,6 @@ class RecordFile:
         again from ``idx_path`` (a remote reader's): a worker maps the binary index itself
         instead of unpickling a private copy of it."""
         state = self.__dict__.copy()
-        state["_fd_pid"] = None
         state["_lock"] = None
         for name in self._VIEWS:
             state.pop(name, None)
@@ -273,6 +263,9 @@ class RecordFile:
         self.__dict__.update(state)
         self.__dict__.pop("_scratch", None)  # pickled by an older version
         self.__dict__.pop("_key_pos", None)
+        self.__dict__.pop("_fd_pid", None)  # pickled by an older version
+        if "_file" not in state:
+            self._file = ProcessDescriptor(self.path, self._check_opened)
         self._lock = threading.Lock()
         if "_offsets" in state:  # a remote reader's index, or a pickle of an older version
             self.__dict__.setdefault("_keys_sorted", False)
