@@ -30,8 +30,6 @@ import contextlib
 import importlib.util
 import multiprocessing
 import os
-import runpy
-import shutil
 import subprocess
 import sys
 import time
@@ -194,53 +192,75 @@ def _evict(paths) -> bool:
 _LMDB_COLD = r"""
 import os, sys, time
 import lmdb, numpy as np
-path, how, frac = sys.argv[1], sys.argv[2], int(sys.argv[3])
+from gluon_data import lmdbio
 from gluon_data.lmdbio import LMDBFile
+from gluon_data.loader import HintedBatches, SAME_PROCESS_AHEAD  # (imports MXNet: untimed)
+path, rounds, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 n = LMDBFile(path, "train").__len__()
-order = [int(i) for i in np.random.default_rng(1).permutation(n)][:max(1, n // frac)]
-if how.startswith("ours"):
-    f = LMDBFile(path, "train")
-    read = f.read
-else:
-    from gluon_data import lmdbio
-    for k in list(lmdbio._ENVS):  # py-lmdb opens an environment once per process
+
+def close_all():  # py-lmdb opens an environment once per process; its map holds pages
+    for k in list(lmdbio._ENVS):
         e = lmdbio._ENVS.pop(k)[1]
         lmdbio._forget_guard(e)
         e.close()
-    env = lmdb.open(path, readonly=True, lock=False, readahead=how != "readahead=False",
-                    max_dbs=64, subdir=True)
-    db = env.open_db(b"train", create=False)
-    def read(i):
-        with env.begin(db=db) as txn:
-            return txn.get(b"%010d" % i)
-fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY)
-os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-from gluon_data.loader import HintedBatches, SAME_PROCESS_AHEAD  # (imports MXNet: untimed)
-t0 = time.perf_counter()
-if how == "ours, DataLoader hints":  # as gluon_data.DataLoader(num_workers=0) reads
-    for batch in HintedBatches([order[k:k + 16] for k in range(0, len(order), 16)], f,
-                               SAME_PROCESS_AHEAD):
-        for i in batch:
+
+def measure(how, frac):
+    order = [int(i) for i in np.random.default_rng(1).permutation(n)][:max(1, n // frac)]
+    close_all()
+    if how.startswith("ours"):
+        f = LMDBFile(path, "train")
+        read = f.read
+    else:
+        env = lmdb.open(path, readonly=True, lock=False, readahead=how != "readahead=False",
+                        max_dbs=64, subdir=True)
+        db = env.open_db(b"train", create=False)
+        def read(i):
+            with env.begin(db=db) as txn:
+                return txn.get(b"%010d" % i)
+    fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    t0 = time.perf_counter()
+    if how == "ours, DataLoader hints":  # as gluon_data.DataLoader(num_workers=0) reads
+        for batch in HintedBatches([order[k:k + 16] for k in range(0, len(order), 16)], f,
+                                   SAME_PROCESS_AHEAD):
+            for i in batch:
+                read(i)
+    else:
+        for i in order:
             read(i)
-else:
-    for i in order:
-        read(i)
-print(len(order) / (time.perf_counter() - t0))
+    rate = len(order) / (time.perf_counter() - t0)
+    if not how.startswith("ours"):
+        env.close()
+    return rate
+
+for _ in range(rounds):
+    for spec in specs:
+        how, frac = spec.rsplit("/", 1)
+        print("%s/%s %r" % (how, frac, measure(how, int(frac))))
 """
 
 
-def _lmdb_cold_rate(path: str, how: str, frac: int) -> float:
-    """Values/s reading 1/``frac`` of an LMDB split in random order, page cache evicted, in a
-    fresh process: ``how`` is ``ours`` (LMDBFile), ``ours, DataLoader hints`` (LMDBFile read
-    as ``gluon_data.DataLoader(num_workers=0)`` reads it: batches of 16, each handed to
-    ``will_need`` two batches before it is read), ``py-lmdb default`` (readahead on) or
-    ``readahead=False`` (``txn.get``). A fraction emulates a dataset bigger than the page
-    cache: readahead's neighbours are mostly never read."""
-    res = subprocess.run([sys.executable, "-c", _LMDB_COLD, path, how, str(frac)],
-                         capture_output=True, text=True, timeout=600)
+def _lmdb_cold_rates(path: str, specs, rounds: int) -> dict:
+    """``{(how, frac): best values/s}`` reading 1/``frac`` of an LMDB split in random order,
+    page cache evicted, every environment of the process closed before each read (its map
+    would keep pages from eviction), ``rounds`` rounds of every ``(how, frac)`` of ``specs``
+    in turn in one fresh process: ``how`` is ``ours`` (LMDBFile), ``ours, DataLoader hints``
+    (LMDBFile read as ``gluon_data.DataLoader(num_workers=0)`` reads it: batches of 16, each
+    handed to ``will_need`` two batches before it is read), ``py-lmdb default`` (readahead
+    on) or ``readahead=False`` (``txn.get``). A fraction emulates a dataset bigger than the
+    page cache: readahead's neighbours are mostly never read."""
+    res = subprocess.run([sys.executable, "-c", _LMDB_COLD, path, str(rounds)]
+                         + ["%s/%d" % spec for spec in specs],
+                         capture_output=True, text=True, timeout=900)
     if res.returncode != 0:
         raise RuntimeError("LMDB cold read run failed: %s" % res.stderr.strip()[-500:])
-    return float(res.stdout.strip().splitlines()[-1])
+    best: dict = {}
+    for line in res.stdout.strip().splitlines():
+        spec, rate = line.rsplit(" ", 1)
+        how, frac = spec.rsplit("/", 1)
+        best[how, int(frac)] = max(best.get((how, int(frac)), 0.0), float(rate))
+    return best
 
 
 def _consume(read, order) -> None:
@@ -322,12 +342,11 @@ def read_rates(rec: str, lm: str, jpg_files, workers: int, quick: bool, kw: dict
     say("LMDB cold reads ...")
     lm_data = os.path.join(lm, "data.mdb")
     if cold_ok:
-        for _ in range(1 if quick else 3):
-            for how in ("ours", "ours, DataLoader hints", "py-lmdb default", "readahead=False"):
-                for frac, what in ((1, "all"), (8, "1/8")):
-                    key = "LMDB %s random reads, %s of the records (cold)" % (how, what)
-                    rate = _lmdb_cold_rate(lm, how, frac)
-                    results[key] = max(results.get(key, 0.0), rate)
+        specs = [(how, frac) for how in ("ours", "ours, DataLoader hints", "py-lmdb default",
+                                         "readahead=False") for frac in (1, 8)]
+        for (how, frac), rate in _lmdb_cold_rates(lm, specs, 1 if quick else 3).items():
+            results["LMDB %s random reads, %s of the records (cold)"
+                    % (how, "all" if frac == 1 else "1/%d" % frac)] = rate
         # gluon_data.DataLoader: what the README tells users to train with (it hints batches)
         cold_files = {"ours .rec train (cold)": [rec], "ours LMDB train (cold)": [lm_data]}
         batchify = SegmentationBatchify(channels_first=True)
@@ -855,7 +874,7 @@ _CLS_RATIOS = (  # (name, numerator row, denominator row, target)
     ("ours cls recipe / stock cls recipe", "ours ImageRecordDataset + " + _CLS_RECIPE,
      "stock ImageRecordDataset + " + _CLS_RECIPE, 3.0),
     ("ours cls recipe / DALI same recipe", "ours ImageRecordDataset + " + _CLS_RECIPE,
-     _DALI_RECIPES[0][0], 1.5),
+     _DALI_RECIPES[0][0], 1.8),
     ("ours cls recipe / DALI, antialiased resize", "ours ImageRecordDataset + " + _CLS_RECIPE,
      _DALI_RECIPES[1][0], None),
     ("ours sharded cls recipe / DALI sharded", "ours sharded + " + _CLS_RECIPE,
@@ -990,70 +1009,96 @@ def _say_cpu(say, cpu: dict) -> None:
             say("%-56s %12.3f" % (k, v))
 
 
-def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
-              quick: bool = False, dali_python: Optional[str] = None,
-              index_records: Optional[int] = None, epochs: int = 3,
-              scale: int = 0) -> dict:
-    """Run every measurement once (each loader: the best of ``epochs`` epochs) and print the
-    table; returns ``{"rates", "ratios", "index", "rss", "scale", "cpu"}``. ``scale`` > 0 adds
-    :func:`scale_costs` for that many records."""
-    import mxnet as mx
-    from mxnet.gluon.data.vision import transforms
+def _sibling(name: str):
+    """``benchmarks/<name>.py`` beside this file, loaded once as module ``gluon_data_<name>``
+    (so forked workers can unpickle what it defines); None where the file is absent."""
+    key = "gluon_data_" + name
+    if key in sys.modules:
+        return sys.modules[key]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    if not os.path.isfile(path):
+        return None
+    spec = importlib.util.spec_from_file_location(key, path)
+    module = sys.modules[key] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[key]
+        raise
+    return module
 
-    from gluon_data.batchify import SegmentationBatchify
+
+@contextlib.contextmanager
+def _step(seconds: dict, name: str, say):
+    """Announce a step, time it into ``seconds[name]`` and print its time."""
+    say("%s ..." % name)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[name] = time.perf_counter() - t0
+        say("  (%s: %.0f s)" % (name, seconds[name]))
+
+
+def _timed_rate(n: int, fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - t0)
+
+
+def conversion_rates(workdir: str, voc: str, n: int, workers: int, quick: bool,
+                     out=sys.stdout) -> Tuple[dict, dict]:
+    """The conversion rows; writes what later steps read: ``voc.rec`` (ours, pass-through,
+    ``workers`` workers), ``voc.lmdb`` (the same records) and im2rec's ``cls/stock.rec``.
+    ``quick``: ours pass-through and re-encode and im2rec pass-through at N only; otherwise
+    also ``benchmarks/bench_convert.py`` on the same pairs (1 vs N workers, the N-process
+    decode floor, im2rec re-encoding at N threads, Dask 1 vs 2 worker processes on all ``n``
+    images). Returns ``(rates, bench_convert's ratio table)`` (empty when ``quick``)."""
     from gluon_data.convert import convert
-    from gluon_data.datasets import SegmentationLMDBDataset, SegmentationRecordDataset
-    from gluon_data.recordio import RecordFile
-
-    def say(*a):
-        print(*a, file=out, flush=True)
-
-    os.makedirs(workdir, exist_ok=True)
-    say("dataset: %d VOC-like JPEG photos (300-500 px) + palette masks in %s" % (n, workdir))
-    voc = make_dataset(workdir, n)
-    rec, lm = os.path.join(workdir, "voc.rec"), os.path.join(workdir, "voc.lmdb")
     jpg_dir, png_dir = os.path.join(voc, "JPEGImages"), os.path.join(voc, "SegmentationClass")
     jpg_files = [os.path.join(jpg_dir, f) for f in sorted(os.listdir(jpg_dir))]
     png_files = [os.path.join(png_dir, f) for f in sorted(os.listdir(png_dir))]
-    results, notes = {}, {}
-
-    # -- conversion ------------------------------------------------------------------
-    say("conversion ...")
-    results["raw copy of the files, 1 process"] = _rate(
-        lambda: _raw_copy(jpg_files + png_files, os.path.join(workdir, "copy.bin")), n)
-    for w in ([1, workers] if not quick and workers > 1 else [workers]):
-        t0 = time.perf_counter()
-        convert(voc, rec, "voc", split="train", workers=w, overwrite=True)
-        results["ours convert pass-through, %d workers" % w] = n / (time.perf_counter() - t0)
-    for w in ([1, workers] if not quick and workers > 1 else [workers]):
-        t0 = time.perf_counter()
-        convert(voc, os.path.join(workdir, "reenc.rec"), "voc", split="train", workers=w,
-                overwrite=True, encoding="jpg", quality=90)
-        results["ours convert re-encode, %d workers" % w] = n / (time.perf_counter() - t0)
+    rec, lm = os.path.join(workdir, "voc.rec"), os.path.join(workdir, "voc.lmdb")
+    results = {"raw copy of the files, 1 process": _rate(
+        lambda: _raw_copy(jpg_files + png_files, os.path.join(workdir, "copy.bin")), n)}
+    results["ours convert pass-through, %d workers" % workers] = _timed_rate(n, lambda: convert(
+        voc, rec, "voc", split="train", workers=workers, overwrite=True))
+    if quick:
+        results["ours convert re-encode, %d workers" % workers] = _timed_rate(
+            n, lambda: convert(voc, os.path.join(workdir, "reenc.rec"), "voc", split="train",
+                               workers=workers, overwrite=True, encoding="jpg", quality=90))
     convert(rec, lm, overwrite=True)  # the same records as the .rec just written
     cls_root = os.path.join(workdir, "cls")
-    lst = _stock_lst(cls_root, jpg_files)
-    for mode, threads in [("pass-through", workers)] + (
-            [("re-encode", 1), ("re-encode", workers)] if not quick else []):
-        prefix = os.path.join(cls_root, "stock" if mode == "pass-through" else "reenc")
-        if mode != "pass-through":
-            shutil.copy(lst, prefix + ".lst")
-        t0 = time.perf_counter()
-        _im2rec(voc, prefix, mode, threads)
-        results["im2rec %s, %d threads" % (mode, threads)] = n / (time.perf_counter() - t0)
-    stock_rec = os.path.join(cls_root, "stock.rec")
-    stock_shards = _stock_shards(stock_rec)
+    _stock_lst(cls_root, jpg_files)
+    results["im2rec pass-through, %d threads" % workers] = _timed_rate(
+        n, lambda: _im2rec(voc, os.path.join(cls_root, "stock"), "pass-through", workers))
+    if quick:
+        return results, RatioTable()
+    conv = _sibling("bench_convert").run_convert_bench(workdir, n, workers, out=out,
+                                                       shards=max(1, min(16, n // 4)))
+    results.update(conv["rates"])
+    return results, conv["ratios"]
 
-    if not quick:  # conversion scaling rows and ratios (benchmarks/bench_convert.py)
-        runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                    "bench_convert.py"))["run_convert_bench"](
-            workdir, n, workers, out=out)  # the same dataset
 
-    # -- decode limit ------------------------------------------------------------------
-    say("decode limit ...")
-    pairs = [(open(a, "rb").read(), open(b, "rb").read()) for a, b in zip(jpg_files, png_files)]
+def segmentation_rates(workdir: str, voc: str, n: int, workers: int, epochs: int,
+                       dali_python: Optional[str], notes: dict, say) -> Tuple[dict, list]:
+    """The decode limit (1 process; N forked processes, the best of the rounds run between
+    the loaders; the old figure, bytes sent by ``Pool.map``) and segmentation ``train``
+    (:data:`SEG_TRAIN`) from gluoncv, ours ``.rec`` and LMDB and ours with Gluon's batchify,
+    in interleaved rounds, and DALI's crop 320 with ``dali_python``. Returns ``(rates, the
+    first loader's per-worker RSS after every round)``."""
+    from gluoncv.data import VOCSegmentation
+
+    from gluon_data.batchify import SegmentationBatchify
+    from gluon_data.datasets import SegmentationLMDBDataset, SegmentationRecordDataset
+
+    rec, lm = os.path.join(workdir, "voc.rec"), os.path.join(workdir, "voc.lmdb")
+    jpg_dir, png_dir = os.path.join(voc, "JPEGImages"), os.path.join(voc, "SegmentationClass")
+    pairs = [(open(os.path.join(jpg_dir, f), "rb").read(),
+              open(os.path.join(png_dir, f[:-4] + ".png"), "rb").read())
+             for f in sorted(os.listdir(jpg_dir))]
     say("mean JPEG size %.1f KB" % (np.mean([len(a) for a, _ in pairs]) / 1024))
-    results["decode limit, OpenCV, 1 process"] = _rate(lambda: _decode_pairs(pairs), n)
+    results = {"decode limit, OpenCV, 1 process": _rate(lambda: _decode_pairs(pairs), n)}
     dl_key = "decode limit, OpenCV, %d processes" % workers
 
     def decode_limit():  # best of the rounds run between the loaders (the machine is noisy)
@@ -1067,14 +1112,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         results["decode, %d processes, bytes sent by Pool.map (old limit)" % workers] = _rate(
             lambda: sum(pool.map(_decode_pairs, chunks)), n)
     decode_limit()
-
-    # -- segmentation train pipelines, same sizes and transform ---------------------------
-    say("segmentation train pipelines ...")
-    tf = transforms.Compose([transforms.ToTensor(),
-                             transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
-    kw = dict(mode="train", base_size=400, crop_size=320, transform=tf)
-    from gluoncv.data import VOCSegmentation
-    gcv = VOCSegmentation(root=workdir, split="train", **kw)
+    kw = _seg_train_kw()
     batchify = SegmentationBatchify(channels_first=True)
     rss = []
     results.update(_loader_rates([
@@ -1082,49 +1120,118 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         ("ours LMDB train", SegmentationLMDBDataset(lm, split="train", seed=0, **kw), batchify),
         ("ours .rec train, Gluon's default batchify",
          SegmentationRecordDataset(rec, seed=0, **kw), None),
-        ("gluoncv VOCSegmentation train", gcv, None),
+        ("gluoncv VOCSegmentation train",
+         VOCSegmentation(root=workdir, split="train", **kw), None),
     ], workers, max(epochs, 3), rss=rss, between=decode_limit))
-
     if dali_python:  # optional: only with --dali-python
         try:
             results["DALI CPU crop 320+normalize, image only"] = _dali_rate(
                 dali_python, rec, workers, n, "crop320")
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             notes["DALI"] = str(e)
+    return results, rss
 
-    # -- classification on a stock im2rec .rec -------------------------------------------
-    say("classification ...")
+
+def _seg_train_kw() -> dict:
+    """Segmentation ``train`` as every step reads it: base 400, crop 320, ``ToTensor`` +
+    ``Normalize``."""
+    from mxnet.gluon.data.vision import transforms
+    tf = transforms.Compose([transforms.ToTensor(),
+                             transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
+    return dict(mode="train", base_size=400, crop_size=320, transform=tf)
+
+
+def slow_device_rates(quick: bool, epochs: int, notes: dict, say) -> dict:
+    """``benchmarks/bench_lmdb.py``'s rows (LMDB and RecordIO loaders on a throttled loop
+    device), or ``{}`` and a note saying why they were skipped (they need root)."""
+    bench_lmdb = _sibling("bench_lmdb")
+    why = bench_lmdb.skip_reason()
+    if why:
+        notes["LMDB on a slow device"] = "skipped: " + why
+        return {}
+    return bench_lmdb.slow_device_rows(48 if quick else 240, epochs=1 if quick else epochs,
+                                       say=say)
+
+
+def after_decode_rates(rec: str, workers: int, quick: bool, out=sys.stdout) -> Tuple[dict, dict]:
+    """``benchmarks/bench_uint8.py`` on ``rec``: float32 samples against uint8 samples +
+    ``InputNormalize`` in the consumer, ``(items/s, CPU ms per item)`` (600 records a round
+    in the full run, two rounds)."""
+    return _sibling("bench_uint8").rows(rec, workers, 1 if quick else 2,
+                                        limit=0 if quick else 600, out=out)
+
+
+def _gpu_note() -> str:
+    import mxnet as mx
+    gpus = mx.context.num_gpus()
+    if not gpus:
+        return "skipped: no GPU (MXNet sees none), so the GPU comparison was not run"
+    return "skipped: %d GPU(s) present, but this harness has no GPU comparison yet" % gpus
+
+
+def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
+              quick: bool = False, dali_python: Optional[str] = None,
+              index_records: Optional[int] = None, epochs: int = 3,
+              scale: int = 0) -> dict:
+    """Run every measurement once (each loader: the best of ``epochs`` epochs) and print the
+    tables and every ratio against its target; returns ``{"rates", "ratios", "index", "rss",
+    "scale", "cpu", "seconds"}`` (``seconds``: each step's wall time). ``scale`` > 0 adds
+    :func:`scale_costs` for that many records."""
+    def say(*a):
+        print(*a, file=out, flush=True)
+
+    os.makedirs(workdir, exist_ok=True)
+    say("dataset: %d VOC-like JPEG photos (300-500 px) + palette masks in %s" % (n, workdir))
+    seconds: dict = {}
+    with _step(seconds, "dataset", say):
+        voc = make_dataset(workdir, n)
+    rec, lm = os.path.join(workdir, "voc.rec"), os.path.join(workdir, "voc.lmdb")
+    jpg_dir = os.path.join(voc, "JPEGImages")
+    jpg_files = [os.path.join(jpg_dir, f) for f in sorted(os.listdir(jpg_dir))]
+    notes: dict = {}
     cpu: dict = {}
-    results.update(classification_rates(stock_rec, n, workers, epochs, dali_python, notes,
-                                        shards=stock_shards, cpu=cpu))
-
-    # -- raw reads, warm and cold; cold LMDB; cold loaders -----------------------------------
-    cold_results, cold_notes = read_rates(rec, lm, jpg_files, workers, quick, kw, say)
+    with _step(seconds, "conversion", say):
+        results, conv_table = conversion_rates(workdir, voc, n, workers, quick, out)
+    stock_rec = os.path.join(workdir, "cls", "stock.rec")
+    stock_shards = _stock_shards(stock_rec)
+    with _step(seconds, "decode limit and segmentation train", say):
+        seg, rss = segmentation_rates(workdir, voc, n, workers, epochs, dali_python, notes,
+                                      say)
+    results.update(seg)
+    with _step(seconds, "after decode: uint8 batches", say):
+        rate8, cpu8 = after_decode_rates(rec, workers, quick, out)
+    results.update(rate8)
+    cpu.update(cpu8)
+    with _step(seconds, "classification", say):
+        results.update(classification_rates(stock_rec, n, workers, epochs, dali_python, notes,
+                                            shards=stock_shards, cpu=cpu))
+    with _step(seconds, "reads", say):  # raw reads, warm and cold; cold LMDB; cold loaders
+        cold_results, cold_notes = read_rates(rec, lm, jpg_files, workers, quick,
+                                              _seg_train_kw(), say)
     results.update(cold_results)
     notes.update(cold_notes)
-    spec = importlib.util.spec_from_file_location(  # LMDB / .rec loaders on a slow device
-        "gluon_data_bench_lmdb", os.path.join(os.path.dirname(__file__), "bench_lmdb.py"))
-    bench_lmdb = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_lmdb)  # {} below unless root with a blkio throttle
-    slow = bench_lmdb.slow_device_rows(48 if quick else 240, epochs=1 if quick else 2, say=say)
-
-    # -- index -------------------------------------------------------------------------
-    say("index ...")
-    index = index_costs(workdir, index_records or (100_000 if quick else 1_000_000))
-
+    with _step(seconds, "LMDB on a slow device", say):
+        slow = slow_device_rates(quick, 2, notes, say)
+    with _step(seconds, "index", say):
+        index = index_costs(workdir, index_records or (100_000 if quick else 1_000_000))
     scaled = {}
     if scale:
-        say("%d records in 8 workers ..." % scale)
-        scaled = scale_costs(workdir, scale)
+        with _step(seconds, "scale: %d records in 8 workers" % scale, say):
+            scaled = scale_costs(workdir, scale)
+    notes["GPU"] = _gpu_note()
+    table = _report(say, workers, results, cpu, index, rss, scaled, scale,
+                    (conv_table, slow, notes, seconds))
+    return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled,
+            "cpu": cpu, "seconds": seconds}
 
-    # -- report ------------------------------------------------------------------------
-    dl = results["decode limit, OpenCV, %d processes" % workers]
-    raw_copy = results["raw copy of the files, 1 process"]
-    conv = "ours convert pass-through, %d workers" % workers
-    ratios = [
+
+def _ratios(workers: int) -> list:
+    """The full run's ratio rows over its rates: (name, numerator, denominator, target)."""
+    dl = "decode limit, OpenCV, %d processes" % workers
+    return [
         ("ours .rec train / gluoncv train", "ours .rec train", "gluoncv VOCSegmentation train",
-         3.0),
-        ("ours .rec train / decode limit N", "ours .rec train", dl, 1.0),
+         4.0),
+        ("ours .rec train / decode limit N", "ours .rec train", dl, 0.7),
         ("ours .rec train / old limit (bytes sent by Pool.map)", "ours .rec train",
          "decode, %d processes, bytes sent by Pool.map (old limit)" % workers, None),
         ("ours LMDB train / ours .rec train", "ours LMDB train", "ours .rec train", 0.9),
@@ -1134,10 +1241,16 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         ("ours .rec train / DALI crop 320 (image only)", "ours .rec train",
          "DALI CPU crop 320+normalize, image only", None),
         *READ_RATIOS,
-        ("convert pass-through / raw copy", conv, raw_copy, 0.8),
-        ("convert re-encode: N / 1 workers", "ours convert re-encode, %d workers" % workers,
-         "ours convert re-encode, 1 workers", 1.5 if workers > 1 else None),
+        # validation decodes every image and mask: the target is the decode floor's (below)
+        ("convert pass-through / raw copy", "ours convert pass-through, %d workers" % workers,
+         "raw copy of the files, 1 process", None),
     ]
+
+
+def _report(say, workers, results, cpu, index, rss, scaled, scale, more) -> dict:
+    """Print the rates, CPU, index, scale and RSS tables, then every ratio against its
+    target, the notes and each step's time; returns the ratio table."""
+    conv_table, slow, notes, seconds = more
     say("")
     say("%-56s %12s" % ("measurement (items/s)", "rate"))
     for k, v in results.items():
@@ -1155,12 +1268,16 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
             % "; ".join("worker %d: %s" % (k, " ".join("%.0f (+%.0f)" % e[k] for e in rss))
                         for k in range(len(rss[0]))))
     say("")
-    table = _ratio_table(ratios, results, say)
-    _ratio_table(_CLS_CPU_RATIOS, cpu, say, table)
+    table = _ratio_table(_ratios(workers), results, say)
+    uint8 = _sibling("bench_uint8")
+    _ratio_table(uint8.RATIOS, results, say, table)
+    _ratio_table(_CLS_CPU_RATIOS + uint8.CPU_RATIOS, cpu, say, table)
 
     def row(name, value, target, lower=False):
         _ratio_row(table, say, name, value, target, lower)
 
+    for name, value in conv_table.items():  # bench_convert.py's rows, with its targets
+        row(name, value, *conv_table.targets.get(name, (None, False)))
     row("index bytes/record", index["ours bytes/record"], 16.5, lower=True)
     row("index load s per 1M records", index["ours load s per 1M"], 0.1, lower=True)
     row("index load s per 1M, text .idx only", index["ours (text .idx) load s per 1M"], None)
@@ -1178,24 +1295,46 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
         row(k, v, 0.9 if k.startswith("LMDB / RecordIO") else None)
     for k, v in notes.items():
         say("note (%s): %s" % (k, v))
-    return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled,
-            "cpu": cpu}
+    say("")
+    say("%-56s %12s" % ("step (wall s)", "s"))
+    for k, v in seconds.items():
+        say("%-56s %12.0f" % (k, v))
+    return table
+
+
+class RatioTable(dict):
+    """``{ratio name: value}`` of the rows printed, and ``targets``: ``{name: (target,
+    lower)}`` (``target`` None: no target; ``lower``: the value must not exceed it), so a
+    step's rows can be printed again in the full run's table with their targets."""
+
+    def __init__(self):
+        super().__init__()
+        self.targets = {}
+
+
+#: Where a ratio's target is a step on the way, the value the project aims at after it.
+DIRECTIONS = {"ours .rec train / decode limit N": 1.0}
 
 
 def _ratio_row(table: dict, say, name: str, value: float, target, lower=False) -> None:
     table[name] = value
+    if isinstance(table, RatioTable):
+        table.targets[name] = (target, lower)
     ok = target is not None and (value <= target if lower else value >= target)
     verdict = "" if target is None else ("met" if ok else "MISSED")
+    if name in DIRECTIONS:
+        verdict += " (direction %.2f)" % DIRECTIONS[name]
     say("%-56s %8.2f %8s  %s" % (name, value, "-" if target is None else
                                   ("<=%.2f" if lower else "%.2f") % target, verdict))
 
 
 def _ratio_table(ratios, results: dict, say, table: Optional[dict] = None) -> dict:
-    """Print the header and every ratio whose rows were measured; returns ``{name: value}``.
-    Given ``table`` (the rows printed so far), add to it without a second header."""
+    """Print the header and every ratio whose rows were measured; returns a
+    :class:`RatioTable`. Given ``table`` (the rows printed so far), add to it without a
+    second header."""
     if table is None:
         say("%-56s %8s %8s  %s" % ("ratio (same run)", "value", "target", ""))
-        table = {}
+        table = RatioTable()
     for name, a, b, target in ratios:
         if a not in results or (isinstance(b, str) and b not in results):
             continue
@@ -1209,8 +1348,6 @@ def run_read_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout
     """Only :func:`read_rates` (``--reads-only``): the dataset made (or reused) and packed
     into a ``.rec`` and an LMDB, then the raw, cold LMDB and cold loader rows and their
     ratios; returns ``{"rates", "ratios"}``."""
-    from mxnet.gluon.data.vision import transforms
-
     from gluon_data.convert import convert
 
     def say(*a):
@@ -1223,10 +1360,7 @@ def run_read_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout
     convert(rec, lm, overwrite=True)
     jpg_dir = os.path.join(voc, "JPEGImages")
     jpg_files = [os.path.join(jpg_dir, f) for f in sorted(os.listdir(jpg_dir))]
-    tf = transforms.Compose([transforms.ToTensor(),
-                             transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
-    kw = dict(mode="train", base_size=400, crop_size=320, transform=tf)
-    results, notes = read_rates(rec, lm, jpg_files, workers, quick, kw, say)
+    results, notes = read_rates(rec, lm, jpg_files, workers, quick, _seg_train_kw(), say)
     say("")
     say("%-56s %12s" % ("measurement (items/s)", "rate"))
     for k, v in results.items():
@@ -1265,7 +1399,6 @@ def seg_bench(workdir: str, n: int = 400, workers: int = 2, rounds: int = 4,
     included): on a shared machine the rates move with the load, the CPU per item much less.
     Returns ``{"rates", "cpu_ms", "ratios"}``."""
     import mxnet as mx
-    from mxnet.gluon.data.vision import transforms
 
     from gluon_data.batchify import SegmentationBatchify
     from gluon_data.convert import convert
@@ -1283,10 +1416,7 @@ def seg_bench(workdir: str, n: int = 400, workers: int = 2, rounds: int = 4,
     pairs = [(open(os.path.join(jpg_dir, f), "rb").read(),
               open(os.path.join(png_dir, f[:-4] + ".png"), "rb").read())
              for f in sorted(os.listdir(jpg_dir))]
-    tf = transforms.Compose([transforms.ToTensor(),
-                             transforms.Normalize([.485, .456, .406], [.229, .224, .225])])
-    ds = SegmentationRecordDataset(rec, seed=0, mode="train", base_size=400, crop_size=320,
-                                   transform=tf)
+    ds = SegmentationRecordDataset(rec, seed=0, **_seg_train_kw())
     batchify = SegmentationBatchify(channels_first=True)
     rates, cpu = {}, {}
     lim1, limn = "decode limit, OpenCV, 1 process", "decode limit, OpenCV, %d processes" % workers
