@@ -228,3 +228,35 @@ def test_full_run_conversion_step(tmp_path):
         "convert re-encode 2 workers / im2rec 2 threads": 1.0,
         "dask convert_sharded: 2 / 1 worker processes": 1.7}
     assert "convert pass-through: 2 / 1 workers" in out.getvalue()
+
+
+def test_harness_parts_load_from_the_harness_folder(tmp_path):
+    """``GLUON_DATA_BENCH`` naming a copy of the harness elsewhere (as with an installed
+    wheel): every module it is split into loads from that copy, each once under its own name,
+    and a forked process unpickles an object one of them defines."""
+    import shutil
+    import subprocess
+    import sys
+    from gluon_data.cli import bench_path
+    copy = tmp_path / "benchmarks"
+    shutil.copytree(os.path.dirname(bench_path()), copy)
+    code = (
+        "import multiprocessing, pickle, sys\n"
+        "from gluon_data.cli import load_bench\n"
+        "b = load_bench()\n"
+        "names = sorted(k for k in sys.modules if k.startswith('gluon_data_bench'))\n"
+        "print(names)\n"
+        "print(sorted({sys.modules[k].__file__.rsplit('/', 1)[0] for k in names}))\n"
+        "blob = pickle.dumps(b._CountBatchify())\n"
+        "with multiprocessing.get_context('fork').Pool(1) as pool:\n"
+        "    print(pool.apply(pickle.loads, (blob,)).__class__.__module__)\n"
+        "print(b._sibling('bench_lmdb') is not None, callable(b.run_bench))\n")
+    env = dict(os.environ, GLUON_DATA_BENCH=str(copy / "bench.py"))
+    r = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == str(["gluon_data_bench", "gluon_data_bench_cls", "gluon_data_bench_common",
+                            "gluon_data_bench_reads", "gluon_data_bench_scale"])
+    assert lines[1] == str([str(copy)])
+    assert lines[2] == "gluon_data_bench_common" and lines[3] == "True True"
