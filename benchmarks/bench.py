@@ -338,6 +338,11 @@ def _report(say, workers, results, cpu, index, rss, scaled, scale, more) -> dict
         row(*args)
     for k, v in slow.items():
         row(k, v, 0.9 if k.startswith("LMDB / RecordIO") else None)
+    missed = table.missed()
+    say("targets: %d of %d met%s" % (
+        sum(t is not None for t, _ in table.targets.values()) - len(missed),
+        sum(t is not None for t, _ in table.targets.values()),
+        "; missed: " + "; ".join(missed) if missed else ""))
     for k, v in notes.items():
         say("note (%s): %s" % (k, v))
     say("")

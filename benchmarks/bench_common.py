@@ -202,6 +202,15 @@ class RatioTable(dict):
         super().__init__()
         self.targets = {}
 
+    def missed(self) -> list:
+        """The names of the rows that have a target and miss it, in the order printed."""
+        return [k for k, (target, lower) in self.targets.items()
+                if target is not None and not _met(self[k], target, lower)]
+
+
+def _met(value: float, target: float, lower: bool) -> bool:
+    return value <= target if lower else value >= target
+
 
 #: Where a ratio's target is a step on the way, the value the project aims at after it.
 DIRECTIONS = {"ours .rec train / decode limit N": 1.0}
@@ -211,7 +220,7 @@ def _ratio_row(table: dict, say, name: str, value: float, target, lower=False) -
     table[name] = value
     if isinstance(table, RatioTable):
         table.targets[name] = (target, lower)
-    ok = target is not None and (value <= target if lower else value >= target)
+    ok = target is not None and _met(value, target, lower)
     verdict = "" if target is None else ("met" if ok else "MISSED")
     if name in DIRECTIONS:
         verdict += " (direction %.2f)" % DIRECTIONS[name]

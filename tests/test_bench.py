@@ -50,6 +50,10 @@ def test_bench_smoke(tmp_path):
     assert targets["ours .rec train / gluoncv train"] == (4.0, False)
     assert targets["ours .rec train / decode limit N"] == (0.7, False)
     assert "(direction 1.00)" in text
+    missed = res["ratios"].missed()  # the summary line names every row below its target
+    assert all(res["ratios"][k] < targets[k][0] or targets[k][1] for k in missed)
+    assert ("targets: %d of " % (sum(t is not None for t, _ in targets.values()) - len(missed))
+            in text)
     # after decode: uint8 batches + InputNormalize in the consumer against the float path
     uint8 = load_bench()._sibling("bench_uint8")
     for key in (uint8.FLOAT, uint8.UINT8, uint8.BARE):
