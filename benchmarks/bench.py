@@ -265,7 +265,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
             scaled = scale_costs(workdir, scale)
     notes["GPU"] = _gpu_note()
     table = _report(say, workers, results, cpu, index, rss, scaled, scale,
-                    (conv_table, slow, notes, seconds))
+                    conv_table=conv_table, slow=slow, notes=notes, seconds=seconds)
     return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled,
             "cpu": cpu, "seconds": seconds}
 
@@ -292,10 +292,12 @@ def _ratios(workers: int) -> list:
     ]
 
 
-def _report(say, workers, results, cpu, index, rss, scaled, scale, more) -> dict:
+def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table, slow,
+            notes, seconds) -> dict:
     """Print the rates, CPU, index, scale and RSS tables, then every ratio against its
-    target, the notes and each step's time; returns the ratio table."""
-    conv_table, slow, notes, seconds = more
+    target (``conv_table``: bench_convert.py's, with its targets; ``slow``: the slow-device
+    rows), a summary of the targets, the notes and each step's time; returns the ratio
+    table."""
     say("")
     say("%-56s %12s" % ("measurement (items/s)", "rate"))
     for k, v in results.items():

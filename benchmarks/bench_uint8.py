@@ -27,8 +27,11 @@ import numpy as np
 from mxnet.gluon.data.vision import transforms
 
 from gluon_data import DataLoader, InputNormalize, SegmentationBatchify, SegmentationRecordDataset
-from gluon_data.cli import load_bench
+from gluon_data.cli.bench import load_bench_part
 from gluon_data.convert import convert
+
+load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
+from gluon_data_bench_common import _cpu_s, make_dataset  # noqa: E402 (loaded just above)
 
 MEAN, STD = (.485, .456, .406), (.229, .224, .225)
 FLOAT = "float32 samples (ToTensor+Normalize in the workers)"
@@ -55,17 +58,17 @@ class _Subset:
         return iter(int(i) for i in self._rng.permutation(self._keep))
 
 
-def _epoch(loader, consume, cpu_s):
+def _epoch(loader, consume):
     """(items/s, CPU s per item of the main process and the workers) of one pass."""
     pids = [p.pid for p in loader._worker_pool._pool] if loader._num_workers else []
-    w0 = [cpu_s(p) for p in pids]
+    w0 = [_cpu_s(p) for p in pids]
     c0, t0, seen = time.process_time(), time.perf_counter(), 0
     for imgs, masks in loader:
         consume(imgs).wait_to_read()
         masks.wait_to_read()
         seen += imgs.shape[0]
     elapsed = time.perf_counter() - t0
-    spent = time.process_time() - c0 + sum(cpu_s(p) - c for p, c in zip(pids, w0))
+    spent = time.process_time() - c0 + sum(_cpu_s(p) - c for p, c in zip(pids, w0))
     return seen / elapsed, spent / seen
 
 
@@ -74,7 +77,6 @@ def rows(rec: str, workers: int, rounds: int, limit: int = 0, batch_size: int = 
     """``(items/s, CPU ms per item)`` dicts of the three ways of reading ``rec`` (a VOC
     ``.rec``), best of ``rounds`` interleaved rounds after a warm-up epoch each; ``limit``
     > 0 reads that many records per epoch (a fixed random subset, reshuffled every epoch)."""
-    cpu_s = load_bench()._cpu_s
     kw = dict(seed=0, mode="train", base_size=400, crop_size=320)
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
     norm = InputNormalize(MEAN, STD)  # eager: a CPU batch takes the per-plane tables
@@ -93,11 +95,11 @@ def rows(rec: str, workers: int, rounds: int, limit: int = 0, batch_size: int = 
         loaders[k] = (DataLoader(ds, batch_size=batch_size, num_workers=workers,
                                  batchify_fn=batchify, last_batch="keep", **order), consume)
     for loader, consume in loaders.values():  # workers started, pools and plans warm
-        _epoch(loader, consume, cpu_s)
+        _epoch(loader, consume)
     rate, cpu = {}, {}
     for _ in range(rounds):
         for k, (loader, consume) in loaders.items():
-            r, c = _epoch(loader, consume, cpu_s)
+            r, c = _epoch(loader, consume)
             rate[k], cpu[k] = max(rate.get(k, 0.0), r), min(cpu.get(k, float("inf")), c * 1e3)
     print("%-62s %8s %8s" % ("measurement", "items/s", "CPU ms"), file=out)
     for k in ways:
@@ -108,7 +110,7 @@ def rows(rec: str, workers: int, rounds: int, limit: int = 0, batch_size: int = 
 def run(workdir, n, workers, rounds, batch_size=16, out=sys.stdout):
     """The dataset made (or reused) in ``workdir`` and packed, then :func:`rows` and the
     ratios printed."""
-    voc = load_bench().make_dataset(workdir, n)
+    voc = make_dataset(workdir, n)
     rec = os.path.join(workdir, "voc.rec")
     if not os.path.exists(rec):
         convert(voc, rec, "voc", split="train")
