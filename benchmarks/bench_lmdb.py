@@ -29,8 +29,19 @@ _THROTTLE = "/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device"
 
 def can_run() -> bool:
     """Whether this machine can make the throttled loop device (root and the tools)."""
-    return (hasattr(os, "geteuid") and os.geteuid() == 0 and bool(shutil.which("losetup"))
-            and bool(shutil.which("mkfs.ext4")) and os.path.exists(_THROTTLE))
+    return skip_reason() is None
+
+
+def skip_reason():
+    """Why this machine cannot make the throttled loop device, or None where it can."""
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0):
+        return "needs root"
+    missing = [t for t in ("losetup", "mkfs.ext4") if not shutil.which(t)]
+    if missing:
+        return "needs %s" % " and ".join(missing)
+    if not os.path.exists(_THROTTLE):
+        return "needs the cgroup-v1 blkio throttle (%s)" % _THROTTLE
+    return None
 
 
 @contextlib.contextmanager

@@ -17,17 +17,36 @@ def load_bench():
     forked workers can unpickle what it defines. None where neither exists (a wheel)."""
     if BENCH_MODULE in sys.modules:
         return sys.modules[BENCH_MODULE]
-    import importlib.util
     path = bench_path()
-    if path is None:
-        return None
-    spec = importlib.util.spec_from_file_location(BENCH_MODULE, path)
+    return None if path is None else _load(BENCH_MODULE, path)
+
+
+def load_bench_part(name: str, folder: Optional[str] = None):
+    """``<folder>/<name>.py``, a module the harness is split into (``folder``: the harness's
+    own, by default), loaded once as module ``gluon_data_<name>`` so forked workers can
+    unpickle what it defines (and ``from gluon_data_<name> import ...`` works once it is
+    loaded). None where the file is absent."""
+    key = "gluon_data_" + name
+    if key in sys.modules:
+        return sys.modules[key]
+    if folder is None:
+        path = bench_path()
+        if path is None:
+            return None
+        folder = os.path.dirname(path)
+    path = os.path.join(folder, name + ".py")
+    return _load(key, path) if os.path.isfile(path) else None
+
+
+def _load(key: str, path: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(key, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[BENCH_MODULE] = module
+    sys.modules[key] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[BENCH_MODULE]
+        del sys.modules[key]
         raise
     return module
 
