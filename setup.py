@@ -20,9 +20,6 @@ class OptionalBuildExt(build_ext):
     """build_ext that turns a failed build into a warning unless GLUON_DATA_BUILD_EXT=1."""
 
     def run(self):
-        if _MODE in ("0", "no", "false"):
-            self.extensions = []
-            return
         try:
             super().run()
         except Exception as e:  # no compiler at all (distutils raises before building)
@@ -44,8 +41,10 @@ class OptionalBuildExt(build_ext):
                          "for it. gluon_data works without it (whole-image decodes).\n" % first)
 
 
+_SKIP = _MODE in ("0", "no", "false")  # a pure-Python wheel
 setup(
-    ext_modules=[Extension("gluon_data._jpegregion", ["gluon_data/_jpegregion.c"],
-                           libraries=["jpeg"], optional=_MODE not in ("1", "yes", "true"))],
+    ext_modules=[] if _SKIP else [
+        Extension("gluon_data._jpegregion", ["gluon_data/_jpegregion.c"], libraries=["jpeg"],
+                  optional=_MODE not in ("1", "yes", "true"))],
     cmdclass={"build_ext": OptionalBuildExt},
 )
