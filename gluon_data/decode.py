@@ -79,6 +79,9 @@ def _region(buf, box, flag: int, max_pixels: Optional[int], what: str) -> Option
         out = _jpegregion.decode(buf, y0, x0, y1, x1, flag)
     except ValueError as e:
         raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
+    except IndexError:  # libjpeg read another size than the first frame header says
+        raise DecodeError("%s: corrupt JPEG (its frame headers disagree on the image size)"
+                          % what) from None
     if out is None:  # CMYK, arithmetic coding, ...: not reproduced exactly here
         return None
     return np.frombuffer(out[0], np.uint8).reshape(y1 - y0, x1 - x0, out[1])
