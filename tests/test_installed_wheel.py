@@ -36,7 +36,7 @@ JUNK = [".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "
 SDIST_FILES = ["pyproject.toml", "README.md", "FORMAT.md", "constraints.txt",
                "docs/preview.png", "docs/reading.md", "docs/cli.md", "scripts/run.sh",
                "scripts/gen_cli_docs.py", "benchmarks/bench.py",
-               "tests/conftest.py"]
+               "tests/conftest.py", "setup.py", "gluon_data/_jpegregion.c"]
 
 
 def _source_files():

@@ -261,3 +261,20 @@ def test_samples_are_the_same_with_region_decoding_on_and_off(seg_rec, jpeg_cls_
         assert len(kind_on) == len(kind_off) > 0
         for a, b in zip(kind_on, kind_off):
             assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_region_bench_rows_and_ratios(seg_rec, jpeg_cls_rec):
+    """The benchmark's rows on tiny data: every ratio names rows it produces, times are
+    positive, and both datasets' boxes were drawn."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_region.py"
+    spec = importlib.util.spec_from_file_location("bench_region", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    boxes = bench.crops(seg_rec, jpeg_cls_rec)
+    assert {k: len(v) for k, v in boxes.items()} == {bench.SEG: 8, bench.CLS: 9}
+    rows = bench.decode_rows(boxes, 1)
+    rows.update(bench.loader_rows(seg_rec, jpeg_cls_rec, 0, 1))
+    for name, num, den, _ in bench.RATIOS:
+        assert rows[num] > 0 and rows[den] > 0, name
