@@ -1,4 +1,4 @@
-/* Region decoding of baseline and progressive JPEGs with libjpeg(-turbo) >= 1.5.
+/* Region decoding of baseline and progressive JPEGs with libjpeg-turbo >= 2.1.
  *
  * decode(buf, y0, x0, y1, x1, colour) -> (bytearray, channels) | None
  *
@@ -28,8 +28,10 @@
 #include <string.h>
 #include <jpeglib.h>
 
-#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 1005000
-#error "libjpeg-turbo >= 1.5 (jpeg_crop_scanline, jpeg_skip_scanlines) is required"
+/* jpeg_crop_scanline and jpeg_skip_scanlines exist since 1.5; the fixes to skipping with
+ * fancy upsampling that exactness relies on are in 2.1 (tested: 2.1.5). */
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 2001000
+#error "the region decoder needs libjpeg-turbo >= 2.1 (jpeg_crop_scanline, jpeg_skip_scanlines)"
 #endif
 
 struct err_mgr {

@@ -278,3 +278,24 @@ def test_region_bench_rows_and_ratios(seg_rec, jpeg_cls_rec):
     rows.update(bench.loader_rows(seg_rec, jpeg_cls_rec, 0, 1))
     for name, num, den, _ in bench.RATIOS:
         assert rows[num] > 0 and rows[den] > 0, name
+
+
+@needs_ext
+def test_region_decodes_agree_across_threads():
+    """The extension decodes without the GIL: threads decoding at once get exact boxes."""
+    import threading
+    bufs = [jpeg(150 + k, 200, seed=k) for k in range(6)]
+    want = [codec.decode_image(b, 1)[10:120, 30:150] for b in bufs]
+    bad = []
+
+    def work():
+        for _ in range(10):
+            bad.extend(k for k, b in enumerate(bufs)
+                       if not np.array_equal(decode.decode_region(b, (10, 30, 120, 150)),
+                                             want[k]))
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and bad == []
