@@ -32,8 +32,8 @@ except ImportError:  # pragma: no cover - depends on the install
 __all__ = ["decode_region", "region_decoding", "region_decoder", "REGION_MAX_FRACTION"]
 
 #: A box covering more than this fraction of the image is decoded whole: the region
-#: decoder still Huffman-decodes every row, so a large box saves too little to pay for its
-#: second pass over the rows (``python benchmarks/bench_region.py``).
+#: decoder still Huffman-decodes every row, so above it the saving measured (0-20 %) was
+#: within the benchmark machine's noise (``python benchmarks/bench_region.py``).
 REGION_MAX_FRACTION = 0.6
 _ENV = "GLUON_DATA_REGION_DECODE"
 _JPEG_SOI = b"\xff\xd8"
