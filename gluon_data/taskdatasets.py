@@ -25,6 +25,7 @@ import numpy as np
 
 from . import buffers, codec
 from . import transforms as T
+from .decode import decode_region
 from .errors import CorruptRecordError, DecodeError, FormatError
 from .fastpath import _as_ndarray, _fast_tensor, _tensor_only, numpy_classification_transform
 from .meta import ids_are_keys, wrong_record
@@ -245,9 +246,31 @@ class ClassificationDataset(_StoreDataset):
         """The numpy transform ``transform_first`` recognised (``None`` if it runs as Gluon)."""
         return self._fast_first
 
+    def _crop_first(self, rec, key, offset, i: int, epoch):
+        """The fast path's crop in two phases: drawn from the header's image size, then only
+        its box decoded (:func:`~gluon_data.decode.decode_region`; the same pixels as a full
+        decode, so the same tensor). ``None`` where it does not apply."""
+        fast = self._fast_first  # (a JPEG or PNG decodes to 3 channels, or 1 with flag 0)
+        if fast.crop is None or fast.tensor.channels not in (1, 3 if self._flag else 1):
+            return None  # mean/std not fitting the channels: the Gluon transform runs
+        hw = codec.image_size(rec.image)
+        if hw is None or min(hw) <= 0:
+            return None
+        with self._sample(i, epoch):
+            (y0, x0, y1, x1), flip = fast.plan(*hw)
+        img = self._decode(decode_region, rec.image, key, offset, "image",
+                           box=(y0, x0, y1, x1), flag=self._flag)
+        out = buffers.samples.take(fast.out_shape(img.shape),
+                                   np.uint8 if fast.uint8 else np.float32)
+        return buffers.samples.wrap(fast.finish(img, flip, out))
+
     def __getitem__(self, idx):
         i, epoch = self._position(idx)
         rec, key, offset = self._record(i)
+        if self._fast_first is not None:
+            tensor = self._crop_first(rec, key, offset, i, epoch)
+            if tensor is not None:
+                return tensor, rec.label
         img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=self._flag)
         if self._fast_first is not None:
             with self._sample(i, epoch):
@@ -461,6 +484,27 @@ class SegmentationDataset(_StoreDataset):
                                         img.shape[0]), self.filename, key, offset)
         return img, mask
 
+    def _train_region(self, i: int, epoch: Optional[int]):
+        """The built-in ``train`` transform in two phases: its crop drawn from the image's
+        header size, then only the image region the crop reads decoded (the mask as stored,
+        cut to the same box). The same samples as a full decode, for less decoding."""
+        rec, key, offset = self._record(i)
+        mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask")
+        hw, img = codec.image_size(rec.image), None
+        if hw is None:  # not a JPEG/PNG header we read: decode it all
+            img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
+            hw = img.shape[:2]
+        if mask.shape != tuple(hw):
+            raise CorruptRecordError("mask is %dx%d but image is %dx%d"
+                                     % (mask.shape[1], mask.shape[0], hw[1], hw[0]),
+                                     self.filename, key, offset)
+        with self._sample(i, epoch):
+            box, params = self._joint.plan(*hw)
+        y0, x0, y1, x1 = box
+        part = (img[y0:y1, x0:x1] if img is not None else
+                self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1))
+        return self._joint.apply(part, mask[y0:y1, x0:x1], params)
+
     def _labels(self, mask: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Stored mask -> int32 labels with the ignore value mapped (into ``out``)."""
         if out is None:
@@ -485,11 +529,15 @@ class SegmentationDataset(_StoreDataset):
         if self.mode == "test":
             img = self._image_out(self._arrays(i, with_mask=False)[0])
             return img, self.name(i)
-        img, mask = self._arrays(i)
+        two_phase = self._builtin_joint and isinstance(self._joint, T.RandomScaleCrop)
+        img, mask = (None, None) if two_phase else self._arrays(i)
         if self._builtin_joint:  # works on the stored mask, padding with the stored ignore
             try:
-                with self._sample(i, epoch):
-                    img, mask = self._joint(img, mask)
+                if two_phase:
+                    img, mask = self._train_region(i, epoch)
+                else:
+                    with self._sample(i, epoch):
+                        img, mask = self._joint(img, mask)
             except DecodeError as e:  # a derived size over max_pixels: name the record
                 raise DecodeError(e.reason, self.filename, self._file.key(i),
                                   self._file.offset(i)) from None

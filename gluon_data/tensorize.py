@@ -191,23 +191,36 @@ class ImageCropNormalize(_Random):
                         new_w, new_h)
         return None  # fall back to the centre crop, as MXNet does
 
-    def __call__(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
-        x = _np(img)
-        h, w = x.shape[:2]
+    def plan(self, h: int, w: int) -> Tuple[Tuple[int, int, int, int], bool]:
+        """Phase one: draw the crop and flip for an ``h`` x ``w`` image (the JPEG header's
+        size is enough): ``((y0, x0, y1, x1), flip)``, the box in the image's pixels (all of
+        it without a crop). Phase two, :meth:`finish`, needs only the box's pixels."""
         box, flip = None, False
         if self.crop is not None or self.flip:
             def draw(g):
                 b = self._draw_crop(g, h, w) if self.crop and self.crop[0] == "random" else None
                 return b, bool(self.flip and g.random() < 0.5)
             box, flip = self.rng.draw(draw)
+        if self.crop is None:
+            return (0, 0, h, w), flip
+        if box is None:  # centre crop (or the random crop's fallback)
+            nw, nh = _scale_down((w, h), self.crop[1])
+            box = (int((w - nw) / 2), int((h - nh) / 2), nw, nh)
+        x0, y0, cw, ch = box
+        return (y0, x0, y0 + ch, x0 + cw), flip
+
+    def __call__(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
+        x = _np(img)
+        (y0, x0, y1, x1), flip = self.plan(*x.shape[:2])
+        return self.finish(x[y0:y1, x0:x1], flip, out)
+
+    def finish(self, x: np.ndarray, flip: bool, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Phase two: resize the cropped pixels ``x`` (the box of :meth:`plan`), flip, and
+        convert to the CxHxW tensor (into ``out`` when given)."""
         if self.crop is not None:
             size = self.crop[1]
             interp = self.crop[-1]
-            if box is None:  # centre crop (or the random crop's fallback)
-                nw, nh = _scale_down((w, h), size)
-                box = (int((w - nw) / 2), int((h - nh) / 2), nw, nh)
-            x0, y0, cw, ch = box
-            x = x[y0:y0 + ch, x0:x0 + cw]
+            ch, cw = x.shape[:2]
             if (cw, ch) != tuple(size):
                 x = _hwc(cv2.resize(x, tuple(size), interpolation=_interp(
                     interp, (ch, cw, size[1], size[0]))))

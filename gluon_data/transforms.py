@@ -274,9 +274,11 @@ class RandomScaleCrop(_Random):
         a = min(int(round(start * f)), src - 1)
         return a, min(src, max(a + 1, int(round((start + length) * f))))
 
-    def __call__(self, img, mask):
-        img, mask = _np(img), _np(mask)
-        h, w = mask.shape
+    def plan(self, h: int, w: int):
+        """Phase one: draw the sample's parameters for an ``h`` x ``w`` source (the JPEG
+        header's size is enough) and return ``(box, params)``, ``box = (y0, x0, y1, x1)`` the
+        source pixels the crop reads. Phase two, :meth:`apply`, needs only those pixels, so a
+        dataset decodes just that region (:func:`gluon_data.decode.decode_region`)."""
         flip, oh, ow, y1, x1, blur, sigma = self.rng.draw(lambda g: self._draw(g, h, w))
         ch, cw = self.size
         vh, vw = min(ch, oh - y1), min(cw, ow - x1)   # the part of the crop inside the image
@@ -284,10 +286,22 @@ class RandomScaleCrop(_Random):
             x1 = ow - x1 - vw
         ya, yb = self._span(y1, vh, oh, h)
         xa, xb = self._span(x1, vw, ow, w)
+        return (ya, xa, yb, xb), (flip, vh, vw, blur, sigma)
+
+    def __call__(self, img, mask):
+        img, mask = _np(img), _np(mask)
+        (ya, xa, yb, xb), params = self.plan(*mask.shape)
+        return self.apply(img[ya:yb, xa:xb], mask[ya:yb, xa:xb], params)
+
+    def apply(self, img, mask, params):
+        """Phase two: the output from the source region :meth:`plan` named (image and mask
+        cut to its box) and its ``params``."""
+        flip, vh, vw, blur, sigma = params
+        ch, cw = self.size
         m, dt = _mask_for_cv(mask)
         if not _fits(self.mask_fill, m.dtype):
             m, dt = m.astype(np.int32), np.dtype(np.int32)
-        part_i, part_m = _resize_pair(img[ya:yb, xa:xb], m[ya:yb, xa:xb], vw, vh)
+        part_i, part_m = _resize_pair(img, m, vw, vh)
         if flip:
             part_i, part_m = _hwc(cv2.flip(part_i, 1)), cv2.flip(part_m, 1)
         if (vh, vw) == (ch, cw):

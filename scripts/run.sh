@@ -5,15 +5,15 @@
 #   bash scripts/run.sh test     # the whole test suite (extra arguments go to pytest)
 #   bash scripts/run.sh gluon-data --help
 #
-# The virtual environment lives in .venv and is rebuilt when pyproject.toml or
-# constraints.txt change. Set PYTHON to choose the interpreter.
+# The virtual environment lives in .venv and is rebuilt when pyproject.toml,
+# constraints.txt or the C extension's setup.py / source change. Set PYTHON to choose the interpreter.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv"
 py="${PYTHON:-python3}"
 stamp="$venv/.gluon-data-installed"
-want="$(cat pyproject.toml constraints.txt | "$py" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
+want="$(cat pyproject.toml constraints.txt setup.py gluon_data/_jpegregion.c | "$py" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "gluon_data: installing into $venv (first run only) ..." >&2

@@ -30,13 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "gluon_data"
 # Never copied into the build's copy of the tree: environments, build outputs, caches, data.
 JUNK = [".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "*.py[cod]",
-        ".pytest_cache", ".hypothesis", "demo-data", "bench-data", "bench-data-quick"]
+        ".pytest_cache", ".hypothesis", "demo-data", "bench-data", "bench-data-quick", "*.so"]
 # What the sdist must carry besides the package: what README.md links to and the pinned set
 # its install commands use.
 SDIST_FILES = ["pyproject.toml", "README.md", "FORMAT.md", "constraints.txt",
                "docs/preview.png", "docs/reading.md", "docs/cli.md", "scripts/run.sh",
                "scripts/gen_cli_docs.py", "benchmarks/bench.py",
-               "tests/conftest.py"]
+               "tests/conftest.py", "setup.py", "gluon_data/_jpegregion.c"]
 
 
 def _source_files():
@@ -137,6 +137,26 @@ def test_sdist_carries_the_tree_and_the_wheel_only_the_package(installed):
     assert tops == {PACKAGE}, "the wheel installs more than the package: %s" % sorted(tops)
     missing = _source_files() - set(names)
     assert not missing, "not in the wheel: %s" % sorted(missing)
+
+
+def _can_build_extension() -> bool:
+    """Whether this machine builds the optional region decoder: required by the build
+    (GLUON_DATA_BUILD_EXT=1), or a C compiler and libjpeg's header are there."""
+    if os.environ.get("GLUON_DATA_BUILD_EXT") == "1":
+        return True
+    header = any(Path(d, "jpeglib.h").exists() for d in ("/usr/include", "/usr/local/include"))
+    return header and shutil.which(os.environ.get("CC", "cc")) is not None
+
+
+def test_wheel_has_the_region_decoder_where_it_can_be_built(installed, empty):
+    if not _can_build_extension():
+        pytest.skip("no C compiler or libjpeg headers: the wheel is rightly pure Python")
+    with zipfile.ZipFile(installed["wheel"]) as z:
+        assert any(n.startswith(PACKAGE + "/_jpegregion.") and n.endswith(".so")
+                   for n in z.namelist()), "the wheel lacks the region decoder"
+    r = _run([installed["python"], "-c", "from gluon_data import decode; "
+              "print(decode.region_decoder())"], cwd=empty, timeout=120)
+    assert r.stdout.startswith("region decode"), r.stdout
 
 
 def test_every_module_of_the_tree_is_installed_and_imports(installed, empty):
