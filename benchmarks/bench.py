@@ -250,6 +250,8 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     with _step(seconds, "classification", say):
         results.update(classification_rates(stock_rec, n, workers, epochs, dali_python, notes,
                                             shards=stock_shards, cpu=cpu))
+    with _step(seconds, "region decoding", say):
+        region = _sibling("bench_region").rows(rec, stock_rec, workers, 1 if quick else 3)
     with _step(seconds, "reads", say):  # raw reads, warm and cold; cold LMDB; cold loaders
         cold_results, cold_notes = read_rates(rec, lm, jpg_files, workers, quick,
                                               _seg_train_kw(), say)
@@ -265,8 +267,9 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
             scaled = scale_costs(workdir, scale)
     notes["GPU"] = _gpu_note()
     table = _report(say, workers, results, cpu, index, rss, scaled, scale,
-                    conv_table=conv_table, slow=slow, notes=notes, seconds=seconds)
-    return {"rates": results, "ratios": table, "index": index, "rss": rss, "scale": scaled,
+                    conv_table=conv_table, slow=slow, notes=notes, seconds=seconds,
+                    region=region)
+    return {"rates": results, "region": region, "ratios": table, "index": index, "rss": rss, "scale": scaled,
             "cpu": cpu, "seconds": seconds}
 
 
@@ -293,11 +296,11 @@ def _ratios(workers: int) -> list:
 
 
 def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table, slow,
-            notes, seconds) -> dict:
+            notes, seconds, region) -> dict:
     """Print the rates, CPU, index, scale and RSS tables, then every ratio against its
     target (``conv_table``: bench_convert.py's, with its targets; ``slow``: the slow-device
-    rows), a summary of the targets, the notes and each step's time; returns the ratio
-    table."""
+    rows; ``region``: bench_region.py's), a summary of the targets, the notes and each
+    step's time; returns the ratio table."""
     say("")
     say("%-56s %12s" % ("measurement (items/s)", "rate"))
     for k, v in results.items():
@@ -315,9 +318,15 @@ def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table
             % "; ".join("worker %d: %s" % (k, " ".join("%.0f (+%.0f)" % e[k] for e in rss))
                         for k in range(len(rss[0]))))
     say("")
+    say("%-56s %12s" % ("region decoding (decode: CPU ms/image; loaders: items/s, CPU ms)",
+                        "value"))
+    for k, v in region.items():
+        say("%-56s %12.3f" % (k, v))
+    say("")
     table = _ratio_table(_ratios(workers), results, say)
     uint8 = _sibling("bench_uint8")
     _ratio_table(uint8.RATIOS, results, say, table)
+    _ratio_table(_sibling("bench_region").RATIOS, region, say, table)
     _ratio_table(_CLS_CPU_RATIOS + uint8.CPU_RATIOS, cpu, say, table)
 
     def row(name, value, target, lower=False):

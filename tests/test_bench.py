@@ -64,10 +64,15 @@ def test_bench_smoke(tmp_path):
     slow = [k for k in res["ratios"] if k.startswith("LMDB / RecordIO loaders")]
     reason = load_bench()._sibling("bench_lmdb").skip_reason()
     assert (len(slow) == 2) if reason is None else ("skipped: " + reason) in text
+    # region decoding: decode CPU per image and the loaders with the region path on and off
+    region = load_bench()._sibling("bench_region")
+    assert all(v > 0 and math.isfinite(v) for v in res["region"].values()) and res["region"]
+    assert {name for name, *_ in region.RATIOS} <= set(res["ratios"])
     import mxnet as mx
     assert ("note (GPU): skipped" in text) == (mx.context.num_gpus() == 0)
     assert set(res["seconds"]) >= {"conversion", "classification", "reads", "index",
-                                   "LMDB on a slow device", "after decode: uint8 batches"}
+                                   "LMDB on a slow device", "after decode: uint8 batches",
+                                   "region decoding"}
     assert all(v >= 0 for v in res["seconds"].values()) and "step (wall s)" in text
 
 
