@@ -1,6 +1,7 @@
 """How often a conversion checkpoints: by time and bytes unless ``checkpoint_every`` asks for
 a count, never right before its own publish, and the output the same either way; what each
 item and each run costs beside the work itself (the workers' imports and exit, the listing)."""
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -9,7 +10,8 @@ import pytest
 
 from gluon_data import convert
 from gluon_data import sources
-from gluon_data.convert import loop, resume
+from gluon_data.errors import ConversionError
+from gluon_data.convert import driver, loop, resume
 from gluon_data.engines import _start_pool
 from gluon_data.sample import make_voc
 
@@ -117,3 +119,23 @@ def test_pool_workers_exit_without_the_interpreter_teardown(tmp_path):
         raise
     assert [p.pid for p in procs] == [pid] and [p.exitcode for p in procs] == [0]
     assert not (tmp_path / "marker").exists()
+
+
+def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, tmp_path,
+                                                                     monkeypatch):
+    """The pool is started before the listing (its imports overlap the planning); a listing
+    that fails stops it: no worker is left behind."""
+    seen = []
+    real = driver.open_source
+
+    def listing(*a, **k):
+        seen.append(len(multiprocessing.active_children()))
+        return real(*a, **k)
+    monkeypatch.setattr(driver, "open_source", listing)
+    out = str(tmp_path / "o.rec")
+    rep = convert(voc150, out, "voc", split="trainval", workers=2)
+    assert seen == [2] and rep.written["trainval"] == 150
+    with pytest.raises(ConversionError, match="not a VOC folder"):
+        convert(str(tmp_path), str(tmp_path / "p.rec"), "voc", workers=2)
+    assert seen == [2, 2] and multiprocessing.active_children() == []
+    assert not os.path.exists(str(tmp_path / "p.rec"))
