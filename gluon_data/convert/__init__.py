@@ -52,18 +52,25 @@ __all__ = ["convert", "copy_dataset", "import_lmdb", "ConversionReport", "Encode
            "convert_sharded"]
 
 
+_SUBMODULES = ("copy", "driver", "encode", "loop", "outputs", "resume", "shard_task", "sharded",
+               "to_uri")
+
+
 def __getattr__(name):
     where = _EXPORTS.get(name)
+    if where is None and name in _SUBMODULES:  # ``gluon_data.convert.loop``, as before
+        where = ("." + name, None)
     if where is None:
         raise AttributeError("module %r has no attribute %r" % (__name__, name))
     module, attr = where if isinstance(where, tuple) else (where, name)
-    value = getattr(importlib.import_module(module, __name__), attr)
+    value = importlib.import_module(module, __name__)
+    value = value if attr is None else getattr(value, attr)
     globals()[name] = value
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
 
 
 callable_module(__name__)  # from gluon_data import convert: the function, even once the module is loaded
