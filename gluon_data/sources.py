@@ -86,9 +86,30 @@ class Source:
     palette: Optional[List[List[int]]] = None
 
 
-def _inside(root: str, path: str) -> bool:
-    root_real = os.path.realpath(root)
-    real = os.path.realpath(path)
+def _realpath(path: str, dirs: Optional[dict]) -> str:
+    """``os.path.realpath(path)``; with ``dirs`` (a dict kept for one listing), each folder
+    is resolved once and a file in it costs one ``lstat`` (a symlink is resolved in full)."""
+    head, tail = os.path.split(path)
+    if dirs is None or tail in ("", ".", ".."):
+        return os.path.realpath(path)
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return os.path.realpath(path)
+    except OSError:  # missing: realpath resolves what exists
+        return os.path.realpath(path)
+    return os.path.join(_realdir(head, dirs), tail)
+
+
+def _realdir(path: str, dirs: dict) -> str:
+    real = dirs.get(path)
+    if real is None:
+        real = dirs[path] = os.path.realpath(path or os.curdir)
+    return real
+
+
+def _inside(root: str, path: str, dirs: Optional[dict] = None) -> bool:
+    root_real = os.path.realpath(root) if dirs is None else _realdir(root, dirs)
+    real = _realpath(path, dirs)
     return real == root_real or real.startswith(root_real + os.sep)
 
 
@@ -98,17 +119,19 @@ def _lexically_inside(root: str, path: str) -> bool:
     return p == root_abs or p.startswith(root_abs.rstrip(os.sep) + os.sep)
 
 
-def confine(root: str, path: str, follow_symlinks: bool = False) -> Optional[str]:
+def confine(root: str, path: str, follow_symlinks: bool = False,
+            dirs: Optional[dict] = None) -> Optional[str]:
     """The one rule every layout applies to every file it lists: why ``path`` may not be
     read as part of the source rooted at ``root``, or ``None`` when it may.
 
     A path spelled outside the root (``..``, an absolute path in a split file or ``.lst``) is
     always refused. A path inside it that resolves, through symlinks, to a file outside it
     is refused unless ``follow_symlinks`` (trees that link to shared storage on purpose).
+    ``dirs``: a dict shared by the calls of one listing, so each folder is resolved once.
     """
     if not _lexically_inside(root, path):
         return "path leaves the image root %s" % root
-    if not follow_symlinks and not _inside(root, path):
+    if not follow_symlinks and not _inside(root, path, dirs):
         return ("symlink leaves the source root %s (points to %s); pass --follow-symlinks "
                 "(follow_symlinks=True) if the tree links out on purpose"
                 % (root, os.path.realpath(path)))
@@ -445,11 +468,12 @@ def open_source(path: str, layout: Optional[str] = None, *, follow_symlinks: boo
         raise SourceError("unknown layout %r; valid layouts: %s"
                           % (layout, ", ".join(ALL_LAYOUTS)), path)
     src = LAYOUTS[layout](path, **options)
+    dirs: dict = {}
     for name, items in src.splits.items():
         kept = []
         for item in items:
             for f in (item.image, item.mask):
-                why = None if f is None else confine(src.root, f, follow_symlinks)
+                why = None if f is None else confine(src.root, f, follow_symlinks, dirs)
                 if why is not None:
                     src.problems.append((f, why))
                     break

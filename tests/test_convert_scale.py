@@ -1,10 +1,21 @@
 """How often a conversion checkpoints: by time and bytes unless ``checkpoint_every`` asks for
-a count, never right before its own publish, and the output the same either way."""
+a count, never right before its own publish, and the output the same either way; what each
+item and each run costs beside the work itself (the workers' imports and exit, the listing)."""
+import multiprocessing
+import os
+import subprocess
+import sys
+
 import pytest
 
 from gluon_data import convert
-from gluon_data.convert import loop, resume
+from gluon_data import sources
+from gluon_data.errors import ConversionError
+from gluon_data.convert import driver, loop, resume
+from gluon_data.engines import _start_pool
 from gluon_data.sample import make_voc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +59,83 @@ def test_due_checkpoints_wait_for_64_items_and_skip_the_last(voc150, tmp_path, m
     train, val = rep.written["train"], rep.written["val"]
     # explicit: every 20 items; a split's end is checkpointed unless it is the last
     assert done == (list(range(20, train, 20)) + [train] + list(range(20, val, 20)))
+
+
+def test_a_worker_imports_the_encoder_not_the_writers():
+    """A worker unpickles ``encode._work``: that loads the encoder and what it reads with,
+    not the loop, the writers, the copy and sharded drivers (their import was most of a
+    worker's start-up); every name is still importable from the package."""
+    code = ("import sys, gluon_data.convert.encode, gluon_data.engines\n"
+            "heavy = sorted(m for m in sys.modules if m.startswith('gluon_data.') and m not in "
+            "('gluon_data.convert', 'gluon_data.convert.encode', 'gluon_data.codec', "
+            "'gluon_data.errors', 'gluon_data.sources', 'gluon_data.engines', "
+            "'gluon_data._callable'))\n"
+            "assert not heavy, heavy\n"
+            "from gluon_data.convert import convert, convert_sharded, drive, _Checkpoint\n"
+            "import gluon_data.convert as c\n"
+            "assert c.convert is convert and c._Stats.__name__ == 'RunningStats'\n"
+            "assert set(c.__all__) <= set(dir(c))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_listing_resolves_each_folder_once(voc150, monkeypatch):
+    """Every listed file is checked against the root (symlinks included) with one ``lstat``,
+    its folder resolved once per listing, not every path component of every file again."""
+    calls = []
+    real = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda p, *a, **k: calls.append(p) or real(p, *a, **k))
+    src = sources.open_source(voc150, "voc", split="trainval")
+    n = len(src.splits["trainval"])
+    assert n == 150 and not src.problems
+    assert len(calls) <= 2 * n + 40, len(calls)
+
+
+class _TornDown:
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self, _open=os.open, _close=os.close, _flags=os.O_CREAT | os.O_WRONLY):
+        _close(_open(self.path, _flags))  # in the interpreter's teardown, if there is one
+
+
+def _keep_until_exit(path):
+    sys.modules[__name__]._kept = _TornDown(path)  # a module global: freed at teardown
+    return os.getpid()
+
+
+def test_pool_workers_exit_without_the_interpreter_teardown(tmp_path):
+    """A pool worker, done with its tasks, exits at once (status 0) instead of tearing down
+    numpy, OpenCV and Pillow first, which took longer than converting hundreds of items."""
+    pool = _start_pool(1)
+    try:
+        pid = pool.apply(_keep_until_exit, (str(tmp_path / "marker"),))
+        procs = list(pool._pool)
+        pool.close()
+        pool.join()
+    except BaseException:
+        pool.terminate()
+        raise
+    assert [p.pid for p in procs] == [pid] and [p.exitcode for p in procs] == [0]
+    assert not (tmp_path / "marker").exists()
+
+
+def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, tmp_path,
+                                                                     monkeypatch):
+    """The pool is started before the listing (its imports overlap the planning); a listing
+    that fails stops it: no worker is left behind."""
+    seen = []
+    real = driver.open_source
+
+    def listing(*a, **k):
+        seen.append(len(multiprocessing.active_children()))
+        return real(*a, **k)
+    monkeypatch.setattr(driver, "open_source", listing)
+    out = str(tmp_path / "o.rec")
+    rep = convert(voc150, out, "voc", split="trainval", workers=2)
+    assert seen == [2] and rep.written["trainval"] == 150
+    with pytest.raises(ConversionError, match="not a VOC folder"):
+        convert(str(tmp_path), str(tmp_path / "p.rec"), "voc", workers=2)
+    assert seen == [2, 2] and multiprocessing.active_children() == []
+    assert not os.path.exists(str(tmp_path / "p.rec"))

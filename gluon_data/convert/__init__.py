@@ -16,29 +16,61 @@ The package reads as the data flow, each module one concern, imports pointing on
 ========================  ==================================================================
 
 The running statistics are :class:`gluon_data.stats.RunningStats`. Everything is
-importable from ``gluon_data.convert`` as before the split.
+importable from ``gluon_data.convert`` as before the split (on first use).
 """
+import importlib
+
 from .._callable import callable_module
-from ..engines import _start_pool, _stop_pool, _worker_init
-from ..stats import RunningStats as _Stats
-from .copy import _stock_meta, copy_dataset, import_lmdb
-from .driver import _plan, convert, is_dataset
-from .loop import SplitJobs, drive
-from .encode import (_PASSTHROUGH_FORMATS, EncodeOptions, _check_pixels, _decode_like_reader,
-                     _encode_pixels, _legacy_work, _mask_indices, _open_strict, _pixel_stats,
-                     _read_bytes, _reads_back, _resize_short, _work, encode_item, encode_legacy,
-                     image_part, mask_part)
-from .outputs import (ENCODINGS, FORMATS, ConversionReport, Outputs, _check_choices,
-                      _check_options, _check_output, _check_range, _conversion_id, _fail,
-                      _free_space, _metadata, _output_lock, _split_fields, open_writers, output_format,
-                      output_paths, outputs_for)
-from .resume import _Checkpoint, _import_digest, _plan_digest, _resume_finished
-from .sharded import ShardJob, convert_sharded, write_shard
+
+# Names are imported on first use (PEP 562, as the top-level package does): a worker process
+# that only encodes items (it unpickles ``encode._work``) imports ``encode`` and what it needs,
+# not the writers, the copy and sharded drivers and their containers.
+_EXPORTS = {
+    "_start_pool": "..engines", "_stop_pool": "..engines", "_worker_init": "..engines",
+    "_Stats": ("..stats", "RunningStats"),
+    "_stock_meta": ".copy", "copy_dataset": ".copy", "import_lmdb": ".copy",
+    "_plan": ".driver", "convert": ".driver", "is_dataset": ".driver",
+    "SplitJobs": ".loop", "drive": ".loop",
+    **{n: ".encode" for n in (
+        "_PASSTHROUGH_FORMATS", "EncodeOptions", "_check_pixels", "_decode_like_reader",
+        "_encode_pixels", "_legacy_work", "_mask_indices", "_open_strict", "_pixel_stats",
+        "_read_bytes", "_reads_back", "_resize_short", "_work", "encode_item", "encode_legacy",
+        "image_part", "mask_part")},
+    **{n: ".outputs" for n in (
+        "ENCODINGS", "FORMATS", "ConversionReport", "Outputs", "_check_choices",
+        "_check_options", "_check_output", "_check_range", "_conversion_id", "_fail",
+        "_free_space", "_metadata", "_output_lock", "_split_fields", "open_writers",
+        "output_format", "output_paths", "outputs_for")},
+    **{n: ".resume" for n in ("_Checkpoint", "_import_digest", "_plan_digest",
+                              "_resume_finished")},
+    **{n: ".sharded" for n in ("ShardJob", "convert_sharded", "write_shard")},
+}
 
 __all__ = ["convert", "copy_dataset", "import_lmdb", "ConversionReport", "EncodeOptions",
            "encode_item", "ENCODINGS", "FORMATS", "output_paths", "output_format",
            "open_writers", "outputs_for", "Outputs", "drive", "SplitJobs", "is_dataset",
            "convert_sharded"]
+
+
+_SUBMODULES = ("copy", "driver", "encode", "loop", "outputs", "resume", "shard_task", "sharded",
+               "to_uri")
+
+
+def __getattr__(name):
+    where = _EXPORTS.get(name)
+    if where is None and name in _SUBMODULES:  # ``gluon_data.convert.loop``, as before
+        where = ("." + name, None)
+    if where is None:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    module, attr = where if isinstance(where, tuple) else (where, name)
+    value = importlib.import_module(module, __name__)
+    value = value if attr is None else getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
 
 
 callable_module(__name__)  # from gluon_data import convert: the function, even once the module is loaded

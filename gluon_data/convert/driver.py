@@ -13,6 +13,7 @@ from functools import partial
 from typing import Dict, List, Optional, Sequence
 
 from .. import codec
+from ..engines import _start_pool, _stop_pool
 from ..errors import ConversionError, SourceError
 from ..fsutil import check_disjoint
 from ..lmdbio import is_lmdb, names_lmdb
@@ -209,20 +210,30 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
                             overwrite=overwrite, progress=progress,
                             source_options=source_options)
     t0 = time.perf_counter()
-    src, classes, num_classes, plan, report = _open_and_plan(
-        source, layout, output, outputs, split=split, images_dir=images_dir,
-        masks_dir=masks_dir, lst_root=lst_root, follow_symlinks=follow_symlinks,
-        classes=classes, num_classes=num_classes, val_ratio=val_ratio, shuffle=shuffle,
-        seed=seed, on_error=on_error)
-    opts, options = encode_options(
-        src, num_classes, encoding=encoding, quality=quality, resize=resize,
-        ignore_label=ignore_label, max_pixels=max_pixels, mask_encoding=mask_encoding,
-        max_file_bytes=max_file_bytes, shuffle=shuffle, seed=seed, val_ratio=val_ratio,
-        on_error=on_error)
-    return _drive_plan(src, plan, opts, options, classes, num_classes, report, output,
-                       outputs, source=source, workers=workers, overwrite=overwrite,
-                       on_error=on_error, resume=resume, checkpoint_every=checkpoint_every,
-                       progress=progress, t0=t0)
+    # the workers start (import) while the source is listed and stamped; drive owns the pool
+    pool = _start_pool(workers) if workers > 1 else None
+    try:
+        src, classes, num_classes, plan, report = _open_and_plan(
+            source, layout, output, outputs, split=split, images_dir=images_dir,
+            masks_dir=masks_dir, lst_root=lst_root, follow_symlinks=follow_symlinks,
+            classes=classes, num_classes=num_classes, val_ratio=val_ratio, shuffle=shuffle,
+            seed=seed, on_error=on_error)
+        opts, options = encode_options(
+            src, num_classes, encoding=encoding, quality=quality, resize=resize,
+            ignore_label=ignore_label, max_pixels=max_pixels, mask_encoding=mask_encoding,
+            max_file_bytes=max_file_bytes, shuffle=shuffle, seed=seed, val_ratio=val_ratio,
+            on_error=on_error)
+        splits, meta, digest = _drive_args(src, plan, opts, options, classes, num_classes,
+                                           report)
+    except BaseException:
+        if pool is not None:
+            _stop_pool(pool)
+        raise
+    return drive(output, outputs, splits, partial(_work, opts=opts), digest=digest,
+                 root=src.root, options=options, report=report, finish_meta=meta,
+                 source=source, workers=workers, overwrite=overwrite, on_error=on_error,
+                 resume=resume, checkpoint_every=checkpoint_every, progress=progress, t0=t0,
+                 pool=pool)
 
 
 def _open_and_plan(source: str, layout: Optional[str], output: str, outputs, *,
@@ -251,11 +262,11 @@ def _open_and_plan(source: str, layout: Optional[str], output: str, outputs, *,
     return src, classes, num_classes, plan, report
 
 
-def _drive_plan(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions, options: dict,
-                classes, num_classes, report: ConversionReport, output: str, outputs,
-                **run) -> ConversionReport:
-    """Hand a planned conversion to :func:`~.loop.drive`: one job list per split, each
-    split's metadata made from the source and the plan; ``run``: drive's run options."""
+def _drive_args(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions, options: dict,
+                classes, num_classes, report: ConversionReport):
+    """What :func:`~.loop.drive` takes of a planned conversion: ``(splits, finish_meta,
+    digest)``, one job list per split, each split's metadata made from the source and the
+    plan, and the plan's digest (every file stamped)."""
     seg = src.task == "segmentation"
     splits = {s: SplitJobs(len(items), partial(_from, list(enumerate(items))),
                            partial(_item_key, items),
@@ -268,9 +279,7 @@ def _drive_plan(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions, o
         meta.update(_split_fields(src, s, digest, w, st, plan[s]))
         return meta
 
-    return drive(output, outputs, splits, partial(_work, opts=opts),
-                 digest=_plan_digest(src, plan, opts, options), root=src.root, options=options,
-                 report=report, finish_meta=finish_meta, **run)
+    return splits, finish_meta, _plan_digest(src, plan, opts, options)
 
 
 def _from(jobs: list, start: int) -> list:

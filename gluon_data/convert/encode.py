@@ -340,9 +340,14 @@ def _work(job, opts: EncodeOptions):
     record_id = item.key if item.key is not None else pos
     try:
         payload, info = encode_item(item, record_id, opts)
-        return pos, payload, info, None
     except GluonDataError as e:
         return pos, None, None, (e.path or item.name, e.reason)
+    if info.get("palette"):  # to the parent as one object, not 768 ints to pickle
+        try:
+            info["palette"] = bytes(info["palette"])
+        except (TypeError, ValueError):  # not bytes-sized: as it is
+            pass
+    return pos, payload, info, None
 
 
 def _legacy_work(job, opts: EncodeOptions, raw_as: str):

@@ -172,7 +172,7 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
           workers: int = 1, overwrite: bool = False, on_error: str = "fail",
           resume: bool = False, checkpoint_every: Optional[int] = None,
           progress: bool = False, verb: str = "convert",
-          t0: Optional[float] = None) -> ConversionReport:
+          t0: Optional[float] = None, pool=None) -> ConversionReport:
     """Run a planned conversion into ``output``: ``fn((pos, item))`` gives ``(pos, payload,
     info, error)`` for each job (in ``workers`` spawned processes when more than one), the
     payloads are written in order, a checkpoint is taken every ``checkpoint_every`` items
@@ -180,13 +180,17 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
     stats, digest)`` gives each split's metadata, then every split is published. ``digest``
     identifies the conversion (a checkpoint of another one is refused); with ``resume``,
     outputs already complete (same ``root`` and ``options``) are recognised. Failure: see
-    :func:`~gluon_data.convert.outputs._fail`."""
+    :func:`~gluon_data.convert.outputs._fail`. ``pool``: the workers' pool already started
+    (while the caller planned), this run's to close or stop."""
     t0 = time.perf_counter() if t0 is None else t0
     writers: Dict[str, object] = {}
     stats: Dict[str, RunningStats] = {}
-    pool = None
-    # one writer per output at a time, from the first look at the checkpoint to publish
-    lock = _output_lock(output, list(splits), outputs.name)
+    try:  # one writer per output at a time, from the first look at the checkpoint to publish
+        lock = _output_lock(output, list(splits), outputs.name)
+    except BaseException:
+        if pool is not None:
+            _stop_pool(pool)
+        raise
     try:
         ckpt = _Checkpoint(output, digest, outputs)
         state = ckpt.load() if resume else None
@@ -200,7 +204,8 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
         # started before the writers are opened: the workers import while this sets up
         # (spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
         # the parent's threads left it and can deadlock in its first OpenCV call)
-        pool = _start_pool(workers) if workers > 1 else None
+        if pool is None and workers > 1:
+            pool = _start_pool(workers)
         bar = progress_bar(sum(s.count for s in splits.values()), verb, enabled=progress)
         try:
             writers = _open_writers(outputs, output, splits, overwrite, state, report)
@@ -228,8 +233,11 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
         finally:
             if pool is not None:
                 _stop_pool(pool)
+                pool = None
             bar.close()
         report.seconds = time.perf_counter() - t0
         return report
     finally:
+        if pool is not None:  # a finished resume, a checkpoint that could not be read
+            _stop_pool(pool)
         lock.release()
