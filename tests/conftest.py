@@ -72,3 +72,13 @@ def same_output_bytes(a, b):
     if a.endswith(".gdx") and len(da) == len(db) >= 72:
         da, db = (x[:16] + x[24:64] + x[72:] for x in (da, db))
     return da == db
+
+
+def pytest_xdist_auto_num_workers(config):
+    """The workers of ``-n logical`` (pyproject.toml's addopts, capped at two there): none for
+    a run of one test file, which then runs in this process (no workers to start, ``print``
+    and ``--pdb`` as usual); xdist's count of the CPUs otherwise."""
+    files = {str(a).split("::")[0] for a in config.args}
+    if len(files) == 1 and next(iter(files)).endswith(".py"):
+        return 0
+    return None
