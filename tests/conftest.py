@@ -82,3 +82,15 @@ def pytest_xdist_auto_num_workers(config):
     if len(files) == 1 and next(iter(files)).endswith(".py"):
         return 0
     return None
+
+
+# The longest files, longest first (650 s to 100 s each on 2 busy cores): they start first, so the
+# two workers do not end on one of them while the other waits (the rest keep their order).
+LONG_FILES = ("test_contract.py", "test_remote.py", "test_reliability.py", "test_errors.py",
+              "test_bench.py", "test_installed_wheel.py", "test_distributed.py",
+              "test_lmdb.py", "test_security.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
