@@ -74,6 +74,7 @@ def same_output_bytes(a, b):
     return da == db
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
 def pytest_xdist_auto_num_workers(config):
     """The workers of ``-n logical`` (pyproject.toml's addopts, capped at two there): none for
     a run of one test file, which then runs in this process (no workers to start, ``print``
