@@ -72,3 +72,26 @@ def same_output_bytes(a, b):
     if a.endswith(".gdx") and len(da) == len(db) >= 72:
         da, db = (x[:16] + x[24:64] + x[72:] for x in (da, db))
     return da == db
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
+def pytest_xdist_auto_num_workers(config):
+    """The workers of ``-n logical`` (pyproject.toml's addopts, capped at two there): none for
+    a run of one test file, which then runs in this process (no workers to start, ``print``
+    and ``--pdb`` as usual); xdist's count of the CPUs otherwise."""
+    files = {str(a).split("::")[0] for a in config.args}
+    if len(files) == 1 and next(iter(files)).endswith(".py"):
+        return 0
+    return None
+
+
+# The longest files, longest first (650 s to 100 s each on 2 busy cores): they start first, so the
+# two workers do not end on one of them while the other waits (the rest keep their order).
+LONG_FILES = ("test_contract.py", "test_remote.py", "test_reliability.py", "test_errors.py",
+              "test_bench.py", "test_installed_wheel.py", "test_distributed.py",
+              "test_lmdb.py", "test_security.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))

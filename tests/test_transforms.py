@@ -44,7 +44,13 @@ GEOMETRIC = [T.RandomHorizontalFlip(p=1.0), T.RandomScale(base_size=48),
              T.ColorJitter(), T.RandomGaussianBlur(p=0.0)]
 
 
-@pytest.mark.parametrize("t", GEOMETRIC, ids=repr)
+def _transform_id(t):
+    """A test id that is the same in every process (parallel workers compare their ids): the
+    transform's repr, or its class name where the repr is the default (an address)."""
+    return type(t).__name__ if type(t).__repr__ is object.__repr__ else repr(t)
+
+
+@pytest.mark.parametrize("t", GEOMETRIC, ids=_transform_id)
 def test_every_transform_keeps_image_and_mask_aligned(t):
     for seed in range(5):
         img, mask = painted_pair(seed)
