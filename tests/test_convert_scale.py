@@ -80,6 +80,24 @@ def test_a_worker_imports_the_encoder_not_the_writers():
     assert out.returncode == 0, out.stderr
 
 
+def test_the_cli_package_imports_without_its_commands():
+    """A spawned conversion worker started from the ``gluon-data`` script re-imports the
+    script's module, which imports ``gluon_data.cli``: that must not load the parser, the
+    commands and what they import (the converters, the remote stores); its names still
+    resolve, and ``main`` still runs."""
+    code = ("import sys, gluon_data.cli as cli\n"
+            "heavy = sorted(m for m in sys.modules if m.startswith(('gluon_data.cli.parser', "
+            "'gluon_data.cli.commands', 'gluon_data.convert', 'gluon_data.remote')))\n"
+            "assert not heavy, heavy\n"
+            "from gluon_data.cli import build_parser, storage_option_parser, describe, run_demo\n"
+            "assert callable(build_parser) and cli.describe is describe\n"
+            "try:\n    cli.main(['--version'])\nexcept SystemExit as e:\n"
+            "    assert e.code == 0, e.code\nelse:\n    raise AssertionError('no exit')\n")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
 def test_listing_resolves_each_folder_once(voc150, monkeypatch):
     """Every listed file is checked against the root (symlinks included) with one ``lstat``,
     its folder resolved once per listing, not every path component of every file again."""

@@ -2,20 +2,39 @@
 
 :mod:`.parser` builds the command line, :mod:`.commands` runs each command,
 :mod:`.signals` decides how it ends, :mod:`.bench` loads the benchmark harness of a
-source checkout."""
+source checkout.
+
+Importing this package is cheap (the parser and the commands load when :func:`main` runs):
+a spawned worker of a conversion started from the ``gluon-data`` script imports the script's
+module again, and so this package, before its task."""
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 from typing import List, Optional
 
 from ..errors import GluonDataError
 from .bench import BENCH_MODULE, bench_path, load_bench  # noqa: F401
-from .commands import describe, run_demo  # noqa: F401
-from .parser import build_parser, storage_option_parser
 from .signals import _Terminated, _catch_sigterm, _stdout_closed
 
 __all__ = ["main", "storage_option_parser"]
+
+_LAZY = {"build_parser": ".parser", "storage_option_parser": ".parser",
+         "describe": ".commands", "run_demo": ".commands"}
+
+
+def __getattr__(name):
+    """``build_parser``, ``storage_option_parser``, ``describe`` and ``run_demo`` (and the
+    submodules), loaded on first use."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    elif name in ("parser", "commands"):
+        value = importlib.import_module("." + name, __name__)
+    else:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    globals()[name] = value
+    return value
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -29,6 +48,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                   "the harness's path", file=sys.stderr)
             return 2
         return bench.main(argv[1:])
+    from .parser import build_parser  # the commands load here, not when the package does
     parser = build_parser()
     args = parser.parse_args(argv)
     old = _catch_sigterm()
