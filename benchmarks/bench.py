@@ -63,7 +63,7 @@ from gluon_data_bench_cls import (  # noqa: E402 (loaded just above)
     classification_rates, run_classification)
 from gluon_data_bench_common import (  # noqa: E402
     RatioTable, _cpu_s, _decode_pairs, _forked_decode_rate, _forked_rate, _loader_rates, _rate,
-    _ratio_row, _ratio_table, _say_cpu, _seg_train_kw, make_dataset)
+    _ratio_row, _ratio_table, _say_cpu, _say_rates, _seg_train_kw, make_dataset)
 from gluon_data_bench_reads import READ_RATIOS, read_rates, run_read_bench  # noqa: E402
 from gluon_data_bench_scale import (  # noqa: E402
     _say_scale, _scale_rows, index_costs, run_scale, scale_costs)
@@ -301,10 +301,7 @@ def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table
     target (``conv_table``: bench_convert.py's, with its targets; ``slow``: the slow-device
     rows; ``region``: bench_region.py's), a summary of the targets, the notes and each
     step's time; returns the ratio table."""
-    say("")
-    say("%-56s %12s" % ("measurement (items/s)", "rate"))
-    for k, v in results.items():
-        say("%-56s %12.0f" % (k, v))
+    _say_rates(say, results)
     _say_cpu(say, cpu)
     say("")
     say("%-56s %12s" % ("index (scaled to 1M records)", "value"))

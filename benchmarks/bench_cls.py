@@ -16,7 +16,7 @@ from gluon_data.cli.bench import load_bench_part
 load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
 
 from gluon_data_bench_common import (  # noqa: E402 (loaded just above)
-    _CountBatchify, _loader_rates, _ratio_table, _say_cpu, make_dataset)
+    _CountBatchify, _loader_rates, _ratio_table, _say_cpu, _say_rates, make_dataset)
 
 
 _DALI = r"""
@@ -257,10 +257,7 @@ def run_classification(workdir: str, n: int = 2000, workers: int = 2, out=sys.st
     cpu: dict = {}
     results = classification_rates(stock_rec, n, workers, epochs, dali_python, notes,
                                    shards=shards, cpu=cpu)
-    say("")
-    say("%-56s %12s" % ("measurement (items/s)", "rate"))
-    for k, v in results.items():
-        say("%-56s %12.0f" % (k, v))
+    _say_rates(say, results)
     _say_cpu(say, cpu)
     say("")
     table = _ratio_table(_CLS_RATIOS, results, say)

@@ -4,11 +4,11 @@ CPU and memory readings, and the ratio table. Loaded by the harness as module
 ``gluon_data_bench_common`` (``gluon_data.cli.load_bench_part``)."""
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import time
 from typing import Optional, Tuple
+from unittest import mock
 
 import numpy as np
 
@@ -161,19 +161,16 @@ def _evict(paths) -> bool:
     return True
 
 
-@contextlib.contextmanager
 def _environ(**values):
     """Environment variables set for the block (inherited by processes forked in it)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return mock.patch.dict(os.environ, values)
+
+
+def _say_rates(say, results: dict) -> None:
+    say("")
+    say("%-56s %12s" % ("measurement (items/s)", "rate"))
+    for k, v in results.items():
+        say("%-56s %12.0f" % (k, v))
 
 
 def _say_cpu(say, cpu: dict) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import io
 import os
 import sys
+from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "cli.md")
@@ -30,20 +31,10 @@ Generated from `gluon-data --help` by `python scripts/gen_cli_docs.py`; do not e
 """
 
 
-@contextlib.contextmanager
 def _environment():
     """COLUMNS fixed, and the checkout's harness found, for the time of the rendering."""
-    saved = {k: os.environ.get(k) for k in ("COLUMNS", "GLUON_DATA_BENCH")}
-    os.environ["COLUMNS"] = COLUMNS
-    os.environ["GLUON_DATA_BENCH"] = os.path.join(ROOT, "benchmarks", "bench.py")
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return mock.patch.dict(os.environ, {"COLUMNS": COLUMNS, "GLUON_DATA_BENCH": os.path.join(
+        ROOT, "benchmarks", "bench.py")})
 
 
 def _subparsers(parser):

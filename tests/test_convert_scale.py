@@ -61,6 +61,13 @@ def test_due_checkpoints_wait_for_64_items_and_skip_the_last(voc150, tmp_path, m
     assert done == (list(range(20, train, 20)) + [train] + list(range(20, val, 20)))
 
 
+def _python_ok(code: str) -> None:
+    """Run ``code`` in a fresh interpreter on this checkout; it must exit 0."""
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
 def test_a_worker_imports_the_encoder_not_the_writers():
     """A worker unpickles ``encode._work``: that loads the encoder and what it reads with,
     not the loop, the writers, the copy and sharded drivers (their import was most of a
@@ -75,9 +82,7 @@ def test_a_worker_imports_the_encoder_not_the_writers():
             "import gluon_data.convert as c\n"
             "assert c.convert is convert and c._Stats.__name__ == 'RunningStats'\n"
             "assert set(c.__all__) <= set(dir(c))\n")
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT),
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    _python_ok(code)
 
 
 def test_the_cli_package_imports_without_its_commands():
@@ -93,9 +98,7 @@ def test_the_cli_package_imports_without_its_commands():
             "assert callable(build_parser) and cli.describe is describe\n"
             "try:\n    cli.main(['--version'])\nexcept SystemExit as e:\n"
             "    assert e.code == 0, e.code\nelse:\n    raise AssertionError('no exit')\n")
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=ROOT),
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    _python_ok(code)
 
 
 def test_listing_resolves_each_folder_once(voc150, monkeypatch):
