@@ -236,8 +236,11 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
         futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,
                              retries=retries)
         index = {f.key: i for i, f in enumerate(futures)}
-        for fut in dd.as_completed(futures):
-            yield index[fut.key], fut.result()
+        # results gathered by as_completed on the client's own loop: this thread only waits
+        # on a condition, so a Ctrl-C lands there and never inside Client.sync, whose cancel
+        # callback logs a NameError traceback when interrupted before its future exists
+        for fut, result in dd.as_completed(futures, with_results=True):
+            yield index[fut.key], result
     finally:
         with sigint_blocked():  # a second Ctrl-C waits until the cluster is closed
             if client is not None:
