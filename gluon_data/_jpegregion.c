@@ -17,8 +17,12 @@
  * end-of-image marker.
  *
  * None: the stream is valid so far but not one this decoder reproduces exactly (CMYK/YCCK,
- * arithmetic coding, not 1 or 3 components): the caller decodes it whole.
- * ValueError with libjpeg's message: corrupt or truncated data.
+ * arithmetic coding, not 1 or 3 components): the caller decodes it whole. Which JPEGs are
+ * sent here at all is decided in Python (gluon_data.decode): only the variants that the
+ * decoder of record (simplejpeg's libjpeg-turbo) reads identically.
+ * ValueError: a box that is empty, negative or outside the image the frame header declares
+ * (checked after reading the header and before the output is allocated, so a huge box on a
+ * small image costs nothing), or corrupt or truncated data (libjpeg's message).
  * The GIL is released while libjpeg runs (the buffer is pinned by the Py_buffer).
  */
 #define PY_SSIZE_T_CLEAN
@@ -54,12 +58,28 @@ static void on_message(j_common_ptr cinfo, int level)
         on_error(cinfo);
 }
 
-enum { DONE = 0, FALLBACK = 1, FAILED = 2, NOMEM = 3 };
+/* FAILED: libjpeg's message is in err->message; RAISED: a Python exception is set. */
+enum { DONE = 0, FALLBACK = 1, FAILED = 2, NOMEM = 3, RAISED = 4 };
 
-/* The decode itself, without the GIL. Fills out (h x w x channels). */
-static int run(struct jpeg_decompress_struct *cinfo, struct err_mgr *err,
-               const unsigned char *data, size_t size, int y0, int x0, int y1, int x1,
-               int colour, int strict, unsigned char *out, int *dims_ok)
+/* The header, without the GIL: DONE (cinfo holds the frame's size), FALLBACK or FAILED. */
+static int read_header(struct jpeg_decompress_struct *cinfo, struct err_mgr *err,
+                       const unsigned char *data, size_t size)
+{
+    if (setjmp(err->jump))
+        return FAILED;
+    jpeg_mem_src(cinfo, (unsigned char *)data, (unsigned long)size);
+    jpeg_read_header(cinfo, TRUE);
+    if (cinfo->arith_code || !(cinfo->num_components == 1 || cinfo->num_components == 3) ||
+        cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK ||
+        cinfo->jpeg_color_space == JCS_UNKNOWN)
+        return FALLBACK;
+    return DONE;
+}
+
+/* The decode itself, after read_header() and without the GIL. Fills out (h x w x channels);
+ * the box lies inside the image (checked by the caller against the header). */
+static int run(struct jpeg_decompress_struct *cinfo, struct err_mgr *err, int y0, int x0,
+               int y1, int x1, int colour, int strict, unsigned char *out)
 {
     JSAMPROW row;
     JDIMENSION xoff, cw, skip;
@@ -70,16 +90,6 @@ static int run(struct jpeg_decompress_struct *cinfo, struct err_mgr *err,
         free(err->row);
         err->row = NULL;
         return FAILED;
-    }
-    jpeg_mem_src(cinfo, (unsigned char *)data, (unsigned long)size);
-    jpeg_read_header(cinfo, TRUE);
-    if (cinfo->arith_code || !(cinfo->num_components == 1 || cinfo->num_components == 3) ||
-        cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK ||
-        cinfo->jpeg_color_space == JCS_UNKNOWN)
-        return FALLBACK;
-    if ((int)cinfo->image_height < y1 || (int)cinfo->image_width < x1) {
-        *dims_ok = 0;
-        return FALLBACK;
     }
     cinfo->out_color_space = colour ? JCS_RGB : JCS_GRAYSCALE;
     cinfo->dct_method = JDCT_ISLOW;
@@ -130,23 +140,19 @@ static int run(struct jpeg_decompress_struct *cinfo, struct err_mgr *err,
 static PyObject *decode(PyObject *self, PyObject *args)
 {
     Py_buffer view;
-    int y0, x0, y1, x1, colour, strict = 1, rc, dims_ok = 1;
+    int y0, x0, y1, x1, colour, strict = 1, rc;
+    JDIMENSION height, width;
     struct jpeg_decompress_struct cinfo;
     struct err_mgr err;
-    PyObject *out;
+    PyObject *out = NULL;
 
     if (!PyArg_ParseTuple(args, "y*iiiip|p", &view, &y0, &x0, &y1, &x1, &colour,
                           &strict))
         return NULL;
     if (y0 < 0 || x0 < 0 || y1 <= y0 || x1 <= x0) {
         PyBuffer_Release(&view);
-        PyErr_Format(PyExc_IndexError, "box (%d, %d, %d, %d) is empty or negative",
+        PyErr_Format(PyExc_ValueError, "box (%d, %d, %d, %d) is empty or negative",
                      y0, x0, y1, x1);
-        return NULL;
-    }
-    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(y1 - y0) * (x1 - x0) * (colour ? 3 : 1));
-    if (out == NULL) {
-        PyBuffer_Release(&view);
         return NULL;
     }
     memset(&cinfo, 0, sizeof(cinfo));
@@ -156,25 +162,38 @@ static PyObject *decode(PyObject *self, PyObject *args)
     err.message[0] = '\0';
     jpeg_create_decompress(&cinfo);
     Py_BEGIN_ALLOW_THREADS
-    rc = run(&cinfo, &err, (const unsigned char *)view.buf, (size_t)view.len, y0, x0, y1, x1,
-             colour, strict, (unsigned char *)PyByteArray_AS_STRING(out), &dims_ok);
-    jpeg_destroy_decompress(&cinfo);
+    rc = read_header(&cinfo, &err, (const unsigned char *)view.buf, (size_t)view.len);
     Py_END_ALLOW_THREADS
+    height = cinfo.image_height;
+    width = cinfo.image_width;
+    if (rc == DONE && ((JDIMENSION)y1 > height || (JDIMENSION)x1 > width)) {
+        PyErr_Format(PyExc_ValueError, "box (%d, %d, %d, %d) lies outside the %ux%u image "
+                     "its frame header declares", y0, x0, y1, x1, (unsigned)width,
+                     (unsigned)height);
+        rc = RAISED;
+    } else if (rc == DONE) {  /* the box is inside the image: at most its size is allocated */
+        out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(y1 - y0) * (Py_ssize_t)(x1 - x0)
+                                            * (colour ? 3 : 1));
+        if (out == NULL) {
+            rc = RAISED;
+        } else {
+            Py_BEGIN_ALLOW_THREADS
+            rc = run(&cinfo, &err, y0, x0, y1, x1, colour, strict,
+                     (unsigned char *)PyByteArray_AS_STRING(out));
+            Py_END_ALLOW_THREADS
+        }
+    }
+    jpeg_destroy_decompress(&cinfo);
     PyBuffer_Release(&view);
     if (rc == DONE)
         return Py_BuildValue("(Ni)", out, colour ? 3 : 1);
-    Py_DECREF(out);
-    if (rc == FAILED) {
-        PyErr_SetString(PyExc_ValueError, err.message);
-        return NULL;
-    }
+    Py_XDECREF(out);
     if (rc == NOMEM)
         return PyErr_NoMemory();
-    if (!dims_ok) {
-        PyErr_Format(PyExc_IndexError, "box (%d, %d, %d, %d) is outside the image",
-                     y0, x0, y1, x1);
+    if (rc == FAILED)
+        PyErr_SetString(PyExc_ValueError, err.message);
+    if (rc == FAILED || rc == RAISED)
         return NULL;
-    }
     Py_RETURN_NONE;
 }
 
@@ -183,7 +202,8 @@ static PyMethodDef methods[] = {
      "decode(buf, y0, x0, y1, x1, colour) -> (bytearray, channels) or None: the box "
      "[y0:y1, x0:x1] of the strict full decode (RGB or grey), decoding only that region; "
      "None for a JPEG this decoder does not reproduce exactly (CMYK, arithmetic coding); "
-     "ValueError for corrupt data."},
+     "ValueError for corrupt data or a box outside the image its header declares (checked "
+     "before anything is allocated)."},
     {NULL, NULL, 0, NULL}
 };
 

@@ -27,7 +27,7 @@ __all__ = [
     "RECORDIO_MAGIC", "MAX_RECORD_BYTES", "DEFAULT_MAX_PIXELS",
     "frame", "unframe", "Record",
     "pack_classification", "pack_segmentation", "unpack", "record_checksum",
-    "image_size", "decode_image", "decode_mask", "encode_mask",
+    "JpegFrame", "jpeg_frame", "image_size", "decode_image", "decode_mask", "encode_mask",
     "encode_raw", "is_raw",
 ]
 
@@ -333,41 +333,88 @@ _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
-def image_size(buf) -> Optional[Tuple[int, int]]:
-    """``(height, width)`` read from a PNG or JPEG header without decoding, else ``None``.
+class JpegFrame(NamedTuple):
+    """What a JPEG's frame header (its first SOF marker segment) declares.
 
-    A JPEG's segments are walked up to its frame header however far it lies (a large
-    comment or EXIF segment must not hide the size), stopping at the first scan.
+    ``marker`` is the SOF marker's second byte: ``0xC0`` baseline, ``0xC1`` extended,
+    ``0xC2`` progressive, ``0xC3`` lossless (all Huffman-coded), ``0xC5``..``0xC7``
+    hierarchical, ``0xC9``..``0xCF`` arithmetic-coded. ``sampling`` holds each component's
+    ``(horizontal, vertical)`` sampling factors, in frame order (``()`` where the header is cut
+    short after the size).
     """
+
+    marker: int
+    precision: int
+    height: int
+    width: int
+    sampling: Tuple[Tuple[int, int], ...]
+
+
+def jpeg_frame(buf) -> Optional[JpegFrame]:
+    """The frame header of a JPEG, read without decoding.
+
+    The segments are walked up to the frame header however far it lies (a large comment or
+    EXIF segment must not hide it), stopping at the first scan. This is the one JPEG header
+    parser: :func:`image_size` and the region decoder's choice of files
+    (:func:`gluon_data.decode.region_exact`) both read it.
+
+    Parameters
+    ----------
+    buf : bytes-like
+        The file's bytes (only the header is read).
+
+    Returns
+    -------
+    JpegFrame or None
+        ``None`` for bytes that are not a JPEG, or a JPEG without a frame header before its
+        first scan.
+
+    Examples
+    --------
+    >>> jpeg_frame(cv2.imencode(".jpg", np.zeros((5, 7, 3), np.uint8))[1].tobytes())
+    JpegFrame(marker=192, precision=8, height=5, width=7, sampling=((2, 2), (1, 1), (1, 1)))
+    """
+    b = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
+    if bytes(b[:2]) != b"\xff\xd8":
+        return None
+    i, n = 2, len(b)
+    while i + 4 <= n:
+        if b[i] != 0xFF:
+            return None
+        marker = b[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image, or a scan before any frame header
+            return None
+        seglen = (b[i + 2] << 8) | b[i + 3]
+        if marker in _SOF_MARKERS:
+            if i + 9 > n:
+                return None
+            precision, h, w = struct.unpack(">BHH", bytes(b[i + 4:i + 9]))
+            ncomp = b[i + 9] if i + 10 <= n else 0
+            factors = bytes(b[i + 10:i + 10 + 3 * ncomp])
+            sampling = (tuple((f >> 4, f & 15) for f in factors[1::3])
+                        if len(factors) == 3 * ncomp else ())
+            return JpegFrame(marker, precision, h, w, sampling)
+        i += 2 + seglen
+    return None
+
+
+def image_size(buf) -> Optional[Tuple[int, int]]:
+    """``(height, width)`` read from a PNG or JPEG header without decoding, else ``None``
+    (a JPEG's from :func:`jpeg_frame`)."""
     b = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
     if bytes(b[:8]) == _PNG_SIG:
         if len(b) >= 24 and bytes(b[12:16]) == b"IHDR":
             w, h = struct.unpack(">II", bytes(b[16:24]))
             return h, w
         return None
-    if bytes(b[:2]) == b"\xff\xd8":
-        i, n = 2, len(b)
-        while i + 4 <= n:
-            if b[i] != 0xFF:
-                return None
-            marker = b[i + 1]
-            if marker == 0xFF:  # fill byte
-                i += 1
-                continue
-            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-                i += 2
-                continue
-            if marker in (0xD9, 0xDA):  # end of image, or a scan before any frame header
-                return None
-            seglen = (b[i + 2] << 8) | b[i + 3]
-            if marker in _SOF_MARKERS:
-                if i + 9 > n:
-                    return None
-                h, w = struct.unpack(">HH", bytes(b[i + 5:i + 9]))
-                return h, w
-            i += 2 + seglen
-        return None
-    return None
+    frame = jpeg_frame(b)
+    return None if frame is None else (frame.height, frame.width)
 
 
 def _header_size(buf) -> Optional[Tuple[int, int]]:
@@ -386,21 +433,42 @@ def _header_size(buf) -> Optional[Tuple[int, int]]:
         return None
 
 
-try:  # libjpeg-turbo with warnings as errors: corrupt entropy data fails instead of decoding
+try:  # the JPEG decoder of record (see _decode_jpeg_strict); a declared dependency
     import simplejpeg as _sj
-except ImportError:  # pragma: no cover - optional; OpenCV then decodes every JPEG
+except ImportError:  # pragma: no cover - a broken install; OpenCV then decodes every JPEG
     _sj = None
+
+
+#: libjpeg-turbo's words for a JPEG that is valid but of a variant it does not decode (as
+#: opposed to corrupt data): "Unsupported JPEG process", "Unsupported color conversion
+#: request", TurboJPEG's "Could not determine subsampling level".
+_UNSUPPORTED = ("Unsupported", "subsampling level")
 
 
 def _decode_jpeg_strict(buf, flag: int, what: str):
     """Strict JPEG decode (RGB or grey), or ``None`` without simplejpeg. Like
-    ``mx.image.imdecode`` (whose OpenCV predates EXIF support), EXIF orientation is ignored."""
+    ``mx.image.imdecode`` (whose OpenCV predates EXIF support), EXIF orientation is ignored.
+
+    The **decoder of record**: simplejpeg's libjpeg-turbo (TurboJPEG API, warnings as errors)
+    alone decides which JPEGs are valid and what their pixels are, for conversion, ``verify
+    --deep`` and every read. It ships inside simplejpeg's wheel, so it is the same library on
+    every machine, whereas the optional region decoder links whatever libjpeg-turbo the
+    system has; :mod:`gluon_data.decode` sends that one only the JPEG variants both read
+    identically. What it accepts: baseline, extended, progressive and lossless (SOF3)
+    Huffman JPEGs whose chroma layout TurboJPEG names (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1,
+    4:4:1, grey, CMYK); it refuses other sampling factors (3x1, 2x4, 1x3, mixed: "Could not
+    determine subsampling level"), which stock libjpeg would read.
+    """
     if _sj is None:
         return None
     try:
         return _sj.decode_jpeg(bytes(buf), colorspace="RGB" if flag == 1 else "GRAY",
                                strict=True)
     except ValueError as e:
+        if any(word in str(e) for word in _UNSUPPORTED):  # valid, but a variant it lacks
+            raise DecodeError("%s: unsupported JPEG variant, which the decoder of record "
+                              "(libjpeg-turbo in simplejpeg) does not read (%s)"
+                              % (what, e)) from None
         raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
 
 
@@ -444,9 +512,11 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
     """Decode image bytes to an HWC uint8 numpy array, RGB for ``flag=1``, HW1 grey for 0.
 
     Same output as ``mx.image.imdecode(buf, flag)`` (EXIF orientation is ignored, as there).
-    JPEGs are decoded strictly with libjpeg-turbo (simplejpeg): corrupt entropy data is an
-    error instead of a grey or smeared picture. Raw arrays (:func:`encode_raw`) are returned
-    as stored. Raises :class:`DecodeError` for every kind of bad input.
+    JPEGs are decoded strictly by the decoder of record, libjpeg-turbo in simplejpeg (see
+    :func:`_decode_jpeg_strict`): corrupt entropy data is an error instead of a grey or
+    smeared picture, and a JPEG it refuses is refused everywhere (conversion, ``verify
+    --deep``, region decoding). Raw arrays (:func:`encode_raw`) are returned as stored.
+    Raises :class:`DecodeError` for every kind of bad input.
     """
     if flag not in (0, 1):
         raise ValueError("flag must be 0 (grey) or 1 (colour), got %r" % (flag,))
