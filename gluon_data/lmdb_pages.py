@@ -33,7 +33,8 @@ import lmdb
 import numpy as np
 
 from .errors import CorruptRecordError, FormatError
-from .fileio import ProcessDescriptor, advise_willneed
+from .fileio import ProcessDescriptor, advise_willneed, replaced_error
+from .recindex import file_stamp
 from .store import valid_positions
 
 __all__ = ["META_DB", "MAX_DBS", "LMDB_MAGIC", "KNOWN_DATA_VERSIONS", "KNOWN_LIBRARIES",
@@ -65,23 +66,27 @@ _PGNO = struct.Struct("<Q")
 _OVERFLOW_HEAD = struct.Struct("<QHHI")  # pgno, pad, flags, number of pages
 
 
-def _read_head(data: str) -> bytes:
-    """The first 128 KB of ``data.mdb``: both meta pages at any page size LMDB allows."""
+def _read_head(data: str, fd: Optional[int] = None) -> bytes:
+    """The first 128 KB of ``data.mdb`` (through ``fd`` where one is given): both meta pages
+    at any page size LMDB allows."""
+    if fd is not None:
+        return os.pread(fd, 2 * 65536, 0)
     with open(data, "rb") as f:
         return f.read(2 * 65536)
 
 
-def check_data_file(path: str) -> int:
+def check_data_file(path: str, fd: Optional[int] = None) -> int:
     """Refuse a missing, empty or truncated ``data.mdb`` before LMDB maps it (SIGBUS);
-    return the size in bytes its newest meta page needs."""
+    return the size in bytes its newest meta page needs. ``fd``: a descriptor already open on
+    the ``data.mdb`` to check (the one the caller will map), read instead of the path."""
     if not os.path.isdir(path):
         raise FormatError("not an LMDB environment: %s" % ("no such directory"
                           if not os.path.exists(path) else "not a directory"), path)
     data = os.path.join(path, "data.mdb")
-    if not os.path.isfile(data):
+    if fd is None and not os.path.isfile(data):
         raise FormatError("not an LMDB environment: no data.mdb in it", path)
-    size = os.path.getsize(data)
-    head = _read_head(data)
+    size = os.path.getsize(data) if fd is None else os.fstat(fd).st_size
+    head = _read_head(data, fd)
     if len(head) < 160:
         raise FormatError("data.mdb is empty or truncated (%d bytes)" % size, data)
     magic, = struct.unpack_from("<I", head, _META_MAGIC_AT)
@@ -248,12 +253,26 @@ class _ValueLocations:
         return view[_PAGEHDRSZ:]
 
 
-def _opened(fd: int) -> int:
-    """A page reader's descriptor reads only the pages asked for (``POSIX_FADV_RANDOM``);
-    the size of ``data.mdb`` as opened bounds every read."""
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-    return os.fstat(fd).st_size
+class _Opened:
+    """``on_open`` of a page reader's descriptor: it must name the ``data.mdb`` the dataset
+    was opened on (``stamp``: device, inode, size, mtime; ``None``: not checked), it reads
+    only the pages asked for (``POSIX_FADV_RANDOM``), and the size of ``data.mdb`` as opened
+    bounds every read."""
+
+    __slots__ = ("path", "stamp")
+
+    def __init__(self, path: str, stamp: Optional[tuple]):
+        self.path, self.stamp = path, stamp
+
+    def __call__(self, fd: int) -> int:
+        st = os.fstat(fd)
+        if self.stamp is not None and file_stamp(st) != self.stamp:
+            raise replaced_error(self.path, self.stamp, file_stamp(st),
+                                 consequence="its records are not the ones this dataset "
+                                 "was opened on")
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        return st.st_size
 
 
 class PageReader:
@@ -261,16 +280,29 @@ class PageReader:
     bytes) of the environment at ``path``; ``env`` is the split's
     :class:`~gluon_data.lmdbio.ProcessEnv`. Per process: one descriptor of ``data.mdb``
     (advised ``POSIX_FADV_RANDOM``, so a read fetches the value's pages and no more), the
-    location table, one scratch buffer per thread. Pickles without them."""
+    location table, one scratch buffer per thread. Pickles without them.
 
-    def __init__(self, path: str, split: str, n: int, psize: int, env):
+    ``stamp`` (:func:`~gluon_data.recindex.file_stamp` of ``data.mdb`` when the dataset was
+    opened) binds the descriptor to that file, as a RecordIO reader's is bound to its
+    ``.rec``: each process's descriptor is checked against it when opened (a path that now
+    names another file, or the file rewritten, is :class:`FormatError` "replaced"), so no
+    value is ever read from a file other than the one the environment maps."""
+
+    def __init__(self, path: str, split: str, n: int, psize: int, env,
+                 stamp: Optional[tuple] = None):
         self.path, self.split, self.n, self.psize, self._env = path, split, n, psize, env
+        self.stamp = stamp
         self._init_process()
 
     def _init_process(self) -> None:
         self._locations: Optional[_ValueLocations] = None
-        self._file = ProcessDescriptor(os.path.join(self.path, "data.mdb"), _opened)
+        self._file = ProcessDescriptor(os.path.join(self.path, "data.mdb"),
+                                       _Opened(self.path, self.stamp))
         self._scratch = threading.local()
+
+    def open(self) -> None:
+        """Open (and check) this process's descriptor now, if it is not open yet."""
+        self._file.get()
 
     @property
     def locations(self) -> _ValueLocations:
@@ -344,8 +376,9 @@ class PageReader:
             pass
 
     def __getstate__(self):
-        return {k: self.__dict__[k] for k in ("path", "split", "n", "psize", "_env")}
+        return {k: self.__dict__[k] for k in ("path", "split", "n", "psize", "_env", "stamp")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("stamp", None)  # pickled by an older version
         self._init_process()

@@ -11,7 +11,11 @@ Readers open the environment lazily in each process, read-only and without the l
 (``lock=False``: datasets are immutable once published, it works on read-only mounts, and no
 reader slot can leak), with one short read transaction per read. Before mapping, the file
 size is checked against the newest meta page so a truncated ``data.mdb`` raises
-:class:`FormatError` instead of killing the process with SIGBUS.
+:class:`FormatError` instead of killing the process with SIGBUS. The environments are cached
+per process by the file they map (device and inode of ``data.mdb``), never by path alone, and
+a reader is bound to the file it was opened on, as a RecordIO reader is (see
+:class:`LMDBFile`): a path republished or rewritten in place since is refused when a process
+first uses the reader, never read as if it were the dataset opened.
 
 Cold reads: values in LMDB's overflow pages (records bigger than about half a page) are
 read by :class:`~gluon_data.lmdb_pages.PageReader`, one ``pread`` per value, where the
@@ -21,7 +25,6 @@ environment's on-disk version is one it knows and it is not switched off
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
@@ -31,16 +34,17 @@ import numpy as np
 
 from .documents import load_document
 from .errors import CorruptRecordError, FormatError
-from .fileio import open_or_explain
+from .fileio import open_or_explain, replaced_error
 from .fsutil import register_sniffer
 from .lmdb_pages import MAX_DBS as _MAX_DBS
 from .lmdb_pages import META_DB, PageReader, direct_reads_refused, record_key
 from .lmdb_pages import check_data_file as _check_data_file
 from .lmdb_writer import LMDBWriter  # noqa: F401  (gluon_data.lmdbio.LMDBWriter)
+from .recindex import file_stamp
 from .store import is_uri, register_opener
 
 __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
-           "record_key", "shared_env"]
+           "record_key", "shared_env", "env_stamp"]
 
 def is_lmdb(path: str) -> bool:
     """Whether ``path`` is an LMDB environment directory (holds a ``data.mdb``)."""
@@ -82,31 +86,78 @@ def check_mapped(env: lmdb.Environment) -> None:
                           "dataset once it is complete" % (size, g[1]), g[2])
 
 
-def _open_env(path: str) -> lmdb.Environment:
-    data = os.path.join(path, "data.mdb")
-    need = _check_data_file(path)
-    fd = open_or_explain(data)
-    try:
-        # the data file itself (subdir=False): read-only without locks, the environment is
-        # that one file, so an environment rewritten in place (a new data.mdb beside an old
-        # lock.mdb) is not taken by py-lmdb for the one still open in this process
-        env = lmdb.open(data, readonly=True, lock=False, readahead=False, meminit=False,
-                        max_dbs=_MAX_DBS, subdir=False, create=False)
-    except lmdb.Error as e:
-        os.close(fd)
-        raise FormatError("cannot open LMDB environment: %s" % e, path) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    _GUARDS[id(env)] = (fd, need, data)
-    return env
-
-
-# One read-only environment per (file, process). LMDB forbids opening an environment twice
-# in a process (py-lmdb refuses it), and forbids using one inherited across fork: a child
-# closes what it inherited (which leaves the parent's untouched) and opens its own.
-_ENVS: Dict[tuple, Tuple[int, lmdb.Environment]] = {}
+# One read-only environment per (file, process), under the key (real path of the folder it
+# was first opened through, device, inode of the data.mdb it maps) and found by the device
+# and inode alone: those of the file opened, not of what the path named a moment before, so
+# the cache never hands out the environment of another file for the same path, and every
+# path to one file (a renamed folder, say) shares its environment. LMDB forbids opening an
+# environment twice in a process (py-lmdb refuses a second open of the same file), and
+# forbids using one inherited across fork: a child closes what it inherited (which leaves
+# the parent's untouched) and opens its own.
+_ENVS: Dict[Tuple[str, int, int], Tuple[int, lmdb.Environment]] = {}
 _ENVS_LOCK = threading.Lock()
+
+
+def _cached(file: Optional[Tuple[int, int]], pid: int) -> Optional[lmdb.Environment]:
+    """This process's environment of the file ``(device, inode)``, if it has one."""
+    if file is not None:
+        for key, (p, env) in _ENVS.items():
+            if key[1:] == file and p == pid:
+                return env
+    return None
+
+
+def _open_env(path: str) -> lmdb.Environment:
+    """The environment of the ``data.mdb`` that ``path`` names now. The file is opened (our
+    guard descriptor) and checked first, then found in the cache by its inode or mapped by
+    LMDB through its path, and the path looked at again: if it names another file by then,
+    the map may be of either, so it is opened again (a republish in between). Called with
+    _ENVS_LOCK held."""
+    data = os.path.join(path, "data.mdb")
+    pid = os.getpid()
+    for _ in range(3):
+        if not os.path.isfile(data):
+            _check_data_file(path)  # raises: "not an LMDB environment ..."
+        fd = open_or_explain(data)
+        env = None
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            env = _cached(key, pid)
+            if env is not None:
+                return env  # the file is open already (found through another path)
+            need = _check_data_file(path, fd)
+            # the data file itself (subdir=False): read-only without locks, the environment
+            # is that one file, so an environment rewritten in place (a new data.mdb beside
+            # an old lock.mdb) is not taken by py-lmdb for the one still open in this process
+            try:
+                env = lmdb.open(data, readonly=True, lock=False, readahead=False,
+                                meminit=False, max_dbs=_MAX_DBS, subdir=False, create=False)
+            except lmdb.Error as e:
+                if _names(data) == key:
+                    raise FormatError("cannot open LMDB environment: %s" % e, path) from None
+                # else the path named another file by then (one open already, say): again
+            if env is not None and _names(data) == key:
+                _GUARDS[id(env)] = (fd, need, data)
+                _ENVS[(os.path.realpath(path),) + key] = (pid, env)
+                fd = -1  # the guard's now
+                return env
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if env is not None:
+            env.close()
+    raise FormatError("data.mdb was replaced again and again while it was being opened; open "
+                      "the dataset once its publisher is done", path)
+
+
+def _names(data: str) -> Optional[Tuple[int, int]]:
+    """``(device, inode)`` of the file the path ``data`` names now (``None``: none)."""
+    try:
+        st = os.stat(data)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _reset_lock_after_fork():
@@ -119,18 +170,14 @@ if hasattr(os, "register_at_fork"):
 
 
 def shared_env(path: str) -> lmdb.Environment:
-    """The process's read-only environment for ``path`` (opened on first use)."""
-    data = os.path.join(path, "data.mdb")
-    try:
-        st = os.stat(data)
-        key = (os.path.realpath(path), st.st_dev, st.st_ino)
-    except OSError:
-        key = (os.path.realpath(path), 0, 0)
+    """The process's read-only environment of the ``data.mdb`` that ``path`` names now
+    (opened on first use; one per file, whatever path reaches it)."""
+    file = _names(os.path.join(path, "data.mdb"))
     pid = os.getpid()
     with _ENVS_LOCK:
-        ent = _ENVS.get(key)
-        if ent is not None and ent[0] == pid:
-            return ent[1]
+        env = _cached(file, pid)
+        if env is not None:
+            return env
         for k in [k for k, (p, _) in _ENVS.items() if p != pid]:
             try:
                 old = _ENVS.pop(k)[1]
@@ -138,18 +185,49 @@ def shared_env(path: str) -> lmdb.Environment:
                 old.close()  # inherited across fork: release this process's copy
             except Exception:
                 pass
-        env = _open_env(path)
-        _ENVS[key] = (pid, env)
-        return env
+        return _open_env(path)
+
+
+def env_stamp(env: lmdb.Environment) -> Tuple[int, int, int, int, int]:
+    """``(device, inode, size, mtime_ns, txnid)`` of the ``data.mdb`` that an environment of
+    :func:`shared_env` maps, now: :func:`~gluon_data.recindex.file_stamp` of the file and
+    LMDB's last committed transaction id (an environment rewritten in place, even within the
+    file system's mtime granularity, has another)."""
+    g = _GUARDS.get(id(env))
+    if g is None:
+        raise ValueError("not an environment of shared_env")
+    return file_stamp(os.fstat(g[0])) + (env.info()["last_txnid"],)
+
+
+_STAMP_FIELDS = "device:inode:size:mtime:txnid"
+_REPLACED = "its records are not the ones this dataset was opened on"
 
 
 class ProcessEnv:
-    """Picklable handle to :func:`shared_env` that re-resolves after fork or unpickling."""
+    """Picklable handle to :func:`shared_env` that re-resolves after fork or unpickling.
 
-    def __init__(self, path: str):
+    ``bound``: the :func:`env_stamp` taken when the dataset was opened. A bound handle is
+    the RecordIO rule applied to an environment: each process resolves it once, when first
+    used, and refuses (:class:`FormatError` "replaced") an environment whose ``data.mdb`` is
+    not that file any more (another inode at the path: republished) or not in that state
+    (rewritten in place); once resolved, it reads the environment of that file, whatever the
+    path names later. ``None``: the environment the path names when first used.
+    """
+
+    def __init__(self, path: str, bound: Optional[tuple] = None):
         self.path = path
+        self.bound = bound
         self._state: Optional[Tuple[int, lmdb.Environment, dict]] = None
         self._lock = threading.Lock()
+
+    def _resolve(self) -> lmdb.Environment:
+        env = shared_env(self.path)
+        if self.bound is not None:
+            now = env_stamp(env)
+            if now != tuple(self.bound):
+                raise replaced_error(self.path, self.bound, now, fields=_STAMP_FIELDS,
+                                     consequence=_REPLACED)
+        return env
 
     def get(self, db_name: Optional[str] = None):
         """``(env, db)`` for this process; ``db`` is the named sub-database (or main)."""
@@ -159,7 +237,7 @@ class ProcessEnv:
             with self._lock:
                 st = self._state
                 if st is None or st[0] != pid:
-                    st = self._state = (pid, shared_env(self.path), {})
+                    st = self._state = (pid, self._resolve(), {})
         dbs = st[2]
         if db_name not in dbs:
             dbs[db_name] = (st[1].open_db(db_name.encode(), create=False)
@@ -197,10 +275,10 @@ class ProcessEnv:
             check_mapped(st[1])
 
     def __getstate__(self):
-        return {"path": self.path}
+        return {"path": self.path, "bound": self.bound}
 
     def __setstate__(self, d):
-        self.__init__(d["path"])
+        self.__init__(d["path"], d.get("bound"))  # (no "bound": pickled by an older version)
 
 
 def _read_all_meta(env: lmdb.Environment, path: str) -> Dict[str, dict]:
@@ -258,9 +336,17 @@ class LMDBFile:
         on-disk version is not one the page reader knows (:attr:`pages_refused` says why).
 
     Keys are positions (``key(i) == i``) and records have no byte offset (``offset(i)`` is
-    ``None``). The first read in every process (a forked or spawned worker, an unpickled
-    copy) compares :meth:`identity` with the one taken when the dataset was opened and raises
-    :class:`FormatError` if the environment was replaced meanwhile.
+    ``None``).
+
+    ``data.mdb`` is stamped when the split is opened (device, inode, size, mtime and LMDB's
+    last transaction id, as :meth:`identity` shows them), and the reader is bound to that
+    file as a :class:`~gluon_data.recordio.RecordFile` is bound to its ``.rec``: the first
+    read in every process (this one included, a forked or spawned worker, an unpickled copy)
+    opens the environment and the page reader's descriptor and compares both with the stamp,
+    raising :class:`FormatError` ("replaced") if the path now names another environment
+    (republished: ``convert --overwrite``) or the file was rewritten in place, instead of
+    reading another dataset's records under this one's length and metadata; once opened,
+    both keep reading the file they were opened on, whatever the path names later.
 
     Examples
     --------
@@ -274,6 +360,10 @@ class LMDBFile:
         self.path = os.fspath(path)
         self.split = split
         env = shared_env(self.path)
+        #: :func:`env_stamp` of the environment read here, taken before anything is read from
+        #: it: every handle of this reader (the environment and the page reader's descriptor,
+        #: in this process and in every worker) is bound to it
+        self._bound = env_stamp(env)
         metas = _read_all_meta(env, self.path)
         if split not in metas:
             raise FormatError("split %r not found; available splits: %s"
@@ -287,27 +377,24 @@ class LMDBFile:
             raise FormatError("split %r holds %d records but its metadata promises %d"
                               % (split, n, self.meta["num_records"]), self.path)
         self._n = n
-        self._identity = self._current_identity(self.meta, env)
-        self._checked_pid = os.getpid()
-        self._env = ProcessEnv(self.path)
+        cid = self.meta.get("conversion_id") or "-"
+        dev, ino, _, mtime_ns, txnid = self._bound
+        self._identity = "%s/%d:%d:%d:%d" % (cid, dev, ino, mtime_ns, txnid)
+        # Not bound to ``env`` yet, in this process either: as a RecordIO reader's descriptor
+        # is closed once opened, the first read opens and checks (_check_identity).
+        self._checked_pid: Optional[int] = None
+        self._env = ProcessEnv(self.path, self._bound)
         self._psize = env.stat()["psize"]
         #: why values are read through py-lmdb only (``None``: overflow values read directly)
         self.pages_refused = direct_reads_refused(self.path, pages)
         self._pages = (None if self.pages_refused else
-                       PageReader(self.path, split, n, self._psize, self._env))
+                       PageReader(self.path, split, n, self._psize, self._env,
+                                  stamp=self._bound[:4]))
 
     # -- store protocol ---------------------------------------------------------------
     @property
     def location(self) -> str:
         return self.path
-
-    def _current_identity(self, meta: dict, env: lmdb.Environment) -> str:
-        try:
-            st = os.stat(os.path.join(self.path, "data.mdb"))
-        except OSError as e:
-            raise FormatError("cannot stat data.mdb (%s)" % e.strerror, self.path) from None
-        return "%s/%d:%d:%d:%d" % (meta.get("conversion_id") or "-", st.st_dev, st.st_ino,
-                                   st.st_mtime_ns, env.info()["last_txnid"])
 
     def identity(self) -> str:
         """``conversion_id`` of the split's metadata (``-`` without one), the device, inode
@@ -317,20 +404,20 @@ class LMDBFile:
         return self._identity
 
     def _check_identity(self) -> None:
-        """First use in this process: the environment must still be the one opened."""
+        """First use in this process: open the environment and the page reader's descriptor
+        together, each checked against the stamp taken when the dataset was opened
+        (:class:`FormatError` "replaced" if the path now names another file, or the file was
+        rewritten); from then on both read that file (inode), whatever the path names."""
         env, _ = self._env.get(None)
-        try:
-            mdb = env.open_db(META_DB, create=False)
-            with env.begin(db=mdb) as txn:
-                raw = txn.get(self.split.encode())
-            meta = json.loads(bytes(raw).decode("utf-8")) if raw is not None else {}
-        except (lmdb.Error, UnicodeDecodeError, ValueError):
-            meta = {}
-        now = self._current_identity(meta if isinstance(meta, dict) else {}, env)
-        if now != self._identity:
-            raise FormatError("the LMDB environment was replaced after this dataset was opened "
-                              "(identity %s, now %s): its records are not the ones indexed; "
-                              "open the dataset again" % (self._identity, now), self.path)
+        if self._bound is None:  # pickled by an older version: its identity is the stamp
+            dev, ino, _, mtime_ns, txnid = env_stamp(env)
+            now = "%d:%d:%d:%d" % (dev, ino, mtime_ns, txnid)
+            if now != self._identity.rsplit("/", 1)[-1]:
+                raise FormatError("the file was replaced or rewritten after this dataset was "
+                                  "opened (identity %s, now %s): %s; open the dataset again"
+                                  % (self._identity, now, _REPLACED), self.path)
+        if self._pages is not None:
+            self._pages.open()
         self._checked_pid = os.getpid()
 
     def __len__(self) -> int:
@@ -413,8 +500,9 @@ class LMDBFile:
                               % (self.split, n, self._n), self.path)
 
     def close(self) -> None:
-        """Forget this reader's handles (the shared environment stays for other readers)."""
-        self._env = ProcessEnv(self.path)
+        """Forget this reader's handles (the shared environment stays for other readers); the
+        next read opens them again, checked against the stamp taken when it was opened."""
+        self._env = ProcessEnv(self.path, self._bound)
         if self._pages is not None:
             self._pages.close(self._env)
 
@@ -422,6 +510,10 @@ class LMDBFile:
         state = self.__dict__.copy()
         state["_checked_pid"] = None  # an unpickled copy checks the identity on first read
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_bound", None)  # pickled by an older version
 
     def __repr__(self):
         return "LMDBFile(%r, split=%r, %d records)" % (self.path, self.split, self._n)

@@ -130,3 +130,22 @@ def test_hints_cover_whole_overflow_runs(overflow_lmdb, tmp_path):
     order = np.argsort(starts)
     touching = (starts[order][1:] == ends[order][:-1]).sum()
     assert touching >= len(f) // 2, (starts, ends)  # written in order: neighbours on disk
+
+
+def test_page_reader_descriptor_is_bound_to_the_file_opened(overflow_lmdb, tmp_path):
+    """The page reader's descriptor is checked against data.mdb as the dataset opened it
+    whenever a process opens it (after close(), in a worker): a data.mdb replaced since (here
+    by a copy: same bytes, another inode) is refused, never read at the old locations."""
+    path = _copy(overflow_lmdb, tmp_path)
+    data = os.path.join(path, "data.mdb")
+    f = LMDBFile(path, "train")
+    assert f.pages_refused is None
+    first = f.read(0)
+    assert f._pages.locations.table[0]  # read directly, at a learnt location
+    shutil.copy(data, data + ".new")
+    os.replace(data + ".new", data)
+    assert f.read(0) == first  # still open on the file it was opened on
+    f._pages.close()  # the next direct read opens (and checks) a descriptor again
+    with pytest.raises(FormatError, match="replaced") as e:
+        f._pages.view(0)
+    assert e.value.path == path

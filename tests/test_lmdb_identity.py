@@ -1,0 +1,282 @@
+"""An open LMDB dataset stays bound to the data.mdb it was opened on (the RecordIO rule).
+
+Republishing the path (``convert --overwrite``, another LMDBWriter) or rewriting the file in
+place between opening a dataset and reading it must never hand the reader the new records
+under the old length, metadata and identity, nor a mix of old and new: the first read in a
+process (this one, a forked or spawned worker) checks the environment and the page reader's
+descriptor against the stamp taken when the dataset was opened and raises FormatError
+("replaced"); once opened, both keep reading the file they were opened on, as a RecordFile's
+descriptor does.
+"""
+import multiprocessing as mp
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import lmdb
+import pytest
+
+from gluon_data import SegmentationLMDBDataset, convert, lmdb_pages
+from gluon_data.errors import FormatError
+from gluon_data.lmdbio import LMDBFile, LMDBWriter, _read_all_meta, shared_env
+from gluon_data.recordio import RecordFile
+from gluon_data.sample import make_voc
+
+SPLIT = "trainval"
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Two tiny VOC sources of the same size whose records differ, each with values stored
+    inline in LMDB's leaf pages and values in overflow pages (the page reader's case)."""
+    base = tmp_path_factory.mktemp("identity")
+    return [make_voc(str(base / name / "VOC2012"), num_images=6, size_range=(20, 160),
+                     val_fraction=0.0, seed=seed, quality=95)
+            for name, seed in (("A", 1), ("B", 2))]
+
+
+@pytest.fixture(params=["pages", "no-pages"])
+def pages(request, monkeypatch):
+    """With the page reader (direct reads of overflow values) and with it switched off."""
+    if request.param == "no-pages":
+        monkeypatch.setenv(lmdb_pages.PAGES_ENV, "0")
+    return request.param == "pages"
+
+
+def _publish(src, out, overwrite=False):
+    convert(src, out, "voc", split=SPLIT, overwrite=overwrite)
+
+
+def _payloads(path):
+    """Every payload of ``path`` as a fresh reader sees it."""
+    f = LMDBFile(path, SPLIT)
+    return [f.read(i) for i in range(len(f))]
+
+
+def _outcomes(f, old, new):
+    """What each read of ``f`` gives: 'old', 'new', 'other' or the exception's type name."""
+    out = []
+    for i in range(len(f)):
+        try:
+            v = f.read(i)
+        except FormatError as e:
+            assert "replaced" in str(e) and e.path == f.path, e
+            out.append("FormatError")
+            continue
+        out.append("old" if v == old[i] else "new" if v == new[i] else "other")
+    return out
+
+
+def _small_and_big(f):
+    """A record stored inline in its leaf page and one in overflow pages (by the page
+    reader, without binding ``f``'s handles: a throwaway reader of the same path)."""
+    probe = LMDBFile(f.path, SPLIT, pages=True)
+    assert probe.pages_refused is None
+    inline = [i for i in range(len(probe)) if probe._pages.view(i) is None]
+    overflow = [i for i in range(len(probe)) if i not in inline]
+    assert inline and overflow, "the fixture needs both kinds of values"
+    return inline[0], overflow[0]
+
+
+@pytest.fixture
+def swap(sources, tmp_path):
+    """``(path, old payloads, republish)``: a published dataset of source A and a function
+    publishing source B under the same path (``convert(..., overwrite=True)``) that returns
+    B's payloads."""
+    out = str(tmp_path / "d.lmdb")
+    _publish(sources[0], out)
+    old = _payloads(out)
+
+    def republish():
+        _publish(sources[1], out, overwrite=True)
+        new = _payloads(out)
+        assert len(new) == len(old) and all(a != b for a, b in zip(old, new))
+        return new
+    return out, old, republish
+
+
+# ------------------------------------------------------------------ (1) open, republish, read
+def test_republished_path_is_refused_not_read(swap, pages):
+    path, old, republish = swap
+    f = LMDBFile(path, SPLIT)
+    assert (f.pages_refused is None) == pages
+    meta, ident = dict(f.meta), f.identity()
+    new = republish()
+    assert _outcomes(f, old, new) == ["FormatError"] * len(old)
+    with pytest.raises(FormatError, match="replaced"):
+        list(f.scan())
+    if pages:  # (without the page reader there is nothing to hint)
+        with pytest.raises(FormatError, match="replaced"):
+            f.will_need([0, 1])
+    assert f.meta == meta and f.identity() == ident and len(f) == len(old)
+    assert _payloads(path) == new  # opened again: the new dataset
+
+
+def test_republished_path_refused_by_the_dataset(swap, pages):
+    path, old, republish = swap
+    ds = SegmentationLMDBDataset(path, SPLIT)
+    republish()
+    with pytest.raises(FormatError, match="replaced") as e:
+        ds[0]
+    assert e.value.path == path
+    assert len(SegmentationLMDBDataset(path, SPLIT)) == len(old)
+
+
+def test_after_close_the_reader_is_checked_again(swap, pages):
+    path, old, republish = swap
+    f = LMDBFile(path, SPLIT)
+    assert f.read(0) == old[0]
+    f.close()
+    new = republish()
+    assert _outcomes(f, old, new) == ["FormatError"] * len(old)
+
+
+# --------------------------------------------- (2) one small record read before the swap
+def test_a_record_read_before_the_swap_never_mixes_in_new_ones(swap, pages):
+    """The RecordIO rule: the handles opened by the first read (environment and page reader
+    descriptor, together) stay on the file they were opened on, so every later read is the
+    old record (or refused), never the new dataset's, as a RecordFile's are."""
+    path, old, republish = swap
+    f = LMDBFile(path, SPLIT)
+    small, big = _small_and_big(f)
+    assert f.read(small) == old[small]  # an inline value: no overflow page read yet
+    new = republish()
+    got = _outcomes(f, old, new)
+    assert "new" not in got and "other" not in got, got
+    assert set(got) <= {"old", "FormatError"}
+    assert got[big] == got[small] == "old"  # bound to the old file: one dataset throughout
+    assert [bytes(v) for v in f.scan()] == old
+
+
+def test_recordio_and_lmdb_agree_on_both_sequences(sources, tmp_path):
+    """One rule for both containers: open-republish-read is refused; open-read-republish-read
+    reads the file opened, every record of it."""
+    for ext in (".rec", ".lmdb"):
+        out = str(tmp_path / ("d" + ext))
+
+        def opened():
+            return RecordFile(out) if ext == ".rec" else LMDBFile(out, SPLIT)
+
+        def payloads():
+            f = opened()
+            return [f.read(i) for i in range(len(f))]
+        for read_first, want in ((False, "FormatError"), (True, "old")):
+            _publish(sources[0], out, overwrite=True)
+            old = payloads()
+            f = opened()
+            if read_first:
+                f.read(len(f) - 1)
+            _publish(sources[1], out, overwrite=True)
+            assert _outcomes(f, old, payloads()) == [want] * len(old), (ext, read_first)
+
+
+# ------------------------------------------------------------------ (3) rewrites in place
+def test_another_writer_publishing_the_path_is_refused(swap, sources, tmp_path, pages):
+    """LMDBWriter itself (not convert) publishing another dataset under the same path."""
+    path, old, _ = swap
+    other = str(tmp_path / "other.lmdb")
+    _publish(sources[1], other)
+    new = _payloads(other)
+    meta = dict(LMDBFile(other, SPLIT).meta)
+    f = LMDBFile(path, SPLIT)
+    w = LMDBWriter(path, overwrite=True)
+    s = w.split(SPLIT)
+    for i, p in enumerate(new):
+        s.write(i, p)
+    s.finish(meta)
+    s.publish()
+    assert _outcomes(f, old, new) == ["FormatError"] * len(old)
+
+
+def _rewrite_in_place(path, payloads):
+    """Every record of the split replaced in the same data.mdb (same inode), by another
+    process (LMDB opens an environment once per process)."""
+    code = ("import lmdb, pickle, sys\n"
+            "values = pickle.loads(sys.stdin.buffer.read())\n"
+            "env = lmdb.open(%r, max_dbs=64, subdir=True, map_size=64 << 20)\n"
+            "db = env.open_db(%r, create=False)\n"
+            "with env.begin(write=True, db=db) as txn:\n"
+            "    for i, v in enumerate(values):\n"
+            "        txn.put(b'%%010d' %% i, v)\n"
+            "env.close()\n" % (path, SPLIT.encode()))
+    subprocess.run([sys.executable, "-c", code], input=pickle.dumps(payloads), check=True,
+                   timeout=60)
+
+
+def test_rewritten_in_place_is_refused(swap, sources, tmp_path, pages):
+    path, old, _ = swap
+    other = str(tmp_path / "other.lmdb")
+    _publish(sources[1], other)
+    new = _payloads(other)
+    f = LMDBFile(path, SPLIT)
+    ino = os.stat(os.path.join(path, "data.mdb")).st_ino
+    _rewrite_in_place(path, new)
+    assert os.stat(os.path.join(path, "data.mdb")).st_ino == ino
+    assert _outcomes(f, old, new) == ["FormatError"] * len(old)
+    assert _payloads(path) == new  # opened again: the records written in place
+
+
+# ------------------------------------------------------------------ workers
+def _read_in_child(f, queue):
+    try:
+        queue.put(("read", [f.read(i) for i in range(len(f))]))
+    except Exception as e:  # noqa: BLE001  (reported to the parent)
+        queue.put((type(e).__name__, str(e)))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_worker_given_the_dataset_refuses_a_republished_path(swap, method):
+    """A DataLoader-style worker: forked with the parent's reader (already reading the old
+    file in the parent) or spawned with it pickled; either opens its own handles, checks
+    them and refuses, while the parent keeps reading the file it opened."""
+    if method not in mp.get_all_start_methods():
+        pytest.skip("no %s here" % method)
+    path, old, republish = swap
+    f = LMDBFile(path, SPLIT)
+    assert f.read(0) == old[0]
+    republish()
+    ctx = mp.get_context(method)
+    queue = ctx.Queue()
+    p = ctx.Process(target=_read_in_child, args=(f, queue))
+    p.start()
+    try:
+        kind, what = queue.get(timeout=120)
+    finally:
+        p.join(60)
+    assert kind == "FormatError" and "replaced" in what, (kind, what)
+    assert [f.read(i) for i in range(len(f))] == old
+
+
+# ------------------------------------------------------------------ the environment cache
+def test_env_cache_never_hands_out_another_files_env(swap, sources, tmp_path, monkeypatch):
+    """A republish while an environment is being opened: the cache keys it by the file it
+    maps, so the path naming the first file again gets that file's environment."""
+    path, old, _ = swap
+    other = str(tmp_path / "other.lmdb")
+    _publish(sources[1], other)
+    shutil.copytree(other, other + ".copy")  # B read from a copy: B itself is not open here
+    cid = {name: LMDBFile(p, SPLIT).meta["conversion_id"] for name, p in (("A", path),
+                                                                           ("B", other + ".copy"))}
+    fresh = str(tmp_path / "fresh.lmdb")  # a file this process has no environment of yet
+    shutil.copytree(path, fresh)
+    aside = fresh + ".aside"
+    real_open, swapped = lmdb.open, []
+
+    def open_during_a_republish(*args, **kwargs):
+        if not swapped:  # the path is made to name the other dataset just before LMDB maps
+            swapped.append(1)
+            os.rename(fresh, aside)
+            os.rename(other, fresh)
+        return real_open(*args, **kwargs)
+    monkeypatch.setattr(lmdb, "open", open_during_a_republish)
+    env = shared_env(fresh)
+    monkeypatch.setattr(lmdb, "open", real_open)
+    assert swapped
+    assert _read_all_meta(env, fresh)[SPLIT]["conversion_id"] == cid["B"]  # what it names
+    os.rename(fresh, other)  # and back: the path names the first dataset again
+    os.rename(aside, fresh)
+    env = shared_env(fresh)
+    assert _read_all_meta(env, fresh)[SPLIT]["conversion_id"] == cid["A"]
+    assert _payloads(fresh) == old
