@@ -16,14 +16,29 @@ import numpy as np
 
 from .errors import FormatError, ResourceError
 
-__all__ = ["open_or_explain", "require_regular", "advise_willneed", "ProcessDescriptor"]
+__all__ = ["open_or_explain", "open_regular", "read_regular", "require_regular", "input_kind",
+           "advise_willneed", "ProcessDescriptor",
+           "replaced_error"]
 
 
-def open_or_explain(path: str, flags: int = os.O_RDONLY) -> int:
-    """``os.open`` whose running out of descriptors is a :class:`ResourceError` saying so
-    (with the limit and the fix) instead of a bare ``EMFILE``."""
+def open_or_explain(path: str, flags: int = os.O_RDONLY, *, directory: bool = False) -> int:
+    """``os.open`` of an input, under the one input-kind rule (:func:`require_regular`).
+
+    ``path`` must lead to a regular file (``directory``: or a directory): anything else (a
+    FIFO, a device, a socket, or a symbolic link to one) is refused before it is opened, a
+    :class:`FormatError` naming it; the open itself is non-blocking and what it opened is
+    checked again (a file swapped for a FIFO between the two cannot block the caller), and
+    the descriptor handed back is blocking as usual. Running out of descriptors is a
+    :class:`ResourceError` saying so (with the limit and the fix) instead of a bare
+    ``EMFILE``. An open that creates (``O_CREAT``) is an output's: only the descriptor
+    limit is explained."""
+    check = not flags & os.O_CREAT
+    if check:
+        require_regular(path, directory=directory)
+    nonblock = getattr(os, "O_NONBLOCK", 0) if check and not flags & getattr(
+        os, "O_NONBLOCK", 0) else 0
     try:
-        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags | nonblock | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         if e.errno not in (errno.EMFILE, errno.ENFILE):
             raise
@@ -36,6 +51,34 @@ def open_or_explain(path: str, flags: int = os.O_RDONLY) -> int:
                             "longer read, or raise the limit (ulimit -n)"
                             % ("system-wide, " if e.errno == errno.ENFILE else "", limit),
                             path) from None
+    if check:
+        try:
+            _check_kind(path, os.fstat(fd), directory)
+            if nonblock:
+                import fcntl
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~nonblock)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def open_regular(path: str, mode: str = "rb", **kwargs):
+    """A file object reading the input ``path`` (:func:`open_or_explain`'s rule and checks:
+    a FIFO, device or socket is refused, never opened nor waited on). ``mode`` is a reading
+    mode (``"rb"``, ``"r"``...; ``"r+b"`` opens for reading and writing)."""
+    fd = open_or_explain(path, os.O_RDWR if "+" in mode else os.O_RDONLY)
+    try:
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str) -> bytes:
+    """The bytes of the input ``path``, read under :func:`open_or_explain`'s rule."""
+    with open_regular(path) as f:
+        return f.read()
 
 
 class ProcessDescriptor:
@@ -49,6 +92,13 @@ class ProcessDescriptor:
     reads through it; what it returns comes back beside the descriptor (the file's size as
     opened, say), and an exception it raises closes the descriptor and propagates (a file
     replaced since the reader opened it). Pickles without the descriptor.
+
+    This is how a reader stays bound to the file it opened (the rule of every local reader,
+    RecordIO and LMDB alike): it stamps the file when the dataset is opened, and its
+    ``on_open`` compares ``os.fstat(fd)`` with that stamp and raises
+    :func:`replaced_error` on a difference. Each process's descriptor is so checked once,
+    when opened, and then names that file (inode) for as long as it is open, whatever the
+    path is made to name meanwhile.
     """
 
     __slots__ = ("path", "_on_open", "_cur", "_lock")
@@ -96,17 +146,64 @@ class ProcessDescriptor:
         self.__init__(state["path"], state["_on_open"])
 
 
-def require_regular(path: str) -> None:
-    """Refuse a FIFO, device or socket before opening it (a FIFO would block forever, a
-    device be read without end); a missing file is left to the caller's own message."""
+def replaced_error(path: str, then: tuple, now: tuple, *,
+                   fields: str = "device:inode:size:mtime",
+                   consequence: str = "its index no longer describes it") -> FormatError:
+    """The :class:`FormatError` of a reader whose file was replaced or rewritten after the
+    dataset was opened: ``then`` is the stamp taken when it was opened, ``now`` the one found
+    (tuples of ints named by ``fields``), ``consequence`` what the reader can no longer
+    vouch for. The message every local reader gives (RecordIO's and LMDB's)."""
+    fmt = ":".join(["%d"] * len(then))
+    return FormatError("the file was replaced or rewritten after this dataset was opened "
+                       "(%s %s, now %s): %s; open the dataset again"
+                       % (fields, fmt % tuple(then), ":".join(["%d"] * len(now)) % tuple(now),
+                          consequence), path)
+
+
+def require_regular(path: str, *, directory: bool = False) -> Optional[os.stat_result]:
+    """The one input-kind rule: every path a command reads is checked here before it is
+    opened. ``path`` (symbolic links followed) must be a regular file, or with
+    ``directory`` a directory; a FIFO (an open would block forever), a device (read without
+    end), a socket, or a link to one, raises :class:`FormatError` naming ``path``, saying
+    what it is and that a regular file is needed. Returns the file's ``stat``; ``None``
+    where there is nothing to check (a missing file, left to the caller's own message)."""
     try:
         st = os.stat(path)
     except OSError:
+        return None
+    _check_kind(path, st, directory)
+    return st
+
+
+#: What a file that is not regular is, in the words of the refusal (S_IFMT -> words).
+_KIND_WORDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISDIR, "a directory"))
+
+
+def input_kind(st: os.stat_result) -> str:
+    """What a ``stat`` result describes, in words: ``"a regular file"``, ``"a FIFO"``, ``"a
+    character device"``, ``"a block device"``, ``"a socket"``, ``"a directory"``."""
+    if stat.S_ISREG(st.st_mode):
+        return "a regular file"
+    for test, words in _KIND_WORDS:
+        if test(st.st_mode):
+            return words
+    return "a special file"
+
+
+def _check_kind(path: str, st: os.stat_result, directory: bool) -> None:
+    if stat.S_ISREG(st.st_mode) or (directory and stat.S_ISDIR(st.st_mode)):
         return
-    if not stat.S_ISREG(st.st_mode):
-        raise FormatError("not a regular file (%s); datasets are read from regular files only"
-                          % ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory"
-                             if stat.S_ISDIR(st.st_mode) else "a device or socket"), path)
+    what = input_kind(st)
+    try:
+        link = os.readlink(path)
+    except (OSError, ValueError, TypeError):
+        link = None
+    via = "" if link is None else ", reached through a symbolic link to %s" % link
+    raise FormatError("not a regular file (%s%s); a regular file%s is needed, so it was not "
+                      "opened" % (what, via, " (or a dataset's directory)" if directory else ""),
+                      path)
 
 
 _FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)

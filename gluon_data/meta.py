@@ -10,7 +10,7 @@ import os
 from typing import Any, Dict, Optional
 
 from .documents import CHECKSUM_FIELD, check_document, content_crc32, load_document
-from .fileio import require_regular
+from .fileio import read_regular
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "TASKS",
            "meta_path", "read_meta", "check_meta", "dumps_meta", "ids_are_keys",
@@ -74,11 +74,11 @@ def wrong_record(found_id: int, key: int) -> str:
 def read_meta(rec_path: str) -> Optional[Dict[str, Any]]:
     """Metadata of a ``.rec``, or ``None`` when there is none (a stock MXNet file)."""
     path = meta_path(rec_path)
-    require_regular(path)
-    try:
-        return load_document(path, "meta")
+    try:  # the input-kind rule first: a FIFO or device here is refused, never opened
+        raw = read_regular(path)
     except FileNotFoundError:
         return None
+    return load_document(raw, "meta", path)
 
 
 def dumps_meta(meta: Dict[str, Any]) -> bytes:

@@ -20,6 +20,7 @@ import numpy as np
 
 from .cache import Cache
 from .errors import CacheError, FormatError, OutputError
+from .fileio import open_or_explain, open_regular, require_regular
 from .fsutil import atomic_write, check_replaceable, map_readonly, open_new
 
 __all__ = ["read_index", "idx_path_for", "write_binary_index", "binary_index_problem",
@@ -146,7 +147,7 @@ def _read_stamped(idx_path: str) -> Tuple[bytes, int]:
     of the same size could keep the same mtime (file-system clocks tick in milliseconds).
     For a big index (where checking its CRC at every open would cost) it waits that out."""
     import time
-    with open(idx_path, "rb") as f:
+    with open_regular(idx_path) as f:
         before = os.fstat(f.fileno())
         wait = before.st_mtime_ns + _RACY_NS - time.time_ns()
         if 0 < wait <= _RACY_NS and before.st_size >= _CACHE_MIN_BYTES:
@@ -198,16 +199,14 @@ def _file_crc(fd: int, start: int, end: int) -> Optional[int]:
 
 
 def _open_regular(path: str) -> Optional[int]:
-    """A read-only descriptor of ``path`` if it is a regular file (a FIFO is never waited on)."""
-    import stat
+    """A read-only descriptor of ``path`` if it is a regular file, else ``None`` (an
+    optional file: a binary copy that is missing or not a regular file is ignored). The
+    input-kind rule of :func:`~gluon_data.fileio.open_or_explain`: a FIFO or device is never
+    opened nor waited on."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        return open_or_explain(path)
+    except (OSError, FormatError):
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
 
 
 def _idx_matches(idx_path: str, size: int, mtime_ns: int, crc: int) -> Optional[os.stat_result]:
@@ -394,16 +393,19 @@ def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
 def _load_index(idx_path: str) -> _Index:
     """The index of ``idx_path``: its binary copy beside it, else (a big stock index) the
     one in the user cache, else the text parsed here."""
-    try:
-        st = os.stat(idx_path)
-    except FileNotFoundError:
-        raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
-                                "name, .idx suffix) for random access" % idx_path) from None
+    st = require_regular(idx_path)  # a FIFO or device: refused before anything is opened
+    if st is None:  # nothing to check: missing, or not reachable (the OS error says why)
+        try:
+            st = os.stat(idx_path)
+        except FileNotFoundError:
+            raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it "
+                                    "(same name, .idx suffix) for random access"
+                                    % idx_path) from None
     got = _map_binary_index(idx_path + BINARY_INDEX_SUFFIX, idx_path) or \
         _cached_index(idx_path, st.st_size)
     if got is not None:
         return got
-    with open(idx_path, "rb") as f:
+    with open_regular(idx_path) as f:
         st = os.fstat(f.fileno())
         raw = f.read()
     keys, offsets = _parse_index(raw, idx_path)
@@ -422,7 +424,7 @@ def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarr
         got = _load_index(idx_path)
         return (np.arange(len(got.offsets)) if got.keys is None else got.keys), got.offsets
     try:
-        with open(idx_path, "rb") as f:
+        with open_regular(idx_path) as f:
             raw = f.read()
     except FileNotFoundError:
         raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "

@@ -79,7 +79,7 @@ class RecordFile:
         if not os.path.exists(self.path):
             raise FileNotFoundError("record file %s not found" % self.path)
         self._meta = meta
-        for p in (self.path, self.idx_path):
+        for p in (self.path, self.idx_path):  # the input-kind rule, before anything is opened
             _require_regular(p)
         index = _load_index(self.idx_path)
         st = os.stat(self.path)
@@ -485,6 +485,7 @@ def _open_record_file(location: str, split: Optional[str] = None, **options) -> 
         raise TypeError("a .rec store takes no options, got %s" % ", ".join(sorted(options)))
     if not os.path.exists(location):
         raise FileNotFoundError("record file %s not found" % location)
+    _require_regular(location)  # the .rec itself first: a FIFO or device is refused as such
     meta = read_meta(location)
     if split is not None and (meta or {}).get("split", split) != split:
         raise ValueError("%s holds split %r, not %r: a .rec holds one split (the LMDB "

@@ -17,6 +17,7 @@ from typing import List, Tuple
 from . import codec
 from ._callable import callable_module
 from .errors import FormatError, GluonDataError, OutputError
+from .fileio import open_or_explain, open_regular, read_regular, require_regular
 from .fsutil import (LOCATIONS, atomic_write, check_disjoint, check_replaceable,
                      classify_location, fsync_dir, is_ours)
 from .meta import dumps_meta, meta_path, read_meta
@@ -106,6 +107,8 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
     idx_path = os.fspath(idx_path or idx_path_for(rec_path))
     gdx = idx_path + BINARY_INDEX_SUFFIX
     mp = meta_path(rec_path)
+    for p in (idx_path, mp):  # read too (kept as .bak, the task): the input-kind rule first
+        require_regular(p)
     _check_targets(rec_path, idx_path, gdx, mp, overwrite)
     try:
         meta = read_meta(rec_path)
@@ -120,16 +123,14 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
         _cut_damaged_tail(rec_path, report)
     text = "".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)).encode("ascii")
     if os.path.exists(idx_path):
-        with open(idx_path, "rb") as f:
-            atomic_write(idx_path + ".bak", f.read())
+        atomic_write(idx_path + ".bak", read_regular(idx_path))
     atomic_write(idx_path, text)
     if offsets:  # the binary copy readers map instead of the text (a stale one is ignored)
         write_binary_index(idx_path)
     elif os.path.lexists(gdx) and is_ours(gdx, "gdx"):
         os.remove(gdx)
     if meta is not None and meta["num_records"] != len(offsets):
-        with open(mp, "rb") as f:
-            atomic_write(mp + ".bak", f.read())
+        atomic_write(mp + ".bak", read_regular(mp))
         meta = dict(meta, num_records=len(offsets),
                     salvaged={"records_before": meta["num_records"],
                               "damaged_ranges": [list(r) for r in report.damaged]})
@@ -154,17 +155,20 @@ def _scan(rec_path: str, seg, require: bool, report: SalvageReport) -> List[int]
     """The offsets of the intact records of ``rec_path``; damaged byte ranges are added to
     ``report.damaged``."""
     offsets = []
-    with open(rec_path, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if report.file_size else b""
-        try:
-            for item in scan_records(buf, seg, require):
-                if len(item) == 3:
-                    report.damaged.append((item[0], item[1]))
-                else:
-                    offsets.append(item[0])
-        finally:
-            if report.file_size:
-                buf.close()
+    fd = open_or_explain(rec_path)
+    try:
+        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if report.file_size else b""
+    finally:
+        os.close(fd)  # the mapping keeps the file, not the descriptor
+    try:
+        for item in scan_records(buf, seg, require):
+            if len(item) == 3:
+                report.damaged.append((item[0], item[1]))
+            else:
+                offsets.append(item[0])
+    finally:
+        if report.file_size:
+            buf.close()
     return offsets
 
 
@@ -176,7 +180,7 @@ def _cut_damaged_tail(rec_path: str, report: SalvageReport) -> None:
                           "symbolic link (to %s) and gluon-data never writes through one: "
                           "salvage the real file" % os.readlink(rec_path), rec_path)
     start = report.damaged[-1][0]
-    with open(rec_path, "r+b") as f:
+    with open_regular(rec_path, "r+b") as f:
         f.seek(start)
         tail = f.read()
         report.tail_moved_to = _write_unique(rec_path + ".damaged-tail", tail)
@@ -187,7 +191,10 @@ def _cut_damaged_tail(rec_path: str, report: SalvageReport) -> None:
 
 def _check_is_rec(path: str) -> None:
     """Refuse, before anything is touched, a location that is not a single local ``.rec``
-    (a manifest, an LMDB, a URI, a folder, an index...), saying what to do instead."""
+    (a manifest, an LMDB, a URI, a folder, an index...), saying what to do instead; a FIFO,
+    a device or a socket (or a link to one) is refused by the input-kind rule before
+    anything looks inside it."""
+    require_regular(path, directory=True)  # (a folder or an LMDB: named below)
     kind = classify_location(path)
     if kind == "rec":
         return

@@ -20,9 +20,10 @@ import numpy as np
 from . import codec
 from ._callable import callable_module
 from .errors import GluonDataError
+from .fileio import require_regular
 from .lmdbio import names_lmdb
-from .meta import ids_are_keys, read_meta, wrong_record
-from .recordio import BINARY_INDEX_SUFFIX, RecordFile, binary_index_problem
+from .meta import ids_are_keys, meta_path, read_meta, wrong_record
+from .recordio import BINARY_INDEX_SUFFIX, RecordFile, binary_index_problem, idx_path_for
 from .store import is_uri, open_store, store_splits
 
 __all__ = ["verify", "VerifyReport", "register_verifier"]
@@ -131,6 +132,8 @@ def _verify_uri(path: str, deep: bool, remote: Optional[dict],
 
 
 def _verify_rec(path: str, deep: bool) -> VerifyReport:
+    for p in (path, idx_path_for(path), meta_path(path)):  # the input-kind rule: raised
+        require_regular(p)
     report = VerifyReport(path, deep=deep)
     try:
         meta = read_meta(path)
@@ -259,6 +262,10 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     """Check a ``.rec``, ``.lmdb`` or sharded (``.shards.json``) dataset, local or at a
     URI; return a :class:`VerifyReport` (shards: see :func:`gluon_data.shards.verify_sharded`).
 
+    A FIFO, a device or a socket (or a link to one) given as the dataset, or beside a
+    ``.rec`` as its ``.idx`` or ``.meta.json``, raises :class:`~gluon_data.errors.FormatError`
+    naming it (nothing is opened): it is not a dataset to report on.
+
     Parameters
     ----------
     path : str
@@ -274,6 +281,10 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     path = os.fspath(path)
     if is_uri(path):
         return _verify_uri(path, deep, remote, split)
+    # The input-kind rule, before anything is opened: a FIFO, device or socket (or a link to
+    # one) where the dataset or a file of it should be is not a damaged dataset to report
+    # on, it is refused (FormatError naming it), as by every command.
+    require_regular(path, directory=True)
     checker = _verifier_for(path)
     if checker is not None:
         return checker(path, deep=deep)

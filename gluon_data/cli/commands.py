@@ -13,6 +13,7 @@ from typing import Optional
 
 from .. import codec
 from ..errors import FormatError
+from ..fileio import open_regular, require_regular
 from ..remote.fs import parse_storage_options
 from ..shards import is_manifest, read_manifest
 from ..store import is_uri, open_store, store_splits
@@ -22,9 +23,18 @@ def _classes_arg(value: Optional[str]):
     if value is None:
         return None
     if os.path.isfile(value):
-        with open(value, encoding="utf-8") as f:
+        with open_regular(value, "r", encoding="utf-8") as f:
             return [ln.strip() for ln in f if ln.strip()]
     return [c.strip() for c in value.split(",") if c.strip()]
+
+
+def _input(path: str) -> None:
+    """A command's dataset or source, under the one input-kind rule before anything opens
+    it: a local path must be a regular file or a directory; a FIFO, a device or a socket
+    (or a link to one) is refused, a :class:`FormatError` naming it (nothing blocks, nothing
+    is written). A URI, or nothing at all, is left to the command's own message."""
+    if not is_uri(path):
+        require_regular(path, directory=True)
 
 
 def _remote(a) -> dict:
@@ -46,6 +56,7 @@ def _cmd_convert(a) -> int:
     """``gluon-data convert``: write shards (``--shards``...), import a legacy LMDB layout,
     copy a dataset between containers (``.rec`` <-> ``.lmdb``, or one container re-written),
     or convert a source layout."""
+    _input(a.source)
     if (a.shards is not None or a.shard_size is not None or a.shard_items is not None
             or is_manifest(a.source)):
         return _convert_sharded(a)
@@ -130,6 +141,7 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
     """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens;
     a URI with ``remote`` options, read by ranged GETs: the metadata and, for a stock file,
     the index and a few records)."""
+    _input(path)
     opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
     if is_manifest(path) and not is_uri(path):
         doc = read_manifest(path)
@@ -169,6 +181,7 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
 
 
 def _load_meta(path: str, split=None, remote: Optional[dict] = None) -> dict:
+    _input(path)
     opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
     meta = open_store(path, split, **opts).meta
     if meta is None:
@@ -191,6 +204,7 @@ def _cmd_stats(a) -> int:
 def _cmd_show(a) -> int:
     from ..datasets import SegmentationDataset, open_segmentation
     from ..preview import render_preview
+    _input(a.path)
     remote = _remote(a)
     ds = (SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged")),
                               ignore_value=None) if remote  # a URI: ranged reads
@@ -222,6 +236,7 @@ def _save_image(pic, out: str) -> None:
 
 def _cmd_verify(a) -> int:
     from ..verify import verify
+    _input(a.path)
     report = verify(a.path, deep=a.deep, split=a.split, **({"remote": _remote(a)}
                                                             if _remote(a) else {}))
     print(report)
@@ -230,6 +245,7 @@ def _cmd_verify(a) -> int:
 
 def _cmd_salvage(a) -> int:
     from ..salvage import salvage
+    _input(a.path)
     report = salvage(a.path, overwrite=a.overwrite)
     print(report)
     return 0 if report.records else 1
