@@ -143,8 +143,8 @@ def segmentation_rates(workdir: str, voc: str, n: int, workers: int, epochs: int
     first loader's per-worker RSS after every round)``."""
     from gluoncv.data import VOCSegmentation
 
-    from gluon_data.batchify import SegmentationBatchify
-    from gluon_data.datasets import SegmentationLMDBDataset, SegmentationRecordDataset
+    from gluon_data.gluon.batchify import SegmentationBatchify
+    from gluon_data.gluon.datasets import SegmentationLMDBDataset, SegmentationRecordDataset
 
     rec, lm = os.path.join(workdir, "voc.rec"), os.path.join(workdir, "voc.lmdb")
     jpg_dir, png_dir = os.path.join(voc, "JPEGImages"), os.path.join(voc, "SegmentationClass")
@@ -381,9 +381,9 @@ def seg_bench(workdir: str, n: int = 400, workers: int = 2, rounds: int = 4,
     Returns ``{"rates", "cpu_ms", "ratios"}``."""
     import mxnet as mx
 
-    from gluon_data.batchify import SegmentationBatchify
+    from gluon_data.gluon.batchify import SegmentationBatchify
     from gluon_data.convert import convert
-    from gluon_data.datasets import SegmentationRecordDataset
+    from gluon_data.gluon.datasets import SegmentationRecordDataset
 
     def say(*a):
         print(*a, file=out, flush=True)

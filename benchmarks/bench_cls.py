@@ -70,7 +70,7 @@ def _dali_run(python: str, rec, workers: int, n: int, recipe: str, warmup: int =
     (``device_id=None``: no GPU, ``num_threads=workers``, batch 16) over ``rec``, run by
     ``python``, an interpreter that has DALI. ``rec`` is a ``.rec`` path, or the list of a
     dataset's shards with ``index`` their combined ``.idx``
-    (:func:`gluon_data.shards.write_combined_index`: ``fn.readers.mxnet`` takes several
+    (:func:`gluon_data.stores.shards.write_combined_index`: ``fn.readers.mxnet`` takes several
     ``.rec`` files but one index, offsets counted as if the files were concatenated).
     Measured at its best: the pipeline is built and run ``warmup`` batches (the reader's
     shuffle buffer filled, every buffer allocated) before ``n`` images are timed, so
@@ -117,8 +117,8 @@ def _im2rec(voc: str, prefix: str, mode: str, threads: int) -> None:
 def _stock_shards(stock_rec: str, shards: int = 4) -> str:
     """The records of ``stock_rec`` copied into ``shards`` ``.rec`` shards + manifest (kept
     if already there); returns the manifest."""
-    from gluon_data.recordio import RecordFile
-    from gluon_data.shards import ShardedStore, convert_sharded
+    from gluon_data.stores.recordio import RecordFile
+    from gluon_data.stores.shards import ShardedStore, convert_sharded
     out = os.path.join(os.path.dirname(stock_rec), "shards", "stock.rec")
     manifest = os.path.join(os.path.dirname(out), "stock.shards.json")
     if not os.path.exists(manifest) or len(ShardedStore(manifest)) != len(
@@ -184,9 +184,9 @@ def classification_rates(stock_rec: str, n: int, workers: int, epochs: int,
     recipe loaders and the DALI rows (every process and thread each one runs)."""
     import mxnet as mx
 
-    from gluon_data.batchify import StackBatchify
-    from gluon_data.datasets import ClassificationDataset, ImageRecordDataset
-    from gluon_data.shards import ShardedStore, write_combined_index
+    from gluon_data.gluon.batchify import StackBatchify
+    from gluon_data.gluon.datasets import ClassificationDataset, ImageRecordDataset
+    from gluon_data.stores.shards import ShardedStore, write_combined_index
 
     notes = {} if notes is None else notes
     cb, recipe = _CountBatchify(), _cls_recipe()

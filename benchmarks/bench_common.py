@@ -16,7 +16,7 @@ import numpy as np
 def make_dataset(root: str, n: int, seed: int = 0) -> str:
     """VOC layout with ``n`` JPEG photos (300-500 px) and palette masks; every split lists
     every image (gluoncv's ``train`` reads ``trainval.txt``)."""
-    from gluon_data.sample import make_voc
+    from gluon_data.convert.sample import make_voc
     voc = os.path.join(root, "VOC2012")
     sets = os.path.join(voc, "ImageSets", "Segmentation")
     if os.path.exists(os.path.join(sets, "train.txt")):

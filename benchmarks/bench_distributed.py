@@ -28,7 +28,7 @@ if ROOT not in sys.path:
 
 def make_data(folder, images=256):
     from gluon_data import convert
-    from gluon_data.sample import make_voc
+    from gluon_data.convert.sample import make_voc
     root = make_voc(os.path.join(folder, "VOC"), num_images=images, size_range=(64, 120),
                     val_fraction=0.01, seed=0)
     return convert(root, os.path.join(folder, "b.rec"), "voc", split="train",
@@ -94,7 +94,7 @@ def main(argv=None):
     if args.worker:
         return worker(args.worker)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from gluon_data.launch import launch_local
+    from gluon_data.gluon.launch import launch_local
     with tempfile.TemporaryDirectory() as tmp:
         path = make_data(tmp)
         n, seconds = sampler_alone()

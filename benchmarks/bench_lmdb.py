@@ -126,7 +126,7 @@ def _epoch(loader) -> int:
 
 def _drop_lmdb_envs() -> None:
     """Close this process's LMDB environments (their maps keep pages from eviction)."""
-    from gluon_data import lmdbio
+    from gluon_data.stores import lmdbio
     for key in list(lmdbio._ENVS):
         env = lmdbio._ENVS.pop(key)[1]
         lmdbio._forget_guard(env)
@@ -139,9 +139,9 @@ def _best_epochs(rec: str, lm: str, name: str, workers: int, epochs: int, fresh:
     the ``.rec`` and the LMDB taken in turn, each epoch after evicting the file; ``fresh``:
     stores and loaders made anew every epoch (every location learnt again), else made once
     and run one untimed epoch first."""
-    from gluon_data.lmdbio import LMDBFile
-    from gluon_data.loader import DataLoader
-    from gluon_data.recordio import RecordFile
+    from gluon_data.stores.lmdbio import LMDBFile
+    from gluon_data.gluon.loader import DataLoader
+    from gluon_data.stores.recordio import RecordFile
 
     paths = {"RecordIO": rec, "LMDB": os.path.join(lm, "data.mdb")}
     opens = {"RecordIO": lambda: RecordFile(rec), "LMDB": lambda: LMDBFile(lm, "train")}
@@ -177,7 +177,7 @@ def slow_device_rows(images: int = 240, iops: int = 200, epochs: int = 2, worker
     if not can_run():
         return {}
     from gluon_data import convert
-    from gluon_data.sample import make_voc
+    from gluon_data.convert.sample import make_voc
 
     rows = {}
     with tempfile.TemporaryDirectory() as work:

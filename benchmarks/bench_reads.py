@@ -23,8 +23,8 @@ _LMDB_COLD = r"""
 import os, sys, time
 import lmdb, numpy as np
 from gluon_data import lmdbio
-from gluon_data.lmdbio import LMDBFile
-from gluon_data.loader import HintedBatches, SAME_PROCESS_AHEAD  # (imports MXNet: untimed)
+from gluon_data.stores.lmdbio import LMDBFile
+from gluon_data.gluon.loader import HintedBatches, SAME_PROCESS_AHEAD  # (imports MXNet: untimed)
 path, rounds, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 n = LMDBFile(path, "train").__len__()
 
@@ -103,8 +103,8 @@ def _consume(read, order) -> None:
 def _hinted_consume(store, order, batch: int = 16) -> None:
     """Read records as ``gluon_data.DataLoader(batch_size=16, num_workers=0)`` does: each
     batch's indices go to the store's ``will_need`` two batches before the batch is read
-    (:class:`gluon_data.loader.HintedBatches`), then its records are read one at a time."""
-    from gluon_data.loader import SAME_PROCESS_AHEAD, HintedBatches
+    (:class:`gluon_data.gluon.loader.HintedBatches`), then its records are read one at a time."""
+    from gluon_data.gluon.loader import SAME_PROCESS_AHEAD, HintedBatches
     total = 0
     for b in HintedBatches([order[k:k + batch] for k in range(0, len(order), batch)], store,
                            SAME_PROCESS_AHEAD):
@@ -119,10 +119,10 @@ def read_rates(rec: str, lm: str, jpg_files, workers: int, quick: bool, kw: dict
     returns ``(rates, notes)``. ``kw`` are the segmentation ``train`` options."""
     import mxnet as mx
 
-    from gluon_data.batchify import SegmentationBatchify
-    from gluon_data.datasets import SegmentationLMDBDataset, SegmentationRecordDataset
-    from gluon_data.loader import DataLoader
-    from gluon_data.recordio import RecordFile
+    from gluon_data.gluon.batchify import SegmentationBatchify
+    from gluon_data.gluon.datasets import SegmentationLMDBDataset, SegmentationRecordDataset
+    from gluon_data.gluon.loader import DataLoader
+    from gluon_data.stores.recordio import RecordFile
 
     results, notes = {}, {}
     # -- raw reads, warm and cold ------------------------------------------------------------

@@ -69,7 +69,7 @@ def _cls_recipe():
 
 
 def _datasets(seg_rec: str, cls_rec: str):
-    from gluon_data.datasets import ImageRecordDataset, SegmentationRecordDataset
+    from gluon_data.gluon.datasets import ImageRecordDataset, SegmentationRecordDataset
     seg = SegmentationRecordDataset(seg_rec, mode="train", base_size=400, crop_size=320,
                                     seed=0)
     cls = ImageRecordDataset(cls_rec, seed=0).transform_first(_cls_recipe())
@@ -78,8 +78,8 @@ def _datasets(seg_rec: str, cls_rec: str):
 
 def crops(seg_rec: str, cls_rec: str) -> Dict[str, List[Tuple[bytes, tuple, tuple]]]:
     """``{kind: [(jpeg bytes, (h, w), box)]}``: the boxes the two datasets draw (epoch 0)."""
-    from gluon_data import codec
-    from gluon_data import transforms as T
+    from gluon_data.format import codec
+    from gluon_data.arrays import transforms as T
     seg, cls = _datasets(seg_rec, cls_rec)
     out = {SEG: [], CLS: []}
     for kind, ds, plan in ((SEG, seg, lambda hw: seg._joint.plan(*hw)[0]),
@@ -106,7 +106,7 @@ def _cpu_ms(fn, items, rounds: int) -> float:
 def decode_rows(boxes, rounds: int) -> Dict[str, float]:
     """CPU ms per image: full strict decode + crop, region decode, region decode stopping
     after the box, per kind of crop, the three interleaved round by round."""
-    from gluon_data import codec, decode
+    from gluon_data.format import codec, decode
     ext = decode._jpegregion
 
     def full(buf, hw, box):
@@ -137,7 +137,7 @@ def decode_rows(boxes, rounds: int) -> Dict[str, float]:
 def threshold_table(boxes, rounds: int) -> List[Tuple[str, int, float, float]]:
     """Full decode vs the region decoder on every box (no threshold), by box fraction of
     the image: ``(bucket, images, full ms, region ms)``, to place REGION_MAX_FRACTION."""
-    from gluon_data import codec, decode
+    from gluon_data.format import codec, decode
     if decode._jpegregion is None:
         return []
     items = [it for kind in boxes.values() for it in kind]
@@ -207,8 +207,9 @@ def make_recs(root: str, n: int) -> Tuple[str, str]:
     written as stock tools write them (no CRC-32)."""
     import mxnet as mx
 
-    from gluon_data import codec, convert
-    from gluon_data.sample import make_voc
+    from gluon_data.format import codec
+    from gluon_data import convert
+    from gluon_data.convert.sample import make_voc
     voc = make_voc(os.path.join(root, "VOC2012"), n, size_range=(300, 500), seed=0,
                    photo=True, prefix="2012")
     seg_rec = os.path.join(root, "seg.rec")
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import cv2
     cv2.setNumThreads(1)
-    from gluon_data import decode
+    from gluon_data.format import decode
     print("decoder: %s" % decode.region_decoder())
     print("load average before: %.2f %.2f %.2f" % os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="bench_region_") as root:

@@ -26,7 +26,7 @@ def index_costs(workdir: str, n: int) -> dict:
 
     import mxnet as mx
 
-    from gluon_data.recordio import RecordFile, RecordWriter, write_binary_index
+    from gluon_data.stores.recordio import RecordFile, RecordWriter, write_binary_index
 
     rec = os.path.join(workdir, "index-%d.rec" % n)
     idx = rec[:-4] + ".idx"
@@ -78,7 +78,7 @@ def index_costs(workdir: str, n: int) -> dict:
 def _tiny_rec(path: str, n: int) -> str:
     """``n`` 4-byte records (12 bytes framed) and their ``.idx`` + ``.idx.gdx``, written with
     numpy in chunks (10 M records in seconds); the framing is RecordIO's, payloads fake."""
-    from gluon_data.recordio import write_binary_index
+    from gluon_data.stores.recordio import write_binary_index
     idx = path[:-4] + ".idx"
     if os.path.exists(idx + ".gdx"):
         return path
@@ -102,8 +102,8 @@ def _tiny_shards(workdir: str, n: int, shards: int) -> str:
     """A sharded dataset of ``n`` tiny records in ``shards`` shards (:func:`_tiny_rec`, each
     with its metadata) behind a manifest written by the manifest writer from
     ``shard_summary`` entries, as a sharded conversion writes it; returns the manifest."""
-    from gluon_data.meta import FORMAT_NAME, FORMAT_VERSION, dumps_meta, meta_path
-    from gluon_data.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, _write_manifest,
+    from gluon_data.format.meta import FORMAT_NAME, FORMAT_VERSION, dumps_meta, meta_path
+    from gluon_data.stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, _write_manifest,
                                    manifest_path, read_manifest, shard_name, shard_summary)
     folder = os.path.join(workdir, "scale-%d-shards" % n)
     prefix = os.path.join(folder, "tiny")
@@ -131,7 +131,7 @@ def _tiny_shards(workdir: str, n: int, shards: int) -> str:
 
 
 def _scale_worker(path, opened, order, barrier, done):  # pragma: no cover - forked child
-    from gluon_data.store import open_store
+    from gluon_data.stores.base import open_store
     pid = os.getpid()
     before, anon = _private_mb(pid), _smaps_mb(pid, "Anonymous")
     barrier.wait()
@@ -184,8 +184,8 @@ def scale_costs(workdir: str, n: int = 10_000_000, workers: int = 8, reads: int 
     memory gained, and random-read rates (the best of 3 passes over ``reads`` random
     positions, all workers reading together) against the same reads from a 2,000-record
     file. The index cache goes to ``workdir/cache`` for the run."""
-    from gluon_data.recordio import RecordFile, index_cache_path, idx_path_for
-    from gluon_data.store import _load_builtins
+    from gluon_data.stores.recordio import RecordFile, index_cache_path, idx_path_for
+    from gluon_data.stores.base import _load_builtins
     _load_builtins()  # imported before the workers fork: their open times are the opens
     big = _tiny_rec(os.path.join(workdir, "scale-%d.rec" % n), n)
     small = _tiny_rec(os.path.join(workdir, "scale-2000.rec"), 2000)

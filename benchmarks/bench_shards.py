@@ -76,10 +76,11 @@ def main():
 def run(a, d):
     import dask.distributed as dd
 
-    from gluon_data import ImageRecordDataset, convert
-    from gluon_data.recordio import RecordFile
-    from gluon_data.sample import make_imagefolder
-    from gluon_data.shards import ShardedStore, convert_sharded
+    from gluon_data import ImageRecordDataset
+    from gluon_data import convert
+    from gluon_data.stores.recordio import RecordFile
+    from gluon_data.convert.sample import make_imagefolder
+    from gluon_data.stores.shards import ShardedStore, convert_sharded
 
     root = make_imagefolder(os.path.join(d, "src"), per_class=max(1, a.images // 3),
                             size_range=(200, 280))

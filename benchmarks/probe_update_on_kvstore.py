@@ -47,7 +47,7 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=8)
     args = p.parse_args(argv)
-    from gluon_data.launch import launch_local
+    from gluon_data.gluon.launch import launch_local
     for setting in ("True", "False"):
         seen = collections.Counter()
         for _ in range(args.runs):

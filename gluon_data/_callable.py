@@ -1,6 +1,6 @@
 """Modules named like the function they export stay callable.
 
-``gluon_data.convert``, ``gluon_data.verify`` and ``gluon_data.salvage`` are both a module and
+``gluon_data.convert``, ``gluon_data.tools.verify`` and ``gluon_data.tools.salvage`` are both a module and
 the function ``from gluon_data import convert`` promises. Once the module has been imported
 (by anything), Python binds the package attribute to the module, so the function the lazy
 table names would be shadowed; calling the module forwards to the function instead.

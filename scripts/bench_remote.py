@@ -57,11 +57,11 @@ def main(argv=None):
     from moto.server import ThreadedMotoServer
 
     from gluon_data import convert
-    from gluon_data.datasets import SegmentationDataset, SegmentationRecordDataset
+    from gluon_data.gluon.datasets import SegmentationDataset, SegmentationRecordDataset
     from gluon_data.remote import filesystem, upload_dataset
-    from gluon_data.recordio import RecordFile
-    from gluon_data.sample import make_voc
-    from gluon_data.store import open_store
+    from gluon_data.stores.recordio import RecordFile
+    from gluon_data.convert.sample import make_voc
+    from gluon_data.stores.base import open_store
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

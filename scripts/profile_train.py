@@ -24,8 +24,10 @@ import cv2
 import numpy as np
 from mxnet.gluon.data.vision import transforms
 
-from gluon_data import SegmentationBatchify, SegmentationRecordDataset, buffers, codec
-from gluon_data import transforms as T
+from gluon_data import SegmentationBatchify, SegmentationRecordDataset
+from gluon_data.gluon import buffers
+from gluon_data.format import codec
+from gluon_data.arrays import transforms as T
 
 
 def profile(ds, n, pngs):

@@ -18,7 +18,7 @@ A quick start that runs in about a minute on a CPU (the defaults are gluoncv's G
     python scripts/train_segmentation.py --data data/voc_train.rec --val-data data/voc_val.rec \\
         --base-size 160 --crop-size 128 --batch-size 4 --epochs 2 --save-dir runs/fcn
     # 2 workers on this machine (see docs/distributed.md):
-    python -m gluon_data.launch -n 2 -s 1 -- python scripts/train_segmentation.py \\
+    python -m gluon_data.gluon.launch -n 2 -s 1 -- python scripts/train_segmentation.py \\
         --kvstore dist_sync --data data/voc_train.rec --val-data data/voc_val.rec \\
         --base-size 160 --crop-size 128 --batch-size 4 --epochs 2 --save-dir runs/fcn-dist
     horovodrun --gloo -np 2 -H localhost:2 python scripts/train_segmentation.py --horovod ...
@@ -44,11 +44,11 @@ from tqdm import tqdm
 
 from gluon_data import DistributedSampler, SegmentationBatchify
 from gluon_data.cli import storage_option_parser
-from gluon_data.datasets import SegmentationDataset
+from gluon_data.gluon.datasets import SegmentationDataset
 from gluon_data.remote import parse_storage_options
-from gluon_data.store import is_uri, open_store
+from gluon_data.stores.base import is_uri, open_store
 
-LAUNCHER = "python -m gluon_data.launch"
+LAUNCHER = "python -m gluon_data.gluon.launch"
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -376,7 +376,7 @@ def train_epoch(job, epoch, it, budget):
     bar.close()
     elapsed = time.perf_counter() - t0
     if world.distributed:
-        from gluon_data.distributed import allreduce_sum
+        from gluon_data.gluon.distributed import allreduce_sum
         real = int(allreduce_sum([real], world.kv, horovod=world.hvd is not None)[0])
     if world.rank == 0:
         pix_acc, miou = metric.get()
@@ -399,7 +399,7 @@ def validate(job, valset, epoch):
         job["watchdog"].beat()
 
     if world.distributed:
-        from gluon_data.distributed import evaluate_segmentation
+        from gluon_data.gluon.distributed import evaluate_segmentation
 
         def forward(x):
             scores = model(x.as_in_context(ctx))[0].as_in_context(x.context)

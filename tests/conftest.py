@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 
 from gluon_data import convert
-from gluon_data.sample import make_imagefolder, make_voc
+from gluon_data.convert.sample import make_imagefolder, make_voc
 
 IM2REC = os.path.join(os.path.dirname(mx.__file__), "tools", "im2rec.py")
 

@@ -123,8 +123,8 @@ def test_scale_step_small(tmp_path):
     the binary index, the text .idx (first open, then from the cache), a 4-shard manifest
     and workers forked after the parent opened; the rows against the targets exist."""
     from gluon_data.cli import load_bench
-    from gluon_data.recordio import RecordFile
-    from gluon_data.shards import verify_sharded
+    from gluon_data.stores.recordio import RecordFile
+    from gluon_data.stores.shards import verify_sharded
     bench = load_bench()
     out = bench.scale_costs(str(tmp_path), n=20_000, workers=2, reads=200, shards=4)
     f = RecordFile(str(tmp_path / "scale-20000.rec"))
@@ -154,8 +154,8 @@ def test_classification_only(tmp_path):
     """``--only classification``: the stock im2rec ``.rec``, its shards (the same records),
     every classification loader and the recipe ratios, on 16 images."""
     from gluon_data.cli import load_bench
-    from gluon_data.recordio import RecordFile
-    from gluon_data.shards import ShardedStore
+    from gluon_data.stores.recordio import RecordFile
+    from gluon_data.stores.shards import ShardedStore
     out = io.StringIO()
     res = load_bench().run_classification(str(tmp_path / "c"), n=16, workers=1, out=out,
                                           epochs=1)
@@ -211,7 +211,7 @@ def test_full_run_conversion_step(tmp_path):
     benchmarks/bench_convert.py's every row measured on the same pairs, and the issue's four
     conversion ratios with their targets in the table the full run prints."""
     from gluon_data.cli import load_bench
-    from gluon_data.recordio import RecordFile
+    from gluon_data.stores.recordio import RecordFile
     bench = load_bench()
     work = str(tmp_path / "c")
     voc = bench.make_dataset(work, 8)

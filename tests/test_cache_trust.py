@@ -12,10 +12,10 @@ import zlib
 import pytest
 
 from gluon_data.errors import CacheError
-from gluon_data.recordio import BINARY_INDEX_SUFFIX, RecordFile, RecordWriter, index_cache_path
+from gluon_data.stores.recordio import BINARY_INDEX_SUFFIX, RecordFile, RecordWriter, index_cache_path
 from gluon_data.remote import ShardCache, convert_to_uri
-from gluon_data.sample import make_imagefolder
-from gluon_data.store import open_store
+from gluon_data.convert.sample import make_imagefolder
+from gluon_data.stores.base import open_store
 
 from test_remote import BUCKET, FAST, s3, so  # noqa: F401 - the S3 server fixtures
 
@@ -201,7 +201,7 @@ def test_a_link_or_fifo_at_an_index_entry_is_ignored(tmp_path, cache):
     path = stock_rec(str(tmp_path / "stock.rec"))
     cached = index_cache_path(path[:-4] + ".idx")
     elsewhere = stock_rec(str(tmp_path / "other.rec"))  # a valid copy of another .idx...
-    from gluon_data.recordio import write_binary_index
+    from gluon_data.stores.recordio import write_binary_index
     os.makedirs(os.path.dirname(cached), mode=0o700)
     os.symlink(write_binary_index(elsewhere[:-4] + ".idx"), cached)  # ...linked in its place
     with pytest.warns(RuntimeWarning, match="symbolic link"):

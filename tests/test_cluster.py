@@ -18,8 +18,8 @@ import pytest
 from gluon_data.cli import main
 from gluon_data.errors import ConversionError, RemoteError, RemoteNotFoundError, WorkerPathError
 from gluon_data.remote import convert_to_uri, filesystem
-from gluon_data.sample import make_imagefolder
-from gluon_data.shards import convert_sharded
+from gluon_data.convert.sample import make_imagefolder
+from gluon_data.stores.shards import convert_sharded
 
 dd = pytest.importorskip("dask.distributed")
 pytest.importorskip("moto.server")
@@ -292,7 +292,7 @@ def test_forwarded_credentials_reach_the_workers_and_are_written_nowhere(
     secret = CLIENT_SECRET.encode()
     assert not [b for b in blobs if secret in b]
     assert not [t for t in texts if CLIENT_SECRET in t]
-    from gluon_data.credentials import forward_options
+    from gluon_data.storage.credentials import forward_options
     opts = forward_options(uri)
     assert opts["secret"] == CLIENT_SECRET and opts["endpoint_url"] == s3.url
     assert CLIENT_SECRET not in repr(opts) and CLIENT_SECRET not in str(opts)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gluon_data import codec
+from gluon_data.format import codec
 from gluon_data.errors import CorruptRecordError, DecodeError, FormatError, GluonDataError
 
 pytestmark = pytest.mark.reliability

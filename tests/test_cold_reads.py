@@ -15,11 +15,12 @@ import lmdb
 import numpy as np
 import pytest
 
-from gluon_data import convert, lmdbio
+from gluon_data import convert
+from gluon_data.stores import lmdbio
 from gluon_data.errors import CorruptRecordError, FormatError
-from gluon_data.lmdbio import LMDBFile
-from gluon_data.recordio import RecordFile
-from gluon_data.sample import make_voc
+from gluon_data.stores.lmdbio import LMDBFile
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.convert.sample import make_voc
 
 
 def _values(path, split="train"):

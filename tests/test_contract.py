@@ -49,16 +49,16 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_data import (CaffeLMDBDataset, ClassificationDataset, ImageLMDBDataset,
-                        ImageRecordDataset, RecipeLMDBDataset, SampleKey, SegmentationDataset,
-                        SegmentationLMDBDataset, SegmentationRecordDataset, codec, convert)
+from gluon_data import CaffeLMDBDataset, ClassificationDataset, ImageLMDBDataset, ImageRecordDataset, RecipeLMDBDataset, SampleKey, SegmentationDataset, SegmentationLMDBDataset, SegmentationRecordDataset
+from gluon_data.format import codec
+from gluon_data import convert
 from gluon_data.errors import FormatError, GluonDataError
-from gluon_data.lmdbio import record_key
-from gluon_data.recordio import RecordFile
+from gluon_data.stores.lmdbio import record_key
+from gluon_data.stores.recordio import RecordFile
 from gluon_data.remote import convert_to_uri, filesystem, upload_dataset
-from gluon_data.sample import make_voc
-from gluon_data.shards import read_manifest
-from gluon_data.store import RecordStore, open_store
+from gluon_data.convert.sample import make_voc
+from gluon_data.stores.shards import read_manifest
+from gluon_data.stores.base import RecordStore, open_store
 from http_range_server import RangeServer
 
 # test id -> the fixture building that store (remote ones: built by seg_remote / cls_remote)
@@ -166,7 +166,7 @@ def _damaged_shards(manifest: str, tmp_dir) -> str:
 def _seg_convert(tmp_path_factory, tag, seed):
     """One VOC source (8 images) and its .rec, LMDB, RecordIO and LMDB shards, each in a
     folder of its own under the same names whatever the source (so one replaces another)."""
-    from gluon_data.shards import convert_sharded
+    from gluon_data.stores.shards import convert_sharded
     root = make_voc(str(tmp_path_factory.mktemp(tag + "voc") / "VOC2012"), num_images=8,
                     size_range=(SIZE, SIZE), seed=seed)
     rec = convert(root, str(tmp_path_factory.mktemp(tag + "rec") / "seg.rec"), "voc",
@@ -264,7 +264,7 @@ def seg_recipe(seg_source, seg_other):
 
 
 def _cls_convert(folder_root, tmp_path_factory, tag):
-    from gluon_data.shards import convert_sharded
+    from gluon_data.stores.shards import convert_sharded
     rec = str(tmp_path_factory.mktemp(tag + "cls") / "cls.rec")
     convert(folder_root, rec, "imagefolder")
     lm = str(tmp_path_factory.mktemp(tag + "clsl") / "cls.lmdb")
@@ -297,7 +297,7 @@ def cls_source(folder_root, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cls_other(tmp_path_factory):
-    from gluon_data.sample import make_imagefolder
+    from gluon_data.convert.sample import make_imagefolder
     root = make_imagefolder(str(tmp_path_factory.mktemp("ofolder") / "data"), per_class=3,
                             seed=9)
     return _cls_convert(root, tmp_path_factory, "o")
@@ -649,7 +649,7 @@ def _hinted_loader(ds, batches, batchify, **loader):
 
 
 def _check_will_need(case, batchify, tmp_path):
-    from gluon_data.store import will_need
+    from gluon_data.stores.base import will_need
     ds = case.make()
     store = ds.store
     assert hasattr(store, "will_need") == (case.name not in LEGACY), case.name

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gluon_data import ImageRecordDataset, SegmentationRecordDataset, codec, convert
+from gluon_data import ImageRecordDataset, SegmentationRecordDataset
+from gluon_data.format import codec
+from gluon_data import convert
 from gluon_data.errors import ConversionError
-from gluon_data.recordio import RecordFile
-from gluon_data.sample import synthetic_pair
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.convert.sample import synthetic_pair
 
 from conftest import run_im2rec
 
@@ -248,7 +250,7 @@ def test_mask_without_image_and_lst_paths_leaving_the_root(tmp_path, folder_root
 def test_disk_full_leaves_nothing_under_final_name(tmp_path, voc_root, monkeypatch):
     """A write failure (ENOSPC) mid-conversion aborts cleanly."""
     import errno
-    from gluon_data import recordio
+    from gluon_data.stores import recordio
     real = recordio.RecordWriter.write
     calls = {"n": 0}
 
@@ -266,8 +268,9 @@ def test_disk_full_leaves_nothing_under_final_name(tmp_path, voc_root, monkeypat
 
 
 def test_mask_encodings_store_the_same_labels(voc_root, tmp_path):
-    from gluon_data import SegmentationRecordDataset, codec
-    from gluon_data.recordio import RecordFile
+    from gluon_data import SegmentationRecordDataset
+    from gluon_data.format import codec
+    from gluon_data.stores.recordio import RecordFile
     outs = {}
     for enc in ("zraw", "png"):
         out = str(tmp_path / ("m_%s.rec" % enc))

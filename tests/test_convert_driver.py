@@ -8,12 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from gluon_data import SegmentationRecordDataset, codec, convert
+from gluon_data import SegmentationRecordDataset
+from gluon_data.format import codec
+from gluon_data import convert
 from gluon_data.cli import main
 from gluon_data.convert import ConversionReport, _stock_meta, import_lmdb, outputs_for
-from gluon_data.lmdbio import LMDBFile
-from gluon_data.meta import read_meta
-from gluon_data.store import open_store
+from gluon_data.stores.lmdbio import LMDBFile
+from gluon_data.format.meta import read_meta
+from gluon_data.stores.base import open_store
 from test_legacy import make_recipe_lmdb
 
 

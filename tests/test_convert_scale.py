@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from gluon_data import convert
-from gluon_data import sources
+from gluon_data.convert import sources
 from gluon_data.errors import ConversionError
 from gluon_data.convert import driver, loop, resume
-from gluon_data.engines import _start_pool
-from gluon_data.sample import make_voc
+from gluon_data.convert.engines import _start_pool
+from gluon_data.convert.sample import make_voc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,10 +72,10 @@ def test_a_worker_imports_the_encoder_not_the_writers():
     """A worker unpickles ``encode._work``: that loads the encoder and what it reads with,
     not the loop, the writers, the copy and sharded drivers (their import was most of a
     worker's start-up); every name is still importable from the package."""
-    code = ("import sys, gluon_data.convert.encode, gluon_data.engines\n"
+    code = ("import sys, gluon_data.convert.encode, gluon_data.convert.engines\n"
             "heavy = sorted(m for m in sys.modules if m.startswith('gluon_data.') and m not in "
-            "('gluon_data.convert', 'gluon_data.convert.encode', 'gluon_data.codec', "
-            "'gluon_data.errors', 'gluon_data.sources', 'gluon_data.engines', "
+            "('gluon_data.convert', 'gluon_data.convert.encode', 'gluon_data.format.codec', "
+            "'gluon_data.errors', 'gluon_data.convert.sources', 'gluon_data.convert.engines', "
             "'gluon_data._callable'))\n"
             "assert not heavy, heavy\n"
             "from gluon_data.convert import convert, convert_sharded, drive, _Checkpoint\n"

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gluon_data import ImageRecordDataset, SegmentationBatchify, SegmentationRecordDataset, codec
+from gluon_data import ImageRecordDataset, SegmentationBatchify, SegmentationRecordDataset
+from gluon_data.format import codec
 from gluon_data.errors import CorruptRecordError, FormatError
-from gluon_data.recordio import RecordFile
+from gluon_data.stores.recordio import RecordFile
 
 
 class Tagged(mx.gluon.data.Dataset):

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from gluon_data import convert
-from gluon_data.datasets import (CaffeLMDBDataset, ImageLMDBDataset, ImageRecordDataset,
+from gluon_data.gluon.datasets import (CaffeLMDBDataset, ImageLMDBDataset, ImageRecordDataset,
                                  RecipeLMDBDataset, SegmentationLMDBDataset,
                                  SegmentationRecordDataset, open_segmentation)
 from gluon_data.remote import filesystem
-from gluon_data.shards import convert_sharded
+from gluon_data.stores.shards import convert_sharded
 
 from test_remote import BUCKET, s3, so  # noqa: F401 - moto's S3 server fixtures
 

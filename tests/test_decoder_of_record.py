@@ -14,10 +14,13 @@ import numpy as np
 import pytest
 from mxnet.gluon.data.vision import transforms as VT
 
-from gluon_data import ImageRecordDataset, codec, convert, decode, verify
+from gluon_data import ImageRecordDataset
+from gluon_data.format import codec, decode
+from gluon_data import convert
+from gluon_data.tools import verify
 from gluon_data.errors import DecodeError
-from gluon_data.recordio import RecordFile
-from gluon_data.sampler import SampleKey
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.sampling.sampler import SampleKey
 from jpeg_variants import ODD_SAMPLINGS, baseline_jpeg, lossless_jpeg
 from test_region_decode import _write_stock_rec, boxes, needs_ext, photo
 

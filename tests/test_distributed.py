@@ -14,11 +14,12 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_data import DistributedSampler, SegmentationBatchify, SegmentationRecordDataset, convert
-from gluon_data.distributed import DistributedSegmentationMetric, allreduce_sum
-from gluon_data.launch import dmlc_env, free_port, launch_local
-from gluon_data.sample import make_voc
-from gluon_data.sampler import epoch_order
+from gluon_data import DistributedSampler, SegmentationBatchify, SegmentationRecordDataset
+from gluon_data import convert
+from gluon_data.gluon.distributed import DistributedSegmentationMetric, allreduce_sum
+from gluon_data.gluon.launch import dmlc_env, free_port, launch_local
+from gluon_data.convert.sample import make_voc
+from gluon_data.sampling.sampler import epoch_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECIPE = os.path.join(HERE, "..", "scripts", "train_segmentation.py")
@@ -179,7 +180,7 @@ def test_resume_across_world_sizes_1_2_1(voc, tmp_path):
 
 WORKER = r"""
 import mxnet as mx
-from gluon_data.distributed import allreduce_sum
+from gluon_data.gluon.distributed import allreduce_sum
 kv = mx.kv.create("dist_sync")
 big = 2 ** 40
 got = allreduce_sum([big + kv.rank, 1, -3], kv).tolist()
@@ -300,12 +301,12 @@ time.sleep(120)
 
 @pytest.mark.slow
 def test_launcher_streams_prefixed_output_and_stops_when_a_worker_is_killed(tmp_path):
-    """`python -m gluon_data.launch`: each worker's line reaches the launcher's stdout,
+    """`python -m gluon_data.gluon.launch`: each worker's line reaches the launcher's stdout,
     prefixed with its rank, while the workers still run; a worker killed then ends the whole
     job at once, with a message naming it and a non-zero exit."""
     script = tmp_path / "worker.py"
     script.write_text(STREAM_WORKER)
-    p = subprocess.Popen([sys.executable, "-m", "gluon_data.launch", "-n", "2", "-s", "1",
+    p = subprocess.Popen([sys.executable, "-m", "gluon_data.gluon.launch", "-n", "2", "-s", "1",
                           "--timeout", "300", "--", sys.executable, str(script)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=dict(os.environ, **ENV))

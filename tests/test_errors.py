@@ -17,8 +17,9 @@ import time
 
 import pytest
 
-from gluon_data import SegmentationRecordDataset, convert
-from gluon_data.sample import make_voc
+from gluon_data import SegmentationRecordDataset
+from gluon_data import convert
+from gluon_data.convert.sample import make_voc
 
 pytestmark = pytest.mark.reliability
 STRESS = os.environ.get("GLUON_DATA_STRESS") == "1"
@@ -260,7 +261,7 @@ def _wait_for(path, proc, limit=120.0):
 
 def _wait_progress(out, proc, limit=60.0):
     """Until the partial LMDB holds a committed checkpoint (read lock-free, read-only)."""
-    from gluon_data.lmdbio import LMDBWriter
+    from gluon_data.stores.lmdbio import LMDBWriter
     t0 = time.monotonic()
     while proc.poll() is None and time.monotonic() - t0 < limit:
         try:

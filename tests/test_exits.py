@@ -15,7 +15,7 @@ import time
 import pytest
 
 from gluon_data.cli import build_parser
-from gluon_data.sample import make_voc
+from gluon_data.convert.sample import make_voc
 
 STRESS = os.environ.get("GLUON_DATA_STRESS") == "1"
 

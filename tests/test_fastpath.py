@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from mxnet.gluon.data.vision import transforms as VT
 
-from gluon_data import SegmentationBatchify, SegmentationRecordDataset, buffers
-from gluon_data import loader as gd_loader
-from gluon_data import transforms as T
-from gluon_data.datasets import numpy_image_transform
+from gluon_data import SegmentationBatchify, SegmentationRecordDataset
+from gluon_data.gluon import buffers
+from gluon_data.gluon import loader as gd_loader
+from gluon_data.arrays import transforms as T
+from gluon_data.gluon.datasets import numpy_image_transform
 
 from test_transforms import IGNORE, assert_aligned, painted_pair
 
@@ -220,7 +221,7 @@ def _recipe(*head, normalize=True):
 
 
 def test_numpy_classification_transform_recognises_the_usual_recipes():
-    from gluon_data.datasets import numpy_classification_transform as rec
+    from gluon_data.gluon.datasets import numpy_classification_transform as rec
     t = rec(_recipe(VT.RandomResizedCrop(24), VT.RandomFlipLeftRight()))
     assert t.crop[0] == "random" and t.crop[1] == (24, 24) and t.flip
     assert rec(_recipe(VT.CenterCrop((20, 10)))).crop == ("center", (20, 10), 1)

@@ -11,9 +11,11 @@ import pytest
 from mxnet.gluon.data.vision import transforms as VT
 
 import gluon_data
-from gluon_data import ImageRecordDataset, SegmentationRecordDataset, convert, verify
-from gluon_data.sample import make_voc
-from gluon_data.transforms import ImageCropNormalize
+from gluon_data import ImageRecordDataset, SegmentationRecordDataset
+from gluon_data import convert
+from gluon_data.tools import verify
+from gluon_data.convert.sample import make_voc
+from gluon_data.arrays.transforms import ImageCropNormalize
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +115,6 @@ def test_fast_paths_are_visible_objects(cls_rec):
 
 
 def test_worker_died_error_is_exported():
-    from gluon_data.loader import WorkerDiedError
+    from gluon_data.gluon.loader import WorkerDiedError
     assert gluon_data.WorkerDiedError is WorkerDiedError
     assert "WorkerDiedError" in dir(gluon_data)

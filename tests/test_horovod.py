@@ -22,7 +22,7 @@ if shutil.which("horovodrun") is None:
 from test_distributed import (ENV, SEED, TRAIN, VAL, global_sequence, recipe,  # noqa: E402
                               report, samples, single_process_val,
                               voc)  # noqa: F401  (voc is a fixture)
-from gluon_data.sampler import epoch_order  # noqa: E402
+from gluon_data.sampling.sampler import epoch_order  # noqa: E402
 
 TIMEOUT = 300
 

@@ -12,9 +12,9 @@ import pytest
 
 from gluon_data import ClassificationDataset
 from gluon_data.errors import FormatError
-from gluon_data.recordio import (BINARY_INDEX_SUFFIX, RecordFile, _read_binary_index,
+from gluon_data.stores.recordio import (BINARY_INDEX_SUFFIX, RecordFile, _read_binary_index,
                                  index_cache_path, read_index, write_binary_index)
-from gluon_data.store import open_store
+from gluon_data.stores.base import open_store
 
 pytestmark = pytest.mark.reliability
 
@@ -211,7 +211,7 @@ def test_index_cache_can_be_off_or_unusable(tmp_path, cache, monkeypatch):
 def test_extents_of_many_records_match_one_at_a_time(tmp_path):
     """``will_need`` hints a batch by these (start, end) ranges: in file order (ends derived
     from the next offset) and out of it (a stock index's private array of ends)."""
-    from gluon_data.recordio import RecordWriter
+    from gluon_data.stores.recordio import RecordWriter
     sizes = [4, 40, 401, 4000, 8, 16]
     path = str(tmp_path / "a.rec")
     with RecordWriter(path) as w:

@@ -16,12 +16,12 @@ import textwrap
 
 import pytest
 
-from gluon_data import verify
+from gluon_data.tools import verify
 from gluon_data.errors import FormatError
-from gluon_data.fileio import open_or_explain, require_regular
-from gluon_data.recordio import RecordFile
-from gluon_data.salvage import salvage
-from gluon_data.store import open_store
+from gluon_data.storage.fileio import open_or_explain, require_regular
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.tools.salvage import salvage
+from gluon_data.stores.base import open_store
 
 TIMEOUT = 60  # seconds: each of these returns in about one; a blocked open never does
 
@@ -125,7 +125,7 @@ def test_salvage_of_a_non_regular_rec_never_blocks_nor_writes_an_index(tmp_path,
     before = listing(folder)
     p = run_python("""
         from gluon_data.errors import FormatError
-        from gluon_data.salvage import salvage
+        from gluon_data.tools.salvage import salvage
         try:
             print("SALVAGED", salvage(%r, overwrite=True))
         except FormatError as e:
@@ -142,8 +142,8 @@ def test_reading_an_index_that_is_a_fifo_never_blocks(tmp_path, voc_rec):
     rec, bad = plant("fifo-idx", folder, voc_rec)
     p = run_python("""
         from gluon_data.errors import FormatError
-        from gluon_data.fileio import open_or_explain
-        from gluon_data.recordio import read_index
+        from gluon_data.storage.fileio import open_or_explain
+        from gluon_data.stores.recordio import read_index
         for call in (lambda: read_index(%r), lambda: read_index(%r, binary=False),
                      lambda: open_or_explain(%r)):
             try:

@@ -12,11 +12,11 @@ from gluon_data import convert
 from gluon_data.cli import main
 from gluon_data.convert import copy_dataset
 from gluon_data.errors import FormatError, OutputError
-from gluon_data.recordio import binary_index_problem, write_binary_index
-from gluon_data.salvage import salvage
-from gluon_data.shards import ShardedStore, convert_sharded
-from gluon_data.store import open_store
-from gluon_data.verify import verify
+from gluon_data.stores.recordio import binary_index_problem, write_binary_index
+from gluon_data.tools.salvage import salvage
+from gluon_data.stores.shards import ShardedStore, convert_sharded
+from gluon_data.stores.base import open_store
+from gluon_data.tools.verify import verify
 
 
 def tree_hashes(*roots):

@@ -188,7 +188,7 @@ def test_every_module_of_the_tree_is_installed_and_imports(installed, empty):
 
 def test_convert_info_verify_read_dask_from_an_empty_folder(installed, empty):
     py, gd = installed["python"], installed["gluon_data"]
-    _run([py, "-c", "from gluon_data.sample import make_voc; make_voc('voc', num_images=12)"],
+    _run([py, "-c", "from gluon_data.convert.sample import make_voc; make_voc('voc', num_images=12)"],
          cwd=empty, timeout=120)
     r = _run([gd, "convert", "voc", "out/voc.rec", "--layout", "voc", "--split", "trainval",
               "--workers", "2", "--quiet"], cwd=empty, timeout=300)
@@ -200,7 +200,7 @@ def test_convert_info_verify_read_dask_from_an_empty_folder(installed, empty):
     assert "12 checked (deep: decoded): OK" in r.stdout, r.stdout
     reader = textwrap.dedent("""
         import gluon_data
-        from gluon_data.batchify import SegmentationBatchify
+        from gluon_data.gluon.batchify import SegmentationBatchify
         ds = gluon_data.SegmentationRecordDataset("out/voc.rec")
         loader = gluon_data.DataLoader(ds, batch_size=4, num_workers=2,
                                        batchify_fn=SegmentationBatchify())

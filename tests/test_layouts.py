@@ -2,9 +2,10 @@
 import numpy as np
 import pytest
 
-from gluon_data import SegmentationRecordDataset, convert
+from gluon_data import SegmentationRecordDataset
+from gluon_data import convert
 from gluon_data.errors import ConversionError
-from gluon_data.sample import make_ade20k, make_cityscapes
+from gluon_data.convert.sample import make_ade20k, make_cityscapes
 
 
 def sorted_order(ref):

@@ -10,7 +10,7 @@ from PIL import Image
 from gluon_data import ImageRecordDataset, SegmentationLMDBDataset, SegmentationRecordDataset
 from gluon_data import convert
 from gluon_data.errors import ConversionError
-from gluon_data.sample import synthetic_pair
+from gluon_data.convert.sample import synthetic_pair
 
 
 def make_recipe_lmdb(path, n=12, shape=(24, 32), channels_first=False, bgr=False):

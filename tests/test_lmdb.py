@@ -10,10 +10,11 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_data import (ImageLMDBDataset, ImageRecordDataset, SegmentationLMDBDataset,
-                        SegmentationRecordDataset, codec, convert)
+from gluon_data import ImageLMDBDataset, ImageRecordDataset, SegmentationLMDBDataset, SegmentationRecordDataset
+from gluon_data.format import codec
+from gluon_data import convert
 from gluon_data.errors import CorruptRecordError, FormatError
-from gluon_data.lmdbio import LMDBFile, LMDBWriter, record_key, shared_env
+from gluon_data.stores.lmdbio import LMDBFile, LMDBWriter, record_key, shared_env
 
 from test_datasets import audit_loader
 
@@ -64,7 +65,7 @@ def test_rec_to_lmdb_to_rec_is_byte_identical(voc_rec, im2rec_rec, tmp_path):
 
 
 def test_lmdb_values_are_the_record_payloads_under_ordered_keys(voc_lmdb, voc_split_recs):
-    from gluon_data.recordio import RecordFile
+    from gluon_data.stores.recordio import RecordFile
     rec = RecordFile(voc_split_recs["train"])
     env = shared_env(voc_lmdb)  # py-lmdb allows one open environment per path and process
     with env.begin(db=env.open_db(b"train", create=False)) as txn:

@@ -9,8 +9,8 @@ import pytest
 
 from gluon_data.convert import convert
 from gluon_data.errors import CorruptRecordError, FormatError
-from gluon_data.lmdbio import LMDBFile, record_key
-from gluon_data.sample import make_voc
+from gluon_data.stores.lmdbio import LMDBFile, record_key
+from gluon_data.convert.sample import make_voc
 
 _P_LEAF, _F_BIGDATA = 0x02, 0x01
 
@@ -57,7 +57,7 @@ def _claim_4gb(path: str, record: int) -> str:
 def test_a_leaf_claiming_4gb_is_a_typed_error_under_a_3gb_limit(big_lmdb):
     bad = _claim_4gb(big_lmdb, 2)
     code = ("import resource, sys\n"
-            "from gluon_data.lmdbio import LMDBFile\n"
+            "from gluon_data.stores.lmdbio import LMDBFile\n"
             "f = LMDBFile(%r, 'trainval')\n"
             "f.read(0)\n"  # a value on another leaf or the same: must read fine
             "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"

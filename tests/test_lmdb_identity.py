@@ -18,11 +18,13 @@ import sys
 import lmdb
 import pytest
 
-from gluon_data import SegmentationLMDBDataset, convert, lmdb_pages
+from gluon_data import SegmentationLMDBDataset
+from gluon_data import convert
+from gluon_data.stores import lmdb_pages
 from gluon_data.errors import FormatError
-from gluon_data.lmdbio import LMDBFile, LMDBWriter, _read_all_meta, shared_env
-from gluon_data.recordio import RecordFile
-from gluon_data.sample import make_voc
+from gluon_data.stores.lmdbio import LMDBFile, LMDBWriter, _read_all_meta, shared_env
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.convert.sample import make_voc
 
 SPLIT = "trainval"
 

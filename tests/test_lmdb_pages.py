@@ -1,4 +1,4 @@
-"""The LMDB page reader (gluon_data.lmdb_pages) is used only on an on-disk version it knows
+"""The LMDB page reader (gluon_data.stores.lmdb_pages) is used only on an on-disk version it knows
 and when not switched off; otherwise every read goes through py-lmdb, with the same bytes."""
 import os
 import shutil
@@ -8,10 +8,11 @@ import lmdb
 import numpy as np
 import pytest
 
-from gluon_data import convert, lmdb_pages
+from gluon_data import convert
+from gluon_data.stores import lmdb_pages
 from gluon_data.errors import FormatError
-from gluon_data.lmdbio import LMDBFile
-from gluon_data.sample import make_voc
+from gluon_data.stores.lmdbio import LMDBFile
+from gluon_data.convert.sample import make_voc
 
 
 @pytest.fixture(scope="module")

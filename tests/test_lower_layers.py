@@ -7,7 +7,7 @@ import os
 import pytest
 
 import gluon_data
-from gluon_data.fileio import ProcessDescriptor
+from gluon_data.storage.fileio import ProcessDescriptor
 
 PKG = os.path.dirname(gluon_data.__file__)
 # the modules below the converters and the datasets' views

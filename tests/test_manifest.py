@@ -11,12 +11,12 @@ import pytest
 from gluon_data import convert
 from gluon_data.cli import main
 from gluon_data.errors import ConversionError, FormatError
-from gluon_data.meta import dumps_meta, meta_path, read_meta
-from gluon_data.recordio import RecordFile
-from gluon_data.sample import make_imagefolder
-from gluon_data.shards import (ShardedStore, convert_sharded, read_manifest, verify_sharded,
+from gluon_data.format.meta import dumps_meta, meta_path, read_meta
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.convert.sample import make_imagefolder
+from gluon_data.stores.shards import (ShardedStore, convert_sharded, read_manifest, verify_sharded,
                                write_combined_index)
-from gluon_data.store import open_store
+from gluon_data.stores.base import open_store
 
 pytestmark = pytest.mark.reliability
 

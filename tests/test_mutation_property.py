@@ -11,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gluon_data import SegmentationRecordDataset, convert, verify
+from gluon_data import SegmentationRecordDataset
+from gluon_data import convert
+from gluon_data.tools import verify
 from gluon_data.errors import GluonDataError
-from gluon_data.sample import make_voc
+from gluon_data.convert.sample import make_voc
 
 pytestmark = pytest.mark.reliability
 
@@ -119,8 +121,8 @@ def test_damaged_indexes_and_metadata_give_typed_errors_or_the_exact_samples(
 @pytest.fixture(scope="module")
 def small_sharded(tmp_path_factory):
     """8 records in 4 shards, the manifest's document and every record's bytes."""
-    from gluon_data.sample import make_imagefolder
-    from gluon_data.shards import ShardedStore, convert_sharded
+    from gluon_data.convert.sample import make_imagefolder
+    from gluon_data.stores.shards import ShardedStore, convert_sharded
     root = make_imagefolder(str(tmp_path_factory.mktemp("pms") / "src"), classes=("a", "b"),
                             per_class=4, size_range=(16, 24), seed=2)
     man = convert_sharded(root, str(tmp_path_factory.mktemp("pmo") / "s.rec"), "imagefolder",
@@ -183,8 +185,8 @@ def test_damaged_manifests_give_typed_errors_or_the_exact_records(small_sharded,
     (and verify) refuses it with a typed error, or it serves exactly the original records:
     the checksum is recomputed (``keep_checksum`` false) so only the schema and the
     invariants can tell."""
-    from gluon_data.meta import dumps_meta
-    from gluon_data.shards import ShardedStore, verify_sharded
+    from gluon_data.format.meta import dumps_meta
+    from gluon_data.stores.shards import ShardedStore, verify_sharded
     man, doc, ref = small_sharded
     d = tempfile.mkdtemp(prefix="gd-propm-")
     try:

@@ -6,12 +6,13 @@ import sys
 
 import pytest
 
-from gluon_data import SegmentationLMDBDataset, SegmentationRecordDataset, convert, salvage, \
-    verify
+from gluon_data import SegmentationLMDBDataset, SegmentationRecordDataset
+from gluon_data import convert
+from gluon_data.tools import salvage, verify
 from gluon_data.errors import ConversionError, OutputError
-from gluon_data.fsutil import OutputLock, atomic_write, check_replaceable
-from gluon_data.recordio import write_binary_index
-from gluon_data.sample import make_voc
+from gluon_data.storage.fsutil import OutputLock, atomic_write, check_replaceable
+from gluon_data.stores.recordio import write_binary_index
+from gluon_data.convert.sample import make_voc
 
 pytestmark = pytest.mark.reliability
 

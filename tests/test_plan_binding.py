@@ -11,10 +11,10 @@ from PIL import Image
 
 from gluon_data.convert import convert
 from gluon_data.errors import ConversionError
-from gluon_data.lmdbio import LMDBFile
-from gluon_data.recordio import RecordFile
-from gluon_data.sample import make_voc
-from gluon_data.shards import convert_sharded
+from gluon_data.stores.lmdbio import LMDBFile
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.convert.sample import make_voc
+from gluon_data.stores.shards import convert_sharded
 from test_remote import BUCKET, s3, so  # noqa: F401 - moto's S3 server fixtures
 
 from conftest import same_output_bytes

@@ -13,7 +13,8 @@ import time
 import mxnet as mx
 import pytest
 
-from gluon_data import SegmentationRecordDataset, convert
+from gluon_data import SegmentationRecordDataset
+from gluon_data import convert
 
 RECIPE = os.path.join(os.path.dirname(__file__), "..", "scripts", "train_segmentation.py")
 ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
@@ -126,7 +127,7 @@ def test_help_shows_defaults_and_the_launcher():
     assert "--crop-size CROP_SIZE training and validation crop (default: 480)" in text
     assert "--val-interval VAL_INTERVAL validate every N epochs (and after the last one) " \
            "(default: 1)" in text
-    assert "python -m gluon_data.launch" in text and "tools/launch.py" not in text
+    assert "python -m gluon_data.gluon.launch" in text and "tools/launch.py" not in text
     p = subprocess.run([sys.executable, RECIPE, "--data", "x.rec", "--storage-option", "anon"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--storage-option expects KEY=VALUE, got 'anon'" in p.stderr

@@ -11,11 +11,13 @@ import pytest
 from mxnet.gluon.data.vision import transforms as VT
 from PIL import Image
 
-from gluon_data import ImageRecordDataset, SegmentationRecordDataset, codec, convert, decode
-from gluon_data import transforms as T
+from gluon_data import ImageRecordDataset, SegmentationRecordDataset
+from gluon_data.format import codec, decode
+from gluon_data import convert
+from gluon_data.arrays import transforms as T
 from gluon_data.errors import DecodeError
-from gluon_data.sample import make_imagefolder, make_voc
-from gluon_data.sampler import DistributedSampler, SampleKey
+from gluon_data.convert.sample import make_imagefolder, make_voc
+from gluon_data.sampling.sampler import DistributedSampler, SampleKey
 
 needs_ext = pytest.mark.skipif(decode._jpegregion is None,
                                reason="the region decoder extension is not built")

@@ -12,12 +12,13 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_data import (DataLoader, RecordFile, RecordWriter,
-                        SegmentationLMDBDataset, SegmentationRecordDataset, codec, convert,
-                        salvage, verify)
+from gluon_data import DataLoader, RecordFile, RecordWriter, SegmentationLMDBDataset, SegmentationRecordDataset
+from gluon_data.format import codec
+from gluon_data import convert
+from gluon_data.tools import salvage, verify
 from gluon_data.errors import ConversionError, FormatError, GluonDataError
-from gluon_data.loader import WorkerDiedError
-from gluon_data.sample import make_voc
+from gluon_data.gluon.loader import WorkerDiedError
+from gluon_data.convert.sample import make_voc
 
 pytestmark = pytest.mark.reliability
 STRESS = os.environ.get("GLUON_DATA_STRESS") == "1"
@@ -86,7 +87,7 @@ def test_lmdb_conversion_resumes_after_sigkill_with_nothing_lost(big_voc, tmp_pa
     """Expected: same keys and values as an uninterrupted conversion, per split. Killed until
     it completes (at most 40 times) with GLUON_DATA_STRESS=1; in the default run at most 3
     times, then resumed to the end."""
-    from gluon_data.lmdbio import LMDBFile, read_lmdb_meta
+    from gluon_data.stores.lmdbio import LMDBFile, read_lmdb_meta
     ref = str(tmp_path / "ref.lmdb")
     convert(big_voc, ref, "voc", split="train,val", encoding="png")
     out = str(tmp_path / "out.lmdb")
@@ -337,7 +338,7 @@ def test_thread_pool_reads_zero_wrong_records(voc_rec, tmp_path, kind):
     """8 threads share one reader: 1e5 random reads with GLUON_DATA_STRESS=1 (2e4 by
     default), every one the record asked for."""
     from concurrent.futures import ThreadPoolExecutor
-    from gluon_data.lmdbio import LMDBFile
+    from gluon_data.stores.lmdbio import LMDBFile
     if kind == "lmdb":
         convert(voc_rec, str(tmp_path / "t.lmdb"))
         f = LMDBFile(str(tmp_path / "t.lmdb"), "trainval")

@@ -19,15 +19,15 @@ import pytest
 
 from gluon_data import convert
 from gluon_data.cli import main
-from gluon_data.datasets import (ImageRecordDataset, SegmentationDataset,
+from gluon_data.gluon.datasets import (ImageRecordDataset, SegmentationDataset,
                                  SegmentationRecordDataset)
 from gluon_data.errors import (ChecksumMismatchError, FormatError, OutputError,
                                RemoteConnectionError, RemoteNotFoundError)
-from gluon_data.recordio import RecordFile
+from gluon_data.stores.recordio import RecordFile
 from gluon_data.remote import (BlockShuffleSampler, PrefetchSampler, RemoteStore, ShardCache,
                                convert_to_uri, filesystem, parse_size, parse_storage_options)
-from gluon_data.sample import make_voc
-from gluon_data.store import open_store
+from gluon_data.convert.sample import make_voc
+from gluon_data.stores.base import open_store
 
 moto_server = pytest.importorskip("moto.server")
 
@@ -224,7 +224,7 @@ def test_convert_to_s3_reads_back_byte_identical(voc_s3, so, tmp_path):
 
 
 def test_classification_dataset_and_cli_round_trip(s3, so, tmp_path, capsys, monkeypatch):
-    from gluon_data.sample import make_imagefolder
+    from gluon_data.convert.sample import make_imagefolder
     src = make_imagefolder(str(tmp_path / "folder"), per_class=3)
     uri = _fresh_uri("cli/cls.rec")
     ep = "endpoint_url=" + s3.url
@@ -498,7 +498,7 @@ def test_options_parsing():
 
 def test_sharded_dataset_in_s3_read_shard_by_shard_under_a_small_cache(s3, so, voc_src,
                                                                         voc_s3, tmp_path):
-    pytest.importorskip("gluon_data.shards")
+    pytest.importorskip("gluon_data.stores.shards")
     uri = _fresh_uri("sharded/voc.rec")
     s3.log.clear()
     report = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=4,
@@ -540,7 +540,7 @@ def test_sharded_dataset_in_s3_read_shard_by_shard_under_a_small_cache(s3, so, v
 
 def test_cli_sharded_convert_to_s3_manifest_last_then_read(s3, so, tmp_path, capsys,
                                                            monkeypatch):
-    from gluon_data.sample import make_imagefolder
+    from gluon_data.convert.sample import make_imagefolder
     src = make_imagefolder(str(tmp_path / "folder"), per_class=3)
     uri = _fresh_uri("clishards/cls.rec")
     ep = "endpoint_url=" + s3.url
@@ -568,7 +568,7 @@ def test_cli_sharded_convert_to_s3_manifest_last_then_read(s3, so, tmp_path, cap
 
 
 def test_overwrite_replaces_only_our_own_output(s3, so, tmp_path, capsys):
-    from gluon_data.sample import make_imagefolder
+    from gluon_data.convert.sample import make_imagefolder
     src = make_imagefolder(str(tmp_path / "folder"), per_class=2)
     fs, _ = filesystem(_fresh_uri("x"), so)
     ep = "endpoint_url=" + s3.url
@@ -706,7 +706,7 @@ def _upload_lmdb(so, local, uri, commit=False):
     """Upload a local environment folder as it is (data.mdb; there is no lock.mdb), and
     with ``commit`` the commit document of FORMAT.md §8 after it, as the writer does."""
     import hashlib
-    from gluon_data.lmdbio import read_lmdb_meta
+    from gluon_data.stores.lmdbio import read_lmdb_meta
     fs, path = filesystem(uri, so)
     assert sorted(os.listdir(local)) == ["data.mdb"]
     data = os.path.join(local, "data.mdb")
@@ -723,7 +723,7 @@ def _upload_lmdb(so, local, uri, commit=False):
 
 def test_lmdb_in_s3_reads_byte_identical_through_two_workers_sharing_the_cache(
         s3, so, voc_lmdb, tmp_path):
-    from gluon_data.lmdbio import LMDBFile
+    from gluon_data.stores.lmdbio import LMDBFile
     uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("lm/voc.lmdb"))
     size = os.path.getsize(os.path.join(voc_lmdb, "data.mdb"))
     s3.log.clear()
@@ -779,7 +779,7 @@ def test_lmdb_in_s3_info_verify_stats_show(s3, so, voc_lmdb, tmp_path, capsys, m
     assert main(["show", uri, "--split", "val", "--index", "3", "--out", out] + ep) == 0
     assert os.path.getsize(out) > 0
     # every dataset class takes the URI (endpoint from the standard environment)
-    from gluon_data.datasets import SegmentationLMDBDataset
+    from gluon_data.gluon.datasets import SegmentationLMDBDataset
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)
     ds = SegmentationLMDBDataset(uri, split="train", ignore_value=None)
     ref = SegmentationLMDBDataset(voc_lmdb, split="train", ignore_value=None)
@@ -789,7 +789,7 @@ def test_lmdb_in_s3_info_verify_stats_show(s3, so, voc_lmdb, tmp_path, capsys, m
 
 
 def test_tampered_lmdb_in_s3_is_a_checksum_error_naming_it(s3, so, voc_lmdb, tmp_path):
-    from gluon_data.lmdbio import LMDBFile
+    from gluon_data.stores.lmdbio import LMDBFile
     uri = _fresh_uri("lmtamper/voc.lmdb")
     data = bytearray(open(os.path.join(voc_lmdb, "data.mdb"), "rb").read())
     payload = LMDBFile(voc_lmdb, "train").read(2)
@@ -823,7 +823,7 @@ def _files_equal(a, b):
 def test_copy_from_s3_rec_to_local_lmdb_equal_sample_for_sample(voc_s3, s3, tmp_path,
                                                                  capsys, monkeypatch):
     from gluon_data.convert import copy_dataset
-    from gluon_data.lmdbio import LMDBFile, read_lmdb_meta
+    from gluon_data.stores.lmdbio import LMDBFile, read_lmdb_meta
     uri, local = voc_s3
     monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
     out = str(tmp_path / "from_s3.lmdb")
@@ -866,7 +866,7 @@ def test_copy_from_s3_lmdb_to_local_rec_byte_identical(s3, so, voc_lmdb, tmp_pat
 
 def test_reshard_from_s3_rec_same_shards_and_resume_rules(voc_s3, s3, tmp_path, capsys,
                                                           monkeypatch):
-    from gluon_data.shards import read_manifest
+    from gluon_data.stores.shards import read_manifest
     uri, local = voc_s3
     monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
     ep = ["--storage-option", "endpoint_url=" + s3.url]
@@ -896,7 +896,7 @@ def test_reshard_from_s3_rec_same_shards_and_resume_rules(voc_s3, s3, tmp_path, 
 
 def test_merge_a_remote_manifest_into_one_local_shard(s3, so, voc_src, tmp_path, capsys,
                                                       monkeypatch):
-    from gluon_data.shards import read_manifest
+    from gluon_data.stores.shards import read_manifest
     uri = _fresh_uri("mergesrc/voc.rec")
     report = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=4,
                             storage_options=so, cache_dir=str(tmp_path / "stage"))
@@ -915,7 +915,7 @@ def test_merge_a_remote_manifest_into_one_local_shard(s3, so, voc_src, tmp_path,
 
 
 def test_lmdb_in_s3_with_its_commit_document(s3, so, voc_lmdb, tmp_path, capsys, monkeypatch):
-    from gluon_data.lmdbio import LMDBFile
+    from gluon_data.stores.lmdbio import LMDBFile
     uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("lmcommit/voc.lmdb"), commit=True)
     size = os.path.getsize(os.path.join(voc_lmdb, "data.mdb"))
     monkeypatch.setenv("GLUON_DATA_CACHE_DIR", str(tmp_path / "cache"))
@@ -957,7 +957,7 @@ def test_lmdb_in_s3_with_its_commit_document(s3, so, voc_lmdb, tmp_path, capsys,
 def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path, capsys,
                                                monkeypatch):
     import hashlib
-    from gluon_data.shards import convert_sharded
+    from gluon_data.stores.shards import convert_sharded
     local = str(tmp_path / "lm" / "voc.lmdb")
     convert_sharded(voc_src, local, "voc", split="trainval", shard_items=6)
     folder = os.path.dirname(local)
@@ -972,7 +972,7 @@ def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path, capsys
         with open(data, "rb") as f:
             files[sh["name"] + "/data.mdb"] = {"bytes": os.path.getsize(data),
                                                "sha256": hashlib.sha256(f.read()).hexdigest()}
-    from gluon_data.meta import dumps_meta  # as the uploader writes it: with its checksum
+    from gluon_data.format.meta import dumps_meta  # as the uploader writes it: with its checksum
     fs.pipe_file(base + "/voc.shards.json", dumps_meta(dict(doc, files=files)))
     store = open_store(_fresh_uri("lmshards/voc.shards.json"),
                        **_remote(so, tmp_path, max_open_shards=1))
@@ -1070,8 +1070,8 @@ def test_dask_workers_upload_their_own_shards(s3, so, tmp_path):
     tasks only, and a task that failed mid-upload and was retried by Dask gives the same
     bytes."""
     dd = pytest.importorskip("dask.distributed")
-    from gluon_data.sample import make_imagefolder
-    from gluon_data.shards import convert_sharded
+    from gluon_data.convert.sample import make_imagefolder
+    from gluon_data.stores.shards import convert_sharded
     src = make_imagefolder(str(tmp_path / "folder"), per_class=4)
     worker_cache, client_cache = tmp_path / "worker-cache", tmp_path / "client-cache"
     # the workers know neither the endpoint nor any credentials: they come with the tasks
@@ -1193,8 +1193,8 @@ def test_sharded_upload_resumes_from_the_receipts(s3, so, voc_src, tmp_path):
 
 
 def test_lmdb_to_s3_uploads_data_mdb_then_its_commit_document(s3, so, tmp_path):
-    from gluon_data.lmdbio import LMDBFile, read_lmdb_meta
-    from gluon_data.sample import make_imagefolder
+    from gluon_data.stores.lmdbio import LMDBFile, read_lmdb_meta
+    from gluon_data.convert.sample import make_imagefolder
     src = make_imagefolder(str(tmp_path / "folder"), per_class=3)
     uri = _fresh_uri("lmdb/cls.lmdb")
     s3.log.clear()
@@ -1326,7 +1326,7 @@ def test_a_manifest_at_a_uri_is_a_sharded_store_of_the_remote_stores(s3, so, voc
     entry: opening one sends no request); RemoteShardedStore still opens it, deprecated."""
     import pickle
     from gluon_data.remote import RemoteShardedStore
-    from gluon_data.shards import ShardedStore
+    from gluon_data.stores.shards import ShardedStore
     uri = _fresh_uri("onepath/voc.rec")
     manifest = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=8,
                               storage_options=so, cache_dir=str(tmp_path / "stage")
@@ -1353,11 +1353,11 @@ def test_an_http_served_rec_and_manifest_read(voc_src, voc_s3, tmp_path):
     """Plain HTTP(S) is a scheme like S3: a .rec and a sharded dataset served by a loopback
     HTTP server with range requests read through the same stores, the shards downloaded into
     the cache once."""
-    from gluon_data.shards import ShardedStore
+    from gluon_data.stores.shards import ShardedStore
     folder = tmp_path / "www"
     folder.mkdir()
     convert(voc_src, str(folder / "voc.rec"), "voc", split="trainval")
-    from gluon_data.shards import convert_sharded
+    from gluon_data.stores.shards import convert_sharded
     convert_sharded(voc_src, str(folder / "sh.rec"), "voc", split="trainval", shard_items=8)
     ref = RecordFile(voc_s3[1])
     opts = dict(storage_options={}, cache_dir=str(tmp_path / "cache"), **FAST)
@@ -1390,7 +1390,7 @@ def test_will_need_on_a_remote_store_downloads_and_the_read_needs_no_request(voc
     """The hint is the prefetch: ``will_need`` on a remote store (what the DataLoader's
     hints and PrefetchSampler give) starts the download in the background; once it is done,
     reading sends no request at all."""
-    from gluon_data.store import will_need
+    from gluon_data.stores.base import will_need
     uri, local = voc_s3
     store = open_store(uri, **_remote(so, tmp_path))
     s3.log.clear()
@@ -1431,7 +1431,7 @@ def test_one_remote_store_for_rec_and_lmdb(s3, so, voc_s3, voc_lmdb, tmp_path):
     """A .rec and an LMDB at a URI are the same remote store (described, fetched by the
     cache, opened as the local store), pickled alike; RemoteLMDBStore names it."""
     import pickle
-    from gluon_data.lmdbio import LMDBFile
+    from gluon_data.stores.lmdbio import LMDBFile
     from gluon_data.remote import RemoteLMDBStore
     uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("onestore/voc.lmdb"), commit=True)
     lm, rec = open_store(uri, "val", **_remote(so, tmp_path)), open_store(voc_s3[0],

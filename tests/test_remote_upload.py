@@ -14,11 +14,11 @@ from test_remote import BUCKET, moto_s3, so  # noqa: E402,F401  (so: the fixture
 
 from gluon_data import convert  # noqa: E402
 from gluon_data.errors import FormatError, RemoteError  # noqa: E402
-from gluon_data.meta import dumps_meta  # noqa: E402
+from gluon_data.format.meta import dumps_meta  # noqa: E402
 import gluon_data.remote as remote_pkg  # noqa: E402
 from gluon_data.remote import convert_to_uri, filesystem  # noqa: E402
-from gluon_data.sample import make_imagefolder  # noqa: E402
-from gluon_data.store import open_store  # noqa: E402
+from gluon_data.convert.sample import make_imagefolder  # noqa: E402
+from gluon_data.stores.base import open_store  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -216,7 +216,7 @@ def test_the_converter_imports_the_uploader_not_the_other_way_round():
     """Expected: ``convert_to_uri`` lives with the converters and is still reachable from
     ``gluon_data.remote``; loading the remote package (every URI read does) loads no converter
     module."""
-    code = ("import sys, gluon_data.remote, gluon_data.remote.upload, gluon_data.store; "
+    code = ("import sys, gluon_data.remote, gluon_data.convert.upload, gluon_data.stores.base; "
             "assert not [m for m in sys.modules if m.startswith('gluon_data.convert')], "
             "sorted(m for m in sys.modules if m.startswith('gluon_data.convert')); "
             "from gluon_data.remote import convert_to_uri; "

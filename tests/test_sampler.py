@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gluon_data import DistributedSampler
-from gluon_data.sampler import SampleKey, epoch_order
+from gluon_data.sampling.sampler import SampleKey, epoch_order
 
 lengths = st.integers(0, 70)
 worlds = st.integers(1, 4)

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gluon_data import SegmentationLMDBDataset, SegmentationRecordDataset, codec, convert
+from gluon_data import SegmentationLMDBDataset, SegmentationRecordDataset
+from gluon_data.format import codec
+from gluon_data import convert
 from gluon_data.errors import ConversionError, DecodeError, GluonDataError
-from gluon_data.sample import make_ade20k, make_cityscapes, make_voc
-from gluon_data.sources import confine, open_source
+from gluon_data.convert.sample import make_ade20k, make_cityscapes, make_voc
+from gluon_data.convert.sources import confine, open_source
 
 pytestmark = pytest.mark.reliability
 

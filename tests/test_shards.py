@@ -15,11 +15,11 @@ import pytest
 
 from gluon_data import convert
 from gluon_data.errors import ConversionError, FormatError
-from gluon_data.recordio import RecordFile
-from gluon_data.sample import make_imagefolder
-from gluon_data.shards import (ShardedStore, convert_sharded, parse_size, plan_ranges,
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.convert.sample import make_imagefolder
+from gluon_data.stores.shards import (ShardedStore, convert_sharded, parse_size, plan_ranges,
                                verify_sharded, write_combined_index)
-from gluon_data.store import open_store
+from gluon_data.stores.base import open_store
 
 from conftest import same_output_bytes
 

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gluon_data import ImageRecordDataset, RecordFile, SegmentationRecordDataset, codec, \
-    convert, verify
+from gluon_data import ImageRecordDataset, RecordFile, SegmentationRecordDataset
+from gluon_data.format import codec
+from gluon_data import convert
+from gluon_data.tools import verify
 from gluon_data.errors import ConversionError, CorruptRecordError, FormatError, GluonDataError
-from gluon_data.recordio import BINARY_INDEX_SUFFIX, read_index, write_binary_index
+from gluon_data.stores.recordio import BINARY_INDEX_SUFFIX, read_index, write_binary_index
 
 pytestmark = pytest.mark.reliability
 
@@ -177,7 +179,7 @@ def test_png_with_bytes_after_iend_converts_to_something_that_reads(tmp_path):
 def test_verify_deep_catches_what_the_reader_refuses(tmp_path, voc_rec):
     """A record holding a PNG the reader refuses (bytes after IEND), written directly."""
     from gluon_data import RecordWriter
-    from gluon_data.meta import read_meta
+    from gluon_data.format.meta import read_meta
     buf = io.BytesIO()
     Image.fromarray(rgb()).save(buf, format="PNG")
     bad = buf.getvalue() + b"x" * 40

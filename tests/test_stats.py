@@ -11,7 +11,7 @@ from PIL import Image
 
 from gluon_data import SegmentationRecordDataset
 from gluon_data.errors import FormatError
-from gluon_data.stats import class_statistics
+from gluon_data.tools.stats import class_statistics
 
 
 def source_masks(voc_root):

@@ -8,13 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from gluon_data import (ImageLMDBDataset, SegmentationLMDBDataset, SegmentationRecordDataset,
-                        codec, convert)
+from gluon_data import ImageLMDBDataset, SegmentationLMDBDataset, SegmentationRecordDataset
+from gluon_data.format import codec
+from gluon_data import convert
 from gluon_data.errors import FormatError
-from gluon_data.lmdbio import LMDBFile
-from gluon_data.recordio import RecordFile
-from gluon_data.sample import make_voc
-from gluon_data.store import RecordStore, open_store
+from gluon_data.stores.lmdbio import LMDBFile
+from gluon_data.stores.recordio import RecordFile
+from gluon_data.convert.sample import make_voc
+from gluon_data.stores.base import RecordStore, open_store
 
 
 def test_store_and_codec_layers_import_no_mxnet(voc_rec, tmp_path):
@@ -22,13 +23,13 @@ def test_store_and_codec_layers_import_no_mxnet(voc_rec, tmp_path):
     lm = str(tmp_path / "v.lmdb")
     convert(voc_rec, lm)
     code = ("import sys\n"
-            "import gluon_data.store, gluon_data.codec, gluon_data.recordio, gluon_data.lmdbio\n"
-            "import gluon_data.legacy, gluon_data.sampler, gluon_data.meta\n"
-            "from gluon_data.store import open_store\n"
+            "import gluon_data.stores.base, gluon_data.format.codec, gluon_data.stores.recordio, gluon_data.stores.lmdbio\n"
+            "import gluon_data.stores.legacy, gluon_data.sampling.sampler, gluon_data.format.meta\n"
+            "from gluon_data.stores.base import open_store\n"
             "for loc, split in ((%r, None), (%r, 'trainval')):\n"
             "    s = open_store(loc, split)\n"
-            "    r = gluon_data.codec.unpack(s.read(0))\n"
-            "    gluon_data.codec.decode_image(r.image); gluon_data.codec.decode_mask(r.mask)\n"
+            "    r = gluon_data.format.codec.unpack(s.read(0))\n"
+            "    gluon_data.format.codec.decode_image(r.image); gluon_data.format.codec.decode_mask(r.mask)\n"
             "    assert sum(1 for _ in s.scan()) == len(s)\n"
             "bad = [m for m in sys.modules if m == 'mxnet' or m.startswith('mxnet.')]\n"
             "assert not bad, bad\n"

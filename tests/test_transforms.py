@@ -6,10 +6,10 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from gluon_data import (MultiSizeBatchify, SegmentationBatchify, SegmentationLMDBDataset,
-                        SegmentationRecordDataset, convert)
-from gluon_data import transforms as T
-from gluon_data.sample import synthetic_pair
+from gluon_data import MultiSizeBatchify, SegmentationBatchify, SegmentationLMDBDataset, SegmentationRecordDataset
+from gluon_data import convert
+from gluon_data.arrays import transforms as T
+from gluon_data.convert.sample import synthetic_pair
 
 IGNORE = -1
 

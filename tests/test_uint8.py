@@ -11,8 +11,8 @@ from gluon_data import (DataLoader, ImageRecordDataset, InputNormalize, SampleKe
                         SegmentationBatchify, SegmentationDataset, SegmentationLMDBDataset,
                         SegmentationRecordDataset, StackBatchify)
 from gluon_data.convert import convert
-from gluon_data.datasets import open_segmentation
-from gluon_data.store import open_store
+from gluon_data.gluon.datasets import open_segmentation
+from gluon_data.stores.base import open_store
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

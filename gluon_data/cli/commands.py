@@ -11,12 +11,12 @@ from functools import partial
 import numpy as np
 from typing import Optional
 
-from .. import codec
+from ..format import codec
 from ..errors import FormatError
-from ..fileio import open_regular, require_regular
-from ..remote.fs import parse_storage_options
-from ..shards import is_manifest, read_manifest
-from ..store import is_uri, open_store, store_splits
+from ..storage.fileio import open_regular, require_regular
+from ..storage.remotefs import parse_storage_options
+from ..stores.shards import is_manifest, read_manifest
+from ..stores.base import is_uri, open_store, store_splits
 
 
 def _classes_arg(value: Optional[str]):
@@ -100,7 +100,7 @@ def _cmd_convert(a) -> int:
 
 def _convert_sharded(a) -> int:
     from ..convert.to_uri import convert_to_uri
-    from ..shards import convert_sharded
+    from ..stores.shards import convert_sharded
     if _remote(a):  # into object storage: each shard task uploads its shard, manifest last
         convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
     if a.forward_credentials:
@@ -190,7 +190,7 @@ def _load_meta(path: str, split=None, remote: Optional[dict] = None) -> dict:
 
 
 def _cmd_stats(a) -> int:
-    from ..stats import class_statistics, format_statistics
+    from ..tools.stats import class_statistics, format_statistics
     stats = class_statistics(_load_meta(a.path, a.split, _remote(a)), a.path)
     if a.json:
         out = dict(stats)
@@ -202,8 +202,8 @@ def _cmd_stats(a) -> int:
 
 
 def _cmd_show(a) -> int:
-    from ..datasets import SegmentationDataset, open_segmentation
-    from ..preview import render_preview
+    from ..gluon.datasets import SegmentationDataset, open_segmentation
+    from ..tools.preview import render_preview
     _input(a.path)
     remote = _remote(a)
     ds = (SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged")),
@@ -225,7 +225,7 @@ def _save_image(pic, out: str) -> None:
     (never a link, a dataset or any other file)."""
     import io
 
-    from ..fsutil import atomic_write, check_replaceable
+    from ..storage.fsutil import atomic_write, check_replaceable
     check_replaceable(out, "image", True)
     ext = os.path.splitext(out)[1].lower()
     buf = io.BytesIO()
@@ -235,7 +235,7 @@ def _save_image(pic, out: str) -> None:
 
 
 def _cmd_verify(a) -> int:
-    from ..verify import verify
+    from ..tools.verify import verify
     _input(a.path)
     report = verify(a.path, deep=a.deep, split=a.split, **({"remote": _remote(a)}
                                                             if _remote(a) else {}))
@@ -244,7 +244,7 @@ def _cmd_verify(a) -> int:
 
 
 def _cmd_salvage(a) -> int:
-    from ..salvage import salvage
+    from ..tools.salvage import salvage
     _input(a.path)
     report = salvage(a.path, overwrite=a.overwrite)
     print(report)
@@ -275,10 +275,10 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
     """Generate a VOC-like sample, pack it, and read it back through a multi-worker DataLoader."""
     import mxnet as mx
 
-    from ..batchify import SegmentationBatchify
+    from ..gluon.batchify import SegmentationBatchify
     from ..convert import convert
-    from ..datasets import SegmentationRecordDataset
-    from ..sample import make_voc
+    from ..gluon.datasets import SegmentationRecordDataset
+    from ..convert.sample import make_voc
 
     def say(*args):
         print(*args, file=out, flush=True)

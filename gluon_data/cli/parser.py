@@ -6,8 +6,9 @@ import argparse
 import os
 
 
-from .. import __version__, codec
-from ..sources import DEFAULT_MAX_FILE_BYTES
+from .._version import __version__
+from ..format import codec
+from ..convert.sources import DEFAULT_MAX_FILE_BYTES
 
 from .bench import bench_path
 from .commands import _cmd_convert, _cmd_demo, _cmd_info, _cmd_salvage, _cmd_show, _cmd_stats, _cmd_verify

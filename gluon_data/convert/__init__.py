@@ -15,7 +15,7 @@ The package reads as the data flow, each module one concern, imports pointing on
                           container (:class:`Outputs`), option checks, metadata
 ========================  ==================================================================
 
-The running statistics are :class:`gluon_data.stats.RunningStats`. Everything is
+The running statistics are :class:`gluon_data.tools.stats.RunningStats`. Everything is
 importable from ``gluon_data.convert`` as before the split (on first use).
 """
 import importlib

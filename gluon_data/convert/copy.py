@@ -10,16 +10,17 @@ import time
 from functools import partial
 from typing import Dict, Optional, Sequence, Tuple
 
-from .. import __version__, codec
+from .._version import __version__
+from ..format import codec
 from ..errors import ConversionError, FormatError, SourceError
-from ..fsutil import check_disjoint
-from ..legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items
-from ..lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
-from ..meta import CONTAINER_KEYS, FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta
-from ..recordio import RecordFile
-from ..shards import dataset_files
-from ..sources import Source
-from ..store import is_uri, open_store
+from ..storage.fsutil import check_disjoint
+from ..stores.legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items
+from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
+from ..format.meta import CONTAINER_KEYS, FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta
+from ..stores.recordio import RecordFile
+from ..stores.shards import dataset_files
+from .sources import Source
+from ..stores.base import is_uri, open_store
 from .encode import EncodeOptions, _legacy_work
 from .loop import SplitJobs, drive
 from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,

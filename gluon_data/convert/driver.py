@@ -12,14 +12,14 @@ import time
 from functools import partial
 from typing import Dict, List, Optional, Sequence
 
-from .. import codec
-from ..engines import _start_pool, _stop_pool
+from ..format import codec
+from .engines import _start_pool, _stop_pool
 from ..errors import ConversionError, SourceError
-from ..fsutil import check_disjoint
-from ..lmdbio import is_lmdb, names_lmdb
-from ..shards import dataset_files
-from ..sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source
-from ..store import is_uri
+from ..storage.fsutil import check_disjoint
+from ..stores.lmdbio import is_lmdb, names_lmdb
+from ..stores.shards import dataset_files
+from .sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source
+from ..stores.base import is_uri
 from .copy import copy_dataset, import_lmdb
 from .encode import EncodeOptions, _work
 from .loop import SplitJobs, drive
@@ -149,7 +149,7 @@ def convert(source: str, output: str, layout: Optional[str] = None, *,
     format : {'rec', 'lmdb'}, optional
         Output container; by default ``lmdb`` when ``output`` ends in ``.lmdb``.
     image_shape, mask_shape, channels_first, bgr
-        Layout ``raw-lmdb`` only (see :mod:`gluon_data.legacy`): the stored array shapes,
+        Layout ``raw-lmdb`` only (see :mod:`gluon_data.stores.legacy`): the stored array shapes,
         whether images are stored CxHxW, and whether their channels are BGR.
     resume : bool
         Continue an interrupted conversion from its last checkpoint, taken every

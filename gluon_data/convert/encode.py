@@ -18,9 +18,9 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from .. import codec
+from ..format import codec
 from ..errors import DecodeError, GluonDataError, SourceError
-from ..sources import DEFAULT_MAX_FILE_BYTES, Item, read_regular
+from .sources import DEFAULT_MAX_FILE_BYTES, Item, read_regular
 
 __all__ = ["EncodeOptions", "encode_item", "encode_legacy", "image_part", "mask_part"]
 
@@ -47,7 +47,7 @@ class EncodeOptions:
 
 def _read_bytes(path: str, what: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
     """A source file's bytes: regular files only, at most ``max_bytes`` (see
-    :func:`~gluon_data.sources.read_regular`)."""
+    :func:`~gluon_data.convert.sources.read_regular`)."""
     return read_regular(path, what, max_bytes)
 
 
@@ -148,7 +148,7 @@ def _mask_indices(im: Image.Image, path: str,
 
 def _reads_back(data: bytes, path: str, what: str, max_pixels: int,
                 expect: Optional[np.ndarray], refuse: bool = True) -> Optional[np.ndarray]:
-    """Decode stored bytes with the reader's own decoder (:mod:`gluon_data.codec`), so what
+    """Decode stored bytes with the reader's own decoder (:mod:`gluon_data.format.codec`), so what
     converts also reads. A mask must give back exactly ``expect``. On refusal: raise
     :class:`SourceError` (``refuse``) or return ``None``."""
     try:
@@ -310,7 +310,7 @@ def image_part(rgb: np.ndarray, opts: EncodeOptions, fmt_if_passthrough: str) ->
 
 def encode_legacy(where: str, image, extra, record_id: int, opts: EncodeOptions,
                   raw_as: str):
-    """Validate and encode one record of a legacy LMDB (:mod:`gluon_data.legacy`): ``image``
+    """Validate and encode one record of a legacy LMDB (:mod:`gluon_data.stores.legacy`): ``image``
     is encoded bytes (a Caffe image, validated strictly) or decoded pixels, ``extra`` the
     label (classification) or the mask; raw pixels are stored as ``raw_as`` under
     ``encoding='passthrough'``. Returns ``(payload, info)`` like :func:`encode_item`."""

@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Optional
 
-from .. import codec
-from ..engines import _start_pool, _stop_pool
+from ..format import codec
+from .engines import _start_pool, _stop_pool
 from ..errors import ConversionError
-from ..progress import progress_bar
-from ..stats import RunningStats
+from ..tools.progress import progress_bar
+from ..tools.stats import RunningStats
 from .outputs import ConversionReport, Outputs, _fail, _output_lock
 from .resume import _Checkpoint, _resume_finished
 

@@ -17,15 +17,15 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ConversionError, GluonDataError
-from ..fsutil import OutputLock
-from ..lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
-from ..meta import FORMAT_NAME, FORMAT_VERSION, read_meta
-from ..recordio import RecordWriter
-from ..shards import is_manifest
-from ..sources import Item, Source, voc_palette
-from ..stats import RunningStats
+from ..storage.fsutil import OutputLock
+from ..stores.lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
+from ..format.meta import FORMAT_NAME, FORMAT_VERSION, read_meta
+from ..stores.recordio import RecordWriter
+from ..stores.shards import is_manifest
+from .sources import Item, Source, voc_palette
+from ..tools.stats import RunningStats
 
 __all__ = ["ConversionReport", "ENCODINGS", "FORMATS", "Outputs", "outputs_for", "output_format",
            "output_paths", "open_writers"]

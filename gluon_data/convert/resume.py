@@ -11,12 +11,12 @@ import json
 import os
 from typing import Dict, List, Optional
 
-from ..documents import load_document
+from ..format.documents import load_document
 from ..errors import ConversionError, FormatError
-from ..fsutil import atomic_write, check_replaceable, fsync_dir, is_ours
-from ..plan import PlanDigest, changed_files, plan_digest, source_head
-from ..sources import Item, Source
-from ..stats import RunningStats
+from ..storage.fsutil import atomic_write, check_replaceable, fsync_dir, is_ours
+from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
+from .sources import Item, Source
+from ..tools.stats import RunningStats
 from .encode import EncodeOptions
 from .outputs import ConversionReport, Outputs
 
@@ -25,7 +25,7 @@ __all__ = []
 
 def _plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,
                  options: dict) -> PlanDigest:
-    """Identity of a conversion (:func:`gluon_data.plan.plan_digest`): a checkpoint only
+    """Identity of a conversion (:func:`gluon_data.format.plan.plan_digest`): a checkpoint only
     resumes the same inputs (names and each file's size and mtime) and options."""
     return plan_digest(source_head(src, opts, options), plan, src.root)
 

@@ -10,17 +10,17 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 
-from .. import codec
+from ..format import codec
 from ..errors import ConversionError, GluonDataError
-from ..fsutil import check_disjoint
-from ..lmdbio import LMDBFile, is_lmdb
-from ..meta import CONTAINER_KEYS, read_meta
-from ..recordio import RecordFile
-from ..shardstore import ShardedStore
-from ..shards import (_read_shard_meta, _shard_files, dataset_files, is_manifest,
+from ..storage.fsutil import check_disjoint
+from ..stores.lmdbio import LMDBFile, is_lmdb
+from ..format.meta import CONTAINER_KEYS, read_meta
+from ..stores.recordio import RecordFile
+from ..stores.shardstore import ShardedStore
+from ..stores.shards import (_read_shard_meta, _shard_files, dataset_files, is_manifest,
                       manifest_path, shard_summary)
-from ..stats import RunningStats as _Stats
-from ..store import is_uri, open_store
+from ..tools.stats import RunningStats as _Stats
+from ..stores.base import is_uri, open_store
 from .encode import _work
 from .outputs import _fail, _metadata, _split_fields, open_writers
 
@@ -182,7 +182,7 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
 
 
 #: Metadata keys a copied shard (and its manifest) does not take from the source: the
-#: container's own (:data:`gluon_data.meta.CONTAINER_KEYS`) and ``shard``.
+#: container's own (:data:`gluon_data.format.meta.CONTAINER_KEYS`) and ``shard``.
 _NOT_COPIED = CONTAINER_KEYS + ("shard",)
 
 

@@ -2,10 +2,10 @@
 
 A source layout (encoded through the converter's per-item code, :func:`~.encode._work`) or a
 dataset (its records copied, checksums verified) is planned into shards; each shard is one
-task, a pure function of (plan, shard number, options) run by :mod:`gluon_data.engines`,
+task, a pure function of (plan, shard number, options) run by :mod:`gluon_data.convert.engines`,
 which writes it with the converter's writers and publishes it by rename; the manifest
-(:mod:`gluon_data.shards`) is written last. A rerun skips shards whose metadata carries the
-plan's digest. :func:`convert_sharded` is importable from :mod:`gluon_data.shards` too.
+(:mod:`gluon_data.stores.shards`) is written last. A rerun skips shards whose metadata carries the
+plan's digest. :func:`convert_sharded` is importable from :mod:`gluon_data.stores.shards` too.
 """
 from __future__ import annotations
 
@@ -18,21 +18,21 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import codec
-from ..credentials import forward_options
-from ..engines import SHARED_PATH_RULE, run_tasks
+from ..format import codec
+from ..storage.credentials import forward_options
+from .engines import SHARED_PATH_RULE, run_tasks
 from ..errors import ConversionError, GluonDataError, WorkerPathError
-from ..lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
-from ..meta import read_meta
-from ..plan import plan_digest, source_head
-from ..progress import progress_bar
-from ..recordio import RecordFile
-from ..shards import (MANIFEST_FORMAT, MANIFEST_VERSION, _read_shard_meta, _shard_files,
+from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
+from ..format.meta import read_meta
+from ..format.plan import plan_digest, source_head
+from ..tools.progress import progress_bar
+from ..stores.recordio import RecordFile
+from ..stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, _read_shard_meta, _shard_files,
                       _write_manifest, is_manifest, manifest_path, parse_size, plan_ranges,
                       prefix_of, read_manifest, shard_name)
-from ..sources import DEFAULT_MAX_FILE_BYTES, open_source
-from ..stats import RunningStats as _Stats
-from ..store import is_uri, open_store
+from .sources import DEFAULT_MAX_FILE_BYTES, open_source
+from ..tools.stats import RunningStats as _Stats
+from ..stores.base import is_uri, open_store
 from .copy import _stock_meta
 from .driver import _plan, encode_options, resolve_classes, take_problems
 from .outputs import (ConversionReport, _check_choices, _check_options, _metadata, _split_fields,
@@ -93,7 +93,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     items are planned into shards by ``shards``, ``shard_size`` (bytes or ``"1GB"``) or
     ``shard_items`` (a ``.shards.json`` source keeps its own shards when none is given),
     one task per shard runs on ``engine`` (``local`` or ``dask``, see
-    :func:`gluon_data.engines.run_tasks`), and the manifest is written last. The output is
+    :func:`gluon_data.convert.engines.run_tasks`), and the manifest is written last. The output is
     byte-identical for any engine and number of workers; rerunning the same call skips the
     shards already published and finishes the rest.
 
@@ -105,7 +105,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     Tasks use the storage options they are given and, for the rest, the environment of the
     machine running them (a Dask worker's own); ``forward_credentials`` completes
     ``source_options``' ``storage_options`` with this machine's credentials
-    (:func:`gluon_data.credentials.forward_options`), in memory only. Local paths are made
+    (:func:`gluon_data.storage.credentials.forward_options`), in memory only. Local paths are made
     absolute here; with ``engine='dask'`` every task first checks that the source (and the
     output folder) exist on its worker (:class:`~gluon_data.errors.WorkerPathError`).
 

@@ -10,12 +10,12 @@ import shutil
 from typing import Optional
 
 
-from ..credentials import forward_options
-from ..remote.commit import Commit, check_bucket, probe_writable
-from ..remote.fs import _Remote
-from ..remote.objects import _default_cache_dir
-from ..remote.upload import ShardUploader, upload_dataset
-from ..shards import is_manifest
+from ..storage.credentials import forward_options
+from ..stores.remote.commit import Commit, check_bucket, probe_writable
+from ..storage.remotefs import _Remote
+from ..storage.objects import _default_cache_dir
+from .upload import ShardUploader, upload_dataset
+from ..stores.shards import is_manifest
 from .driver import convert
 from .sharded import convert_sharded
 
@@ -34,7 +34,7 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     (an LMDB as ``NAME.lmdb/data.mdb`` and its commit document ``NAME.lmdb/meta.json``, last).
 
     With ``shards``, ``shard_size`` or ``shard_items`` (or a ``.shards.json`` source) the
-    output is sharded (:func:`gluon_data.shards.convert_sharded`), and each shard task writes,
+    output is sharded (:func:`gluon_data.stores.shards.convert_sharded`), and each shard task writes,
     verifies and uploads its own shard (:class:`ShardUploader`) where it runs: with
     ``engine='dask'`` on the worker, staged under the worker's own cache directory, so no
     shard passes through this machine. Each split's ``.shards.json`` manifest goes up last.

@@ -7,7 +7,7 @@ s3fs are imported only here, and only when a URI is used):
   :class:`ShardCache` -- atomically (temporary file, then rename), verified against the
   SHA-256 the dataset's metadata records, under a size limit with LRU eviction, shared
   between DataLoader workers and between jobs on one node through ``flock`` locks in the
-  cache directory -- and then read with the local fast path (:class:`~gluon_data.recordio.
+  cache directory -- and then read with the local fast path (:class:`~gluon_data.stores.recordio.
   RecordFile` on the cached file). A partial download is never used.
 * **Inspection reads** (``info``, ``show --index N``, ``verify``) fetch only the bytes they
   need with ranged GETs: the metadata, the index, then the records asked for (sequential
@@ -36,23 +36,23 @@ from __future__ import annotations
 
 import importlib
 
-from .layout import (UPLOAD_MARKER, LMDB_DATA, LMDB_COMMIT, LMDB_MARKER, LMDB_FORMAT, _join)  # noqa: F401
-from .fs import (INSTALL_HINT, RETRIES, BACKOFF, CONNECT_TIMEOUT, READ_TIMEOUT, MIN_RATE,
+from ..format.layout import (UPLOAD_MARKER, LMDB_DATA, LMDB_COMMIT, LMDB_MARKER, LMDB_FORMAT, _join)  # noqa: F401
+from ..storage.remotefs import (INSTALL_HINT, RETRIES, BACKOFF, CONNECT_TIMEOUT, READ_TIMEOUT, MIN_RATE,
                  CHUNK_BYTES, parse_storage_options, filesystem, _is_s3, _bounded, _transient,
                  attempt_limit, call_bound, _NO_CREDENTIALS, _Remote)  # noqa: F401
-from .objects import (_default_cache_dir, _Lock, ShardCache)  # noqa: F401
-from .ranged import (_RangedRecordFile, _load_index)  # noqa: F401
-from .describe import (Described, describe_rec, describe_lmdb)  # noqa: F401
-from .stores import (_ProcessLocal, _ReadsLocalCopy, RemoteStore, _stamp, _open_remote,
+from ..storage.objects import (_default_cache_dir, _Lock, ShardCache)  # noqa: F401
+from ..stores.remote.ranged import (_RangedRecordFile, _load_index)  # noqa: F401
+from ..stores.remote.describe import (Described, describe_rec, describe_lmdb)  # noqa: F401
+from ..stores.remote.stores import (_ProcessLocal, _ReadsLocalCopy, RemoteStore, _stamp, _open_remote,
                      _names_remote_lmdb, check_lmdb_download, RemoteLMDBStore, _prefetch_pool,
                      _open_remote_lmdb, _remote_lmdb_splits, RemoteShardedStore,
                      _read_uri)  # noqa: F401
-from .sampling import (BlockShuffleSampler, PrefetchSampler)  # noqa: F401
-from .commit import (Commit, _commit_names, _NOT_OURS, _remote_is_ours, put_object,
+from ..sampling.remote import (BlockShuffleSampler, PrefetchSampler)  # noqa: F401
+from ..stores.remote.commit import (Commit, _commit_names, _NOT_OURS, _remote_is_ours, put_object,
                      check_bucket, probe_writable)  # noqa: F401
-from .upload import (RECEIPT_SUFFIX, _lmdb_commit, _upload_plan, upload_dataset,
+from ..convert.upload import (RECEIPT_SUFFIX, _lmdb_commit, _upload_plan, upload_dataset,
                      ShardUploader, _verify_shard)  # noqa: F401
-from ..cache import parse_size  # noqa: F401  (re-exported, as before)
+from ..storage.cache import parse_size  # noqa: F401  (re-exported, as before)
 
 __all__ = ["RemoteStore", "RemoteLMDBStore", "ShardCache", "BlockShuffleSampler",
            "PrefetchSampler", "filesystem", "parse_storage_options", "parse_size",

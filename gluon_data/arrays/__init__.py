@@ -1,0 +1,1 @@
+"""Framework-free datasets: numpy samples from any store, seeded joint transforms."""

@@ -1,0 +1,251 @@
+"""Where shard tasks run: a local process pool, or a Dask cluster (``dask.distributed``).
+
+A task is a picklable top-level function applied to one picklable job; it writes one output
+and returns a small summary. The engine only schedules: Dask retries a failed task and
+reschedules the tasks of a worker that died; we add no sockets, retries or pools of our own.
+Dask is imported here only, and only for ``engine='dask'``.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import threading
+from multiprocessing import resource_tracker
+from typing import Callable, Iterator, Optional, Sequence, Tuple
+
+from ..errors import ConversionError, WorkerPathError
+
+__all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE"]
+
+#: What a path given to a cluster conversion must be (the README's cluster checklist).
+SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
+                    "worker (a shared filesystem mounted at the same path) or be a URI "
+                    "(s3://...)")
+
+ENGINES = ("local", "dask")
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """SIGINT blocked in this (main) thread meanwhile: the processes and threads started
+    inside inherit the block (it stays across thread creation, fork and exec), so a Ctrl-C,
+    which a terminal sends to the whole process group, reaches this process only, and here
+    waits until the block ends, then is raised as usual. Elsewhere than the main thread, or
+    without ``pthread_sigmask``, nothing is blocked."""
+    block = hasattr(signal, "pthread_sigmask") and \
+        threading.current_thread() is threading.main_thread()
+    if block:  # started first: starting it unblocks SIGINT in the calling thread
+        resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if block else None
+    try:
+        yield
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def import_dask():
+    """The ``dask.distributed`` module, or an ImportError naming the extra to install."""
+    try:
+        import dask.distributed as dd
+    except ImportError as e:
+        raise ImportError("--engine dask needs Dask: pip install gluon-data[dask] (%s)" % e) \
+            from None
+    return dd
+
+
+def _dask_worker_init() -> str:
+    import cv2
+    cv2.setNumThreads(1)  # one single-threaded worker process per core, as the local pool
+    return _version()
+
+
+def _version() -> str:
+    """The version of the gluon_data this process runs."""
+    return sys.modules[__package__].__version__
+
+
+def _check_versions(versions: dict) -> None:
+    """Every worker must run this client's gluon_data (the tasks are its code)."""
+    other = {w: v for w, v in versions.items() if v != _version()}
+    if other:
+        w, v = sorted(other.items())[0]
+        raise ConversionError("gluon_data %s on this client, but %s on %d worker(s), e.g. %s: "
+                              "install the same version on the client, the scheduler and "
+                              "every worker" % (_version(), v, len(other), w))
+
+
+class _OnSharedPaths:
+    """``fn``, run only where every path of ``paths`` (``(what, absolute path)`` pairs: the
+    source root, the output folder) exists: a worker without the client's filesystem raises
+    :class:`WorkerPathError` naming its host, the path and the rule, instead of a missing
+    item, or a shard written into a folder the client never sees."""
+
+    def __init__(self, fn: Callable, paths: Sequence[Tuple[str, str]]):
+        self.fn, self.paths = fn, tuple(paths)
+
+    def __call__(self, job):
+        for what, path in self.paths:
+            if not os.path.exists(path):
+                raise WorkerPathError("the %s is not on worker host %s (cwd %s): %s"
+                                      % (what, socket.gethostname(), os.getcwd(),
+                                         SHARED_PATH_RULE), path)
+        return self.fn(job)
+
+
+def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: int = 1,
+              scheduler: Optional[str] = None, retries: int = 2,
+              keys: Optional[Sequence[str]] = None,
+              shared_paths: Sequence[Tuple[str, str]] = ()) -> Iterator:
+    """Run ``fn(job)`` for every job; yield ``(i, result)`` as each finishes (any order).
+
+    Parameters
+    ----------
+    fn : callable
+        A module-level function (workers import it by name).
+    jobs : sequence
+        Picklable arguments, one task each.
+    engine : {'local', 'dask'}
+        ``local``: a pool of ``workers`` spawned processes (in this process when
+        ``workers <= 1``). ``dask``: ``dask.distributed.Client(scheduler)``, or a
+        ``LocalCluster`` of ``workers`` single-threaded worker processes when no
+        ``scheduler`` is given.
+    scheduler : str, optional
+        Address of a running Dask scheduler, e.g. ``tcp://10.0.0.5:8786``.
+    retries : int
+        Dask: times a task that raised is retried (a task whose worker died is rescheduled
+        by Dask regardless, up to its ``allowed-failures``).
+    keys : sequence of str, optional
+        Dask task keys (stable names show up in the dashboard).
+    shared_paths : sequence of (str, str)
+        Dask: ``(what, absolute path)`` pairs every task checks first on its worker
+        (:class:`~gluon_data.errors.WorkerPathError` when one is missing there).
+
+    Raises
+    ------
+    Exception
+        The first task error, re-raised here; the remaining tasks are cancelled.
+
+    Examples
+    --------
+    >>> sorted(r for _, r in run_tasks(abs, [-1, -2], engine="local", workers=1))
+    [1, 2]
+    """
+    if engine not in ENGINES:
+        raise ValueError("unknown engine %r; valid: %s" % (engine, ", ".join(ENGINES)))
+    if scheduler and engine != "dask":
+        raise ValueError("--scheduler applies to --engine dask")
+    if engine == "dask":
+        for _, path in shared_paths:
+            if not os.path.isabs(path):
+                raise ValueError("shared path %r must be absolute (resolved on the client)"
+                                 % path)
+        if shared_paths:
+            fn = _OnSharedPaths(fn, shared_paths)
+        yield from _run_dask(fn, jobs, workers, scheduler, retries, keys)
+        return
+    if workers <= 1 or len(jobs) <= 1:
+        for i, job in enumerate(jobs):
+            yield i, fn(job)
+        return
+    # the converter's own pool: spawned, workers ignore Ctrl-C, bounded teardown
+    pool = _start_pool(min(workers, len(jobs)))
+    try:
+        for i, res in pool.imap_unordered(_indexed, [(fn, i, j) for i, j in enumerate(jobs)]):
+            yield i, res
+        pool.close()
+        pool.join()
+        pool = None
+    finally:
+        if pool is not None:
+            _stop_pool(pool)
+
+
+def _worker_init():
+    import cv2  # in the worker only (as _dask_worker_init)
+    cv2.setNumThreads(1)  # one process per core already; safe in a fresh (spawned) process
+    # Ctrl-C reaches the whole process group: only the parent acts on it (it stops the pool).
+    # A worker killed by it mid-task could die holding the task queue's lock, and the
+    # parent's Pool.terminate() would then wait for that lock forever.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Pool.terminate() ends a worker by SIGTERM: the default action, never a handler of the
+    # parent's that raises (a spawned worker starts with it; said here for every start method)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A worker's exit (after its tasks, when it has written and closed all it wrote and
+    # multiprocessing has flushed its streams) skips the interpreter's teardown of numpy,
+    # OpenCV and Pillow (about half a second per worker on a busy machine).
+    atexit.register(os._exit, 0)
+
+
+def _start_pool(workers: int):
+    """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
+    blocked while they are created (a blocked signal stays blocked across fork and exec), so
+    an interrupt during start-up waits in the parent and is raised there right after."""
+    ctx = multiprocessing.get_context("spawn")
+    with sigint_blocked():
+        return ctx.Pool(workers, initializer=_worker_init)
+
+
+def _stop_pool(pool, timeout: float = 5.0) -> None:
+    """Terminate a pool within ``timeout`` seconds whatever state it is in, reaping every
+    worker: ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a
+    worker killed from outside while it held a queue lock), the workers are killed."""
+    procs = list(getattr(pool, "_pool", []))
+    t = threading.Thread(target=pool.terminate, name="gluon-data-pool-stop", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        for p in procs + list(getattr(pool, "_pool", [])):
+            try:
+                p.kill()
+            except (OSError, AttributeError, ValueError):
+                pass
+    for p in procs + list(getattr(pool, "_pool", [])):
+        try:
+            p.join(timeout)
+        except (OSError, AssertionError, ValueError):
+            pass
+
+
+def _indexed(arg):
+    fn, i, job = arg
+    return i, fn(job)
+
+
+def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
+    dd = import_dask()
+    cluster = client = None
+    futures = []
+    try:
+        if scheduler:
+            client = dd.Client(scheduler)
+        else:
+            # our own cluster's processes never see Ctrl-C (each would print its own
+            # KeyboardInterrupt traceback): this process closes them; one while they start
+            # is raised once both are assigned, so the finally below closes them
+            with sigint_blocked():
+                cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
+                                          processes=True, dashboard_address=None)
+                client = dd.Client(cluster)
+        _check_versions(client.run(_dask_worker_init))
+        futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,
+                             retries=retries)
+        index = {f.key: i for i, f in enumerate(futures)}
+        # results gathered by as_completed on the client's own loop: this thread only waits
+        # on a condition, so a Ctrl-C lands there and never inside Client.sync, whose cancel
+        # callback logs a NameError traceback when interrupted before its future exists
+        for fut, result in dd.as_completed(futures, with_results=True):
+            yield index[fut.key], result
+    finally:
+        with sigint_blocked():  # a second Ctrl-C waits until the cluster is closed
+            if client is not None:
+                if futures:
+                    client.cancel(futures)
+                client.close()
+            if cluster is not None:
+                cluster.close()

@@ -1,0 +1,483 @@
+"""Source layouts: turn a folder (or an im2rec ``.lst``) into a list of items to convert.
+
+A layout only lists files; it opens none of them. Reading and validating happens in
+:mod:`gluon_data.convert`, in worker processes.
+
+=============  ====================================================================
+``pairs``      ``images/`` and ``masks/`` folders matched by file stem (segmentation)
+``voc``        Pascal VOC: ``JPEGImages``, ``SegmentationClass``, ``ImageSets/Segmentation``
+``imagefolder`` one sub-folder per class, classes sorted by name (classification)
+``lst``        an im2rec ``.lst`` file: ``index<TAB>label[<TAB>label...]<TAB>relative/path``
+``ade20k``     ``ADEChallengeData2016``: ``images/`` + ``annotations/`` x ``training``/``validation``
+``cityscapes`` ``leftImg8bit/<split>/<city>/*_leftImg8bit.png`` + ``gtFine`` ``*_labelIds.png``
+=============  ====================================================================
+"""
+from __future__ import annotations
+
+import math
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import SourceError
+
+__all__ = ["Item", "Source", "LAYOUTS", "open_source", "detect_layout",
+           "VOC_CLASSES", "voc_palette", "IMAGE_EXTENSIONS", "confine", "read_regular",
+           "DEFAULT_MAX_FILE_BYTES"]
+
+#: Source files larger than this are refused before reading (an image or mask of 256 MB is
+#: not a training sample; a device or a sparse file would otherwise be read until memory
+#: runs out). Override with ``max_file_bytes`` (CLI: ``--max-file-bytes``).
+DEFAULT_MAX_FILE_BYTES = 1 << 28
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+MASK_EXTENSIONS = (".png", ".bmp", ".tif", ".tiff", ".pgm", ".jpg", ".jpeg")  # jpeg refused later
+
+#: VOC's classes exactly as gluoncv's ``VOCSegmentation.CLASSES`` names them.
+VOC_CLASSES = ("background", "airplane", "bicycle", "bird", "boat", "bottle", "bus", "car",
+               "cat", "chair", "cow", "diningtable", "dog", "horse", "motorcycle", "person",
+               "potted-plant", "sheep", "sofa", "train", "tv")
+
+
+def voc_palette(num_classes: int = 256) -> List[List[int]]:
+    """The Pascal VOC colour map (the bit-interleaving scheme gluoncv and VOC use)."""
+    out = []
+    for j in range(num_classes):
+        lab, r, g, b, i = j, 0, 0, 0, 0
+        while lab:
+            r |= ((lab >> 0) & 1) << (7 - i)
+            g |= ((lab >> 1) & 1) << (7 - i)
+            b |= ((lab >> 2) & 1) << (7 - i)
+            i += 1
+            lab >>= 3
+        out.append([r, g, b])
+    return out
+
+
+@dataclass(frozen=True)
+class Item:
+    """One sample to convert: file paths plus, for classification, its label."""
+
+    name: str                     # shown in reports: path relative to the source root
+    image: str
+    mask: Optional[str] = None
+    label: object = None          # float or tuple of floats (classification)
+    key: Optional[int] = None     # record key to use (lst layout); else the position
+
+
+@dataclass
+class Source:
+    """What a layout found: the task, the items (per split when the layout has splits).
+
+    ``mask_lut`` (256 entries) maps stored mask values to class ids at conversion time
+    (ADE20K's shift, Cityscapes' label ids to train ids); ``pred_offset`` is recorded in the
+    metadata so predictions can be mapped back to the dataset's original ids.
+    """
+
+    layout: str
+    root: str
+    task: str
+    splits: Dict[str, List[Item]]
+    classes: Optional[List[str]] = None
+    problems: List[Tuple[str, str]] = field(default_factory=list)  # (file, reason)
+    mask_lut: Optional[Tuple[int, ...]] = None
+    pred_offset: int = 0
+    palette: Optional[List[List[int]]] = None
+
+
+def _realpath(path: str, dirs: Optional[dict]) -> str:
+    """``os.path.realpath(path)``; with ``dirs`` (a dict kept for one listing), each folder
+    is resolved once and a file in it costs one ``lstat`` (a symlink is resolved in full)."""
+    head, tail = os.path.split(path)
+    if dirs is None or tail in ("", ".", ".."):
+        return os.path.realpath(path)
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return os.path.realpath(path)
+    except OSError:  # missing: realpath resolves what exists
+        return os.path.realpath(path)
+    return os.path.join(_realdir(head, dirs), tail)
+
+
+def _realdir(path: str, dirs: dict) -> str:
+    real = dirs.get(path)
+    if real is None:
+        real = dirs[path] = os.path.realpath(path or os.curdir)
+    return real
+
+
+def _inside(root: str, path: str, dirs: Optional[dict] = None) -> bool:
+    root_real = os.path.realpath(root) if dirs is None else _realdir(root, dirs)
+    real = _realpath(path, dirs)
+    return real == root_real or real.startswith(root_real + os.sep)
+
+
+def _lexically_inside(root: str, path: str) -> bool:
+    root_abs = os.path.normpath(os.path.abspath(root))
+    p = os.path.normpath(os.path.abspath(path))
+    return p == root_abs or p.startswith(root_abs.rstrip(os.sep) + os.sep)
+
+
+def confine(root: str, path: str, follow_symlinks: bool = False,
+            dirs: Optional[dict] = None) -> Optional[str]:
+    """The one rule every layout applies to every file it lists: why ``path`` may not be
+    read as part of the source rooted at ``root``, or ``None`` when it may.
+
+    A path spelled outside the root (``..``, an absolute path in a split file or ``.lst``) is
+    always refused. A path inside it that resolves, through symlinks, to a file outside it
+    is refused unless ``follow_symlinks`` (trees that link to shared storage on purpose).
+    ``dirs``: a dict shared by the calls of one listing, so each folder is resolved once.
+    """
+    if not _lexically_inside(root, path):
+        return "path leaves the image root %s" % root
+    if not follow_symlinks and not _inside(root, path, dirs):
+        return ("symlink leaves the source root %s (points to %s); pass --follow-symlinks "
+                "(follow_symlinks=True) if the tree links out on purpose"
+                % (root, os.path.realpath(path)))
+    return None
+
+
+def read_regular(path: str, what: str, max_bytes: Optional[int] = DEFAULT_MAX_FILE_BYTES,
+                 allow_empty: bool = False) -> bytes:
+    """The bytes of a *regular* file of at most ``max_bytes``, else :class:`SourceError`.
+
+    The file is opened non-blocking and checked with ``fstat`` before any read, so a FIFO
+    never blocks, and a device (``/dev/zero``), a socket or a directory is refused instead
+    of being read until memory runs out.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise SourceError("%s file not found" % what, path) from None
+    except IsADirectoryError:
+        raise SourceError("%s path is a directory" % what, path) from None
+    except OSError as e:
+        raise SourceError("cannot read %s: %s" % (what, e.strerror or e), path) from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise SourceError("%s path is a directory" % what, path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else
+                    "a character device" if stat.S_ISCHR(st.st_mode) else
+                    "a block device" if stat.S_ISBLK(st.st_mode) else
+                    "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise SourceError("%s is %s; only regular files are read" % (what, kind), path)
+        if max_bytes and st.st_size > max_bytes:
+            raise SourceError("%s of %d bytes exceeds max_file_bytes=%d (--max-file-bytes)"
+                              % (what, st.st_size, max_bytes), path)
+        limit = (max_bytes or st.st_size) + 1  # a file growing while read stops here
+        chunks, got = [], 0
+        while got < limit:
+            b = os.read(fd, min(limit - got, max(st.st_size - got, 0) + 1, 16 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            got += len(b)
+        data = b"".join(chunks)
+    except OSError as e:
+        raise SourceError("cannot read %s: %s" % (what, e.strerror or e), path) from None
+    finally:
+        os.close(fd)
+    if max_bytes and len(data) > max_bytes:
+        raise SourceError("%s grew past max_file_bytes=%d while being read" % (what, max_bytes),
+                          path)
+    if not data and not allow_empty:
+        raise SourceError("%s is an empty (0-byte) file" % what, path)
+    return data
+
+
+def _read_text(path: str, what: str) -> List[str]:
+    """Lines of a small text file of the source (a split list, a ``.lst``)."""
+    raw = read_regular(path, what, allow_empty=True)
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise SourceError("%s is not UTF-8 text (%s)" % (what, e), path) from None
+
+
+def _list_files(folder: str, exts: Sequence[str], root: str,
+                problems: Optional[List[Tuple[str, str]]] = None) -> Dict[str, str]:
+    """stem -> path for files with ``exts`` under ``folder`` (recursively).
+
+    Directory symlinks are not followed (no loops); where a listed file may be read from is
+    decided for every layout alike by :func:`confine` (in :func:`open_source`). Files sharing
+    a stem (``a.jpg`` and ``a.png``) are never dropped silently: the first (by name) is kept
+    and every other one is added to ``problems`` naming both; with ``problems=None`` the key
+    is the relative path *with* its extension, so every file is listed.
+    """
+    out: Dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            if os.path.splitext(fn)[1].lower() not in exts:
+                continue
+            path = os.path.join(dirpath, fn)
+            rel = os.path.relpath(path, folder)
+            stem = os.path.splitext(rel)[0] if problems is not None else rel
+            if stem in out:
+                problems.append((path, "shares the stem %r with %s, so which file pairs with "
+                                 "it is ambiguous; rename or remove one of them (%s is the "
+                                 "one kept)" % (stem, out[stem], out[stem])))
+                continue
+            out[stem] = path
+    return out
+
+
+def _pairs(root: str, split=None, images_dir="images", masks_dir="masks", **_) -> Source:
+    img_dir, mask_dir = os.path.join(root, images_dir), os.path.join(root, masks_dir)
+    for d in (img_dir, mask_dir):
+        if not os.path.isdir(d):
+            raise SourceError("layout 'pairs' needs folder %s (set --images-dir / --masks-dir)"
+                              % d, root)
+    problems: List[Tuple[str, str]] = []
+    images = _list_files(img_dir, IMAGE_EXTENSIONS, root, problems)
+    masks = _list_files(mask_dir, MASK_EXTENSIONS, root, problems)
+    items = []
+    for stem in sorted(images):
+        rel = os.path.relpath(images[stem], root)
+        if stem not in masks:
+            items.append(Item(rel, images[stem], os.path.join(mask_dir, stem + ".png")))
+        else:
+            items.append(Item(rel, images[stem], masks[stem]))
+    for stem in sorted(set(masks) - set(images)):
+        problems.append((masks[stem], "mask has no matching image in %s" % img_dir))
+    return Source("pairs", root, "segmentation", {split or "train": items}, None, problems)
+
+
+def _voc_base(root: str) -> str:
+    for cand in (root, os.path.join(root, "VOC2012"), os.path.join(root, "VOCdevkit", "VOC2012")):
+        if os.path.isdir(os.path.join(cand, "JPEGImages")):
+            return cand
+    raise SourceError("not a VOC folder: no JPEGImages/ in it, in VOC2012/ or in "
+                      "VOCdevkit/VOC2012/", root)
+
+
+def _voc(root: str, split=None, **_) -> Source:
+    base = _voc_base(root)
+    sets = os.path.join(base, "ImageSets", "Segmentation")
+    available = sorted(os.path.splitext(f)[0] for f in os.listdir(sets)
+                       if f.endswith(".txt")) if os.path.isdir(sets) else []
+    wanted = split.split(",") if split else ["train"]
+    splits = {}
+    for s in wanted:
+        if s not in available:
+            raise SourceError("VOC split %r not found in %s; available: %s"
+                              % (s, sets, ", ".join(available) or "none"), root)
+        ids = [ln.strip() for ln in _read_text(os.path.join(sets, s + ".txt"), "split file")
+               if ln.strip()]
+        masks = [os.path.join(base, "SegmentationClass", i + ".png") for i in ids]
+        if ids and not any(os.path.exists(m) for m in masks):
+            masks = [None] * len(ids)  # a split without masks (VOC test): images only
+        splits[s] = [Item(os.path.join("JPEGImages", i + ".jpg"),
+                          os.path.join(base, "JPEGImages", i + ".jpg"), m)
+                     for i, m in zip(ids, masks)]
+    return Source("voc", root, "segmentation", splits, list(VOC_CLASSES))
+
+
+def _imagefolder(root: str, split=None, **_) -> Source:
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    if not classes:
+        raise SourceError("layout 'imagefolder' needs one sub-folder per class; none found", root)
+    items = []
+    for label, cls in enumerate(classes):
+        for _, path in sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS,
+                                          root).items()):  # every file, a.jpg and a.png alike
+            items.append(Item(os.path.relpath(path, root), path, None, float(label)))
+    return Source("imagefolder", root, "classification", {split or "train": items}, classes)
+
+
+#: Largest record key: the ``.idx`` stores keys as signed 64-bit integers.
+_MAX_KEY = (1 << 63) - 1
+_F32_MAX = 3.4028234663852886e38  # labels are stored as float32
+
+
+def _lst(path: str, split=None, lst_root=None, **_) -> Source:
+    root = lst_root or os.path.dirname(os.path.abspath(path))
+    items, problems = [], []
+    seen: Dict[int, Tuple[int, str]] = {}  # index -> (line, path) of its first use
+    for lineno, line in enumerate(_read_text(path, ".lst file"), 1):
+        if not line.strip():
+            continue
+        fields = line.rstrip("\r\n").split("\t")
+        where = "%s line %d" % (path, lineno)
+        if len(fields) < 3:
+            raise SourceError("expected 'index<TAB>label...<TAB>path', found %d fields"
+                              % len(fields), where)
+        try:
+            key = int(fields[0])
+            labels = [float(x) for x in fields[1:-1]]
+        except ValueError as e:
+            raise SourceError("bad index or label (%s)" % e, where) from None
+        if not 0 <= key <= _MAX_KEY:
+            raise SourceError("index %s out of range: record keys are integers 0..%d"
+                              % (fields[0], _MAX_KEY), where)
+        bad = [x for x in labels if not (math.isfinite(x) and abs(x) <= _F32_MAX)]
+        if bad:
+            raise SourceError("label %r is not a finite float32 number" % bad[0], where)
+        rel = fields[-1]
+        full = rel if os.path.isabs(rel) else os.path.join(root, rel)
+        if key in seen:  # the index would hold two records under one key: unreadable
+            problems.append((where, "index %d of %r is already used by line %d (%r); every "
+                             "line needs its own index" % (key, rel, seen[key][0],
+                                                           seen[key][1])))
+            continue
+        seen[key] = (lineno, rel)
+        label = labels[0] if len(labels) == 1 else tuple(labels)
+        items.append(Item(rel, full, None, label, key))
+    return Source("lst", root, "classification", {split or "train": items}, None, problems)
+
+
+def _split_dirs(root: str, split: Optional[str], names: Dict[str, str], where: str,
+                 default: str = "train") -> Dict[str, str]:
+    """Map requested splits (``train``, ``val``, ...) to their folder names under ``where``."""
+    wanted = split.split(",") if split else [default]
+    out = {}
+    for s in wanted:
+        folder = names.get(s, s)
+        if not os.path.isdir(os.path.join(where, folder)):
+            have = sorted(k for k, v in names.items() if os.path.isdir(os.path.join(where, v)))
+            raise SourceError("split %r not found (no %s); available: %s"
+                              % (s, os.path.join(where, folder), ", ".join(have) or "none"),
+                              root)
+        out[s] = folder
+    return out
+
+
+def _ade20k_base(root: str) -> str:
+    for cand in (root, os.path.join(root, "ADEChallengeData2016")):
+        if os.path.isdir(os.path.join(cand, "images")) and \
+                os.path.isdir(os.path.join(cand, "annotations")):
+            return cand
+    raise SourceError("not an ADE20K folder: no images/ and annotations/ in it or in "
+                      "ADEChallengeData2016/", root)
+
+
+def _ade20k(root: str, split=None, **_) -> Source:
+    base = _ade20k_base(root)
+    splits, problems = {}, []
+    for s, folder in _split_dirs(root, split, {"train": "training", "val": "validation"},
+                                 os.path.join(base, "images")).items():
+        images = _list_files(os.path.join(base, "images", folder), IMAGE_EXTENSIONS, root,
+                             problems)
+        masks = os.path.join(base, "annotations", folder)
+        splits[s] = [Item(os.path.relpath(images[stem], base), images[stem],
+                          os.path.join(masks, stem + ".png")) for stem in sorted(images)]
+    # ADE20K stores 0 = "other" and classes 1..150; gluoncv subtracts 1 when reading. The shift
+    # happens here, once: stored ids are 0..149 and 0 becomes the ignore label 255.
+    lut = (255,) + tuple(range(0, 255))
+    return Source("ade20k", root, "segmentation", splits, list(ade20k_classes()),
+                  problems=problems, mask_lut=lut, pred_offset=1)
+
+
+def ade20k_classes() -> Tuple[str, ...]:
+    from gluoncv.data.ade20k.segmentation import ADE20KSegmentation
+    return tuple(ADE20KSegmentation.CLASSES)
+
+
+CITYSCAPES_CLASSES = ("road", "sidewalk", "building", "wall", "fence", "pole", "traffic light",
+                      "traffic sign", "vegetation", "terrain", "sky", "person", "rider", "car",
+                      "truck", "bus", "train", "motorcycle", "bicycle")
+#: Cityscapes label ids of the 19 evaluated classes, in train-id order.
+CITYSCAPES_LABEL_IDS = (7, 8, 11, 12, 13, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 31, 32, 33)
+CITYSCAPES_PALETTE = [[128, 64, 128], [244, 35, 232], [70, 70, 70], [102, 102, 156],
+                      [190, 153, 153], [153, 153, 153], [250, 170, 30], [220, 220, 0],
+                      [107, 142, 35], [152, 251, 152], [70, 130, 180], [220, 20, 60],
+                      [255, 0, 0], [0, 0, 142], [0, 0, 70], [0, 60, 100], [0, 80, 100],
+                      [0, 0, 230], [119, 11, 32]]
+
+
+def _cityscapes(root: str, split=None, **_) -> Source:
+    splits = {}
+    for s, folder in _split_dirs(root, split, {"train": "train", "val": "val", "test": "test"},
+                                 os.path.join(root, "leftImg8bit")).items():
+        img_dir = os.path.join(root, "leftImg8bit", folder)
+        items = []
+        for city in sorted(os.listdir(img_dir)):
+            cdir = os.path.join(img_dir, city)
+            if not os.path.isdir(cdir):
+                continue
+            for fn in sorted(os.listdir(cdir)):
+                if not fn.endswith("_leftImg8bit.png"):
+                    continue
+                mask = os.path.join(root, "gtFine", folder, city,
+                                    fn.replace("_leftImg8bit.png", "_gtFine_labelIds.png"))
+                items.append(Item(os.path.join("leftImg8bit", folder, city, fn),
+                                  os.path.join(cdir, fn), mask))
+        splits[s] = items
+    lut = [255] * 256
+    for train_id, label_id in enumerate(CITYSCAPES_LABEL_IDS):
+        lut[label_id] = train_id
+    palette = CITYSCAPES_PALETTE + [[0, 0, 0]] * (255 - len(CITYSCAPES_PALETTE)) + [[0, 0, 0]]
+    return Source("cityscapes", root, "segmentation", splits, list(CITYSCAPES_CLASSES),
+                  mask_lut=tuple(lut), palette=palette)
+
+
+LAYOUTS = {"pairs": _pairs, "voc": _voc, "imagefolder": _imagefolder, "lst": _lst,
+           "ade20k": _ade20k, "cityscapes": _cityscapes}
+
+
+#: Every layout ``convert`` accepts: the folder layouts above and the LMDB imports.
+ALL_LAYOUTS = tuple(sorted(list(LAYOUTS) + ["raw-lmdb", "caffe-lmdb"]))
+
+
+def detect_layout(path: str) -> str:
+    """Guess the layout of ``path``; raise :class:`SourceError` listing the valid ones."""
+    if os.path.isfile(path) and path.endswith(".lst"):
+        return "lst"
+    if os.path.isdir(path):
+        try:
+            _voc_base(path)
+            return "voc"
+        except SourceError:
+            pass
+        try:
+            _ade20k_base(path)
+            return "ade20k"
+        except SourceError:
+            pass
+        if os.path.isdir(os.path.join(path, "leftImg8bit")) and \
+                os.path.isdir(os.path.join(path, "gtFine")):
+            return "cityscapes"
+        if os.path.isdir(os.path.join(path, "images")) and os.path.isdir(os.path.join(path,
+                                                                                     "masks")):
+            return "pairs"
+        if any(os.path.isdir(os.path.join(path, d)) for d in os.listdir(path)):
+            return "imagefolder"
+    raise SourceError("cannot tell the layout of this source; pass --layout, one of: %s"
+                      % ", ".join(ALL_LAYOUTS), path)
+
+
+def open_source(path: str, layout: Optional[str] = None, *, follow_symlinks: bool = False,
+                **options) -> Source:
+    """List the items of a source folder or file in the given (or detected) layout.
+
+    Every listed image and mask, whatever the layout, must lie under the source root
+    (:func:`confine`): entries spelled outside it (``..``, absolute paths) and, unless
+    ``follow_symlinks``, symlinks resolving outside it are moved to ``problems`` (a failed
+    or a skipped item for the converter), never read.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise SourceError("source not found", path)
+    if layout is None:
+        layout = detect_layout(path)
+    if layout not in LAYOUTS:
+        raise SourceError("unknown layout %r; valid layouts: %s"
+                          % (layout, ", ".join(ALL_LAYOUTS)), path)
+    src = LAYOUTS[layout](path, **options)
+    dirs: dict = {}
+    for name, items in src.splits.items():
+        kept = []
+        for item in items:
+            for f in (item.image, item.mask):
+                why = None if f is None else confine(src.root, f, follow_symlinks, dirs)
+                if why is not None:
+                    src.problems.append((f, why))
+                    break
+            else:
+                kept.append(item)
+        src.splits[name] = kept
+    return src

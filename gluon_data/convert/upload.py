@@ -1,0 +1,349 @@
+"""Uploads: a local dataset, or each shard where it is written, then the commit document."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import time
+from functools import partial
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..format import codec
+from ..format.documents import load_document
+from ..errors import ConversionError, FormatError, RemoteNotFoundError
+from ..storage.fsutil import atomic_write, sha256_file
+from ..stores.lmdbio import LMDBFile, read_lmdb_meta
+from ..format.meta import dumps_meta, meta_path
+from ..stores.recordio import idx_path_for
+from ..stores.shards import _load_manifest, _shard_files, manifest_path, prefix_of, read_manifest
+from ..tools.verify import verify
+from ..stores.remote.commit import Commit, _found, put_object
+from ..format.layout import LMDB_DATA, LMDB_FORMAT, _join
+from ..storage.remotefs import _Remote
+from ..storage.objects import _default_cache_dir
+
+
+# --------------------------------------------------------------------------- writing
+RECEIPT_SUFFIX = ".upload.json"   # PREFIX-SSSSS-of-NNNNN.upload.json: a shard's upload receipt
+
+
+def _lmdb_commit(local: str, files: Dict[str, dict]) -> dict:
+    """The commit document of a local LMDB environment uploaded to object storage."""
+    return {"format": LMDB_FORMAT, "format_version": 1, "container": "lmdb",
+            "splits": read_lmdb_meta(local), "files": files}
+
+
+def _file(path: str, sha: str) -> dict:
+    return {"bytes": os.path.getsize(path), "sha256": sha}
+
+
+def _upload_plan(local: str, uri: str):
+    """``(dataset uri, commit document, [(local file, uri, SHA-256)])`` of one local
+    dataset: a ``.rec`` (committed by its metadata), an ``.lmdb`` environment (its
+    ``data.mdb``, committed by ``NAME.lmdb/meta.json``) or a ``.shards.json`` (by the
+    manifest; its shards' files are data)."""
+    if local.rstrip("/").endswith(".lmdb"):
+        local = local.rstrip("/")
+        target = _join(uri, os.path.basename(local))
+        data = os.path.join(local, LMDB_DATA)
+        sha = sha256_file(data)
+        doc = _lmdb_commit(local, {LMDB_DATA: _file(data, sha)})
+        return target, doc, [(data, target + "/" + LMDB_DATA, sha)]
+    if local.endswith(".shards.json"):
+        doc = read_manifest(local)
+        folder = os.path.dirname(local)
+        triples, files = [], {}
+        for sh in doc["shards"]:
+            rec = os.path.join(folder, sh["name"])
+            if not os.path.isfile(rec):
+                raise ValueError("%s: only RecordIO shards can be uploaded (%s)"
+                                 % (local, sh["name"]))
+            triples += [(p, _join(uri, os.path.basename(p)), sha256_file(p))
+                        for p in (rec, idx_path_for(rec), meta_path(rec))]
+            files[sh["name"]] = _file(rec, triples[-3][2])
+        doc["files"] = files
+        return _join(uri, os.path.basename(local)), doc, triples
+    rec_uri = _join(uri, os.path.basename(local))
+    triples = [(p, t, sha256_file(p)) for p, t in ((local, rec_uri),
+                                                   (idx_path_for(local), idx_path_for(rec_uri)))]
+    doc = load_document(meta_path(local), "meta")
+    doc["files"] = {posixpath.basename(t): _file(p, sha) for p, t, sha in triples}
+    return rec_uri, doc, triples
+
+
+def upload_dataset(local: Sequence[str], uri: str, *,
+                   storage_options: Optional[dict] = None, overwrite: bool = False,
+                   resume: bool = False, journal: Optional[str] = None,
+                   retries: Optional[int] = None) -> Dict[str, str]:
+    """Upload local datasets beside ``uri``: ``.rec`` files (with their ``.idx`` and
+    metadata), ``.lmdb`` environments (their ``data.mdb``) or ``.shards.json`` manifests
+    (with every shard's files). Returns ``{local path: its URI}`` (the ``.rec``, the
+    ``.lmdb`` or the manifest).
+
+    Each dataset goes up by the one protocol of :class:`~gluon_data.stores.remote.commit.Commit`:
+    refusals first (nothing is changed then); its upload marker, its old commit document
+    removed; every data object; its commit document -- the metadata with a ``files`` entry
+    recording the size and SHA-256 of its ``.rec`` and ``.idx``, the LMDB commit document,
+    the manifest with one per shard's ``.rec`` (what readers verify downloads against) --
+    written only once every object is there; then the marker removed. A reader sees either
+    no dataset (while the marker exists, an error saying an upload is in progress) or a
+    complete one. With ``resume``, objects the ``journal`` (a local JSON file) lists as
+    uploaded with the same SHA-256 and found with the same size are not sent again, and an
+    identical complete dataset (every object there with its size) is left alone.
+
+    Raises
+    ------
+    FileExistsError
+        An output object exists and neither ``overwrite`` nor a resumable upload of ours
+        (``resume`` with the journal naming it) allows replacing it.
+    OutputError
+        With ``overwrite``: an output object exists that is not recognisably ours (no metadata
+        or manifest of ours under the output name, nor an interrupted upload of ours); nothing
+        was changed.
+    """
+    remote = _Remote(storage_options, retries)
+    done: Dict[str, str] = {}
+    if resume and journal and os.path.exists(journal):
+        done = load_document(journal, "journal")
+    local = list(dict.fromkeys(os.fspath(p) for p in local))  # (an LMDB's splits: one path)
+    plan = []  # (local path, its Commit, commit document, {object uri: (file, SHA-256)})
+    for p in local:
+        u, doc, triples = _upload_plan(p, uri)
+        plan.append((p, Commit(remote, u), doc, {t: (f, sha) for f, t, sha in triples}))
+    todo = [(c, doc, objects) for _, c, doc, objects in plan
+            if not (resume and c.complete(partial(_same, doc, objects)))]
+    for c, _, objects in todo:  # refuse before anything is changed
+        c.refuse(_found(remote, list(objects) + [c.commit]), overwrite,
+                 lambda target: resume and target in done)
+    for c, _, _ in todo:
+        c.begin()
+    for c, doc, objects in todo:
+        up = _found(remote, [t for t, (_, sha) in objects.items() if done.get(t) == sha])
+        for target, (path, sha) in objects.items():
+            if up.get(target) != os.path.getsize(path) or done.get(target) != sha:
+                put_object(remote, path, target)
+                _record(journal, done, target, sha)
+        c.end(doc, _sizes(objects))
+        _record(journal, done, c.commit, hashlib.sha256(dumps_meta(doc)).hexdigest())
+    return {p: c.uri for p, c, _, _ in plan}
+
+
+def _sizes(objects: Dict[str, Tuple[str, str]]) -> Dict[str, int]:
+    return {t: os.path.getsize(f) for t, (f, _) in objects.items()}
+
+
+def _same(doc: dict, objects: Dict[str, Tuple[str, str]], blob: bytes):
+    """The objects (``{uri: size}``) of a complete upload of ``doc`` if ``blob``, the commit
+    document found, is ``doc`` (for :meth:`Commit.complete`); else ``None``."""
+    return _sizes(objects) if blob == dumps_meta(doc) else None
+
+
+def _record(journal: Optional[str], done: Dict[str, str], target: str, sha: str) -> None:
+    """Note in the upload journal that ``target`` holds the content of SHA-256 ``sha``."""
+    done[target] = sha
+    if journal:
+        atomic_write(journal, json.dumps(done).encode("utf-8"), sync_dir=False)
+
+
+class ShardUploader:
+    """Where the shard tasks of a sharded conversion into object storage put their shards
+    (the ``sink`` of :func:`gluon_data.stores.shards.convert_sharded`). Picklable: it travels with
+    every task to the process or Dask worker that runs it, with the storage options
+    (credentials stay in memory; nothing of them is written to any object).
+
+    Each task (:meth:`write_shard`) writes its shard into a staging folder local to the machine
+    running it, verifies it, uploads its objects, then its receipt
+    (``PREFIX-SSSSS-of-NNNNN.upload.json``: the plan digest, each object's size and SHA-256,
+    the manifest entry), deletes the staged copy and returns the manifest entry. A shard whose
+    receipt carries the shard's plan digest (``job.digest``: its items' names and each file's
+    size and mtime, see :mod:`gluon_data.format.plan`) and whose objects have the recorded sizes is
+    kept (a rerun with ``resume``, or Dask retrying a task that died after uploading); a shard
+    of a source file changed since is written and uploaded again. Each split's manifest is
+    uploaded by the one protocol of :class:`~gluon_data.stores.remote.commit.Commit`, the tasks
+    putting its objects: the client calls :meth:`prepare` before any task (refusals, the
+    upload marker, old commit documents removed) and :meth:`finish` after all (each
+    manifest, once every shard object is there; the markers removed). The converter hands
+    each task its shard writer (``write``: :func:`gluon_data.convert.sharded.write_shard`).
+
+    Parameters
+    ----------
+    uri : str
+        The output URI the conversion was given (its folder receives the shards).
+    remote : _Remote
+        Storage options and retry policy.
+    staging : str, optional
+        Folder for the staged shards; default ``staging/shards/<hash of uri>`` under the
+        cache directory of the machine running the task (``$GLUON_DATA_CACHE_DIR`` there,
+        else ``~/.cache/gluon_data``).
+    overwrite, resume : bool
+        As for :func:`convert_to_uri`.
+
+    Examples
+    --------
+    >>> sink = ShardUploader("s3://bucket/voc.rec", _Remote())
+    >>> sink.shard_uri("voc-00000-of-00002.rec")
+    's3://bucket/voc-00000-of-00002.rec'
+    """
+
+    def __init__(self, uri: str, remote: "_Remote", staging: Optional[str] = None,
+                 overwrite: bool = False, resume: bool = False):
+        self.uri, self.remote, self.staging = uri, remote, staging
+        self.overwrite, self.resume = overwrite, resume
+        self.complete: set = set()  # (client) manifests already uploaded for this plan
+
+    def shard_uri(self, name: str) -> str:
+        return _join(self.uri, name)
+
+    def receipt_uri(self, name: str) -> str:
+        return self.shard_uri(prefix_of(name) + RECEIPT_SUFFIX)
+
+    def _stage_root(self) -> str:
+        root = self.staging or os.path.join(_default_cache_dir(), "staging", "shards")
+        return os.path.join(os.path.abspath(root),
+                            hashlib.sha256(self.uri.encode("utf-8")).hexdigest()[:24])
+
+    # -- client side -----------------------------------------------------------------------
+    def _objects(self, job) -> List[str]:
+        """URIs of the objects of ``job``'s shard and its receipt."""
+        name = os.path.basename(job.path)
+        if job.container == "lmdb":
+            names = [name + "/" + LMDB_DATA]
+        else:
+            names = [name, idx_path_for(name), meta_path(name)]
+        return [self.shard_uri(n) for n in names] + [self.receipt_uri(name)]
+
+    def _commit(self, p: dict) -> Commit:
+        return Commit(self.remote, self.shard_uri(os.path.basename(manifest_path(p["prefix"]))))
+
+    def prepare(self, plans: List[dict], container: str) -> None:
+        """Before any task: refuse what may not be replaced (nothing is changed then), put
+        each split's upload marker, remove the old manifests and, unless ``resume``, the old
+        receipts (so only this run's uploads are kept by a retried task)."""
+        todo = []
+        for p in plans:
+            c = self._commit(p)
+            if self.resume and c.complete(partial(self._needs, p)):
+                self.complete.add(c.uri)  # complete already: the tasks find every receipt
+                continue
+            targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
+            present = _found(self.remote, targets)
+            c.refuse(present, self.overwrite, lambda target, c=c: self.resume and c.ours())
+            todo.append((p, c, present))
+        for p, c, present in todo:
+            c.begin()
+            if not self.resume:
+                for j in p["jobs"]:
+                    receipt = self.receipt_uri(os.path.basename(j.path))
+                    if receipt in present:
+                        self.remote.rm(receipt)
+
+    def _needs(self, p: dict, blob: bytes) -> Optional[Dict[str, Optional[int]]]:
+        """The objects a complete upload of plan ``p`` has (``{uri: size, or None}``), if
+        the manifest ``blob`` is of this plan; else ``None``."""
+        uri = self._commit(p).commit
+        try:
+            doc = _load_manifest(uri, blob)[0]
+        except FormatError:
+            return None  # not one whole: this run writes it
+        if (doc.get("plan") or {}).get("digest") != p["digest"]:
+            return None
+        sizes: Dict[str, Optional[int]] = {u: None for j in p["jobs"] for u in self._objects(j)}
+        sizes.update((self.shard_uri(n), f["bytes"]) for n, f in doc.get("files", {}).items())
+        return sizes
+
+    def finish(self, report) -> Dict[str, str]:
+        """After every task: each split's manifest (the local one, plus ``files``: size and
+        SHA-256 of each shard's data object) uploaded last, then the markers removed.
+        Returns ``{split: manifest URI}``."""
+        out = {}
+        for split, local in sorted(report.outputs.items()):
+            c = Commit(self.remote, self.shard_uri(os.path.basename(local)))
+            doc = read_manifest(local)
+            entries = [e for e in report.shards if e["split"] == split]
+            doc["files"] = {}
+            for e in entries:  # each shard's data object
+                data = e["name"] + "/" + LMDB_DATA if doc["container"] == "lmdb" else e["name"]
+                doc["files"][data] = e["files"][data]
+            out[split] = c.uri
+            if c.uri in self.complete and self.remote.cat(c.commit) == dumps_meta(doc):
+                continue  # resumed a complete upload of this plan: nothing to send
+            c.end(doc, {self.shard_uri(n): f["bytes"] for e in entries
+                        for n, f in e["files"].items()})
+        return out
+
+    # -- task side -------------------------------------------------------------------------
+    def _uploaded(self, job) -> Optional[dict]:
+        """The manifest entry of ``job``'s shard if its receipt carries this shard's digest
+        (same items, same sizes and mtimes) and its objects have the sizes the receipt
+        records; else ``None``."""
+        name = os.path.basename(job.path)
+        uri = self.receipt_uri(name)
+        try:
+            doc = load_document(self.remote.cat(uri), "receipt", uri)
+        except (RemoteNotFoundError, FormatError):
+            return None  # none, or damaged: the shard is written and uploaded again
+        want = {"index": job.index, "count": job.count, "plan_digest": job.digest}
+        if doc["shard"] != want or not doc["files"]:
+            return None
+        sizes = {self.shard_uri(rel): f["bytes"] for rel, f in doc["files"].items()}
+        found = _found(self.remote, sizes)
+        if any(found.get(u) != n for u, n in sizes.items()):
+            return None
+        return dict(doc["entry"], files=doc["files"], reused=True)
+
+    def write_shard(self, job, write: Callable[[object], dict]) -> dict:
+        """Task: write shard ``job.index`` with ``write`` (the converter's shard writer, given
+        the job with a staged path), verify and upload it (or find it uploaded); return its
+        manifest entry with ``files``."""
+        done = self._uploaded(job)
+        if done is not None:
+            return done
+        t0 = time.perf_counter()
+        name = os.path.basename(job.path)
+        folder = os.path.join(self._stage_root(), name + ".d")  # this shard's alone
+        os.makedirs(folder, exist_ok=True)
+        try:
+            local = os.path.join(folder, name)
+            summary = write(dataclasses.replace(job, path=local))
+            _verify_shard(local, job)
+            files = {}
+            for path in _shard_files(local, job.container):
+                rel = os.path.relpath(path, folder).replace(os.sep, "/")
+                files[rel] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+            for rel in files:
+                put_object(self.remote, os.path.join(folder, rel), self.shard_uri(rel))
+            entry = {k: summary[k] for k in ("name", "records", "bytes", "idx_sha256",
+                                             "meta_sha256", "meta")}
+            receipt = {"writer": "gluon_data", "format_version": 1,
+                       "shard": {"index": job.index, "count": job.count,
+                                 "plan_digest": job.digest},
+                       "files": files, "entry": entry}
+            self.remote.pipe(self.receipt_uri(name), dumps_meta(receipt))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # the staged copy, uploaded or not
+        return dict(entry, files=files, reused=False, seconds=time.perf_counter() - t0)
+
+
+def _verify_shard(local: str, job) -> None:
+    """Check a freshly written shard before it is uploaded: every record's framing and CRC
+    (RecordIO: :func:`gluon_data.tools.verify.verify`; LMDB: read back in this process, since
+    ``verify`` scans an LMDB in a child process, which a daemonic Dask worker cannot start,
+    and this environment was just written by us)."""
+    label = "shard %d of %d (%s)" % (job.index, job.count, os.path.basename(local))
+    if job.container == "lmdb":
+        f = LMDBFile(local, job.split)
+        seg = f.meta["task"] == "segmentation"
+        try:
+            for i in range(len(f)):
+                codec.unpack(f.read(i), segmentation=seg, verify=True, path=local,
+                             key=f.key(i))
+        finally:
+            f.close()
+        return
+    report = verify(local)
+    if not report.ok:
+        raise ConversionError("%s failed verification before upload: %s"
+                              % (label, report.problems[0]["reason"]), local)

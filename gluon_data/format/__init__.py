@@ -1,0 +1,1 @@
+"""The on-disk format: the record codec, the decoder of record, documents, metadata and indexes (no framework)."""

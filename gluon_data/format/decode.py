@@ -1,0 +1,158 @@
+"""Region decoding: decode only the part of a JPEG that a crop keeps.
+
+:func:`decode_region` returns exactly ``codec.decode_image(buf, flag)[y0:y1, x0:x1]``, pixel
+for pixel, or raises the :class:`~gluon_data.errors.DecodeError` that call raises: whatever
+the box, with or without the C extension, with region decoding on or off.
+
+The full decode is the decoder of record (libjpeg-turbo in simplejpeg, the same library
+on every machine: see :func:`gluon_data.format.codec.decode_image`). The optional C extension
+``gluon_data._jpegregion`` (built at install when a C compiler and libjpeg-turbo's headers
+are present) links the *system's* libjpeg-turbo, another version that accepts other files:
+before 3.0 it refuses lossless (SOF3) JPEGs, and it reads sampling factors (3x1, 2x4,
+mixed) that the decoder of record refuses. So the extension is given only the JPEGs both
+read identically, decided from the frame header (:func:`region_exact`): baseline, extended
+or progressive Huffman-coded, 8-bit, grey or three components in one of TurboJPEG's named
+chroma layouts. For those it runs the inverse DCT, upsampling and colour conversion for
+the box's rows and columns only. Every other JPEG, every other format, a box covering most
+of the image (where the region decoder saves less than it costs), and
+``GLUON_DATA_REGION_DECODE=0`` take the decoder of record on the whole image, cropped: the
+same pixels or the same error either way.
+
+Both paths are equally strict: the region decoder reads the whole entropy-coded stream
+through the end-of-image marker and treats every libjpeg warning ("Corrupt JPEG data: ...")
+as an error, so damage anywhere in the image, inside the box or outside it, and truncation
+raise :class:`~gluon_data.errors.DecodeError`, as :func:`~gluon_data.format.codec.decode_image`
+does. :func:`region_decoder` says which decoder is in use.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import codec
+from ..errors import DecodeError
+
+try:  # the optional C extension (setup.py); absent: whole-image decodes, the same pixels
+    from .. import _jpegregion
+except ImportError:  # pragma: no cover - depends on the install
+    _jpegregion = None
+
+__all__ = ["decode_region", "region_decoding", "region_decoder", "region_exact",
+           "REGION_MAX_FRACTION"]
+
+#: A box covering more than this fraction of the image is decoded whole: the region
+#: decoder still Huffman-decodes every row, so above it the saving measured (0-20 %) was
+#: within the benchmark machine's noise (``python benchmarks/bench_region.py``).
+REGION_MAX_FRACTION = 0.6
+_ENV = "GLUON_DATA_REGION_DECODE"
+_JPEG_SOI = b"\xff\xd8"
+#: Frame types the region decoder is given: baseline, extended and progressive Huffman
+#: (SOF0-SOF2). Lossless (SOF3), hierarchical and arithmetic-coded frames are not.
+_REGION_SOF = frozenset((0xC0, 0xC1, 0xC2))
+#: Luma sampling factors of the chroma layouts TurboJPEG names (4:4:4, 4:2:2, 4:2:0, 4:4:0,
+#: 4:1:1, 4:4:1), written the standard way: both chroma components 1x1.
+_REGION_LUMA = frozenset(((1, 1), (2, 1), (2, 2), (1, 2), (4, 1), (1, 4)))
+
+
+def region_decoding() -> bool:
+    """Whether JPEG boxes are decoded without the rest of the image: the extension is built,
+    the decoder of record (simplejpeg) is installed, and ``GLUON_DATA_REGION_DECODE`` is not
+    ``0`` (read at each call, so a DataLoader worker follows the environment it was started
+    with)."""
+    return (_jpegregion is not None and codec._sj is not None
+            and os.environ.get(_ENV, "1").strip() != "0")
+
+
+def region_exact(frame: Optional[codec.JpegFrame]) -> bool:
+    """Whether the region decoder may decode a JPEG with this frame header.
+
+    Only JPEGs that the region decoder (the system's libjpeg-turbo) and the decoder of
+    record (simplejpeg's) read identically, pixels and refusals alike, qualify: an 8-bit
+    baseline, extended or progressive Huffman frame, grey (one component, any sampling
+    factors) or three components in a standard chroma layout (4:4:4, 4:2:2, 4:2:0, 4:4:0,
+    4:1:1, 4:4:1 with 1x1 chroma). That is a subset of what each library accepts, checked
+    by ``tests/test_decoder_of_record.py``: libjpeg-turbo 2.x refuses lossless (SOF3) frames
+    that the decoder of record reads, and reads sampling factors (3x1, 2x4, 1x3, mixed) that
+    the decoder of record refuses.
+
+    Parameters
+    ----------
+    frame : JpegFrame or None
+        The frame header, from :func:`gluon_data.format.codec.jpeg_frame`.
+
+    Returns
+    -------
+    bool
+        ``False`` sends the file to the decoder of record, decoded whole and cropped.
+    """
+    if frame is None or frame.marker not in _REGION_SOF or frame.precision != 8:
+        return False
+    if len(frame.sampling) == 1:
+        return True
+    return (len(frame.sampling) == 3 and frame.sampling[0] in _REGION_LUMA
+            and frame.sampling[1] == frame.sampling[2] == (1, 1))
+
+
+def region_decoder() -> str:
+    """The decoder :func:`decode_region` uses, in words (for the benchmark and bug reports)."""
+    if _jpegregion is None:
+        return "full decode + crop (the gluon_data._jpegregion extension is not built)"
+    v = _jpegregion.LIBJPEG_TURBO_VERSION
+    name = "libjpeg-turbo %d.%d.%d" % (v // 1000000, v // 1000 % 1000, v % 1000)
+    if codec._sj is None:  # pragma: no cover - a broken install
+        return "full decode + crop (simplejpeg is not installed; extension built with %s)" % name
+    if not region_decoding():
+        return "full decode + crop (%s=0; extension built with %s)" % (_ENV, name)
+    return ("region decode (gluon_data._jpegregion, %s; JPEGs outside decode.region_exact: "
+            "full decode + crop)" % name)
+
+
+def _check_box(box, hw: Tuple[int, int], what: str) -> Tuple[int, int, int, int]:
+    y0, x0, y1, x1 = (int(v) for v in box)
+    if not (0 <= y0 < y1 <= hw[0] and 0 <= x0 < x1 <= hw[1]):
+        raise ValueError("%s: box (y0, x0, y1, x1) = %s is not a non-empty region of a %dx%d "
+                         "image" % (what, tuple(box), hw[1], hw[0]))
+    return y0, x0, y1, x1
+
+
+def _region(buf, box, flag: int, max_pixels: Optional[int], what: str) -> Optional[np.ndarray]:
+    """The box through the extension, or ``None`` where the full decode is the better (or
+    the only exact) way: a JPEG outside :func:`region_exact`, an empty image, a large box."""
+    frame = codec.jpeg_frame(buf)
+    if not region_exact(frame) or frame.height * frame.width == 0:
+        return None
+    hw = frame.height, frame.width
+    y0, x0, y1, x1 = _check_box(box, hw, what)
+    if (y1 - y0) * (x1 - x0) > REGION_MAX_FRACTION * hw[0] * hw[1]:
+        return None
+    codec._check_structure(buf, what, max_pixels)  # empty, pixel cap: as decode_image
+    try:  # (a box outside the size libjpeg reads is a ValueError too: the headers disagree)
+        out = _jpegregion.decode(buf, y0, x0, y1, x1, flag)
+    except ValueError as e:
+        raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
+    if out is None:  # declined (CMYK, arithmetic coding): region_exact lets none through
+        return None
+    return np.frombuffer(out[0], np.uint8).reshape(y1 - y0, x1 - x0, out[1])
+
+
+def decode_region(buf, box, flag: int = 1, *,
+                  max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS,
+                  what: str = "image") -> np.ndarray:
+    """``decode_image(buf, flag)[y0:y1, x0:x1]`` for ``box = (y0, x0, y1, x1)`` in the
+    image's pixel coordinates (half-open), decoding only that region when it can (see the
+    module docstring).
+
+    Raises :class:`DecodeError` for bad image bytes (anywhere in the image, not only in the
+    box), ``ValueError`` for a box outside the image.
+    """
+    if flag not in (0, 1):
+        raise ValueError("flag must be 0 (grey) or 1 (colour), got %r" % (flag,))
+    if bytes(buf[:2]) == _JPEG_SOI and region_decoding():
+        img = _region(buf, box, flag, max_pixels, what)
+        if img is not None:
+            return img
+    img = codec.decode_image(buf, flag, max_pixels=max_pixels, what=what)
+    y0, x0, y1, x1 = _check_box(box, img.shape[:2], what)
+    return img[y0:y1, x0:x1]

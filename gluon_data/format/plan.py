@@ -1,0 +1,131 @@
+"""The identity of a conversion plan: one digest over what it reads and how.
+
+A plan's digest covers a header (source, layout, options, shard ranges...) and, per split,
+every item it reads: its name, its paths relative to the source root, label and key, and the
+*stamp* (size in bytes, modification time in nanoseconds) of each file. The same names with
+other content (a file rewritten in place, even within the same second) give another digest,
+so nothing written from one state of a source is ever resumed with, or kept beside, records
+of another. The unsharded ``--resume`` checkpoint, each shard of a sharded conversion and
+each upload receipt carry such a digest.
+
+``stamps=False`` leaves the stamps out: the digest of the plan's *names* (which files, which
+options), the one earlier versions recorded, used to tell "the same plan over a changed
+source" from "another plan".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = ["plan_digest", "source_head", "changed_files", "PlanDigest"]
+
+
+def _size_mtime(path: Optional[str]) -> Optional[List[int]]:
+    """``[size, mtime_ns]`` of ``path`` (``None`` for no path or a file that is gone)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _paths(item) -> Tuple[Optional[str], ...]:
+    """The files an item reads: a plan item's image and mask, or a file read whole."""
+    return (item,) if isinstance(item, str) else (item.image, item.mask)
+
+
+def _entry(item, root: Optional[str], stamps: bool) -> list:
+    if isinstance(item, str):  # a file read whole (a dataset being copied)
+        entry = [os.path.abspath(item)]
+    else:  # relative: the same source spelled relative or absolute has the same digest
+        entry = [item.name] + [None if p is None else os.path.relpath(p, root)
+                               for p in (item.image, item.mask)] + [item.label, item.key]
+    if stamps:
+        entry += [_size_mtime(p) for p in _paths(item)]
+    return entry
+
+
+class PlanDigest(str):
+    """A plan digest (a ``str``) that also knows its names-only digest (:attr:`names`), when
+    its stamps were taken (:attr:`taken_ns`) and the files it stamped (:attr:`files`), so a
+    mismatch can say which file changed."""
+
+    names: str
+    taken_ns: int
+    files: List[Tuple[str, Optional[List[int]]]]
+    stamped: Mapping[str, list]  # per split, each item's entry with its files' stamps
+
+    def prefix(self, split: str, n: int) -> str:
+        """The digest of the first ``n`` items of ``split`` with their stamps: what a
+        checkpoint that has written them binds (later items may still change)."""
+        return _sha256({"names": self.names, "items": [  # stamps, not paths as spelled
+            [e, [st for _, st in pairs]] for e, pairs in self.stamped.get(split, [])[:n]]})
+
+    def files_of(self, split: str, n: int) -> List[Tuple[str, Optional[List[int]]]]:
+        """``(path, stamp)`` of the files the first ``n`` items of ``split`` read."""
+        out = []
+        for e in self.stamped.get(split, [])[:n]:
+            out.extend((p, st) for p, st in e[1] if p is not None)
+        return out
+
+
+def plan_digest(head: dict, plan: Optional[Mapping[str, Sequence]] = None,
+                root: Optional[str] = None, stamps: bool = True) -> PlanDigest:
+    """The digest of ``head`` (any JSON-able description: source, options...) and ``plan``
+    (``{split: items}``; an item is a source :class:`~gluon_data.convert.sources.Item`, paths taken
+    relative to ``root``, or the path of a file read whole), each file's ``[size, mtime_ns]``
+    included unless ``stamps`` is false."""
+    taken = time.time_ns()
+    doc = dict(head)
+    out_files: List[Tuple[str, Optional[List[int]]]] = []
+    if plan is not None:
+        doc["plan"] = {s: [_entry(i, root, stamps) for i in items] for s, items in plan.items()}
+    out = PlanDigest(_sha256(doc))
+    out.taken_ns, out.names, out.files, out.stamped = taken, str(out), out_files, {}
+    if plan is not None and stamps:  # the same entries without their stamps
+        for s, items in plan.items():
+            out.stamped[s] = []
+            for k, (e, i) in enumerate(zip(doc["plan"][s], items)):
+                paths = _paths(i)
+                pairs = list(zip(paths, e[-len(paths):]))
+                out_files.extend((p, st) for p, st in pairs if p is not None)
+                out.stamped[s].append((e[:-len(paths)], pairs))
+                doc["plan"][s][k] = e[:-len(paths)]
+        out.names = _sha256(doc)
+    return out
+
+
+def source_head(src, opts, options: dict) -> dict:
+    """The header of a conversion's plan: its source (a :class:`~gluon_data.convert.sources.Source`),
+    layout and encoding options."""
+    return {"source": os.path.abspath(src.root), "layout": src.layout, "options": options,
+            "opts": repr(opts)}
+
+
+def _sha256(doc: dict) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def changed_files(files: Iterable[Tuple[str, Optional[List[int]]]], since_ns: int,
+                  limit: int = 3) -> Tuple[int, List[str]]:
+    """How many of ``files`` (``(path, stamp)`` pairs) are gone or were modified after
+    ``since_ns``, and a description of the first ``limit``."""
+    n, out = 0, []
+    for path, st in files:
+        if st is not None and st[1] <= since_ns:
+            continue
+        n += 1
+        if len(out) < limit:
+            out.append("%s (%s)" % (path, "gone" if st is None else "now %d bytes, modified "
+                                    "%s" % (st[0], _iso_ns(st[1]))))
+    return n, out
+
+
+def _iso_ns(ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ns // 10**9)) + ".%09dZ" % (
+        ns % 10**9)

@@ -1,0 +1,466 @@
+"""The index of a ``.rec``: the text ``.idx`` (MXNet's ``key<TAB>offset`` lines) and its
+binary copy, the ``.gdx``.
+
+:func:`read_index` parses an ``.idx`` strictly (vectorised; a bad line is named). The binary
+copy beside it (``NAME.idx.gdx``, :func:`write_binary_index`) is mapped read-only instead of
+parsed -- one copy in the page cache for every process -- while it still describes the
+``.idx``; a big stock index without one is parsed once into the user cache
+(:func:`index_cache_path`) and mapped from there. :func:`binary_index_problem` says why a
+``.gdx`` is ignored. :class:`~gluon_data.stores.recordio.RecordFile` opens its index here.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import warnings
+import zlib
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from ..storage.cache import Cache
+from ..errors import CacheError, FormatError, OutputError
+from ..storage.fileio import open_or_explain, open_regular, require_regular
+from ..storage.fsutil import atomic_write, check_replaceable, map_readonly, open_new
+
+__all__ = ["read_index", "idx_path_for", "write_binary_index", "binary_index_problem",
+           "index_cache_path", "BINARY_INDEX_SUFFIX", "file_stamp"]
+
+def idx_path_for(rec_path: str) -> str:
+    """``a/b.rec`` -> ``a/b.idx`` (the convention of ``ImageRecordDataset`` and im2rec)."""
+    return os.path.splitext(rec_path)[0] + ".idx"
+
+
+def _bad_line(lines, path: str, reason_for) -> FormatError:
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        reason = reason_for(line)
+        if reason:
+            return FormatError("line %d (%r): %s" % (lineno, line[:80].decode("latin-1"), reason),
+                               path)
+    return FormatError("unparsable index", path)
+
+
+def _line_problem(line: bytes) -> Optional[str]:
+    fields = line.split()
+    if len(fields) != 2:
+        return "expected 'key<TAB>offset', found %d fields" % len(fields)
+    for f in fields:
+        try:
+            int(f)
+        except ValueError:
+            return "%r is not an integer" % f.decode("latin-1")
+    return None
+
+
+_INDEX_BYTES = np.zeros(256, bool)
+_INDEX_BYTES[list(b"0123456789+-\t\n\r ")] = True
+
+
+def _int_tokens(raw: bytes) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return np.fromstring(raw, dtype=np.int64, sep=" ")
+
+
+def _parse_strict_index(raw: bytes, b: np.ndarray) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """The common case, as MXNet and we write it (``key<TAB>offset<LF>`` on every line), in
+    three vectorised passes; ``None`` for anything else (blank lines, CRLF, spaces, errors),
+    which the general parser then accepts or blames on a line."""
+    nl = np.flatnonzero(b == 10)
+    tabs = np.flatnonzero(b == 9)
+    n = nl.size
+    if n == 0 or tabs.size != n or nl[-1] != b.size - 1:
+        return None
+    line_starts = np.concatenate(([0], nl[:-1] + 1))
+    # one tab per line, with a digit (or sign) right after the line start and the tab...
+    if not ((line_starts < tabs) & (tabs < nl - 1)).all():
+        return None
+    first = np.concatenate((b[line_starts], b[tabs + 1]))
+    if not (((first >= 48) & (first <= 57)) | (first == 45)).all():
+        return None
+    # ...so each field holds >= 1 token; exactly 2n integers then means exactly one each.
+    flat = _int_tokens(raw)
+    if flat.size != 2 * n:
+        return None
+    values = flat.reshape(-1, 2)
+    return values[:, 0].copy(), values[:, 1].copy()
+
+
+#: A binary copy of an ``.idx`` beside it (``NAME.idx.gdx``), mapped read-only instead of
+#: parsed: every process that opens the dataset shares the page cache's one copy, and opening
+#: costs a header check and a checksum pass over the body instead of parsing text. Used only
+#: while it still describes the ``.idx`` (its size and mtime, or else its CRC-32, as recorded)
+#: and its header and body match their CRC-32s; otherwise it is ignored and the text is parsed.
+BINARY_INDEX_SUFFIX = ".gdx"
+_GDX_HEAD_V2 = struct.Struct("<8sQQQQQ")  # magic, idx size, idx crc32, count, flags, body crc32
+_GDX_MAGIC_V2 = b"GDIDX\x00\x02\x00"
+# version 3: magic, idx size, idx mtime_ns (-1: none recorded), idx crc32, count, flags, largest
+# offset, body crc32, crc32 of the header before this field (72 bytes: the body is 8-aligned)
+_GDX_HEAD = struct.Struct("<8sQqQQQqQQ")
+_GDX_MAGIC = b"GDIDX\x00\x03\x00"
+_GDX_SEQUENTIAL_KEYS = 1  # keys are 0..count-1 and not stored
+_GDX_FILE_ORDER = 2       # offsets strictly increase: records listed in file order
+_GDX_KEYS_SORTED = 4      # keys strictly increase
+_GDX_CLEAN = 8            # offsets >= 0 and multiples of 4, no offset nor key listed twice
+#: An ``.idx`` modified less than this before its binary copy was taken could be rewritten
+#: within the same file-system clock tick (same mtime): its mtime is not recorded.
+_RACY_NS = 50_000_000
+#: Text indexes at least this big (~10,000 records) are parsed once into a binary copy in the
+#: user cache (``$GLUON_DATA_CACHE_DIR/index``) when they have none beside them.
+_CACHE_MIN_BYTES = 128 << 10
+_CHUNK = 1 << 20
+
+
+class _Index(NamedTuple):
+    """A loaded index: ``keys`` (``None``: ``0..n-1``), ``offsets``, the facts a version-3
+    binary copy recorded (``flags``, ``max_offset``; ``None``: not known, scan the arrays)
+    and the ``.idx``'s :func:`file_stamp` when it was read."""
+    keys: Optional[np.ndarray]
+    offsets: np.ndarray
+    flags: Optional[int]
+    max_offset: int
+    stamp: Tuple[int, int, int, int]
+
+
+def _index_facts(keys: np.ndarray, offsets: np.ndarray) -> Tuple[int, int]:
+    """``(flags, largest offset)`` of an index, as a version-3 binary copy records them."""
+    n = len(offsets)
+    flags = 0
+    if np.array_equal(keys, np.arange(n)):
+        flags |= _GDX_SEQUENTIAL_KEYS | _GDX_KEYS_SORTED
+    elif n <= 1 or bool((keys[1:] > keys[:-1]).all()):
+        flags |= _GDX_KEYS_SORTED
+    if n <= 1 or bool((offsets[1:] > offsets[:-1]).all()):
+        flags |= _GDX_FILE_ORDER
+    if n and int(offsets.min()) >= 0 and not (offsets % 4).any() \
+            and (flags & _GDX_KEYS_SORTED or np.unique(keys).size == n) \
+            and (flags & _GDX_FILE_ORDER or np.unique(offsets).size == n):
+        flags |= _GDX_CLEAN
+    return flags, int(offsets.max()) if n else 0
+
+
+def _read_stamped(idx_path: str) -> Tuple[bytes, int]:
+    """The ``.idx``'s bytes and the mtime a binary copy of them may record: ``-1`` when the
+    file changed while it was read, or was modified so recently (``_RACY_NS``) that a rewrite
+    of the same size could keep the same mtime (file-system clocks tick in milliseconds).
+    For a big index (where checking its CRC at every open would cost) it waits that out."""
+    import time
+    with open_regular(idx_path) as f:
+        before = os.fstat(f.fileno())
+        wait = before.st_mtime_ns + _RACY_NS - time.time_ns()
+        if 0 < wait <= _RACY_NS and before.st_size >= _CACHE_MIN_BYTES:
+            time.sleep(wait / 1e9)
+            wait = before.st_mtime_ns + _RACY_NS - time.time_ns()
+        text = f.read()
+        after = os.fstat(f.fileno())
+    same = (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns) \
+        and len(text) == before.st_size
+    return text, (before.st_mtime_ns if same and wait <= 0 else -1)
+
+
+def _binary_index_parts(keys: np.ndarray, offsets: np.ndarray, text: bytes,
+                        mtime_ns: int) -> Tuple[bytes, bytes]:
+    """(header, body) of the version-3 binary copy of ``text`` (parsed into keys, offsets)."""
+    flags, max_offset = _index_facts(keys, offsets)
+    body = (b"" if flags & _GDX_SEQUENTIAL_KEYS else keys.astype("<i8").tobytes()) + \
+        offsets.astype("<i8").tobytes()
+    head = _GDX_HEAD.pack(_GDX_MAGIC, len(text), mtime_ns, zlib.crc32(text), len(offsets),
+                          flags, max_offset, zlib.crc32(body), 0)[:-8]
+    return head + struct.pack("<Q", zlib.crc32(head)), body
+
+
+def write_binary_index(idx_path: str) -> str:
+    """Write ``idx_path + '.gdx'`` from the ``.idx`` (atomically); returns its path. Our
+    converters do this for every ``.rec`` they write; run it once on a stock im2rec index
+    to have it open as fast (without it, a big index is parsed once into the user cache)."""
+    text, mtime_ns = _read_stamped(idx_path)
+    keys, offsets = _parse_index(text, idx_path)
+    out = idx_path + BINARY_INDEX_SUFFIX
+    check_replaceable(out, "gdx", True)
+    head, body = _binary_index_parts(keys, offsets, text, mtime_ns)
+    atomic_write(out, head + body)
+    return out
+
+
+def _file_crc(fd: int, start: int, end: int) -> Optional[int]:
+    """CRC-32 of bytes ``[start, end)`` of ``fd``, read in chunks (no private copy of a big
+    file, nothing mapped); ``None`` if the file is shorter."""
+    buf = memoryview(bytearray(min(_CHUNK, max(end - start, 1))))
+    crc, pos = 0, start
+    while pos < end:
+        got = os.preadv(fd, [buf[:min(len(buf), end - pos)]], pos)
+        if got <= 0:
+            return None
+        crc = zlib.crc32(buf[:got], crc)
+        pos += got
+    return crc
+
+
+def _open_regular(path: str) -> Optional[int]:
+    """A read-only descriptor of ``path`` if it is a regular file, else ``None`` (an
+    optional file: a binary copy that is missing or not a regular file is ignored). The
+    input-kind rule of :func:`~gluon_data.storage.fileio.open_or_explain`: a FIFO or device is never
+    opened nor waited on."""
+    try:
+        return open_or_explain(path)
+    except (OSError, FormatError):
+        return None
+
+
+def _idx_matches(idx_path: str, size: int, mtime_ns: int, crc: int) -> Optional[os.stat_result]:
+    """The ``.idx``'s stat when it is the one a binary copy describes: the recorded size and
+    mtime (a rewrite changes the mtime; a copy made within ``_RACY_NS`` of a change records
+    none), else the recorded CRC-32 of all its bytes; ``None`` when it is not."""
+    fd = _open_regular(idx_path)
+    if fd is None:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_size != size:
+            return None
+        if mtime_ns >= 0 and st.st_mtime_ns == mtime_ns:
+            return st
+        return st if _file_crc(fd, 0, size) == crc else None
+    finally:
+        os.close(fd)
+
+
+def _map_binary_index(gdx_path: str, idx_path: str) -> Optional[_Index]:
+    """The binary copy at ``gdx_path`` of ``idx_path``, if it still describes it: version 3
+    mapped read-only (shared page cache, nothing private), version 2 read into arrays."""
+    fd = _open_regular(gdx_path)
+    if fd is None:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, _GDX_HEAD.size, 0)
+        if head[:8] == _GDX_MAGIC_V2:
+            return _read_binary_index_v2(fd, size, idx_path)
+        if len(head) != _GDX_HEAD.size or head[:8] != _GDX_MAGIC \
+                or zlib.crc32(head[:-8]) != struct.unpack_from("<Q", head, 64)[0]:
+            return None
+        _, idx_size, mtime_ns, idx_crc, count, flags, max_offset, body_crc, _ = \
+            _GDX_HEAD.unpack(head)
+        arrays = 1 if flags & _GDX_SEQUENTIAL_KEYS else 2
+        if count == 0 or size != _GDX_HEAD.size + 8 * count * arrays:
+            return None
+        # the body's CRC at every open: ~25 ms per 10 M records from the page cache, and a
+        # damaged copy is never trusted (the header's own CRC covers the rest)
+        if _file_crc(fd, _GDX_HEAD.size, size) != body_crc:
+            return None
+        st = _idx_matches(idx_path, idx_size, mtime_ns, idx_crc)
+        if st is None:
+            return None
+        mapped = map_readonly(fd, size)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # the mapping keeps the file, not the descriptor
+    data = np.frombuffer(mapped, dtype="<i8", offset=_GDX_HEAD.size)
+    data.flags.writeable = False
+    if data.dtype != np.int64:  # a big-endian host: a private, native copy
+        data = data.astype(np.int64)
+    keys = None if arrays == 1 else data[:count]
+    return _Index(keys, data[-count:], flags, max_offset, file_stamp(st))
+
+
+def _read_binary_index_v2(fd: int, size: int, idx_path: str) -> Optional[_Index]:
+    """A version-2 copy (no mtime, no facts): its ``.idx``'s CRC is checked at every open."""
+    head = os.pread(fd, size, 0)
+    if len(head) < _GDX_HEAD_V2.size:
+        return None
+    _, idx_size, crc, count, flags, body_crc = _GDX_HEAD_V2.unpack_from(head)
+    body = head[_GDX_HEAD_V2.size:]
+    arrays = 1 if flags & _GDX_SEQUENTIAL_KEYS else 2
+    if zlib.crc32(body) != body_crc or len(body) != 8 * count * arrays or count == 0:
+        return None
+    st = _idx_matches(idx_path, idx_size, -1, crc)
+    if st is None:
+        return None
+    data = np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False)
+    return _Index(None if arrays == 1 else data[:count], data[count:] if arrays == 2 else data,
+                  None, 0, file_stamp(st))
+
+
+def binary_index_problem(idx_path: str) -> Optional[str]:
+    """Why the ``.gdx`` beside ``idx_path`` is not used (readers ignore it and parse the
+    text instead, silently), or ``None``: there is none, or it is the one readers map."""
+    gdx = idx_path + BINARY_INDEX_SUFFIX
+    if not os.path.lexists(gdx) or _map_binary_index(gdx, idx_path) is not None:
+        return None
+    fd = _open_regular(gdx)
+    if fd is None:
+        return "is not a regular file"
+    try:
+        size, head = os.fstat(fd).st_size, os.pread(fd, _GDX_HEAD.size, 0)
+        if head[:8] == _GDX_MAGIC_V2:
+            return "(version 2) is damaged or describes another .idx"
+        if len(head) != _GDX_HEAD.size or head[:8] != _GDX_MAGIC:
+            return "has a damaged header (no binary index magic)"
+        if zlib.crc32(head[:-8]) != struct.unpack_from("<Q", head, 64)[0]:
+            return "has a damaged header (its CRC-32 does not match)"
+        _, _, _, _, count, flags, _, body_crc, _ = _GDX_HEAD.unpack(head)
+        want = _GDX_HEAD.size + 8 * count * (1 if flags & _GDX_SEQUENTIAL_KEYS else 2)
+        if count == 0 or size != want:
+            return "is %d bytes, its header promises %d" % (size, want)
+        if _file_crc(fd, _GDX_HEAD.size, size) != body_crc:
+            return "has a damaged body (its CRC-32 does not match the header's)"
+        return "describes another .idx (the .idx changed after it was written)"
+    finally:
+        os.close(fd)
+
+
+def _read_binary_index(idx_path: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """``(keys, offsets)`` from the ``.gdx`` beside ``idx_path`` if it exists and still
+    describes that ``.idx``, else ``None``."""
+    got = _map_binary_index(idx_path + BINARY_INDEX_SUFFIX, idx_path)
+    if got is None:
+        return None
+    return (np.arange(len(got.offsets)) if got.keys is None else got.keys), got.offsets
+
+
+def _index_key(idx_path: str) -> str:
+    import hashlib
+    real = os.path.realpath(idx_path).encode("utf-8", "surrogateescape")
+    return hashlib.sha256(real).hexdigest()[:32]
+
+
+def index_cache_path(idx_path: str) -> str:
+    """Where a big text ``.idx`` without a binary copy beside it gets one, parsed once:
+    ``$GLUON_DATA_CACHE_DIR/index/<sha256 of its real path>/index.gdx`` (one entry per
+    index, replaced when the index changes; delete the folder at any time), or the same in
+    the cache an ``.idx`` was downloaded into. The cache's trust rule and limit are
+    :class:`~gluon_data.storage.cache.Cache`'s."""
+    return os.path.join(Cache.for_file(idx_path).cache_dir, "index", _index_key(idx_path),
+                        "index.gdx")
+
+
+def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
+    """A big text index's binary copy in the user cache, made by the first process to open
+    it (under an ``flock``: eight workers opening at once parse it once) and mapped by every
+    other, only while it is the copy the cache sealed (:meth:`Cache.verify`); ``None`` where
+    there is no usable cache (``GLUON_DATA_INDEX_CACHE=0``; a cache folder or an entry the
+    trust rule refuses, with a warning; a read-only or full disk; the limit): the caller
+    parses the text itself."""
+    import fcntl
+    import hashlib
+    if size < _CACHE_MIN_BYTES or os.environ.get("GLUON_DATA_INDEX_CACHE", "1") == "0":
+        return None
+    cache, key, path = Cache.for_file(idx_path), _index_key(idx_path), None
+    try:
+        path = os.path.join(cache.entry("index", key), "index.gdx")
+        with cache.lock(key, "pin", fcntl.LOCK_SH):  # not evicted while made or checked
+            got = cache.verify(key, path)[0] and _map_binary_index(path, idx_path)
+            if got:
+                os.utime(os.path.dirname(path))  # last use, for the cache's LRU
+                return got
+            with cache.lock(key, "get", fcntl.LOCK_EX):
+                ok, replaceable, why = cache.verify(key, path, locked=True)
+                got = ok and _map_binary_index(path, idx_path)  # made meanwhile?
+                if got:
+                    return got
+                if not replaceable:
+                    raise CacheError("%s; the index cache is not used for %s (the text is "
+                                     "parsed), and the file was left untouched: remove it"
+                                     % (why, idx_path), path)
+                text, mtime_ns = _read_stamped(idx_path)
+                keys, offsets = _parse_index(text, idx_path)
+                head, body = _binary_index_parts(keys, offsets, text, mtime_ns)
+                del keys, offsets, text
+                with cache.room_lock():
+                    cache.make_room(len(head) + len(body), keep=key, what=idx_path + " parsed")
+                    with open_new(path + ".partial") as f:  # no fsync: a torn copy fails
+                        f.write(head)                        # its seal and CRCs
+                        f.write(body)
+                os.replace(path + ".partial", path)
+                cache.seal(key, path, hashlib.sha256(head + body).hexdigest())
+                return _map_binary_index(path, idx_path)
+    except FormatError:
+        raise  # the .idx itself is bad
+    except CacheError as e:
+        warnings.warn(str(e), RuntimeWarning, stacklevel=2)
+    except (OSError, ValueError, OutputError):  # read-only, full; over the limit; in the way
+        try:
+            if path is not None:
+                cache.discard(path + ".partial")
+        except (OSError, OutputError):
+            pass
+    return None
+
+
+def _load_index(idx_path: str) -> _Index:
+    """The index of ``idx_path``: its binary copy beside it, else (a big stock index) the
+    one in the user cache, else the text parsed here."""
+    st = require_regular(idx_path)  # a FIFO or device: refused before anything is opened
+    if st is None:  # nothing to check: missing, or not reachable (the OS error says why)
+        try:
+            st = os.stat(idx_path)
+        except FileNotFoundError:
+            raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it "
+                                    "(same name, .idx suffix) for random access"
+                                    % idx_path) from None
+    got = _map_binary_index(idx_path + BINARY_INDEX_SUFFIX, idx_path) or \
+        _cached_index(idx_path, st.st_size)
+    if got is not None:
+        return got
+    with open_regular(idx_path) as f:
+        st = os.fstat(f.fileno())
+        raw = f.read()
+    keys, offsets = _parse_index(raw, idx_path)
+    return _Index(keys, offsets, None, 0, file_stamp(st))
+
+
+def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+    """Parse an MXNet ``.idx`` (``key<TAB>offset`` lines) into ``(keys, offsets)`` int64 arrays.
+
+    Blank lines and CRLF line ends are tolerated; anything else that is not two integers
+    per line raises :class:`FormatError` naming the file and the line. With ``binary``, an
+    up-to-date ``.gdx`` beside it (:func:`write_binary_index`) or in the user cache
+    (:func:`index_cache_path`) is read instead of the text (read-only arrays).
+    """
+    if binary:
+        got = _load_index(idx_path)
+        return (np.arange(len(got.offsets)) if got.keys is None else got.keys), got.offsets
+    try:
+        with open_regular(idx_path) as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
+                                "name, .idx suffix) for random access" % idx_path) from None
+    return _parse_index(raw, idx_path)
+
+
+def _parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
+    """The text of an ``.idx`` as ``(keys, offsets)``; :class:`FormatError` naming the line
+    that is not two integers."""
+    b = np.frombuffer(raw, dtype=np.uint8)
+    # only digits, signs and white space: the C parser would stop quietly at "16x" and keep
+    # 16 (all of these are <= "9"; those below "0" are checked where there are few of them)
+    if not (b <= 57).all() or not _INDEX_BYTES[b[b < 48]].all():
+        raise _bad_line(raw.splitlines(), idx_path, _line_problem)
+    fast = _parse_strict_index(raw, b)
+    if fast is not None:
+        return fast
+    # Vectorised and strict: every non-blank line must hold exactly two tokens, and the C
+    # parser must consume every token as an integer; otherwise find the line to blame.
+    ws = (b == 32) | (b == 9) | (b == 10) | (b == 13)
+    starts = np.flatnonzero(~ws & np.concatenate(([True], ws[:-1])))
+    if starts.size == 0:
+        raise FormatError("index lists no records (empty file)", idx_path)
+    line_of = np.searchsorted(np.flatnonzero(b == 10), starts)
+    per_line = np.bincount(line_of)
+    if np.any(per_line[per_line > 0] != 2):
+        raise _bad_line(raw.splitlines(), idx_path, _line_problem)
+    flat = _int_tokens(raw)
+    if flat.size != starts.size:
+        raise _bad_line(raw.splitlines(), idx_path, _line_problem)
+    values = flat.reshape(-1, 2)
+    return values[:, 0].copy(), values[:, 1].copy()
+
+
+
+def file_stamp(st: os.stat_result) -> Tuple[int, int, int, int]:
+    """``(device, inode, size, mtime_ns)``: what changes when a file is replaced or rewritten."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -1,0 +1,1 @@
+"""The Gluon layer: NDArray datasets, batchify, DataLoader, InputNormalize, distributed metrics, the launcher (needs MXNet)."""

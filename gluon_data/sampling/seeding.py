@@ -1,0 +1,112 @@
+"""Seeded randomness for transforms: each sample's draws depend on ``(seed, epoch, index)``.
+
+A random transform holds a :class:`SeededRandom` and draws its parameters through
+``self.rng.draw(fn)``. Inside :class:`sample_context` ``(epoch, index)`` (what the datasets
+enter around their transforms), a seeded transform draws from ``sample_rng(seed, epoch,
+index)`` (:func:`gluon_data.sampling.sampler.sample_rng`), one generator per transform and sample;
+outside one, from its own stream (the seed in the process that built it, the seed and the
+pid in another, fresh entropy without a seed). Nothing here reads or advances the global
+``random`` / ``numpy`` state that DataLoader workers inherit identically through ``fork``.
+The rules in full: :mod:`gluon_data.arrays.transforms`. This module imports no MXNet.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Optional
+
+import numpy as np
+
+from .sampler import sample_rng
+
+__all__ = ["sample_context", "SeededRandom"]
+
+_SAMPLE = threading.local()
+
+
+class sample_context:
+    """Within ``with sample_context(epoch, index):`` every seeded random transform called by
+    this thread draws from ``sample_rng(seed, epoch, index)`` (one generator per transform
+    and sample), so the sample's draws depend on nothing else. Datasets enter it around their
+    transforms; contexts nest (the innermost wins).
+
+    >>> import numpy as np
+    >>> from gluon_data.arrays.transforms import RandomCrop
+    >>> t = RandomCrop(4, seed=7)
+    >>> img, mask = np.arange(64, dtype=np.uint8).reshape(8, 8, 1), np.zeros((8, 8), np.int32)
+    >>> with sample_context(epoch=2, index=5):
+    ...     a = t(img, mask)[0]
+    >>> with sample_context(epoch=2, index=5):
+    ...     b = t(img, mask)[0]
+    >>> bool((a == b).all())
+    True
+    """
+
+    __slots__ = ("epoch", "index", "generators", "_prev")
+
+    def __init__(self, epoch: Optional[int], index: int):
+        self.epoch, self.index = epoch, int(index)
+        self.generators: dict = {}
+        self._prev = None
+
+    def __enter__(self) -> "sample_context":
+        self._prev = getattr(_SAMPLE, "ctx", None)
+        _SAMPLE.ctx = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _SAMPLE.ctx = self._prev
+
+
+class SeededRandom:
+    """A process-aware ``numpy.random.Generator`` that follows :func:`sample_context`
+    (see the module docstring)."""
+
+    def __init__(self, seed: Optional[int] = None):
+        self.seed = seed
+        self._owner = os.getpid()
+        self._pid = None
+        self._gen = None
+        self._lock = threading.Lock()
+
+    def generator(self) -> np.random.Generator:
+        pid = os.getpid()
+        if self._pid != pid:
+            if self.seed is None:
+                self._gen = np.random.default_rng()
+            elif pid == self._owner:
+                self._gen = np.random.default_rng(self.seed)
+            else:
+                self._gen = np.random.default_rng([self.seed, pid])
+            self._pid = pid
+        return self._gen
+
+    def draw(self, fn):
+        """Run ``fn(generator)``: the sample's own generator inside a :class:`sample_context`
+        (seeded transforms), else this transform's stream under a lock (threads of a
+        thread-pool loader share it)."""
+        ctx = getattr(_SAMPLE, "ctx", None)
+        if ctx is not None and self.seed is not None:
+            g = ctx.generators.get(id(self))
+            if g is None:
+                g = ctx.generators[id(self)] = sample_rng(self.seed, ctx.epoch, ctx.index)
+            return fn(g)
+        with self._lock:
+            return fn(self.generator())
+
+    def __getstate__(self):
+        return {"seed": self.seed, "_owner": self._owner}
+
+    def __setstate__(self, d):
+        self.__init__(d["seed"])
+        self._owner = d["_owner"]
+
+
+class _Random:
+    """Base of random transforms: a :class:`SeededRandom` and ``reseed``."""
+
+    def __init__(self, seed: Optional[int] = None):
+        self.rng = SeededRandom(seed)
+
+    def reseed(self, seed: Optional[int]) -> None:
+        self.rng = SeededRandom(seed)

@@ -1,0 +1,1 @@
+"""Where bytes live: files, locks, ownership-free writes, the cache, fsspec access (no format knowledge)."""

@@ -1,0 +1,344 @@
+"""Safe writes: what an output may replace, atomic file replacement, exclusive output locks.
+
+Every command that writes a file goes through here, so one rule holds everywhere:
+
+* an existing path is only replaced when the user asked for it (``overwrite``) *and* it is
+  recognisably gluon_data's own output of the same kind (:func:`check_replaceable`);
+* nothing is ever written through a symbolic link, and a link is never replaced
+  (:func:`open_new`, :func:`atomic_write`);
+* a file appears under its final name only complete and on disk (temporary sibling, fsync,
+  rename, fsync of the directory);
+* two processes never write the same output at once (:class:`OutputLock`).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import shutil
+import stat
+from typing import Iterable, List, Tuple
+
+from ..errors import ConversionError, OutputError
+from ..format.ownership import (KINDS, LOCATIONS, _LOCK_TAG, _lmdb_dir_only, check_disjoint,  # noqa: F401
+                        check_replaceable, classify_location, is_ours, register_sniffer)
+
+__all__ = ["check_replaceable", "is_ours", "register_sniffer", "open_new", "atomic_write", "fsync_dir",
+           "remove_partial_dir", "exchange_dirs", "OutputLock", "KINDS", "classify_location",
+           "LOCATIONS", "check_disjoint"]
+
+
+def open_new(path: str, mode: str = "wb", **kwargs):
+    """Open ``path`` for writing as a fresh file, never through a symbolic link.
+
+    A stale regular file there (a leftover temporary of ours) is removed first; a link or a
+    directory raises :class:`OutputError` and is left as it is.
+    """
+    path = os.fspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputError("is in the way of a temporary file gluon-data writes (it is a %s,"
+                              " not a regular file); remove it" % (
+                                  "symbolic link" if stat.S_ISLNK(st.st_mode) else
+                                  "directory" if stat.S_ISDIR(st.st_mode) else "special file"),
+                              path)
+        os.remove(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
+        | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o644)
+    try:
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename in directory ``path`` durable (best effort where unsupported)."""
+    try:
+        fd = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, suffix: str = ".partial",
+                 sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically: a fresh temporary sibling (never through a
+    link), fsync, rename over ``path``, fsync of the directory (unless ``sync_dir=False``:
+    the caller records that the rename happened first, then calls :func:`fsync_dir`). The
+    caller decides first whether ``path`` may be replaced (:func:`check_replaceable`)."""
+    path = os.fspath(path)
+    tmp = path + suffix
+    try:
+        with open_new(tmp) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            if os.path.isfile(tmp) and not os.path.islink(tmp):
+                os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    if sync_dir:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def default_cache_dir() -> str:
+    """``$GLUON_DATA_CACHE_DIR``, else ``~/.cache/gluon_data``: where gluon_data keeps what it
+    derives (downloaded objects, parsed indexes), never beside a user's files."""
+    return os.environ.get("GLUON_DATA_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "gluon_data")
+
+
+class CacheLock:
+    """An ``flock`` on a file in the cache directory (shared or exclusive). ``flock``
+    locks belong to the open file, so threads and processes (forked workers included)
+    all take part; lock files are never deleted (an unlinked lock file would let two
+    holders believe they hold the same lock).
+
+    Examples
+    --------
+    >>> import fcntl
+    >>> with CacheLock("/tmp/gd-example.lock", fcntl.LOCK_EX):   # doctest: +SKIP
+    ...     pass  # fill the cache entry once; others wait here
+    """
+
+    def __init__(self, path: str, mode: int, blocking: bool = True):
+        import fcntl
+        self.fd = None
+        try:  # never through a link, never a FIFO (a planted one would block the open)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise OutputError("is in the way of a lock file of the cache (not a regular "
+                                  "file); it was left untouched: remove it", path) from None
+            raise
+        self.fd = fd
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OutputError("is in the way of a lock file of the cache (not a regular "
+                                  "file); it was left untouched: remove it", path)
+            fcntl.flock(self.fd, mode | (0 if blocking else fcntl.LOCK_NB))
+        except BaseException:
+            self.fd = None
+            os.close(fd)
+            raise
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def remove_partial_dir(path: str) -> None:
+    """Remove a leftover partial LMDB directory, only if it holds nothing but LMDB files."""
+    if not os.path.lexists(path):
+        return
+    if not _lmdb_dir_only(path):
+        raise OutputError("is in the way of the partial LMDB environment gluon-data builds, "
+                          "and is not one (a link, a file, or a directory holding other "
+                          "files); it was left untouched: remove it", path)
+    shutil.rmtree(path)
+
+
+_RENAME_EXCHANGE = 2
+_libc = None
+
+
+def _get_libc():
+    """The C library (``ctypes``), or ``None`` where it cannot be loaded."""
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return None
+    return _libc
+
+
+def exchange_dirs(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` when the
+    system cannot (then nothing happened)."""
+    try:
+        fn = _get_libc().renameat2
+    except AttributeError:  # no libc, or no renameat2 in it
+        return False
+    at_fdcwd = -100
+    rc = fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), a)
+
+
+def map_readonly(fd: int, size: int):
+    """A read-only, shared mapping of the first ``size`` bytes of ``fd`` as a buffer (for
+    ``np.frombuffer``), unmapped when the last object over it is gone, advised for random
+    access. Unlike :class:`mmap.mmap` (which keeps a duplicate of the descriptor until
+    closed) it holds no descriptor: a thousand open datasets hold none. Where ``mmap(2)``
+    cannot be called through ``ctypes``, :class:`mmap.mmap` is used."""
+    import mmap
+    import weakref
+    libc = _get_libc()
+    fn = getattr(libc, "mmap", None)
+    if fn is None:  # pragma: no cover - not a POSIX libc
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_RANDOM)
+        return mm
+    fn.restype = ctypes.c_void_p
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    addr = fn(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    libc.madvise(addr, size, getattr(mmap, "MADV_RANDOM", 1))  # a cold page read alone
+    buf = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(buf, libc.munmap, addr, size)
+    return buf
+
+
+class OutputLock:
+    """Exclusive, non-blocking lock on one or more outputs, held from start to publish.
+
+    Each output ``P`` gets a lock file ``P.lock`` holding the holder's pid, locked with
+    ``flock``; the kernel drops the lock if the holder dies, so a crashed run never blocks
+    the next one. A second writer fails at once with :class:`ConversionError` naming the
+    output and the holder's pid. The lock files are removed on release.
+
+    Examples
+    --------
+    >>> with OutputLock(["out.rec"]):              # doctest: +SKIP
+    ...     pass  # write out.rec, out.idx, out.meta.json
+    """
+
+    SUFFIX = ".lock"
+
+    def __init__(self, outputs: Iterable[str]):
+        self.paths = sorted({os.fspath(p).rstrip("/") for p in outputs})
+        self._held: List[Tuple[str, int]] = []
+
+    def _lock_one(self, output: str) -> None:
+        import fcntl
+        path = output + self.SUFFIX
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC",
+                                                                                 0)
+        for _ in range(100):  # a releasing holder unlinks the file: retry on the new one
+            try:
+                fd = os.open(path, flags, 0o644)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                    raise OutputError("is in the way of the lock file gluon-data uses for %s "
+                                      "(not a regular file); it was left untouched: remove it"
+                                      % output, path) from None
+                raise
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OutputError("is in the way of the lock file gluon-data uses for %s "
+                                      "(not a regular file); remove it" % output, path)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pid = self._holder(fd)
+                    raise ConversionError("another gluon-data process (pid %s) is writing this "
+                                          "output; wait for it to finish (or stop it) and run "
+                                          "again" % pid, output) from None
+                try:
+                    same = os.stat(path).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    same = False
+                if not same:
+                    os.close(fd)
+                    continue
+                head = os.pread(fd, 64, 0)
+                if head and not head.startswith(_LOCK_TAG):
+                    raise OutputError("is in the way of the lock file gluon-data uses for %s "
+                                      "and is not one; it was left untouched: remove it"
+                                      % output, path)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, b"%s pid=%d\n" % (_LOCK_TAG, os.getpid()), 0)
+            except BaseException:
+                os.close(fd)
+                raise
+            self._held.append((path, fd))
+            return
+        raise ConversionError("could not lock the output (its lock file keeps changing)",
+                              output)
+
+    @staticmethod
+    def _holder(fd: int) -> str:
+        """The pid written in a held lock file (the holder writes it just after locking:
+        wait a moment for it)."""
+        import time
+        for _ in range(100):  # at most a second
+            holder = os.pread(fd, 200, 0).decode("ascii", "replace")
+            if holder.endswith("\n"):  # written whole (one pwrite)
+                return holder.strip().rpartition("pid=")[2] or "unknown"
+            time.sleep(0.01)
+        return "unknown"
+
+    def acquire(self) -> "OutputLock":
+        try:
+            for p in self.paths:
+                self._lock_one(p)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def release(self) -> None:
+        held, self._held = self._held, []
+        for path, fd in reversed(held):
+            try:
+                os.remove(path)  # still holding the lock: nobody else owns this file
+            except OSError:
+                pass
+            os.close(fd)
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def sha256_file(path: str) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 4 MB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(4 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

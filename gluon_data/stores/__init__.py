@@ -1,0 +1,1 @@
+""""Record i" from somewhere: RecordIO, LMDB, legacy, sharded and remote stores behind one protocol."""

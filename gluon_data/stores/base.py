@@ -1,0 +1,229 @@
+"""The record-store protocol: "record i" of a dataset, wherever its bytes live.
+
+A *store* is a read-only, random-access sequence of record payloads (the exact bytes a
+``.rec`` frame holds, as :mod:`gluon_data.format.codec` packs them) plus the dataset's metadata.
+Datasets, ``verify``, ``stats``, ``show`` and the converters' copy path see only this
+protocol, so one ``.rec``, one LMDB split, a legacy LMDB, N shards behind a manifest or
+objects in S3 are the same thing to them. Adding a backend means one class that satisfies
+:class:`RecordStore` and one :func:`register_opener` call; nothing above this layer branches
+on the container.
+
+This module imports no MXNet (nor anything above it), so a numpy-level reader works in any
+framework, and backends may import it without creating a cycle: they register themselves,
+and :func:`open_store` imports the modules that hold the built-in backends lazily.
+
+Built in: :class:`~gluon_data.stores.recordio.RecordFile` (a local ``.rec``; ``split`` is ``None``),
+:class:`~gluon_data.stores.lmdbio.LMDBFile` (one split of an LMDB; ``offset`` is ``None``) and, with
+``layout='raw-lmdb'`` / ``'caffe-lmdb'``, the legacy LMDB layouts
+(:mod:`gluon_data.stores.legacy`). The contract every store meets is ``tests/test_contract.py``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from typing import Callable, Iterator, List, Optional, Tuple, Union
+
+from ..errors import FormatError
+
+try:  # Python >= 3.8
+    from typing import Protocol, runtime_checkable
+except ImportError:  # pragma: no cover
+    from typing_extensions import Protocol, runtime_checkable  # type: ignore
+
+__all__ = ["RecordStore", "open_store", "store_splits", "register_opener", "is_uri", "will_need",
+           "read_bytes", "register_reader"]
+
+Buffer = Union[bytes, memoryview]
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+@runtime_checkable
+class RecordStore(Protocol):
+    """What every backend provides. Positions ``i`` run over ``range(len(store))``.
+
+    Attributes
+    ----------
+    location : str
+        The path or URI the store was opened from (what errors name).
+    split : str or None
+        The split it holds (LMDB environments hold several; a ``.rec`` holds one: ``None``).
+    meta : dict or None
+        The dataset's metadata (``None`` for stock files that carry none).
+
+    Notes
+    -----
+    One method is optional, and so not a member :func:`isinstance` checks: a store whose
+    records live on a local block device may define ``will_need(indices)``, which starts
+    fetching those records' bytes into the page cache *asynchronously* and returns at once
+    (``posix_fadvise(POSIX_FADV_WILLNEED)`` on each record's exact byte range, for
+    :class:`~gluon_data.stores.recordio.RecordFile` and :class:`~gluon_data.stores.lmdbio.LMDBFile`), so
+    the device holds many requests at once instead of one synchronous read at a time. It is
+    only a hint: it reads nothing into process memory, verifies nothing (the reads that
+    follow do, as always), ignores positions out of range and never changes what a read
+    returns. A remote store's ``will_need`` starts downloading, in the background, the
+    objects that hold those records into the cache (its ``prefetch`` is the same call,
+    returning the download's future); a sharded store hands each shard its positions.
+    Callers go through :func:`will_need`, which does nothing for stores that cannot
+    (legacy); ``gluon_data.DataLoader`` and ``PrefetchSampler`` call it.
+    """
+
+    location: str
+    split: Optional[str]
+    meta: Optional[dict]
+
+    def __len__(self) -> int:
+        """Number of records."""
+
+    def key(self, i: int) -> int:
+        """The record's key (the ``.idx`` key, the LMDB position) at position ``i``."""
+
+    def offset(self, i: int) -> Optional[int]:
+        """Byte offset of record ``i`` in its container where that means something (errors
+        name it), else ``None``."""
+
+    def read(self, i: int) -> bytes:
+        """Payload of record ``i`` as an owned ``bytes``."""
+
+    def view(self, i: int) -> Buffer:
+        """Payload of record ``i``, possibly a zero-copy view valid only until the calling
+        thread's next read from this store: parse or copy it before then."""
+
+    def scan(self) -> Iterator[Buffer]:
+        """Every payload in position order, read sequentially (views as :meth:`view`)."""
+
+    def identity(self) -> str:
+        """A stamp of the bytes this store was opened on (the metadata's ``conversion_id``
+        and the file's device/inode/size/mtime, or a remote object's version): the store
+        compares it whenever it opens its handle anew (in a forked or spawned worker, after
+        unpickling) and raises :class:`~gluon_data.errors.FormatError` naming the location
+        when the dataset was replaced underneath it."""
+
+    def __getstate__(self) -> dict:
+        """Pickles carry the location, the options and at most what was already read (e.g.
+        the index), never an OS handle; the copy reopens lazily and checks
+        :meth:`identity`."""
+
+
+def will_need(store, indices) -> None:
+    """Tell ``store`` that the records at positions ``indices`` are about to be read: its
+    ``will_need(indices)`` starts fetching them asynchronously where it has one (see the
+    notes of :class:`RecordStore`); other stores are left alone. Never raises for a
+    position out of range (the read that follows does).
+
+    Examples
+    --------
+    >>> store = open_store("voc_train.rec")
+    >>> batch = [7, 3, 11]
+    >>> will_need(store, batch)                  # returns at once; the device works meanwhile
+    >>> payloads = [store.read(i) for i in batch]
+    """
+    hint = getattr(store, "will_need", None)
+    if hint is not None:
+        hint(indices)
+
+
+def valid_positions(indices, n: int):
+    """The ints (or :class:`~gluon_data.sampling.sampler.SampleKey`) of ``indices`` that are positions
+    ``0 <= i < n`` of a store of ``n`` records, as an ``int64`` numpy array (for
+    ``will_need``: the others are the later read's to report)."""
+    import numpy as np
+    pos = np.fromiter((int(i) for i in indices), np.int64)
+    return pos[(pos >= 0) & (pos < n)]
+
+
+# (priority, predicate(location) -> bool, opener(location, split, **options) -> RecordStore,
+#  splits(location) -> list of split names, or None: the location holds one (split None))
+_OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore],
+                     Optional[Callable[[str], List[str]]]]] = []
+# modules whose import registers the built-in backends (imported on first open_store)
+# (predicate(location) -> bool, reader(location, **options) -> bytes): who reads a small
+# document (a shard manifest) at a location that is not a local path (the remote backend)
+_READERS: List[Tuple[Callable[[str], bool], Callable[..., bytes]]] = []
+_BUILTIN_BACKENDS = ("gluon_data.stores.recordio", "gluon_data.stores.lmdbio", "gluon_data.stores.legacy",
+                     "gluon_data.stores.shards", "gluon_data.stores.shardstore", "gluon_data.remote")
+_loaded = False
+
+
+def register_opener(predicate: Callable[[str], bool], opener: Callable[..., RecordStore],
+                    priority: int = 0,
+                    splits: Optional[Callable[[str], List[str]]] = None) -> None:
+    """Make :func:`open_store` hand locations for which ``predicate(location)`` is true to
+    ``opener(location, split, **options)``. Higher ``priority`` is asked first. A container
+    that holds several splits also gives ``splits(location)`` (their names, for
+    :func:`store_splits`)."""
+    _OPENERS.append((priority, predicate, opener, splits))
+    _OPENERS.sort(key=lambda t: -t[0])
+
+
+def register_reader(predicate: Callable[[str], bool], reader: Callable[..., bytes]) -> None:
+    """Make :func:`read_bytes` hand locations for which ``predicate(location)`` is true to
+    ``reader(location, **options)`` (the remote backend registers URIs)."""
+    _READERS.append((predicate, reader))
+
+
+def read_bytes(location: str, **options) -> bytes:
+    """The bytes of the small document at ``location`` (a manifest): a local file, or an
+    object read by the backend registered for it with the store ``options`` (the remote
+    backend takes ``storage_options``, ``retries``, ``backoff`` and ignores the rest)."""
+    location = os.fspath(location)
+    _load_builtins()
+    for predicate, reader in _READERS:
+        if predicate(location):
+            return reader(location, **options)
+    with open(location, "rb") as f:
+        return f.read()
+
+
+def is_uri(location: str) -> bool:
+    """Whether ``location`` names a remote object (``scheme://...``) rather than a path."""
+    return _URI.match(os.fspath(location)) is not None
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if not _loaded:
+        for name in _BUILTIN_BACKENDS:
+            importlib.import_module(name)
+        _loaded = True
+
+
+def open_store(location: str, split: Optional[str] = None, **options) -> RecordStore:
+    """Open the store at ``location`` (a path or a URI) for ``split``.
+
+    Parameters
+    ----------
+    location : str or os.PathLike
+        A ``.rec``, an LMDB directory, a ``.shards.json`` manifest, or a URI.
+    split : str, optional
+        The split, for containers that hold several (LMDB); ``None`` takes the default.
+    **options
+        Backend options (e.g. ``storage_options`` for remote stores).
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing is at ``location``.
+    FormatError
+        Something is there, but no backend recognises it.
+    """
+    return _backend(location)[1](os.fspath(location), split, **options)
+
+
+def store_splits(location: str) -> List[Optional[str]]:
+    """The splits :func:`open_store` can open at ``location``: their names for containers
+    that hold several (LMDB), ``[None]`` for one that holds one (a ``.rec``)."""
+    splits = _backend(location)[2]
+    return [None] if splits is None else list(splits(os.fspath(location)))
+
+
+def _backend(location):
+    location = os.fspath(location)
+    _load_builtins()
+    for _, predicate, opener, splits in _OPENERS:
+        if predicate(location):
+            return predicate, opener, splits
+    if not is_uri(location) and not os.path.exists(location):
+        raise FileNotFoundError("no dataset at %s" % location)
+    raise FormatError("not a dataset gluon_data can read (expected a .rec with its .idx, an "
+                      "LMDB directory, a .shards.json manifest or a supported URI)", location)

@@ -1,0 +1,202 @@
+"""The one upload protocol of a dataset in object storage (FORMAT.md section 8): the upload
+marker, the objects, the commit document last; and the checks made before anything is written."""
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import time
+import uuid
+from typing import Callable, Dict, Iterable, Optional
+
+from ...errors import OutputError, RemoteError, RemoteNotFoundError
+from ...format.meta import dumps_meta, meta_path
+from ..shards import MANIFEST_FORMAT
+from ...storage.remotefs import _Remote
+from ...format.layout import LMDB_COMMIT, LMDB_FORMAT, LMDB_MARKER, UPLOAD_MARKER, _join
+
+_NOT_OURS = ("exists and is not a dataset written by gluon-data (no gluon-data metadata %s "
+             "beside it, nor an interrupted upload of ours); --overwrite only replaces "
+             "gluon-data's own outputs, so it was left untouched: remove it or choose another "
+             "output name")
+
+#: A folder asked about more objects than this is listed once instead of one HEAD each.
+_HEADS_PER_FOLDER = 4
+
+
+def _commit_names(uri: str):
+    """``(commit document, upload marker)`` URIs of the dataset at ``uri`` (a ``.rec``, an
+    ``.lmdb`` environment or a ``.shards.json`` manifest), as FORMAT.md section 8 names them."""
+    uri = uri.rstrip("/")
+    if uri.endswith(".lmdb"):
+        return uri + "/" + LMDB_COMMIT, uri + "/" + LMDB_MARKER
+    if uri.endswith(".shards.json"):
+        return uri, uri[:-len(".shards.json")] + UPLOAD_MARKER
+    return meta_path(uri), os.path.splitext(uri)[0] + UPLOAD_MARKER
+
+
+def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
+    """Whether the objects under a dataset's names are recognisably gluon_data's output, the
+    remote form of :func:`gluon_data.storage.fsutil.is_ours`: its commit document (metadata or
+    manifest) says ``"format": "gluon_data"`` (``"gluon_data-shards"``), or an upload marker
+    of ours says an upload of ours was interrupted. Only content is trusted, never a name."""
+    for uri, key, wanted in ((commit, "format", ("gluon_data", MANIFEST_FORMAT, LMDB_FORMAT)),
+                             (marker, "writer", ("gluon_data",))):
+        try:
+            if int(remote.info(uri)["size"]) > 64 << 20:  # no metadata is that large
+                continue
+            doc = json.loads(remote.cat(uri).decode("utf-8"))
+        except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get(key) in wanted:
+            return True
+    return False
+
+
+def _found(remote: "_Remote", uris: Iterable[str]) -> Dict[str, int]:
+    """``{uri: size}`` of those of ``uris`` that exist: one HEAD each, or one listing of a
+    folder asked about more than a few of its objects."""
+    folders: Dict[str, list] = {}
+    for u in dict.fromkeys(uris):
+        folders.setdefault(u.rsplit("/", 1)[0], []).append(u)
+    out: Dict[str, int] = {}
+    for folder, wanted in sorted(folders.items()):
+        if len(wanted) <= _HEADS_PER_FOLDER:
+            for u in wanted:
+                try:
+                    out[u] = int(remote.info(u)["size"])
+                except RemoteNotFoundError:
+                    pass
+            continue
+        try:
+            entries = remote.call(folder, "list", lambda fs, p, kw: fs.ls(
+                p, detail=True, refresh=True, **kw))
+        except RemoteNotFoundError:
+            continue
+        sizes = {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+                 for e in entries if e.get("type") != "directory"}
+        out.update((u, sizes[u.rsplit("/", 1)[-1]]) for u in wanted
+                   if u.rsplit("/", 1)[-1] in sizes)
+    return out
+
+
+def put_object(remote: "_Remote", local: str, uri: str) -> None:
+    """Upload one object of a dataset, then check the storage kept it whole (its size)."""
+    nbytes = os.path.getsize(local)
+    remote.put_file(local, uri)
+    size = int(remote.info(uri)["size"])
+    if size != nbytes:
+        raise RemoteError("uploaded %d bytes but the object has %d: the storage did not keep "
+                          "the upload whole" % (nbytes, size), uri)
+
+
+class Commit:
+    """The upload of one dataset at ``uri`` (a ``.rec``, an ``NAME.lmdb`` environment or a
+    ``.shards.json`` manifest), in the one order FORMAT.md section 8 describes:
+
+    1. :meth:`refuse` -- before anything is changed, raise unless every existing object under
+       the dataset's names may be replaced (``overwrite`` and recognisably ours, or resumed);
+    2. :meth:`begin` -- the upload marker (``PREFIX.uploading.json``, ``NAME.lmdb/
+       uploading.json``) put, the old commit document removed;
+    3. the objects, each with :func:`put_object` (by whoever holds them: the client, or the
+       shard task where it runs);
+    4. :meth:`end` -- the commit document (``PREFIX.meta.json``, ``NAME.lmdb/meta.json``, the
+       manifest), written only once every object it needs exists with its size, then the
+       marker removed.
+
+    A reader therefore sees no dataset while the marker exists without a commit document, and
+    a complete one once the commit document exists. :meth:`complete` tells a finished earlier
+    upload (left alone by a resumed one). Picklable.
+    """
+
+    def __init__(self, remote: "_Remote", uri: str):
+        self.remote, self.uri = remote, uri.rstrip("/")
+        self.commit, self.marker = _commit_names(self.uri)
+        self._ours: Optional[bool] = None
+
+    def ours(self) -> bool:
+        """Whether what is under the dataset's names is ours (asked once)."""
+        if self._ours is None:
+            self._ours = _remote_is_ours(self.remote, self.commit, self.marker)
+        return self._ours
+
+    def refuse(self, present: Iterable[str], overwrite: bool,
+               resumed: Callable[[str], bool] = lambda target: False) -> None:
+        """Raise :class:`FileExistsError` (no ``overwrite``) or :class:`OutputError` (not
+        ours) for the first object of ``present`` (existing objects under the dataset's
+        names) this upload may not replace; ``resumed(target)`` says which it continues."""
+        for target in present:
+            if resumed(target):
+                continue
+            if not overwrite:
+                raise FileExistsError("%s already exists; pass overwrite=True (CLI: "
+                                      "--overwrite) to replace it" % target)
+            if not self.ours():
+                raise OutputError(_NOT_OURS % posixpath.basename(self.commit), target)
+
+    def complete(self, needs: Callable[[bytes], Optional[Dict[str, Optional[int]]]]) -> bool:
+        """Whether an earlier upload of this dataset is complete: its commit document exists,
+        ``needs(its bytes)`` accepts it (returning ``{object uri: size, or None for any}``)
+        and every object needed exists with that size. A marker left beside it (the upload
+        stopped after committing) is removed."""
+        try:
+            blob = self.remote.cat(self.commit)
+        except RemoteNotFoundError:
+            return False
+        sizes = needs(blob)
+        if sizes is None:
+            return False
+        found = _found(self.remote, list(sizes) + [self.marker])
+        if any(u not in found or n not in (None, found[u]) for u, n in sizes.items()):
+            return False
+        if self.marker in found:
+            self.remote.rm(self.marker)
+        return True
+
+    def begin(self) -> None:
+        """The upload marker, then the old commit document removed: no commit document may
+        describe the objects replaced next."""
+        self.remote.pipe(self.marker, json.dumps({"writer": "gluon_data",
+                                                  "started": time.time()}).encode())
+        self.remote.rm(self.commit)
+
+    def end(self, doc: dict, sizes: Dict[str, int]) -> None:
+        """The commit document ``doc``, written once every object of ``sizes`` (``{uri:
+        size}``) exists with its size (a :class:`RemoteError` naming the first that does not,
+        the dataset left uncommitted), then the marker removed."""
+        found = _found(self.remote, sizes)
+        for u, n in sizes.items():
+            if found.get(u) != n:
+                raise RemoteError("%s before committing: the upload is not complete, so the "
+                                  "commit document %s was not written" % (
+                                      "missing" if u not in found else "%d bytes, not %d"
+                                      % (found[u], n), self.commit), u)
+        self.remote.pipe(self.commit, dumps_meta(doc))
+        self.remote.rm(self.marker)
+
+
+def check_bucket(remote: "_Remote", output: str) -> None:
+    """Before any conversion: the bucket (the URI's first component) must exist (one HEAD;
+    a :class:`RemoteNotFoundError` naming the bucket otherwise)."""
+    scheme, _, rest = output.partition("://")
+    bucket = rest.split("/", 1)[0]
+    try:
+        remote.info("%s://%s" % (scheme, bucket))
+    except RemoteNotFoundError:
+        raise RemoteNotFoundError("bucket %r does not exist (or these credentials cannot see "
+                                  "it): create it first; nothing was converted" % bucket,
+                                  output) from None
+
+
+def probe_writable(remote: "_Remote", output: str) -> None:
+    """Before any conversion: a uniquely named empty object under the output's folder is
+    written and deleted, so missing write or delete permissions show now, not after the
+    conversion (the :class:`RemoteError` of the failed call, naming the probe)."""
+    name = ".%s.gluon-data-probe-%s" % (posixpath.basename(output), uuid.uuid4().hex[:12])
+    target = _join(output, name)
+    try:
+        remote.pipe(target, b"")
+        remote.rm(target)
+    except RemoteError as e:
+        raise type(e)("cannot write and delete under %s (%s); nothing was converted"
+                      % (output, e.reason), target) from None

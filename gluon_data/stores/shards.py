@@ -1,0 +1,320 @@
+"""Sharded datasets: a plan, N self-contained shards, a manifest, and one store over them.
+
+A sharded split is ``PREFIX-00000-of-00016.rec`` (``.idx``, ``.meta.json``; or one
+``PREFIX-00000-of-00016.lmdb`` environment per shard) plus ``PREFIX.shards.json``, the
+manifest, written last (FORMAT.md, section 7). This module is the store layer: names, the
+shard plan's ranges, the manifest, :class:`ShardedStore` (the shards read as one
+:class:`~gluon_data.stores.base.RecordStore`) and :func:`verify_sharded`. The conversion (one task
+per shard) is :mod:`gluon_data.convert.sharded`, which sits above it;
+:func:`convert_sharded` stays importable from here.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional, Sequence, Tuple
+
+from ..format.documents import load_document
+from ..errors import FormatError, GluonDataError
+from ..storage.fsutil import atomic_write, classify_location, sha256_file
+from .lmdbio import is_lmdb, read_lmdb_meta
+from ..format.meta import dumps_meta, meta_path, read_meta
+from .recordio import BINARY_INDEX_SUFFIX, idx_path_for, read_index
+from .base import is_uri, open_store
+from ..tools.verify import VerifyReport, register_verifier, verify
+
+__all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
+           "manifest_path", "read_manifest", "is_manifest", "verify_sharded",
+           "write_combined_index", "dataset_files",
+           "MANIFEST_SUFFIX", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
+
+MANIFEST_SUFFIX = ".shards.json"
+MANIFEST_FORMAT = "gluon_data-shards"
+MANIFEST_VERSION = 1
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.I)
+_UNITS = {"": 1, "B": 1, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12,
+          "KI": 1 << 10, "MI": 1 << 20, "GI": 1 << 30, "TI": 1 << 40}
+
+
+# --------------------------------------------------------------------------- naming, plan
+def is_manifest(location: str) -> bool:
+    """Whether ``location`` names a shard manifest (``*.shards.json``)."""
+    return os.fspath(location).endswith(MANIFEST_SUFFIX)
+
+
+def prefix_of(output: str) -> str:
+    """``out/train.rec`` / ``out/train.lmdb`` / ``out/train.shards.json`` -> ``out/train``."""
+    output = os.fspath(output).rstrip("/")
+    for ext in (MANIFEST_SUFFIX, ".rec", ".lmdb"):
+        if output.endswith(ext):
+            return output[:-len(ext)]
+    return output
+
+
+def manifest_path(prefix: str) -> str:
+    return prefix + MANIFEST_SUFFIX
+
+
+def shard_name(prefix: str, index: int, count: int, container: str = "rec") -> str:
+    """``PREFIX-00003-of-00016.rec`` (Beam's ``-SSSSS-of-NNNNN``); ``.lmdb`` for LMDB."""
+    return "%s-%05d-of-%05d.%s" % (prefix, index, count, container)
+
+
+def parse_size(text: str) -> int:
+    """``"1GB"`` -> 10**9, ``"512MiB"`` -> 512 * 2**20, ``"4096"`` -> 4096 bytes."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError("cannot parse size %r; write e.g. 1GB, 256MB, 512MiB" % (text,))
+    unit = (m.group(2) or "").upper().rstrip("B")
+    unit = unit if unit else ("" if not m.group(2) else "B")
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise ValueError("size must be positive, got %r" % (text,))
+    return n
+
+
+def plan_ranges(sizes: Sequence[int], shards: Optional[int] = None,
+                shard_size: Optional[int] = None,
+                shard_items: Optional[int] = None) -> List[Tuple[int, int]]:
+    """Cut ``len(sizes)`` items (in order) into contiguous ``[start, end)`` shards.
+
+    Exactly one of ``shards`` (equal counts), ``shard_size`` (bytes, from ``sizes``: a shard
+    closes once it reaches the size) or ``shard_items`` (items per shard) is given.
+
+    >>> plan_ranges([1] * 10, shards=3)
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    n = len(sizes)
+    given = [x is not None for x in (shards, shard_size, shard_items)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of shards, shard_size, shard_items")
+    if n == 0:
+        raise ValueError("nothing to shard: no items")
+    if shards is not None:
+        if shards < 1 or shards > n:
+            raise ValueError("--shards %d: need 1..%d (one item at least per shard)"
+                             % (shards, n))
+        bounds = [k * n // shards for k in range(shards + 1)]
+        return list(zip(bounds[:-1], bounds[1:]))
+    if shard_items is not None:
+        if shard_items < 1:
+            raise ValueError("--shard-items must be >= 1, got %d" % shard_items)
+        return [(s, min(s + shard_items, n)) for s in range(0, n, shard_items)]
+    if shard_size < 1:
+        raise ValueError("--shard-size must be positive")
+    out, start, acc = [], 0, 0
+    for i, s in enumerate(sizes):
+        acc += int(s)
+        if acc >= shard_size:
+            out.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < n:
+        out.append((start, n))
+    return out
+
+
+def _shard_files(path: str, container: str) -> List[str]:
+    if container == "lmdb":
+        return [os.path.join(path, "data.mdb")]
+    return [path, idx_path_for(path), meta_path(path)]
+
+
+def dataset_files(*locations: str, container: Optional[str] = None) -> List[str]:
+    """The local files the datasets at ``locations`` consist of: what reading them reads, or
+    writing them writes or replaces. A ``.rec``: it, its ``.idx``, ``.idx.gdx`` and
+    ``.meta.json``; an LMDB: the directory, its ``data.mdb`` and ``lock.mdb``; a manifest: it
+    and every shard's files (only itself when it cannot be read); a URI: none. ``container``
+    (``'rec'``, ``'lmdb'``) says what an output will be (by default: what is there now, see
+    :func:`~gluon_data.storage.fsutil.classify_location`).
+
+    >>> dataset_files("out/a.rec", container="rec")
+    ['out/a.rec', 'out/a.idx', 'out/a.idx.gdx', 'out/a.meta.json']
+    """
+    out: List[str] = []
+    for loc in map(os.fspath, locations):
+        kind = "manifest" if is_manifest(loc) else container or classify_location(loc)
+        if kind in ("uri", "missing") or is_uri(loc):
+            continue
+        if kind == "lmdb":
+            out += [loc, os.path.join(loc, "data.mdb"), os.path.join(loc, "lock.mdb")]
+        elif kind == "rec":
+            idx = idx_path_for(loc)
+            out += [loc, idx, idx + BINARY_INDEX_SUFFIX, meta_path(loc)]
+        else:
+            out.append(loc)
+        if kind == "manifest" and os.path.isfile(loc):
+            try:
+                doc = read_manifest(loc)
+            except (GluonDataError, OSError):
+                continue
+            folder = os.path.dirname(os.path.abspath(loc))
+            out += dataset_files(*(os.path.join(folder, s["name"]) for s in doc["shards"]),
+                                 container=doc["container"])
+    return out
+
+
+def _read_shard_meta(path: str, container: str, split: str) -> Optional[dict]:
+    if container == "lmdb":
+        return read_lmdb_meta(path).get(split) if is_lmdb(path) else None
+    return read_meta(path) if os.path.exists(path) else None
+
+
+def shard_summary(path: str, container: str, split: str) -> dict:
+    """Records, bytes and checksums of a published shard: its manifest entry."""
+    meta = _read_shard_meta(path, container, split)
+    if meta is None:
+        raise FormatError("shard has no metadata (missing or not written by a sharded "
+                          "conversion)", path)
+    if container == "lmdb":
+        stored = dict(meta)
+        return {"name": os.path.basename(path), "records": meta["num_records"],
+                "bytes": os.path.getsize(os.path.join(path, "data.mdb")), "idx_sha256": None,
+                "meta_sha256": hashlib.sha256(dumps_meta(stored)).hexdigest(), "meta": meta}
+    rec, idx, mp = _shard_files(path, container)
+    return {"name": os.path.basename(path), "records": meta["num_records"],
+            "bytes": os.path.getsize(rec), "idx_sha256": sha256_file(idx),
+            "meta_sha256": sha256_file(mp), "meta": meta}
+
+
+# --------------------------------------------------------------------------- manifest
+def read_manifest(path: str) -> dict:
+    """Load and check a manifest; :class:`FormatError` naming it when it is not one."""
+    return _load_manifest(path)[0]
+
+
+def _load_manifest(path: str, raw: Optional[bytes] = None,
+                   where: Optional[str] = None) -> Tuple[dict, bytes]:
+    """The manifest at ``path`` (or its bytes ``raw``, named ``where``) and its bytes, checked:
+    its schema and its invariants (:mod:`gluon_data.format.documents`, kind ``manifest``: shard ``i``
+    named ``PREFIX-%05d-of-%05d`` at position ``i``, counts adding up, the checksum)."""
+    path = os.fspath(path)
+    if raw is None:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError("no sharded dataset at %s (its manifest is missing: a "
+                                    "sharded conversion writes it last, so the conversion did "
+                                    "not finish; rerun the same command)" % path) from None
+    return load_document(raw, "manifest", where or path), raw
+
+
+def shard_mismatch(doc: dict, s: int, meta: Optional[dict]) -> Optional[str]:
+    """Why shard ``s``'s metadata does not belong to manifest ``doc`` (``None`` if it does):
+    its ``shard`` record must give its position, the number of shards and the manifest's plan
+    digest. Metadata without a ``shard`` record (written before it existed) is left to the
+    counts and, in ``verify``, the checksums."""
+    if meta is None:
+        return "has no metadata (.meta.json): every shard of a sharded conversion has one"
+    info = meta.get("shard")
+    if info is None:
+        return None
+    n = len(doc["shards"])
+    if (info["index"], info["count"]) != (s, n):
+        return ("is shard %d of %d by its metadata, not %d of %d: the manifest's entries or "
+                "the shard files were moved" % (info["index"], info["count"], s, n))
+    plan = doc.get("plan") or {}
+    if "names" in plan:  # the plan's names digest: each shard's own digest covers its items
+        want, have = plan["names"], info.get("plan")
+    else:  # written before shards had a digest of their own: one plan digest for all
+        want, have = plan.get("digest"), info["plan_digest"]
+    if want is not None and have != want:
+        return ("belongs to another conversion (its metadata's plan digest is %s..., the "
+                "manifest's %s...): restore the shard or rerun the conversion"
+                % (str(have)[:12], want[:12]))
+    return None
+
+
+def _write_manifest(path: str, doc: dict) -> None:
+    atomic_write(path, dumps_meta(doc))
+
+
+def write_combined_index(manifest: str, idx_path: str) -> List[str]:
+    """For stock MXNet: one ``.idx`` over all RecordIO shards of ``manifest``, offsets
+    counted from the start of the first shard as if the shards were concatenated, which is
+    how ``ImageRecordIter(path_imgrec="a.rec;b.rec;...")`` addresses them. Returns the
+    shard paths in order (join them with ``;`` for ``path_imgrec``).
+
+    >>> paths = write_combined_index("train.shards.json", "train.all.idx")   # doctest: +SKIP
+    >>> it = mx.io.ImageRecordIter(path_imgrec=";".join(paths),              # doctest: +SKIP
+    ...                            path_imgidx="train.all.idx", shuffle=True, ...)
+    """
+    store = open_store(manifest)  # the ShardedStore (gluon_data.stores.shardstore)
+    if store.container != "rec":
+        raise ValueError("a combined index needs RecordIO shards, %s holds %s"
+                         % (manifest, store.container))
+    base, lines = 0, []
+    for s, path in enumerate(store.paths):
+        store.shard(s)  # missing or damaged: an error naming the shard
+        keys, offsets = read_index(idx_path_for(path))
+        lines.extend("%d\t%d\n" % (k, o + base) for k, o in zip(keys.tolist(),
+                                                                  offsets.tolist()))
+        base += os.path.getsize(path)
+    atomic_write(idx_path, "".join(lines).encode("ascii"))  # fsynced, never through a link
+    return list(store.paths)
+
+
+# --------------------------------------------------------------------------- verify
+def verify_sharded(path: str, deep: bool = False, workers: int = 4):
+    """Check the manifest against every shard (existence, counts, sizes, checksums), then
+    every shard with :func:`gluon_data.tools.verify.verify` (in parallel threads); one report."""
+    report = VerifyReport(path, deep=deep)
+    try:
+        doc = read_manifest(path)
+    except (GluonDataError, OSError) as e:
+        report.add(e, path)
+        return report
+    folder = os.path.dirname(os.path.abspath(path))
+    container, split = doc["container"], doc.get("split") or "train"
+    n = len(doc["shards"])
+    todo = []
+    for s, entry in enumerate(doc["shards"]):
+        spath = os.path.join(folder, entry["name"])
+        where = "shard %d of %d (%s)" % (s, n, spath)
+        if not os.path.exists(spath):
+            report.problems.append({"where": where, "key": None, "offset": None,
+                                    "reason": "shard is missing"})
+            continue
+        try:
+            have = shard_summary(spath, container, split)
+        except (GluonDataError, OSError) as e:
+            report.add(e, where)
+            continue
+        wrong = shard_mismatch(doc, s, have["meta"])
+        if wrong is not None:
+            report.problems.append({"where": where, "key": None, "offset": None,
+                                    "reason": "the shard " + wrong})
+        for k in ("records", "bytes", "idx_sha256", "meta_sha256"):
+            if have[k] != entry.get(k):
+                report.problems.append({"where": where, "key": None, "offset": None,
+                                        "reason": "%s is %s, the manifest says %s"
+                                        % (k, have[k], entry.get(k))})
+        todo.append(spath)
+    if container == "lmdb":  # verify() forks a child per LMDB: not from several threads
+        workers = 1
+    with ThreadPoolExecutor(max(1, min(workers, len(todo) or 1))) as ex:
+        for sub in ex.map(lambda p: verify(p, deep=deep), todo):
+            report.records += sub.records
+            report.checked += sub.checked
+            report.problems.extend(sub.problems)
+    return report
+
+
+register_verifier(is_manifest, verify_sharded)
+
+_CONVERTER_NAMES = ("convert_sharded", "write_shard", "ShardJob")
+_STORE_NAMES = ("ShardedStore", "ShardRouter")
+
+
+def __getattr__(name: str):
+    """The sharded conversion's names and the store's, kept importable from here: the
+    converter lives above the stores, in :mod:`gluon_data.convert.sharded`, and the store in
+    :mod:`gluon_data.stores.shardstore`; both import this module (PEP 562)."""
+    if name in _CONVERTER_NAMES:
+        return getattr(importlib.import_module("gluon_data.convert.sharded"), name)
+    if name in _STORE_NAMES:
+        return getattr(importlib.import_module("gluon_data.stores.shardstore"), name)
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -1,0 +1,1 @@
+"""verify, salvage, statistics, previews and progress: tools over any store."""

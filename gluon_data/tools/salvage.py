@@ -1,0 +1,233 @@
+"""``gluon-data salvage``: rebuild a lost or short ``.idx`` by scanning the ``.rec``.
+
+The scan looks for the RecordIO magic word at 4-byte aligned offsets, parses the framing from
+there (multi-part records included) and keeps a record only if it is whole and, when it
+carries one, its CRC-32 matches. Everything between kept records is reported as a damaged
+byte range. The new index numbers the recovered records 0..N-1 in file order.
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+from ..format import codec
+from .._callable import callable_module
+from ..errors import FormatError, GluonDataError, OutputError
+from ..storage.fileio import open_or_explain, open_regular, read_regular, require_regular
+from ..storage.fsutil import (LOCATIONS, atomic_write, check_disjoint, check_replaceable,
+                     classify_location, fsync_dir, is_ours)
+from ..format.meta import dumps_meta, meta_path, read_meta
+from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
+
+__all__ = ["salvage", "SalvageReport", "scan_records"]
+
+_MAGIC = struct.pack("<I", codec.RECORDIO_MAGIC)
+
+#: What to do instead, for each kind of location salvage does not repair.
+_INSTEAD = {
+    "manifest": "salvage each shard's .rec instead (gluon-data verify %s names the damaged "
+                "ones)",
+    "lmdb": "an LMDB cannot be salvaged by a scan: verify it, then restore it or convert it "
+            "again from its source",
+    "uri": "salvage repairs local files: download the .rec (with its .idx and .meta.json), "
+           "salvage it, upload it again",
+    "idx": "give the .rec beside it",
+    "gdx": "give the .rec beside it",
+    "meta": "give the .rec beside it",
+}
+
+
+@dataclass
+class SalvageReport:
+    path: str
+    idx_path: str
+    records: int = 0
+    damaged: List[Tuple[int, int]] = field(default_factory=list)  # [start, end) byte ranges
+    file_size: int = 0
+    tail_moved_to: str = None  # where a damaged tail's bytes were moved
+
+    def __str__(self):
+        lost = sum(e - s for s, e in self.damaged)
+        lines = ["%s: recovered %d records into %s; %d damaged byte range(s), %d bytes"
+                 % (self.path, self.records, self.idx_path, len(self.damaged), lost)]
+        lines += ["  damaged bytes %d..%d (%d bytes)" % (s, e, e - s) for s, e in self.damaged]
+        if self.tail_moved_to:
+            lines.append("  the damaged tail was moved to %s and the .rec truncated"
+                         % self.tail_moved_to)
+        return "\n".join(lines)
+
+
+def scan_records(buf, segmentation=None, require_checksum: bool = False):
+    """Yield ``(offset, end)`` of every intact record in a RecordIO byte buffer, and
+    ``(start, end, None)`` markers for damaged ranges between them. With
+    ``require_checksum`` a record whose checksum tag is gone counts as damaged."""
+    n = len(buf)
+    pos, bad_start = 0, None
+    while pos + 8 <= n:
+        if buf[pos:pos + 4] == _MAGIC:
+            try:
+                payload, end = codec.unframe(buf, pos)
+                rec = codec.unpack(payload, segmentation=segmentation, verify=True)
+                intact = rec.checksum is not None or not require_checksum
+            except GluonDataError:
+                intact = False
+            if intact:
+                if bad_start is not None:
+                    yield bad_start, pos, None
+                    bad_start = None
+                yield pos, end
+                pos = end
+                continue
+        if bad_start is None:
+            bad_start = pos
+        nxt = buf.find(_MAGIC, pos + 4)
+        while nxt != -1 and nxt % 4:
+            nxt = buf.find(_MAGIC, nxt + 1)
+        pos = n if nxt == -1 else nxt
+    if pos < n and bad_start is None:
+        bad_start = pos
+    if bad_start is not None:
+        yield bad_start, n, None
+
+
+def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> SalvageReport:
+    """Rebuild ``idx_path`` (default: beside the ``.rec``) from the records found in the file.
+
+    An existing index is kept as ``.idx.bak`` (only with ``overwrite``); metadata, if any, is
+    updated to the recovered count (the old one kept as ``.meta.json.bak``) and records what
+    was salvaged. Damaged bytes at the very end of the ``.rec`` (a writer killed mid-record)
+    are moved to ``.rec.damaged-tail`` so the ``.rec`` ends with its last intact record.
+    """
+    rec_path = os.fspath(rec_path)
+    _check_is_rec(rec_path)
+    idx_path = os.fspath(idx_path or idx_path_for(rec_path))
+    gdx = idx_path + BINARY_INDEX_SUFFIX
+    mp = meta_path(rec_path)
+    for p in (idx_path, mp):  # read too (kept as .bak, the task): the input-kind rule first
+        require_regular(p)
+    _check_targets(rec_path, idx_path, gdx, mp, overwrite)
+    try:
+        meta = read_meta(rec_path)
+    except GluonDataError:
+        meta = None
+    seg = None if meta is None else meta["task"] == "segmentation"
+    require = meta is not None and meta.get("checksum") == "crc32-id2"
+    report = SalvageReport(rec_path, idx_path, file_size=os.path.getsize(rec_path))
+    offsets = _scan(rec_path, seg, require, report)
+    report.records = len(offsets)
+    if report.damaged and report.damaged[-1][1] == report.file_size:
+        _cut_damaged_tail(rec_path, report)
+    text = "".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)).encode("ascii")
+    if os.path.exists(idx_path):
+        atomic_write(idx_path + ".bak", read_regular(idx_path))
+    atomic_write(idx_path, text)
+    if offsets:  # the binary copy readers map instead of the text (a stale one is ignored)
+        write_binary_index(idx_path)
+    elif os.path.lexists(gdx) and is_ours(gdx, "gdx"):
+        os.remove(gdx)
+    if meta is not None and meta["num_records"] != len(offsets):
+        atomic_write(mp + ".bak", read_regular(mp))
+        meta = dict(meta, num_records=len(offsets),
+                    salvaged={"records_before": meta["num_records"],
+                              "damaged_ranges": [list(r) for r in report.damaged]})
+        atomic_write(mp, dumps_meta(meta))
+    return report
+
+
+def _check_targets(rec_path: str, idx_path: str, gdx: str, mp: str, overwrite: bool) -> None:
+    """Everything salvage may write is checked before anything is: only our own files are
+    replaced, nothing through a link (fsutil's rule)."""
+    check_replaceable(idx_path, "idx", overwrite, option="overwrite=True (CLI: --overwrite; "
+                      "the old one is kept as .idx.bak)")
+    check_replaceable(idx_path + ".bak", "idx", True)
+    check_replaceable(gdx, "gdx", True)
+    if os.path.lexists(mp):
+        check_replaceable(mp, "meta", True)
+        check_replaceable(mp + ".bak", "meta", True)
+    check_disjoint([idx_path, idx_path + ".bak", gdx, mp, mp + ".bak"], [rec_path])
+
+
+def _scan(rec_path: str, seg, require: bool, report: SalvageReport) -> List[int]:
+    """The offsets of the intact records of ``rec_path``; damaged byte ranges are added to
+    ``report.damaged``."""
+    offsets = []
+    fd = open_or_explain(rec_path)
+    try:
+        buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if report.file_size else b""
+    finally:
+        os.close(fd)  # the mapping keeps the file, not the descriptor
+    try:
+        for item in scan_records(buf, seg, require):
+            if len(item) == 3:
+                report.damaged.append((item[0], item[1]))
+            else:
+                offsets.append(item[0])
+    finally:
+        if report.file_size:
+            buf.close()
+    return offsets
+
+
+def _cut_damaged_tail(rec_path: str, report: SalvageReport) -> None:
+    """Unreadable bytes at the end (a writer killed mid-record): move them aside, so the
+    .rec ends with its last intact record and readers accept the rebuilt index."""
+    if os.path.islink(rec_path):
+        raise OutputError("the damaged tail must be cut from this .rec, but it is a "
+                          "symbolic link (to %s) and gluon-data never writes through one: "
+                          "salvage the real file" % os.readlink(rec_path), rec_path)
+    start = report.damaged[-1][0]
+    with open_regular(rec_path, "r+b") as f:
+        f.seek(start)
+        tail = f.read()
+        report.tail_moved_to = _write_unique(rec_path + ".damaged-tail", tail)
+        f.truncate(start)  # in place (the tail is saved above): no temporary + rename
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_is_rec(path: str) -> None:
+    """Refuse, before anything is touched, a location that is not a single local ``.rec``
+    (a manifest, an LMDB, a URI, a folder, an index...), saying what to do instead; a FIFO,
+    a device or a socket (or a link to one) is refused by the input-kind rule before
+    anything looks inside it."""
+    require_regular(path, directory=True)  # (a folder or an LMDB: named below)
+    kind = classify_location(path)
+    if kind == "rec":
+        return
+    if kind == "missing":
+        raise FileNotFoundError("no .rec at %s: salvage repairs a single .rec file" % path)
+    instead = _INSTEAD.get(kind, "give a .rec (a RecordIO data file)")
+    raise FormatError("salvage repairs a single .rec file; this is %s: %s; nothing was "
+                      "changed" % (LOCATIONS[kind], instead.replace("%s", path)), path)
+
+
+def _write_unique(path: str, data: bytes) -> str:
+    """Write ``data`` to a new file ``path`` (or ``path.1``, ``path.2``... when taken):
+    bytes moved out of a dataset never replace anything, and never go through a link.
+    (Not :func:`~gluon_data.storage.fsutil.atomic_write`, which replaces its target: here the
+    exclusive create is what guarantees nothing is replaced.)"""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for n in range(1000):
+        name = path if n == 0 else "%s.%d" % (path, n)
+        try:
+            fd = os.open(name, flags, 0o644)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                continue
+            raise
+        with os.fdopen(fd, "wb") as t:
+            t.write(data)
+            t.flush()
+            os.fsync(t.fileno())
+        fsync_dir(os.path.dirname(os.path.abspath(name)))
+        return name
+    raise OutputError("no free name for the damaged tail beside it", path)
+
+
+callable_module(__name__)  # from gluon_data import salvage: the function, even once the module is loaded
