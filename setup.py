@@ -1,4 +1,4 @@
-"""The optional C extension (gluon_data._jpegregion: exact region decoding of JPEGs with
+"""The optional C extension (gluon_data.format._jpegregion: exact region decoding of JPEGs with
 libjpeg-turbo). Everything else is configured in pyproject.toml.
 
 The extension needs a C compiler and libjpeg-turbo's headers (``apt install libjpeg-dev``,
@@ -44,7 +44,7 @@ class OptionalBuildExt(build_ext):
 _SKIP = _MODE in ("0", "no", "false")  # a pure-Python wheel
 setup(
     ext_modules=[] if _SKIP else [
-        Extension("gluon_data._jpegregion", ["gluon_data/_jpegregion.c"], libraries=["jpeg"],
+        Extension("gluon_data.format._jpegregion", ["gluon_data/format/_jpegregion.c"], libraries=["jpeg"],
                   optional=_MODE not in ("1", "yes", "true"))],
     cmdclass={"build_ext": OptionalBuildExt},
 )

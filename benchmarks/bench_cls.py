@@ -118,7 +118,8 @@ def _stock_shards(stock_rec: str, shards: int = 4) -> str:
     """The records of ``stock_rec`` copied into ``shards`` ``.rec`` shards + manifest (kept
     if already there); returns the manifest."""
     from gluon_data.stores.recordio import RecordFile
-    from gluon_data.stores.shards import ShardedStore, convert_sharded
+    from gluon_data.stores.shardstore import ShardedStore
+    from gluon_data.convert.sharded import convert_sharded
     out = os.path.join(os.path.dirname(stock_rec), "shards", "stock.rec")
     manifest = os.path.join(os.path.dirname(out), "stock.shards.json")
     if not os.path.exists(manifest) or len(ShardedStore(manifest)) != len(
@@ -186,7 +187,8 @@ def classification_rates(stock_rec: str, n: int, workers: int, epochs: int,
 
     from gluon_data.gluon.batchify import StackBatchify
     from gluon_data.gluon.datasets import ClassificationDataset, ImageRecordDataset
-    from gluon_data.stores.shards import ShardedStore, write_combined_index
+    from gluon_data.stores.shardstore import ShardedStore
+    from gluon_data.stores.shards import write_combined_index
 
     notes = {} if notes is None else notes
     cb, recipe = _CountBatchify(), _cls_recipe()

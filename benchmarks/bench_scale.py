@@ -185,8 +185,7 @@ def scale_costs(workdir: str, n: int = 10_000_000, workers: int = 8, reads: int 
     positions, all workers reading together) against the same reads from a 2,000-record
     file. The index cache goes to ``workdir/cache`` for the run."""
     from gluon_data.stores.recordio import RecordFile, index_cache_path, idx_path_for
-    from gluon_data.stores.base import _load_builtins
-    _load_builtins()  # imported before the workers fork: their open times are the opens
+    import gluon_data.stores  # noqa: F401  (every backend, before the workers fork: their open times are the opens)
     big = _tiny_rec(os.path.join(workdir, "scale-%d.rec" % n), n)
     small = _tiny_rec(os.path.join(workdir, "scale-2000.rec"), 2000)
     sharded = _tiny_shards(workdir, n, shards)

@@ -80,7 +80,8 @@ def run(a, d):
     from gluon_data import convert
     from gluon_data.stores.recordio import RecordFile
     from gluon_data.convert.sample import make_imagefolder
-    from gluon_data.stores.shards import ShardedStore, convert_sharded
+    from gluon_data.stores.shardstore import ShardedStore
+    from gluon_data.convert.sharded import convert_sharded
 
     root = make_imagefolder(os.path.join(d, "src"), per_class=max(1, a.images // 3),
                             size_range=(200, 280))

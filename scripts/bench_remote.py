@@ -58,7 +58,8 @@ def main(argv=None):
 
     from gluon_data import convert
     from gluon_data.gluon.datasets import SegmentationDataset, SegmentationRecordDataset
-    from gluon_data.remote import filesystem, upload_dataset
+    from gluon_data.storage.remotefs import filesystem
+    from gluon_data.convert.upload import upload_dataset
     from gluon_data.stores.recordio import RecordFile
     from gluon_data.convert.sample import make_voc
     from gluon_data.stores.base import open_store

@@ -13,7 +13,7 @@ cd "$root"
 venv="$root/.venv"
 py="${PYTHON:-python3}"
 stamp="$venv/.gluon-data-installed"
-want="$(cat pyproject.toml constraints.txt setup.py gluon_data/_jpegregion.c | "$py" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
+want="$(cat pyproject.toml constraints.txt setup.py gluon_data/format/_jpegregion.c | "$py" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "gluon_data: installing into $venv (first run only) ..." >&2

@@ -45,7 +45,7 @@ from tqdm import tqdm
 from gluon_data import DistributedSampler, SegmentationBatchify
 from gluon_data.cli import storage_option_parser
 from gluon_data.gluon.datasets import SegmentationDataset
-from gluon_data.remote import parse_storage_options
+from gluon_data.storage.remotefs import parse_storage_options
 from gluon_data.stores.base import is_uri, open_store
 
 LAUNCHER = "python -m gluon_data.gluon.launch"

@@ -124,7 +124,7 @@ def test_scale_step_small(tmp_path):
     and workers forked after the parent opened; the rows against the targets exist."""
     from gluon_data.cli import load_bench
     from gluon_data.stores.recordio import RecordFile
-    from gluon_data.stores.shards import verify_sharded
+    from gluon_data.tools.verify import verify_sharded
     bench = load_bench()
     out = bench.scale_costs(str(tmp_path), n=20_000, workers=2, reads=200, shards=4)
     f = RecordFile(str(tmp_path / "scale-20000.rec"))
@@ -155,7 +155,7 @@ def test_classification_only(tmp_path):
     every classification loader and the recipe ratios, on 16 images."""
     from gluon_data.cli import load_bench
     from gluon_data.stores.recordio import RecordFile
-    from gluon_data.stores.shards import ShardedStore
+    from gluon_data.stores.shardstore import ShardedStore
     out = io.StringIO()
     res = load_bench().run_classification(str(tmp_path / "c"), n=16, workers=1, out=out,
                                           epochs=1)

@@ -13,7 +13,8 @@ import pytest
 
 from gluon_data.errors import CacheError
 from gluon_data.stores.recordio import BINARY_INDEX_SUFFIX, RecordFile, RecordWriter, index_cache_path
-from gluon_data.remote import ShardCache, convert_to_uri
+from gluon_data.storage.objects import ShardCache
+from gluon_data.convert.to_uri import convert_to_uri
 from gluon_data.convert.sample import make_imagefolder
 from gluon_data.stores.base import open_store
 
@@ -274,7 +275,7 @@ def test_parsed_indexes_and_downloads_share_one_limit(dataset, so, tmp_path, cac
 
 
 def test_a_downloaded_stock_index_is_parsed_into_the_same_cache(s3, so, tmp_path, cache):  # noqa: F811
-    from gluon_data.remote import filesystem
+    from gluon_data.storage.remotefs import filesystem
     local = stock_rec(str(tmp_path / "stock.rec"))
     uri = "s3://%s/trust/stock.rec" % BUCKET
     fs, _ = filesystem(uri, so)

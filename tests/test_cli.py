@@ -64,7 +64,7 @@ def test_storage_option_is_one_parent_parser_shared_by_the_commands_and_the_reci
     import argparse
 
     from gluon_data.cli import build_parser, storage_option_parser
-    from gluon_data.remote import parse_storage_options
+    from gluon_data.storage.remotefs import parse_storage_options
     a = argparse.ArgumentParser(parents=[storage_option_parser()]).parse_args(
         ["--storage-option", "anon=true", "--storage-option", "endpoint_url=http://h:1"])
     assert parse_storage_options(a.storage_option) == {"anon": True,

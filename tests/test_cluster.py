@@ -17,9 +17,10 @@ import pytest
 
 from gluon_data.cli import main
 from gluon_data.errors import ConversionError, RemoteError, RemoteNotFoundError, WorkerPathError
-from gluon_data.remote import convert_to_uri, filesystem
+from gluon_data.convert.to_uri import convert_to_uri
+from gluon_data.storage.remotefs import filesystem
 from gluon_data.convert.sample import make_imagefolder
-from gluon_data.stores.shards import convert_sharded
+from gluon_data.convert.sharded import convert_sharded
 
 dd = pytest.importorskip("dask.distributed")
 pytest.importorskip("moto.server")

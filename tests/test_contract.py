@@ -55,7 +55,9 @@ from gluon_data import convert
 from gluon_data.errors import FormatError, GluonDataError
 from gluon_data.stores.lmdbio import record_key
 from gluon_data.stores.recordio import RecordFile
-from gluon_data.remote import convert_to_uri, filesystem, upload_dataset
+from gluon_data.convert.to_uri import convert_to_uri
+from gluon_data.storage.remotefs import filesystem
+from gluon_data.convert.upload import upload_dataset
 from gluon_data.convert.sample import make_voc
 from gluon_data.stores.shards import read_manifest
 from gluon_data.stores.base import RecordStore, open_store
@@ -166,7 +168,7 @@ def _damaged_shards(manifest: str, tmp_dir) -> str:
 def _seg_convert(tmp_path_factory, tag, seed):
     """One VOC source (8 images) and its .rec, LMDB, RecordIO and LMDB shards, each in a
     folder of its own under the same names whatever the source (so one replaces another)."""
-    from gluon_data.stores.shards import convert_sharded
+    from gluon_data.convert.sharded import convert_sharded
     root = make_voc(str(tmp_path_factory.mktemp(tag + "voc") / "VOC2012"), num_images=8,
                     size_range=(SIZE, SIZE), seed=seed)
     rec = convert(root, str(tmp_path_factory.mktemp(tag + "rec") / "seg.rec"), "voc",
@@ -264,7 +266,7 @@ def seg_recipe(seg_source, seg_other):
 
 
 def _cls_convert(folder_root, tmp_path_factory, tag):
-    from gluon_data.stores.shards import convert_sharded
+    from gluon_data.convert.sharded import convert_sharded
     rec = str(tmp_path_factory.mktemp(tag + "cls") / "cls.rec")
     convert(folder_root, rec, "imagefolder")
     lm = str(tmp_path_factory.mktemp(tag + "clsl") / "cls.lmdb")

@@ -15,8 +15,8 @@ from gluon_data import convert
 from gluon_data.gluon.datasets import (CaffeLMDBDataset, ImageLMDBDataset, ImageRecordDataset,
                                  RecipeLMDBDataset, SegmentationLMDBDataset,
                                  SegmentationRecordDataset, open_segmentation)
-from gluon_data.remote import filesystem
-from gluon_data.stores.shards import convert_sharded
+from gluon_data.storage.remotefs import filesystem
+from gluon_data.convert.sharded import convert_sharded
 
 from test_remote import BUCKET, s3, so  # noqa: F401 - moto's S3 server fixtures
 

@@ -14,7 +14,8 @@ from gluon_data.convert import copy_dataset
 from gluon_data.errors import FormatError, OutputError
 from gluon_data.stores.recordio import binary_index_problem, write_binary_index
 from gluon_data.tools.salvage import salvage
-from gluon_data.stores.shards import ShardedStore, convert_sharded
+from gluon_data.stores.shardstore import ShardedStore
+from gluon_data.convert.sharded import convert_sharded
 from gluon_data.stores.base import open_store
 from gluon_data.tools.verify import verify
 

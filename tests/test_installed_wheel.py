@@ -36,7 +36,7 @@ JUNK = [".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "
 SDIST_FILES = ["pyproject.toml", "README.md", "FORMAT.md", "constraints.txt",
                "docs/preview.png", "docs/reading.md", "docs/cli.md", "scripts/run.sh",
                "scripts/gen_cli_docs.py", "benchmarks/bench.py",
-               "tests/conftest.py", "setup.py", "gluon_data/_jpegregion.c"]
+               "tests/conftest.py", "setup.py", "gluon_data/format/_jpegregion.c"]
 
 
 def _source_files():
@@ -152,7 +152,7 @@ def test_wheel_has_the_region_decoder_where_it_can_be_built(installed, empty):
     if not _can_build_extension():
         pytest.skip("no C compiler or libjpeg headers: the wheel is rightly pure Python")
     with zipfile.ZipFile(installed["wheel"]) as z:
-        assert any(n.startswith(PACKAGE + "/_jpegregion.") and n.endswith(".so")
+        assert any(n.startswith(PACKAGE + "/format/_jpegregion.") and n.endswith(".so")
                    for n in z.namelist()), "the wheel lacks the region decoder"
     r = _run([installed["python"], "-c", "from gluon_data import decode; "
               "print(decode.region_decoder())"], cwd=empty, timeout=120)

@@ -14,8 +14,10 @@ from gluon_data.errors import ConversionError, FormatError
 from gluon_data.format.meta import dumps_meta, meta_path, read_meta
 from gluon_data.stores.recordio import RecordFile
 from gluon_data.convert.sample import make_imagefolder
-from gluon_data.stores.shards import (ShardedStore, convert_sharded, read_manifest, verify_sharded,
-                               write_combined_index)
+from gluon_data.stores.shardstore import ShardedStore
+from gluon_data.convert.sharded import convert_sharded
+from gluon_data.stores.shards import read_manifest, write_combined_index
+from gluon_data.tools.verify import verify_sharded
 from gluon_data.stores.base import open_store
 
 pytestmark = pytest.mark.reliability
@@ -244,7 +246,7 @@ def test_a_damaged_resume_checkpoint_is_a_conversion_error_naming_it(src, tmp_pa
 
 
 def test_a_damaged_upload_journal_is_a_format_error_naming_it(src, tmp_path):
-    from gluon_data.remote import upload_dataset
+    from gluon_data.convert.upload import upload_dataset
     rec = str(tmp_path / "u.rec")
     convert(src, rec, "imagefolder")
     journal = str(tmp_path / "upload.json")
@@ -262,7 +264,7 @@ def test_a_damaged_upload_journal_is_a_format_error_naming_it(src, tmp_path):
 def s3():
     pytest.importorskip("moto.server")
     from test_remote import BUCKET, _options, moto_s3
-    from gluon_data.remote import filesystem
+    from gluon_data.storage.remotefs import filesystem
     with moto_s3() as server:
         opts = _options(server)
         fs, _ = filesystem("s3://%s" % BUCKET, opts)
@@ -270,7 +272,7 @@ def s3():
 
 
 def test_a_remote_manifest_gets_the_same_checks(s3, sharded, tmp_path):
-    from gluon_data.remote import upload_dataset
+    from gluon_data.convert.upload import upload_dataset
     server, opts, fs, base = s3
     uri = upload_dataset([sharded[0]], base + "/up/", storage_options=opts)[sharded[0]]
     remote = dict(storage_options=opts, cache_dir=str(tmp_path / "cache"), retries=1,
@@ -292,7 +294,7 @@ def test_a_remote_manifest_gets_the_same_checks(s3, sharded, tmp_path):
 
 def test_a_damaged_upload_receipt_means_the_shard_is_uploaded_again(s3, src, sharded,
                                                                     tmp_path):
-    from gluon_data.remote import convert_to_uri
+    from gluon_data.convert.to_uri import convert_to_uri
     server, opts, fs, base = s3
     out = base + "/rc/c.rec"
     kw = dict(storage_options=opts, cache_dir=str(tmp_path / "cache"), shards=4)

@@ -122,7 +122,8 @@ def test_damaged_indexes_and_metadata_give_typed_errors_or_the_exact_samples(
 def small_sharded(tmp_path_factory):
     """8 records in 4 shards, the manifest's document and every record's bytes."""
     from gluon_data.convert.sample import make_imagefolder
-    from gluon_data.stores.shards import ShardedStore, convert_sharded
+    from gluon_data.stores.shardstore import ShardedStore
+    from gluon_data.convert.sharded import convert_sharded
     root = make_imagefolder(str(tmp_path_factory.mktemp("pms") / "src"), classes=("a", "b"),
                             per_class=4, size_range=(16, 24), seed=2)
     man = convert_sharded(root, str(tmp_path_factory.mktemp("pmo") / "s.rec"), "imagefolder",
@@ -186,7 +187,8 @@ def test_damaged_manifests_give_typed_errors_or_the_exact_records(small_sharded,
     the checksum is recomputed (``keep_checksum`` false) so only the schema and the
     invariants can tell."""
     from gluon_data.format.meta import dumps_meta
-    from gluon_data.stores.shards import ShardedStore, verify_sharded
+    from gluon_data.stores.shardstore import ShardedStore
+    from gluon_data.tools.verify import verify_sharded
     man, doc, ref = small_sharded
     d = tempfile.mkdtemp(prefix="gd-propm-")
     try:

@@ -10,7 +10,8 @@ from gluon_data import SegmentationLMDBDataset, SegmentationRecordDataset
 from gluon_data import convert
 from gluon_data.tools import salvage, verify
 from gluon_data.errors import ConversionError, OutputError
-from gluon_data.storage.fsutil import OutputLock, atomic_write, check_replaceable
+from gluon_data.storage.fsutil import OutputLock, atomic_write
+from gluon_data.format.ownership import check_replaceable
 from gluon_data.stores.recordio import write_binary_index
 from gluon_data.convert.sample import make_voc
 

@@ -14,7 +14,7 @@ from gluon_data.errors import ConversionError
 from gluon_data.stores.lmdbio import LMDBFile
 from gluon_data.stores.recordio import RecordFile
 from gluon_data.convert.sample import make_voc
-from gluon_data.stores.shards import convert_sharded
+from gluon_data.convert.sharded import convert_sharded
 from test_remote import BUCKET, s3, so  # noqa: F401 - moto's S3 server fixtures
 
 from conftest import same_output_bytes
@@ -134,7 +134,8 @@ def test_unsharded_resume_after_a_source_change_is_refused_naming_the_file(tmp_p
 
 
 def test_upload_rerun_redoes_the_changed_shard(s3, so, tmp_path):  # noqa: F811
-    from gluon_data.remote import convert_to_uri, filesystem
+    from gluon_data.convert.to_uri import convert_to_uri
+    from gluon_data.storage.remotefs import filesystem
     src = _prepare(tmp_path / "VOC")
     uri = "s3://%s/binding/v.rec" % BUCKET
     kw = dict(layout="voc", split="trainval", shards=4, storage_options=so,

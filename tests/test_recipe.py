@@ -139,7 +139,7 @@ def test_recipe_trains_from_a_bucket_with_storage_options(voc_root, tmp_path):
     (the endpoint comes only from the option)."""
     pytest.importorskip("moto.server")
     import test_remote  # its moto S3 server on 127.0.0.1
-    from gluon_data.remote import convert_to_uri
+    from gluon_data.convert.to_uri import convert_to_uri
     with test_remote.moto_s3("recipe") as server:
         options = test_remote._options(server)
         uri = "s3://recipe/v.rec"

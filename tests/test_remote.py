@@ -24,8 +24,12 @@ from gluon_data.gluon.datasets import (ImageRecordDataset, SegmentationDataset,
 from gluon_data.errors import (ChecksumMismatchError, FormatError, OutputError,
                                RemoteConnectionError, RemoteNotFoundError)
 from gluon_data.stores.recordio import RecordFile
-from gluon_data.remote import (BlockShuffleSampler, PrefetchSampler, RemoteStore, ShardCache,
-                               convert_to_uri, filesystem, parse_size, parse_storage_options)
+from gluon_data.sampling.remote import BlockShuffleSampler, PrefetchSampler
+from gluon_data.stores.remote.stores import RemoteStore
+from gluon_data.storage.objects import ShardCache
+from gluon_data.convert.to_uri import convert_to_uri
+from gluon_data.storage.remotefs import filesystem, parse_storage_options
+from gluon_data.storage.cache import parse_size
 from gluon_data.convert.sample import make_voc
 from gluon_data.stores.base import open_store
 
@@ -664,7 +668,7 @@ def unreachable_server():
 @pytest.mark.parametrize("configured", ["environment", "storage_options"])
 def test_stalled_server_is_a_bounded_typed_error(stalled_server, tmp_path, monkeypatch,
                                                  configured):
-    from gluon_data.remote import call_bound
+    from gluon_data.storage.remotefs import call_bound
     uri = "s3://%s/stalled/x.rec" % BUCKET
     so = {"endpoint_url": stalled_server, "key": "testing", "secret": "testing"}
     if configured == "environment":
@@ -957,7 +961,7 @@ def test_lmdb_in_s3_with_its_commit_document(s3, so, voc_lmdb, tmp_path, capsys,
 def test_lmdb_shards_in_s3_read_as_one_dataset(s3, so, voc_src, tmp_path, capsys,
                                                monkeypatch):
     import hashlib
-    from gluon_data.stores.shards import convert_sharded
+    from gluon_data.convert.sharded import convert_sharded
     local = str(tmp_path / "lm" / "voc.lmdb")
     convert_sharded(voc_src, local, "voc", split="trainval", shard_items=6)
     folder = os.path.dirname(local)
@@ -1007,7 +1011,7 @@ def test_a_dataset_copied_to_a_uri_is_uploaded_not_written_to_a_local_s3_folder(
 
 def test_unreachable_endpoint_is_a_bounded_typed_error(unreachable_server, tmp_path,
                                                        monkeypatch):
-    from gluon_data.remote import call_bound
+    from gluon_data.storage.remotefs import call_bound
     monkeypatch.setenv("GLUON_DATA_REMOTE_CONNECT_TIMEOUT", "0.5")
     monkeypatch.setenv("GLUON_DATA_REMOTE_READ_TIMEOUT", "0.5")
     so = {"endpoint_url": unreachable_server, "key": "testing", "secret": "testing"}
@@ -1027,7 +1031,7 @@ def test_a_server_silent_after_taking_an_upload_is_retried_within_the_bound(s3, 
     aiohttp then has no read timeout at all (a 1xx answer disarms it), so without our own
     per-attempt limit this upload waited forever. Now the attempt is cancelled at its limit and
     our next attempt succeeds; s3fs retries nothing inside an attempt."""
-    from gluon_data.remote import _Remote, attempt_limit, call_bound
+    from gluon_data.storage.remotefs import _Remote, attempt_limit, call_bound
     fast = dict(so, config_kwargs={"connect_timeout": 1.5, "read_timeout": 1.5,
                                    "retries": {"max_attempts": 1}})
     remote = _Remote(fast, retries=1, backoff=0.01)
@@ -1071,7 +1075,7 @@ def test_dask_workers_upload_their_own_shards(s3, so, tmp_path):
     bytes."""
     dd = pytest.importorskip("dask.distributed")
     from gluon_data.convert.sample import make_imagefolder
-    from gluon_data.stores.shards import convert_sharded
+    from gluon_data.convert.sharded import convert_sharded
     src = make_imagefolder(str(tmp_path / "folder"), per_class=4)
     worker_cache, client_cache = tmp_path / "worker-cache", tmp_path / "client-cache"
     # the workers know neither the endpoint nor any credentials: they come with the tasks
@@ -1325,8 +1329,8 @@ def test_a_manifest_at_a_uri_is_a_sharded_store_of_the_remote_stores(s3, so, voc
     through open_store (each the very class a single remote .rec gives, given the manifest's
     entry: opening one sends no request); RemoteShardedStore still opens it, deprecated."""
     import pickle
-    from gluon_data.remote import RemoteShardedStore
-    from gluon_data.stores.shards import ShardedStore
+    from gluon_data.stores.remote.stores import RemoteShardedStore
+    from gluon_data.stores.shardstore import ShardedStore
     uri = _fresh_uri("onepath/voc.rec")
     manifest = convert_to_uri(voc_src, uri, layout="voc", split="trainval", shard_items=8,
                               storage_options=so, cache_dir=str(tmp_path / "stage")
@@ -1353,11 +1357,11 @@ def test_an_http_served_rec_and_manifest_read(voc_src, voc_s3, tmp_path):
     """Plain HTTP(S) is a scheme like S3: a .rec and a sharded dataset served by a loopback
     HTTP server with range requests read through the same stores, the shards downloaded into
     the cache once."""
-    from gluon_data.stores.shards import ShardedStore
+    from gluon_data.stores.shardstore import ShardedStore
     folder = tmp_path / "www"
     folder.mkdir()
     convert(voc_src, str(folder / "voc.rec"), "voc", split="trainval")
-    from gluon_data.stores.shards import convert_sharded
+    from gluon_data.convert.sharded import convert_sharded
     convert_sharded(voc_src, str(folder / "sh.rec"), "voc", split="trainval", shard_items=8)
     ref = RecordFile(voc_s3[1])
     opts = dict(storage_options={}, cache_dir=str(tmp_path / "cache"), **FAST)
@@ -1432,7 +1436,7 @@ def test_one_remote_store_for_rec_and_lmdb(s3, so, voc_s3, voc_lmdb, tmp_path):
     cache, opened as the local store), pickled alike; RemoteLMDBStore names it."""
     import pickle
     from gluon_data.stores.lmdbio import LMDBFile
-    from gluon_data.remote import RemoteLMDBStore
+    from gluon_data.stores.remote.stores import RemoteLMDBStore
     uri = _upload_lmdb(so, voc_lmdb, _fresh_uri("onestore/voc.lmdb"), commit=True)
     lm, rec = open_store(uri, "val", **_remote(so, tmp_path)), open_store(voc_s3[0],
                                                                           **_remote(so, tmp_path))

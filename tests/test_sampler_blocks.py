@@ -8,7 +8,8 @@ import pytest
 
 from gluon_data.stores.recordio import RecordFile
 from gluon_data.sampling.sampler import BlockShuffleSampler, DistributedSampler, block_order
-from gluon_data.stores.shards import ShardedStore, convert_sharded
+from gluon_data.stores.shardstore import ShardedStore
+from gluon_data.convert.sharded import convert_sharded
 
 SIZES = [5, 3, 0, 7, 4, 9, 1, 6, 2, 8]   # uneven, one empty part: 45 records
 LENGTH = sum(SIZES)

@@ -17,8 +17,10 @@ from gluon_data import convert
 from gluon_data.errors import ConversionError, FormatError
 from gluon_data.stores.recordio import RecordFile
 from gluon_data.convert.sample import make_imagefolder
-from gluon_data.stores.shards import (ShardedStore, convert_sharded, parse_size, plan_ranges,
-                               verify_sharded, write_combined_index)
+from gluon_data.stores.shardstore import ShardedStore
+from gluon_data.convert.sharded import convert_sharded
+from gluon_data.stores.shards import parse_size, plan_ranges, write_combined_index
+from gluon_data.tools.verify import verify_sharded
 from gluon_data.stores.base import open_store
 
 from conftest import same_output_bytes

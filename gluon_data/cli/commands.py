@@ -225,7 +225,8 @@ def _save_image(pic, out: str) -> None:
     (never a link, a dataset or any other file)."""
     import io
 
-    from ..storage.fsutil import atomic_write, check_replaceable
+    from ..storage.fsutil import atomic_write
+    from ..format.ownership import check_replaceable
     check_replaceable(out, "image", True)
     ext = os.path.splitext(out)[1].lower()
     buf = io.BytesIO()

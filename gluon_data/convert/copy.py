@@ -13,7 +13,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from .._version import __version__
 from ..format import codec
 from ..errors import ConversionError, FormatError, SourceError
-from ..storage.fsutil import check_disjoint
+from ..format.ownership import check_disjoint
 from ..stores.legacy import LEGACY_LAYOUTS, caffe_lmdb_items, raw_lmdb_items
 from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..format.meta import CONTAINER_KEYS, FORMAT_NAME, FORMAT_VERSION, ids_are_keys, read_meta

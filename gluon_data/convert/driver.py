@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence
 from ..format import codec
 from .engines import _start_pool, _stop_pool
 from ..errors import ConversionError, SourceError
-from ..storage.fsutil import check_disjoint
+from ..format.ownership import check_disjoint
 from ..stores.lmdbio import is_lmdb, names_lmdb
 from ..stores.shards import dataset_files
 from .sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source

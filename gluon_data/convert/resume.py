@@ -13,7 +13,8 @@ from typing import Dict, List, Optional
 
 from ..format.documents import load_document
 from ..errors import ConversionError, FormatError
-from ..storage.fsutil import atomic_write, check_replaceable, fsync_dir, is_ours
+from ..storage.fsutil import atomic_write, fsync_dir
+from ..format.ownership import check_replaceable, is_ours
 from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
 from .sources import Item, Source
 from ..tools.stats import RunningStats

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..format import codec
 from ..errors import ConversionError, GluonDataError
-from ..storage.fsutil import check_disjoint
+from ..format.ownership import check_disjoint
 from ..stores.lmdbio import LMDBFile, is_lmdb
 from ..format.meta import CONTAINER_KEYS, read_meta
 from ..stores.recordio import RecordFile

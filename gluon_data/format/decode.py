@@ -6,7 +6,7 @@ the box, with or without the C extension, with region decoding on or off.
 
 The full decode is the decoder of record (libjpeg-turbo in simplejpeg, the same library
 on every machine: see :func:`gluon_data.format.codec.decode_image`). The optional C extension
-``gluon_data._jpegregion`` (built at install when a C compiler and libjpeg-turbo's headers
+``gluon_data.format._jpegregion`` (built at install when a C compiler and libjpeg-turbo's headers
 are present) links the *system's* libjpeg-turbo, another version that accepts other files:
 before 3.0 it refuses lossless (SOF3) JPEGs, and it reads sampling factors (3x1, 2x4,
 mixed) that the decoder of record refuses. So the extension is given only the JPEGs both
@@ -35,7 +35,7 @@ from . import codec
 from ..errors import DecodeError
 
 try:  # the optional C extension (setup.py); absent: whole-image decodes, the same pixels
-    from .. import _jpegregion
+    from . import _jpegregion
 except ImportError:  # pragma: no cover - depends on the install
     _jpegregion = None
 
@@ -98,14 +98,14 @@ def region_exact(frame: Optional[codec.JpegFrame]) -> bool:
 def region_decoder() -> str:
     """The decoder :func:`decode_region` uses, in words (for the benchmark and bug reports)."""
     if _jpegregion is None:
-        return "full decode + crop (the gluon_data._jpegregion extension is not built)"
+        return "full decode + crop (the gluon_data.format._jpegregion extension is not built)"
     v = _jpegregion.LIBJPEG_TURBO_VERSION
     name = "libjpeg-turbo %d.%d.%d" % (v // 1000000, v // 1000 % 1000, v % 1000)
     if codec._sj is None:  # pragma: no cover - a broken install
         return "full decode + crop (simplejpeg is not installed; extension built with %s)" % name
     if not region_decoding():
         return "full decode + crop (%s=0; extension built with %s)" % (_ENV, name)
-    return ("region decode (gluon_data._jpegregion, %s; JPEGs outside decode.region_exact: "
+    return ("region decode (gluon_data.format._jpegregion, %s; JPEGs outside decode.region_exact: "
             "full decode + crop)" % name)
 
 

@@ -10,7 +10,8 @@ import stat
 from typing import Callable, Dict, Iterable
 
 from ..errors import OutputError
-from ..stores.base import is_uri
+from ..storage.fsutil import _LMDB_FILES, _LOCK_TAG, _lmdb_dir_only
+from ..storage.remotefs import is_uri
 
 __all__ = ["check_replaceable", "is_ours", "register_sniffer", "KINDS", "classify_location",
            "LOCATIONS", "check_disjoint"]
@@ -18,8 +19,6 @@ __all__ = ["check_replaceable", "is_ours", "register_sniffer", "KINDS", "classif
 _RECORDIO_MAGIC = (0xCED7230A).to_bytes(4, "little")
 _PNG_SIG = b"\x89PNG\r\n\x1a\n"
 _INDEX_CHARS = frozenset(b"0123456789+-\t\n\r ")
-_LMDB_FILES = frozenset(("data.mdb", "lock.mdb"))
-_LOCK_TAG = b"gluon_data lock"
 
 #: What each kind of output looks like, in the words of the refusal message.
 KINDS = {
@@ -52,14 +51,6 @@ def _head(path: str, n: int) -> bytes:
     with open(path, "rb") as f:
         return f.read(n)
 
-
-def _lmdb_dir_only(path: str) -> bool:
-    """A real directory holding nothing but LMDB's own files."""
-    try:
-        st = os.lstat(path)
-        return stat.S_ISDIR(st.st_mode) and set(os.listdir(path)) <= _LMDB_FILES
-    except OSError:
-        return False
 
 
 # kind -> sniff(path): whether the content is our output of that kind, for the kinds whose

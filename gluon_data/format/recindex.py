@@ -21,7 +21,8 @@ import numpy as np
 from ..storage.cache import Cache
 from ..errors import CacheError, FormatError, OutputError
 from ..storage.fileio import open_or_explain, open_regular, require_regular
-from ..storage.fsutil import atomic_write, check_replaceable, map_readonly, open_new
+from ..storage.fsutil import atomic_write, map_readonly, open_new
+from ..format.ownership import check_replaceable
 
 __all__ = ["read_index", "idx_path_for", "write_binary_index", "binary_index_problem",
            "index_cache_path", "BINARY_INDEX_SUFFIX", "file_stamp"]

@@ -21,12 +21,21 @@ import stat
 from typing import Iterable, List, Tuple
 
 from ..errors import ConversionError, OutputError
-from ..format.ownership import (KINDS, LOCATIONS, _LOCK_TAG, _lmdb_dir_only, check_disjoint,  # noqa: F401
-                        check_replaceable, classify_location, is_ours, register_sniffer)
 
-__all__ = ["check_replaceable", "is_ours", "register_sniffer", "open_new", "atomic_write", "fsync_dir",
-           "remove_partial_dir", "exchange_dirs", "OutputLock", "KINDS", "classify_location",
-           "LOCATIONS", "check_disjoint"]
+__all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
+           "OutputLock"]
+
+_LMDB_FILES = frozenset(("data.mdb", "lock.mdb"))
+_LOCK_TAG = b"gluon_data lock"  # the first bytes of every lock file we write
+
+
+def _lmdb_dir_only(path: str) -> bool:
+    """A real directory holding nothing but LMDB's own files."""
+    try:
+        st = os.lstat(path)
+        return stat.S_ISDIR(st.st_mode) and set(os.listdir(path)) <= _LMDB_FILES
+    except OSError:
+        return False
 
 
 def open_new(path: str, mode: str = "wb", **kwargs):

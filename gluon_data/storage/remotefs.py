@@ -5,14 +5,20 @@ import errno
 import hashlib
 import json
 import os
+import re
 import socket
 import time
 from typing import Dict, Optional, Sequence, Tuple
 
-
 from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
                       RemoteNotFoundError, TruncatedDownloadError)
 
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_uri(location: str) -> bool:
+    """Whether ``location`` names a remote object (``scheme://...``) rather than a path."""
+    return _URI.match(os.fspath(location)) is not None
 
 
 INSTALL_HINT = "pip install gluon-data[remote]"

@@ -19,11 +19,10 @@ Built in: :class:`~gluon_data.stores.recordio.RecordFile` (a local ``.rec``; ``s
 """
 from __future__ import annotations
 
-import importlib
 import os
-import re
 from typing import Callable, Iterator, List, Optional, Tuple, Union
 
+from ..storage.remotefs import is_uri
 from ..errors import FormatError
 
 try:  # Python >= 3.8
@@ -35,7 +34,6 @@ __all__ = ["RecordStore", "open_store", "store_splits", "register_opener", "is_u
            "read_bytes", "register_reader"]
 
 Buffer = Union[bytes, memoryview]
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 @runtime_checkable
@@ -140,9 +138,6 @@ _OPENERS: List[Tuple[int, Callable[[str], bool], Callable[..., RecordStore],
 # (predicate(location) -> bool, reader(location, **options) -> bytes): who reads a small
 # document (a shard manifest) at a location that is not a local path (the remote backend)
 _READERS: List[Tuple[Callable[[str], bool], Callable[..., bytes]]] = []
-_BUILTIN_BACKENDS = ("gluon_data.stores.recordio", "gluon_data.stores.lmdbio", "gluon_data.stores.legacy",
-                     "gluon_data.stores.shards", "gluon_data.stores.shardstore", "gluon_data.remote")
-_loaded = False
 
 
 def register_opener(predicate: Callable[[str], bool], opener: Callable[..., RecordStore],
@@ -167,25 +162,11 @@ def read_bytes(location: str, **options) -> bytes:
     object read by the backend registered for it with the store ``options`` (the remote
     backend takes ``storage_options``, ``retries``, ``backoff`` and ignores the rest)."""
     location = os.fspath(location)
-    _load_builtins()
     for predicate, reader in _READERS:
         if predicate(location):
             return reader(location, **options)
     with open(location, "rb") as f:
         return f.read()
-
-
-def is_uri(location: str) -> bool:
-    """Whether ``location`` names a remote object (``scheme://...``) rather than a path."""
-    return _URI.match(os.fspath(location)) is not None
-
-
-def _load_builtins() -> None:
-    global _loaded
-    if not _loaded:
-        for name in _BUILTIN_BACKENDS:
-            importlib.import_module(name)
-        _loaded = True
 
 
 def open_store(location: str, split: Optional[str] = None, **options) -> RecordStore:
@@ -219,7 +200,6 @@ def store_splits(location: str) -> List[Optional[str]]:
 
 def _backend(location):
     location = os.fspath(location)
-    _load_builtins()
     for _, predicate, opener, splits in _OPENERS:
         if predicate(location):
             return predicate, opener, splits

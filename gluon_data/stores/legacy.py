@@ -25,9 +25,7 @@ from __future__ import annotations
 from typing import Iterator, List, Optional, Sequence, Tuple, Union  # noqa: F401
 
 import functools
-import importlib
 import os
-import warnings
 
 import numpy as np
 
@@ -416,12 +414,3 @@ def open_legacy_store(path: str, split: Optional[str] = None, *, layout: str, **
 
 for _layout in LEGACY_LAYOUTS:  # open_store(path, split, layout=...) reaches us through lmdbio
     register_layout(_layout, functools.partial(open_legacy_store, layout=_layout))
-
-
-def __getattr__(name):
-    if name in ("RecipeLMDBDataset", "CaffeLMDBDataset"):  # moved: they need MXNet, we do not
-        warnings.warn("gluon_data.stores.legacy.%s moved to gluon_data.%s" % (name, name),
-                      DeprecationWarning, stacklevel=2)
-        # loaded by name, on first use only: the datasets layer sits above this one
-        return getattr(importlib.import_module("gluon_data.gluon.datasets"), name)
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))

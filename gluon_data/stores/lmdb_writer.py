@@ -12,7 +12,8 @@ from typing import List, Optional, Tuple
 import lmdb
 
 from ..errors import OutputError
-from ..storage.fsutil import check_replaceable, exchange_dirs, fsync_dir, remove_partial_dir
+from ..storage.fsutil import exchange_dirs, fsync_dir, remove_partial_dir
+from ..format.ownership import check_replaceable
 from .lmdb_pages import MAX_DBS, META_DB, record_key
 from ..format.meta import dumps_meta
 

@@ -35,7 +35,7 @@ import numpy as np
 from ..format.documents import load_document
 from ..errors import CorruptRecordError, FormatError
 from ..storage.fileio import open_or_explain, replaced_error
-from ..storage.fsutil import register_sniffer
+from ..format.ownership import register_sniffer
 from .lmdb_pages import MAX_DBS as _MAX_DBS
 from .lmdb_pages import META_DB, PageReader, direct_reads_refused, record_key
 from .lmdb_pages import check_data_file as _check_data_file

@@ -8,7 +8,8 @@ from typing import Optional, Tuple
 
 from ..format import codec
 from ..errors import FormatError, OutputError
-from ..storage.fsutil import check_replaceable, fsync_dir, open_new
+from ..storage.fsutil import fsync_dir, open_new
+from ..format.ownership import check_replaceable
 from ..format.meta import dumps_meta, meta_path
 from ..format.recindex import BINARY_INDEX_SUFFIX, idx_path_for, read_index, write_binary_index
 

@@ -11,20 +11,18 @@ per shard) is :mod:`gluon_data.convert.sharded`, which sits above it;
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence, Tuple
 
 from ..format.documents import load_document
 from ..errors import FormatError, GluonDataError
-from ..storage.fsutil import atomic_write, classify_location, sha256_file
+from ..storage.fsutil import atomic_write, sha256_file
+from ..format.ownership import classify_location
 from .lmdbio import is_lmdb, read_lmdb_meta
 from ..format.meta import dumps_meta, meta_path, read_meta
 from .recordio import BINARY_INDEX_SUFFIX, idx_path_for, read_index
 from .base import is_uri, open_store
-from ..tools.verify import VerifyReport, register_verifier, verify
 
 __all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
            "manifest_path", "read_manifest", "is_manifest", "verify_sharded",
@@ -258,63 +256,3 @@ def write_combined_index(manifest: str, idx_path: str) -> List[str]:
 
 
 # --------------------------------------------------------------------------- verify
-def verify_sharded(path: str, deep: bool = False, workers: int = 4):
-    """Check the manifest against every shard (existence, counts, sizes, checksums), then
-    every shard with :func:`gluon_data.tools.verify.verify` (in parallel threads); one report."""
-    report = VerifyReport(path, deep=deep)
-    try:
-        doc = read_manifest(path)
-    except (GluonDataError, OSError) as e:
-        report.add(e, path)
-        return report
-    folder = os.path.dirname(os.path.abspath(path))
-    container, split = doc["container"], doc.get("split") or "train"
-    n = len(doc["shards"])
-    todo = []
-    for s, entry in enumerate(doc["shards"]):
-        spath = os.path.join(folder, entry["name"])
-        where = "shard %d of %d (%s)" % (s, n, spath)
-        if not os.path.exists(spath):
-            report.problems.append({"where": where, "key": None, "offset": None,
-                                    "reason": "shard is missing"})
-            continue
-        try:
-            have = shard_summary(spath, container, split)
-        except (GluonDataError, OSError) as e:
-            report.add(e, where)
-            continue
-        wrong = shard_mismatch(doc, s, have["meta"])
-        if wrong is not None:
-            report.problems.append({"where": where, "key": None, "offset": None,
-                                    "reason": "the shard " + wrong})
-        for k in ("records", "bytes", "idx_sha256", "meta_sha256"):
-            if have[k] != entry.get(k):
-                report.problems.append({"where": where, "key": None, "offset": None,
-                                        "reason": "%s is %s, the manifest says %s"
-                                        % (k, have[k], entry.get(k))})
-        todo.append(spath)
-    if container == "lmdb":  # verify() forks a child per LMDB: not from several threads
-        workers = 1
-    with ThreadPoolExecutor(max(1, min(workers, len(todo) or 1))) as ex:
-        for sub in ex.map(lambda p: verify(p, deep=deep), todo):
-            report.records += sub.records
-            report.checked += sub.checked
-            report.problems.extend(sub.problems)
-    return report
-
-
-register_verifier(is_manifest, verify_sharded)
-
-_CONVERTER_NAMES = ("convert_sharded", "write_shard", "ShardJob")
-_STORE_NAMES = ("ShardedStore", "ShardRouter")
-
-
-def __getattr__(name: str):
-    """The sharded conversion's names and the store's, kept importable from here: the
-    converter lives above the stores, in :mod:`gluon_data.convert.sharded`, and the store in
-    :mod:`gluon_data.stores.shardstore`; both import this module (PEP 562)."""
-    if name in _CONVERTER_NAMES:
-        return getattr(importlib.import_module("gluon_data.convert.sharded"), name)
-    if name in _STORE_NAMES:
-        return getattr(importlib.import_module("gluon_data.stores.shardstore"), name)
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))

@@ -18,8 +18,8 @@ from ..format import codec
 from .._callable import callable_module
 from ..errors import FormatError, GluonDataError, OutputError
 from ..storage.fileio import open_or_explain, open_regular, read_regular, require_regular
-from ..storage.fsutil import (LOCATIONS, atomic_write, check_disjoint, check_replaceable,
-                     classify_location, fsync_dir, is_ours)
+from ..storage.fsutil import atomic_write, fsync_dir
+from ..format.ownership import LOCATIONS, check_disjoint, check_replaceable, classify_location, is_ours
 from ..format.meta import dumps_meta, meta_path, read_meta
 from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
 

@@ -9,96 +9,20 @@ and a damaged page can crash the reading process, which must not be the caller.
 """
 from __future__ import annotations
 
-import importlib
 import os
-import pickle
-from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
-import numpy as np
 
-from ..format import codec
 from .._callable import callable_module
 from ..errors import GluonDataError
 from ..storage.fileio import require_regular
-from ..stores.lmdbio import names_lmdb
-from ..format.meta import ids_are_keys, meta_path, read_meta, wrong_record
-from ..stores.recordio import BINARY_INDEX_SUFFIX, RecordFile, binary_index_problem, idx_path_for
-from ..stores.base import is_uri, open_store, store_splits
+from ..stores.check import VerifyReport, _check_records, check_local
+from ..stores.shards import (is_manifest, read_manifest, shard_mismatch,
+                             shard_summary)
+from ..stores.base import is_uri, open_store
 
 __all__ = ["verify", "VerifyReport", "register_verifier"]
-
-
-@dataclass
-class VerifyReport:
-    """What :func:`verify` found. ``ok`` is True when nothing is wrong."""
-
-    path: str
-    records: int = 0
-    checked: int = 0
-    deep: bool = False
-    problems: List[dict] = field(default_factory=list)  # {"where", "key", "offset", "reason"}
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def add(self, err: Exception, where: Optional[str] = None, key=None, offset=None) -> None:
-        if isinstance(err, GluonDataError):
-            self.problems.append({"where": err.path or where, "key": err.key if err.key
-                                  is not None else key, "offset": err.offset if err.offset
-                                  is not None else offset, "reason": err.reason})
-        else:
-            self.problems.append({"where": where, "key": key, "offset": offset,
-                                  "reason": "%s: %s" % (type(err).__name__, err)})
-
-    def __str__(self) -> str:
-        head = "%s: %d records, %d checked%s: %s" % (
-            self.path, self.records, self.checked, " (deep: decoded)" if self.deep else "",
-            "OK" if self.ok else "%d problem(s)" % len(self.problems))
-        lines = [head]
-        for p in self.problems[:200]:
-            loc = ", ".join(x for x in (
-                p["where"], None if p["key"] is None else "record %s" % p["key"],
-                None if p["offset"] is None else "offset %d" % p["offset"]) if x)
-            lines.append("  BAD %s: %s" % (loc, p["reason"]))
-        if len(self.problems) > 200:
-            lines.append("  ... %d more" % (len(self.problems) - 200))
-        return "\n".join(lines)
-
-
-def _check_records(store, meta, report: VerifyReport, deep: bool, where: str,
-                   container: str = "rec") -> None:
-    """Check every record as the dataset readers would read it: framing, checksum, header id
-    against the index key, and with ``deep`` the reader's own image and mask decoders."""
-    seg = bool(meta) and meta.get("task") == "segmentation"
-    check_ids = ids_are_keys(meta, container)
-    checksummed = bool(meta) and meta.get("checksum") == "crc32-id2"
-    ncls = meta.get("num_classes") if seg else None
-    ignore = meta.get("ignore_label", 255) if seg else None
-    for i in range(len(store)):
-        key, off = store.key(i), store.offset(i)
-        try:
-            rec = codec.unpack(store.read(i), segmentation=seg, verify=True, path=where,
-                               key=key, offset=off)
-            if checksummed and rec.checksum is None:
-                raise GluonDataError("checksum missing from a record of a checksummed dataset",
-                                     where, key, off)
-            if check_ids and rec.id != key:
-                raise GluonDataError(wrong_record(rec.id, key), where, key, off)
-            if deep:
-                codec.decode_image(rec.image, 1, what="image")
-                if seg and meta.get("masks", True) is not False:  # (False: images only)
-                    mask = codec.decode_mask(rec.mask, what="mask")
-                    if ncls is not None:
-                        ids = np.unique(mask)
-                        bad = [int(x) for x in ids if x >= ncls and x != ignore]
-                        if bad:
-                            raise GluonDataError("mask ids %s outside the %d classes"
-                                                 % (bad, ncls), where, key, off)
-        except Exception as e:  # every problem is reported, the scan goes on
-            report.add(e, where, key, off)
-        report.checked += 1
 
 
 def _verify_uri(path: str, deep: bool, remote: Optional[dict],
@@ -131,132 +55,6 @@ def _verify_uri(path: str, deep: bool, remote: Optional[dict],
     return report
 
 
-def _verify_rec(path: str, deep: bool) -> VerifyReport:
-    for p in (path, idx_path_for(path), meta_path(path)):  # the input-kind rule: raised
-        require_regular(p)
-    report = VerifyReport(path, deep=deep)
-    try:
-        meta = read_meta(path)
-    except GluonDataError as e:
-        report.add(e)
-        meta = None
-    try:
-        store = RecordFile(path, expected_count=meta["num_records"] if meta else None)
-    except (GluonDataError, OSError) as e:
-        report.add(e, path)
-        report.problems[-1]["reason"] += " (gluon-data salvage can rebuild the index)"
-        return report
-    report.records = len(store)
-    if meta is not None:
-        try:
-            store.check_order()
-        except GluonDataError as e:
-            report.add(e, path)
-    _check_binary_index(store.idx_path, report)
-    _check_records(store, meta, report, deep, path)
-    return report
-
-
-def _check_binary_index(idx_path: str, report: VerifyReport) -> None:
-    """A ``.idx.gdx`` that readers cannot use is a problem: they ignore it, silently, and
-    parse the text at every open; say how to rebuild it."""
-    why = binary_index_problem(idx_path)
-    if why is not None:
-        report.problems.append({
-            "where": idx_path + BINARY_INDEX_SUFFIX, "key": None, "offset": None,
-            "reason": "the binary index %s, so readers ignore it and parse the .idx at every "
-                      "open; remove it (nothing needs it), then rebuild it from the .idx if "
-                      "wanted: python -c \"from gluon_data.stores.recordio import write_binary_index; "
-                      "write_binary_index('%s')\"" % (why, idx_path)})
-
-
-def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyReport:
-    report = VerifyReport(path, deep=deep)
-    try:
-        splits = store_splits(path)
-    except GluonDataError as e:
-        report.add(e, path)
-        return report
-    for s in ([split] if split else splits):
-        try:
-            store = open_store(path, s)
-        except GluonDataError as e:
-            report.add(e, path)
-            continue
-        report.records += len(store)
-        _check_records(store, store.meta, report, deep, "%s [split %s]" % (path, s), "lmdb")
-    return report
-
-
-def _verify_lmdb_isolated(path: str, deep: bool, split: Optional[str]):
-    """``_verify_lmdb_here`` in a forked child: ``(its report or exception, or None if it
-    died; the child's exit code)``. A bare ``fork`` rather than ``multiprocessing``, which
-    refuses children to daemonic processes (a DataLoader worker downloading a dataset)."""
-    r, w = os.pipe()
-    try:
-        pid = os.fork()
-    except BaseException:
-        os.close(r)
-        os.close(w)
-        raise
-    if pid == 0:  # the child: report through the pipe, then leave without cleanup
-        code = 0
-        try:
-            os.close(r)
-            try:
-                result = _verify_lmdb_here(path, deep, split)
-            except BaseException as e:  # noqa: BLE001 - reported to the parent
-                result = e
-            try:
-                data = pickle.dumps(result)
-            except Exception:  # noqa: BLE001 - an exception that does not pickle
-                data = pickle.dumps(GluonDataError("%s: %s" % (type(result).__name__, result),
-                                                   path))
-            with os.fdopen(w, "wb") as f:
-                f.write(data)
-        except BaseException:  # noqa: BLE001
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    try:
-        result = pickle.loads(data) if data else None
-    except Exception:  # noqa: BLE001 - a truncated answer: the child died writing it
-        result = None
-    return result, os.waitstatus_to_exitcode(status)
-
-
-#: ``(predicate, verifier)`` pairs: datasets that a layer above this one checks (shards).
-_VERIFIERS: List[Tuple[Callable[[str], bool], Callable[..., "VerifyReport"]]] = []
-#: The modules holding built-in verifiers, imported on first use as :mod:`gluon_data.stores.base`
-#: imports its built-in backends (they import this module, so it cannot import them).
-_BUILTIN_VERIFIERS = ("gluon_data.stores.shards",)
-_loaded = False
-
-
-def register_verifier(predicate: Callable[[str], bool],
-                      verifier: Callable[..., "VerifyReport"]) -> None:
-    """Make :func:`verify` hand local paths for which ``predicate(path)`` is true to
-    ``verifier(path, deep=deep)`` (as :func:`gluon_data.stores.base.register_opener` does for
-    stores): :mod:`gluon_data.stores.shards` registers its manifests' check this way."""
-    _VERIFIERS.append((predicate, verifier))
-
-
-def _verifier_for(path: str) -> Optional[Callable[..., "VerifyReport"]]:
-    global _loaded
-    if not _loaded:
-        for name in _BUILTIN_VERIFIERS:
-            importlib.import_module(name)
-        _loaded = True
-    for predicate, verifier in _VERIFIERS:
-        if predicate(path):
-            return verifier
-    return None
-
-
 def verify(path: str, deep: bool = False, split: Optional[str] = None,
            isolate: bool = True, remote: Optional[dict] = None) -> VerifyReport:
     """Check a ``.rec``, ``.lmdb`` or sharded (``.shards.json``) dataset, local or at a
@@ -285,23 +83,53 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     # one) where the dataset or a file of it should be is not a damaged dataset to report
     # on, it is refused (FormatError naming it), as by every command.
     require_regular(path, directory=True)
-    checker = _verifier_for(path)
-    if checker is not None:
-        return checker(path, deep=deep)
-    if not names_lmdb(path):
-        return _verify_rec(path, deep)
-    if not isolate:
-        return _verify_lmdb_here(path, deep, split)
-    result, exitcode = _verify_lmdb_isolated(path, deep, split)
-    if isinstance(result, VerifyReport):
-        return result
+    if is_manifest(path):
+        return verify_sharded(path, deep=deep)
+    return check_local(path, deep, split, isolate)
+
+
+def verify_sharded(path: str, deep: bool = False, workers: int = 4):
+    """Check the manifest against every shard (existence, counts, sizes, checksums), then
+    every shard with :func:`gluon_data.tools.verify.verify` (in parallel threads); one report."""
     report = VerifyReport(path, deep=deep)
-    if isinstance(result, BaseException):
-        report.add(result, path)
-    else:
-        report.problems.append({"where": os.path.join(path, "data.mdb"), "key": None,
-                                "offset": None, "reason": "LMDB crashed while reading the file "
-                                "(exit code %s): data.mdb is damaged" % exitcode})
+    try:
+        doc = read_manifest(path)
+    except (GluonDataError, OSError) as e:
+        report.add(e, path)
+        return report
+    folder = os.path.dirname(os.path.abspath(path))
+    container, split = doc["container"], doc.get("split") or "train"
+    n = len(doc["shards"])
+    todo = []
+    for s, entry in enumerate(doc["shards"]):
+        spath = os.path.join(folder, entry["name"])
+        where = "shard %d of %d (%s)" % (s, n, spath)
+        if not os.path.exists(spath):
+            report.problems.append({"where": where, "key": None, "offset": None,
+                                    "reason": "shard is missing"})
+            continue
+        try:
+            have = shard_summary(spath, container, split)
+        except (GluonDataError, OSError) as e:
+            report.add(e, where)
+            continue
+        wrong = shard_mismatch(doc, s, have["meta"])
+        if wrong is not None:
+            report.problems.append({"where": where, "key": None, "offset": None,
+                                    "reason": "the shard " + wrong})
+        for k in ("records", "bytes", "idx_sha256", "meta_sha256"):
+            if have[k] != entry.get(k):
+                report.problems.append({"where": where, "key": None, "offset": None,
+                                        "reason": "%s is %s, the manifest says %s"
+                                        % (k, have[k], entry.get(k))})
+        todo.append(spath)
+    if container == "lmdb":  # verify() forks a child per LMDB: not from several threads
+        workers = 1
+    with ThreadPoolExecutor(max(1, min(workers, len(todo) or 1))) as ex:
+        for sub in ex.map(lambda p: verify(p, deep=deep), todo):
+            report.records += sub.records
+            report.checked += sub.checked
+            report.problems.extend(sub.problems)
     return report
 
 

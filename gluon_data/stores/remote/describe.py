@@ -17,7 +17,7 @@ from ...errors import ChecksumMismatchError, FormatError, RemoteNotFoundError
 from ...format.meta import meta_path
 from ..recordio import idx_path_for
 from ..base import is_uri
-from ...tools.verify import verify
+from ..check import check_local
 from ...storage.remotefs import _Remote
 from ...format.layout import LMDB_COMMIT, LMDB_DATA, LMDB_MARKER, UPLOAD_MARKER
 
@@ -160,7 +160,7 @@ def check_lmdb_download(path: str, uri: str) -> None:
         Naming ``uri``: the first problem found (and how many there are).
     """
     folder = os.path.dirname(path)
-    report = verify(folder, deep=False, isolate=True)
+    report = check_local(folder, deep=False, isolate=True)
     if report.ok:
         return
     first = report.problems[0]
