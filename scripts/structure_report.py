@@ -1,9 +1,26 @@
-"""Print the package's structure figures: import circles, imports of our own modules made
-inside functions, the largest modules and functions, README lines and docs pages.
+"""Print the package's structure figures and check its import rules.
 
     python scripts/structure_report.py
 
-Reads the code with ``ast`` only (nothing is imported or run).
+Reads the code with ``ast`` only (nothing is imported or run). An import is any of:
+
+* an ``import`` / ``from ... import`` statement, at module level or inside a function;
+* a load by module name (``importlib.import_module("...")``, ``__import__``);
+* a lazy re-export: a module that loads by a computed name (a PEP 562 ``__getattr__`` over a
+  table) imports every module of ours that its string constants name (``"stores.base"``,
+  ``"..engines"``, ``"gluon_data.convert.to_uri"``), and the package root imports every
+  module its alias table (``gluon_data/_moved.py``) names.
+
+The rules (``tests/test_structure.py`` asserts them):
+
+1. the import graph has no circle;
+2. only package ``__init__`` files and the CLI load modules by name;
+3. no module that imports MXNet or gluoncv is imported by one that does not (a module whose
+   package imports MXNet imports it too: ``gluon_data/gluon/__init__.py`` does), except by
+   the two facades, the package root and the command line, which name Gluon modules in
+   their lazy tables and load them on first use only (``gluon_data.gluon`` then says what to
+   install where MXNet is missing);
+4. the layers import downwards only (``LAYERS``).
 """
 import ast
 import glob
@@ -11,57 +28,133 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = "gluon_data"
+#: The layers, lowest first: a module may import its own layer and those listed before it.
+LAYERS = ("gluon_data._version", "gluon_data.errors", "gluon_data._callable",
+          "gluon_data._moved", "gluon_data.storage", "gluon_data.format", "gluon_data.stores",
+          "gluon_data.sampling", "gluon_data.arrays", "gluon_data.tools", "gluon_data.convert",
+          "gluon_data.mx_recordio", "gluon_data.gluon", "gluon_data.cli", "gluon_data",
+          "gluon_data.__main__")
+_FRAMEWORKS = ("mxnet", "gluoncv", "horovod.mxnet")
+_LOADERS = ("import_module", "__import__")
 
 
 def _modules():
-    files = sorted(glob.glob(os.path.join(ROOT, "gluon_data", "**", "*.py"), recursive=True))
+    files = sorted(glob.glob(os.path.join(ROOT, PACKAGE, "**", "*.py"), recursive=True))
     return {os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".").replace(".__init__", ""): p
             for p in files}
 
 
-def _targets(node, me, mods, is_pkg):
-    """The gluon_data modules one import statement names."""
-    pkg = me if is_pkg else me.rpartition(".")[0]
+def _resolve(name, mods):
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _relative(text, pkg):
+    """``"..engines"`` seen from package ``pkg`` -> ``gluon_data.convert.engines``."""
+    level = len(text) - len(text.lstrip("."))
+    parts = pkg.split(".")
+    parts = parts[:len(parts) - (level - 1)]
+    rest = text.lstrip(".")
+    return ".".join(parts + ([rest] if rest else []))
+
+
+def _statement_targets(node, me, pkg, mods):
     if isinstance(node, ast.Import):
         names = [a.name for a in node.names]
     else:
-        base = node.module or ""
-        if node.level:
-            parts = pkg.split(".")
-            parts = parts[:len(parts) - (node.level - 1)]
-            base = ".".join(parts + ([base] if base else []))
+        base = _relative("." * node.level + (node.module or ""), pkg) if node.level else (
+            node.module or "")
         names = [base + "." + a.name for a in node.names] + [base]
     out = set()
     for t in names:
-        while t and t not in mods:
-            t = t.rpartition(".")[0]
+        t = _resolve(t, mods)
         if t and t != me:
             out.add(t)
-            if not isinstance(node, ast.Import):
+            if isinstance(node, ast.ImportFrom):
                 break
     return out
 
 
-def _graph(mods):
-    graph, inside, funcs = {}, [], []
+def _string_targets(text, pkg, mods):
+    """The module of ours a string constant names, if any."""
+    if not text or not all(c.isalnum() or c in "._" for c in text):
+        return None
+    for cand in ((_relative(text, pkg),) if text.startswith(".") else
+                 (text, pkg + "." + text, PACKAGE + "." + text)):
+        if cand in mods:
+            return cand
+    return None
+
+
+def _frameworks(node):
+    names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+        [node.module or ""] if not node.level else [])
+    return any(n == f or n.startswith(f + ".") for n in names for f in _FRAMEWORKS)
+
+
+def analyse():
+    """``(graph, by_name, inside, mx, funcs)``: every import edge, the modules that load by
+    name, the in-function imports, the modules importing a framework, function sizes."""
+    mods = _modules()
+    graph, by_name, inside, mx, funcs = {}, {}, [], set(), []
     for me, path in mods.items():
         tree = ast.parse(open(path).read())
-        is_pkg = path.endswith("__init__.py")
-        graph[me] = set()
+        pkg = me if path.endswith("__init__.py") else me.rpartition(".")[0]
+        edges, loads, computed = set(), [], False
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 funcs.append((node.end_lineno - node.lineno + 1, "%s:%s" % (me, node.name)))
                 for sub in ast.walk(node):
                     if isinstance(sub, (ast.Import, ast.ImportFrom)):
-                        found = _targets(sub, me, mods, is_pkg)
+                        found = _statement_targets(sub, me, pkg, mods)
                         if found:
                             inside.append((me, sub.lineno, sorted(found)))
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                graph[me] |= _targets(node, me, mods, is_pkg)
-    return graph, inside, funcs
+                edges |= _statement_targets(node, me, pkg, mods)
+                if _frameworks(node):
+                    mx.add(me)
+            if isinstance(node, ast.Call) and getattr(
+                    node.func, "attr", getattr(node.func, "id", None)) in _LOADERS:
+                arg = node.args[0] if node.args else None
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    target = _string_targets(arg.value, pkg, mods)
+                    if target:
+                        loads.append(target)
+                    if any(arg.value == f or arg.value.startswith(f + ".") for f in _FRAMEWORKS):
+                        mx.add(me)
+                else:
+                    computed = True
+        if computed:  # a lazy table: every module its strings name is imported
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    target = _string_targets(node.value, pkg, mods)
+                    if target and target != me:
+                        loads.append(target)
+            if me == PACKAGE:  # the root's alias table
+                moved = ast.parse(open(mods[PACKAGE + "._moved"]).read())
+                for node in ast.walk(moved):
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                        target = _string_targets(node.value, pkg, mods)
+                        if target and target != me:
+                            loads.append(target)
+        if loads or computed:
+            by_name[me] = sorted(set(loads))
+        graph[me] = edges | set(loads)
+    for me in mods:  # importing a module runs its packages' __init__ first
+        parent = me.rpartition(".")[0]
+        while parent:
+            if parent in mx:
+                mx.add(me)
+            parent = parent.rpartition(".")[0]
+    # a package importing its own submodules is how it re-exports them, not a circle
+    for me in graph:
+        graph[me] = {t for t in graph[me] if not t.startswith(me + ".")}
+    return graph, by_name, inside, mx, funcs
 
 
-def _circles(graph):
+def circles(graph):
     index, low, stack, on, out = {}, {}, [], set(), []
 
     def visit(v):
@@ -92,29 +185,66 @@ def _circles(graph):
     return out
 
 
+def _is_cli(module):
+    return module == PACKAGE + ".cli" or module.startswith(PACKAGE + ".cli.")
+
+
+def layer(module):
+    best = None
+    for i, name in enumerate(LAYERS):
+        if module == name or module.startswith(name + "."):
+            if best is None or len(name) > len(LAYERS[best]):
+                best = i
+    return best
+
+
+def violations():
+    """Each broken rule as a line (empty: the rules hold)."""
+    graph, by_name, _, mx, _ = analyse()
+    out = ["circle: " + " <-> ".join(c) for c in circles(graph)]
+    for me, loads in sorted(by_name.items()):
+        is_init = _modules()[me].endswith("__init__.py")
+        if loads and not (is_init or _is_cli(me)):
+            out.append("load by name outside a package __init__ and the CLI: %s -> %s"
+                       % (me, ", ".join(loads)))
+    for me, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            if t in mx and me not in mx and me != PACKAGE and not _is_cli(me):
+                out.append("%s imports %s, which imports MXNet or gluoncv" % (me, t))
+            if layer(t) is not None and layer(me) is not None and layer(t) > layer(me):
+                out.append("upward import: %s -> %s" % (me, t))
+    return out
+
+
 def main():
     mods = _modules()
-    graph, inside, funcs = _graph(mods)
-    # a package importing its own submodules is how it re-exports them, not a circle
-    for me in graph:
-        graph[me] = {t for t in graph[me] if not t.startswith(me + ".")}
-    circles = _circles(graph)
+    graph, by_name, inside, mx, funcs = analyse()
     lines = sorted(((sum(1 for _ in open(p)), m) for m, p in mods.items()), reverse=True)
-    print("modules: %d" % len(mods))
-    print("import circles: %d%s" % (len(circles), "".join("\n  " + " <-> ".join(c)
-                                                          for c in circles)))
-    outside_cli = [i for i in inside if i[0] != "gluon_data.cli"
-                   and not i[0].startswith("gluon_data.cli.")]
+    top = [m for m in mods if m.count(".") == 1 and not mods[m].endswith("__init__.py")]
+    print("modules: %d (%d directly in %s/)" % (len(mods), len(top), PACKAGE))
+    print("import edges (statements, loads by name, lazy re-exports): %d"
+          % sum(len(v) for v in graph.values()))
+    found = circles(graph)
+    print("import circles: %d%s" % (len(found), "".join("\n  " + " <-> ".join(c)
+                                                         for c in found)))
+    print("modules loading others by name: %s" % (", ".join(sorted(by_name)) or "none"))
+    print("modules importing MXNet or gluoncv: %s" % ", ".join(sorted(mx)))
+    outside_cli = [i for i in inside if not _is_cli(i[0])]
     print("imports of our modules inside functions (outside the CLI): %d" % len(outside_cli))
-    for me, line, found in outside_cli:
-        print("  %s:%d -> %s" % (me, line, ", ".join(found)))
+    for me, line, where in outside_cli:
+        print("  %s:%d -> %s" % (me, line, ", ".join(where)))
+    broken = violations()
+    print("rules broken: %d" % len(broken))
+    for line in broken:
+        print("  " + line)
     print("largest modules: " + ", ".join("%s %d" % (m, n) for n, m in lines[:5]))
     print("largest functions: " + ", ".join("%s %d" % (f, n)
                                             for n, f in sorted(funcs, reverse=True)[:8]))
     readme = sum(1 for _ in open(os.path.join(ROOT, "README.md")))
     pages = glob.glob(os.path.join(ROOT, "docs", "*.md"))
     print("README lines: %d; docs pages: %d" % (readme, len(pages)))
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

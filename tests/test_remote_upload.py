@@ -215,10 +215,10 @@ def test_a_commit_document_is_never_written_before_every_object_exists(s3, so, t
 
 
 def test_the_converter_imports_the_uploader_not_the_other_way_round():
-    """Expected: ``convert_to_uri`` lives with the converters and is still reachable from
-    ``gluon_data.remote``; loading the remote package (every URI read does) loads no converter
-    module."""
-    code = ("import sys, gluon_data.remote, gluon_data.convert.upload, gluon_data.stores.base; "
+    """Expected: the uploader lives with the converters; loading the stores (every URI read
+    does, the remote store included) loads no converter module, and ``convert_to_uri`` is
+    still reachable from its old home ``gluon_data.remote``."""
+    code = ("import sys, gluon_data.stores, gluon_data.stores.remote.stores; "
             "assert not [m for m in sys.modules if m.startswith('gluon_data.convert')], "
             "sorted(m for m in sys.modules if m.startswith('gluon_data.convert')); "
             "from gluon_data.remote import convert_to_uri; "

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
-import time
 from functools import partial
 
 import numpy as np
@@ -100,7 +98,7 @@ def _cmd_convert(a) -> int:
 
 def _convert_sharded(a) -> int:
     from ..convert.to_uri import convert_to_uri
-    from ..stores.shards import convert_sharded
+    from ..convert.sharded import convert_sharded
     if _remote(a):  # into object storage: each shard task uploads its shard, manifest last
         convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
     if a.forward_credentials:
@@ -271,54 +269,9 @@ def _cmd_info(a) -> int:
     return 0
 
 
-def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: int = 8,
-             epochs: int = 2, out=sys.stdout) -> dict:
-    """Generate a VOC-like sample, pack it, and read it back through a multi-worker DataLoader."""
-    import mxnet as mx
-
-    from ..gluon.batchify import SegmentationBatchify
-    from ..convert import convert
-    from ..gluon.datasets import SegmentationRecordDataset
-    from ..convert.sample import make_voc
-
-    def say(*args):
-        print(*args, file=out, flush=True)
-
-    voc = os.path.join(workdir, "VOCsample")
-    say("1. generating a VOC-style sample of %d images in %s" % (num_images, voc))
-    make_voc(voc, num_images=num_images, size_range=(96, 192))
-    rec = os.path.join(workdir, "voc.rec")
-    say("2. packing it: gluon-data convert %s %s --layout voc --split train,val --workers %d"
-        % (voc, rec, workers))
-    report = convert(voc, rec, "voc", split="train,val", workers=workers, overwrite=True)
-    say("   " + str(report).replace("\n", "\n   "))
-    ds = SegmentationRecordDataset(report.outputs["train"])
-    say("3. reading %r" % ds)
-    loader = mx.gluon.data.DataLoader(ds, batch_size=batch_size, shuffle=True,
-                                      num_workers=workers, batchify_fn=SegmentationBatchify())
-    result = {"records": len(ds), "epochs": []}
-    for epoch in range(epochs):
-        t0, seen, pixels = time.perf_counter(), 0, 0
-        for imgs, masks in loader:
-            seen += imgs.shape[0]
-            pixels += int((masks >= 0).sum().asscalar())
-        dt = time.perf_counter() - t0
-        result["epochs"].append({"samples": seen, "seconds": dt})
-        say("   epoch %d: %d samples in %d batches, %.0f samples/s, %d labelled pixels"
-            % (epoch + 1, seen, len(loader), seen / dt, pixels))
-    img, mask = ds[0]
-    present = sorted(set(mask.asnumpy().ravel().tolist()) - {-1})
-    say("4. sample 0: image %s %s, mask %s %s, classes %s"
-        % (img.shape, img.dtype.__name__, mask.shape, mask.dtype.__name__,
-           [ds.classes[i] for i in present]))
-    ok = all(e["samples"] == len(ds) for e in result["epochs"])
-    say("%s: %d records read %d times through DataLoader(num_workers=%d)"
-        % ("OK" if ok else "MISMATCH", len(ds), epochs, workers))
-    result["ok"] = ok
-    return result
-
-
 def _cmd_demo(a) -> int:
+    from ..gluon.demo import run_demo  # the Gluon layer: loaded for this command only
+
     if a.workdir:
         os.makedirs(a.workdir, exist_ok=True)
         res = run_demo(a.workdir, a.num_images, a.workers, a.batch_size, a.epochs)

@@ -13,11 +13,11 @@ import multiprocessing
 import os
 import signal
 import socket
-import sys
 import threading
 from multiprocessing import resource_tracker
 from typing import Callable, Iterator, Optional, Sequence, Tuple
 
+from .._version import __version__
 from ..errors import ConversionError, WorkerPathError
 
 __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE"]
@@ -67,7 +67,7 @@ def _dask_worker_init() -> str:
 
 def _version() -> str:
     """The version of the gluon_data this process runs."""
-    return sys.modules[__package__].__version__
+    return __version__
 
 
 def _check_versions(versions: dict) -> None:

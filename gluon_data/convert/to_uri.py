@@ -34,7 +34,7 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None, *,
     (an LMDB as ``NAME.lmdb/data.mdb`` and its commit document ``NAME.lmdb/meta.json``, last).
 
     With ``shards``, ``shard_size`` or ``shard_items`` (or a ``.shards.json`` source) the
-    output is sharded (:func:`gluon_data.stores.shards.convert_sharded`), and each shard task writes,
+    output is sharded (:func:`gluon_data.convert.sharded.convert_sharded`), and each shard task writes,
     verifies and uploads its own shard (:class:`ShardUploader`) where it runs: with
     ``engine='dask'`` on the worker, staged under the worker's own cache directory, so no
     shard passes through this machine. Each split's ``.shards.json`` manifest goes up last.

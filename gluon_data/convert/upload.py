@@ -150,7 +150,7 @@ def _record(journal: Optional[str], done: Dict[str, str], target: str, sha: str)
 
 class ShardUploader:
     """Where the shard tasks of a sharded conversion into object storage put their shards
-    (the ``sink`` of :func:`gluon_data.stores.shards.convert_sharded`). Picklable: it travels with
+    (the ``sink`` of :func:`gluon_data.convert.sharded.convert_sharded`). Picklable: it travels with
     every task to the process or Dask worker that runs it, with the storage options
     (credentials stay in memory; nothing of them is written to any object).
 

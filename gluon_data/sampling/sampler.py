@@ -11,6 +11,7 @@ Nothing here imports MXNet.
 """
 from __future__ import annotations
 
+import sys
 import operator
 import warnings
 from typing import Iterator, List, Optional, Sequence, Tuple
@@ -21,6 +22,8 @@ from .orders import _count, _merged, _pieces, _positions, block_order, epoch_ord
 
 __all__ = ["SampleKey", "split_key", "sample_rng", "epoch_order", "block_order",
            "DistributedSampler", "DistributedBatchSampler", "BlockShuffleSampler"]
+#: The Horovod bindings :meth:`DistributedSampler.from_horovod` reads a rank from.
+_HOROVOD_BINDINGS = ("horovod.mxnet", "horovod.torch", "horovod.tensorflow")
 
 
 class SampleKey(int):
@@ -214,17 +217,20 @@ class DistributedSampler:
 
     @classmethod
     def from_horovod(cls, length: int, **options) -> "DistributedSampler":
-        """The sampler of this Horovod rank (``hvd.size()``, ``hvd.rank()``; call
-        ``hvd.init()`` first). Horovod is imported here only."""
+        """The sampler of this Horovod rank (``hvd.size()``, ``hvd.rank()``), from the Horovod
+        binding the training script imported and initialised (``horovod.mxnet``,
+        ``horovod.torch`` or ``horovod.tensorflow``; call ``hvd.init()`` first). Nothing is
+        imported here: the sampler knows no framework."""
         _no_world(options)
-        try:
-            import horovod.mxnet as hvd
-        except ImportError as exc:
+        hvd = next((sys.modules[name] for name in _HOROVOD_BINDINGS if name in sys.modules),
+                   None)
+        if hvd is None:
             raise ImportError(
-                "DistributedSampler.from_horovod needs Horovod built with MXNet support "
-                "(import horovod.mxnet failed: %s). Install it with: HOROVOD_WITH_MXNET=1 "
-                "HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 pip install --no-build-isolation "
-                "horovod==0.28.1" % exc) from exc
+                "DistributedSampler.from_horovod reads the rank from the Horovod binding your "
+                "script uses, and none is imported: `import horovod.mxnet as hvd; hvd.init()` "
+                "(or horovod.torch) first. Horovod with MXNet support installs with: "
+                "HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 pip install "
+                "--no-build-isolation horovod==0.28.1")
         return cls(length, num_replicas=hvd.size(), rank=hvd.rank(), **options)
 
     # -- epoch and state --------------------------------------------------------------------

@@ -2,11 +2,11 @@
 
 A sharded split is ``PREFIX-00000-of-00016.rec`` (``.idx``, ``.meta.json``; or one
 ``PREFIX-00000-of-00016.lmdb`` environment per shard) plus ``PREFIX.shards.json``, the
-manifest, written last (FORMAT.md, section 7). This module is the store layer: names, the
-shard plan's ranges, the manifest, :class:`ShardedStore` (the shards read as one
-:class:`~gluon_data.stores.base.RecordStore`) and :func:`verify_sharded`. The conversion (one task
-per shard) is :mod:`gluon_data.convert.sharded`, which sits above it;
-:func:`convert_sharded` stays importable from here.
+manifest, written last (FORMAT.md, section 7). This module holds the names, the
+shard plan's ranges and the manifest. The shards read as one store are
+:class:`~gluon_data.stores.shardstore.ShardedStore`, checked by
+:func:`gluon_data.tools.verify.verify_sharded`, and written by the conversion's one task per
+shard (:mod:`gluon_data.convert.sharded`).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from ..format.meta import dumps_meta, meta_path, read_meta
 from .recordio import BINARY_INDEX_SUFFIX, idx_path_for, read_index
 from .base import is_uri, open_store
 
-__all__ = ["ShardedStore", "convert_sharded", "plan_ranges", "parse_size", "shard_name",
-           "manifest_path", "read_manifest", "is_manifest", "verify_sharded",
+__all__ = ["plan_ranges", "parse_size", "shard_name",
+           "manifest_path", "read_manifest", "is_manifest",
            "write_combined_index", "dataset_files",
            "MANIFEST_SUFFIX", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
 
@@ -126,7 +126,7 @@ def dataset_files(*locations: str, container: Optional[str] = None) -> List[str]
     ``.meta.json``; an LMDB: the directory, its ``data.mdb`` and ``lock.mdb``; a manifest: it
     and every shard's files (only itself when it cannot be read); a URI: none. ``container``
     (``'rec'``, ``'lmdb'``) says what an output will be (by default: what is there now, see
-    :func:`~gluon_data.storage.fsutil.classify_location`).
+    :func:`~gluon_data.format.ownership.classify_location`).
 
     >>> dataset_files("out/a.rec", container="rec")
     ['out/a.rec', 'out/a.idx', 'out/a.idx.gdx', 'out/a.meta.json']

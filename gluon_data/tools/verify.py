@@ -58,7 +58,7 @@ def _verify_uri(path: str, deep: bool, remote: Optional[dict],
 def verify(path: str, deep: bool = False, split: Optional[str] = None,
            isolate: bool = True, remote: Optional[dict] = None) -> VerifyReport:
     """Check a ``.rec``, ``.lmdb`` or sharded (``.shards.json``) dataset, local or at a
-    URI; return a :class:`VerifyReport` (shards: see :func:`gluon_data.stores.shards.verify_sharded`).
+    URI; return a :class:`VerifyReport` (shards: see :func:`gluon_data.tools.verify.verify_sharded`).
 
     A FIFO, a device or a socket (or a link to one) given as the dataset, or beside a
     ``.rec`` as its ``.idx`` or ``.meta.json``, raises :class:`~gluon_data.errors.FormatError`

@@ -37,7 +37,7 @@ def _commit_names(uri: str):
 
 def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
     """Whether the objects under a dataset's names are recognisably gluon_data's output, the
-    remote form of :func:`gluon_data.storage.fsutil.is_ours`: its commit document (metadata or
+    remote form of :func:`gluon_data.format.ownership.is_ours`: its commit document (metadata or
     manifest) says ``"format": "gluon_data"`` (``"gluon_data-shards"``), or an upload marker
     of ours says an upload of ours was interrupted. Only content is trusted, never a name."""
     for uri, key, wanted in ((commit, "format", ("gluon_data", MANIFEST_FORMAT, LMDB_FORMAT)),

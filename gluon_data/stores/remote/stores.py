@@ -4,7 +4,7 @@ A remote location is described once (:mod:`.describe`: its objects, their sizes 
 sums), its objects are fetched and verified by the :class:`~.objects.ShardCache` (one limit,
 one trust rule), and the local copy is then read as a local store is: the same reader
 :func:`~gluon_data.stores.base.open_store` gives for a local path. A manifest at a URI is a
-:class:`~gluon_data.stores.shards.ShardedStore` whose shards are remote stores.
+:class:`~gluon_data.stores.shardstore.ShardedStore` whose shards are remote stores.
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ class RemoteStore(_ReadsLocalCopy):
     described : dict, optional
         What a manifest says of this shard (``records``, ``bytes``, ``files``: the size and
         SHA-256 of each object, by name), taken as given: no metadata GET, no HEAD
-        (:class:`~gluon_data.stores.shards.ShardedStore` passes it).
+        (:class:`~gluon_data.stores.shardstore.ShardedStore` passes it).
 
     Examples
     --------
@@ -395,7 +395,7 @@ register_opener(names_remote_lmdb, _open_remote, priority=20, splits=_remote_lmd
 
 
 class RemoteShardedStore(ShardedStore):
-    """Deprecated: a manifest at a URI is a :class:`~gluon_data.stores.shards.ShardedStore` whose
+    """Deprecated: a manifest at a URI is a :class:`~gluon_data.stores.shardstore.ShardedStore` whose
     shards are remote stores; ``open_store("s3://bucket/train.shards.json", ...)`` gives it.
     This name still opens one (same options), with a :class:`DeprecationWarning`."""
 
