@@ -1,7 +1,9 @@
-"""Imports of the package run one way (the whole package; tests/test_lower_layers.py checks
-the lower layers module by module). Figures: ``python scripts/structure_report.py``."""
+"""The package's import rules, read from the code with ``ast`` (``scripts/structure_report.py``
+prints the figures): loads by module name and lazy re-exports count as imports."""
 import importlib.util
 import os
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location(
@@ -9,26 +11,59 @@ spec = importlib.util.spec_from_file_location(
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 
-# none: the converter imports the uploader (gluon_data.convert.to_uri), and the remote package
-# loads convert_to_uri on first use through its PEP 562 __getattr__, as gluon_data/__init__ does
-ALLOWED_INSIDE: set = set()
+
+@pytest.fixture(scope="module")
+def analysis():
+    return report.analyse()
 
 
-def _is_cli(module: str) -> bool:
-    """The command line loads each command's modules on first use (a fast ``--help``)."""
-    return module == "gluon_data.cli" or module.startswith("gluon_data.cli.")
+def test_no_import_circle_counting_loads_by_name(analysis):
+    graph = analysis[0]
+    assert report.circles(graph) == []
 
 
-def test_no_import_circle_in_the_package():
+def test_only_package_inits_and_the_cli_load_modules_by_name(analysis):
+    by_name = analysis[1]
     mods = report._modules()
-    graph, _, _ = report._graph(mods)
-    for me in graph:
-        graph[me] = {t for t in graph[me] if not t.startswith(me + ".")}
-    assert report._circles(graph) == []
+    bad = {m: t for m, t in by_name.items()
+           if not (mods[m].endswith("__init__.py") or report._is_cli(m))}
+    assert bad == {}
 
 
-def test_imports_of_our_modules_inside_functions_are_only_the_lazy_ones():
-    _, inside, _ = report._graph(report._modules())
-    extra = [(m, line, found) for m, line, found in inside if not _is_cli(m)
-             and not all((m, f) in ALLOWED_INSIDE for f in found)]
-    assert extra == [], extra
+def test_no_framework_module_is_imported_by_a_framework_free_one():
+    assert [v for v in report.violations() if "MXNet" in v] == []
+
+
+def test_layers_import_downwards_only():
+    assert [v for v in report.violations() if v.startswith("upward")] == []
+
+
+def test_no_import_of_our_modules_inside_functions_outside_the_cli(analysis):
+    inside = analysis[2]
+    assert [i for i in inside if not report._is_cli(i[0])] == []
+
+
+def test_the_core_never_imports_mxnet(analysis):
+    mx = analysis[3]
+    assert sorted(m for m in mx if not m.startswith("gluon_data.gluon")) == []
+
+
+def test_at_most_a_dozen_modules_directly_in_the_package():
+    top = [m for m, p in report._modules().items()
+           if m.count(".") == 1 and not p.endswith("__init__.py")]
+    assert len(top) <= 12, top
+
+
+def test_the_report_sees_a_load_by_name(tmp_path, monkeypatch):
+    """The checks can fail: a module that loads another by name is counted as importing it."""
+    pkg = tmp_path / "gluon_data"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("import importlib\nimportlib.import_module('gluon_data.a.y')\n")
+    (pkg / "a" / "y.py").write_text("from . import x\n")
+    (tmp_path / "README.md").write_text("")
+    monkeypatch.setattr(report, "ROOT", str(tmp_path))
+    graph, by_name, _, _, _ = report.analyse()
+    assert by_name == {"gluon_data.a.x": ["gluon_data.a.y"]}
+    assert report.circles(graph) == [["gluon_data.a.x", "gluon_data.a.y"]]

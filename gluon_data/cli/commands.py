@@ -279,3 +279,12 @@ def _cmd_demo(a) -> int:
         with tempfile.TemporaryDirectory(prefix="gluon-data-demo-") as d:
             res = run_demo(d, a.num_images, a.workers, a.batch_size, a.epochs)
     return 0 if res["ok"] else 1
+
+
+def __getattr__(name):
+    """``run_demo`` moved to the Gluon layer (:mod:`gluon_data.gluon.demo`): loaded on first
+    use, so the other commands never import MXNet."""
+    if name == "run_demo":
+        from ..gluon.demo import run_demo
+        return run_demo
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))

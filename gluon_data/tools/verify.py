@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Optional
+from typing import Callable, List, Optional, Tuple
 
 
 from .._callable import callable_module
@@ -22,7 +22,17 @@ from ..stores.shards import (is_manifest, read_manifest, shard_mismatch,
                              shard_summary)
 from ..stores.base import is_uri, open_store
 
-__all__ = ["verify", "VerifyReport", "register_verifier"]
+__all__ = ["verify", "verify_sharded", "VerifyReport", "register_verifier"]
+
+#: ``(predicate, verifier)`` pairs registered by code built on gluon_data (checked first).
+_VERIFIERS: List[Tuple[Callable[[str], bool], Callable[..., VerifyReport]]] = []
+
+
+def register_verifier(predicate: Callable[[str], bool],
+                      verifier: Callable[..., VerifyReport]) -> None:
+    """Make :func:`verify` hand local paths for which ``predicate(path)`` is true to
+    ``verifier(path, deep=deep)``: a dataset kind of your own, checked by your code."""
+    _VERIFIERS.append((predicate, verifier))
 
 
 def _verify_uri(path: str, deep: bool, remote: Optional[dict],
@@ -83,6 +93,9 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     # one) where the dataset or a file of it should be is not a damaged dataset to report
     # on, it is refused (FormatError naming it), as by every command.
     require_regular(path, directory=True)
+    for predicate, verifier in _VERIFIERS:
+        if predicate(path):
+            return verifier(path, deep=deep)
     if is_manifest(path):
         return verify_sharded(path, deep=deep)
     return check_local(path, deep, split, isolate)
