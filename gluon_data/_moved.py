@@ -56,7 +56,7 @@ MOVED_MODULES = {
     'gluon_data.sources': 'gluon_data.convert.sources',
     'gluon_data.stats': 'gluon_data.tools.stats',
     'gluon_data.store': 'gluon_data.stores.base',
-    'gluon_data.storedataset': 'gluon_data.gluon.storedataset',
+    'gluon_data.storedataset': 'gluon_data.arrays.base',
     'gluon_data.taskdatasets': 'gluon_data.gluon.taskdatasets',
     'gluon_data.tensorize': 'gluon_data.arrays.tensorize',
     'gluon_data.transforms': 'gluon_data.arrays.transforms',

@@ -1,1 +1,10 @@
-"""Framework-free datasets: numpy samples from any store, seeded joint transforms."""
+"""Framework-free datasets: numpy samples from any store, seeded joint transforms.
+
+:class:`SegmentationDataset` and :class:`ClassificationDataset` (:mod:`.datasets`) return the
+samples of the Gluon datasets as numpy arrays and import no MXNet; :mod:`.transforms` holds the
+seeded joint (image, mask) transforms, :mod:`.tensorize` the numpy ``ToTensor`` / ``Normalize``
+/ crop fast paths.
+"""
+from .datasets import MODES, ClassificationDataset, SegmentationDataset
+
+__all__ = ["SegmentationDataset", "ClassificationDataset", "MODES"]

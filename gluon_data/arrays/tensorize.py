@@ -239,7 +239,7 @@ OUTPUTS = (None, "uint8")
 
 def _uint8_output(output, mode, transform, fast):
     """``(fast path, image transform)`` of a mode's ``output`` (see
-    :class:`~gluon_data.gluon.taskdatasets.SegmentationDataset`):
+    :class:`~gluon_data.arrays.datasets.SegmentationDataset`):
     ``"uint8"`` lays the image out as CxHxW uint8; a Gluon ``ToTensor`` alone then means that
     layout, and a ``Normalize`` is refused (it belongs to the consumer)."""
     if output not in OUTPUTS:

@@ -25,6 +25,7 @@ import warnings
 from typing import Callable, Optional, Tuple
 
 from .fastpath import numpy_classification_transform, numpy_image_transform
+from ..arrays.base import open_location
 from ..stores.base import is_uri, open_store
 from .taskdatasets import (_DEFAULT_MAX_PIXELS, MODES, ClassificationDataset,  # noqa: F401
                            SegmentationDataset, default_joint_transform)
@@ -33,24 +34,6 @@ __all__ = ["ClassificationDataset", "SegmentationDataset",
            "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
            "SegmentationLMDBDataset", "RecipeLMDBDataset", "CaffeLMDBDataset",
            "open_segmentation", "numpy_image_transform", "numpy_classification_transform"]
-
-
-def _open(cls: str, location, split: Optional[str] = None, *,
-          storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-          cache_limit=None):
-    """``open_store(location, split)`` for the view ``cls``, with the remote options that
-    were given; for a local ``location`` any of them is a ``ValueError`` naming it (an empty
-    ``storage_options`` configures nothing and counts as not given, as in pandas)."""
-    given = {k: v for k, v in (("storage_options", storage_options or None),
-                               ("cache_dir", cache_dir), ("cache_limit", cache_limit))
-             if v is not None}
-    if given and not is_uri(location):
-        one = len(given) == 1
-        raise ValueError("%s(%r, %s=...): %s %s only to a dataset in object storage (a URI "
-                         "such as s3://bucket/train.rec); a local path reads without %s"
-                         % (cls, str(location), "=..., ".join(given), " and ".join(given),
-                            "applies" if one else "apply", "it" if one else "them"))
-    return open_store(location, split, **given)
 
 
 def _local_only(cls: str, path) -> None:
@@ -105,8 +88,8 @@ class ImageRecordDataset(ClassificationDataset):
                  max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                  cache_limit=None, output: Optional[str] = None):
-        store = _open("ImageRecordDataset", filename, storage_options=storage_options,
-                      cache_dir=cache_dir, cache_limit=cache_limit)
+        store = open_location("ImageRecordDataset", filename, storage_options=storage_options,
+                              cache_dir=cache_dir, cache_limit=cache_limit)
         super().__init__(store, flag, transform, seed=seed, verify=verify,
                          max_pixels=max_pixels, output=output)
 
@@ -149,8 +132,8 @@ class ImageLMDBDataset(ClassificationDataset):
             split, flag = _legacy_split("ImageLMDBDataset", flag, None)
             flag, transform = (1, transform) if callable(transform) or transform is None \
                 else (transform, None)
-        store = _open("ImageLMDBDataset", path, split, storage_options=storage_options,
-                      cache_dir=cache_dir, cache_limit=cache_limit)
+        store = open_location("ImageLMDBDataset", path, split, storage_options=storage_options,
+                              cache_dir=cache_dir, cache_limit=cache_limit)
         super().__init__(store, flag, transform, seed=seed, verify=verify,
                          max_pixels=max_pixels, output=output)
 
@@ -225,8 +208,9 @@ class SegmentationRecordDataset(SegmentationDataset):
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                  cache_limit=None, output: Optional[str] = None):
-        store = _open("SegmentationRecordDataset", filename, storage_options=storage_options,
-                      cache_dir=cache_dir, cache_limit=cache_limit)
+        store = open_location("SegmentationRecordDataset", filename,
+                              storage_options=storage_options, cache_dir=cache_dir,
+                              cache_limit=cache_limit)
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
@@ -272,8 +256,9 @@ class SegmentationLMDBDataset(SegmentationDataset):
                  cache_limit=None, output: Optional[str] = None):
         if isinstance(transform, str):
             (split, transform) = _legacy_split("SegmentationLMDBDataset", transform, None)
-        store = _open("SegmentationLMDBDataset", path, split, storage_options=storage_options,
-                      cache_dir=cache_dir, cache_limit=cache_limit)
+        store = open_location("SegmentationLMDBDataset", path, split,
+                              storage_options=storage_options, cache_dir=cache_dir,
+                              cache_limit=cache_limit)
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
@@ -344,6 +329,6 @@ def open_segmentation(path: str, split: Optional[str] = None, *,
     """A :class:`SegmentationDataset` over ``open_store(path, split)`` (any store, local or
     a URI with ``storage_options``, ``cache_dir``, ``cache_limit`` as for
     :class:`SegmentationRecordDataset`); ``kwargs`` are its options."""
-    store = _open("open_segmentation", path, split, storage_options=storage_options,
-                  cache_dir=cache_dir, cache_limit=cache_limit)
+    store = open_location("open_segmentation", path, split, storage_options=storage_options,
+                          cache_dir=cache_dir, cache_limit=cache_limit)
     return SegmentationDataset(store, **kwargs)

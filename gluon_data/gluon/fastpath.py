@@ -6,7 +6,8 @@ A Gluon ``ToTensor`` (+ ``Normalize``) image transform, or the classification re
 a DataLoader worker. :func:`numpy_image_transform` and :func:`numpy_classification_transform`
 recognise such a transform (plain ``Compose`` / ``Sequential`` of those blocks, no hooks)
 and return its numpy equivalent from :mod:`gluon_data.arrays.tensorize`, with the same values; the
-datasets then run that instead, into pooled sample buffers (:mod:`gluon_data.gluon.buffers`).
+datasets then run that instead (:mod:`gluon_data.arrays.datasets`), into pooled sample buffers
+(:mod:`gluon_data.gluon.buffers`).
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import numpy as np
 from mxnet.gluon import nn
 from mxnet.gluon.data.vision import transforms as VT
 
-from . import buffers
 from ..arrays.tensorize import ImageCropNormalize, ToTensorNormalize
 
 __all__ = ["numpy_image_transform", "numpy_classification_transform"]
@@ -46,16 +46,6 @@ def numpy_image_transform(transform) -> Optional[ToTensorNormalize]:
 def _tensor_only(transform) -> Optional[ImageCropNormalize]:
     fast = numpy_classification_transform(transform)
     return None if fast is None or fast.crop is not None or fast.flip else fast
-
-
-def _fast_tensor(fast: Optional[ImageCropNormalize], img: np.ndarray):
-    """``fast(img)`` as an NDArray over a pooled buffer, or ``None`` without ``fast`` or when
-    its mean/std do not fit the image's channels (the Gluon transform then runs, and fails
-    as Gluon fails)."""
-    if fast is None or fast.tensor.channels not in (1, img.shape[2]):
-        return None
-    buf = buffers.samples.take(fast.out_shape(img.shape), np.uint8 if fast.uint8 else np.float32)
-    return buffers.samples.wrap(fast(img, out=buf))
 
 
 def _gluon_leaves(transform) -> Optional[list]:

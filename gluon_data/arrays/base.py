@@ -1,0 +1,256 @@
+"""The base of the task datasets: a map-style dataset over one record store, without MXNet.
+
+:class:`_StoreDataset` holds what :class:`~gluon_data.arrays.datasets.ClassificationDataset` and
+:class:`~gluon_data.arrays.datasets.SegmentationDataset` share (and through them the Gluon
+datasets of :mod:`gluon_data.gluon.taskdatasets`, which subclass them): the store and its
+metadata (the task checked), the checksum policy, positions of a ``shard()``, sample keys and
+the per-sample random context, read-ahead hints, one record read and unpacked with its file,
+key and offset named in every error, and pickling for loader workers.
+
+Where a sample's arrays come from and what they are returned as is four small hooks, so one
+code path makes every sample: :meth:`_StoreDataset._buffer` (an output buffer),
+:meth:`_StoreDataset._emit` (a filled buffer as the caller's array), :meth:`_StoreDataset._out`
+(any other array as the caller's array) and :meth:`_StoreDataset._task_class` (the class
+to name when a store holds the other task). Here they give numpy arrays; the Gluon datasets
+give NDArrays over pooled buffers.
+
+:func:`as_store` opens a path or URI (``split``, ``storage_options``, ``cache_dir``,
+``cache_limit``) or takes a store as it is; :func:`open_location` is what the Gluon public
+views open with.
+"""
+from __future__ import annotations
+
+import copy
+import errno
+import os
+import threading
+from typing import Callable, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import CorruptRecordError, DecodeError, FormatError
+from ..format import codec
+from ..format.meta import ids_are_keys, wrong_record
+from ..sampling.sampler import split_key
+from ..stores.base import RecordStore, is_uri, open_store, will_need
+from . import transforms as T
+
+__all__ = ["as_store", "open_location"]
+
+
+def _container(store) -> str:
+    return "lmdb" if store.split is not None else "rec"
+
+
+def open_location(cls: str, location, split: Optional[str] = None, *,
+                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+                  cache_limit=None) -> RecordStore:
+    """``open_store(location, split)`` for the dataset class named ``cls``, with the remote
+    options that were given; for a local ``location`` any of them is a ``ValueError`` naming
+    it (an empty ``storage_options`` configures nothing and counts as not given, as in
+    pandas)."""
+    given = {k: v for k, v in (("storage_options", storage_options or None),
+                               ("cache_dir", cache_dir), ("cache_limit", cache_limit))
+             if v is not None}
+    if given and not is_uri(location):
+        one = len(given) == 1
+        raise ValueError("%s(%r, %s=...): %s %s only to a dataset in object storage (a URI "
+                         "such as s3://bucket/train.rec); a local path reads without %s"
+                         % (cls, str(location), "=..., ".join(given), " and ".join(given),
+                            "applies" if one else "apply", "it" if one else "them"))
+    return open_store(location, split, **given)
+
+
+def as_store(cls: str, source, split: Optional[str] = None, *,
+             storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
+             cache_limit=None) -> RecordStore:
+    """The store a dataset named ``cls`` reads: ``source`` itself when it is a
+    :class:`~gluon_data.stores.base.RecordStore` (then ``split`` and the remote options are a
+    ``ValueError``: the store is open already), else :func:`open_location` of the path or
+    URI. A local path that does not exist is a ``FileNotFoundError`` naming it, whatever
+    container it would have been."""
+    if isinstance(source, RecordStore):
+        given = [k for k, v in (("split", split), ("storage_options", storage_options),
+                                ("cache_dir", cache_dir), ("cache_limit", cache_limit))
+                 if v is not None]
+        if given:
+            raise ValueError("%s(store, %s=...): the store %s is open already; give %s to "
+                             "open_store, or give the dataset its path instead"
+                             % (cls, "=..., ".join(given), source.location,
+                                " and ".join(given)))
+        return source
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError("%s needs a record store (gluon_data.stores.base.open_store) or the "
+                        "path or URI of a dataset, got %r" % (cls, source))
+    if not is_uri(source) and not os.path.exists(source):
+        raise FileNotFoundError(errno.ENOENT, "%s: no dataset at this path"
+                                % cls, os.fspath(source))
+    return open_location(cls, source, split, storage_options=storage_options,
+                         cache_dir=cache_dir, cache_limit=cache_limit)
+
+
+class _StoreDataset:
+    """Shared machinery: the store, metadata, checksum policy, sample keys, error context."""
+
+    _task = "classification"
+
+    def __init__(self, store: RecordStore, *, seed: Optional[int], verify: bool,
+                 max_pixels: Optional[int]):
+        super().__init__()
+        if not isinstance(store, RecordStore):
+            raise TypeError("expected a record store (see gluon_data.stores.base.open_store), "
+                            "got %r" % (store,))
+        self._file = store
+        self.filename = store.location
+        self.meta = store.meta
+        if self.meta is None and self._task == "segmentation":
+            raise FormatError("no metadata beside it (%s): not a gluon_data segmentation "
+                              "dataset; create one with `gluon-data convert`"
+                              % (os.path.splitext(self.filename)[0] + ".meta.json"),
+                              self.filename)
+        if self.meta is not None and self.meta["task"] != self._task:
+            raise FormatError("this is a %s dataset; open it with %s"
+                              % (self.meta["task"], self._task_class(self.meta["task"])),
+                              self.filename)
+        self._verify = verify
+        self._checksummed = bool(self.meta) and self.meta.get("checksum") == "crc32-id2"
+        self._ids_are_keys = ids_are_keys(self.meta, _container(store))
+        self._max_pixels = max_pixels
+        self.seed = seed
+        self._positions: Optional[np.ndarray] = None  # store positions of a shard()
+        self._passes: Optional[np.ndarray] = None  # per-index request counts (plain ints)
+        self._passes_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ output hooks
+    def _task_class(self, task: str) -> str:
+        """The class to read a store of ``task`` with (named when the task is the other)."""
+        return "gluon_data.arrays.%sDataset" % task.capitalize()
+
+    def _buffer(self, shape, dtype) -> np.ndarray:
+        """A writable, C-contiguous, uninitialised buffer for one output array."""
+        return np.empty(shape, dtype)
+
+    def _emit(self, buf: np.ndarray):
+        """A buffer from :meth:`_buffer`, filled, as the array the sample returns."""
+        return buf
+
+    def _out(self, x: np.ndarray, dtype):
+        """Any other array as the array the sample returns (writable, C-contiguous,
+        ``dtype``; a copy only where ``x`` is not that already)."""
+        x = np.ascontiguousarray(x, dtype=dtype)
+        return x if x.flags.writeable else x.copy()
+
+    def _tensor(self, fast, img: np.ndarray):
+        """``fast(img)`` (an :class:`~gluon_data.arrays.tensorize.ImageCropNormalize`) into an
+        output buffer, or ``None`` without ``fast`` or when its mean/std do not fit the
+        image's channels (the caller's fallback then runs)."""
+        if fast is None or fast.tensor.channels not in (1, img.shape[2]):
+            return None
+        buf = self._buffer(fast.out_shape(img.shape), np.uint8 if fast.uint8 else np.float32)
+        return self._emit(fast(img, out=buf))
+
+    # ------------------------------------------------------------------ the store
+    @property
+    def store(self) -> RecordStore:
+        """The record store this dataset reads."""
+        return self._file
+
+    def __len__(self) -> int:
+        return len(self._file) if self._positions is None else len(self._positions)
+
+    def shard(self, num_shards: int, index: int):
+        """Gluon's ``shard`` (the ``index``-th of ``num_shards`` contiguous parts), as a dataset
+        of this same type with its options, fast paths and attributes. Random draws still use
+        each sample's index in the whole store, so a sample is the same in any shard layout."""
+        if not (isinstance(num_shards, int) and isinstance(index, int)
+                and num_shards > 0 and 0 <= index < num_shards):
+            raise ValueError("shard(num_shards, index) needs 0 <= index < num_shards, got "
+                             "num_shards=%r, index=%r" % (num_shards, index))
+        n = len(self)
+        size, rest = divmod(n, num_shards)
+        start = size * index + min(index, rest)
+        end = start + size + (index < rest)
+        positions = np.arange(n) if self._positions is None else self._positions
+        clone = copy.copy(self)
+        clone._positions = positions[start:end].copy()
+        return clone
+
+    @property
+    def classes(self) -> Optional[List[str]]:
+        """Class names from the metadata (``None`` for stock files)."""
+        return None if self.meta is None else self.meta.get("classes")
+
+    def _position(self, idx) -> Tuple[int, Optional[int]]:
+        """``(position, epoch)`` of an int or a :class:`~gluon_data.sampling.sampler.SampleKey`."""
+        i, epoch = split_key(idx)
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("index %d out of range for %d records" % (int(idx), n))
+        return (i if self._positions is None else int(self._positions[i])), epoch
+
+    def will_need(self, indices) -> None:
+        """Start fetching the records of the samples ``indices`` (ints or
+        :class:`~gluon_data.sampling.sampler.SampleKey`, e.g. the batch about to be read) from the
+        device asynchronously, where the store can (:func:`gluon_data.stores.base.will_need`);
+        returns at once and changes nothing a read returns. ``gluon_data.DataLoader`` calls
+        it with every batch."""
+        n = len(self)
+        pos = [i + n if i < 0 else i for i in (split_key(k)[0] for k in indices)]
+        pos = [i for i in pos if 0 <= i < n]
+        if self._positions is not None:
+            pos = self._positions[pos].tolist()
+        will_need(self._file, pos)
+
+    def _sample(self, i: int, epoch: Optional[int]) -> T.sample_context:
+        """The context a sample's random transforms draw in. A plain int (``epoch=None``)
+        counts as epoch ``k`` on its ``k``-th request in this process: the first pass is epoch
+        0 everywhere; later passes are reproducible within one process (``num_workers=0``,
+        ``thread_pool=True``) — give :class:`~gluon_data.sampling.sampler.SampleKey` for the
+        rest."""
+        if epoch is None:
+            with self._passes_lock:
+                if self._passes is None:
+                    self._passes = np.zeros(len(self._file), np.uint32)
+                epoch = int(self._passes[i])
+                self._passes[i] += 1
+        return T.sample_context(epoch, i)
+
+    def _record(self, i: int):
+        key, offset = self._file.key(i), self._file.offset(i)
+        payload = self._file.view(i)  # parsed (and image/mask copied out) before the next read
+        rec = codec.unpack(payload, segmentation=self._task == "segmentation",
+                           verify=self._verify, path=self.filename, key=key, offset=offset)
+        if self._checksummed and self._verify and rec.checksum is None:
+            raise CorruptRecordError("checksum missing: metadata promises a CRC-32 in every "
+                                     "record's id2 field", self.filename, key, offset)
+        if self._ids_are_keys and rec.id != key:
+            raise CorruptRecordError(wrong_record(rec.id, key), self.filename, key, offset)
+        return rec, key, offset
+
+    def _decode(self, fn: Callable, buf, key, offset, what: str, **kw):
+        try:
+            return fn(buf, max_pixels=self._max_pixels, what=what, **kw)
+        except DecodeError as e:
+            raise DecodeError(e.reason, self.filename, key, offset) from None
+
+    def __getstate__(self):
+        """The store pickles its location (no index); the per-record request counts of
+        plain-int access are this process's own (4 bytes a record): a copy starts afresh."""
+        state = self.__dict__.copy()
+        state["_passes_lock"] = None
+        state["_passes"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._passes_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        classes = self.classes
+        shown = "" if classes is None else ", classes=%s" % (
+            classes if len(classes) <= 8 else classes[:8] + ["... %d more" % (len(classes) - 8)])
+        split = "" if self._file.split is None else ", split=%r" % self._file.split
+        return "%s(%r%s, %d records%s)" % (type(self).__name__, self.filename, split, len(self),
+                                           shown)

@@ -1,0 +1,462 @@
+"""The task datasets without a framework: numpy samples from any record store.
+
+:class:`SegmentationDataset` and :class:`ClassificationDataset` read a store (from
+:func:`~gluon_data.stores.base.open_store`) or open one from a path or URI (with ``split``
+and ``storage_options``), and return numpy arrays: the same samples as the Gluon datasets of
+:mod:`gluon_data.gluon.datasets` (which subclass these and return NDArrays), with gluoncv's
+modes, the seeded joint transforms of :mod:`gluon_data.arrays.transforms`, the ignore label
+returned as -1 and a crop's box decoded alone (:func:`~gluon_data.format.decode.decode_region`).
+
+They are map-style (``len``, ``ds[i]``), accept a :class:`~gluon_data.sampling.sampler.SampleKey`
+wherever they accept an ``int`` (seeded random transforms then draw from
+``sample_rng(seed, epoch, index)`` only), pickle as their store's location, and hold no OS
+handle across ``fork`` or pickling, so any loader's worker processes (PyTorch's
+``DataLoader``, a ``multiprocessing`` pool) read them unchanged. Nothing here imports MXNet.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import numpy as np
+
+from ..errors import CorruptRecordError, DecodeError
+from ..format import codec
+from ..format.decode import decode_region
+from ..stores.base import RecordStore
+from . import transforms as T
+from .base import _StoreDataset, as_store
+from .tensorize import ImageCropNormalize, ToTensorNormalize, _uint8_image, _uint8_output
+
+__all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "default_joint_transform"]
+
+_DEFAULT_MAX_PIXELS = codec.DEFAULT_MAX_PIXELS
+
+#: The modes of :class:`SegmentationDataset`, gluoncv's.
+MODES = ("train", "val", "testval", "test")
+
+
+def _crop_normalize(transform, seed: Optional[int], uint8: bool) -> ImageCropNormalize:
+    """A new :class:`ImageCropNormalize` doing what ``transform`` (one, or a
+    :class:`ToTensorNormalize`) does, drawing with ``seed`` (the transform's own when
+    ``None``), CxHxW uint8 with ``uint8`` (then a ``Normalize`` is a ``ValueError``)."""
+    if isinstance(transform, ToTensorNormalize):
+        crop, flip, tensor, own = None, False, transform, None
+    elif isinstance(transform, ImageCropNormalize):
+        crop, flip, tensor, own = transform.crop, transform.flip, transform.tensor, \
+            transform.rng.seed
+    else:
+        raise TypeError("image_transform must be an ImageCropNormalize or a ToTensorNormalize "
+                        "(gluon_data.arrays.tensorize), got %r; run other image transforms "
+                        "in transform(image, label)" % (transform,))
+    return ImageCropNormalize(crop, flip, tensor.mean, tensor.std,
+                              seed=own if seed is None else seed, uint8=uint8)
+
+
+class ClassificationDataset(_StoreDataset):
+    """Classification images and labels as numpy arrays, from any record store.
+
+    Parameters
+    ----------
+    source : RecordStore, str or path
+        A store (:func:`gluon_data.stores.base.open_store`), or the path or URI of a ``.rec``,
+        an LMDB dataset, a ``.shards.json`` manifest...
+    flag : {0, 1}, default 1
+        1: RGB images (HxWx3); 0: greyscale (HxWx1).
+    transform : callable, optional
+        ``transform(image, label) -> sample`` on the numpy image and label, applied last.
+    split : str, optional
+        The split of an LMDB dataset given by path (default: ``train`` if it has one).
+    image_transform : ImageCropNormalize or ToTensorNormalize, optional
+        Gluon's ``RandomResizedCrop`` / ``CenterCrop``, ``RandomFlipLeftRight``, ``ToTensor``
+        (+ ``Normalize``) in numpy (:class:`~gluon_data.arrays.tensorize.ImageCropNormalize`):
+        the image becomes that CxHxW float32 tensor, its random crop and flip drawn from
+        ``sample_rng(seed, epoch, index)`` with the dataset's ``seed`` (the transform's own
+        without one), and only the crop's box is decoded. What a Gluon dataset's
+        ``transform_first`` makes of the same recipe.
+    seed : int, optional
+        Seed of ``image_transform``'s draws: sample ``i`` of epoch ``e`` draws from
+        ``sample_rng(seed, e, i)``. ``None``: the transform's own seed, or fresh entropy.
+    verify : bool, default True
+        Check each record's CRC-32 when it has one.
+    max_pixels : int, optional
+        Refuse images claiming more pixels than this before decoding them.
+    output : {None, 'uint8'}, default None
+        ``'uint8'``: CxHxW uint8 images, not normalised (the consumer normalises);
+        ``image_transform`` then may crop and flip but not normalise (``ValueError``), and
+        ``transform`` must be ``None``.
+    storage_options : dict, optional
+        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
+        ``secret``, ``client_kwargs``...); with a URI only.
+    cache_dir, cache_limit : optional
+        Where a dataset in object storage is downloaded to, and how much that cache may hold
+        (``"20GB"``); with a URI only.
+
+    Returns
+    -------
+    (numpy.ndarray, label)
+        ``uint8`` HxWxC image (CxHxW float32 with ``image_transform``, CxHxW uint8 with
+        ``output='uint8'``); label a float, or a float32 vector for multi-label records.
+
+    Examples
+    --------
+    >>> from gluon_data.arrays import ClassificationDataset
+    >>> from gluon_data.arrays.tensorize import ImageCropNormalize
+    >>> ds = ClassificationDataset("train.rec")
+    >>> img, label = ds[0]
+    >>> type(img).__name__, img.dtype, img.ndim, type(label)
+    ('ndarray', dtype('uint8'), 3, <class 'float'>)
+    >>> crop = ImageCropNormalize(("random", (16, 16), (0.08, 1.0), (3 / 4, 4 / 3), 1),
+    ...                           flip=True, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    >>> train = ClassificationDataset("photos.lmdb", split="train", image_transform=crop, seed=0)
+    >>> train[0][0].shape, train[0][0].dtype
+    ((3, 16, 16), dtype('float32'))
+    """
+
+    _task = "classification"
+    _first_option = "image_transform"  # what takes the crop/flip recipe (errors name it)
+    _fast_first = None  # the numpy crop/flip/tensor the image goes through first
+    _fast_source = None  # what the caller gave for it
+
+    def __init__(self, source, flag: int = 1, transform: Optional[Callable] = None, *,
+                 split: Optional[str] = None, image_transform=None, seed: Optional[int] = None,
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
+                 output: Optional[str] = None, storage_options: Optional[dict] = None,
+                 cache_dir: Optional[str] = None, cache_limit=None):
+        store = as_store(type(self).__name__, source, split, storage_options=storage_options,
+                         cache_dir=cache_dir, cache_limit=cache_limit)
+        super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
+        if flag not in (0, 1):
+            raise ValueError("flag must be 0 or 1, got %r" % (flag,))
+        self._flag = flag
+        self._transform = transform
+        self.output = output
+        if output is not None:
+            if transform is not None:
+                raise ValueError("output='uint8' with transform=%r: the transform would see "
+                                 "uint8 CxHxW images; give the crop/flip recipe to "
+                                 "%s instead" % (transform, self._first_option))
+            self._fast_first = _uint8_output(output, "train", None, None)[0]
+        if image_transform is not None:
+            self._fast_first = _crop_normalize(image_transform, seed, output is not None)
+            self._fast_source = image_transform
+
+    @property
+    def fast_path(self) -> Optional[ImageCropNormalize]:
+        """The numpy crop/flip/tensor transform the image goes through first (``None``:
+        the decoded image as it is)."""
+        return self._fast_first
+
+    def _first_fallback(self, img: np.ndarray):
+        """The image when the fast path's mean/std do not fit its channels: the transform
+        as given (here its numpy form, which raises saying so)."""
+        return self._fast_first(img)
+
+    def _crop_first(self, rec, key, offset, i: int, epoch):
+        """The fast path's crop in two phases: drawn from the header's image size, then only
+        its box decoded (:func:`~gluon_data.format.decode.decode_region`; the same pixels as a full
+        decode, so the same tensor). ``None`` where it does not apply."""
+        fast = self._fast_first  # (a JPEG or PNG decodes to 3 channels, or 1 with flag 0)
+        if fast.crop is None or fast.tensor.channels not in (1, 3 if self._flag else 1):
+            return None  # mean/std not fitting the channels: the fallback runs
+        hw = codec.image_size(rec.image)
+        if hw is None or min(hw) <= 0:
+            return None
+        with self._sample(i, epoch):
+            (y0, x0, y1, x1), flip = fast.plan(*hw)
+        img = self._decode(decode_region, rec.image, key, offset, "image",
+                           box=(y0, x0, y1, x1), flag=self._flag)
+        out = self._buffer(fast.out_shape(img.shape), np.uint8 if fast.uint8 else np.float32)
+        return self._emit(fast.finish(img, flip, out))
+
+    def __getitem__(self, idx):
+        i, epoch = self._position(idx)
+        rec, key, offset = self._record(i)
+        if self._fast_first is not None:
+            tensor = self._crop_first(rec, key, offset, i, epoch)
+            if tensor is not None:
+                return tensor, rec.label
+        img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=self._flag)
+        if self._fast_first is not None:
+            with self._sample(i, epoch):
+                tensor = self._tensor(self._fast_first, img)
+            if tensor is not None:
+                return tensor, rec.label
+            return self._first_fallback(img), rec.label  # channel mismatch
+        img = self._out(img, np.uint8)
+        if self._transform is not None:
+            return self._transform(img, rec.label)
+        return img, rec.label
+
+
+def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
+                            seed: Optional[int] = None,
+                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
+    """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
+    (train: mirror, random scale, pad + random crop, blur, fused into one
+    :class:`~gluon_data.arrays.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
+    bilinear filter, as gluoncv, + centre crop),
+    except that padded mask pixels get ``mask_fill`` (the ignore value) instead of class 0."""
+    if mode == "train":
+        return T.RandomScaleCrop(base_size, crop_size, image_fill=0, mask_fill=mask_fill,
+                                 seed=seed)
+    if mode == "val":
+        return T.Compose([T.ResizeShort(crop_size, pil=True,  # gluoncv's exact values
+                                        max_pixels=max_pixels),
+                          T.CenterCrop(crop_size, 0, mask_fill)])
+    return None
+
+
+class SegmentationDataset(_StoreDataset):
+    """Image and mask pairs as numpy arrays, from any segmentation record store.
+
+    Without ``mode``, returns the stored samples. With ``mode``, behaves like gluoncv's
+    ``SegmentationDataset`` (e.g. ``VOCSegmentation``): ``train`` applies the seeded random
+    joint augmentation, ``val`` resizes and centre-crops, ``testval`` returns full-size
+    samples, ``test`` returns ``(image, name)``; ``transform`` is then the image-only
+    transform. The same samples, draw for draw, as the Gluon datasets
+    (:class:`gluon_data.SegmentationRecordDataset`, ...) with the same options.
+
+    Parameters
+    ----------
+    source : RecordStore, str or path
+        A store (:func:`gluon_data.stores.base.open_store`), or the path or URI of a ``.rec``,
+        an LMDB dataset, a ``.shards.json`` manifest...
+    transform : callable, optional
+        Without ``mode``: joint ``transform(image, mask) -> sample`` on numpy arrays. With
+        ``mode``: image-only ``transform(image)``, applied last, as in gluoncv; a
+        :class:`~gluon_data.arrays.tensorize.ToTensorNormalize` there makes the CxHxW float32
+        tensor of Gluon's ``ToTensor`` + ``Normalize``.
+    ignore_value : int or None, default -1
+        Value returned for the dataset's ignore label (VOC: 255), following gluoncv's
+        convention of -1. ``None`` returns the stored value.
+    split : str, optional
+        The split of an LMDB dataset given by path (default: ``train`` if it has one).
+    mode : {None, 'train', 'val', 'testval', 'test'}
+    base_size : int, default 520
+        ``train``: the long side is drawn from ``[0.5, 2.0] x base_size``.
+    crop_size : int, default 480
+        Output size in ``train`` and ``val``.
+    joint_transform : callable, optional
+        Replaces the mode's built-in joint transform: ``(image, mask) -> (image, mask)`` on
+        numpy arrays (see :mod:`gluon_data.arrays.transforms`).
+    seed : int, optional
+        Seed of the random joint transforms: sample ``i`` of epoch ``e`` (a
+        :class:`~gluon_data.sampling.sampler.SampleKey`; a plain int counts its requests in this
+        process as the epoch) draws from ``sample_rng(seed, e, i)`` only, whatever runs it.
+        Also reseeds a given ``joint_transform``. ``None``: fresh entropy (a seeded
+        ``joint_transform`` keeps its own seed).
+    verify : bool, default True
+        Check each record's CRC-32.
+    max_pixels : int, optional
+        Refuse images claiming more pixels than this before decoding them.
+    output : {None, 'uint8'}, default None
+        In a mode, ``'uint8'`` returns the image as CxHxW ``uint8``, not normalised (the
+        consumer normalises). An image ``transform`` then runs on the HxWxC uint8 image and
+        must return one (a ``ToTensorNormalize(0, 1)`` alone means the CxHxW layout; a
+        normalising one is a ``ValueError``).
+    storage_options : dict, optional
+        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
+        ``secret``, ``client_kwargs``...); with a URI only.
+    cache_dir, cache_limit : optional
+        Where a dataset in object storage is downloaded to, and how much that cache may hold
+        (``"20GB"``); with a URI only.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray)
+        ``uint8`` HxWx3 RGB image (or what ``transform`` makes of it; CxHxW uint8 with
+        ``output='uint8'``) and ``int32`` HxW mask; ``(image, name)`` in ``test`` mode.
+
+    Examples
+    --------
+    >>> from gluon_data.arrays import SegmentationDataset
+    >>> from gluon_data.sampling.sampler import SampleKey
+    >>> ds = SegmentationDataset("voc.lmdb", split="val", mode="val", crop_size=32)
+    >>> img, mask = ds[0]
+    >>> type(img).__name__, img.shape, mask.dtype
+    ('ndarray', (32, 32, 3), dtype('int32'))
+    >>> train = SegmentationDataset("voc_train.rec", mode="train", base_size=40, crop_size=32,
+    ...                             seed=0)
+    >>> train
+    SegmentationDataset('voc_train.rec', ... records, classes=[...])
+    >>> a, b = train[SampleKey(1, epoch=3)], train[SampleKey(1, epoch=3)]
+    >>> bool((a[0] == b[0]).all()), a[1].shape     # (seed, epoch, index) fixes the draws
+    (True, (32, 32))
+    """
+
+    _task = "segmentation"
+
+    def __init__(self, source, transform: Optional[Callable] = None,
+                 ignore_value: Optional[int] = -1, *, split: Optional[str] = None,
+                 mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
+                 joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
+                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
+                 output: Optional[str] = None, storage_options: Optional[dict] = None,
+                 cache_dir: Optional[str] = None, cache_limit=None):
+        if mode is not None and mode not in MODES:
+            raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
+        if mode in ("train", "val"):
+            if int(crop_size) <= 0 or int(base_size) <= 0:
+                raise ValueError("crop_size and base_size must be positive, got %r and %r"
+                                 % (crop_size, base_size))
+            if mode == "train" and crop_size > 2 * base_size:
+                raise ValueError("crop_size %d is larger than the largest scaled image "
+                                 "(2 x base_size = %d): every crop would be mostly padding; "
+                                 "raise base_size or lower crop_size" % (crop_size,
+                                                                       2 * base_size))
+        store = as_store(type(self).__name__, source, split, storage_options=storage_options,
+                         cache_dir=cache_dir, cache_limit=cache_limit)
+        super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
+        if self.meta.get("masks") is False and mode != "test":
+            raise ValueError("%s holds images without masks (e.g. VOC's test split): read it "
+                             "with mode='test'" % self.filename)
+        names = self.meta.get("item_names")
+        self._names = names if isinstance(names, list) and len(names) == len(store) else None
+        self._ignore_value = ignore_value
+        stored = self.meta.get("ignore_label", 255)
+        self.ignore_label = None if stored is None else int(stored)
+        self.mode, self.base_size, self.crop_size = mode, base_size, crop_size
+        self._builtin_joint = joint_transform is None and mode in ("train", "val")
+        fill = self.ignore_label if self.ignore_label is not None else (
+            -1 if ignore_value is None else ignore_value)
+        if joint_transform is not None and seed is not None and hasattr(joint_transform,
+                                                                        "reseed"):
+            joint_transform.reseed(seed)
+        self._joint = (joint_transform if joint_transform is not None else
+                       default_joint_transform(mode, base_size, crop_size, fill, seed,
+                                               self._max_pixels) if mode else None)
+        # In a mode, an image transform known to be a tensor conversion runs as numpy into
+        # an output buffer (the same values).
+        self._tensorize, self._transform = (self._image_fast_path(transform) if mode
+                                            else (None, transform))
+        self.output = output
+        self._tensorize, self._transform = _uint8_output(output, mode, self._transform,
+                                                         self._tensorize)
+
+    def _image_fast_path(self, transform):
+        """``(fast path, image transform)`` of a mode's image ``transform``: a
+        :class:`~gluon_data.arrays.tensorize.ToTensorNormalize` (or a crop- and flip-less
+        :class:`~gluon_data.arrays.tensorize.ImageCropNormalize`) runs as its fast path, its
+        ``image`` method where the channels do not fit; anything else runs as given."""
+        if isinstance(transform, ToTensorNormalize):
+            return ImageCropNormalize(None, False, transform.mean, transform.std), \
+                transform.image
+        if (isinstance(transform, ImageCropNormalize) and transform.crop is None
+                and not transform.flip):
+            return transform, transform
+        return None, transform
+
+    @property
+    def num_class(self) -> int:
+        """Number of classes (gluoncv's name)."""
+        n = self.meta.get("num_classes")
+        if n is None:
+            raise AttributeError("the store records no class count (pass num_classes=)")
+        return int(n)
+
+    NUM_CLASS = num_class
+
+    @property
+    def pred_offset(self) -> int:
+        """Add this to predicted class ids to get the dataset's original ids (ADE20K: 1)."""
+        return int(self.meta.get("pred_offset", 0))
+
+    @property
+    def palette(self) -> List[List[int]]:
+        return self.meta.get("palette") or []
+
+    def name(self, idx) -> str:
+        """The source name of sample ``idx``, what ``mode='test'`` returns with the image:
+        the image's file name as gluoncv returns it (``2007_000033.jpg``), recorded at
+        conversion; ``"record N"`` for datasets converted before names were recorded."""
+        i, _ = self._position(idx)
+        return self._names[i] if self._names is not None else "record %d" % self._file.key(i)
+
+    @property
+    def fast_path(self) -> Optional[T.ToTensorNormalize]:
+        """The numpy form of the image ``transform`` in a mode (``None``: it runs as given)."""
+        return None if self._tensorize is None else self._tensorize.tensor
+
+    def _arrays(self, i: int, with_mask: bool = True):
+        """Decoded image (HxWx3 uint8) and mask as stored (HxW uint8/uint16)."""
+        rec, key, offset = self._record(i)
+        img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
+        if not with_mask:
+            return img, None
+        mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask")
+        if mask.shape != img.shape[:2]:
+            raise CorruptRecordError("mask is %dx%d but image is %dx%d"
+                                     % (mask.shape[1], mask.shape[0], img.shape[1],
+                                        img.shape[0]), self.filename, key, offset)
+        return img, mask
+
+    def _train_region(self, i: int, epoch: Optional[int]):
+        """The built-in ``train`` transform in two phases: its crop drawn from the image's
+        header size, then only the image region the crop reads decoded (the mask as stored,
+        cut to the same box). The same samples as a full decode, for less decoding."""
+        rec, key, offset = self._record(i)
+        mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask")
+        hw, img = codec.image_size(rec.image), None
+        if hw is None:  # not a JPEG/PNG header we read: decode it all
+            img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
+            hw = img.shape[:2]
+        if mask.shape != tuple(hw):
+            raise CorruptRecordError("mask is %dx%d but image is %dx%d"
+                                     % (mask.shape[1], mask.shape[0], hw[1], hw[0]),
+                                     self.filename, key, offset)
+        with self._sample(i, epoch):
+            box, params = self._joint.plan(*hw)
+        y0, x0, y1, x1 = box
+        part = (img[y0:y1, x0:x1] if img is not None else
+                self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1))
+        return self._joint.apply(part, mask[y0:y1, x0:x1], params)
+
+    def _labels(self, mask: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Stored mask -> int32 labels with the ignore value mapped (into ``out``)."""
+        if out is None:
+            out = np.empty(mask.shape, np.int32)
+        np.copyto(out, mask, casting="unsafe")
+        if (self._ignore_value is not None and self.ignore_label is not None
+                and self._ignore_value != self.ignore_label):
+            out[mask == self.ignore_label] = self._ignore_value
+        return out
+
+    def _image_out(self, img: np.ndarray):
+        if self.output is not None and self._transform is not None:
+            img = _uint8_image(self._transform(self._out(img, np.uint8)))
+        tensor = self._tensor(self._tensorize, img)
+        if tensor is not None:
+            return tensor
+        img = self._out(img, np.uint8)
+        return img if self._transform is None else self._transform(img)
+
+    def __getitem__(self, idx):
+        i, epoch = self._position(idx)
+        if self.mode == "test":
+            img = self._image_out(self._arrays(i, with_mask=False)[0])
+            return img, self.name(i)
+        two_phase = self._builtin_joint and isinstance(self._joint, T.RandomScaleCrop)
+        img, mask = (None, None) if two_phase else self._arrays(i)
+        if self._builtin_joint:  # works on the stored mask, padding with the stored ignore
+            try:
+                if two_phase:
+                    img, mask = self._train_region(i, epoch)
+                else:
+                    with self._sample(i, epoch):
+                        img, mask = self._joint(img, mask)
+            except DecodeError as e:  # a derived size over max_pixels: name the record
+                raise DecodeError(e.reason, self.filename, self._file.key(i),
+                                  self._file.offset(i)) from None
+            mask = self._emit(self._labels(mask, self._buffer(mask.shape, np.int32)))
+        else:
+            mask = self._labels(mask)
+            if self._joint is not None:
+                with self._sample(i, epoch):
+                    img, mask = self._joint(img, mask)
+            mask = self._out(mask, np.int32)
+        if self.mode is not None:
+            return self._image_out(img), mask
+        img = self._out(img, np.uint8)
+        if self._transform is None:
+            return img, mask
+        return self._transform(img, mask)
