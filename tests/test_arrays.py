@@ -1,0 +1,480 @@
+"""The framework-free datasets (gluon_data.arrays): numpy samples, the Gluon datasets' samples.
+
+The first part needs no MXNet and runs on any Python with numpy (``-o addopts=""`` without
+pytest-xdist): length, dtypes, the ignore value, pickling, seeds, ``DistributedSampler``
+ranks, a spawned pool, errors, and that nothing imports MXNet. The second compares every mode
+and container with the Gluon datasets (skipped without MXNet); the last reads through
+PyTorch's ``DataLoader`` with two workers (skipped without PyTorch) and compares with the Gluon
+dataset, or without MXNet with the samples read in this process.
+"""
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gluon_data import convert
+from gluon_data.arrays import ClassificationDataset, SegmentationDataset
+from gluon_data.arrays.tensorize import ImageCropNormalize, ToTensorNormalize
+from gluon_data.sampling.sampler import DistributedSampler, SampleKey
+from gluon_data.stores.base import open_store
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+TRAIN = dict(base_size=40, crop_size=32)
+#: Gluon's ``RandomResizedCrop(12)`` (default scale, ratio, bilinear) as ImageCropNormalize's crop
+RANDOM_CROP = ("random", (12, 12), (0.08, 1.0), (3 / 4, 4 / 3), 1)
+
+
+@pytest.fixture(scope="module")
+def voc_lmdb(voc_root, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("arrays_voc_lmdb") / "voc.lmdb")
+    convert(voc_root, out, "voc", split="trainval")
+    return out
+
+
+@pytest.fixture(scope="module")
+def cls_lmdb(folder_root, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("arrays_cls_lmdb") / "cls.lmdb")
+    convert(folder_root, out, "imagefolder")
+    return out
+
+
+@pytest.fixture(scope="module")
+def voc_ids(voc_root):
+    with open(os.path.join(voc_root, "ImageSets", "Segmentation", "trainval.txt")) as f:
+        return f.read().split()
+
+
+def _seg(container, voc_rec, voc_lmdb, **kw):
+    if container == "rec":
+        return SegmentationDataset(voc_rec, **kw)
+    return SegmentationDataset(voc_lmdb, split="trainval", **kw)
+
+
+def _cls(container, cls_rec, cls_lmdb, **kw):
+    return ClassificationDataset(cls_rec if container == "rec" else cls_lmdb, **kw)
+
+
+def _bytes(sample):
+    """A sample as comparable bytes: arrays by dtype, shape and contents, the rest by value."""
+    return tuple((str(x.dtype), x.shape, x.tobytes()) if isinstance(x, np.ndarray) else x
+                 for x in sample)
+
+
+def _read_all(args):
+    """Every sample of ``ds`` at ``keys``, as bytes (for a pool of worker processes)."""
+    ds, keys = args
+    return [_bytes(ds[k]) for k in keys]
+
+
+def _flip_joint(img, mask):
+    """A joint numpy transform (module level: it pickles)."""
+    assert isinstance(img, np.ndarray) and isinstance(mask, np.ndarray)
+    return img[:, ::-1].copy(), mask[:, ::-1].copy()
+
+
+# ---------------------------------------------------------------- without MXNet
+@pytest.mark.parametrize("container", ["rec", "lmdb"])
+def test_length_dtypes_and_the_ignore_value(container, voc_rec, voc_lmdb, voc_ids):
+    ds = _seg(container, voc_rec, voc_lmdb)
+    assert len(ds) == len(voc_ids) == 16
+    raw = _seg(container, voc_rec, voc_lmdb, ignore_value=None)
+    seen_ignore = False
+    for i in range(len(ds)):
+        img, mask = ds[i]
+        assert type(img) is np.ndarray and type(mask) is np.ndarray
+        assert img.dtype == np.uint8 and mask.dtype == np.int32
+        assert img.ndim == 3 and img.shape[2] == 3 and img.shape[:2] == mask.shape
+        stored = raw[i][1]
+        np.testing.assert_array_equal(mask, np.where(stored == 255, -1, stored))
+        assert not (mask == 255).any() and mask.min() >= -1
+        seen_ignore |= bool((mask == -1).any())
+    assert seen_ignore  # VOC's 255 boundaries come back as -1
+    assert ds.num_class == 21 and ds.classes[0] == "background" and ds.ignore_label == 255
+    assert "16 records" in repr(ds) and ds.store.location in repr(ds)
+    assert repr(ds).startswith("SegmentationDataset(")
+
+
+@pytest.mark.parametrize("container", ["rec", "lmdb"])
+def test_classification_length_dtypes_and_labels(container, cls_rec, cls_lmdb):
+    ds = _cls(container, cls_rec, cls_lmdb)
+    assert len(ds) == 12 and ds.classes == ["cat", "dog", "fish"]
+    labels = []
+    for i in range(len(ds)):
+        img, label = ds[i]
+        assert type(img) is np.ndarray and img.dtype == np.uint8 and img.shape[2] == 3
+        assert type(label) is float
+        labels.append(label)
+    assert sorted(labels) == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
+    gray = _cls(container, cls_rec, cls_lmdb, flag=0)[0][0]
+    assert gray.shape[2] == 1 and gray.shape[:2] == ds[0][0].shape[:2]
+    assert "12 records" in repr(ds) and repr(ds).startswith("ClassificationDataset(")
+
+
+def test_modes_shapes_and_names(voc_rec, voc_ids):
+    train = SegmentationDataset(voc_rec, mode="train", seed=0, **TRAIN)
+    img, mask = train[SampleKey(0, 0)]
+    assert img.shape == (32, 32, 3) and img.dtype == np.uint8
+    assert mask.shape == (32, 32) and mask.dtype == np.int32
+    assert any((train[SampleKey(i, 0)][1] == -1).any() for i in range(len(train)))
+    val = SegmentationDataset(voc_rec, mode="val", crop_size=24)
+    assert val[0][0].shape == (24, 24, 3) and val[0][1].shape == (24, 24)
+    full = SegmentationDataset(voc_rec)
+    for i in (0, 5):
+        np.testing.assert_array_equal(SegmentationDataset(voc_rec, mode="testval")[i][0],
+                                      full[i][0])
+    img, name = SegmentationDataset(voc_rec, mode="test")[3]
+    assert name == voc_ids[3] + ".jpg" and img.shape == full[3][0].shape
+    tensor, _ = SegmentationDataset(voc_rec, mode="val", crop_size=24,
+                                    transform=ToTensorNormalize(MEAN, STD))[1]
+    assert tensor.dtype == np.float32 and tensor.shape == (3, 24, 24)
+    np.testing.assert_array_equal(tensor, ToTensorNormalize(MEAN, STD).image(val[1][0]))
+    small, _ = SegmentationDataset(voc_rec, mode="val", crop_size=24, output="uint8")[1]
+    assert small.dtype == np.uint8 and small.shape == (3, 24, 24)
+    np.testing.assert_array_equal(small, val[1][0].transpose(2, 0, 1))
+    with pytest.raises(ValueError, match="unknown mode"):
+        SegmentationDataset(voc_rec, mode="nope")
+
+
+def test_transform_is_a_numpy_callable(voc_rec, cls_rec):
+    plain = SegmentationDataset(voc_rec)
+    flipped = SegmentationDataset(voc_rec, transform=_flip_joint)
+    img, mask = flipped[2]
+    np.testing.assert_array_equal(img, plain[2][0][:, ::-1])
+    np.testing.assert_array_equal(mask, plain[2][1][:, ::-1])
+    cls = ClassificationDataset(cls_rec, transform=lambda im, lab: (im.shape, lab + 1))
+    assert cls[0] == (ClassificationDataset(cls_rec)[0][0].shape,
+                      ClassificationDataset(cls_rec)[0][1] + 1)
+
+
+def test_a_fixed_seed_repeats_and_epochs_and_seeds_differ(voc_rec, cls_rec):
+    a = SegmentationDataset(voc_rec, mode="train", seed=5, **TRAIN)
+    b = SegmentationDataset(voc_rec, mode="train", seed=5, **TRAIN)
+    n = len(a)
+    e2 = [_bytes(a[SampleKey(i, 2)]) for i in range(n)]
+    assert e2 == [_bytes(b[SampleKey(i, 2)]) for i in range(n)]
+    assert e2 == [_bytes(b[SampleKey(i, 2)]) for i in range(n)]  # again: the same draws
+    assert e2 != [_bytes(a[SampleKey(i, 3)]) for i in range(n)]
+    other = SegmentationDataset(voc_rec, mode="train", seed=6, **TRAIN)
+    assert e2 != [_bytes(other[SampleKey(i, 2)]) for i in range(n)]
+    # plain ints: the k-th request of a sample is epoch k, in every fresh dataset
+    c = SegmentationDataset(voc_rec, mode="train", seed=5, **TRAIN)
+    first = [_bytes(c[i]) for i in range(n)]
+    assert first == [_bytes(a[SampleKey(i, 0)]) for i in range(n)]
+    assert [_bytes(c[i]) for i in range(n)] == [_bytes(a[SampleKey(i, 1)]) for i in range(n)]
+    crop = ImageCropNormalize(RANDOM_CROP, flip=True, mean=MEAN, std=STD)
+    x = ClassificationDataset(cls_rec, image_transform=crop, seed=1)
+    y = ClassificationDataset(cls_rec, image_transform=crop, seed=1)
+    z = ClassificationDataset(cls_rec, image_transform=crop, seed=2)
+    m = len(x)
+    assert x[SampleKey(0, 0)][0].shape == (3, 12, 12)
+    assert [_bytes(x[SampleKey(i, 4)]) for i in range(m)] == \
+        [_bytes(y[SampleKey(i, 4)]) for i in range(m)]
+    assert [_bytes(x[SampleKey(i, 4)]) for i in range(m)] != \
+        [_bytes(z[SampleKey(i, 4)]) for i in range(m)]
+    assert crop.rng.seed is None  # the dataset's seed went to its own copy
+
+
+def test_pickling_keeps_samples_and_options(voc_rec, voc_lmdb):
+    for ds in (SegmentationDataset(voc_rec, mode="train", seed=3, **TRAIN),
+               SegmentationDataset(voc_lmdb, split="trainval", mode="val", crop_size=24),
+               SegmentationDataset(voc_rec, transform=_flip_joint)):
+        want = [_bytes(ds[SampleKey(i, 1)]) for i in range(len(ds))]  # opens the store here
+        copy = pickle.loads(pickle.dumps(ds))
+        assert type(copy) is type(ds) and copy.mode == ds.mode and len(copy) == len(ds)
+        assert [_bytes(copy[SampleKey(i, 1)]) for i in range(len(ds))] == want
+
+
+def test_distributed_sampler_ranks_cover_every_index_once(voc_rec):
+    ds = SegmentationDataset(voc_rec, mode="train", seed=9, **TRAIN)
+    n, seen = len(ds), []
+    for rank in range(2):
+        sampler = DistributedSampler(n, num_replicas=2, rank=rank, seed=1, batch_size=3)
+        sampler.set_epoch(4)
+        for key in sampler:
+            assert isinstance(key, SampleKey) and key.epoch == 4
+            assert _bytes(ds[key]) == _bytes(ds[SampleKey(int(key), 4)])
+            if not key.pad:
+                seen.append(int(key))
+    assert sorted(seen) == list(range(n))
+    part = ds.shard(2, 1)  # Gluon's shard(): the draws follow the index in the whole store
+    assert type(part) is SegmentationDataset and len(part) == n // 2
+    assert _bytes(part[SampleKey(0, 4)]) == _bytes(ds[SampleKey(n // 2, 4)])
+
+
+#: The jobs a forked pool's workers inherit (not pickled: the datasets as this process holds them)
+_INHERITED = []
+
+
+def _read_inherited(j):
+    return _read_all(_INHERITED[j])
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_pool_of_processes_reads_what_this_process_reads(method, voc_rec, voc_lmdb, cls_rec):
+    """Spawned workers get the datasets pickled; forked ones inherit them as they are after
+    this process has read them (its files open), as a forked loader's workers do."""
+    sets = [SegmentationDataset(voc_rec, mode="train", seed=2, **TRAIN),
+            SegmentationDataset(voc_lmdb, split="trainval", mode="test"),
+            ClassificationDataset(cls_rec, image_transform=ImageCropNormalize(
+                RANDOM_CROP, flip=True), seed=2)]
+    jobs = []
+    for ds in sets:
+        keys = [SampleKey(i, 1) for i in range(len(ds))]
+        jobs += [(ds, keys[0::2]), (ds, keys[1::2])]
+    want = [_read_all(job) for job in jobs]
+    _INHERITED[:] = jobs
+    try:
+        with multiprocessing.get_context(method).Pool(2) as pool:
+            if method == "fork":
+                got = pool.map(_read_inherited, range(len(jobs)))
+            else:
+                got = pool.map(_read_all, jobs)
+    finally:
+        _INHERITED.clear()
+    assert got == want
+    assert [_read_all(job) for job in jobs] == want  # and this process reads on
+
+
+def test_missing_paths_are_file_not_found_naming_them(tmp_path, voc_rec):
+    for name in ("nothing.rec", "nothing.lmdb", "nothing"):
+        path = str(tmp_path / name)
+        for cls in (SegmentationDataset, ClassificationDataset):
+            with pytest.raises(FileNotFoundError) as e:
+                cls(path)
+            assert path in str(e.value)
+
+
+def test_stores_and_options_are_checked(voc_rec, cls_rec):
+    store = open_store(voc_rec)
+    assert len(SegmentationDataset(store)) == 16
+    with pytest.raises(ValueError, match="open already"):
+        SegmentationDataset(store, split="train")
+    with pytest.raises(ValueError, match="storage_options"):
+        SegmentationDataset(voc_rec, storage_options={"anon": True})
+    with pytest.raises(TypeError, match="record store"):
+        SegmentationDataset(42)
+    with pytest.raises(ValueError, match="classification dataset.*ClassificationDataset"):
+        SegmentationDataset(cls_rec)
+    with pytest.raises(ValueError, match="segmentation dataset.*SegmentationDataset"):
+        ClassificationDataset(voc_rec)
+    with pytest.raises(TypeError, match="image_transform"):
+        ClassificationDataset(cls_rec, image_transform=_flip_joint)
+    with pytest.raises(ValueError, match="normalis"):
+        ClassificationDataset(cls_rec, output="uint8",
+                              image_transform=ImageCropNormalize(RANDOM_CROP, mean=MEAN, std=STD))
+
+
+def test_importing_and_reading_loads_no_mxnet(voc_rec, cls_rec):
+    code = ("import sys\n"
+            "import gluon_data.arrays as A\n"
+            "from gluon_data.sampling.sampler import SampleKey\n"
+            "ds = A.SegmentationDataset(%r, mode='train', base_size=40, crop_size=32, seed=0)\n"
+            "ds[SampleKey(0, 1)]\n"
+            "A.ClassificationDataset(%r, image_transform=A.tensorize.ImageCropNormalize("
+            "('center', (8, 8), 1)))[0]\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('mxnet', 'gluoncv'))\n"
+            "assert not bad, bad\n"
+            "assert not [m for m in sys.modules if m.startswith('gluon_data.gluon')]\n"
+            "print('ok')\n" % (voc_rec, cls_rec))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- the Gluon datasets' samples
+@pytest.fixture(scope="module")
+def gluon():
+    """The Gluon layer (skips where MXNet is not installed)."""
+    pytest.importorskip("mxnet", reason="the Gluon datasets to compare with need MXNet")
+    import gluon_data.gluon.datasets as G
+    return G
+
+
+def _gluon_seg(G, container, voc_rec, voc_lmdb, **kw):
+    if container == "rec":
+        return G.SegmentationRecordDataset(voc_rec, **kw)
+    return G.SegmentationLMDBDataset(voc_lmdb, split="trainval", **kw)
+
+
+def _gluon_cls(G, container, cls_rec, cls_lmdb, **kw):
+    if container == "rec":
+        return G.ImageRecordDataset(cls_rec, **kw)
+    return G.ImageLMDBDataset(cls_lmdb, **kw)
+
+
+def _asnumpy(sample):
+    return tuple(x.asnumpy() if hasattr(x, "asnumpy") else x for x in sample)
+
+
+def _same_samples(ours, theirs, keys):
+    """Every key gives equal samples: numpy arrays equal to the NDArrays' ``asnumpy()``, in
+    dtype, shape and every value; names and labels equal."""
+    assert len(ours) == len(theirs)
+    for k in keys:
+        a, b = ours[k], _asnumpy(theirs[k])
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            if isinstance(y, np.ndarray):
+                assert type(x) is np.ndarray, type(x)
+                assert x.dtype == y.dtype and x.shape == y.shape, (k, x.dtype, y.dtype)
+                np.testing.assert_array_equal(x, y)
+            else:
+                assert type(x) is type(y) and x == y
+
+
+@pytest.mark.parametrize("container", ["rec", "lmdb"])
+@pytest.mark.parametrize("mode", ["train", "val", "testval", "test", None])
+def test_segmentation_samples_are_the_gluon_datasets(gluon, container, mode, voc_rec,
+                                                     voc_lmdb):
+    kw = dict(mode=mode, seed=7, **TRAIN)
+    ours = _seg(container, voc_rec, voc_lmdb, **kw)
+    theirs = _gluon_seg(gluon, container, voc_rec, voc_lmdb, **kw)
+    n = len(ours)
+    _same_samples(ours, theirs, list(range(n)))  # plain ints: epoch 0, then 1
+    _same_samples(ours, theirs, list(range(n)))
+    _same_samples(ours, theirs, [SampleKey(i, e) for e in (0, 3) for i in range(n)])
+    raw = dict(ignore_value=None) if mode != "test" else {}
+    _same_samples(_seg(container, voc_rec, voc_lmdb, **raw, **kw),
+                  _gluon_seg(gluon, container, voc_rec, voc_lmdb, **raw, **kw),
+                  [SampleKey(i, 2) for i in range(n)])
+    if mode is not None:  # the image transforms: a tensor, and uint8 for the consumer
+        tf = gluon.numpy_image_transform  # (a Gluon ToTensor + Normalize is ToTensorNormalize)
+        from mxnet.gluon.data.vision import transforms as VT
+        gluon_tf = VT.Compose([VT.ToTensor(), VT.Normalize(MEAN, STD)])
+        assert tf(gluon_tf) is not None
+        _same_samples(_seg(container, voc_rec, voc_lmdb, transform=ToTensorNormalize(MEAN, STD),
+                           **kw),
+                      _gluon_seg(gluon, container, voc_rec, voc_lmdb, transform=gluon_tf, **kw),
+                      [SampleKey(i, 1) for i in range(n)])
+        _same_samples(_seg(container, voc_rec, voc_lmdb, output="uint8", **kw),
+                      _gluon_seg(gluon, container, voc_rec, voc_lmdb, output="uint8", **kw),
+                      [SampleKey(i, 1) for i in range(n)])
+
+
+@pytest.mark.parametrize("region", ["1", "0"])
+def test_crops_are_the_gluon_samples_with_region_decoding_on_and_off(gluon, region, voc_rec,
+                                                                     cls_rec, monkeypatch):
+    from mxnet.gluon.data.vision import transforms as VT
+    from gluon_data.format import decode
+    monkeypatch.delenv("GLUON_DATA_REGION_DECODE", raising=False)  # Gluon's: the default
+    seg_keys = [SampleKey(i, 1) for i in range(16)]
+    seg_want = [_bytes(_asnumpy(s)) for s in map(gluon.SegmentationRecordDataset(
+        voc_rec, mode="train", seed=1, **TRAIN).__getitem__, seg_keys)]
+    recipe = _recipe(VT.RandomResizedCrop(12), VT.RandomFlipLeftRight())
+    cls_keys = [SampleKey(i, 1) for i in range(12)]
+    cls_want = [_bytes(_asnumpy(s)) for s in map(gluon.ImageRecordDataset(
+        cls_rec, seed=1).transform_first(recipe).__getitem__, cls_keys)]
+    monkeypatch.setenv("GLUON_DATA_REGION_DECODE", region)
+    assert decode.region_decoding() == (region == "1" and decode._jpegregion is not None)
+    calls, real = [], decode._region
+    monkeypatch.setattr(decode, "_region", lambda *a: calls.append(a[1]) or real(*a))
+    seg = SegmentationDataset(voc_rec, mode="train", seed=1, **TRAIN)
+    assert [_bytes(seg[k]) for k in seg_keys] == seg_want
+    crop = ImageCropNormalize(RANDOM_CROP, flip=True, mean=MEAN, std=STD)
+    cls = ClassificationDataset(cls_rec, image_transform=crop, seed=1)
+    assert [_bytes(cls[k]) for k in cls_keys] == cls_want
+    assert bool(calls) == decode.region_decoding()  # boxes went to the region decoder, or not
+
+
+def _recipe(*head, normalize=True):
+    from mxnet.gluon.data.vision import transforms as VT
+    return VT.Compose(list(head) + [VT.ToTensor()]
+                      + ([VT.Normalize(MEAN, STD)] if normalize else []))
+
+
+@pytest.mark.parametrize("container", ["rec", "lmdb"])
+def test_classification_samples_are_the_gluon_datasets(gluon, container, cls_rec, cls_lmdb):
+    from mxnet.gluon.data.vision import transforms as VT
+    n = len(_cls(container, cls_rec, cls_lmdb))
+    keys = [SampleKey(i, e) for e in (0, 2) for i in range(n)]
+    for flag in (1, 0):
+        _same_samples(_cls(container, cls_rec, cls_lmdb, flag=flag),
+                      _gluon_cls(gluon, container, cls_rec, cls_lmdb, flag=flag), keys)
+    # Gluon's RandomResizedCrop + RandomFlipLeftRight + ToTensor + Normalize fast path
+    theirs = _gluon_cls(gluon, container, cls_rec, cls_lmdb, seed=4).transform_first(
+        _recipe(VT.RandomResizedCrop(12), VT.RandomFlipLeftRight()))
+    ours = _cls(container, cls_rec, cls_lmdb, seed=4,
+                image_transform=ImageCropNormalize(RANDOM_CROP, flip=True, mean=MEAN, std=STD))
+    assert ours.fast_path.crop == theirs.fast_path.crop == RANDOM_CROP
+    _same_samples(ours, theirs, keys)
+    _same_samples(ours, theirs, list(range(n)))  # plain ints: the first pass
+    theirs = _gluon_cls(gluon, container, cls_rec, cls_lmdb).transform_first(
+        _recipe(VT.CenterCrop(10), normalize=False))
+    ours = _cls(container, cls_rec, cls_lmdb,
+                image_transform=ImageCropNormalize(("center", (10, 10), 1)))
+    _same_samples(ours, theirs, keys)
+    theirs = _gluon_cls(gluon, container, cls_rec, cls_lmdb, seed=3, output="uint8")
+    ours = _cls(container, cls_rec, cls_lmdb, seed=3, output="uint8")
+    _same_samples(ours, theirs, keys)
+    theirs = theirs.transform_first(_recipe(VT.RandomResizedCrop(12), VT.RandomFlipLeftRight(),
+                                            normalize=False))
+    ours = _cls(container, cls_rec, cls_lmdb, seed=3, output="uint8",
+                image_transform=ImageCropNormalize(RANDOM_CROP, flip=True))
+    _same_samples(ours, theirs, keys)
+
+
+def test_gluon_datasets_are_views_of_the_arrays_ones(gluon, voc_rec, cls_rec):
+    import mxnet as mx
+    from gluon_data.gluon import taskdatasets
+    seg = gluon.SegmentationRecordDataset(voc_rec, mode="val", crop_size=24)
+    assert isinstance(seg, SegmentationDataset) and isinstance(seg, mx.gluon.data.Dataset)
+    assert isinstance(gluon.ImageRecordDataset(cls_rec), ClassificationDataset)
+    for name in ("__getitem__", "_train_region", "_labels", "_image_out", "_record"):
+        assert name not in vars(taskdatasets.SegmentationDataset), name
+    assert "__getitem__" not in vars(taskdatasets.ClassificationDataset)
+    img, mask = seg[0]
+    assert isinstance(img, mx.nd.NDArray) and isinstance(mask, mx.nd.NDArray)
+
+
+# ---------------------------------------------------------------- a PyTorch client
+def _keep(sample):
+    """A collate that keeps the dataset's numpy arrays (``batch_size=None``)."""
+    return sample
+
+
+def _reference(container, voc_rec, voc_lmdb, **kw):
+    """The Gluon dataset where MXNet is installed, else ours read in this process."""
+    try:
+        import gluon_data.gluon.datasets as G
+    except ImportError:  # no MXNet: the same samples read without workers
+        return _seg(container, voc_rec, voc_lmdb, **kw)
+    return _gluon_seg(G, container, voc_rec, voc_lmdb, **kw)
+
+
+@pytest.mark.slow
+def test_torch_dataloader_with_workers_yields_the_gluon_samples(voc_rec, voc_lmdb):
+    torch = pytest.importorskip("torch", reason="the PyTorch client test needs PyTorch")
+    for container in ("rec", "lmdb"):
+        kw = dict(mode="train", seed=12, **TRAIN)
+        ours = _seg(container, voc_rec, voc_lmdb, **kw)
+        theirs = _reference(container, voc_rec, voc_lmdb, **kw)
+        n = len(ours)
+        for epoch in (0, 1):
+            keys = [SampleKey(i, epoch) for i in np.random.default_rng(epoch).permutation(n)]
+            loader = torch.utils.data.DataLoader(ours, sampler=keys, batch_size=None,
+                                                 collate_fn=_keep, num_workers=2)
+            got = list(loader)
+            assert len(got) == n
+            for key, (img, mask) in zip(keys, got):
+                assert type(img) is np.ndarray and img.dtype == np.uint8
+                want_img, want_mask = _asnumpy(theirs[key])
+                np.testing.assert_array_equal(img, want_img)
+                np.testing.assert_array_equal(mask, want_mask)
+        # batched by torch's default collate: tensors of the same samples, in order
+        sampler = DistributedSampler(n, num_replicas=2, rank=1, seed=0, batch_size=4)
+        loader = torch.utils.data.DataLoader(ours, batch_sampler=sampler.batch_sampler(),
+                                             num_workers=2)
+        for keys, (imgs, masks) in zip(sampler.batch_sampler(), loader):
+            assert imgs.shape == (len(keys), 32, 32, 3) and imgs.dtype == torch.uint8
+            assert masks.dtype == torch.int32 and masks.shape == (len(keys), 32, 32)
+            for j, key in enumerate(keys):
+                want_img, want_mask = _asnumpy(theirs[key])
+                np.testing.assert_array_equal(imgs[j].numpy(), want_img)
+                np.testing.assert_array_equal(masks[j].numpy(), want_mask)
