@@ -1,33 +1,85 @@
 #!/usr/bin/env bash
-# Set up (once) and run gluon_data from a fresh clone. Needs only python3 (3.9-3.11).
+# Set up (once) and run gluon_data from a fresh clone. Needs only Python.
 #
 #   bash scripts/run.sh demo     # pack a generated VOC-like sample, read it back through a DataLoader
-#   bash scripts/run.sh test     # the whole test suite (extra arguments go to pytest)
+#   bash scripts/run.sh test     # both test lanes: the full suite (Python 3.11, MXNet), then
+#                                # the core suite (Python 3.13, numpy 2, no MXNet)
+#   bash scripts/run.sh test-full [pytest args]   # the full suite alone
+#   bash scripts/run.sh test-core [pytest args]   # the core suite alone
 #   bash scripts/run.sh gluon-data --help
 #
-# The virtual environment lives in .venv and is rebuilt when pyproject.toml,
-# constraints.txt or the C extension's setup.py / source change. Set PYTHON to choose the interpreter.
+# Each lane has its own virtual environment (.venv: PYTHON, default python3.11 or python3;
+# .venv-core: CORE_PYTHON, default python3.13), rebuilt when pyproject.toml, constraints.txt or
+# the C extension's setup.py / source change. Where no Python 3.12+ is found the core lane says
+# so and is not run (CI has one; set CORE_PYTHON to point at yours).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-venv="$root/.venv"
-py="${PYTHON:-python3}"
-stamp="$venv/.gluon-data-installed"
-want="$(cat pyproject.toml constraints.txt setup.py gluon_data/format/_jpegregion.c | "$py" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 
-if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "gluon_data: installing into $venv (first run only) ..." >&2
-    rm -rf "$venv"
-    "$py" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --upgrade "pip>=23" >&2
-    "$venv/bin/python" -m pip install --quiet -c constraints.txt -e ".[test]" >&2
-    echo "$want" > "$stamp"
-fi
+pick() {  # the first interpreter of "$@" that runs
+    for p in "$@"; do
+        [ -n "$p" ] && "$p" -c 'import sys' >/dev/null 2>&1 && { echo "$p"; return 0; }
+    done
+    return 1
+}
+
+setup() {  # setup VENV PYTHON EXTRA...: create VENV with PYTHON and install the package into it
+    local venv="$1" py="$2"
+    shift 2
+    local stamp="$venv/.gluon-data-installed" want
+    want="$(cat pyproject.toml constraints.txt setup.py gluon_data/format/_jpegregion.c \
+        | "$py" -c 'import hashlib,sys; print(sys.version.split()[0], hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
+    if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        echo "gluon_data: installing into $venv ($("$py" --version)) ..." >&2
+        rm -rf "$venv"
+        "$py" -m venv "$venv"
+        "$venv/bin/python" -m pip install --quiet --upgrade "pip>=23" >&2
+        "$venv/bin/python" -m pip install --quiet -c constraints.txt -e ".[test]" >&2
+        for extra in "$@"; do  # optional test clients: installed only from a local copy
+            "$venv/bin/python" -m pip install --quiet --no-index "$extra" >&2 2>/dev/null \
+                || echo "gluon_data: $extra is not available offline here; its tests skip" >&2
+        done
+        echo "$want" > "$stamp"
+    fi
+}
+
+full_py() { pick "${PYTHON:-}" python3.11 python3; }
+core_py() {
+    PYENV_VERSION="${PYENV_VERSION:-3.13.0}" pick "${CORE_PYTHON:-}" python3.13 python3.12 \
+        || return 1
+}
+
+full() {
+    local py; py="$(full_py)"
+    setup "$root/.venv" "$py" "torch==2.13.0"
+    echo "== the full suite: $("$root/.venv/bin/python" --version), MXNet" >&2
+    "$root/.venv/bin/python" -m pytest "$@"
+}
+
+core() {
+    local py
+    if ! py="$(core_py)"; then
+        echo "gluon_data: no Python >= 3.12 found (CORE_PYTHON); the core lane was not run" >&2
+        [ "${GLUON_DATA_REQUIRE_CORE:-0}" = 1 ] && return 1
+        return 0
+    fi
+    export PYENV_VERSION="${PYENV_VERSION:-3.13.0}"
+    setup "$root/.venv-core" "$py"
+    # the lane's point: MXNet is absent (the interop tests reach the full lane's interpreter)
+    if "$root/.venv-core/bin/python" -c 'import mxnet' >/dev/null 2>&1; then
+        echo "gluon_data: .venv-core has MXNet installed; the core lane must run without it" >&2
+        return 1
+    fi
+    echo "== the core suite: $("$root/.venv-core/bin/python" --version), numpy 2, no MXNet" >&2
+    GLUON_DATA_MXNET_PYTHON="$root/.venv/bin/python" "$root/.venv-core/bin/python" -m pytest "$@"
+}
 
 cmd="${1:-demo}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
-    demo) exec "$venv/bin/gluon-data" demo "$@" ;;
-    test) exec "$venv/bin/python" -m pytest "$@" ;;
-    *)    exec "$venv/bin/$cmd" "$@" ;;
+    demo)      setup "$root/.venv" "$(full_py)" && exec "$root/.venv/bin/gluon-data" demo "$@" ;;
+    test)      full "$@"; core "$@" ;;
+    test-full) full "$@" ;;
+    test-core) core "$@" ;;
+    *)         setup "$root/.venv" "$(full_py)" && exec "$root/.venv/bin/$cmd" "$@" ;;
 esac
