@@ -1,12 +1,48 @@
 """Shared fixtures: tiny real datasets written by our own converters and by stock im2rec."""
+import ast
+import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
+import gluon_data
 from gluon_data import convert
 from gluon_data.convert.sample import make_imagefolder, make_voc
+
+
+HAS_MXNET = importlib.util.find_spec("mxnet") is not None
+#: What a test module imports at module level that needs MXNet (the Gluon layer).
+_GLUON_IMPORTS = ("mxnet", "gluoncv", "horovod", "gluon_data.gluon")
+
+
+def _needs_mxnet(path) -> bool:
+    """Whether a test module imports the Gluon layer or MXNet at module level: such a module
+    belongs to the full lane only. Read with ``ast``, so nothing is imported to decide."""
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError):
+        return False
+    for node in tree.body:
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+            if node.module == "gluon_data":
+                names += ["gluon_data.gluon" for a in node.names if a.name in gluon_data._GLUON]
+        if any(n == g or n.startswith(g + ".") for n in names for g in _GLUON_IMPORTS):
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The core lane (no MXNet installed) runs every test module that does not import the
+    Gluon layer; tests inside it that need MXNet skip themselves (``importorskip``)."""
+    if HAS_MXNET or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if _needs_mxnet(collection_path) else None
 
 
 def im2rec_script():
