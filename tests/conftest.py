@@ -34,6 +34,10 @@ def _needs_mxnet(path) -> bool:
                 names += ["gluon_data.gluon" for a in node.names if a.name in gluon_data._GLUON]
         if any(n == g or n.startswith(g + ".") for n in names for g in _GLUON_IMPORTS):
             return True
+        sibling = [os.path.join(os.path.dirname(path), n + ".py") for n in names
+                   if n.startswith("test_")]  # a test module borrowing another's helpers
+        if any(os.path.exists(s) and _needs_mxnet(s) for s in sibling):
+            return True
     return False
 
 
