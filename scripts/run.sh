@@ -35,12 +35,26 @@ setup() {  # setup VENV PYTHON EXTRA...: create VENV with PYTHON and install the
         "$py" -m venv "$venv"
         "$venv/bin/python" -m pip install --quiet --upgrade "pip>=23" >&2
         "$venv/bin/python" -m pip install --quiet -c constraints.txt -e ".[test]" >&2
-        for extra in "$@"; do  # optional test clients: installed only from a local copy
-            "$venv/bin/python" -m pip install --quiet --no-index "$extra" >&2 2>/dev/null \
-                || echo "gluon_data: $extra is not available offline here; its tests skip" >&2
-        done
+        for client in "$@"; do torch_client "$venv" "$client"; done
         echo "$want" > "$stamp"
     fi
+}
+
+torch_client() {  # torch_client VENV REQUIREMENT: PyTorch for the client test, beside VENV
+    # Installed into a folder of its own (gluoncv refuses to import where torch >= 2 is), and
+    # only where the wheel lies on this machine's disk: never a multi-GB download.
+    local venv="$1" req="$2" probe
+    probe="$(mktemp -d)"
+    if "$venv/bin/python" -m pip download --quiet --no-index --no-deps -d "$probe" "$req" \
+            >/dev/null 2>&1; then
+        echo "gluon_data: installing $req (local wheel) into $venv/torch-client ..." >&2
+        "$venv/bin/python" -m pip install --quiet --target "$venv/torch-client" \
+            -c constraints.txt "$req" >&2 \
+            || echo "gluon_data: $req did not install; the PyTorch client test skips" >&2
+    else
+        echo "gluon_data: $req is not on this machine's disk; the PyTorch client test skips" >&2
+    fi
+    rm -rf "$probe"
 }
 
 full_py() { pick "${PYTHON:-}" python3.11 python3; }
@@ -53,7 +67,7 @@ full() {
     local py; py="$(full_py)"
     setup "$root/.venv" "$py" "torch==2.13.0"
     echo "== the full suite: $("$root/.venv/bin/python" --version), MXNet" >&2
-    "$root/.venv/bin/python" -m pytest "$@"
+    GLUON_DATA_TORCH_PATH="$root/.venv/torch-client" "$root/.venv/bin/python" -m pytest "$@"
 }
 
 core() {
