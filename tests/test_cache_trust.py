@@ -290,3 +290,46 @@ def test_a_downloaded_stock_index_is_parsed_into_the_same_cache(s3, so, tmp_path
     gdx = os.path.getsize(store_cache / "index" / entry / "index.gdx")
     assert ShardCache(str(store_cache)).usage() == gdx + sum(
         os.path.getsize(local[:-4] + ext) for ext in (".rec", ".idx"))
+
+
+class _Bytes:
+    """A remote holding one object (the cache's side of a fetch is what is tested here)."""
+    data = b"object-bytes" * 10
+
+    def download(self, uri, tmp, size, sha256):
+        import hashlib
+        with open(tmp, "wb") as f:
+            f.write(self.data)
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@pytest.mark.parametrize("name", ["key", "locks/{k}.pin", "locks/{k}.get", "locks/{k}.seal",
+                                  "locks/{k}.seal.partial", "cache.lock"])
+@pytest.mark.parametrize("what", ["folder", "link", "dangling-link"])
+def test_a_link_or_folder_at_a_file_of_the_cache_is_a_typed_error_naming_it(tmp_path, name,
+                                                                             what):
+    """The cache's own files (its key, locks, seals) planted as a folder or a link: the fetch
+    raises CacheError naming the path and what it is, never a raw OSError, and leaves it."""
+    cache = ShardCache(str(tmp_path / "cache"))
+    uri = "s3://bucket/a.rec"
+    key = cache.entry_key(uri, "")
+    cache.ready()
+    planted = os.path.join(cache.cache_dir, name.format(k=key))
+    target = tmp_path / "target"
+    target.write_bytes(b"someone else's")
+    if what == "folder":
+        os.mkdir(planted)
+    else:
+        os.symlink(str(target) if what == "link" else str(tmp_path / "nowhere"), planted)
+    with pytest.raises(CacheError) as e:
+        cache.fetch(_Bytes(), uri, len(_Bytes.data))
+    assert e.value.path == planted
+    kind = "a directory" if what == "folder" else "a symbolic link"
+    assert kind in str(e.value) and "left untouched" in str(e.value)
+    assert os.path.lexists(planted) and target.read_bytes() == b"someone else's"
+    if what == "folder":
+        os.rmdir(planted)
+    else:
+        os.remove(planted)
+    path, _ = cache.fetch(_Bytes(), uri, len(_Bytes.data))  # removed: fetched as usual
+    assert open(path, "rb").read() == _Bytes.data

@@ -42,7 +42,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import CacheError
-from .fsutil import CacheLock, atomic_write, default_cache_dir, open_new, sha256_file
+from .fsutil import (CacheLock, atomic_write, default_cache_dir, kind_of, open_new,
+                     sha256_file)
 
 __all__ = ["Cache", "parse_size"]
 
@@ -67,10 +68,21 @@ def parse_size(value) -> Optional[int]:
     return int(float(m.group(1)) * base ** power)
 
 
-def _kind_of(st: os.stat_result) -> str:
-    return ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory"
-            if stat.S_ISDIR(st.st_mode) else "a regular file" if stat.S_ISREG(st.st_mode)
-            else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a special file")
+_kind_of = kind_of
+
+
+def _regular_or_absent(path: str, role: str) -> None:
+    """Raise :class:`CacheError` naming ``path`` and what it is unless it is missing or a
+    regular file: the one check before the cache opens or replaces a file of its own (the
+    key, a seal, a seal's temporary), so a link or folder planted there is refused, untouched,
+    instead of surfacing as a raw ``OSError``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise CacheError("is %s, not %s of the cache (a regular file); it was left "
+                         "untouched: remove it" % (_kind_of(st), role), path)
 
 
 def _check_dir(path: str, follow: bool = False) -> None:
@@ -166,6 +178,7 @@ class Cache:
         """The cache's key, made on first use (read each time, ~10 us: a cache folder deleted
         and made again under a running job gets one key for every process)."""
         path = os.path.join(self.cache_dir, "key")
+        _regular_or_absent(path, "the key")
         if not os.path.lexists(path):
             tmp = "%s.partial-%d-%d" % (path, os.getpid(), threading.get_ident())
             with open_new(tmp) as f:  # 0644 & umask, then 0600 before a byte is written
@@ -179,11 +192,15 @@ class Cache:
                 pass
             finally:
                 os.remove(tmp)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:  # replaced between the check and the open
+            _regular_or_absent(path, "the key")
+            raise
         try:
             st = os.fstat(fd)
-            secret = os.pread(fd, 64, 0)
+            secret = os.pread(fd, 64, 0) if stat.S_ISREG(st.st_mode) else b""
         finally:
             os.close(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0) \
@@ -197,13 +214,24 @@ class Cache:
         return hmac.new(self._secret(), _SEAL_TAG + key.encode() + b"\0" + body,
                         hashlib.sha256).hexdigest()
 
+    def check_sealable(self, key: str) -> str:
+        """The path of entry ``key``'s seal, after checking that the key and the seal (and
+        its temporary) are regular files or missing: :class:`CacheError` naming a link or
+        folder there. Called before a download, so nothing is fetched that cannot be sealed."""
+        self._secret()
+        seal = os.path.join(self._locks, key + ".seal")
+        _regular_or_absent(seal, "a seal")
+        _regular_or_absent(seal + ".partial", "a seal's temporary")
+        return seal
+
     def seal(self, key: str, path: str, sha256: str) -> None:
         """Record that ``path`` (just made or checked, holding bytes of ``sha256``) is entry
         ``key``'s file. The caller holds the entry's ``get`` lock."""
         st = os.lstat(path)
         body = json.dumps({"name": os.path.basename(path), "sha256": sha256,
                            "id": _identity(st)}, sort_keys=True).encode()
-        atomic_write(os.path.join(self._locks, key + ".seal"),
+        seal = self.check_sealable(key)
+        atomic_write(seal,
                      self._mac(key, body).encode() + b"\n" + body, sync_dir=False)
 
     def _read_seal(self, key: str) -> Optional[dict]:

@@ -20,7 +20,7 @@ import shutil
 import stat
 from typing import Iterable, List, Tuple
 
-from ..errors import ConversionError, OutputError
+from ..errors import CacheError, ConversionError, OutputError
 
 __all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
            "OutputLock"]
@@ -113,6 +113,21 @@ def default_cache_dir() -> str:
         os.path.expanduser("~"), ".cache", "gluon_data")
 
 
+def kind_of(st: os.stat_result) -> str:
+    """What an ``lstat`` result is, in words ("a symbolic link", "a directory", ...)."""
+    return ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory"
+            if stat.S_ISDIR(st.st_mode) else "a regular file" if stat.S_ISREG(st.st_mode)
+            else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a special file")
+
+
+def kind_of_path(path: str) -> str:
+    """:func:`kind_of` of ``path`` (``lstat``), or "missing"."""
+    try:
+        return kind_of(os.lstat(path))
+    except OSError:
+        return "missing"
+
+
 class CacheLock:
     """An ``flock`` on a file in the cache directory (shared or exclusive). ``flock``
     locks belong to the open file, so threads and processes (forked workers included)
@@ -133,15 +148,17 @@ class CacheLock:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
                          | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise OutputError("is in the way of a lock file of the cache (not a regular "
-                                  "file); it was left untouched: remove it", path) from None
+            if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENOTDIR):
+                raise CacheError("is %s, in the way of a lock file of the cache (a regular "
+                                 "file); it was left untouched: remove it"
+                                 % kind_of_path(path), path) from None
             raise
         self.fd = fd
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OutputError("is in the way of a lock file of the cache (not a regular "
-                                  "file); it was left untouched: remove it", path)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CacheError("is %s, in the way of a lock file of the cache (a regular "
+                                 "file); it was left untouched: remove it" % kind_of(st), path)
             fcntl.flock(self.fd, mode | (0 if blocking else fcntl.LOCK_NB))
         except BaseException:
             self.fd = None

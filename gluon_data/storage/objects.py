@@ -107,6 +107,7 @@ class ShardCache(Cache):
         part = os.path.join(entry, self.PARTIAL)
         tmp = os.path.join(part, name)
         self.discard(part, [name])  # a crashed download's leftover
+        self.check_sealable(key)  # a link or folder at the key or the seal: refused first
         with self.room_lock():
             self.make_room(size, keep=key, what=uri)
             os.mkdir(part, 0o700)
@@ -117,7 +118,11 @@ class ShardCache(Cache):
             if check is not None:
                 check(tmp)
             os.replace(tmp, final)  # over nothing, or over the sealed copy (our own file)
-            self.seal(key, final, digest)
+            try:
+                self.seal(key, final, digest)
+            except BaseException:  # our file, just renamed, under the get lock: unsealed,
+                os.remove(final)   # it would be refused as foreign by every later fetch
+                raise
         finally:
             self.discard(part, [name])
         _fsync_dir(entry)
