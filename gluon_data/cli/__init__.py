@@ -21,7 +21,7 @@ from .signals import _Terminated, _catch_sigterm, _stdout_closed
 __all__ = ["main", "storage_option_parser"]
 
 _LAZY = {"build_parser": ".parser", "storage_option_parser": ".parser",
-         "describe": ".commands", "run_demo": "..gluon.demo"}
+         "describe": ".commands", "run_demo": ".commands"}
 
 
 def __getattr__(name):

@@ -1,8 +1,10 @@
 """The subcommands: thin functions over the library, one per command."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 import tempfile
 from functools import partial
 
@@ -200,13 +202,13 @@ def _cmd_stats(a) -> int:
 
 
 def _cmd_show(a) -> int:
-    from ..gluon.datasets import SegmentationDataset, open_segmentation
+    from ..arrays import SegmentationDataset  # numpy samples: no MXNet for a preview
     from ..tools.preview import render_preview
     _input(a.path)
     remote = _remote(a)
-    ds = (SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged")),
-                              ignore_value=None) if remote  # a URI: ranged reads
-          else open_segmentation(a.path, a.split, ignore_value=None))
+    ds = SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged"))
+                             if remote else a.path,  # a URI: ranged reads
+                             ignore_value=None, split=None if remote else a.split)
     if not -len(ds) <= a.index < len(ds):
         raise ValueError("--index %d out of range: the dataset has %d records"
                          % (a.index, len(ds)))
@@ -269,9 +271,22 @@ def _cmd_info(a) -> int:
     return 0
 
 
-def _cmd_demo(a) -> int:
-    from ..gluon.demo import run_demo  # the Gluon layer: loaded for this command only
+def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: int = 8,
+             epochs: int = 2, out=None) -> dict:
+    """``gluon-data demo``: generate a VOC-like sample, pack it into ``workdir``, and read it
+    back ``epochs`` times with ``workers`` worker processes -- through Gluon's ``DataLoader``
+    (:mod:`gluon_data.gluon.demo`) where MXNet is importable, else as numpy arrays
+    (:class:`gluon_data.arrays.SegmentationDataset`) in a spawn pool
+    (:mod:`gluon_data.convert.demo`). Only the chosen one is imported."""
+    if importlib.util.find_spec("mxnet") is not None:
+        from ..gluon.demo import run_demo as demo  # the Gluon layer: for this command only
+    else:
+        from ..convert.demo import run_demo as demo
+    return demo(workdir, num_images, workers, batch_size, epochs,
+                out=sys.stdout if out is None else out)
 
+
+def _cmd_demo(a) -> int:
     if a.workdir:
         os.makedirs(a.workdir, exist_ok=True)
         res = run_demo(a.workdir, a.num_images, a.workers, a.batch_size, a.epochs)
@@ -279,12 +294,3 @@ def _cmd_demo(a) -> int:
         with tempfile.TemporaryDirectory(prefix="gluon-data-demo-") as d:
             res = run_demo(d, a.num_images, a.workers, a.batch_size, a.epochs)
     return 0 if res["ok"] else 1
-
-
-def __getattr__(name):
-    """``run_demo`` moved to the Gluon layer (:mod:`gluon_data.gluon.demo`): loaded on first
-    use, so the other commands never import MXNet."""
-    if name == "run_demo":
-        from ..gluon.demo import run_demo
-        return run_demo
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
