@@ -192,9 +192,9 @@ def pack_classification(label, image: bytes, id: int = 0, checksum: bool = True)
     float32 values follow the header). With ``checksum`` (the default), ``id2`` holds
     :data:`CHECKSUM_TAG` and a CRC-32; stock readers ignore ``id2``.
 
-    >>> import mxnet as mx
+    >>> from gluon_data import mx_recordio as recordio   # mxnet.recordio, byte for byte
     >>> p = pack_classification(3, b"jpegbytes", id=7, checksum=False)
-    >>> p == mx.recordio.pack(mx.recordio.IRHeader(0, 3, 7, 0), b"jpegbytes")
+    >>> p == recordio.pack(recordio.IRHeader(0, 3, 7, 0), b"jpegbytes")
     True
     """
     return _seal(bytearray(_header_bytes(label, id) + bytes(image)), checksum)
