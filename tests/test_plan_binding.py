@@ -170,3 +170,63 @@ def test_resume_of_a_finished_output_after_a_source_change_is_refused(tmp_path, 
     ref = str(tmp_path / ("ref_" + name))
     convert(src, ref, "voc", split="trainval")
     assert _records(out) == _records(ref)
+
+
+def _rewrite_in_place_mtime_restored(path):
+    """Other bytes in the same file (same inode, same size), its mtime then set back to the
+    very nanosecond it had: only the ctime (which no user can set) shows the change."""
+    before = os.stat(path)
+    with open(path, "r+b") as f:
+        data = f.read()
+        at = data.index(b"state-A!")
+        f.seek(at)
+        f.write(b"state-C!")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size, before.st_mtime_ns, before.st_ino)
+    assert after.st_ctime_ns != before.st_ctime_ns
+
+
+def test_resume_after_an_in_place_rewrite_with_the_mtime_restored_is_refused(tmp_path):
+    """Size and mtime alone would resume this silently and publish records of two states;
+    the ctime in the plan's stamps refuses it, naming the file."""
+    src = _prepare(tmp_path / "VOC")
+    out = str(tmp_path / "v.rec")
+    _killed_after_first_checkpoint(src, out)  # items 0..3 written, NAME (item 2) among them
+    _rewrite_in_place_mtime_restored(_jpeg(src))
+    with pytest.raises(ConversionError, match="source changed") as e:
+        convert(src, out, "voc", split="trainval", checkpoint_every=4, resume=True)
+    assert NAME + ".jpg" in str(e.value) and "(ctime)" in str(e.value)
+    assert not os.path.exists(out)
+    convert(src, out, "voc", split="trainval", checkpoint_every=4)
+    ref = str(tmp_path / "ref.rec")
+    convert(src, ref, "voc", split="trainval")
+    assert _records(out) == _records(ref)
+
+
+def test_sharded_rerun_after_an_in_place_rewrite_with_the_mtime_restored_redoes_its_shard(
+        tmp_path):
+    src = _prepare(tmp_path / "VOC")
+    out = tmp_path / "out"
+    kw = dict(split="trainval", shards=4)
+    convert_sharded(src, str(out / "v.rec"), "voc", **kw)
+    _rewrite_in_place_mtime_restored(_jpeg(src))
+    again = convert_sharded(src, str(out / "v.rec"), "voc", **kw)
+    assert [e["reused"] for e in again.shards] == [True, False, True, True]
+    convert_sharded(src, str(tmp_path / "fresh" / "v.rec"), "voc", **kw)
+    _same_output(str(out), str(tmp_path / "fresh"))
+
+
+def test_a_copied_source_tree_is_another_source_for_a_sharded_rerun(tmp_path):
+    """Another inode for every file (a copy, e.g. to another filesystem): nothing is reused."""
+    import shutil
+    src = _prepare(tmp_path / "VOC")
+    out = tmp_path / "out"
+    kw = dict(split="trainval", shards=4)
+    convert_sharded(src, str(out / "v.rec"), "voc", **kw)
+    moved = str(tmp_path / "VOC-old")
+    os.rename(src, moved)
+    shutil.copytree(moved, src, copy_function=shutil.copy2)  # same sizes and mtimes
+    again = convert_sharded(src, str(out / "v.rec"), "voc", **kw)
+    assert [e["reused"] for e in again.shards] == [False] * 4

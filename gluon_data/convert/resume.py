@@ -27,7 +27,8 @@ __all__ = []
 def _plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,
                  options: dict) -> PlanDigest:
     """Identity of a conversion (:func:`gluon_data.format.plan.plan_digest`): a checkpoint only
-    resumes the same inputs (names and each file's size and mtime) and options."""
+    resumes the same inputs (names and each file's stamp: size, mtime, inode, ctime) and
+    options."""
     return plan_digest(source_head(src, opts, options), plan, src.root)
 
 
@@ -64,9 +65,9 @@ class _Checkpoint:
         return state
 
     def _written_unchanged(self, state: dict) -> bool:
-        """Same plan, and every item already written reads files whose size and mtime are
-        as they were then: files of items not yet written may change (a corrupt image
-        fixed after the run stopped on it), those already written may not."""
+        """Same plan, and every item already written reads files whose stamps (size, mtime,
+        inode, ctime) are as they were then: files of items not yet written may change (a
+        corrupt image fixed after the run stopped on it), those already written may not."""
         names = getattr(self.digest, "names", None)
         if names is None or state.get("names") != names or state.get("publishing"):
             return False
@@ -75,7 +76,7 @@ class _Checkpoint:
 
     def _mismatch(self, state: dict) -> str:
         """Why a checkpoint is not this conversion's: other inputs or options, or the same
-        plan over source files changed since (named, with their size and mtime now)."""
+        plan over source files changed since (named, with their size and times now)."""
         names = getattr(self.digest, "names", None)
         if names is None or state.get("names", state.get("digest")) != names:
             return ("this checkpoint belongs to a conversion with other inputs or options; "
@@ -91,7 +92,8 @@ class _Checkpoint:
         return ("the source changed since this checkpoint was written (%s); resuming would "
                 "mix records of both states: rerun without --resume to convert the current "
                 "files" % ("%d file(s) modified after it: %s" % (n, ", ".join(some)) if n else
-                           "a file's size or mtime differs"))
+                           "a file's size, mtime, inode or ctime differs: rewritten in place "
+                           "with its mtime set back, or replaced by a copy"))
 
     def _prefix(self, split: str, done: int) -> Optional[str]:
         prefix = getattr(self.digest, "prefix", None)
@@ -187,7 +189,7 @@ def _check_unchanged_since(digest, output: str) -> None:
 
 def _import_digest(source: str, layout: str, split: str, count: int, opts: EncodeOptions,
                    options: dict) -> PlanDigest:
-    """Identity of a legacy LMDB import: its source (and the size and mtime of its
+    """Identity of a legacy LMDB import: its source (and the stamp of its
     ``data.mdb``), layout, split, record count and options."""
     mdb = os.path.join(source, "data.mdb") if os.path.isdir(source) else source
     head = {"source": os.path.abspath(source), "layout": layout, "split": split,

@@ -64,8 +64,8 @@ def _check_not_source(plans: List[dict], container: str, source: str) -> None:
 
 def _finished(job: ShardJob) -> Optional[dict]:
     """The summary of a shard this plan already published from the same state of its items
-    (``job.digest`` covers their sizes and mtimes), else ``None``: a shard of a changed
-    source, or of a version that did not record those, is rewritten."""
+    (``job.digest`` covers their stamps: size, mtime, inode, ctime), else ``None``: a shard
+    of a changed source, or of a version that did not record those, is rewritten."""
     try:
         meta = _read_shard_meta(job.path, job.container, job.split)
     except (GluonDataError, OSError):

@@ -393,8 +393,8 @@ def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
 
 
 def _stamped_files(source: str) -> List[str]:
-    """The local files of a dataset being copied, whose sizes and mtimes its plan binds
-    (none for a URI: its metadata, in the plan, identifies it)."""
+    """The local files of a dataset being copied, whose stamps (size, mtime, inode, ctime)
+    its plan binds (none for a URI: its metadata, in the plan, identifies it)."""
     if is_uri(source):
         return []
     if is_manifest(source):

@@ -159,8 +159,9 @@ class ShardUploader:
     (``PREFIX-SSSSS-of-NNNNN.upload.json``: the plan digest, each object's size and SHA-256,
     the manifest entry), deletes the staged copy and returns the manifest entry. A shard whose
     receipt carries the shard's plan digest (``job.digest``: its items' names and each file's
-    size and mtime, see :mod:`gluon_data.format.plan`) and whose objects have the recorded sizes is
-    kept (a rerun with ``resume``, or Dask retrying a task that died after uploading); a shard
+    stamp: size, mtime, inode and ctime, see :mod:`gluon_data.format.plan`) and whose objects
+    have the recorded sizes is kept (a rerun with ``resume``, or Dask retrying a task that
+    died after uploading); a shard
     of a source file changed since is written and uploaded again. Each split's manifest is
     uploaded by the one protocol of :class:`~gluon_data.stores.remote.commit.Commit`, the tasks
     putting its objects: the client calls :meth:`prepare` before any task (refusals, the
@@ -277,7 +278,7 @@ class ShardUploader:
     # -- task side -------------------------------------------------------------------------
     def _uploaded(self, job) -> Optional[dict]:
         """The manifest entry of ``job``'s shard if its receipt carries this shard's digest
-        (same items, same sizes and mtimes) and its objects have the sizes the receipt
+        (same items, same file stamps) and its objects have the sizes the receipt
         records; else ``None``."""
         name = os.path.basename(job.path)
         uri = self.receipt_uri(name)

@@ -2,10 +2,16 @@
 
 A plan's digest covers a header (source, layout, options, shard ranges...) and, per split,
 every item it reads: its name, its paths relative to the source root, label and key, and the
-*stamp* (size in bytes, modification time in nanoseconds) of each file. The same names with
-other content (a file rewritten in place, even within the same second) give another digest,
-so nothing written from one state of a source is ever resumed with, or kept beside, records
-of another. The unsharded ``--resume`` checkpoint, each shard of a sharded conversion and
+*stamp* of each file: ``[size, mtime_ns, inode, ctime_ns]`` (``st_size``, ``st_mtime_ns``,
+``st_ino``, ``st_ctime_ns``), what one ``stat`` gives. The same names with other content give
+another digest, so nothing written from one state of a source is ever resumed with, or kept
+beside, records of another: a file rewritten in place (even within the same second, even with
+its mtime set back: the kernel sets the ctime on every write and on ``utime`` itself, and no
+user can set it back) or replaced by another file (another inode) is caught. Not caught: a
+change the filesystem does not show in these four numbers (a filesystem that does not keep a
+ctime, a disk edited under the filesystem, a clock set back before a rewrite at the same size).
+A tree copied elsewhere (another inode for every file) is another source: its stamps differ, so
+a resume over it is refused and a sharded rerun redoes every shard. The unsharded ``--resume`` checkpoint, each shard of a sharded conversion and
 each upload receipt carry such a digest.
 
 ``stamps=False`` leaves the stamps out: the digest of the plan's *names* (which files, which
@@ -23,15 +29,22 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 __all__ = ["plan_digest", "source_head", "changed_files", "PlanDigest"]
 
 
-def _size_mtime(path: Optional[str]) -> Optional[List[int]]:
-    """``[size, mtime_ns]`` of ``path`` (``None`` for no path or a file that is gone)."""
+def _stamp(path: Optional[str]) -> Optional[List[int]]:
+    """``[size, mtime_ns, inode, ctime_ns]`` of ``path`` (``None`` for no path or a file that
+    is gone): what one ``stat`` tells of a file's content without reading it."""
     if path is None:
         return None
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def _changed_ns(st: List[int]) -> int:
+    """When a stamped file last changed: its ctime (set by every write, and by a ``utime``
+    setting its mtime back), or its mtime for a stamp without one."""
+    return max(st[1], st[3]) if len(st) > 3 else st[1]
 
 
 def _paths(item) -> Tuple[Optional[str], ...]:
@@ -46,7 +59,7 @@ def _entry(item, root: Optional[str], stamps: bool) -> list:
         entry = [item.name] + [None if p is None else os.path.relpath(p, root)
                                for p in (item.image, item.mask)] + [item.label, item.key]
     if stamps:
-        entry += [_size_mtime(p) for p in _paths(item)]
+        entry += [_stamp(p) for p in _paths(item)]
     return entry
 
 
@@ -78,8 +91,8 @@ def plan_digest(head: dict, plan: Optional[Mapping[str, Sequence]] = None,
                 root: Optional[str] = None, stamps: bool = True) -> PlanDigest:
     """The digest of ``head`` (any JSON-able description: source, options...) and ``plan``
     (``{split: items}``; an item is a source :class:`~gluon_data.convert.sources.Item`, paths taken
-    relative to ``root``, or the path of a file read whole), each file's ``[size, mtime_ns]``
-    included unless ``stamps`` is false."""
+    relative to ``root``, or the path of a file read whole), each file's stamp
+    (``[size, mtime_ns, inode, ctime_ns]``) included unless ``stamps`` is false."""
     taken = time.time_ns()
     doc = dict(head)
     out_files: List[Tuple[str, Optional[List[int]]]] = []
@@ -113,16 +126,19 @@ def _sha256(doc: dict) -> str:
 
 def changed_files(files: Iterable[Tuple[str, Optional[List[int]]]], since_ns: int,
                   limit: int = 3) -> Tuple[int, List[str]]:
-    """How many of ``files`` (``(path, stamp)`` pairs) are gone or were modified after
-    ``since_ns``, and a description of the first ``limit``."""
+    """How many of ``files`` (``(path, stamp)`` pairs) are gone or were changed after
+    ``since_ns`` (written, or their mtime set: the ctime tells), and a description of the
+    first ``limit``."""
     n, out = 0, []
     for path, st in files:
-        if st is not None and st[1] <= since_ns:
+        if st is not None and _changed_ns(st) <= since_ns:
             continue
         n += 1
         if len(out) < limit:
+            ctime = st[3] if st is not None and len(st) > 3 and st[3] > since_ns else None
             out.append("%s (%s)" % (path, "gone" if st is None else "now %d bytes, modified "
-                                    "%s" % (st[0], _iso_ns(st[1]))))
+                                    "%s%s" % (st[0], _iso_ns(st[1]), "" if ctime is None else
+                                              ", changed %s (ctime)" % _iso_ns(ctime))))
     return n, out
 
 
