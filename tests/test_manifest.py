@@ -263,7 +263,7 @@ def test_a_damaged_upload_journal_is_a_format_error_naming_it(src, tmp_path):
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto.server")
-    from test_remote import BUCKET, _options, moto_s3
+    from s3_server import BUCKET, _options, moto_s3  # framework-free (test_remote is Gluon's)
     from gluon_data.storage.remotefs import filesystem
     with moto_s3() as server:
         opts = _options(server)
@@ -313,3 +313,36 @@ def test_a_damaged_upload_receipt_means_the_shard_is_uploaded_again(s3, src, sha
     store.close()
     assert "entry" in json.loads(fs.cat(receipt))
 
+
+
+# ---------------------------------------------------------------- nesting beyond the parser
+DEEP = b"[" * 100000 + b"]" * 100000  # a RecursionError in json, never one out of a reader
+
+
+@pytest.fixture(scope="module")
+def deep_sources(tmp_path_factory):
+    base = tmp_path_factory.mktemp("deep")
+    src = make_imagefolder(str(base / "data"), per_class=1)
+    return src, base
+
+
+@pytest.mark.parametrize("kind", ["meta", "manifest"])
+def test_a_document_nested_too_deeply_is_a_format_error_naming_the_file(deep_sources, kind,
+                                                                        tmp_path):
+    import gluon_data
+    src, _ = deep_sources
+    if kind == "meta":
+        path = str(tmp_path / "c.rec")
+        convert(src, path, "imagefolder")
+        doc = meta_path(path)
+    else:
+        convert_sharded(src, str(tmp_path / "s" / "c.rec"), "imagefolder", shards=2)
+        path = doc = str(tmp_path / "s" / "c.shards.json")
+    with open(doc, "wb") as f:
+        f.write(DEEP)
+    result = gluon_data.verify(path)  # a report naming the file, not a traceback
+    assert any(p["where"] == doc and "nested too deeply" in p["reason"]
+               for p in result.problems), result.problems
+    with pytest.raises(FormatError, match="nested too deeply") as e:
+        gluon_data.stores.open_store(path)
+    assert e.value.path == doc

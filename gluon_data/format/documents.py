@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import zlib
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from ..errors import FormatError
 
-__all__ = ["load_document", "check_document", "KINDS", "Spec", "F", "Doc"]
+__all__ = ["load_document", "parse_json", "check_document", "KINDS", "Spec", "F", "Doc"]
 
 
 def _int(v) -> bool:
@@ -185,12 +186,32 @@ def load_document(source: Union[str, "os.PathLike[str]", bytes], kind: str,
         where = os.fspath(source) if where is None else where
         with open(source, "rb") as f:
             raw = f.read()
+    doc = parse_json(raw, KINDS[kind].noun, where)
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        return check_document(doc, kind, where)
+    except RecursionError:  # parsed just under the limit, too deep to check or checksum
+        raise _too_deep(KINDS[kind].noun, where) from None
+
+
+def _too_deep(noun: str, where) -> FormatError:
+    return FormatError("%s is nested too deeply (arrays or objects inside each other beyond "
+                       "what Python can parse, ~%d levels; no gluon_data document nests more "
+                       "than a few): the file is damaged or not one of ours; restore it or "
+                       "re-convert" % (noun, sys.getrecursionlimit()), where)
+
+
+def parse_json(raw: bytes, noun: str = "document", where=None) -> Any:
+    """The one JSON parser of the documents gluon_data reads (:func:`load_document`, and
+    the ownership checks that only peek at a ``format`` marker): UTF-8 JSON, else a
+    :class:`FormatError` (a ``ValueError``) naming ``where`` -- bytes that are not UTF-8,
+    not JSON, or nested too deeply to parse (``[[[[...]]]]`` 100000 deep is a
+    ``RecursionError`` in :mod:`json`, never let out as one)."""
+    try:
+        return json.loads(bytes(raw).decode("utf-8"))
+    except RecursionError:
+        raise _too_deep(noun, where) from None
     except (UnicodeDecodeError, ValueError) as e:
-        raise FormatError("%s is not valid JSON (%s)" % (KINDS[kind].noun, e), where) \
-            from None
-    return check_document(doc, kind, where)
+        raise FormatError("%s is not valid JSON (%s)" % (noun, e), where) from None
 
 
 # --------------------------------------------------------------------------- the kinds

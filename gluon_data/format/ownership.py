@@ -4,12 +4,12 @@ how each is recognised (sniffers, :func:`register_sniffer`), :func:`classify_loc
 ``--overwrite`` rule: only our own output of the same kind, never a link)."""
 from __future__ import annotations
 
-import json
 import os
 import stat
 from typing import Callable, Dict, Iterable
 
 from ..errors import OutputError
+from .documents import parse_json
 from ..storage.fsutil import _LMDB_FILES, _LOCK_TAG, _lmdb_dir_only
 from ..storage.remotefs import is_uri
 
@@ -114,7 +114,7 @@ def is_ours(path: str, kind: str) -> bool:
         if st.st_size > 64 << 20:
             return False
         with open(path, "rb") as f:
-            doc = json.loads(f.read().decode("utf-8"))
+            doc = parse_json(f.read(), "document", path)  # FormatError is a ValueError
         if kind == "meta":
             return isinstance(doc, dict) and doc.get("format") == "gluon_data"
         if kind == "manifest":

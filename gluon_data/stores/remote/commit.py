@@ -10,6 +10,7 @@ import uuid
 from typing import Callable, Dict, Iterable, Optional
 
 from ...errors import OutputError, RemoteError, RemoteNotFoundError
+from ...format.documents import parse_json
 from ...format.meta import dumps_meta, meta_path
 from ..shards import MANIFEST_FORMAT
 from ...storage.remotefs import _Remote
@@ -45,7 +46,7 @@ def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
         try:
             if int(remote.info(uri)["size"]) > 64 << 20:  # no metadata is that large
                 continue
-            doc = json.loads(remote.cat(uri).decode("utf-8"))
+            doc = parse_json(remote.cat(uri), "document", uri)  # FormatError: a ValueError
         except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
             continue
         if isinstance(doc, dict) and doc.get(key) in wanted:
