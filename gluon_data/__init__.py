@@ -27,7 +27,7 @@ _CORE = {
     "SampleKey": "sampling.sampler", "DistributedSampler": "sampling.sampler",
     "RecordFile": "stores.recordio", "RecordWriter": "stores.recordio",
     "LMDBFile": "stores.lmdbio", "LMDBWriter": "stores.lmdbio",
-    "convert": "convert", "ConversionReport": "convert", "ConvertOptions": "convert.options",
+    "convert": "convert", "ConversionReport": "convert",
     "verify": "tools.verify", "salvage": "tools.salvage",
     "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",
     "DecodeError": "errors", "SourceError": "errors", "ConversionError": "errors",

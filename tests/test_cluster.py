@@ -205,16 +205,16 @@ def test_a_path_not_shared_with_the_workers_is_a_typed_error(cluster, tmp_path, 
 def test_a_worker_running_another_gluon_data_version_is_refused(cluster, tmp_path):
     address, _, _ = cluster
     src = make_imagefolder(str(tmp_path / "data"), per_class=2)
-    import gluon_data
-    mine = gluon_data.__version__
-    _worker_run(address, lambda: setattr(importlib.import_module("gluon_data"), "__version__",
-                                         "0.0.1-old"))
+    from gluon_data import _version  # the one definition of the version
+    mine = _version.__version__
+    _worker_run(address, lambda: setattr(importlib.import_module("gluon_data._version"),
+                                         "__version__", "0.0.1-old"))
     try:
         with pytest.raises(ConversionError) as e:
             convert_sharded(src, str(tmp_path / "o" / "c.rec"), "imagefolder", shards=2,
                             engine="dask", scheduler=address)
     finally:
-        _worker_run(address, lambda: setattr(importlib.import_module("gluon_data"),
+        _worker_run(address, lambda: setattr(importlib.import_module("gluon_data._version"),
                                              "__version__", mine))
     assert "gluon_data %s on this client, but 0.0.1-old on 1 worker(s)" % mine in str(e.value)
     assert not os.path.exists(str(tmp_path / "o" / "c.shards.json"))

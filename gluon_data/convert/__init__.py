@@ -26,8 +26,8 @@ from .._callable import callable_module
 # that only encodes items (it unpickles ``encode._work``) imports ``encode`` and what it needs,
 # not the writers, the copy and sharded drivers and their containers.
 _EXPORTS = {
-    "_start_pool": "..engines", "_stop_pool": "..engines", "_worker_init": "..engines",
-    "_Stats": ("..stats", "RunningStats"),
+    "_start_pool": ".engines", "_stop_pool": ".engines", "_worker_init": ".engines",
+    "_Stats": ("..tools.stats", "RunningStats"),
     "_stock_meta": ".copy", "copy_dataset": ".copy", "import_lmdb": ".copy",
     "_plan": ".driver", "convert": ".driver", "is_dataset": ".driver",
     "SplitJobs": ".loop", "drive": ".loop",

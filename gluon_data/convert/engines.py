@@ -17,7 +17,7 @@ import threading
 from multiprocessing import resource_tracker
 from typing import Callable, Iterator, Optional, Sequence, Tuple
 
-from .._version import __version__
+from .. import _version
 from ..errors import ConversionError, WorkerPathError
 
 __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE"]
@@ -67,7 +67,7 @@ def _dask_worker_init() -> str:
 
 def _version() -> str:
     """The version of the gluon_data this process runs."""
-    return __version__
+    return _version.__version__  # read at each call: the one definition
 
 
 def _check_versions(versions: dict) -> None:
