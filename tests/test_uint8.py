@@ -132,6 +132,31 @@ def test_input_normalize_is_gluons_to_tensor_normalize_hybridized_and_in_a_model
     assert grey.asnumpy().ravel().tolist() == [2.0] * 4
 
 
+@pytest.mark.parametrize("channels", [1, 2, 3, 4])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_input_normalize_takes_the_same_channel_counts_eagerly_and_hybridized(channels,
+                                                                              per_channel):
+    """Every channel count the eager path takes, the hybridized one (Gluon's Normalize: 1 or
+    3 channels only) takes too, to the same bits; a mismatched one both refuse alike."""
+    x = mx.nd.array(np.random.RandomState(channels).randint(0, 256, (2, channels, 5, 7)),
+                    dtype="uint8")
+    mean = tuple(0.1 * (c + 1) for c in range(channels)) if per_channel else 0.45
+    std = tuple(0.2 + 0.05 * c for c in range(channels)) if per_channel else 0.225
+    eager = InputNormalize(mean, std)(x).asnumpy()
+    hybrid = InputNormalize(mean, std)
+    hybrid.hybridize()
+    np.testing.assert_array_equal(hybrid(x).asnumpy(), eager)
+    m = np.broadcast_to(np.float32(mean), (channels,)).reshape(1, -1, 1, 1)
+    s = np.broadcast_to(np.float32(std), (channels,)).reshape(1, -1, 1, 1)
+    want = (x.asnumpy().astype(np.float32) / np.float32(255) - m) / s
+    np.testing.assert_allclose(eager, want, rtol=1e-6, atol=1e-6)
+    if per_channel and channels > 1:  # another count: the same ValueError on both paths
+        other = mx.nd.zeros((1, channels + 1, 2, 2), dtype="uint8")
+        for block in (InputNormalize(mean, std), hybrid):
+            with pytest.raises(ValueError, match="channels"):
+                block(other)
+
+
 def test_input_normalize_refuses_a_converted_batch_and_bad_settings():
     norm = InputNormalize(MEAN, STD)
     with pytest.raises(TypeError, match="uint8"):

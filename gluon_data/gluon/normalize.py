@@ -84,9 +84,20 @@ class InputNormalize(mx.gluon.HybridBlock):
         # Gluon's own operators, so the values are Gluon's: ToTensor (``/ 255`` in float32)
         # on the N*C planes as 1-channel NHWC images (a reshape, no transpose), then
         # Normalize; one pass each, several times faster on CPU than broadcast arithmetic.
+        # Gluon's Normalize takes 1 or 3 channels only, so any channel count the eager path
+        # takes is normalised here too: one (mean, std) for all -> the N*C planes as
+        # 1-channel images; 3 -> one call; any other count -> each channel on its own.
         planes = F.expand_dims(F.reshape(x, shape=(-3, -2)), axis=3)
-        y = F.reshape_like(F.image.to_tensor(planes), x)
-        return F.image.normalize(y, mean=tuple(self.mean), std=tuple(self.std))
+        y = F.image.to_tensor(planes)  # (N*C, 1, H, W)
+        k = len(self.mean)
+        if k == 1:
+            return F.reshape_like(F.image.normalize(y, mean=self.mean[0], std=self.std[0]), x)
+        y = F.reshape_like(y, x)
+        if k == 3:
+            return F.image.normalize(y, mean=tuple(self.mean), std=tuple(self.std))
+        parts = F.split(y, num_outputs=k, axis=1)
+        return F.concat(*[F.image.normalize(parts[c], mean=self.mean[c], std=self.std[c])
+                          for c in range(k)], dim=1)
 
     def __repr__(self):
         return "InputNormalize(mean=%s, std=%s)" % (self.mean, self.std)
