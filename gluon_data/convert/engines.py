@@ -62,22 +62,22 @@ def import_dask():
 def _dask_worker_init() -> str:
     import cv2
     cv2.setNumThreads(1)  # one single-threaded worker process per core, as the local pool
-    return _version()
+    return _running_version()
 
 
-def _version() -> str:
+def _running_version() -> str:
     """The version of the gluon_data this process runs."""
     return _version.__version__  # read at each call: the one definition
 
 
 def _check_versions(versions: dict) -> None:
     """Every worker must run this client's gluon_data (the tasks are its code)."""
-    other = {w: v for w, v in versions.items() if v != _version()}
+    other = {w: v for w, v in versions.items() if v != _running_version()}
     if other:
         w, v = sorted(other.items())[0]
         raise ConversionError("gluon_data %s on this client, but %s on %d worker(s), e.g. %s: "
                               "install the same version on the client, the scheduler and "
-                              "every worker" % (_version(), v, len(other), w))
+                              "every worker" % (_running_version(), v, len(other), w))
 
 
 class _OnSharedPaths:
