@@ -313,3 +313,33 @@ def test_jpeg_the_reader_cannot_decode_is_re_encoded_and_a_corrupt_one_refused(t
     Image.fromarray(np.zeros((300, 400), np.uint8)).save(os.path.join(src, "masks", "s02.png"))
     with pytest.raises(ConversionError, match="s02.jpg.*corrupt"):
         convert(src, str(tmp_path / "p.rec"), "pairs")
+
+
+@pytest.mark.parametrize("tree", ["VOCdevkit", "VOC2012", "ade20k", "cityscapes", "pairs"])
+def test_imagefolder_refuses_a_segmentation_tree_naming_the_layout_that_fits(tmp_path, tree):
+    """Its folders are not classes: packing JPEGImages, SegmentationClass and ImageSets as
+    three classes (exit 0) was the bug; refused, saying what the tree looks like."""
+    from gluon_data.convert.sample import make_ade20k, make_cityscapes, make_voc
+    from gluon_data.convert.sources import open_source
+    from gluon_data.errors import SourceError
+    if tree in ("VOCdevkit", "VOC2012"):
+        voc = make_voc(str(tmp_path / "VOCdevkit" / "VOC2012"), num_images=4,
+                       size_range=(16, 20))
+        src, fits, seen = (str(tmp_path / "VOCdevkit") if tree == "VOCdevkit" else voc,
+                           "voc", "JPEGImages/, SegmentationClass/, ImageSets/")
+    elif tree == "ade20k":
+        src, fits, seen = make_ade20k(str(tmp_path / "ade"), 2, 1), "ade20k", "images/"
+    elif tree == "cityscapes":
+        src, fits, seen = make_cityscapes(str(tmp_path / "cs"), 1), "cityscapes", "gtFine/"
+    else:
+        src, fits, seen = make_pairs(str(tmp_path / "pairs"), n=2), "pairs", "masks/"
+    with pytest.raises(SourceError) as e:
+        open_source(src, "imagefolder")
+    msg = str(e.value)
+    assert "does not fit" in msg and seen in msg and "--layout %s" % fits in msg, msg
+    out = str(tmp_path / "o.rec")
+    with pytest.raises(ConversionError, match="layout 'imagefolder' does not fit") as e:
+        convert(src, out, "imagefolder")
+    assert "--layout %s" % fits in str(e.value)
+    assert not any(f.startswith("o.") for f in os.listdir(tmp_path))  # nothing written
+    assert open_source(src).layout == fits  # the layout named is the one detected

@@ -278,6 +278,13 @@ def _voc(root: str, split=None, **_) -> Source:
 
 
 def _imagefolder(root: str, split=None, **_) -> Source:
+    fits = _segmentation_tree(root)
+    if fits is not None:  # its folders are not classes: refused, never packed as such
+        layout, looks = fits
+        raise SourceError("layout 'imagefolder' does not fit this source: it looks like %s, "
+                          "whose folders are not classes (imagefolder would pack each as one, "
+                          "masks and split lists included); use layout %r (--layout %s)"
+                          % (looks, layout, layout), root)
     classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
     if not classes:
         raise SourceError("layout 'imagefolder' needs one sub-folder per class; none found", root)
@@ -473,27 +480,43 @@ LAYOUTS = {"pairs": _pairs, "voc": _voc, "imagefolder": _imagefolder, "lst": _ls
 ALL_LAYOUTS = tuple(sorted(list(LAYOUTS) + ["raw-lmdb", "caffe-lmdb"]))
 
 
+def _segmentation_tree(path: str) -> Optional[Tuple[str, str]]:
+    """The segmentation layout whose tree ``path`` has, and what the tree looks like in
+    words, else ``None``: the one test :func:`detect_layout` picks a layout by and the
+    ``imagefolder`` layout refuses a tree by (its folders would be taken for classes)."""
+    def found(base, names):
+        rel = os.path.relpath(base, path)
+        return "%s%s" % (", ".join(n + "/" for n in names if os.path.isdir(
+            os.path.join(base, n))), "" if rel == "." else " in %s/" % rel)
+    try:
+        base = _voc_base(path)
+        return "voc", "a Pascal VOC tree (%s)" % found(
+            base, ("JPEGImages", "SegmentationClass", "SegmentationObject", "ImageSets",
+                   "Annotations"))
+    except SourceError:
+        pass
+    try:
+        base = _ade20k_base(path)
+        return "ade20k", "an ADE20K tree (%s)" % found(base, ("images", "annotations"))
+    except SourceError:
+        pass
+    if os.path.isdir(os.path.join(path, "leftImg8bit")) and \
+            os.path.isdir(os.path.join(path, "gtFine")):
+        return "cityscapes", "a Cityscapes tree (leftImg8bit/, gtFine/)"
+    if os.path.isdir(os.path.join(path, "images")) and os.path.isdir(os.path.join(path,
+                                                                                 "masks")):
+        return "pairs", "image + mask pairs (images/, masks/)"
+    return None
+
+
 def detect_layout(path: str) -> str:
     """Guess the layout of ``path``; raise :class:`SourceError` listing the valid ones."""
     if os.path.isfile(path) and path.endswith(".lst"):
         return "lst"
     if os.path.isdir(path):
-        try:
-            _voc_base(path)
-            return "voc"
-        except SourceError:
-            pass
-        try:
-            _ade20k_base(path)
-            return "ade20k"
-        except SourceError:
-            pass
-        if os.path.isdir(os.path.join(path, "leftImg8bit")) and \
-                os.path.isdir(os.path.join(path, "gtFine")):
-            return "cityscapes"
-        if os.path.isdir(os.path.join(path, "images")) and os.path.isdir(os.path.join(path,
-                                                                                     "masks")):
-            return "pairs"
+        fits = _segmentation_tree(path)
+        if fits is not None:
+            return fits[0]
         if any(os.path.isdir(os.path.join(path, d)) for d in os.listdir(path)):
             return "imagefolder"
     raise SourceError("cannot tell the layout of this source; pass --layout, one of: %s"
