@@ -244,7 +244,8 @@ def test_dataloader_hints_every_batch_before_reading_it(voc_rec):
     """gluon_data.DataLoader hands each batch's indices to the dataset's will_need in the
     main process before the batch is read: two batches ahead with num_workers=0, as it is
     handed to a thread (or process) otherwise; the samples are those of Gluon's loader."""
-    import mxnet as mx
+    mx = pytest.importorskip("mxnet", reason="gluon_data.DataLoader, compared with Gluon's "
+                                             "own, is the Gluon layer: it needs MXNet")
     from gluon_data import DataLoader, SegmentationRecordDataset
 
     ds = SegmentationRecordDataset(voc_rec)
