@@ -101,10 +101,9 @@ def test_file_commands_never_import_a_framework(python, voc, tmp_path):
 
 
 def test_the_probe_sees_a_framework_import(tmp_path):
-    """The check can fail: a command that loads the Gluon layer is named. Where MXNet is
-    installed (this interpreter or ``GLUON_DATA_MXNET_PYTHON``'s), ``demo`` does so by design
-    and is the witness; without any MXNet, the probe must still report the modules a command
-    loads, so a fake ``mxnet`` package on the path stands in for it."""
+    """The check can fail: a command that loads a framework is named. Here ``info`` is made
+    to import ``mxnet`` (an empty stand-in package on the path, so this runs with or without
+    MXNet) and the probe must report it."""
     fake = tmp_path / "fake"
     (fake / "mxnet").mkdir(parents=True)
     (fake / "mxnet" / "__init__.py").write_text("")
