@@ -154,7 +154,7 @@ def _check_image_bytes(buf: bytes) -> None:
         if eoi < 0 or buf.find(b"\xff\xda", eoi) >= 0:
             raise DecodeError("truncated JPEG (%d bytes, no end-of-image marker after the last "
                               "scan)" % len(buf))
-    elif buf[:8] == b"\x89PNG\r\n\x1a\n" and b"IEND" not in buf[-16:]:
+    elif buf[:8] == codec.PNG_SIGNATURE and b"IEND" not in buf[-16:]:
         raise DecodeError("truncated PNG (%d bytes, no IEND chunk at the end)" % len(buf))
 
 

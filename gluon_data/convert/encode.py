@@ -99,7 +99,7 @@ def _mask_reduced(data: bytes, im: Image.Image) -> bool:
     grey+alpha PNG and TIFF): its class ids would silently change."""
     if im.mode not in _WIDE_COLOUR:
         return False
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 26 and data[12:16] == b"IHDR":
+    if data[:8] == codec.PNG_SIGNATURE and len(data) >= 26 and data[12:16] == b"IHDR":
         return data[24] > 8
     bits = getattr(im, "tag_v2", {}).get(258) if hasattr(im, "tag_v2") else None
     if isinstance(bits, (tuple, list)):

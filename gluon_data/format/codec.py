@@ -329,7 +329,9 @@ def _decode_raw(buf, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
 #: Images larger than this many pixels are refused before decoding (a 0.4 MB PNG can
 #: otherwise claim 20000x20000 pixels and cost gigabytes). Override per dataset.
 DEFAULT_MAX_PIXELS = 1 << 27
-_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+#: The first bytes of every PNG file.
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_SIG = PNG_SIGNATURE
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 

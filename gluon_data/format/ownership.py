@@ -9,15 +9,15 @@ import stat
 from typing import Callable, Dict, Iterable
 
 from ..errors import OutputError
+from .codec import PNG_SIGNATURE, RECORDIO_MAGIC
 from .documents import parse_json
-from ..storage.fsutil import _LMDB_FILES, _LOCK_TAG, _lmdb_dir_only
+from ..storage.fsutil import _lmdb_dir_only
 from ..storage.remotefs import is_uri
 
 __all__ = ["check_replaceable", "is_ours", "register_sniffer", "KINDS", "classify_location",
            "LOCATIONS", "check_disjoint"]
 
-_RECORDIO_MAGIC = (0xCED7230A).to_bytes(4, "little")
-_PNG_SIG = b"\x89PNG\r\n\x1a\n"
+_RECORDIO_MAGIC = RECORDIO_MAGIC.to_bytes(4, "little")
 _INDEX_CHARS = frozenset(b"0123456789+-\t\n\r ")
 
 #: What each kind of output looks like, in the words of the refusal message.
@@ -106,10 +106,10 @@ def is_ours(path: str, kind: str) -> bool:
         if kind == "gdx":
             return _head(path, 5) == b"GDIDX"
         if kind == "png":
-            return _head(path, 8) == _PNG_SIG
+            return _head(path, 8) == PNG_SIGNATURE
         if kind == "image":
             h = _head(path, 12)
-            return (h.startswith((_PNG_SIG, b"\xff\xd8\xff", b"BM", b"II*\x00", b"MM\x00*"))
+            return (h.startswith((PNG_SIGNATURE, b"\xff\xd8\xff", b"BM", b"II*\x00", b"MM\x00*"))
                     or (h[:4] == b"RIFF" and h[8:12] == b"WEBP"))
         if st.st_size > 64 << 20:
             return False

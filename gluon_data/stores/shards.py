@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from typing import List, Optional, Sequence, Tuple
 
 from ..format.documents import load_document
+from ..storage.cache import parse_size as cache_parse_size
 from ..errors import FormatError, GluonDataError
 from ..storage.fsutil import atomic_write, sha256_file
 from ..format.ownership import classify_location
@@ -32,9 +32,6 @@ __all__ = ["plan_ranges", "parse_size", "shard_name",
 MANIFEST_SUFFIX = ".shards.json"
 MANIFEST_FORMAT = "gluon_data-shards"
 MANIFEST_VERSION = 1
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.I)
-_UNITS = {"": 1, "B": 1, "K": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12,
-          "KI": 1 << 10, "MI": 1 << 20, "GI": 1 << 30, "TI": 1 << 40}
 
 
 # --------------------------------------------------------------------------- naming, plan
@@ -61,16 +58,14 @@ def shard_name(prefix: str, index: int, count: int, container: str = "rec") -> s
     return "%s-%05d-of-%05d.%s" % (prefix, index, count, container)
 
 
-def parse_size(text: str) -> int:
-    """``"1GB"`` -> 10**9, ``"512MiB"`` -> 512 * 2**20, ``"4096"`` -> 4096 bytes."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ValueError("cannot parse size %r; write e.g. 1GB, 256MB, 512MiB" % (text,))
-    unit = (m.group(2) or "").upper().rstrip("B")
-    unit = unit if unit else ("" if not m.group(2) else "B")
-    n = int(float(m.group(1)) * _UNITS[unit])
-    if n <= 0:
-        raise ValueError("size must be positive, got %r" % (text,))
+def parse_size(text) -> int:
+    """A shard size: ``"1GB"`` -> 10**9, ``"512MiB"`` -> 512 * 2**20, ``"4096"`` -> 4096 bytes
+    (:func:`gluon_data.storage.cache.parse_size`, the one size parser), which must be
+    positive."""
+    n = cache_parse_size(text)
+    if n is None or n <= 0:
+        raise ValueError("a shard size must be positive, got %r; write e.g. 1GB, 256MB, 512MiB"
+                         % (text,))
     return n
 
 
