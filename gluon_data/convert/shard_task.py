@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Tuple
 
 
 from ..format import codec
+from ..storage.fsutil import OutputLock
 from ..errors import ConversionError, GluonDataError
 from ..format.ownership import check_disjoint
 from ..stores.lmdbio import LMDBFile, is_lmdb
@@ -90,6 +91,13 @@ def write_shard(job: ShardJob) -> dict:
     (partial files of a killed attempt included) is rewritten from scratch and published
     by rename. Raises :class:`ConversionError` naming the shard and the bad item.
     """
+    # the one output lock, as every writer takes it: a rerun or a retried task of the same
+    # shard running at the same time fails at once instead of writing the same files
+    with OutputLock([job.path]):
+        return _write_shard_locked(job)
+
+
+def _write_shard_locked(job: ShardJob) -> dict:
     done = _finished(job)
     if done is not None:
         return done

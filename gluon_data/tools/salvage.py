@@ -18,7 +18,7 @@ from ..format import codec
 from .._callable import callable_module
 from ..errors import FormatError, GluonDataError, OutputError
 from ..storage.fileio import open_or_explain, open_regular, read_regular, require_regular
-from ..storage.fsutil import atomic_write, fsync_dir
+from ..storage.fsutil import OutputLock, atomic_write, fsync_dir
 from ..format.ownership import LOCATIONS, check_disjoint, check_replaceable, classify_location, is_ours
 from ..format.meta import dumps_meta, meta_path, read_meta
 from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
@@ -110,6 +110,12 @@ def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> Sal
     for p in (idx_path, mp):  # read too (kept as .bak, the task): the input-kind rule first
         require_regular(p)
     _check_targets(rec_path, idx_path, gdx, mp, overwrite)
+    # the one output lock every writer takes: never beside a conversion writing this .rec
+    with OutputLock([rec_path]):
+        return _salvage_locked(rec_path, idx_path, gdx, mp)
+
+
+def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageReport:
     try:
         meta = read_meta(rec_path)
     except GluonDataError:
