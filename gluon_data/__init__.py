@@ -27,7 +27,7 @@ _CORE = {
     "SampleKey": "sampling.sampler", "DistributedSampler": "sampling.sampler",
     "RecordFile": "stores.recordio", "RecordWriter": "stores.recordio",
     "LMDBFile": "stores.lmdbio", "LMDBWriter": "stores.lmdbio",
-    "convert": "convert", "ConversionReport": "convert",
+    "convert": "convert", "ConversionReport": "convert", "ConvertOptions": "convert.options",
     "verify": "tools.verify", "salvage": "tools.salvage",
     "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",
     "DecodeError": "errors", "SourceError": "errors", "ConversionError": "errors",

@@ -11,7 +11,7 @@ import pytest
 from gluon_data import convert
 from gluon_data.convert import sources
 from gluon_data.errors import ConversionError
-from gluon_data.convert import driver, loop, resume
+from gluon_data.convert import local, loop, resume
 from gluon_data.convert.engines import _start_pool
 from gluon_data.convert.sample import make_voc
 
@@ -148,12 +148,12 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
     """The pool is started before the listing (its imports overlap the planning); a listing
     that fails stops it: no worker is left behind."""
     seen = []
-    real = driver.open_source
+    real = local.open_source
 
     def listing(*a, **k):
         seen.append(len(multiprocessing.active_children()))
         return real(*a, **k)
-    monkeypatch.setattr(driver, "open_source", listing)
+    monkeypatch.setattr(local, "open_source", listing)
     out = str(tmp_path / "o.rec")
     rep = convert(voc150, out, "voc", split="trainval", workers=2)
     assert seen == [2] and rep.written["trainval"] == 150

@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import tempfile
-from functools import partial
 
 import numpy as np
 from typing import Optional
@@ -52,77 +51,32 @@ def _source_options(a) -> Optional[dict]:
     return {"storage_options": parse_storage_options(getattr(a, "storage_option", None))}
 
 
-def _cmd_convert(a) -> int:
-    """``gluon-data convert``: write shards (``--shards``...), import a legacy LMDB layout,
-    copy a dataset between containers (``.rec`` <-> ``.lmdb``, or one container re-written),
-    or convert a source layout."""
-    _input(a.source)
-    if (a.shards is not None or a.shard_size is not None or a.shard_items is not None
-            or is_manifest(a.source)):
-        return _convert_sharded(a)
-    if a.engine != "local" or a.scheduler or a.forward_credentials:
-        raise ValueError("--engine/--scheduler/--forward-credentials are for shard tasks: add "
-                         "--shards, --shard-size or "
-                         "--shard-items")
-    from ..convert import convert, copy_dataset, import_lmdb, is_dataset
-    from ..convert.to_uri import convert_to_uri
+def convert_options(a):
+    """The :class:`~gluon_data.convert.options.ConvertOptions` of ``gluon-data convert``'s
+    flags: each flag is its field in dash-case (``--root`` is ``lst_root``, ``--quiet``
+    turns ``progress`` off)."""
+    from ..convert.options import ConvertOptions
     every = os.environ.get("GLUON_DATA_CHECKPOINT_EVERY")  # unset: by time and bytes
-    every = int(every) if every else None
-    if a.layout in ("raw-lmdb", "caffe-lmdb"):
-        report = import_lmdb(a.source, a.output, a.layout, split=a.split,
-                             image_shape=a.image_shape, mask_shape=a.mask_shape,
-                             channels_first=a.channels_first, bgr=a.bgr, encoding=a.encoding,
-                             quality=a.quality, classes=_classes_arg(a.classes),
-                             num_classes=a.num_classes, ignore_label=a.ignore_label,
-                             format=a.format, overwrite=a.overwrite, on_error=a.on_error,
-                             max_pixels=a.max_pixels, progress=not a.quiet, workers=a.workers,
-                             resume=a.resume, checkpoint_every=every)
-    elif is_dataset(a.source) and not _remote(a):
-        report = copy_dataset(a.source, a.output, split=a.split, format=a.format,
-                              overwrite=a.overwrite, progress=not a.quiet,
-                              source_options=_source_options(a))
-    else:  # a source layout, or any source into object storage (a dataset: copied there)
-        if _remote(a):  # into object storage: converted locally, then uploaded (metadata last)
-            convert = partial(convert_to_uri, **_remote(a))
-        report = convert(a.source, a.output, a.layout, split=a.split, val_ratio=a.val_ratio,
-                         shuffle=a.shuffle, seed=a.seed, encoding=a.encoding,
-                         quality=a.quality, mask_encoding=a.mask_encoding, resize=a.resize,
-                         workers=a.workers, overwrite=a.overwrite, on_error=a.on_error,
-                         classes=_classes_arg(a.classes), num_classes=a.num_classes,
-                         ignore_label=a.ignore_label, images_dir=a.images_dir,
-                         masks_dir=a.masks_dir, lst_root=a.root, max_pixels=a.max_pixels,
-                         format=a.format, resume=a.resume, progress=not a.quiet,
-                         follow_symlinks=a.follow_symlinks, max_file_bytes=a.max_file_bytes,
-                         checkpoint_every=every, source_options=_source_options(a))
-    print(report)
-    return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
+    named = {n: getattr(a, n) for n in ConvertOptions.names() if hasattr(a, n)}
+    named.update(classes=_classes_arg(a.classes), lst_root=a.root, progress=not a.quiet,
+                 checkpoint_every=int(every) if every else None,
+                 source_options=_source_options(a), **_remote(a))
+    return ConvertOptions(**named)
 
 
-def _convert_sharded(a) -> int:
-    from ..convert.to_uri import convert_to_uri
-    from ..convert.sharded import convert_sharded
-    if _remote(a):  # into object storage: each shard task uploads its shard, manifest last
-        convert_sharded = partial(convert_to_uri, resume=a.resume, **_remote(a))
-    if a.forward_credentials:
-        convert_sharded = partial(convert_sharded, forward_credentials=True)
-    report = convert_sharded(a.source, a.output, a.layout, shards=a.shards,
-                             shard_size=a.shard_size, shard_items=a.shard_items,
-                             engine=a.engine, scheduler=a.scheduler, workers=a.workers,
-                             format=a.format, split=a.split, val_ratio=a.val_ratio,
-                             shuffle=a.shuffle, seed=a.seed, encoding=a.encoding,
-                             quality=a.quality, resize=a.resize, mask_encoding=a.mask_encoding,
-                             on_error=a.on_error, classes=_classes_arg(a.classes),
-                             num_classes=a.num_classes, ignore_label=a.ignore_label,
-                             images_dir=a.images_dir, masks_dir=a.masks_dir, lst_root=a.root,
-                             max_pixels=a.max_pixels, follow_symlinks=a.follow_symlinks,
-                             max_file_bytes=a.max_file_bytes, overwrite=a.overwrite,
-                             progress=not a.quiet, source_options=_source_options(a))
-    for e in report.shards:
+def _cmd_convert(a) -> int:
+    """``gluon-data convert``: the one entry (:func:`gluon_data.convert`) decides which
+    conversion runs: shards, a legacy LMDB import, a copy between containers, a source
+    layout, locally or into object storage."""
+    from ..convert.driver import convert
+    _input(a.source)
+    report = convert(a.source, a.output, a.layout, convert_options(a))
+    for e in getattr(report, "shards", None) or ():
         print("  %-6s shard %3d  %-36s %7d records %11d bytes  %s"
               % (e["split"], e["index"], e["name"], e["records"], e["bytes"],
                  "kept (already done)" if e.get("reused") else "written"))
     print(report)
-    return 0
+    return 0  # skips (--on-error skip) are listed; nothing written raises ConversionError
 
 
 def _summary(meta: dict) -> dict:

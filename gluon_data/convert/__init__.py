@@ -29,7 +29,8 @@ _EXPORTS = {
     "_start_pool": ".engines", "_stop_pool": ".engines", "_worker_init": ".engines",
     "_Stats": ("..tools.stats", "RunningStats"),
     "_stock_meta": ".copy", "copy_dataset": ".copy", "import_lmdb": ".copy",
-    "_plan": ".driver", "convert": ".driver", "is_dataset": ".driver",
+    "_plan": (".planning", "plan_splits"), "convert": ".driver", "is_dataset": ".planning",
+    "ConvertOptions": ".options", "convert_to_uri": ".to_uri", "convert_local": ".local",
     "SplitJobs": ".loop", "drive": ".loop",
     **{n: ".encode" for n in (
         "_PASSTHROUGH_FORMATS", "EncodeOptions", "_check_pixels", "_decode_like_reader",
@@ -46,14 +47,14 @@ _EXPORTS = {
     **{n: ".sharded" for n in ("ShardJob", "convert_sharded", "write_shard")},
 }
 
-__all__ = ["convert", "copy_dataset", "import_lmdb", "ConversionReport", "EncodeOptions",
-           "encode_item", "ENCODINGS", "FORMATS", "output_paths", "output_format",
-           "open_writers", "outputs_for", "Outputs", "drive", "SplitJobs", "is_dataset",
-           "convert_sharded"]
+__all__ = ["convert", "ConvertOptions", "convert_to_uri", "copy_dataset", "import_lmdb",
+           "ConversionReport", "EncodeOptions", "encode_item", "ENCODINGS", "FORMATS",
+           "output_paths", "output_format", "open_writers", "outputs_for", "Outputs", "drive",
+           "SplitJobs", "is_dataset", "convert_sharded"]
 
 
-_SUBMODULES = ("copy", "driver", "encode", "loop", "outputs", "resume", "shard_task", "sharded",
-               "to_uri")
+_SUBMODULES = ("copy", "driver", "encode", "local", "loop", "options", "outputs", "planning",
+               "resume", "shard_task", "sharded", "to_uri")
 
 
 def __getattr__(name):

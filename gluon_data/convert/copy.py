@@ -8,7 +8,7 @@ import itertools
 import os
 import time
 from functools import partial
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Tuple
 
 from .._version import __version__
 from ..format import codec
@@ -21,6 +21,7 @@ from ..stores.recordio import RecordFile
 from ..stores.shards import dataset_files
 from .sources import Source
 from ..stores.base import is_uri, open_store
+from .options import ConvertOptions, _only
 from .encode import EncodeOptions, _legacy_work
 from .loop import SplitJobs, drive
 from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,
@@ -30,16 +31,15 @@ from .resume import _import_digest
 __all__ = ["copy_dataset", "import_lmdb"]
 
 
-def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] = None,
-                image_shape: Optional[Sequence[int]] = None,
-                mask_shape: Optional[Sequence[int]] = None, channels_first: bool = False,
-                bgr: bool = False, encoding: str = "passthrough", quality: int = 95,
-                classes: Optional[Sequence[str]] = None, num_classes: Optional[int] = None,
-                ignore_label: int = 255, format: Optional[str] = None,
-                overwrite: bool = False, on_error: str = "fail",
-                max_pixels: int = codec.DEFAULT_MAX_PIXELS,
-                progress: bool = False, workers: int = 1, resume: bool = False,
-                checkpoint_every: Optional[int] = None) -> ConversionReport:
+#: The options a legacy LMDB import reads.
+_IMPORT_READS = frozenset(("split", "image_shape", "mask_shape", "channels_first", "bgr",
+                           "encoding", "quality", "classes", "num_classes", "ignore_label",
+                           "format", "overwrite", "on_error", "max_pixels", "progress",
+                           "workers", "resume", "checkpoint_every", "source_options"))
+
+
+def import_lmdb(source: str, output: str, layout: str,
+                options: Optional[ConvertOptions] = None, **overrides) -> ConversionReport:
     """Import a ``raw-lmdb`` (the original recipe) or ``caffe-lmdb`` into our format.
 
     Raw arrays are kept raw by ``encoding='passthrough'`` for ``raw-lmdb`` (lossless, no
@@ -52,6 +52,13 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
     >>> import_lmdb("voc_lmdb", "voc.rec", "raw-lmdb", split="train",
     ...             image_shape=(256, 256, 3))                                  # doctest: +SKIP
     """
+    o = ConvertOptions.merge(options, overrides)
+    _only(o, _IMPORT_READS, "a legacy LMDB import")
+    split, image_shape, mask_shape = o.split, o.image_shape, o.mask_shape
+    channels_first, bgr, encoding, quality = o.channels_first, o.bgr, o.encoding, o.quality
+    classes, num_classes, ignore_label = o.classes, o.num_classes, o.ignore_label
+    format, on_error, max_pixels, workers = o.format, o.on_error, o.max_pixels, o.workers
+    checkpoint_every = o.checkpoint_every
     _check_choices(encoding, on_error)
     _check_options(quality=quality, max_pixels=max_pixels, ignore_label=ignore_label,
                    num_classes=num_classes, workers=workers, checkpoint_every=checkpoint_every)
@@ -102,8 +109,8 @@ def import_lmdb(source: str, output: str, layout: str, *, split: Optional[str] =
                  partial(_legacy_work, opts=opts, raw_as=raw_as),
                  digest=_import_digest(source, layout, split, n, opts, options), root=source,
                  options=options, report=report, finish_meta=finish_meta, source=source,
-                 workers=workers, overwrite=overwrite, on_error=on_error, resume=resume,
-                 checkpoint_every=checkpoint_every, progress=progress, verb="import", t0=t0)
+                 run=o, verb="import", t0=t0)
+
 
 
 def _stock_meta(path: str, count: int) -> dict:

@@ -19,6 +19,7 @@ from .engines import _start_pool, _stop_pool
 from ..errors import ConversionError
 from ..tools.progress import progress_bar
 from ..tools.stats import RunningStats
+from .options import ConvertOptions
 from .outputs import ConversionReport, Outputs, _fail, _output_lock
 from .resume import _Checkpoint, _resume_finished
 
@@ -169,10 +170,8 @@ def _publish(writers: Dict[str, object], stats: Dict[str, RunningStats], ckpt,
 def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
           digest: str, root: str, options: dict, report: ConversionReport,
           finish_meta: Callable[[str, object, RunningStats, str], dict], source: str,
-          workers: int = 1, overwrite: bool = False, on_error: str = "fail",
-          resume: bool = False, checkpoint_every: Optional[int] = None,
-          progress: bool = False, verb: str = "convert",
-          t0: Optional[float] = None, pool=None) -> ConversionReport:
+          run: ConvertOptions, verb: str = "convert", t0: Optional[float] = None,
+          pool=None) -> ConversionReport:
     """Run a planned conversion into ``output``: ``fn((pos, item))`` gives ``(pos, payload,
     info, error)`` for each job (in ``workers`` spawned processes when more than one), the
     payloads are written in order, a checkpoint is taken every ``checkpoint_every`` items
@@ -181,7 +180,11 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
     identifies the conversion (a checkpoint of another one is refused); with ``resume``,
     outputs already complete (same ``root`` and ``options``) are recognised. Failure: see
     :func:`~gluon_data.convert.outputs._fail`. ``pool``: the workers' pool already started
-    (while the caller planned), this run's to close or stop."""
+    (while the caller planned), this run's to close or stop. ``run``: the conversion's
+    options (``workers``, ``overwrite``, ``on_error``, ``resume``, ``checkpoint_every``,
+    ``progress`` are read)."""
+    workers, overwrite, on_error = run.workers, run.overwrite, run.on_error
+    resume, checkpoint_every, progress = run.resume, run.checkpoint_every, run.progress
     t0 = time.perf_counter() if t0 is None else t0
     writers: Dict[str, object] = {}
     stats: Dict[str, RunningStats] = {}

@@ -26,6 +26,7 @@ from ..stores.recordio import RecordWriter
 from ..stores.shards import is_manifest
 from .sources import Item, Source, voc_palette
 from ..tools.stats import RunningStats
+from .encode import EncodeOptions
 
 __all__ = ["ConversionReport", "ENCODINGS", "FORMATS", "Outputs", "outputs_for", "output_format",
            "output_paths", "open_writers"]

@@ -34,7 +34,8 @@ from .sources import DEFAULT_MAX_FILE_BYTES, open_source
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
 from .copy import _stock_meta
-from .driver import _plan, encode_options, resolve_classes, take_problems
+from .options import ConvertOptions, _deprecated_retries, _only
+from .planning import encode_options, plan_splits, resolve_classes, take_problems
 from .outputs import (ConversionReport, _check_choices, _check_options, _metadata, _split_fields,
                       output_format)
 from .shard_task import (ShardJob, _NOT_COPIED, _check_not_source, _where, write_shard)
@@ -70,22 +71,8 @@ def _item_size(item) -> int:
     return size
 
 
-def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
-                    shards: Optional[int] = None, shard_size=None,
-                    shard_items: Optional[int] = None, engine: str = "local",
-                    scheduler: Optional[str] = None, workers: int = 1,
-                    format: Optional[str] = None, split: Optional[str] = None,
-                    val_ratio: float = 0.0, shuffle: bool = False, seed: int = 0,
-                    encoding: str = "passthrough", quality: int = 95, resize: int = 0,
-                    mask_encoding: str = "zraw", on_error: str = "fail",
-                    classes: Optional[Sequence[str]] = None,
-                    num_classes: Optional[int] = None, ignore_label: int = 255,
-                    images_dir: str = "images", masks_dir: str = "masks",
-                    lst_root: Optional[str] = None, max_pixels: Optional[int] = None,
-                    follow_symlinks: bool = False, max_file_bytes: Optional[int] = None,
-                    overwrite: bool = False, progress: bool = False, retries: int = 2,
-                    source_options: Optional[dict] = None, sink=None,
-                    forward_credentials: bool = False):
+def convert_sharded(source: str, output: str, layout: Optional[str] = None,
+                    options: Optional[ConvertOptions] = None, *, sink=None, **overrides):
     """Convert a source (or re-shard a dataset) into shards plus a manifest per split.
 
     ``source`` is a folder / ``.lst`` (encoded through the converter's per-item code), or a
@@ -116,11 +103,49 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     the manifest entry, and may add ``files``); the manifests are still written locally under
     ``output``.
 
+    ``options`` is a :class:`~gluon_data.convert.options.ConvertOptions` (or its fields as
+    keywords); the options a sharded conversion does not read (``resume``,
+    ``checkpoint_every``, the legacy-import and object-storage ones) must be left at their
+    defaults. :func:`gluon_data.convert` calls this for ``shards``/``shard_size``/
+    ``shard_items`` or a manifest source.
+
     Returns
     -------
     ConversionReport
         ``outputs`` maps each split to its manifest; ``shards`` lists per-shard entries.
     """
+    o = ConvertOptions.merge(options, _deprecated_retries(overrides, "task_retries"))
+    _only(o, _READS, "a sharded conversion")
+    return _convert_sharded(source, output, layout, sink=sink, retries=o.task_retries,
+                            **o.pick(_READS - {"task_retries"}))
+
+
+#: The options a sharded conversion reads.
+_READS = frozenset(("shards", "shard_size", "shard_items", "engine", "scheduler", "workers",
+                    "format", "split", "val_ratio", "shuffle", "seed", "encoding", "quality",
+                    "resize", "mask_encoding", "on_error", "classes", "num_classes",
+                    "ignore_label", "images_dir", "masks_dir", "lst_root", "max_pixels",
+                    "follow_symlinks", "max_file_bytes", "overwrite", "progress",
+                    "task_retries", "source_options", "forward_credentials"))
+
+
+def _convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
+                    shards: Optional[int] = None, shard_size=None,
+                    shard_items: Optional[int] = None, engine: str = "local",
+                    scheduler: Optional[str] = None, workers: int = 1,
+                    format: Optional[str] = None, split: Optional[str] = None,
+                    val_ratio: float = 0.0, shuffle: bool = False, seed: int = 0,
+                    encoding: str = "passthrough", quality: int = 95, resize: int = 0,
+                    mask_encoding: str = "zraw", on_error: str = "fail",
+                    classes: Optional[Sequence[str]] = None,
+                    num_classes: Optional[int] = None, ignore_label: int = 255,
+                    images_dir: str = "images", masks_dir: str = "masks",
+                    lst_root: Optional[str] = None, max_pixels: Optional[int] = None,
+                    follow_symlinks: bool = False, max_file_bytes: Optional[int] = None,
+                    overwrite: bool = False, progress: bool = False, retries: int = 2,
+                    source_options: Optional[dict] = None, sink=None,
+                    forward_credentials: bool = False):
+    """:func:`convert_sharded` with each option a keyword."""
     shard_size, given, max_pixels, max_file_bytes = _checked_options(
         shards, shard_size, shard_items, encoding=encoding, on_error=on_error,
         quality=quality, resize=resize, workers=workers, max_pixels=max_pixels,
@@ -184,7 +209,7 @@ def _plan_encoding(source: str, layout: Optional[str], prefix: str, container: s
                               masks_dir=masks_dir, lst_root=lst_root,
                               follow_symlinks=follow_symlinks)
     classes, num_classes = resolve_classes(src, classes, num_classes)
-    plan = _plan(src, val_ratio, shuffle, seed)
+    plan = plan_splits(src, val_ratio, shuffle, seed)
     take_problems(src, on_error, report)
     opts, options = encode_options(src, num_classes, shuffle=shuffle, seed=seed,
                                    val_ratio=val_ratio, on_error=on_error, **encode)
