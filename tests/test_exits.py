@@ -218,3 +218,34 @@ def test_convert_help_resume_covers_every_output():
     at = flat.index("--resume continue")
     resume = flat[at:flat.index("--on-error", at)]
     assert ".lmdb" in resume and "upload" in resume and "(.rec output)" not in resume, resume
+
+
+EARLY = ("import sys, gluon_data.cli as cli\n"
+         "print('ready', flush=True)\n"
+         "sys.exit(cli.main(sys.argv[1:]))\n")
+
+
+@pytest.mark.parametrize("command", ["info", "verify", "show"])
+def test_ctrl_c_during_imports_and_parsing_is_quiet(voc_rec, command, tmp_path):
+    """A Ctrl-C at any moment from the first line of ``main`` on -- while the commands'
+    modules import and the arguments parse, the first ~0.5 s of every command -- ends it with
+    one line and exit 130 (or lets it finish), never a traceback. Bounded by count: 6 runs
+    with the signal from 0 to 0.5 s after the package is imported."""
+    extra = ["--index", "0", "--out", str(tmp_path / "s.png")] if command == "show" else []
+    for delay in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5):
+        p = subprocess.Popen([sys.executable, "-c", EARLY, command, voc_rec] + extra,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout.readline().strip() == "ready"
+            time.sleep(delay)
+            p.send_signal(signal.SIGINT)
+            _, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert "Traceback" not in err, (delay, err)
+        # 0/1: it finished first; -SIGINT: the signal came as the interpreter exited
+        assert p.returncode in (0, 1, 130, -signal.SIGINT), (delay, p.returncode, err)
+        if p.returncode == 130:
+            assert err.strip().endswith("gluon-data: interrupted"), err

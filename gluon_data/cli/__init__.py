@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from ..errors import GluonDataError
 from .bench import BENCH_MODULE, bench_path, load_bench  # noqa: F401
-from .signals import _Terminated, _catch_sigterm, _stdout_closed
+from .signals import _deferred_interrupt, _Terminated, _catch_sigterm, _stdout_closed
 
 __all__ = ["main", "storage_option_parser"]
 
@@ -48,11 +48,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                   "the harness's path", file=sys.stderr)
             return 2
         return bench.main(argv[1:])
-    from .parser import build_parser  # the commands load here, not when the package does
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    old = _catch_sigterm()
+    old, command = None, argv[0] if argv else None
+    # Everything from here runs under the one interrupt handler below: the imports of the
+    # commands and the argument parsing (most of a command's first second) included, so a
+    # Ctrl-C at any moment ends the command with a line, never a traceback.
     try:
+        with _deferred_interrupt():  # a Ctrl-C here waits until the modules are loaded
+            from .parser import build_parser  # the commands load here, not with the package
+            args = build_parser().parse_args(argv)
+        old = _catch_sigterm()
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not as the interpreter exits
         return code
@@ -65,7 +69,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("gluon-data: %s%s" % ("terminated" if isinstance(e, _Terminated) else
                                     "interrupted",
                                     "; rerun the same command with --resume to continue"
-                                    if args.command == "convert" else ""), file=sys.stderr)
+                                    if command == "convert" else ""), file=sys.stderr)
         return 143 if isinstance(e, _Terminated) else 130
     finally:
         if old is not None:

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 
 class _Terminated(KeyboardInterrupt):
@@ -68,3 +69,23 @@ def _stdout_closed() -> bool:
         return closed
     except (OSError, ValueError, AttributeError):  # no real stdout (replaced, closed)
         return False
+
+
+@contextmanager
+def _deferred_interrupt():
+    """Hold a Ctrl-C (SIGINT) back while the commands' modules load and the arguments parse,
+    then raise it as ``KeyboardInterrupt`` once the block is done: a ``KeyboardInterrupt``
+    raised inside a C extension's import (numpy, OpenCV, lmdb) is printed by the interpreter
+    as "Exception ignored ..." with a traceback, before any handler of ours could run.
+    Outside the main thread it does nothing (signals are the main thread's)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if seen:
+        raise KeyboardInterrupt()
