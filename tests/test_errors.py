@@ -127,9 +127,10 @@ def test_metadata_fields_of_the_wrong_type_are_one_line(voc_rec, tmp_path, field
     needle = repr(field) if field != "num_records" else field
     for cmd in (["info", dst], ["stats", dst], ["show", dst, "--out", str(tmp_path / "s.png")]):
         one_line_error(cli(*cmd), mp, needle)
-    p = cli("verify", dst)  # verify reports on stdout, one BAD line per problem
-    assert p.returncode == 1 and [ln for ln in p.stdout.splitlines()
-                                  if "BAD" in ln and mp in ln and needle in ln], p.stdout
+    p = cli("verify", dst)  # the verdict on stdout, one BAD line per problem on stderr
+    assert p.returncode == 1 and "1 problem(s)" in p.stdout and "BAD" not in p.stdout
+    assert [ln for ln in p.stderr.splitlines()
+            if "BAD" in ln and mp in ln and needle in ln], p.stderr
     assert not os.path.exists(tmp_path / "s.png")
 
 

@@ -179,3 +179,28 @@ def test_a_link_to_a_regular_file_is_followed_and_descriptors_stay_blocking(tmp_
     assert len(open_store(rec)) == 16 and verify(rec).ok
     p = cli("info", rec, "--json")
     assert p.returncode == 0 and '"records": 16' in p.stdout, p.stderr
+
+
+@pytest.mark.parametrize("part,what", [(".idx", "the index"), (".meta.json", "the metadata"),
+                                       (".idx.gdx", "the binary index")])
+def test_a_part_of_a_dataset_is_named_as_such_not_as_corruption(voc_rec, tmp_path, part, what):
+    """``info x.idx`` (or its metadata) is a mistake of names, not a damaged dataset: the
+    message says what the file is and which path to give."""
+    for ext in (".rec", ".idx", ".meta.json"):
+        shutil.copy(voc_rec[:-4] + ext, str(tmp_path / ("v" + ext)))
+    path = str(tmp_path / ("v" + part))
+    if not os.path.exists(path):
+        open(path, "wb").close()
+    p = cli("info", path)
+    assert p.returncode == 1 and p.stdout == ""
+    assert "this is %s of a dataset, not a dataset: give the .rec (%s)" % (
+        what, str(tmp_path / "v.rec")) in p.stderr, p.stderr
+    with pytest.raises(FormatError, match="not a dataset"):
+        open_store(path)
+
+
+def test_verify_of_a_missing_rec_does_not_suggest_salvage(tmp_path):
+    """salvage would refuse it too: only a .rec that exists gets that advice."""
+    p = cli("verify", str(tmp_path / "missing.rec"))
+    assert p.returncode == 1 and "salvage" not in p.stdout + p.stderr
+    assert "not found" in p.stderr and "1 problem(s)" in p.stdout

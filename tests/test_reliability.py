@@ -151,7 +151,7 @@ def test_verify_names_every_bad_record_and_exits_non_zero(voc_rec, tmp_path):
     assert all("checksum" in p["reason"] for p in rep.problems)
     p = subprocess.run([sys.executable, "-m", "gluon_data", "verify", bad], capture_output=True,
                        text=True)
-    assert p.returncode == 1 and "record 2" in p.stdout and "record 9" in p.stdout
+    assert p.returncode == 1 and "record 2" in p.stderr and "record 9" in p.stderr  # problems: stderr
 
 
 def test_verify_deep_decodes_and_checks_mask_ids(tmp_path, voc_rec):

@@ -194,7 +194,11 @@ def _cmd_verify(a) -> int:
     _input(a.path)
     report = verify(a.path, deep=a.deep, split=a.split, **({"remote": _remote(a)}
                                                             if _remote(a) else {}))
-    print(report)
+    head, *problems = str(report).splitlines()
+    print(head)  # the verdict is the command's output; each problem goes where errors go
+    if problems:
+        sys.stdout.flush()
+        print("\n".join(problems), file=sys.stderr)
     return 0 if report.ok else 1
 
 

@@ -198,8 +198,18 @@ def store_splits(location: str) -> List[Optional[str]]:
     return [None] if splits is None else list(splits(os.fspath(location)))
 
 
+#: Files that belong to a dataset without being one: ``(suffix, what it is)``.
+_PARTS = ((".idx.gdx", "the binary index"), (".idx", "the index"),
+          (".meta.json", "the metadata"), (".resume.json", "a conversion's checkpoint"))
+
+
 def _backend(location):
     location = os.fspath(location)
+    for suffix, what in _PARTS:  # a part of a dataset named instead of the dataset
+        if location.endswith(suffix) and not is_uri(location):
+            rec = location[:-len(suffix)] + ".rec"
+            raise FormatError("this is %s of a dataset, not a dataset: give the .rec (%s)"
+                              % (what, rec), location)
     for _, predicate, opener, splits in _OPENERS:
         if predicate(location):
             return predicate, opener, splits
