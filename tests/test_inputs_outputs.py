@@ -166,8 +166,9 @@ def test_verify_deep_reports_a_damaged_binary_index_with_the_rebuild(rec, capsys
         f.write(data)
     records = payloads(rec)
     assert main(["verify", rec, "--deep"]) == 1
-    out = capsys.readouterr().out
-    assert gdx in out and "damaged body" in out and "write_binary_index" in out
+    cap = capsys.readouterr()  # the verdict on stdout, each problem on stderr
+    assert "1 problem(s)" in cap.out, cap.out
+    assert gdx in cap.err and "damaged body" in cap.err and "write_binary_index" in cap.err
     # the hint is true: remove it, rebuild it from the .idx, and all is well again
     os.remove(gdx)
     assert verify(rec, deep=True).ok and payloads(rec) == records
