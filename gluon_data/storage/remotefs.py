@@ -7,8 +7,11 @@ import json
 import os
 import re
 import socket
+import threading
 import time
+import warnings
 from typing import Dict, Optional, Sequence, Tuple
+from urllib.parse import urlsplit
 
 from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
                       RemoteNotFoundError, TruncatedDownloadError)
@@ -41,6 +44,24 @@ READ_TIMEOUT = 60.0
 #: timeout; see :func:`call_bound`).
 MIN_RATE = 1e6
 CHUNK_BYTES = 8 << 20        # one ranged GET of a download (and the largest read-ahead)
+
+
+class RangesIgnoredError(RemoteError):
+    """The server answered a ranged GET with more bytes than were asked for: it ignores
+    ``Range`` (a ``200`` with the whole object instead of a ``206``, as Python's
+    ``http.server`` does). Not transient: never retried. :meth:`_Remote.download` and the
+    ranged reader then read whole objects (one GET each) through the cache instead."""
+
+
+#: Endpoints (``scheme://host:port``) found to ignore ``Range`` in this process: said once
+#: (a warning), then read whole, never asked for a range again.
+_NO_RANGES: set = set()
+_NO_RANGES_LOCK = threading.Lock()
+
+
+def _endpoint(uri: str) -> str:
+    u = urlsplit(uri)
+    return "%s://%s" % (u.scheme, u.netloc)
 
 
 
@@ -247,35 +268,93 @@ class _Remote:
         except RemoteNotFoundError:
             return False
 
+    def ranges_ignored(self, uri: str) -> bool:
+        """Whether ``uri``'s server was found to ignore ``Range`` (in this process)."""
+        return _endpoint(uri) in _NO_RANGES
+
     def cat(self, uri: str, start: Optional[int] = None, end: Optional[int] = None) -> bytes:
         """The object's bytes ``[start, end)`` (all of it by default); a short answer to a
-        range is a :class:`TruncatedDownloadError` (retried)."""
+        range is a :class:`TruncatedDownloadError` (retried), a longer one (the server
+        ignores ``Range``) a :class:`RangesIgnoredError` (said once, not retried; a range of
+        a server known to ignore them raises it without a request)."""
+        ranged = start is not None and end is not None
+        if ranged and self.ranges_ignored(uri):
+            raise RangesIgnoredError("the server ignores HTTP Range requests: a range is "
+                                     "never asked of it", uri)
+
         def get(fs, p, kw):
             data = fs.cat_file(p, start=start, end=end, **kw)
-            if start is not None and end is not None and len(data) != end - start:
+            if ranged and len(data) > end - start:
+                raise RangesIgnoredError(
+                    "the server ignores HTTP Range requests: asked for bytes %d..%d, got %d "
+                    "bytes (a whole object, not the range)" % (start, end, len(data)), uri)
+            if ranged and len(data) != end - start:
                 raise TruncatedDownloadError("asked for bytes %d..%d, got %d bytes"
                                              % (start, end, len(data)), uri)
             return data
-        return self.call(uri, "read" if start is None else "ranged read", get,
-                         nbytes=(end - start) if start is not None and end is not None
-                         else CHUNK_BYTES)
+        try:
+            return self.call(uri, "read" if start is None else "ranged read", get,
+                             nbytes=(end - start) if ranged else CHUNK_BYTES)
+        except RangesIgnoredError as e:
+            self._no_ranges(uri, e)
+            raise
+
+    @staticmethod
+    def _no_ranges(uri: str, e: RangesIgnoredError) -> None:
+        """Remember that ``uri``'s server ignores ``Range``, and say so once per server."""
+        where = _endpoint(uri)
+        with _NO_RANGES_LOCK:
+            if where in _NO_RANGES:
+                return
+            _NO_RANGES.add(where)
+        warnings.warn("%s ignores HTTP Range requests (%s): gluon_data reads whole objects "
+                      "from it, through the cache, instead of byte ranges"
+                      % (where, e.reason.split(": ", 1)[-1]), RuntimeWarning, stacklevel=3)
 
     def download(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> str:
         """Write the object's ``size`` bytes to ``dest`` in ranged chunks (each retried),
         check the count and the SHA-256, fsync; returns the SHA-256 of what it wrote. Raises
-        on any mismatch; the caller discards ``dest``."""
+        on any mismatch; the caller discards ``dest``. From a server that ignores ``Range``
+        the object comes whole, in one streamed GET (:meth:`_download_whole`)."""
+        if self.ranges_ignored(uri):
+            return self._download_whole(uri, dest, size, sha256)
         digest = hashlib.sha256()
         with open(dest, "r+b") as f:
             pos = 0
             while pos < size:
                 end = min(size, pos + CHUNK_BYTES)
-                data = self.cat(uri, pos, end)
+                try:
+                    data = self.cat(uri, pos, end)
+                except RangesIgnoredError:
+                    break
                 f.write(data)
                 digest.update(data)
                 pos = end
-            f.truncate(size)
-            f.flush()
+            else:
+                f.truncate(size)
+                f.flush()
+                os.fsync(f.fileno())
+        if pos < size:  # the server ignores Range: the whole object, streamed
+            return self._download_whole(uri, dest, size, sha256)
+        return self._checked(uri, size, sha256, digest)
+
+    def _download_whole(self, uri: str, dest: str, size: int, sha256: Optional[str]) -> str:
+        """The object in one GET streamed to ``dest`` (retried whole), for a server that
+        ignores ``Range``; its size and SHA-256 checked as :meth:`download`'s."""
+        self.call(uri, "download", lambda fs, p, kw: fs.get_file(p, dest, **kw), nbytes=size)
+        digest = hashlib.sha256()
+        with open(dest, "r+b") as f:
+            got = os.fstat(f.fileno()).st_size
+            if got != size:
+                raise TruncatedDownloadError("downloaded %d bytes of a %d-byte object"
+                                             % (got, size), uri)
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
             os.fsync(f.fileno())
+        return self._checked(uri, size, sha256, digest)
+
+    @staticmethod
+    def _checked(uri: str, size: int, sha256: Optional[str], digest) -> str:
         if sha256 is not None and digest.hexdigest() != sha256:
             raise ChecksumMismatchError(
                 "downloaded %d bytes with SHA-256 %s, but the dataset records %s: "

@@ -1,46 +1,83 @@
 """Ranged reads of a remote ``.rec`` (inspection reads fetch only the bytes they need)."""
 from __future__ import annotations
 
+import os
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 
 from ...errors import FormatError
 from ..recordio import RecordFile, read_index
-from ...storage.remotefs import CHUNK_BYTES, _Remote
+from ...storage.remotefs import CHUNK_BYTES, RangesIgnoredError, _Remote
 
 
 # --------------------------------------------------------------------------- reading
 class _RangedRecordFile(RecordFile):
     """A :class:`RecordFile` whose data bytes come from ranged GETs of a remote ``.rec``:
     one GET per record read, growing read-ahead (up to :data:`CHUNK_BYTES`) while reads
-    are sequential, as in ``verify``'s scan."""
+    are sequential, as in ``verify``'s scan.
+
+    From a server that ignores ``Range`` (:class:`RangesIgnoredError`: said once, never
+    retried) the ``.rec`` is read whole instead, through the cache: ``whole()`` (the store's
+    fetch of the ``.rec``, pinned by the store) gives the path of its local copy, and every
+    read is a ``pread`` of it."""
 
     def __init__(self, uri: str, remote: _Remote, size: int, keys, offsets,
-                 expected_count: Optional[int], idx_uri: str):
+                 expected_count: Optional[int], idx_uri: str,
+                 whole: Optional[Callable[[], str]] = None):
         self.path, self.idx_path = uri, idx_uri
         self._remote = remote
+        self._whole = whole
         self._meta, self._stamp = None, (0, 0, int(size), 0)  # (the store holds both)
         self._init_index(keys, offsets, size, expected_count)
         self._ahead = threading.local()
+        self._copy = None  # (pid, open file) of the local copy, once read whole
+        self._copy_lock = threading.Lock()
 
     def __getstate__(self):
         state = super().__getstate__()
-        state["_ahead"] = None
+        state["_ahead"] = state["_copy"] = state["_copy_lock"] = None
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self._ahead = threading.local()
+        self._copy_lock = threading.Lock()
 
     def _fd(self) -> int:  # pragma: no cover - every read is overridden below
         raise RuntimeError("a remote record file has no descriptor")
 
     def close(self) -> None:
-        pass
+        with self._copy_lock:
+            copy, self._copy = self._copy, None
+        if copy is not None and copy[0] == os.getpid():
+            copy[1].close()
+
+    def _local_copy(self) -> int:
+        """The descriptor of this process's local copy of the whole ``.rec`` (fetched into
+        the cache on first use)."""
+        copy = self._copy
+        if copy is not None and copy[0] == os.getpid():
+            return copy[1].fileno()
+        if self._whole is None:
+            raise RangesIgnoredError("the server ignores HTTP Range requests, and this "
+                                     "reader has no cache to read the object whole through",
+                                     self.path)
+        with self._copy_lock:
+            if self._copy is None or self._copy[0] != os.getpid():
+                self._copy = (os.getpid(), open(self._whole(), "rb"))
+            return self._copy[1].fileno()
 
     def _get(self, n: int, offset: int) -> bytes:
         n = max(0, min(n, self.file_size - offset))
+        if self._copy is not None or self._remote.ranges_ignored(self.path):
+            return os.pread(self._local_copy(), n, offset)
+        try:
+            return self._ranged(n, offset)
+        except RangesIgnoredError:
+            return os.pread(self._local_copy(), n, offset)
+
+    def _ranged(self, n: int, offset: int) -> bytes:
         st = self._ahead
         buf, start = getattr(st, "buf", b""), getattr(st, "start", -1)
         if start <= offset and offset + n <= start + len(buf):

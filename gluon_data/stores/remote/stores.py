@@ -217,6 +217,13 @@ class RemoteStore(_ReadsLocalCopy):
             self._check_not_replaced(uri, e)
             raise
 
+    def _fetch_pinned(self, uri: Optional[str] = None) -> str:
+        """:meth:`fetch`, the pin kept until :meth:`close` (a ranged reader reading the
+        ``.rec`` whole from a server that ignores ``Range``)."""
+        path, pin = self.fetch(uri, pin=True)
+        self._pins.append(pin)
+        return path
+
     def _check_not_replaced(self, uri: str, cause: BaseException) -> None:
         """After a download came short or failed its checksum: if the object no longer has
         the size (or version) this store described when it was opened, it was replaced by
@@ -242,7 +249,8 @@ class RemoteStore(_ReadsLocalCopy):
                 pins.append(pin)
                 keys, offsets = _load_index(idx_local, self.idx_location)
                 return _RangedRecordFile(self.location, self._remote, self.file_size, keys,
-                                         offsets, self._d.records, self.idx_location), pins
+                                         offsets, self._d.records, self.idx_location,
+                                         whole=self._fetch_pinned), pins
             local = {}
             for uri in self._d.objects:  # (.idx first: it is checked before the .rec)
                 local[uri], pin = self.fetch(uri, pin=True)
