@@ -248,3 +248,38 @@ def test_two_concurrent_cli_conversions_leave_a_complete_dataset(slow_voc, tmp_p
     left = sorted(os.listdir(tmp_path))
     assert not [f for f in left if f.endswith((".partial", ".lock", ".resume.json"))
                 or ".old" in f], left
+
+
+@pytest.mark.parametrize("kind", ["rec", "lmdb", "sharded", "copy"])
+def test_an_existing_output_is_refused_before_any_progress_bar_for_both_audiences(
+        voc_root, tmp_path, capsys, kind):
+    """The refusal comes before a bar is drawn, and names the fix the command line and
+    Python both read (the overwrite option, --overwrite), not a Python keyword argument."""
+    out = str(tmp_path / ("o.lmdb" if kind == "lmdb" else "o.rec"))
+    src, layout, kw, again = voc_root, "voc", {"split": "train,val"}, {}
+    if kind == "sharded":  # a rerun of the same plan keeps its shards: another plan
+        kw, again = {"split": "train", "shards": 2}, {"split": "train", "shards": 3}
+    if kind == "copy":
+        src, layout, kw = str(tmp_path / "src.rec"), None, {}
+        convert(voc_root, src, "voc", split="train", progress=False)
+    convert(src, out, layout, progress=False, **kw)
+    before = tree(str(tmp_path))
+    capsys.readouterr()
+    with pytest.raises(FileExistsError) as e:
+        convert(src, out, layout, progress=True, **(again or kw))
+    msg = str(e.value)
+    assert "already exists" in msg and "--overwrite" in msg and "nothing was written" in msg
+    assert "overwrite=True" not in msg and "pass " not in msg, msg
+    assert capsys.readouterr().err == ""  # no progress bar drawn, not even at 0%
+    assert tree(str(tmp_path)) == before
+
+
+def test_the_cli_refusal_of_an_existing_output_is_one_line_without_python_words(voc_root,
+                                                                                tmp_path):
+    out = tmp_path / "o.rec"
+    convert(voc_root, str(out), "voc", split="train", progress=False)
+    p = cli("convert", voc_root, out, "--layout", "voc", "--split", "train")
+    assert p.returncode == 1
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("gluon-data: error: "), p.stderr
+    assert "--overwrite" in p.stderr and "overwrite=True" not in p.stderr, p.stderr
+    assert "convert:" not in p.stderr and "%|" not in p.stderr  # no progress bar

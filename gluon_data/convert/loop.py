@@ -209,9 +209,12 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
         # the parent's threads left it and can deadlock in its first OpenCV call)
         if pool is None and workers > 1:
             pool = _start_pool(workers)
-        bar = progress_bar(sum(s.count for s in splits.values()), verb, enabled=progress)
+        bar = None
         try:
+            # the writers first: an existing output is refused (``exists_refusal``) before a
+            # progress bar is drawn
             writers = _open_writers(outputs, output, splits, overwrite, state, report)
+            bar = progress_bar(sum(s.count for s in splits.values()), verb, enabled=progress)
             cadence = _Cadence(checkpoint_every)
             for k, (s, plan) in enumerate(splits.items()):
                 done = state["splits"].get(s) if state is not None else None
@@ -237,7 +240,8 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
             if pool is not None:
                 _stop_pool(pool)
                 pool = None
-            bar.close()
+            if bar is not None:
+                bar.close()
         report.seconds = time.perf_counter() - t0
         return report
     finally:

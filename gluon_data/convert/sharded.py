@@ -24,6 +24,7 @@ from .engines import SHARED_PATH_RULE, run_tasks
 from ..errors import ConversionError, GluonDataError, WorkerPathError
 from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..format.meta import read_meta
+from ..format.ownership import exists_refusal
 from ..format.plan import plan_digest, source_head
 from ..tools.progress import progress_bar
 from ..stores.recordio import RecordFile
@@ -56,8 +57,7 @@ def _check_target(path: str, container: str, split: str, names: str,
         meta = None
     info = (meta or {}).get("shard") or {}
     if info.get("plan", info.get("plan_digest")) != names:  # older shards: names only
-        raise FileExistsError("%s already exists and was not written by this plan; pass "
-                              "overwrite=True (CLI: --overwrite) to replace it" % path)
+        raise exists_refusal(path, " and was not written by this plan")
 
 
 def _item_size(item) -> int:
@@ -323,8 +323,7 @@ def _check_targets(plans: List[dict], container: str, source: str, overwrite: bo
             except (GluonDataError, KeyError, OSError):
                 same = False
             if not same:
-                raise FileExistsError("%s already exists and was made by another plan; pass "
-                                      "overwrite=True (CLI: --overwrite) to replace it" % mp)
+                raise exists_refusal(mp, " and was made by another plan")
         for j in p["jobs"]:
             _check_target(j.path, container, j.split, p["names"], overwrite)
 

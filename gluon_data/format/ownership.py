@@ -199,8 +199,23 @@ def check_disjoint(writes: Iterable[str], reads: Iterable[str]) -> None:
                               "another name or folder" % what, w)
 
 
+#: How a refusal of an existing output names the way to replace it: the one wording, read
+#: alike on the command line (the flag) and in Python (the ``overwrite`` option).
+OVERWRITE_OPTION = "the overwrite option (--overwrite)"
+
+
+def exists_refusal(path: str, detail: str = "", option: str = OVERWRITE_OPTION
+                   ) -> FileExistsError:
+    """The one refusal of an existing output without overwrite, raised before anything is
+    written (and before a progress bar is drawn): ``"PATH already exists[DETAIL]; nothing was
+    written: set the overwrite option (--overwrite) to replace it"``. The command line shows
+    it as it is, so it names no Python keyword argument."""
+    return FileExistsError("%s already exists%s; nothing was written: set %s to replace it"
+                           % (path, detail, option))
+
+
 def check_replaceable(path: str, kind: str, overwrite: bool, *,
-                      option: str = "overwrite=True (CLI: --overwrite)") -> None:
+                      option: str = OVERWRITE_OPTION) -> None:
     """Refuse to replace ``path`` unless that is safe; do nothing if it does not exist.
 
     Raises
@@ -219,7 +234,7 @@ def check_replaceable(path: str, kind: str, overwrite: bool, *,
                           "writes through one: give the real path, or remove the link"
                           % os.readlink(path), path)
     if not overwrite:
-        raise FileExistsError("%s already exists; pass %s to replace it" % (path, option))
+        raise exists_refusal(path, option=option)
     if not is_ours(path, kind):
         raise OutputError("exists and is not %s written by gluon-data; --overwrite only "
                           "replaces gluon-data's own outputs, so it was left untouched: move "

@@ -12,6 +12,7 @@ from typing import Callable, Dict, Iterable, Optional
 from ...errors import OutputError, RemoteError, RemoteNotFoundError
 from ...format.documents import parse_json
 from ...format.meta import dumps_meta, meta_path
+from ...format.ownership import exists_refusal
 from ..shards import MANIFEST_FORMAT
 from ...storage.remotefs import _Remote
 from ...format.layout import LMDB_COMMIT, LMDB_FORMAT, LMDB_MARKER, UPLOAD_MARKER, _join
@@ -130,8 +131,7 @@ class Commit:
             if resumed(target):
                 continue
             if not overwrite:
-                raise FileExistsError("%s already exists; pass overwrite=True (CLI: "
-                                      "--overwrite) to replace it" % target)
+                raise exists_refusal(target)
             if not self.ours():
                 raise OutputError(_NOT_OURS % posixpath.basename(self.commit), target)
 
