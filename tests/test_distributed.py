@@ -217,10 +217,10 @@ def test_launch_local_stops_a_failed_job_quickly():
     not left to hang."""
     code = ("import mxnet as mx, os, time; kv = mx.kv.create('dist_sync'); "
             "print('STARTED', flush=True); os._exit(3) if kv.rank == 1 else time.sleep(120)")
-    t0 = time.monotonic()
     results = launch_local([sys.executable, "-c", code], 2, 1, timeout=60, env=ENV)
+    # stopped by the failure, not by the 60 s timeout (that raises TimeoutError): rank 1's
+    # exit status and rank 0 killed, no clock (two MXNet workers start slowly under load)
     assert sorted(r.returncode for r in results) == [-9, 3]
-    assert time.monotonic() - t0 < 45
 
 
 @pytest.mark.stress
