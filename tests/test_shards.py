@@ -182,7 +182,7 @@ def test_missing_or_damaged_shard_is_named(voc_shards, tmp_path):
     rep = verify_sharded(man)
     assert not rep.ok and any("voc-00002-of-00003" in (p["where"] or "") for p in rep.problems)
     r = gd("verify", man, check=False)
-    assert r.returncode == 1 and "voc-00002-of-00003" in r.stdout
+    assert r.returncode == 1 and "voc-00002-of-00003" in r.stderr  # problems go to stderr
     # delete shard 1: reading it names it, reading shard 0 still works
     os.remove(str(d / "voc-00001-of-00003.rec"))
     store = ShardedStore(man)

@@ -147,8 +147,8 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
 def _check_targets(rec_path: str, idx_path: str, gdx: str, mp: str, overwrite: bool) -> None:
     """Everything salvage may write is checked before anything is: only our own files are
     replaced, nothing through a link (fsutil's rule)."""
-    check_replaceable(idx_path, "idx", overwrite, option="overwrite=True (CLI: --overwrite; "
-                      "the old one is kept as .idx.bak)")
+    check_replaceable(idx_path, "idx", overwrite, option="the overwrite option (--overwrite; "
+                      "the old index is kept as .idx.bak)")
     check_replaceable(idx_path + ".bak", "idx", True)
     check_replaceable(gdx, "gdx", True)
     if os.path.lexists(mp):
