@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .source_files import (DEFAULT_MAX_FILE_BYTES, _inside, _lexically_inside,  # noqa: F401
+                           _read_text, _realdir, _realpath, confine, read_regular)
 from ..errors import SourceError
 
 __all__ = ["Item", "Source", "LAYOUTS", "open_source", "detect_layout",
@@ -29,7 +30,6 @@ __all__ = ["Item", "Source", "LAYOUTS", "open_source", "detect_layout",
 #: Source files larger than this are refused before reading (an image or mask of 256 MB is
 #: not a training sample; a device or a sparse file would otherwise be read until memory
 #: runs out). Override with ``max_file_bytes`` (CLI: ``--max-file-bytes``).
-DEFAULT_MAX_FILE_BYTES = 1 << 28
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 MASK_EXTENSIONS = (".png", ".bmp", ".tif", ".tiff", ".pgm", ".jpg", ".jpeg")  # jpeg refused later
@@ -84,118 +84,6 @@ class Source:
     mask_lut: Optional[Tuple[int, ...]] = None
     pred_offset: int = 0
     palette: Optional[List[List[int]]] = None
-
-
-def _realpath(path: str, dirs: Optional[dict]) -> str:
-    """``os.path.realpath(path)``; with ``dirs`` (a dict kept for one listing), each folder
-    is resolved once and a file in it costs one ``lstat`` (a symlink is resolved in full)."""
-    head, tail = os.path.split(path)
-    if dirs is None or tail in ("", ".", ".."):
-        return os.path.realpath(path)
-    try:
-        if stat.S_ISLNK(os.lstat(path).st_mode):
-            return os.path.realpath(path)
-    except OSError:  # missing: realpath resolves what exists
-        return os.path.realpath(path)
-    return os.path.join(_realdir(head, dirs), tail)
-
-
-def _realdir(path: str, dirs: dict) -> str:
-    real = dirs.get(path)
-    if real is None:
-        real = dirs[path] = os.path.realpath(path or os.curdir)
-    return real
-
-
-def _inside(root: str, path: str, dirs: Optional[dict] = None) -> bool:
-    root_real = os.path.realpath(root) if dirs is None else _realdir(root, dirs)
-    real = _realpath(path, dirs)
-    return real == root_real or real.startswith(root_real + os.sep)
-
-
-def _lexically_inside(root: str, path: str) -> bool:
-    root_abs = os.path.normpath(os.path.abspath(root))
-    p = os.path.normpath(os.path.abspath(path))
-    return p == root_abs or p.startswith(root_abs.rstrip(os.sep) + os.sep)
-
-
-def confine(root: str, path: str, follow_symlinks: bool = False,
-            dirs: Optional[dict] = None) -> Optional[str]:
-    """The one rule every layout applies to every file it lists: why ``path`` may not be
-    read as part of the source rooted at ``root``, or ``None`` when it may.
-
-    A path spelled outside the root (``..``, an absolute path in a split file or ``.lst``) is
-    always refused. A path inside it that resolves, through symlinks, to a file outside it
-    is refused unless ``follow_symlinks`` (trees that link to shared storage on purpose).
-    ``dirs``: a dict shared by the calls of one listing, so each folder is resolved once.
-    """
-    if not _lexically_inside(root, path):
-        return "path leaves the image root %s" % root
-    if not follow_symlinks and not _inside(root, path, dirs):
-        return ("symlink leaves the source root %s (points to %s); pass --follow-symlinks "
-                "(follow_symlinks=True) if the tree links out on purpose"
-                % (root, os.path.realpath(path)))
-    return None
-
-
-def read_regular(path: str, what: str, max_bytes: Optional[int] = DEFAULT_MAX_FILE_BYTES,
-                 allow_empty: bool = False) -> bytes:
-    """The bytes of a *regular* file of at most ``max_bytes``, else :class:`SourceError`.
-
-    The file is opened non-blocking and checked with ``fstat`` before any read, so a FIFO
-    never blocks, and a device (``/dev/zero``), a socket or a directory is refused instead
-    of being read until memory runs out.
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise SourceError("%s file not found" % what, path) from None
-    except IsADirectoryError:
-        raise SourceError("%s path is a directory" % what, path) from None
-    except OSError as e:
-        raise SourceError("cannot read %s: %s" % (what, e.strerror or e), path) from None
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise SourceError("%s path is a directory" % what, path)
-        if not stat.S_ISREG(st.st_mode):
-            kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else
-                    "a character device" if stat.S_ISCHR(st.st_mode) else
-                    "a block device" if stat.S_ISBLK(st.st_mode) else
-                    "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise SourceError("%s is %s; only regular files are read" % (what, kind), path)
-        if max_bytes and st.st_size > max_bytes:
-            raise SourceError("%s of %d bytes exceeds max_file_bytes=%d (--max-file-bytes)"
-                              % (what, st.st_size, max_bytes), path)
-        limit = (max_bytes or st.st_size) + 1  # a file growing while read stops here
-        chunks, got = [], 0
-        while got < limit:
-            b = os.read(fd, min(limit - got, max(st.st_size - got, 0) + 1, 16 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            got += len(b)
-        data = b"".join(chunks)
-    except OSError as e:
-        raise SourceError("cannot read %s: %s" % (what, e.strerror or e), path) from None
-    finally:
-        os.close(fd)
-    if max_bytes and len(data) > max_bytes:
-        raise SourceError("%s grew past max_file_bytes=%d while being read" % (what, max_bytes),
-                          path)
-    if not data and not allow_empty:
-        raise SourceError("%s is an empty (0-byte) file" % what, path)
-    return data
-
-
-def _read_text(path: str, what: str) -> List[str]:
-    """Lines of a small text file of the source (a split list, a ``.lst``)."""
-    raw = read_regular(path, what, allow_empty=True)
-    try:
-        return raw.decode("utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise SourceError("%s is not UTF-8 text (%s)" % (what, e), path) from None
 
 
 def _list_files(folder: str, exts: Sequence[str], root: str,

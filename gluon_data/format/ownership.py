@@ -9,7 +9,8 @@ import stat
 from typing import Callable, Dict, Iterable
 
 from ..errors import OutputError
-from .codec import PNG_SIGNATURE, RECORDIO_MAGIC
+from .codec import RECORDIO_MAGIC
+from .headers import PNG_SIGNATURE
 from .documents import parse_json
 from ..storage.fsutil import _lmdb_dir_only
 from ..storage.remotefs import is_uri

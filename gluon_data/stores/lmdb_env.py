@@ -1,0 +1,243 @@
+"""LMDB environments, one per file per process: opened read-only, guarded against a
+``data.mdb`` that shrinks under its map (no SIGBUS), cached by inode, reset after a fork, and
+bound to the file identity they were opened with (:class:`ProcessEnv`, :func:`env_stamp`).
+The LMDB store (:mod:`.lmdbio`) reads through them."""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Optional, Tuple
+
+import lmdb
+
+from ..errors import CorruptRecordError, FormatError
+from ..storage.fileio import open_or_explain, replaced_error
+from .lmdb_pages import MAX_DBS as _MAX_DBS
+from .lmdb_pages import check_data_file as _check_data_file
+from ..format.recindex import file_stamp
+
+__all__ = ["ProcessEnv", "shared_env", "env_stamp", "check_mapped"]
+
+
+# A read-only environment's data.mdb can shrink under it (truncated, rewritten in place);
+# touching a mapped page past the new end is SIGBUS. Each open environment keeps a
+# descriptor on the file it mapped and the size it needs; every read transaction first
+# compares them (one fstat).
+_GUARDS: Dict[int, Tuple[int, int, str]] = {}  # id(env) -> (fd on data.mdb, bytes needed, path)
+
+
+def _forget_guard(env) -> None:
+    g = _GUARDS.pop(id(env), None)
+    if g is not None:
+        try:
+            os.close(g[0])
+        except OSError:
+            pass
+
+
+def check_mapped(env: lmdb.Environment) -> None:
+    """Raise :class:`FormatError` if the ``data.mdb`` behind an open read-only ``env`` is now
+    shorter than when it was opened (reading it would kill the process with SIGBUS)."""
+    g = _GUARDS.get(id(env))
+    if g is None:
+        return
+    size = os.fstat(g[0]).st_size
+    if size < g[1]:
+        raise FormatError("data.mdb shrank to %d bytes under an open dataset (it needs %d): "
+                          "the file was truncated or is being rewritten in place; reopen the "
+                          "dataset once it is complete" % (size, g[1]), g[2])
+
+
+# One read-only environment per (file, process), under the key (real path of the folder it
+# was first opened through, device, inode of the data.mdb it maps) and found by the device
+# and inode alone: those of the file opened, not of what the path named a moment before, so
+# the cache never hands out the environment of another file for the same path, and every
+# path to one file (a renamed folder, say) shares its environment. LMDB forbids opening an
+# environment twice in a process (py-lmdb refuses a second open of the same file), and
+# forbids using one inherited across fork: a child closes what it inherited (which leaves
+# the parent's untouched) and opens its own.
+_ENVS: Dict[Tuple[str, int, int], Tuple[int, lmdb.Environment]] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _cached(file: Optional[Tuple[int, int]], pid: int) -> Optional[lmdb.Environment]:
+    """This process's environment of the file ``(device, inode)``, if it has one."""
+    if file is not None:
+        for key, (p, env) in _ENVS.items():
+            if key[1:] == file and p == pid:
+                return env
+    return None
+
+
+def _open_env(path: str) -> lmdb.Environment:
+    """The environment of the ``data.mdb`` that ``path`` names now. The file is opened (our
+    guard descriptor) and checked first, then found in the cache by its inode or mapped by
+    LMDB through its path, and the path looked at again: if it names another file by then,
+    the map may be of either, so it is opened again (a republish in between). Called with
+    _ENVS_LOCK held."""
+    data = os.path.join(path, "data.mdb")
+    pid = os.getpid()
+    for _ in range(3):
+        if not os.path.isfile(data):
+            _check_data_file(path)  # raises: "not an LMDB environment ..."
+        fd = open_or_explain(data)
+        env = None
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            env = _cached(key, pid)
+            if env is not None:
+                return env  # the file is open already (found through another path)
+            need = _check_data_file(path, fd)
+            # the data file itself (subdir=False): read-only without locks, the environment
+            # is that one file, so an environment rewritten in place (a new data.mdb beside
+            # an old lock.mdb) is not taken by py-lmdb for the one still open in this process
+            try:
+                env = lmdb.open(data, readonly=True, lock=False, readahead=False,
+                                meminit=False, max_dbs=_MAX_DBS, subdir=False, create=False)
+            except lmdb.Error as e:
+                if _names(data) == key:
+                    raise FormatError("cannot open LMDB environment: %s" % e, path) from None
+                # else the path named another file by then (one open already, say): again
+            if env is not None and _names(data) == key:
+                _GUARDS[id(env)] = (fd, need, data)
+                _ENVS[(os.path.realpath(path),) + key] = (pid, env)
+                fd = -1  # the guard's now
+                return env
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if env is not None:
+            env.close()
+    raise FormatError("data.mdb was replaced again and again while it was being opened; open "
+                      "the dataset once its publisher is done", path)
+
+
+def _names(data: str) -> Optional[Tuple[int, int]]:
+    """``(device, inode)`` of the file the path ``data`` names now (``None``: none)."""
+    try:
+        st = os.stat(data)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _reset_lock_after_fork():
+    global _ENVS_LOCK
+    _ENVS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_after_fork)
+
+
+def shared_env(path: str) -> lmdb.Environment:
+    """The process's read-only environment of the ``data.mdb`` that ``path`` names now
+    (opened on first use; one per file, whatever path reaches it)."""
+    file = _names(os.path.join(path, "data.mdb"))
+    pid = os.getpid()
+    with _ENVS_LOCK:
+        env = _cached(file, pid)
+        if env is not None:
+            return env
+        for k in [k for k, (p, _) in _ENVS.items() if p != pid]:
+            try:
+                old = _ENVS.pop(k)[1]
+                _forget_guard(old)
+                old.close()  # inherited across fork: release this process's copy
+            except Exception:
+                pass
+        return _open_env(path)
+
+
+def env_stamp(env: lmdb.Environment) -> Tuple[int, int, int, int, int]:
+    """``(device, inode, size, mtime_ns, txnid)`` of the ``data.mdb`` that an environment of
+    :func:`shared_env` maps, now: :func:`~gluon_data.format.recindex.file_stamp` of the file and
+    LMDB's last committed transaction id (an environment rewritten in place, even within the
+    file system's mtime granularity, has another)."""
+    g = _GUARDS.get(id(env))
+    if g is None:
+        raise ValueError("not an environment of shared_env")
+    return file_stamp(os.fstat(g[0])) + (env.info()["last_txnid"],)
+
+
+_STAMP_FIELDS = "device:inode:size:mtime:txnid"
+_REPLACED = "its records are not the ones this dataset was opened on"
+
+
+class ProcessEnv:
+    """Picklable handle to :func:`shared_env` that re-resolves after fork or unpickling.
+
+    ``bound``: the :func:`env_stamp` taken when the dataset was opened. A bound handle is
+    the RecordIO rule applied to an environment: each process resolves it once, when first
+    used, and refuses (:class:`FormatError` "replaced") an environment whose ``data.mdb`` is
+    not that file any more (another inode at the path: republished) or not in that state
+    (rewritten in place); once resolved, it reads the environment of that file, whatever the
+    path names later. ``None``: the environment the path names when first used.
+    """
+
+    def __init__(self, path: str, bound: Optional[tuple] = None):
+        self.path = path
+        self.bound = bound
+        self._state: Optional[Tuple[int, lmdb.Environment, dict]] = None
+        self._lock = threading.Lock()
+
+    def _resolve(self) -> lmdb.Environment:
+        env = shared_env(self.path)
+        if self.bound is not None:
+            now = env_stamp(env)
+            if now != tuple(self.bound):
+                raise replaced_error(self.path, self.bound, now, fields=_STAMP_FIELDS,
+                                     consequence=_REPLACED)
+        return env
+
+    def get(self, db_name: Optional[str] = None):
+        """``(env, db)`` for this process; ``db`` is the named sub-database (or main)."""
+        pid = os.getpid()
+        st = self._state
+        if st is None or st[0] != pid:
+            with self._lock:
+                st = self._state
+                if st is None or st[0] != pid:
+                    st = self._state = (pid, self._resolve(), {})
+        dbs = st[2]
+        if db_name not in dbs:
+            dbs[db_name] = (st[1].open_db(db_name.encode(), create=False)
+                            if db_name is not None else None)
+        return st[1], dbs[db_name]
+
+    def run(self, db_name: Optional[str], fn, *, buffers: bool = False, where=None,
+            record=None):
+        """``fn(txn)`` in one short read transaction on sub-database ``db_name``; handles a
+        map grown by another process, and an LMDB error is a :class:`CorruptRecordError`."""
+        env, db = self.get(db_name)
+        check_mapped(env)
+        try:
+            try:
+                with env.begin(db=db, buffers=buffers) as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:  # another process grew the map: adopt its size
+                env.set_mapsize(0)
+                with env.begin(db=db, buffers=buffers) as txn:
+                    return fn(txn)
+        except lmdb.Error as e:
+            raise CorruptRecordError("LMDB could not read the value (%s: %s)"
+                                     % (type(e).__name__, e), where or self.path,
+                                     record) from None
+
+    def get_value(self, key: bytes, db_name: Optional[str] = None, *, where=None,
+                  record=None) -> Optional[bytes]:
+        """The value of ``key`` (``None`` if absent), as :meth:`run` reads it."""
+        return self.run(db_name, lambda txn: txn.get(key), where=where, record=record)
+
+    def check(self) -> None:
+        """:func:`check_mapped` on this process's environment (if it is open)."""
+        st = self._state
+        if st is not None and st[0] == os.getpid():
+            check_mapped(st[1])
+
+    def __getstate__(self):
+        return {"path": self.path, "bound": self.bound}
+
+    def __setstate__(self, d):
+        self.__init__(d["path"], d.get("bound"))  # (no "bound": pickled by an older version)
