@@ -45,6 +45,20 @@ def _describe_reader(workers: int) -> str:
     return ("a spawn Pool(processes=%d)" % workers if workers > 0 else "this process")
 
 
+def pack_sample(workdir: str, num_images: int, workers: int, say) -> str:
+    """Steps 1 and 2 of both demos: generate a VOC-like sample in ``workdir`` and pack it
+    (train and val); returns the train ``.rec``."""
+    voc = os.path.join(workdir, "VOCsample")
+    say("1. generating a VOC-style sample of %d images in %s" % (num_images, voc))
+    make_voc(voc, num_images=num_images, size_range=(96, 192))
+    rec = os.path.join(workdir, "voc.rec")
+    say("2. packing it: gluon-data convert %s %s --layout voc --split train,val --workers %d"
+        % (voc, rec, workers))
+    report = convert(voc, rec, "voc", split="train,val", workers=workers, overwrite=True)
+    say("   " + str(report).replace("\n", "\n   "))
+    return report.outputs["train"]
+
+
 def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: int = 8,
              epochs: int = 2, out=sys.stdout) -> dict:
     """Generate a VOC-like sample, pack it, and read it back through ``workers`` spawned
@@ -57,15 +71,7 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
 
     if batch_size < 1:
         raise ValueError("--batch-size must be at least 1, got %d" % batch_size)
-    voc = os.path.join(workdir, "VOCsample")
-    say("1. generating a VOC-style sample of %d images in %s" % (num_images, voc))
-    make_voc(voc, num_images=num_images, size_range=(96, 192))
-    rec = os.path.join(workdir, "voc.rec")
-    say("2. packing it: gluon-data convert %s %s --layout voc --split train,val --workers %d"
-        % (voc, rec, workers))
-    report = convert(voc, rec, "voc", split="train,val", workers=workers, overwrite=True)
-    say("   " + str(report).replace("\n", "\n   "))
-    path = report.outputs["train"]
+    path = pack_sample(workdir, num_images, workers, say)
     ds = SegmentationDataset(path)
     say("3. reading %r (numpy arrays, no MXNet) in %s" % (ds, _describe_reader(workers)))
     result = {"records": len(ds), "epochs": []}

@@ -2,14 +2,12 @@
 multi-worker Gluon ``DataLoader``."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import mxnet as mx
 
-from ..convert import convert
-from ..convert.sample import make_voc
+from ..convert.demo import pack_sample
 from .batchify import SegmentationBatchify
 from .datasets import SegmentationRecordDataset
 
@@ -22,15 +20,7 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
     def say(*args):
         print(*args, file=out, flush=True)
 
-    voc = os.path.join(workdir, "VOCsample")
-    say("1. generating a VOC-style sample of %d images in %s" % (num_images, voc))
-    make_voc(voc, num_images=num_images, size_range=(96, 192))
-    rec = os.path.join(workdir, "voc.rec")
-    say("2. packing it: gluon-data convert %s %s --layout voc --split train,val --workers %d"
-        % (voc, rec, workers))
-    report = convert(voc, rec, "voc", split="train,val", workers=workers, overwrite=True)
-    say("   " + str(report).replace("\n", "\n   "))
-    ds = SegmentationRecordDataset(report.outputs["train"])
+    ds = SegmentationRecordDataset(pack_sample(workdir, num_images, workers, say))
     say("3. reading %r" % ds)
     loader = mx.gluon.data.DataLoader(ds, batch_size=batch_size, shuffle=True,
                                       num_workers=workers, batchify_fn=SegmentationBatchify())
