@@ -40,13 +40,13 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 from mxnet.gluon.data.vision import transforms
-from tqdm import tqdm
 
 from gluon_data import DistributedSampler, SegmentationBatchify
 from gluon_data.cli import storage_option_parser
 from gluon_data.gluon.datasets import SegmentationDataset
 from gluon_data.storage.remotefs import parse_storage_options
 from gluon_data.stores.base import is_uri, open_store
+from gluon_data.tools.progress import progress_bar
 
 LAUNCHER = "python -m gluon_data.gluon.launch"
 
@@ -322,9 +322,9 @@ class Watchdog:
 
 def _bar(world, total, desc):
     """gluoncv's progress bar (rank 0 only): count, ETA, rate; on stdout, in order with the
-    epoch lines."""
-    return tqdm(total=total, desc=desc, unit="batch", file=sys.stdout, dynamic_ncols=True,
-                disable=world.rank != 0)
+    epoch lines. The package's one progress bar: a terminal reporting 0x0 (docker, CI ptys)
+    gets a fixed width instead of an invisible bar."""
+    return progress_bar(total, desc, unit="batch", stdout=True, enabled=world.rank == 0)
 
 
 def train_epoch(job, epoch, it, budget):

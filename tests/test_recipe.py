@@ -152,3 +152,21 @@ def test_recipe_trains_from_a_bucket_with_storage_options(voc_root, tmp_path):
                   "--cache-dir", str(cache), "--cache-limit", "1GB")
         assert "Epoch 0: 2 iterations" in out
         assert server.served("/v.rec") > 0 and os.listdir(cache / "objects")
+
+
+def test_the_recipe_bar_is_the_one_progress_bar_and_survives_a_0x0_terminal(monkeypatch):
+    """The recipe's bar (rank 0) comes from ``progress_bar``: on a terminal that reports 0
+    columns it keeps a fixed width instead of vanishing; other ranks draw none."""
+    import types
+    from gluon_data.tools import progress
+    recipe = recipe_module()
+    monkeypatch.setattr(progress.os, "get_terminal_size", lambda fd=None: os.terminal_size((0, 0)))
+    bar = recipe._bar(types.SimpleNamespace(rank=0), 5, "Epoch 1")
+    try:
+        assert bar.ncols == progress.FALLBACK_COLUMNS
+    finally:
+        bar.close()
+    quiet = recipe._bar(types.SimpleNamespace(rank=1), 5, "Epoch 1")
+    quiet.update(1)
+    quiet.close()
+    assert not hasattr(quiet, "ncols")

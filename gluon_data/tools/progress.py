@@ -45,6 +45,10 @@ class _NoBar:
     def close(self) -> None:
         pass
 
+    def write(self, s: str) -> None:
+        """A line printed above the bar: with no bar, on stdout."""
+        print(s, flush=True)
+
 
 def progress_bar(total: int, desc: str, unit: str = "img", enabled: bool = True,
                  stdout: bool = False, file=None):
