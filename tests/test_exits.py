@@ -51,14 +51,21 @@ def _run(cmd, timeout, **kw):
     """Run ``cmd`` in its own session; (returncode, stdout, stderr, seconds); a run past
     ``timeout`` is killed with all its processes and fails the test."""
     t0 = time.monotonic()
+    env = dict(kw.pop("env", os.environ), PYTHONFAULTHANDLER="1")  # stacks if it hangs
     proc = subprocess.Popen(cmd, stdout=kw.pop("stdout", subprocess.PIPE),
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env,
+                            **kw)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail("%s hung: still running after %d s\n%s" % (cmd[3:5], timeout, err[-3000:]))
+        os.killpg(proc.pid, signal.SIGABRT)  # every process of it dumps its threads' stacks
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        pytest.fail("%s hung: still running after %d s\n--- stdout\n%s\n--- stderr\n%s"
+                    % (cmd[3:5], timeout, (out or "")[-2000:], (err or "")[-6000:]))
     _no_leftovers(proc.pid)
     return proc.returncode, out, err, time.monotonic() - t0
 
