@@ -42,7 +42,7 @@ def storage_option_parser() -> argparse.ArgumentParser:
     """``--storage-option KEY=VALUE`` (repeatable), as a parent parser: every command that
     reads or writes a URI declares it through this, and so does the training recipe
     (``ArgumentParser(parents=[storage_option_parser()])``). The values are read by
-    :func:`gluon_data.remote.parse_storage_options`."""
+    :func:`gluon_data.storage.remotefs.parse_storage_options`."""
     p = _parent()
     p.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
                    help="fsspec storage option for a URI (repeatable), e.g. "

@@ -151,7 +151,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
     and ``.meta.json`` exactly. A stock ``.rec`` (no metadata) gets classification metadata.
 
     ``source`` may be a URI (``s3://bucket/voc.rec``, ``s3://bucket/voc.lmdb``): its records
-    are read through the remote store (:mod:`gluon_data.remote`, options from
+    are read through the remote store (:mod:`gluon_data.stores.remote`, options from
     ``source_options``: ``storage_options``, ``cache_dir``...), the same bytes as a local copy.
 
     Examples
@@ -162,7 +162,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
     outputs = outputs_for(output, format)
     if is_uri(output):
         raise ValueError("copy_dataset writes a local output, not %s: use "
-                         "gluon_data.remote.convert_to_uri (CLI: gluon-data convert SRC URI)"
+                         "gluon_data.convert.to_uri.convert_to_uri (CLI: gluon-data convert SRC URI)"
                          % output)
     _check_output(output, outputs.name)
     t0 = time.perf_counter()

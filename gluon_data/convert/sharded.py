@@ -85,7 +85,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None,
     shards already published and finishes the rest.
 
     A dataset source may be a URI (``s3://bucket/x.rec``, ``.lmdb``, ``.shards.json``): each
-    task reads its records through the remote store (:mod:`gluon_data.remote`, with
+    task reads its records through the remote store (:mod:`gluon_data.stores.remote`, with
     ``source_options``: ``storage_options``, ``cache_dir``...; they travel with the tasks and
     are never written into the output), whole objects downloaded once per node into the cache.
 
@@ -97,7 +97,7 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None,
     output folder) exist on its worker (:class:`~gluon_data.errors.WorkerPathError`).
 
     ``sink`` (optional) puts each shard elsewhere than ``output``'s folder, e.g. into object
-    storage (:class:`gluon_data.remote.ShardUploader`): ``sink.prepare(plans, container)`` runs
+    storage (:class:`gluon_data.convert.upload.ShardUploader`): ``sink.prepare(plans, container)`` runs
     once the plan is known and checked, before any task; each task is then
     ``sink.write_shard(job, write=write_shard)`` instead of :func:`write_shard` (it returns
     the manifest entry, and may add ``files``); the manifests are still written locally under

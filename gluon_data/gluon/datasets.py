@@ -16,7 +16,7 @@ A view given a URI (``s3://bucket/train.rec``, ``s3://bucket/voc.lmdb``, a ``.sh
 manifest there) reads from object storage; its ``storage_options`` (fsspec's: endpoint,
 credentials, client settings) and ``cache_dir`` / ``cache_limit`` (the local download cache)
 go to the remote store :func:`~gluon_data.stores.base.open_store` opens (see
-:class:`~gluon_data.remote.RemoteStore`). Given with a local path, they are a ``ValueError``
+:class:`~gluon_data.stores.remote.stores.RemoteStore`). Given with a local path, they are a ``ValueError``
 naming them: nothing would use them.
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ class ImageRecordDataset(ClassificationDataset):
         As for :class:`ClassificationDataset`.
     storage_options : dict, optional
         fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
+        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.stores.remote.stores.RemoteStore`.
     cache_dir, cache_limit : optional
         Where a dataset in object storage is downloaded to, and how much that cache may hold
         (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
@@ -110,7 +110,7 @@ class ImageLMDBDataset(ClassificationDataset):
         Split (sub-database) to read.
     storage_options : dict, optional
         fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
+        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.stores.remote.stores.RemoteStore`.
     cache_dir, cache_limit : optional
         Where a dataset in object storage is downloaded to, and how much that cache may hold
         (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
@@ -181,7 +181,7 @@ class SegmentationRecordDataset(SegmentationDataset):
         :class:`gluon_data.InputNormalize` in the consumer.
     storage_options : dict, optional
         fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
+        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.stores.remote.stores.RemoteStore`.
     cache_dir, cache_limit : optional
         Where a dataset in object storage is downloaded to, and how much that cache may hold
         (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
@@ -234,7 +234,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
         Split (sub-database) to read.
     storage_options : dict, optional
         fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.remote.RemoteStore`.
+        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.stores.remote.stores.RemoteStore`.
     cache_dir, cache_limit : optional
         Where a dataset in object storage is downloaded to, and how much that cache may hold
         (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.

@@ -3,7 +3,7 @@
 Both caches of gluon_data live in one folder (:func:`~gluon_data.storage.fsutil.default_cache_dir`:
 ``$GLUON_DATA_CACHE_DIR``, else ``~/.cache/gluon_data``) and follow the rule of :class:`Cache`:
 
-* ``objects/<key>/<name>``: whole downloaded objects (:class:`~gluon_data.remote.ShardCache`);
+* ``objects/<key>/<name>``: whole downloaded objects (:class:`~gluon_data.storage.objects.ShardCache`);
 * ``index/<key>/index.gdx``: big stock ``.idx`` files parsed once (:mod:`gluon_data.stores.recordio`);
 * ``locks/<key>.pin`` / ``.get`` / ``.seal``: readers' pins, one maker per entry, the seal;
 * ``key``: the secret the seals are keyed with; ``cache.lock``: room-making.

@@ -84,7 +84,7 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     isolate : bool
         LMDB: scan in a child process, so a crash of LMDB on a damaged page is reported.
     remote : dict, optional
-        For a URI: :class:`gluon_data.remote.RemoteStore` options (``storage_options``...).
+        For a URI: :class:`gluon_data.stores.remote.stores.RemoteStore` options (``storage_options``...).
     """
     path = os.fspath(path)
     if is_uri(path):
