@@ -9,16 +9,17 @@ decoded samples back, as a data loader's workers do.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from ..arrays import SegmentationDataset
 from .driver import convert
-from .engines import _start_pool, _stop_pool
+from .engines import worker_pool
 from .sample import make_voc
 
 __all__ = ["run_demo"]
@@ -76,8 +77,7 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
     say("3. reading %r (numpy arrays, no MXNet) in %s" % (ds, _describe_reader(workers)))
     result = {"records": len(ds), "epochs": []}
     rng = np.random.default_rng()
-    pool: Optional[object] = _start_pool(workers) if workers > 0 else None
-    try:
+    with (worker_pool(workers) if workers > 0 else contextlib.nullcontext()) as pool:
         for epoch in range(epochs):
             order = rng.permutation(len(ds))
             jobs = [(path, order[i:i + batch_size].tolist())
@@ -92,13 +92,6 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
             result["epochs"].append({"samples": seen, "seconds": dt})
             say("   epoch %d: %d samples in %d batches, %.0f samples/s, %d labelled pixels"
                 % (epoch + 1, seen, len(jobs), seen / dt if dt > 0 else float("inf"), pixels))
-        if pool is not None:
-            pool.close()
-            pool.join()
-            pool = None
-    finally:
-        if pool is not None:
-            _stop_pool(pool)
     img, mask = ds[0]
     present = sorted(set(mask.ravel().tolist()) - {-1})
     say("4. sample 0: image %s %s, mask %s %s, classes %s"

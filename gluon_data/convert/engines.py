@@ -154,16 +154,9 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
             yield i, fn(job)
         return
     # the converter's own pool: spawned, workers ignore Ctrl-C, bounded teardown
-    pool = _start_pool(min(workers, len(jobs)))
-    try:
+    with worker_pool(min(workers, len(jobs))) as pool:
         for i, res in pool.imap_unordered(_indexed, [(fn, i, j) for i, j in enumerate(jobs)]):
             yield i, res
-        pool.close()
-        pool.join()
-        pool = None
-    finally:
-        if pool is not None:
-            _stop_pool(pool)
 
 
 def _worker_init():
@@ -189,6 +182,21 @@ def _start_pool(workers: int):
     ctx = multiprocessing.get_context("spawn")
     with sigint_blocked():
         return ctx.Pool(workers, initializer=_worker_init)
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int):
+    """The converter's pool of ``workers`` spawned processes (:func:`_start_pool`) for a
+    block: closed and joined when the block ends, stopped within a bounded time
+    (:func:`_stop_pool`) when it raises or is abandoned (Ctrl-C, a generator not run out)."""
+    pool = _start_pool(workers)
+    try:
+        yield pool
+    except BaseException:
+        _stop_pool(pool)
+        raise
+    pool.close()
+    pool.join()
 
 
 def _stop_pool(pool, timeout: float = 5.0) -> None:
