@@ -22,6 +22,7 @@ from ..errors import ConversionError, GluonDataError
 from ..storage.fsutil import OutputLock
 from ..stores.lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from ..format.meta import FORMAT_NAME, FORMAT_VERSION, read_meta
+from ..format.plan import conversion_id
 from ..stores.recordio import RecordWriter
 from ..stores.shards import is_manifest
 from .sources import Item, Source, voc_palette
@@ -407,10 +408,5 @@ def _split_fields(src: Source, split: str, digest: str, writer, st: "RunningStat
 
 
 def _conversion_id(digest: str, split: str, writer, st: "RunningStats") -> str:
-    """The identity stamp readers compare on reopen (FORMAT.md): derived from the plan, the
-    split and what was written, so equal inputs still give byte-identical outputs while a
-    conversion that wrote anything else gets another id."""
-    import hashlib
-    import json
-    doc = [digest, split, writer.count, writer.bytes_written, st.state()]
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    """:func:`gluon_data.format.plan.conversion_id` of what ``writer`` wrote."""
+    return conversion_id(digest, split, writer.count, writer.bytes_written, st.state())

@@ -3,7 +3,6 @@ with the converter's writers, publishes it by rename, and is skipped on a rerun 
 shard's metadata carries the plan's digest (:func:`write_shard`, :class:`ShardJob`)."""
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from ..format import codec
 from ..storage.fsutil import OutputLock
 from ..errors import ConversionError, GluonDataError
 from ..format.ownership import check_disjoint
+from ..format.plan import conversion_id, part_digest
 from ..stores.lmdbio import LMDBFile, is_lmdb
 from ..format.meta import CONTAINER_KEYS, read_meta
 from ..stores.recordio import RecordFile
@@ -145,9 +145,10 @@ def _write_shard_locked(job: ShardJob) -> dict:
 
 
 def _shard_digest(job: ShardJob) -> str:
-    """The split plan's names-only digest with the shard's index: its ``conversion_id``
-    derives from it (and from what was written), as an unsharded conversion's does."""
-    return hashlib.sha256(("%s:%d" % (job.plan or job.digest, job.index)).encode()).hexdigest()
+    """The shard's names-only identity (:func:`~gluon_data.format.plan.part_digest` of the
+    split plan's names-only digest): its ``conversion_id`` derives from it (and from what
+    was written), as an unsharded conversion's derives from its plan's."""
+    return str(part_digest({"plan": job.plan or job.digest}, job.index))
 
 
 class _KeyLog:
@@ -185,7 +186,8 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
     if meta.get("item_names") is not None:  # position i of this shard is start + i
         meta["item_names"] = meta["item_names"][start:end]
     if "conversion_id" in meta:  # a shard is its own dataset: its own, derived id
-        meta["conversion_id"] = _shard_digest(job)[:32]
+        meta["conversion_id"] = conversion_id(_shard_digest(job), job.split, w.count,
+                                              w.bytes_written)
     return meta
 
 

@@ -25,7 +25,7 @@ from ..errors import ConversionError, GluonDataError, WorkerPathError
 from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..format.meta import read_meta
 from ..format.ownership import exists_refusal
-from ..format.plan import plan_digest, source_head
+from ..format.plan import part_digest, plan_digest, source_head
 from ..tools.progress import progress_bar
 from ..stores.recordio import RecordFile
 from ..stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, _read_shard_meta, _shard_files,
@@ -253,7 +253,7 @@ def _plan_copy(source: str, split: Optional[str], source_options: Optional[dict]
         digest = plan_digest(head, {s: _stamped_files(source)})
         jobs = [ShardJob(path=shard_name(spfx, k, len(ranges), container), index=k,
                          count=len(ranges), container=container, split=meta.get("split")
-                         or "train", digest=str(plan_digest({"plan": digest, "shard": k})),
+                         or "train", digest=str(part_digest({"plan": digest}, k)),
                          copy_from=(source, loc_split, a, b), source_meta=meta,
                          source_options=source_options, plan=str(names))
                 for k, (a, b) in enumerate(ranges)]
@@ -291,7 +291,7 @@ def _plan_encode(src, plan: Dict[str, list], source: str, prefix: str, container
         spfx = prefix if len(plan) == 1 else "%s_%s" % (prefix, s)
         head = source_head(src, opts, dict(options, shards=ranges, container=container))
         names = plan_digest(head, {s: items}, src.root, stamps=False)
-        each = [str(plan_digest(dict(head, shard=k), {s: items[a:b]}, src.root))
+        each = [str(part_digest(head, k, {s: items[a:b]}, src.root))
                 for k, (a, b) in enumerate(ranges)]  # each shard: its own items' stamps
         digest = plan_digest(dict(head, shards=each))
         jobs = [ShardJob(path=shard_name(spfx, k, len(ranges), container), index=k,

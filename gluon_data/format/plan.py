@@ -26,7 +26,8 @@ import os
 import time
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["plan_digest", "source_head", "changed_files", "PlanDigest"]
+__all__ = ["plan_digest", "part_digest", "conversion_id", "source_head", "changed_files",
+           "PlanDigest"]
 
 
 def _stamp(path: Optional[str]) -> Optional[List[int]]:
@@ -113,6 +114,26 @@ def plan_digest(head: dict, plan: Optional[Mapping[str, Sequence]] = None,
     return out
 
 
+def part_digest(head: Mapping, index: int, plan: Optional[Mapping[str, Sequence]] = None,
+                root: Optional[str] = None, stamps: bool = True) -> PlanDigest:
+    """The digest of part ``index`` (a shard) of a plan: :func:`plan_digest` of ``head``
+    with ``"shard": index``, over the part's own items (``plan``) when it has them. A part
+    with no items of its own names its whole plan in ``head`` (``{"plan": digest}``): its
+    identity is then the plan's and its position. The one derivation of a shard's identity:
+    the sharded conversion's tasks, their resume records and upload receipts carry it."""
+    return plan_digest(dict(head, shard=index), plan, root, stamps)
+
+
+def conversion_id(digest: str, split: str, count: int, nbytes: int,
+                  stats: Optional[dict] = None) -> str:
+    """The ``conversion_id`` readers compare on reopen (FORMAT.md): derived from a plan's
+    (or a part's) names-only digest, the split and what was written (``count`` records,
+    ``nbytes`` bytes, the running statistics' state), so equal inputs still give
+    byte-identical outputs while a conversion that wrote anything else gets another id.
+    32 hex digits."""
+    return _sha256([digest, split, count, nbytes, stats])[:32]
+
+
 def source_head(src, opts, options: dict) -> dict:
     """The header of a conversion's plan: its source (a :class:`~gluon_data.convert.sources.Source`),
     layout and encoding options."""
@@ -120,7 +141,7 @@ def source_head(src, opts, options: dict) -> dict:
             "opts": repr(opts)}
 
 
-def _sha256(doc: dict) -> str:
+def _sha256(doc) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
