@@ -1,6 +1,6 @@
 /* Region decoding of baseline and progressive JPEGs with libjpeg-turbo >= 2.1.
  *
- * decode(buf, y0, x0, y1, x1, colour) -> (bytearray, channels) | None
+ * decode(buf, y0, x0, y1, x1, colour[, strict[, denom]]) -> (bytearray, channels) | None
  *
  * The pixels of rows y0..y1-1, columns x0..x1-1 of the full decode, exactly: libjpeg-turbo's
  * jpeg_crop_scanline() limits the inverse DCT, upsampling and colour conversion to a column
@@ -24,6 +24,11 @@
  * (checked after reading the header and before the output is allocated, so a huge box on a
  * small image costs nothing), or corrupt or truncated data (libjpeg's message).
  * The GIL is released while libjpeg runs (the buffer is pinned by the Py_buffer).
+ *
+ * denom (1, 2, 4 or 8; default 1): decode at 1/denom of the size with libjpeg's DCT-domain
+ * scaling (scale_num = 1, scale_denom = denom), the box given in the scaled image's pixels
+ * (ceil(width / denom) x ceil(height / denom)). Not the full decode's pixels: an opt-in of the
+ * caller, which measures and documents the difference (gluon_data.format.decode).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -140,15 +145,20 @@ static int run(struct jpeg_decompress_struct *cinfo, struct err_mgr *err, int y0
 static PyObject *decode(PyObject *self, PyObject *args)
 {
     Py_buffer view;
-    int y0, x0, y1, x1, colour, strict = 1, rc;
+    int y0, x0, y1, x1, colour, strict = 1, denom = 1, rc;
     JDIMENSION height, width;
     struct jpeg_decompress_struct cinfo;
     struct err_mgr err;
     PyObject *out = NULL;
 
-    if (!PyArg_ParseTuple(args, "y*iiiip|p", &view, &y0, &x0, &y1, &x1, &colour,
-                          &strict))
+    if (!PyArg_ParseTuple(args, "y*iiiip|pi", &view, &y0, &x0, &y1, &x1, &colour,
+                          &strict, &denom))
         return NULL;
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %d", denom);
+        return NULL;
+    }
     if (y0 < 0 || x0 < 0 || y1 <= y0 || x1 <= x0) {
         PyBuffer_Release(&view);
         PyErr_Format(PyExc_ValueError, "box (%d, %d, %d, %d) is empty or negative",
@@ -166,6 +176,12 @@ static PyObject *decode(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     height = cinfo.image_height;
     width = cinfo.image_width;
+    if (rc == DONE && denom != 1) {  /* the box is in the scaled image's pixels */
+        cinfo.scale_num = 1;
+        cinfo.scale_denom = (unsigned int)denom;
+        height = (height + (JDIMENSION)denom - 1) / (JDIMENSION)denom;
+        width = (width + (JDIMENSION)denom - 1) / (JDIMENSION)denom;
+    }
     if (rc == DONE && ((JDIMENSION)y1 > height || (JDIMENSION)x1 > width)) {
         PyErr_Format(PyExc_ValueError, "box (%d, %d, %d, %d) lies outside the %ux%u image "
                      "its frame header declares", y0, x0, y1, x1, (unsigned)width,
@@ -203,7 +219,8 @@ static PyMethodDef methods[] = {
      "[y0:y1, x0:x1] of the strict full decode (RGB or grey), decoding only that region; "
      "None for a JPEG this decoder does not reproduce exactly (CMYK, arithmetic coding); "
      "ValueError for corrupt data or a box outside the image its header declares (checked "
-     "before anything is allocated)."},
+     "before anything is allocated). denom (2, 4, 8): decode at 1/denom of the size "
+     "(DCT-domain scaling), the box in the scaled image's pixels."},
     {NULL, NULL, 0, NULL}
 };
 

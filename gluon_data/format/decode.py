@@ -23,12 +23,26 @@ through the end-of-image marker and treats every libjpeg warning ("Corrupt JPEG 
 as an error, so damage anywhere in the image, inside the box or outside it, and truncation
 raise :class:`~gluon_data.errors.DecodeError`, as :func:`~gluon_data.format.codec.decode_image`
 does. :func:`region_decoder` says which decoder is in use.
+
+**Scaled decoding (opt-in, not exact).** A crop that is shrunk 2x or more after decoding
+(``train``'s random scale at Cityscapes sizes, a small ``RandomResizedCrop`` output) can be
+decoded at 1/2, 1/4 or 1/8 of the size by libjpeg's DCT-domain scaling, which skips most of
+the inverse DCT and upsampling work. Pass ``shrink_to=(h, w)``, the size the caller resizes
+the box to, and set ``GLUON_DATA_DECODE_SCALED=1`` (read at each call, like
+``GLUON_DATA_REGION_DECODE``): the largest factor that keeps the box at least ``(h, w)`` is
+used and the result is the box already resampled to ``(h, w)`` (bilinear, pixel centres
+mapped as ``cv2.resize`` maps them, so it stays aligned with a mask cut to the same box).
+The pixels are not those of the exact path: the DCT reduction averages where a bilinear
+resize samples. :func:`scaled_decoding` says whether it is on; the difference from the
+exact path is measured by ``python benchmarks/bench_region.py --scaled`` and documented in
+docs/performance.md. Exact stays the default.
 """
 from __future__ import annotations
 
 import os
 from typing import Optional, Tuple
 
+import cv2
 import numpy as np
 
 from . import codec
@@ -40,13 +54,16 @@ except ImportError:  # pragma: no cover - depends on the install
     _jpegregion = None
 
 __all__ = ["decode_region", "region_decoding", "region_decoder", "region_exact",
-           "REGION_MAX_FRACTION"]
+           "scaled_decoding", "REGION_MAX_FRACTION"]
 
 #: A box covering more than this fraction of the image is decoded whole: the region
 #: decoder still Huffman-decodes every row, so above it the saving measured (0-20 %) was
 #: within the benchmark machine's noise (``python benchmarks/bench_region.py``).
 REGION_MAX_FRACTION = 0.6
 _ENV = "GLUON_DATA_REGION_DECODE"
+_SCALED_ENV = "GLUON_DATA_DECODE_SCALED"
+#: libjpeg's DCT-domain scale factors 1/d tried, largest first.
+_DENOMS = (8, 4, 2)
 _JPEG_SOI = b"\xff\xd8"
 #: Frame types the region decoder is given: baseline, extended and progressive Huffman
 #: (SOF0-SOF2). Lossless (SOF3), hierarchical and arithmetic-coded frames are not.
@@ -63,6 +80,14 @@ def region_decoding() -> bool:
     with)."""
     return (_jpegregion is not None and codec._sj is not None
             and os.environ.get(_ENV, "1").strip() != "0")
+
+
+def scaled_decoding() -> bool:
+    """Whether :func:`decode_region` may decode a box that is shrunk 2x or more at a DCT
+    scale (1/2, 1/4, 1/8) when its caller passes ``shrink_to``: region decoding is on
+    (:func:`region_decoding`) and ``GLUON_DATA_DECODE_SCALED`` is ``1`` (read at each call;
+    off by default: the pixels differ from the exact path's)."""
+    return region_decoding() and os.environ.get(_SCALED_ENV, "0").strip() == "1"
 
 
 def region_exact(frame: Optional[codec.JpegFrame]) -> bool:
@@ -137,18 +162,71 @@ def _region(buf, box, flag: int, max_pixels: Optional[int], what: str) -> Option
     return np.frombuffer(out[0], np.uint8).reshape(y1 - y0, x1 - x0, out[1])
 
 
+def _denom(box_hw: Tuple[int, int], shrink_to: Tuple[int, int]) -> int:
+    """The largest DCT scale denominator that keeps the box at least ``shrink_to`` (1: none)."""
+    (bh, bw), (oh, ow) = box_hw, shrink_to
+    return next((d for d in _DENOMS if bh >= d * oh and bw >= d * ow), 1)
+
+
+def _scaled(buf, box, flag: int, shrink_to, max_pixels: Optional[int],
+            what: str) -> Optional[np.ndarray]:
+    """The box decoded at a DCT scale and resampled to ``shrink_to``, or ``None`` where the
+    exact path is taken (a JPEG outside :func:`region_exact`, a shrink under 2x)."""
+    frame = codec.jpeg_frame(buf)
+    if not region_exact(frame) or frame.height * frame.width == 0:
+        return None
+    y0, x0, y1, x1 = _check_box(box, (frame.height, frame.width), what)
+    oh, ow = (int(v) for v in shrink_to)
+    if oh <= 0 or ow <= 0:
+        raise ValueError("%s: shrink_to must be positive, got %r" % (what, tuple(shrink_to)))
+    d = _denom((y1 - y0, x1 - x0), (oh, ow))
+    if d == 1:
+        return None
+    codec._check_structure(buf, what, max_pixels)
+    sh, sw = -(-frame.height // d), -(-frame.width // d)
+    # the scaled rows/columns the bilinear taps touch: one beyond the box each side
+    sy0, sx0 = max(0, y0 // d - 1), max(0, x0 // d - 1)
+    sy1, sx1 = min(sh, -(-y1 // d) + 1), min(sw, -(-x1 // d) + 1)
+    try:
+        out = _jpegregion.decode(buf, sy0, sx0, sy1, sx1, flag, True, d)
+    except ValueError as e:
+        raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
+    if out is None:
+        return None
+    part = np.frombuffer(out[0], np.uint8).reshape(sy1 - sy0, sx1 - sx0, out[1])
+    # output pixel centre j -> source u = y0 + (j + 0.5) * bh / oh - 0.5 (cv2.resize's map),
+    # a scaled pixel i covering source pixels [i * d, (i + 1) * d): s = (u + 0.5) / d - 0.5
+    fy, fx = (y1 - y0) / (oh * d), (x1 - x0) / (ow * d)
+    m = np.array([[fx, 0.0, (x0 + 0.5 * (x1 - x0) / ow) / d - 0.5 - sx0],
+                  [0.0, fy, (y0 + 0.5 * (y1 - y0) / oh) / d - 0.5 - sy0]])
+    img = cv2.warpAffine(part if flag else part[:, :, 0], m, (ow, oh),
+                         flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                         borderMode=cv2.BORDER_REPLICATE)
+    return img if flag else img.reshape(oh, ow, 1)
+
+
 def decode_region(buf, box, flag: int = 1, *,
                   max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS,
-                  what: str = "image") -> np.ndarray:
+                  what: str = "image", shrink_to: Optional[Tuple[int, int]] = None
+                  ) -> np.ndarray:
     """``decode_image(buf, flag)[y0:y1, x0:x1]`` for ``box = (y0, x0, y1, x1)`` in the
     image's pixel coordinates (half-open), decoding only that region when it can (see the
     module docstring).
+
+    ``shrink_to=(h, w)``: the size the caller resizes the box to. Only with
+    :func:`scaled_decoding` on, and a box at least 2x that size both ways, is the result
+    different: the box decoded at a DCT scale and already resampled to ``(h, w)``. The caller
+    resizes whatever it gets to ``(h, w)`` (a no-op then).
 
     Raises :class:`DecodeError` for bad image bytes (anywhere in the image, not only in the
     box), ``ValueError`` for a box outside the image.
     """
     if flag not in (0, 1):
         raise ValueError("flag must be 0 (grey) or 1 (colour), got %r" % (flag,))
+    if shrink_to is not None and bytes(buf[:2]) == _JPEG_SOI and scaled_decoding():
+        img = _scaled(buf, box, flag, shrink_to, max_pixels, what)
+        if img is not None:
+            return img
     if bytes(buf[:2]) == _JPEG_SOI and region_decoding():
         img = _region(buf, box, flag, max_pixels, what)
         if img is not None:
