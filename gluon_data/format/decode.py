@@ -34,7 +34,7 @@ used and the result is the box already resampled to ``(h, w)`` (bilinear, pixel 
 mapped as ``cv2.resize`` maps them, so it stays aligned with a mask cut to the same box).
 The pixels are not those of the exact path: the DCT reduction averages where a bilinear
 resize samples. :func:`scaled_decoding` says whether it is on; the difference from the
-exact path is measured by ``python benchmarks/bench_region.py --scaled`` and documented in
+exact path is measured by ``python benchmarks/bench_scaled.py`` and documented in
 docs/performance.md. Exact stays the default.
 """
 from __future__ import annotations
