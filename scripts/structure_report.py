@@ -20,7 +20,19 @@ The rules (``tests/test_structure.py`` asserts them):
    the two facades, the package root and the command line, which name Gluon modules in
    their lazy tables and load them on first use only (``gluon_data.gluon`` then says what to
    install where MXNet is missing);
-4. the layers import downwards only (``LAYERS``).
+4. the layers import downwards only (``LAYERS``);
+5. no private name crosses a package: a name starting with ``_`` (not a dunder) that a module
+   of ours defines may be used by another module only inside the same package folder
+   directly under ``gluon_data/`` (``stores/`` and ``stores/remote/`` modules share their
+   helpers: a package-private API); a module directly in ``gluon_data/`` is its own package.
+   A use is ``from .x import _name``, ``x._name`` on a module of ours bound by an import, and
+   an entry of a lazy table (``"_name": ".x"``). A name another package needs is public (no
+   underscore, in its module's ``__all__``) or moves to where it is used. Tests, benchmarks
+   and scripts are not counted, nor private modules (``_version``, ``_callable``: a file, not
+   a name), nor attributes of objects (``store._keys``), nor the alias table's entries (the old
+   layout's names, ``gluon_data/_moved.py``), which are counted apart. ``PRIVATE_LEFT`` lists
+   the crossings not yet removed: the rule is broken by any crossing not on it, and the list
+   may only shrink.
 """
 import ast
 import glob
@@ -37,6 +49,41 @@ LAYERS = ("gluon_data._version", "gluon_data.errors", "gluon_data._callable",
           "gluon_data.__main__")
 _FRAMEWORKS = ("mxnet", "gluoncv", "horovod.mxnet")
 _LOADERS = ("import_module", "__import__")
+#: Private names still crossing a package, as ``(user, home, name)``: each is to become public
+#: in its home module or to move to its user. Take an entry off once it no longer crosses;
+#: never add one (``tests/test_structure.py`` holds the list to its present length).
+PRIVATE_LEFT = frozenset(
+    (PACKAGE + "." + user, PACKAGE + "." + home, name) for user, home, names in (
+        ("arrays.tensorize", "sampling.seeding", "_Random"),
+        ("arrays.transforms", "sampling.seeding", "_Random"),
+        ("convert.encode", "format.codec", "_sj"),
+        ("convert.shard_task", "stores.shards", "_read_shard_meta _shard_files"),
+        ("convert.sharded", "stores.shards", "_read_shard_meta _shard_files _write_manifest"),
+        ("convert.to_uri", "storage.objects", "_default_cache_dir"),
+        ("convert.to_uri", "storage.remotefs", "_Remote"),
+        ("convert.upload", "format.layout", "_join"),
+        ("convert.upload", "storage.objects", "_default_cache_dir"),
+        ("convert.upload", "storage.remotefs", "_Remote"),
+        ("convert.upload", "stores.remote.commit", "_found"),
+        ("convert.upload", "stores.shards", "_load_manifest _shard_files"),
+        ("format.ownership", "storage.fsutil", "_lmdb_dir_only"),
+        ("gluon.taskdatasets", "arrays.base", "_container"),
+        ("mx_recordio", "format.codec", "_IR"),
+        ("mx_recordio", "stores.mxrecordio", "_as_bytes"),
+        ("stores.mxindexed", "format.recindex", "_parse_index"),
+        ("stores.mxrecordio", "format.codec", "_FRAME _IR _LEN_MASK"),
+        ("stores.recordio", "format.codec", "_FRAME _LEN_MASK"),
+        ("stores.recordio", "format.recindex",
+         "_CACHE_MIN_BYTES _GDX_CLEAN _GDX_FILE_ORDER _GDX_KEYS_SORTED _GDX_SEQUENTIAL_KEYS "
+         "_Index _RACY_NS _index_facts _load_index _map_binary_index _parse_index "
+         "_parse_strict_index _read_binary_index"),
+        ("stores.remote.commit", "format.layout", "_join"),
+        ("stores.remote.commit", "storage.remotefs", "_Remote"),
+        ("stores.remote.describe", "storage.remotefs", "_Remote"),
+        ("stores.remote.ranged", "storage.remotefs", "_Remote"),
+        ("stores.remote.stores", "storage.remotefs", "_Remote"),
+        ("tools.verify", "stores.check", "_check_records"),
+    ) for name in names.split())
 
 
 def _modules():
@@ -198,6 +245,126 @@ def layer(module):
     return best
 
 
+def is_private(name):
+    """``_name`` and ``_Name``, not ``__dunder__``."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def package_of(module):
+    """The package a module belongs to for rule 5: its folder directly under ``gluon_data/``
+    (``gluon_data.stores`` for ``gluon_data.stores.remote.commit``), or the module itself
+    when it sits directly in ``gluon_data/`` (``gluon_data.errors``, the root)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _bindings(tree, pkg, mods):
+    """The names a module binds to modules of ours: ``import gluon_data.x as y``,
+    ``from . import x``, ``import gluon_data.x`` (binds ``gluon_data``)."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name in mods:
+                    bound[a.asname] = a.name
+                elif not a.asname and a.name.split(".")[0] == PACKAGE:
+                    bound[PACKAGE] = PACKAGE
+        elif isinstance(node, ast.ImportFrom):
+            base = _relative("." * node.level + (node.module or ""), pkg) if node.level else (
+                node.module or "")
+            for a in node.names:
+                if base + "." + a.name in mods:
+                    bound[a.asname or a.name] = base + "." + a.name
+    return bound
+
+
+def _module_named(node, bound, mods):
+    """The module of ours an expression (``x``, ``gluon_data.stores.base``) stands for."""
+    if isinstance(node, ast.Name):
+        return bound.get(node.id)
+    if isinstance(node, ast.Attribute):
+        outer = _module_named(node.value, bound, mods)
+        if outer and outer + "." + node.attr in mods:
+            return outer + "." + node.attr
+    return None
+
+
+def _lazy_entries(tree):
+    """``(line, name, where)`` of each private entry of a lazy table: ``{"_x": ".mod"}``,
+    ``{"_x": ("..mod", "real")}`` and ``{n: ".mod" for n in ("_x", ...)}``."""
+    out = []
+    for node in ast.walk(tree):
+        pairs = []
+        if isinstance(node, ast.Dict):
+            pairs = [(k.value, v) for k, v in zip(node.keys, node.values)
+                     if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        elif (isinstance(node, ast.DictComp) and isinstance(node.key, ast.Name)
+              and len(node.generators) == 1
+              and isinstance(node.generators[0].iter, (ast.Tuple, ast.List))):
+            pairs = [(e.value, node.value) for e in node.generators[0].iter.elts
+                     if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        for key, value in pairs:
+            if isinstance(value, ast.Tuple) and len(value.elts) == 2 and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str)
+                    for e in value.elts):
+                out.append((node.lineno, value.elts[1].value, value.elts[0].value))
+            elif isinstance(value, ast.Constant) and isinstance(value.value, str):
+                out.append((node.lineno, key, value.value))
+    return out
+
+
+def private_uses():
+    """Every use by one module of ours of a private name another module of ours defines, as
+    ``(user, line, home, name)``: ``from .x import _name``, ``x._name`` on a module bound by
+    an import, and private entries of a lazy table (rule 5 says which are allowed)."""
+    mods = _modules()
+    out = []
+    for me, path in mods.items():
+        tree = ast.parse(open(path).read())
+        pkg = me if path.endswith("__init__.py") else me.rpartition(".")[0]
+        bound = _bindings(tree, pkg, mods)
+        lazy = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _relative("." * node.level + (node.module or ""), pkg) if node.level \
+                    else (node.module or "")
+                for a in node.names:
+                    if base in mods and is_private(a.name) and base + "." + a.name not in mods:
+                        out.append((me, node.lineno, base, a.name))
+            elif isinstance(node, ast.Attribute) and is_private(node.attr):
+                home = _module_named(node.value, bound, mods)
+                if home and home != me:
+                    out.append((me, node.lineno, home, node.attr))
+            elif isinstance(node, ast.Call) and getattr(
+                    node.func, "attr", getattr(node.func, "id", None)) in _LOADERS:
+                lazy = lazy or not (node.args and isinstance(node.args[0], ast.Constant))
+        if lazy and me != PACKAGE:  # the root's table is the alias table: alias_entries()
+            for line, name, where in _lazy_entries(tree):
+                home = _string_targets(where, pkg, mods)
+                if home and home != me and is_private(name):
+                    out.append((me, line, home, name))
+    return sorted(set(out))
+
+
+def private_crossings(uses=None):
+    """The private uses that cross a package (rule 5), as ``(user, line, home, name)``."""
+    uses = private_uses() if uses is None else uses
+    return [u for u in uses if package_of(u[0]) != package_of(u[2])]
+
+
+def alias_entries():
+    """``(old module, name, home)`` of each private name the alias table
+    (``gluon_data/_moved.py``) serves: the old layout's private names, counted apart."""
+    tree = ast.parse(open(_modules()[PACKAGE + "._moved"]).read())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if isinstance(v, ast.Dict) and isinstance(k, ast.Constant):
+                    out += [(k.value, n.value, h.value) for n, h in zip(v.keys, v.values)
+                            if isinstance(n, ast.Constant) and is_private(n.value)]
+    return sorted(out)
+
+
 def violations():
     """Each broken rule as a line (empty: the rules hold)."""
     graph, by_name, _, mx, _ = analyse()
@@ -213,7 +380,34 @@ def violations():
                 out.append("%s imports %s, which imports MXNet or gluoncv" % (me, t))
             if layer(t) is not None and layer(me) is not None and layer(t) > layer(me):
                 out.append("upward import: %s -> %s" % (me, t))
+    for user, line, home, name in private_crossings():
+        if (user, home, name) not in PRIVATE_LEFT:
+            out.append("private name across packages: %s:%d uses %s.%s"
+                       % (user, line, home, name))
     return out
+
+
+def _print_private():
+    uses = private_uses()
+    cross = private_crossings(uses)
+    names = {(u[2], u[3]) for u in uses}
+    print("private names used by another module of ours: %d uses of %d names; inside their "
+          "package (allowed): %d; across packages: %d"
+          % (len(uses), len(names), len(uses) - len(cross), len(cross)))
+    for title, key in (("by the defining package", 2), ("by the using package", 0)):
+        counts = {}
+        for u in cross:
+            counts[package_of(u[key])] = counts.get(package_of(u[key]), 0) + 1
+        print("  across packages %s: %s" % (title, ", ".join(
+            "%s %d" % (p, n) for p, n in sorted(counts.items())) or "none"))
+    for user, line, home, name in cross:
+        left = "" if (user, home, name) in PRIVATE_LEFT else "  (new: rule broken)"
+        print("  %s:%d uses %s.%s%s" % (user, line, home, name, left))
+    found = {(u[0], u[2], u[3]) for u in cross}
+    for user, home, name in sorted(PRIVATE_LEFT - found):
+        print("  no longer crosses, take it off PRIVATE_LEFT: %s uses %s.%s" % (user, home, name))
+    print("alias-table entries naming private names (the old layout's, counted apart): %d"
+          % len(alias_entries()))
 
 
 def main():
@@ -233,6 +427,7 @@ def main():
     print("imports of our modules inside functions (outside the CLI): %d" % len(outside_cli))
     for me, line, where in outside_cli:
         print("  %s:%d -> %s" % (me, line, ", ".join(where)))
+    _print_private()
     broken = violations()
     print("rules broken: %d" % len(broken))
     for line in broken:
