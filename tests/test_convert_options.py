@@ -2,6 +2,7 @@
 runs, the API and the CLI pass the same ``ConvertOptions``, nothing is silently ignored."""
 import hashlib
 import inspect
+import os
 import subprocess
 import sys
 import warnings
@@ -99,13 +100,95 @@ def test_the_conversion_functions_take_few_parameters(fn):
     assert len(params) <= 14, fn
 
 
-def test_every_cli_flag_of_convert_is_an_option_field():
-    """The CLI reads the same object: each convert flag is a field (or one of the few CLI
-    spellings: --root, --quiet, --storage-option)."""
+def _convert_parser():
     from gluon_data.cli.parser import build_parser
     parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command").choices["convert"]
-    fields = set(ConvertOptions.names())
-    cli_only = {"help", "source", "output", "layout", "root", "quiet", "storage_option"}
-    dests = {a.dest for a in sub._actions}
-    assert dests - fields - cli_only == set()
+    return next(a for a in parser._actions if a.dest == "command").choices["convert"]
+
+
+#: ``gluon-data convert``'s option flags as users spell them, with the command's defaults
+#: (None: absent, False: a switch; --quiet stores progress=True until given): generating them
+#: from ConvertOptions changes none.
+FLAGS = {
+    "--split": None, "--val-ratio": 0.0, "--shuffle": False, "--seed": 0, "--classes": None,
+    "--num-classes": None, "--ignore-label": 255, "--images-dir": "images",
+    "--masks-dir": "masks", "--root": None, "--follow-symlinks": False,
+    "--max-file-bytes": 256 << 20, "--max-pixels": 128 << 20, "--on-error": "fail",
+    "--image-shape": None, "--mask-shape": None, "--channels-first": False, "--bgr": False,
+    "--format": None, "--encoding": "passthrough", "--quality": 95, "--resize": 0,
+    "--mask-encoding": "zraw", "--overwrite": False, "--workers": max(1, os.cpu_count() or 1),
+    "--resume": False, "--quiet": True, "--shards": None, "--shard-size": None,
+    "--shard-items": None, "--engine": "local", "--scheduler": None,
+    "--forward-credentials": False,
+}
+#: the flags that are not options: the command's own
+COMMAND_FLAGS = {"-h", "--help", "--storage-option", "--layout"}
+
+
+def test_the_convert_flags_keep_their_spelling_and_defaults():
+    sub = _convert_parser()
+    found = {}
+    for action in sub._actions:
+        for flag in action.option_strings:
+            if flag not in COMMAND_FLAGS:
+                found[flag] = action.default
+    assert found == FLAGS
+
+
+def test_each_flag_is_made_from_its_field():
+    """Each option flag stores under its field's name and shows the field's one help text
+    (``--quiet`` says what it does to ``progress``); every field without a flag is one the
+    command fills itself."""
+    from gluon_data.convert.options import cli_fields, flag_name
+    sub = _convert_parser()
+    by_dest = {a.dest: a for a in sub._actions}
+    for field, flag in cli_fields():
+        action = by_dest[field.name]
+        assert action.option_strings == [flag_name(field.name)]
+        assert action.help == (flag.help if flag.negate else field.metadata["help"])
+        assert field.metadata["help"] in ConvertOptions.__doc__.replace("\n        ", " ")
+    flagged = {f.name for f, _ in cli_fields()}
+    assert set(ConvertOptions.names()) - flagged == {
+        "source_options", "checkpoint_every", "task_retries", "storage_options", "cache_dir",
+        "remote_retries"}
+    positional = {a.dest for a in sub._actions if not a.option_strings}
+    assert {a.dest for a in sub._actions} - flagged - positional == {
+        "help", "storage_option", "layout"}
+
+
+def test_the_parsed_flags_are_the_options(tmp_path):
+    """``convert_options`` turns the parsed flags into the object in one step: the renamed
+    (``--root``), negated (``--quiet``), typed (``--image-shape``) and file-reading
+    (``--classes``) flags included."""
+    from gluon_data.cli.commands import convert_options
+    names = tmp_path / "classes.txt"
+    names.write_text("cat\ndog\n")
+    sub = _convert_parser()
+    a = sub.parse_args(["src", "out.rec", "--root", "/data", "--quiet", "--classes",
+                        str(names), "--image-shape", "4x6x3", "--workers", "3",
+                        "--shard-size", "1GB", "--on-error", "skip", "--val-ratio", "0.5"])
+    opts = convert_options(a)
+    assert opts == ConvertOptions(lst_root="/data", progress=False, classes=["cat", "dog"],
+                                  image_shape=(4, 6, 3), workers=3, shard_size="1GB",
+                                  on_error="skip", val_ratio=0.5)
+    a = sub.parse_args(["src", "out.rec", "--classes", "a, b,,c"])
+    assert convert_options(a).classes == ["a", "b", "c"] and convert_options(a).progress
+
+
+def test_a_bad_shape_is_a_usage_error_saying_what_was_expected(capsys):
+    sub = _convert_parser()
+    with pytest.raises(SystemExit) as e:
+        sub.parse_args(["src", "out.rec", "--image-shape", "4,0,3"])
+    assert e.value.code == 2
+    assert "argument --image-shape: expected 2 or 3 positive sizes, got '4,0,3'" in \
+        capsys.readouterr().err
+
+
+def test_a_refused_option_is_named_by_its_flag(folder, tmp_path):
+    """The refusal names the flag a command-line user would have set (``--image-shape``),
+    and no flag for an option the command has none for."""
+    out = str(tmp_path / "x.rec")
+    with pytest.raises(ValueError, match=r"image_shape \(--image-shape, set to \(8, 8, 3\)\)"):
+        gluon_data.convert(folder, out, "imagefolder", image_shape=(8, 8, 3))
+    with pytest.raises(ValueError, match=r"storage_options \(set to \{'anon': True\}\)"):
+        gluon_data.convert(folder, out, "imagefolder", storage_options={"anon": True})

@@ -11,20 +11,12 @@ import numpy as np
 from typing import Optional
 
 from ..format import codec
+from ..convert.options import ConvertOptions, cli_fields
 from ..errors import FormatError
-from ..storage.fileio import open_regular, require_regular
+from ..storage.fileio import require_regular
 from ..storage.remotefs import parse_storage_options
 from ..stores.shards import is_manifest, read_manifest
 from ..stores.base import is_uri, open_store, store_splits
-
-
-def _classes_arg(value: Optional[str]):
-    if value is None:
-        return None
-    if os.path.isfile(value):
-        with open_regular(value, "r", encoding="utf-8") as f:
-            return [ln.strip() for ln in f if ln.strip()]
-    return [c.strip() for c in value.split(",") if c.strip()]
 
 
 def _input(path: str) -> None:
@@ -52,14 +44,15 @@ def _source_options(a) -> Optional[dict]:
 
 
 def convert_options(a):
-    """The :class:`~gluon_data.convert.options.ConvertOptions` of ``gluon-data convert``'s
-    flags: each flag is its field in dash-case (``--root`` is ``lst_root``, ``--quiet``
-    turns ``progress`` off)."""
-    from ..convert.options import ConvertOptions
+    """The :class:`~gluon_data.convert.options.ConvertOptions` of ``gluon-data convert``: each
+    flag's value under its field's name (read through its
+    :class:`~gluon_data.convert.options.Flag`), and the fields the command fills itself:
+    the storage options of ``--storage-option`` for a SOURCE or OUTPUT at a URI, and
+    ``checkpoint_every`` from ``$GLUON_DATA_CHECKPOINT_EVERY``."""
     every = os.environ.get("GLUON_DATA_CHECKPOINT_EVERY")  # unset: by time and bytes
-    named = {n: getattr(a, n) for n in ConvertOptions.names() if hasattr(a, n)}
-    named.update(classes=_classes_arg(a.classes), lst_root=a.root, progress=not a.quiet,
-                 checkpoint_every=int(every) if every else None,
+    named = {field.name: flag.read(getattr(a, field.name)) if flag.read
+             else getattr(a, field.name) for field, flag in cli_fields()}
+    named.update(checkpoint_every=int(every) if every else None,
                  source_options=_source_options(a), **_remote(a))
     return ConvertOptions(**named)
 

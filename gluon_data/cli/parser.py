@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
-
+import functools
 
 from .._version import __version__
-from ..format import codec
-from ..convert.sources import DEFAULT_MAX_FILE_BYTES
+from ..convert.options import GROUPS, cli_fields, flag_name
 
 from .bench import bench_path
 from .commands import _cmd_convert, _cmd_demo, _cmd_info, _cmd_salvage, _cmd_show, _cmd_stats, _cmd_verify
@@ -19,19 +17,10 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
         """``(default: X)`` appended once: not to a help that states its own default, nor for
         a default that says nothing (a flag's False, an option's None)."""
         help = action.help or ""
-        if "(default" in help or action.default is None or action.default is False:
+        if ("(default" in help or action.default is None or action.default is False
+                or action.nargs == 0):  # a switch: its default is its absence
             return help
         return super()._get_help_string(action)
-
-
-def _shape_arg(value: str):
-    try:
-        shape = tuple(int(v) for v in value.replace("x", ",").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected a shape like 256,256,3, got %r" % value)
-    if not 2 <= len(shape) <= 3 or min(shape) <= 0:
-        raise argparse.ArgumentTypeError("expected 2 or 3 positive sizes, got %r" % value)
-    return shape
 
 
 def _parent(*parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -107,92 +96,42 @@ def _add_convert(sub) -> None:
     c.add_argument("--layout", choices=["pairs", "voc", "ade20k", "cityscapes", "imagefolder",
                                         "lst", "raw-lmdb", "caffe-lmdb"],
                    help="source layout (detected when omitted; the LMDB imports must be named)")
-    c.add_argument("--format", choices=["rec", "lmdb"],
-                   help="output container (default: lmdb if OUTPUT ends in .lmdb, else rec)")
-    c.add_argument("--split", help="VOC split(s), or the splits of an .lmdb source, comma "
-                                   "separated (default: train / all)")
-    c.add_argument("--val-ratio", type=float, default=0.0,
-                   help="move this fraction of the items into a 'val' split")
-    c.add_argument("--shuffle", action="store_true", help="shuffle items (with --seed)")
-    c.add_argument("--seed", type=int, default=0, help="seed for --shuffle")
-    _convert_writing(c)
-    _convert_source(c)
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
-    _convert_sharding(c)
+    _convert_option_flags(c)
     c.set_defaults(func=_cmd_convert)
 
 
-def _convert_writing(c) -> None:
-    """How ``convert`` encodes and writes: encodings, workers, replacing, resuming, errors."""
-    c.add_argument("--encoding", choices=["passthrough", "jpg", "png", "raw"],
-                   default="passthrough",
-                   help="keep the original image bytes, re-encode, or store decoded arrays "
-                        "(raw: no decode cost, several times the disk)")
-    c.add_argument("--quality", type=int, default=95, help="JPEG quality when re-encoding")
-    c.add_argument("--mask-encoding", choices=["zraw", "png"], default="zraw",
-                   help="masks as a zlib-compressed array (zraw: decodes ~3x faster than "
-                        "PNG) or as single-channel PNG")
-    c.add_argument("--resize", type=int, default=0,
-                   help="resize the shorter side to this size (0: keep)")
-    c.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1)),
-                   help="encoding processes")
-    c.add_argument("--overwrite", action="store_true",
-                   help="replace existing outputs, only if gluon-data wrote them (a .rec with "
-                        "its .idx/.meta.json, an .lmdb holding only its data); never a link")
-    c.add_argument("--resume", action="store_true",
-                   help="continue an interrupted conversion or import (.rec or .lmdb "
-                        "output) from its last checkpoint, or an interrupted upload to a URI "
-                        "without sending again what is up (with --shards, finished shards "
-                        "are kept on any rerun); the result equals an uninterrupted run")
-    c.add_argument("--on-error", choices=["fail", "skip"], default="fail",
-                   help="on a bad item: abort writing nothing, or skip it and report it")
+def _convert_option_flags(c) -> None:
+    """One flag per :class:`~gluon_data.convert.options.ConvertOptions` field that has one,
+    spelled, typed and explained by the field itself (its help text and
+    :class:`~gluon_data.convert.options.Flag`); the value lands under the field's name."""
+    groups = {title: c.add_argument_group(title, text) for title, text in GROUPS.items()}
+    for field, flag in cli_fields():
+        where, name = groups[flag.group] if flag.group else c, flag_name(field.name)
+        kwargs = dict(dest=field.name, help=flag.help or field.metadata["help"],
+                      default=flag.command_default(field))
+        if field.type == "bool":
+            kwargs["action"] = "store_false" if flag.negate else "store_true"
+        else:  # named after the flag (--root ROOT); a choice's is its choices
+            kwargs.update(type=_argument_type(flag.type), choices=flag.choices,
+                          metavar=flag.metavar or (None if flag.choices else
+                                                   name[2:].replace("-", "_").upper()))
+        where.add_argument(name, **kwargs)
 
 
-def _convert_source(c) -> None:
-    """How ``convert`` reads its source: labels, layout folders, limits, raw-lmdb shapes."""
-    c.add_argument("--classes", help="class names: comma separated, or a file with one per line")
-    c.add_argument("--num-classes", type=int, help="number of classes (mask ids 0..N-1)")
-    c.add_argument("--ignore-label", type=int, default=255, help="mask value for 'unlabelled'")
-    c.add_argument("--images-dir", default="images", help="pairs layout: images folder")
-    c.add_argument("--masks-dir", default="masks", help="pairs layout: masks folder")
-    c.add_argument("--root", help="lst layout: folder the listed paths are relative to "
-                                  "(default: the .lst's folder)")
-    c.add_argument("--max-pixels", type=int, default=codec.DEFAULT_MAX_PIXELS,
-                   help="refuse images larger than this many pixels (decoded, and after "
-                        "--resize)")
-    c.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
-                   help="refuse source files larger than this (only regular files are read)")
-    c.add_argument("--follow-symlinks", action="store_true",
-                   help="read files through symlinks that lead outside the source folder "
-                        "(refused by default, in every layout; '..' and absolute paths in "
-                        "split files and .lst files are always refused)")
-    c.add_argument("--image-shape", type=_shape_arg,
-                   help="raw-lmdb: stored image shape, e.g. 256,256,3 (H,W,C) or 3,256,256 with "
-                        "--channels-first")
-    c.add_argument("--mask-shape", type=_shape_arg,
-                   help="raw-lmdb: stored mask shape H,W (default: the image's H,W)")
-    c.add_argument("--channels-first", action="store_true",
-                   help="raw-lmdb: images are stored C,H,W")
-    c.add_argument("--bgr", action="store_true", help="raw-lmdb: image channels are BGR")
+def _argument_type(parse):
+    """``parse`` as argparse's ``type``: the message of its ``ValueError`` is the usage error
+    (argparse itself would say only "invalid parse_shape value"); the built-in types as
+    they are, so their usage errors read as before."""
+    if parse is None or parse in (int, float, str):
+        return parse
 
-
-def _convert_sharding(c) -> None:
-    g = c.add_argument_group("sharding", "write N self-contained shards plus a manifest "
-                                         "OUTPUT_PREFIX.shards.json, one task per shard; a "
-                                         "rerun skips finished shards")
-    g.add_argument("--shards", type=int, help="number of shards (equal item counts)")
-    g.add_argument("--shard-size", help="close a shard at about this size, e.g. 1GB, 512MiB "
-                                        "(estimated from the source files)")
-    g.add_argument("--shard-items", type=int, help="items per shard")
-    g.add_argument("--engine", choices=["local", "dask"], default="local",
-                   help="where shard tasks run: a local process pool (--workers processes) "
-                        "or Dask (pip install gluon-data[dask])")
-    g.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786; "
-                                       "none: a LocalCluster of --workers processes")
-    g.add_argument("--forward-credentials", action="store_true",
-                   help="send this machine's S3 credentials, endpoint and region (from its "
-                        "environment or profile) to the shard tasks, in memory; by default "
-                        "each worker uses its own environment")
+    @functools.wraps(parse)
+    def typed(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return typed
 
 
 def _add_info(sub) -> None:

@@ -1,91 +1,137 @@
 """``ConvertOptions``: every option of a conversion in one documented object, read by the API
-(:func:`gluon_data.convert`) and the command line (``gluon-data convert``) alike."""
+(:func:`gluon_data.convert`) and the command line (``gluon-data convert``) alike.
+
+Each field carries its one help text and, where the command has a flag for it, a
+:class:`Flag`: the parser adds ``gluon-data convert``'s option flags from these in one loop
+(``gluon_data/cli/parser.py``), the command builds the object from the parsed flags in one
+step, and the class docstring's parameters are written from the same texts."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import textwrap
 import warnings
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..format import codec
+from ..storage.fileio import open_regular
 from .sources import DEFAULT_MAX_FILE_BYTES
 
-__all__ = ["ConvertOptions", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS"]
+__all__ = ["ConvertOptions", "Flag", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS",
+           "GROUPS", "cli_fields", "flag_name", "parse_shape", "read_classes"]
+
+#: The help sections of ``gluon-data convert`` other than its main one: title -> description.
+GROUPS = {"sharding": "write N self-contained shards plus a manifest "
+                      "OUTPUT_PREFIX.shards.json, one task per shard; a rerun skips finished "
+                      "shards"}
+
+
+class _Same:
+    def __repr__(self) -> str:
+        return "the field's default"
+
+
+_SAME = _Same()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a :class:`ConvertOptions` field is spelled on ``gluon-data convert``.
+
+    The field's own help text is the flag's help; a :class:`Flag` adds only what the command
+    line needs besides it.
+
+    Parameters
+    ----------
+    name : str, optional
+        The flag (default: the field's name in dash-case, ``val_ratio`` -> ``--val-ratio``).
+    type : callable, optional
+        Text -> value, when the arguments are parsed (``int``, :func:`parse_shape`...); its
+        ``ValueError`` is the usage error. Bool fields are switches and take none.
+    choices : tuple of str, optional
+        The valid values.
+    metavar : str, optional
+        The value's name in the usage line.
+    default : optional
+        The command's default where it differs from the field's; a callable is called when the
+        parser is built (``--workers``: the CPU count).
+    negate : bool
+        A bool field the flag turns off (``--quiet`` sets ``progress`` to False, so the
+        command's default is True).
+    help : str, optional
+        Only with ``negate``: what the flag does (the field's text says what the field does).
+    group : str, optional
+        The help section (a key of :data:`GROUPS`); the main one when omitted.
+    read : callable, optional
+        Applied to the parsed value when the command runs: for what may read files
+        (``--classes``: :func:`read_classes`), whose errors are the command's, not usage
+        errors.
+    """
+
+    name: Optional[str] = None
+    type: Optional[Callable[[str], object]] = None
+    choices: Optional[Tuple[str, ...]] = None
+    metavar: Optional[str] = None
+    default: object = _SAME
+    negate: bool = False
+    help: Optional[str] = None
+    group: Optional[str] = None
+    read: Optional[Callable[[object], object]] = None
+
+    def command_default(self, field: dataclasses.Field):
+        """The command's default of ``field``: this flag's where it has one (called if
+        callable; a negated switch's is True), else the field's."""
+        if self.negate:
+            return True
+        default = field.default if self.default is _SAME else self.default
+        return default() if callable(default) else default
+
+
+def _option(default, help: str, flag: Optional[Flag] = Flag()):
+    """A :class:`ConvertOptions` field: its default, its one help text and its flag (``None``:
+    the command has none; say why beside it)."""
+    return dataclasses.field(default=default, metadata={"help": help, "flag": flag})
+
+
+def parse_shape(value: str) -> Tuple[int, ...]:
+    """``"256,256,3"`` (or ``256x256x3``) -> ``(256, 256, 3)``: 2 or 3 positive sizes, else a
+    ``ValueError`` saying what was expected."""
+    try:
+        shape = tuple(int(v) for v in value.replace("x", ",").split(","))
+    except ValueError:
+        raise ValueError("expected a shape like 256,256,3, got %r" % value) from None
+    if not 2 <= len(shape) <= 3 or min(shape) <= 0:
+        raise ValueError("expected 2 or 3 positive sizes, got %r" % value)
+    return shape
+
+
+def read_classes(value: Optional[str]) -> Optional[List[str]]:
+    """``--classes``: comma-separated names, or the path of a file with one name per line
+    (read under the one input-kind rule: a FIFO or a device is refused, naming it)."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open_regular(value, "r", encoding="utf-8") as f:
+            return [ln.strip() for ln in f if ln.strip()]
+    return [c.strip() for c in value.split(",") if c.strip()]
+
+
+def _cpu_count() -> int:
+    return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
 class ConvertOptions:
     """The options of one conversion: what to read, how to write, how to run, shards and
-    object storage. Every field has the default ``gluon-data convert`` has; the CLI flag of a
-    field is its name in dash-case (``val_ratio`` -> ``--val-ratio``).
+    object storage. Every field has the default ``gluon-data convert`` has (but ``workers``,
+    1 here and the CPU count there, and ``progress``, off here and on there); the CLI flag of
+    a field is its name in dash-case (``val_ratio`` -> ``--val-ratio``), named beside each
+    field below.
 
     Parameters
     ----------
-    split : str, optional
-        Which splits to convert (``"train,val"``); the layout's default when omitted.
-    val_ratio : float
-        Hold out this fraction as ``val`` (layouts without their own splits).
-    shuffle, seed : bool, int
-        Shuffle the records (seeded) instead of keeping the source order.
-    classes : sequence of str, optional
-        Class names (segmentation ids in order; classification folder names).
-    num_classes : int, optional
-        Segmentation: the number of classes, when no names are given.
-    ignore_label : int
-        The stored mask value that means "ignore" (read back as -1).
-    images_dir, masks_dir : str
-        ``pairs`` layout: the image and mask folders.
-    lst_root : str, optional
-        ``lst`` layout: the folder the ``.lst`` paths are relative to.
-    follow_symlinks : bool
-        Follow links that leave the source folder (refused by default).
-    max_file_bytes : int
-        Refuse a source file larger than this.
-    max_pixels : int
-        Refuse an image with more pixels than this (a decompression bomb).
-    on_error : {"fail", "skip"}
-        Stop at the first bad item, or skip it and list it in the metadata.
-    source_options : dict, optional
-        Options of a dataset source at a URI (``storage_options``...).
-    image_shape, mask_shape, channels_first, bgr
-        Legacy raw-array LMDB imports (``layout="raw-lmdb"``): the arrays' shapes and order.
-    format : {"rec", "lmdb"}, optional
-        The container; from the output's name when omitted.
-    encoding : {"passthrough", "jpg", "png", "raw"}
-        Keep the source bytes, or re-encode every image.
-    quality : int
-        JPEG quality when re-encoding.
-    resize : int
-        Resize the shorter side to this (0: keep the size).
-    mask_encoding : {"zraw", "png"}
-        How masks are stored.
-    overwrite : bool
-        Replace an existing output of ours (never anything else).
-    workers : int
-        Encoding processes (local), or worker processes per shard task engine.
-    resume : bool
-        Continue an interrupted conversion of the same inputs and options.
-    checkpoint_every : int, optional
-        Records between checkpoints (default: by time and bytes).
-    progress : bool
-        Draw progress bars.
-    shards, shard_size, shard_items : int, str or int, int, optional
-        Write shards plus a manifest: this many shards, shards of about this size
-        (``"1GB"``), or this many records per shard.
-    engine : {"local", "dask"}
-        Where shard tasks run.
-    scheduler : str, optional
-        A Dask scheduler address (``engine="dask"``).
-    task_retries : int
-        Times the engine retries a failed shard task.
-    forward_credentials : bool
-        Send this machine's object-storage credentials to the shard tasks.
-    storage_options : dict, optional
-        An output at a URI: fsspec storage options.
-    cache_dir : str, optional
-        An output at a URI: where the local staging copy is written.
-    remote_retries : int, optional
-        An output at a URI: retries of each remote call (the policy's default when omitted).
+    FIELDS
 
     Examples
     --------
@@ -97,45 +143,105 @@ class ConvertOptions:
     3
     """
 
-    split: Optional[str] = None
-    val_ratio: float = 0.0
-    shuffle: bool = False
-    seed: int = 0
-    classes: Optional[Sequence[str]] = None
-    num_classes: Optional[int] = None
-    ignore_label: int = 255
-    images_dir: str = "images"
-    masks_dir: str = "masks"
-    lst_root: Optional[str] = None
-    follow_symlinks: bool = False
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    max_pixels: int = codec.DEFAULT_MAX_PIXELS
-    on_error: str = "fail"
-    source_options: Optional[dict] = None
-    image_shape: Optional[Sequence[int]] = None
-    mask_shape: Optional[Sequence[int]] = None
-    channels_first: bool = False
-    bgr: bool = False
-    format: Optional[str] = None
-    encoding: str = "passthrough"
-    quality: int = 95
-    resize: int = 0
-    mask_encoding: str = "zraw"
-    overwrite: bool = False
-    workers: int = 1
-    resume: bool = False
-    checkpoint_every: Optional[int] = None
-    progress: bool = False
-    shards: Optional[int] = None
-    shard_size: object = None
-    shard_items: Optional[int] = None
-    engine: str = "local"
-    scheduler: Optional[str] = None
-    task_retries: int = 2
-    forward_credentials: bool = False
-    storage_options: Optional[dict] = None
-    cache_dir: Optional[str] = None
-    remote_retries: Optional[int] = None
+    split: Optional[str] = _option(
+        None, "VOC split(s), or the splits of an .lmdb source, comma separated (default: "
+              "train / all)")
+    val_ratio: float = _option(0.0, "move this fraction of the items into a 'val' split",
+                               Flag(type=float))
+    shuffle: bool = _option(False, "shuffle items (with --seed)")
+    seed: int = _option(0, "seed for --shuffle", Flag(type=int))
+    classes: Optional[Sequence[str]] = _option(
+        None, "class names (segmentation: the mask ids in order; classification: the folder "
+              "names): comma separated, or a file with one per line",
+        Flag(read=read_classes))
+    num_classes: Optional[int] = _option(None, "number of classes (mask ids 0..N-1)",
+                                         Flag(type=int))
+    ignore_label: int = _option(255, "mask value for 'unlabelled'", Flag(type=int))
+    images_dir: str = _option("images", "pairs layout: images folder")
+    masks_dir: str = _option("masks", "pairs layout: masks folder")
+    lst_root: Optional[str] = _option(
+        None, "lst layout: folder the listed paths are relative to (default: the .lst's "
+              "folder)", Flag(name="--root"))
+    follow_symlinks: bool = _option(
+        False, "read files through symlinks that lead outside the source folder (refused by "
+               "default, in every layout; '..' and absolute paths in split files and .lst "
+               "files are always refused)")
+    max_file_bytes: int = _option(
+        DEFAULT_MAX_FILE_BYTES, "refuse source files larger than this (only regular files "
+                                "are read)", Flag(type=int))
+    max_pixels: int = _option(
+        codec.DEFAULT_MAX_PIXELS, "refuse images larger than this many pixels (decoded, and "
+                                  "after --resize)", Flag(type=int))
+    on_error: str = _option("fail", "on a bad item: abort writing nothing, or skip it and "
+                                    "report it", Flag(choices=("fail", "skip")))
+    # The command fills it from --storage-option when SOURCE is a URI.
+    source_options: Optional[dict] = _option(
+        None, "options of a dataset source at a URI (storage_options...)", None)
+    image_shape: Optional[Sequence[int]] = _option(
+        None, "raw-lmdb: stored image shape, e.g. 256,256,3 (H,W,C) or 3,256,256 with "
+              "--channels-first", Flag(type=parse_shape))
+    mask_shape: Optional[Sequence[int]] = _option(
+        None, "raw-lmdb: stored mask shape H,W (default: the image's H,W)",
+        Flag(type=parse_shape))
+    channels_first: bool = _option(False, "raw-lmdb: images are stored C,H,W")
+    bgr: bool = _option(False, "raw-lmdb: image channels are BGR")
+    format: Optional[str] = _option(
+        None, "output container (default: lmdb if OUTPUT ends in .lmdb, else rec)",
+        Flag(choices=("rec", "lmdb")))
+    encoding: str = _option(
+        "passthrough", "keep the original image bytes, re-encode, or store decoded arrays "
+                       "(raw: no decode cost, several times the disk)",
+        Flag(choices=("passthrough", "jpg", "png", "raw")))
+    quality: int = _option(95, "JPEG quality when re-encoding", Flag(type=int))
+    resize: int = _option(0, "resize the shorter side to this size (0: keep)", Flag(type=int))
+    mask_encoding: str = _option(
+        "zraw", "masks as a zlib-compressed array (zraw: decodes ~3x faster than PNG) or as "
+                "single-channel PNG", Flag(choices=("zraw", "png")))
+    overwrite: bool = _option(
+        False, "replace existing outputs, only if gluon-data wrote them (a .rec with its "
+               ".idx/.meta.json, an .lmdb holding only its data); never a link")
+    workers: int = _option(1, "encoding processes (with shards: the local engine's processes)",
+                           Flag(type=int, default=_cpu_count))
+    resume: bool = _option(
+        False, "continue an interrupted conversion or import (.rec or .lmdb output) from its "
+               "last checkpoint, or an interrupted upload to a URI without sending again what "
+               "is up (with --shards, finished shards are kept on any rerun); the result "
+               "equals an uninterrupted run")
+    # The command reads $GLUON_DATA_CHECKPOINT_EVERY (a tuning knob of the tests, no flag).
+    checkpoint_every: Optional[int] = _option(
+        None, "records between checkpoints (default: by time and bytes)", None)
+    progress: bool = _option(False, "draw progress bars",
+                             Flag(name="--quiet", negate=True, help="no progress bar"))
+    shards: Optional[int] = _option(None, "number of shards (equal item counts)",
+                                    Flag(type=int, group="sharding"))
+    shard_size: Optional[Union[int, str]] = _option(
+        None, "close a shard at about this size, e.g. 1GB, 512MiB (estimated from the source "
+              "files)", Flag(group="sharding"))
+    shard_items: Optional[int] = _option(None, "items per shard",
+                                         Flag(type=int, group="sharding"))
+    engine: str = _option(
+        "local", "where shard tasks run: a local process pool (--workers processes) or Dask "
+                 "(pip install gluon-data[dask])",
+        Flag(choices=("local", "dask"), group="sharding"))
+    scheduler: Optional[str] = _option(
+        None, "Dask scheduler address, e.g. tcp://HOST:8786; none: a LocalCluster of "
+              "--workers processes", Flag(group="sharding"))
+    # No flag yet: the engine's default serves the command.
+    task_retries: int = _option(2, "times the engine retries a failed shard task", None)
+    forward_credentials: bool = _option(
+        False, "send this machine's S3 credentials, endpoint and region (from its environment "
+               "or profile) to the shard tasks, in memory; by default each worker uses its own "
+               "environment", Flag(group="sharding"))
+    # The command fills it from --storage-option when OUTPUT is a URI.
+    storage_options: Optional[dict] = _option(
+        None, "an output at a URI: fsspec storage options", None)
+    # No flag: the command stages in the default cache folder ($GLUON_DATA_CACHE_DIR).
+    cache_dir: Optional[str] = _option(
+        None, "an output at a URI: where the local staging copy is written", None)
+    # No flag: the command uses the retry policy's default.
+    remote_retries: Optional[int] = _option(
+        None, "an output at a URI: retries of each remote call (the policy's default when "
+              "omitted)", None)
 
     @classmethod
     def names(cls) -> Tuple[str, ...]:
@@ -201,5 +307,43 @@ def _only(options: ConvertOptions, reads, what: str) -> None:
                    if n not in reads and getattr(options, n) != getattr(default, n))
     if extra:
         raise ValueError("%s takes no %s" % (what, ", ".join(
-            "%s (--%s, set to %r)" % (n, n.replace("_", "-"), getattr(options, n))
+            "%s (%sset to %r)" % (n, "" if flag_name(n) is None else flag_name(n) + ", ",
+                                  getattr(options, n))
             for n in extra)))
+
+
+def cli_fields() -> List[Tuple[dataclasses.Field, Flag]]:
+    """The fields ``gluon-data convert`` has a flag for, with their :class:`Flag`, in the
+    class's order."""
+    return [(f, f.metadata["flag"]) for f in dataclasses.fields(ConvertOptions)
+            if f.metadata["flag"] is not None]
+
+
+def flag_name(name: str) -> Optional[str]:
+    """The command-line flag of the field ``name`` (``lst_root`` -> ``--root``); ``None``
+    where the command has none."""
+    flag = {f.name: f.metadata["flag"] for f in dataclasses.fields(ConvertOptions)}[name]
+    if flag is None:
+        return None
+    return flag.name or "--" + name.replace("_", "-")
+
+
+def _document_fields(cls) -> None:
+    """Write the ``Parameters`` of ``cls``'s docstring from each field's help text and
+    flag, in place of its ``FIELDS`` line: the one text the command's ``--help`` shows too."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        flag = flag_name(f.name)
+        text = f.metadata["help"]
+        if flag is not None:
+            text += " (``%s``%s)" % (flag, ": off" if f.metadata["flag"].negate else "")
+        choices = f.metadata["flag"] and f.metadata["flag"].choices
+        kind = "{%s}" % ", ".join(map(repr, choices)) if choices else f.type
+        lines.append("    %s : %s, default %r" % (f.name, kind, f.default))
+        lines.extend(textwrap.wrap(text, 88, initial_indent="        ",
+                                   subsequent_indent="        ", break_on_hyphens=False,
+                                   break_long_words=False))
+    cls.__doc__ = cls.__doc__.replace("    FIELDS\n", "\n".join(lines) + "\n", 1)
+
+
+_document_fields(ConvertOptions)
