@@ -5,14 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import posixpath
-import shutil
 from typing import Optional
 
 
+from ..storage.cache import Cache, Staging
 from ..storage.credentials import forward_options
 from ..stores.remote.commit import Commit, check_bucket, probe_writable
 from ..storage.remotefs import _Remote
-from ..storage.objects import _default_cache_dir
 from .upload import ShardUploader, upload_dataset
 from ..stores.shards import is_manifest
 from .local import convert_local
@@ -25,10 +24,14 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
     """:func:`gluon_data.convert.convert` into object storage. Returns the
     :class:`~gluon_data.convert.ConversionReport` with URIs as outputs.
 
-    A ``.rec`` or an ``.lmdb`` environment is converted into a local staging folder
-    (``CACHE_DIR/staging/<hash of output>/``, kept until the upload completes, so ``resume``
-    continues an interrupted conversion or upload), then uploaded by :func:`upload_dataset`
-    (an LMDB as ``NAME.lmdb/data.mdb`` and its commit document ``NAME.lmdb/meta.json``, last).
+    A ``.rec`` or an ``.lmdb`` environment is converted into a staging area of the cache
+    (:meth:`gluon_data.storage.cache.Cache.staging`: ``CACHE_DIR/staging/<hash of output>/``,
+    under the cache's trust rule and counted toward its ``cache_limit``, never evicted while
+    the conversion runs), then uploaded by :func:`upload_dataset` (an LMDB as
+    ``NAME.lmdb/data.mdb`` and its commit document ``NAME.lmdb/meta.json``, last). The area
+    is removed once the upload completes; after a failure it is kept, so ``resume`` continues
+    the interrupted conversion or upload (unless the cache's limit evicted it meanwhile: the
+    conversion then starts over).
 
     With ``shards``, ``shard_size`` or ``shard_items`` (or a ``.shards.json`` source) the
     output is sharded (:func:`gluon_data.convert.sharded.convert_sharded`), and each shard task writes,
@@ -56,38 +59,45 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
     # refuse an existing output before any work (the split names are checked again later)
     if not resume and remote.exists(output):
         Commit(remote, output).refuse([output], overwrite)
-    cache_root = os.path.abspath(o.cache_dir or _default_cache_dir())
-    staging = os.path.join(cache_root, "staging",
-                           hashlib.sha256(output.encode("utf-8")).hexdigest()[:24])
+    cache = Cache(o.cache_dir)
     sharded = is_manifest(os.fspath(source)) or o.sharded
     if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)
         probe_writable(remote, output)
-    if not resume and os.path.isdir(staging):
-        shutil.rmtree(staging)  # our own staging folder: a fresh conversion starts clean
-    os.makedirs(staging, exist_ok=True)
-    local = os.path.join(staging, posixpath.basename(output) or "out.rec")
+    # pinned while this runs; a fresh conversion (no resume) starts from an empty area
+    with cache.staging(hashlib.sha256(output.encode("utf-8")).hexdigest()[:24],
+                       fresh=not resume) as area:
+        return _convert_staged(source, output, layout, o, area, remote, sharded,
+                               storage_options)
+
+
+def _convert_staged(source, output: str, layout, o: ConvertOptions, area: Staging,
+                    remote: _Remote, sharded: bool, storage_options):
+    """:func:`convert_to_uri` once the bucket is checked: convert into the staging
+    ``area``, upload, remove the area (kept when this fails, for ``resume``)."""
+    overwrite, resume = o.overwrite, o.resume
+    local = os.path.join(area.path, posixpath.basename(output) or "out.rec")
     # the local conversion into staging: the object-storage options are this function's
     staged = o.replace(overwrite=True, storage_options=None, cache_dir=None,
                        remote_retries=None)
     if sharded:
         # the tasks stage and upload their own shards: on a Dask worker under its own cache
         # directory (this machine's paths mean nothing there), locally under this one's
-        dask = o.engine == "dask"
-        sink = ShardUploader(output, remote, staging=None if dask else os.path.join(
-            cache_root, "staging", "shards"), overwrite=overwrite, resume=resume)
+        sink = ShardUploader(output, remote, cache_dir=None if o.engine == "dask" else
+                             area.cache.cache_dir, overwrite=overwrite, resume=resume)
         try:  # shards resume from their receipts: the client's staging is never kept
             report = convert_sharded(source, local, layout,
                                      staged.replace(resume=False, checkpoint_every=None),
                                      sink=sink)
             report.outputs = sink.finish(report)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            area.remove()
         return report
     report = convert_local(source, local, layout, staged)
+    area.claim()  # the staged bytes counted: entries not in use make room for them
     uris = upload_dataset([report.outputs[s] for s in sorted(report.outputs)], output,
                           storage_options=storage_options, overwrite=overwrite, resume=resume,
-                          journal=os.path.join(staging, "upload.json"),
+                          journal=os.path.join(area.path, "upload.json"),
                           retries=o.remote_retries)
     report.outputs = {s: uris[p] for s, p in report.outputs.items()}
-    shutil.rmtree(staging, ignore_errors=True)
+    area.remove()  # uploaded: nothing to resume
     return report

@@ -23,7 +23,7 @@ from ..tools.verify import verify
 from ..stores.remote.commit import Commit, _found, put_object
 from ..format.layout import LMDB_DATA, LMDB_FORMAT, _join
 from ..storage.remotefs import _Remote
-from ..storage.objects import _default_cache_dir
+from ..storage.cache import Cache, Staging
 
 
 # --------------------------------------------------------------------------- writing
@@ -176,8 +176,12 @@ class ShardUploader:
     remote : _Remote
         Storage options and retry policy.
     staging : str, optional
-        Folder for the staged shards; default ``staging/shards/<hash of uri>`` under the
-        cache directory of the machine running the task (``$GLUON_DATA_CACHE_DIR`` there,
+        A folder of your own for the staged shards (outside the cache). Default: the
+        staging area ``shards`` of the cache (:meth:`~gluon_data.storage.cache.Cache.staging`,
+        ``staging/shards/<hash of uri>/``) of the machine running the task, pinned while the
+        task writes and uploads, counted toward that cache's ``cache_limit``.
+    cache_dir : str, optional
+        That cache's folder; default the machine's own (``$GLUON_DATA_CACHE_DIR`` there,
         else ``~/.cache/gluon_data``).
     overwrite, resume : bool
         As for :func:`convert_to_uri`.
@@ -190,8 +194,9 @@ class ShardUploader:
     """
 
     def __init__(self, uri: str, remote: "_Remote", staging: Optional[str] = None,
-                 overwrite: bool = False, resume: bool = False):
-        self.uri, self.remote, self.staging = uri, remote, staging
+                 overwrite: bool = False, resume: bool = False,
+                 cache_dir: Optional[str] = None):
+        self.uri, self.remote, self.staging, self.cache_dir = uri, remote, staging, cache_dir
         self.overwrite, self.resume = overwrite, resume
         self.complete: set = set()  # (client) manifests already uploaded for this plan
 
@@ -201,10 +206,13 @@ class ShardUploader:
     def receipt_uri(self, name: str) -> str:
         return self.shard_uri(prefix_of(name) + RECEIPT_SUFFIX)
 
-    def _stage_root(self) -> str:
-        root = self.staging or os.path.join(_default_cache_dir(), "staging", "shards")
-        return os.path.join(os.path.abspath(root),
-                            hashlib.sha256(self.uri.encode("utf-8")).hexdigest()[:24])
+    def _stage_area(self) -> Tuple[str, Optional[Staging]]:
+        """``(folder for this upload's shards, the pinned staging area or None)``."""
+        sub = hashlib.sha256(self.uri.encode("utf-8")).hexdigest()[:24]
+        if self.staging is not None:
+            return os.path.join(os.path.abspath(self.staging), sub), None
+        area = Cache(self.cache_dir).staging("shards")
+        return os.path.join(area.path, sub), area
 
     # -- client side -----------------------------------------------------------------------
     def _objects(self, job) -> List[str]:
@@ -304,12 +312,15 @@ class ShardUploader:
             return done
         t0 = time.perf_counter()
         name = os.path.basename(job.path)
-        folder = os.path.join(self._stage_root(), name + ".d")  # this shard's alone
-        os.makedirs(folder, exist_ok=True)
+        root, area = self._stage_area()
+        folder = os.path.join(root, name + ".d")  # this shard's alone
         try:
+            os.makedirs(folder, exist_ok=True)
             local = os.path.join(folder, name)
             summary = write(dataclasses.replace(job, path=local))
             _verify_shard(local, job)
+            if area is not None:
+                area.claim()  # the staged shard counted: entries not in use make room
             files = {}
             for path in _shard_files(local, job.container):
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
@@ -325,6 +336,8 @@ class ShardUploader:
             self.remote.pipe(self.receipt_uri(name), dumps_meta(receipt))
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the staged copy, uploaded or not
+            if area is not None:
+                area.release()
         return dict(entry, files=files, reused=False, seconds=time.perf_counter() - t0)
 
 

@@ -1,11 +1,16 @@
 """The user cache: one folder, one trust rule, one size limit.
 
-Both caches of gluon_data live in one folder (:func:`~gluon_data.storage.fsutil.default_cache_dir`:
-``$GLUON_DATA_CACHE_DIR``, else ``~/.cache/gluon_data``) and follow the rule of :class:`Cache`:
+Everything gluon_data keeps for later lives in one folder
+(:func:`~gluon_data.storage.fsutil.default_cache_dir`: ``$GLUON_DATA_CACHE_DIR``, else
+``~/.cache/gluon_data``) and follows the rule of :class:`Cache`:
 
 * ``objects/<key>/<name>``: whole downloaded objects (:class:`~gluon_data.storage.objects.ShardCache`);
 * ``index/<key>/index.gdx``: big stock ``.idx`` files parsed once (:mod:`gluon_data.stores.recordio`);
-* ``locks/<key>.pin`` / ``.get`` / ``.seal``: readers' pins, one maker per entry, the seal;
+* ``staging/<key>/``: a conversion into object storage staged before its upload
+  (:meth:`Cache.staging`, :mod:`gluon_data.convert.to_uri`), pinned while in use, kept for
+  ``resume`` after a failure, removed once uploaded;
+* ``locks/<key>.pin`` / ``.get`` / ``.seal``: readers' pins, one maker per entry, the seal
+  (a staging area's pin: ``locks/staging-<key>.pin``);
 * ``key``: the secret the seals are keyed with; ``cache.lock``: room-making.
 
 **Trust rule.** The cache folder and every folder in it must be a real directory owned by the
@@ -21,8 +26,11 @@ removed: temporaries are created exclusively under fixed names and removed by ex
 only the file the seal names (its inode) is ever replaced. Eviction removes whole entry folders
 (real directories owned by the user, least recently used first, never one pinned).
 
-**One limit.** Entries of both kinds count against ``cache_limit`` (default
-``$GLUON_DATA_CACHE_LIMIT``, else none) and are evicted by the same :meth:`Cache.make_room`.
+**One limit.** Entries of every kind (staging areas with everything under them) count
+against ``cache_limit`` (default ``$GLUON_DATA_CACHE_LIMIT``, else none) and are evicted by
+the same :meth:`Cache.make_room`, least recently used first, never one pinned (a download in
+flight or read, a staging area in use). A staging area kept for ``resume`` is an entry like
+any other: when the limit needs its room it is evicted, and a resume then starts over.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ import re
 import shutil
 import stat
 import threading
+import time
 import warnings
 from typing import List, Optional, Sequence, Tuple
 
@@ -45,10 +54,10 @@ from ..errors import CacheError
 from .fsutil import (CacheLock, atomic_write, default_cache_dir, kind_of, open_new,
                      sha256_file)
 
-__all__ = ["Cache", "parse_size"]
+__all__ = ["Cache", "Staging", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.I)
-KINDS = ("objects", "index")  # the entry folders, under one limit
+KINDS = ("objects", "index", "staging")  # the entry folders, under one limit
 _SEAL_TAG = b"gluon_data cache seal v1\0"
 
 
@@ -118,6 +127,24 @@ def private_dir(path: str, follow: bool = False) -> str:
         _check_dir(d)  # a folder we meant to create: someone else's is refused
     _check_dir(path, follow=follow and not missing)
     return path
+
+
+def _lock_key(kind: str, key: str) -> str:
+    """The name an entry's locks go by (``locks/<name>.pin``): a staging area's are
+    prefixed, so they never share a download's."""
+    return "staging-" + key if kind == "staging" else key
+
+
+def _tree_bytes(top: str) -> int:
+    """Bytes of the regular files under ``top`` (links not followed)."""
+    size, stack = 0, [top]
+    while stack:
+        for e in os.scandir(stack.pop()):
+            if e.is_dir(follow_symlinks=False):
+                stack.append(e.path)
+            elif e.is_file(follow_symlinks=False):
+                size += e.stat(follow_symlinks=False).st_size
+    return size
 
 
 def _identity(st: os.stat_result) -> List[int]:
@@ -334,8 +361,8 @@ class Cache:
                     st = os.lstat(d)
                     if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
                         continue
-                    size = 0
-                    for e in os.scandir(d):
+                    size = _tree_bytes(d) if kind == "staging" else 0
+                    for e in os.scandir(d) if kind != "staging" else ():
                         if e.is_dir(follow_symlinks=False):  # a download in flight
                             size += sum(f.stat(follow_symlinks=False).st_size
                                         for f in os.scandir(e.path)
@@ -369,8 +396,8 @@ class Cache:
                 return
             if key == keep:
                 continue
-            try:  # an entry pinned by a reader (or a download in flight) stays
-                lock = self.lock(key, "pin", fcntl.LOCK_EX, blocking=False)
+            try:  # an entry pinned (read, downloading, a staging area in use) stays
+                lock = self.lock(_lock_key(kind, key), "pin", fcntl.LOCK_EX, blocking=False)
             except BlockingIOError:
                 continue
             with lock:
@@ -388,3 +415,84 @@ class Cache:
     def room_lock(self) -> CacheLock:
         """``cache.lock``, held exclusively while room is made and an entry's bytes claimed."""
         return CacheLock(os.path.join(self.cache_dir, "cache.lock"), fcntl.LOCK_EX)
+
+    # -- staging -------------------------------------------------------------------------
+    def staging(self, key: str, fresh: bool = False) -> "Staging":
+        """Staging area ``key`` (``staging/<key>/``, made ``0700`` under the trust rule),
+        pinned until :meth:`Staging.release` (or the ``with`` block ends): it counts toward
+        ``cache_limit`` like every entry, and is never evicted while pinned. ``fresh``: empty
+        it first (a conversion that does not resume starts clean). Entries not in use are
+        evicted first if the cache is over its limit already."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", key) or key in (".", ".."):
+            raise ValueError("a staging key is a plain name, got %r" % (key,))
+        self.ready()
+        path = private_dir(os.path.join(self.cache_dir, "staging", key))
+        pin = self.lock(_lock_key("staging", key), "pin", fcntl.LOCK_SH)
+        try:
+            if fresh:
+                for e in os.scandir(path):
+                    _remove_tree_entry(e)
+            area = Staging(self, key, path, pin)
+            area.claim()
+        except BaseException:
+            pin.release()
+            raise
+        return area
+
+
+def _remove_tree_entry(e: "os.DirEntry") -> None:
+    """Remove one entry of a staging area: a folder with what it holds (links inside it are
+    removed, never followed), or a file or link."""
+    if e.is_dir(follow_symlinks=False):
+        shutil.rmtree(e.path)
+    else:
+        os.remove(e.path)
+
+
+class Staging:
+    """A staging area of a :class:`Cache`, pinned while held (:meth:`Cache.staging`).
+
+    Attributes
+    ----------
+    path : str
+        The folder (``<cache>/staging/<key>``).
+
+    Examples
+    --------
+    >>> with Cache("/tmp/gd-cache").staging("abc123") as area:  # doctest: +SKIP
+    ...     write_into(area.path)
+    ...     area.claim()          # its bytes now counted: others evicted to fit the limit
+    ...     area.remove()         # done: nothing kept
+    """
+
+    def __init__(self, cache: Cache, key: str, path: str, pin: CacheLock):
+        self.cache, self.key, self.path, self._pin = cache, key, path, pin
+
+    def claim(self) -> None:
+        """Make room for what the area holds now: least recently used entries not in use are
+        evicted until the cache fits its limit (a ``RuntimeWarning`` when the entries in use,
+        this one included, exceed it). Marks the area used now (its LRU time)."""
+        now = time.time()
+        os.utime(self.path, (now, now))
+        with self.cache.room_lock():
+            self.cache.make_room(0, keep=self.key, what="staging area " + self.path)
+
+    def usage(self) -> int:
+        """Bytes the area holds now."""
+        return _tree_bytes(self.path)
+
+    def remove(self) -> None:
+        """Delete the area and what it holds (the work it staged is done)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def release(self) -> None:
+        """Unpin the area: kept (for a resume) until removed or evicted."""
+        if self._pin is not None:
+            self._pin.release()
+            self._pin = None
+
+    def __enter__(self) -> "Staging":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
