@@ -15,6 +15,10 @@ with palette masks, packs it, and measures in one run:
   interpreter that has DALI (it needs numpy 2, so it cannot share MXNet's environment);
 * after decode: float32 samples against uint8 batches + ``InputNormalize`` in the consumer
   (``bench_uint8.py``);
+* large images (``bench_large.py``): Cityscapes-size street scenes (2048x1024 JPEGs, ~0.5 MB)
+  with palette masks, segmentation ``train`` at ``base_size=1024, crop_size=768``,
+  ``DataLoader(batch_size=4, num_workers=N)``: the decode limit, gluoncv's pipeline, ours
+  with region decoding on and off and with DCT-scaled decoding, CPU per item of each;
 * classification on a stock im2rec ``.rec``: stock ``ImageRecordDataset`` and
   ``ImageRecordIter`` against ours, and DALI's CPU pipeline of the same recipe
   (``bench_cls.py``);
@@ -217,11 +221,12 @@ def _gpu_note() -> str:
 def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
               quick: bool = False, dali_python: Optional[str] = None,
               index_records: Optional[int] = None, epochs: int = 3,
-              scale: int = 0) -> dict:
+              scale: int = 0, large_images: int = 64) -> dict:
     """Run every measurement once (each loader: the best of ``epochs`` epochs) and print the
-    tables and every ratio against its target; returns ``{"rates", "ratios", "index", "rss",
-    "scale", "cpu", "seconds"}`` (``seconds``: each step's wall time). ``scale`` > 0 adds
-    :func:`scale_costs` for that many records."""
+    tables and every ratio against its target; returns ``{"rates", "region", "large",
+    "ratios", "index", "rss", "scale", "cpu", "seconds"}`` (``seconds``: each step's wall
+    time). ``scale`` > 0 adds :func:`scale_costs` for that many records; ``large_images``:
+    the large-image set's count (``bench_large.py``; 0 skips it)."""
     def say(*a):
         print(*a, file=out, flush=True)
 
@@ -252,6 +257,11 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
                                             shards=stock_shards, cpu=cpu))
     with _step(seconds, "region decoding", say):
         region = _sibling("bench_region").rows(rec, stock_rec, workers, 1 if quick else 3)
+    large = {}
+    if large_images:
+        with _step(seconds, "large images", say):
+            large = _sibling("bench_large").rows(workdir, large_images, workers,
+                                                 1 if quick else 3, notes=notes, say=say)
     with _step(seconds, "reads", say):  # raw reads, warm and cold; cold LMDB; cold loaders
         cold_results, cold_notes = read_rates(rec, lm, jpg_files, workers, quick,
                                               _seg_train_kw(), say)
@@ -268,8 +278,8 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     notes["GPU"] = _gpu_note()
     table = _report(say, workers, results, cpu, index, rss, scaled, scale,
                     conv_table=conv_table, slow=slow, notes=notes, seconds=seconds,
-                    region=region)
-    return {"rates": results, "region": region, "ratios": table, "index": index, "rss": rss, "scale": scaled,
+                    region=region, large=large)
+    return {"rates": results, "region": region, "large": large, "ratios": table, "index": index, "rss": rss, "scale": scaled,
             "cpu": cpu, "seconds": seconds}
 
 
@@ -296,10 +306,10 @@ def _ratios(workers: int) -> list:
 
 
 def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table, slow,
-            notes, seconds, region) -> dict:
+            notes, seconds, region, large) -> dict:
     """Print the rates, CPU, index, scale and RSS tables, then every ratio against its
     target (``conv_table``: bench_convert.py's, with its targets; ``slow``: the slow-device
-    rows; ``region``: bench_region.py's), a summary of the targets, the notes and each
+    rows; ``region``: bench_region.py's; ``large``: bench_large.py's), a summary of the targets, the notes and each
     step's time; returns the ratio table."""
     _say_rates(say, results)
     _say_cpu(say, cpu)
@@ -320,11 +330,15 @@ def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table
     for k, v in region.items():
         say("%-56s %12.3f" % (k, v))
     say("")
+    if large:
+        _sibling("bench_large").report(say, large, workers)
     table = _ratio_table(_ratios(workers), results, say)
     uint8 = _sibling("bench_uint8")
     _ratio_table(uint8.RATIOS, results, say, table)
     _ratio_table(_sibling("bench_region").RATIOS, region, say, table)
     _ratio_table(_CLS_CPU_RATIOS + uint8.CPU_RATIOS, cpu, say, table)
+    if large:
+        _ratio_table(_sibling("bench_large").ratios(workers), large, say, table)
 
     def row(name, value, target, lower=False):
         _ratio_row(table, say, name, value, target, lower)
@@ -360,92 +374,12 @@ def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table
     return table
 
 
-def _pipeline_share(dataset, batchify, k, workers, barrier, done):  # pragma: no cover - child
-    idx = list(range(k, len(dataset), workers))
-    batchify([dataset[i] for i in idx[:16]])  # warm: pools, libraries, the staging plan
-    barrier.wait()
-    c0 = time.process_time()
-    for s in range(0, len(idx), 16):
-        batchify([dataset[i] for i in idx[s:s + 16]])
-    done.put((len(idx), time.process_time() - c0))
-
-
 def seg_bench(workdir: str, n: int = 400, workers: int = 2, rounds: int = 4,
               out=sys.stdout) -> dict:
-    """Only segmentation ``train`` against the decode limit (``--only segmentation``), in interleaved
-    rounds (best of each): the limit (1 and N forked processes), ours ``.rec`` ``train``
-    through ``DataLoader(batch_size=16, num_workers=N)`` and ``num_workers=0``, and the same
-    dataset + batchify in N forked processes without a DataLoader. Besides items/s it reports
-    the CPU time per item of every process involved (the DataLoader's main process
-    included): on a shared machine the rates move with the load, the CPU per item much less.
-    Returns ``{"rates", "cpu_ms", "ratios"}``."""
-    import mxnet as mx
-
-    from gluon_data.gluon.batchify import SegmentationBatchify
-    from gluon_data.convert import convert
-    from gluon_data.gluon.datasets import SegmentationRecordDataset
-
-    def say(*a):
-        print(*a, file=out, flush=True)
-
-    os.makedirs(workdir, exist_ok=True)
-    voc = make_dataset(workdir, n)
-    rec = os.path.join(workdir, "voc.rec")
-    if not os.path.exists(rec):
-        convert(voc, rec, "voc", split="train")
-    jpg_dir, png_dir = os.path.join(voc, "JPEGImages"), os.path.join(voc, "SegmentationClass")
-    pairs = [(open(os.path.join(jpg_dir, f), "rb").read(),
-              open(os.path.join(png_dir, f[:-4] + ".png"), "rb").read())
-             for f in sorted(os.listdir(jpg_dir))]
-    ds = SegmentationRecordDataset(rec, seed=0, **_seg_train_kw())
-    batchify = SegmentationBatchify(channels_first=True)
-    rates, cpu = {}, {}
-    lim1, limn = "decode limit, OpenCV, 1 process", "decode limit, OpenCV, %d processes" % workers
-    nodl = "ours .rec train, dataset + batchify, %d processes, no DataLoader" % workers
-    ours, ours0 = "ours .rec train, DataLoader, %d workers" % workers, \
-        "ours .rec train, DataLoader, 0 workers"
-
-    def best(key, rate, cpu_per_item):
-        rates[key] = max(rates.get(key, 0.0), rate)
-        cpu[key] = min(cpu.get(key, float("inf")), cpu_per_item * 1e3)
-
-    loaders = {k: mx.gluon.data.DataLoader(ds, batch_size=16, shuffle=True, num_workers=w,
-                                           batchify_fn=batchify, last_batch="keep")
-               for k, w in ((ours, workers), (ours0, 0))}
-    for loader in loaders.values():
-        for _ in loader:  # workers started, pools and plans warm
-            pass
-    for _ in range(rounds):
-        c0, t0 = time.process_time(), time.perf_counter()
-        seen = _decode_pairs(pairs)
-        best(lim1, seen / (time.perf_counter() - t0), (time.process_time() - c0) / seen)
-        t = []
-        r = _forked_decode_rate(pairs, workers, t)
-        best(limn, r, t[0])
-        t = []
-        r = _forked_rate(_pipeline_share, (ds, batchify), workers, t)
-        best(nodl, r, t[0])
-        for key, loader in loaders.items():
-            pids = [p.pid for p in loader._worker_pool._pool] if loader._num_workers else []
-            w0 = [_cpu_s(p) for p in pids]
-            c0, t0, seen = time.process_time(), time.perf_counter(), 0
-            for batch in loader:
-                seen += batch[0].shape[0]
-            elapsed = time.perf_counter() - t0
-            spent = time.process_time() - c0 + sum(_cpu_s(p) - c for p, c in zip(pids, w0))
-            best(key, seen / elapsed, spent / seen)
-    say("%-64s %8s %8s" % ("measurement", "items/s", "CPU ms"))
-    for k in (lim1, limn, nodl, ours, ours0):
-        say("%-64s %8.0f %8.3f" % (k, rates[k], cpu[k]))
-    ratios = {"ours .rec train / decode limit N (items/s)": rates[ours] / rates[limn],
-              "ours .rec train / decode limit N (CPU per item, inverse)": cpu[limn] / cpu[ours],
-              "DataLoader / no DataLoader (CPU per item, inverse)": cpu[nodl] / cpu[ours],
-              "ours .rec train, 0 workers / decode limit 1 (CPU per item, inverse)":
-                  cpu[lim1] / cpu[ours0]}
-    say("")
-    for k, v in ratios.items():
-        say("%-64s %8.2f" % (k, v))
-    return {"rates": rates, "cpu_ms": cpu, "ratios": ratios}
+    """``--only segmentation``: ``bench_seg.py``'s :func:`seg_bench` (the decode limit, ours
+    ``.rec`` ``train`` through a DataLoader at N and 0 workers and without one, items/s and
+    CPU per item, interleaved rounds). Returns ``{"rates", "cpu_ms", "ratios"}``."""
+    return _sibling("bench_seg").seg_bench(workdir, n, workers, rounds, out)
 
 
 def main(argv=None) -> int:
@@ -463,15 +397,21 @@ def main(argv=None) -> int:
     p.add_argument("--scale", type=int, default=10_000_000,
                    help="records of the scale step (a tiny-record .rec opened by 8 workers at "
                         "once; not run by --quick; 0 skips it)")
+    p.add_argument("--large-images", type=int, default=None,
+                   help="street scenes of the large-image set (2048x1024; kept under "
+                        "--workdir; 0 skips the set in the full run) [default: 64; --quick: 8]")
     p.add_argument("--only", choices=("all", "scale", "segmentation", "reads",
-                                      "classification"), default="all",
+                                      "classification", "large"), default="all",
                    help="run only some rows: 'scale' is the scale step (--scale records); "
                         "'segmentation' is train against the decode limit, with CPU per item "
                         "(400 images unless --num-images is given; ~1-2 min); 'reads' is the "
                         "raw, cold LMDB and cold loader read rows and their ratios (a few "
                         "minutes); 'classification' is the stock im2rec .rec, its 4 shards, the "
                         "decode-only and ImageNet-recipe loaders, ImageRecordIter and (with "
-                        "--dali-python) DALI's CPU pipeline")
+                        "--dali-python) DALI's CPU pipeline; 'large' is the large-image set "
+                        "(--large-images street scenes of 2048x1024, segmentation train at "
+                        "base 1024, crop 768, batch 4: the decode limit, gluoncv, ours with "
+                        "region decoding on and off and DCT-scaled; ~2-3 min)")
     p.add_argument("--reads-only", action="store_const", dest="only", const="reads",
                    help="the same as --only reads")
     a = p.parse_args(argv)
@@ -485,6 +425,10 @@ def main(argv=None) -> int:
         return 0
     n = 200 if a.quick else a.num_images
     workdir = a.workdir + ("-quick" if a.quick else "")
+    large = a.large_images if a.large_images is not None else 8 if a.quick else 64
+    if a.only == "large":
+        _sibling("bench_large").run_large(workdir, large, a.workers, 1 if a.quick else 3)
+        return 0
     if a.only == "reads":
         run_read_bench(workdir, n, a.workers, quick=a.quick)
         return 0
@@ -493,7 +437,7 @@ def main(argv=None) -> int:
                            epochs=1 if a.quick else 3)
         return 0
     run_bench(workdir, n, a.workers, quick=a.quick, dali_python=a.dali_python,
-              scale=0 if a.quick else a.scale)
+              scale=0 if a.quick else a.scale, large_images=large)
     return 0
 
 

@@ -99,9 +99,9 @@ def _rss_mb(pid: int) -> Tuple[float, float]:
 
 
 def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None,
-                  before=None, loader=None, cpu=None) -> dict:
+                  before=None, loader=None, cpu=None, batch_size: int = 16) -> dict:
     """Best items/s of each ``(name, dataset, batchify)`` through
-    ``DataLoader(batch_size=16, shuffle=True, num_workers=workers)``. Every loader first runs
+    ``DataLoader(batch_size=batch_size, shuffle=True, num_workers=workers)``. Every loader first runs
     one whole epoch (workers started, caches warm, nothing left unread), then each round runs
     one epoch of every loader in turn, so a change of load on this shared machine hits them
     all alike. ``rss`` collects the first loader's per-worker RSS after every round;
@@ -114,7 +114,7 @@ def _loader_rates(pipelines, workers: int, epochs: int, rss=None, between=None,
     loaders = {}
     for name, dataset, batchify, *cls in pipelines:
         make = cls[0] if cls else loader or mx.gluon.data.DataLoader
-        loaders[name] = make(dataset, batch_size=16, shuffle=True, num_workers=workers,
+        loaders[name] = make(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
                              batchify_fn=batchify, last_batch="keep")
         for _ in loaders[name]:
             pass
@@ -241,7 +241,10 @@ def _ratio_table(ratios, results: dict, say, table: Optional[dict] = None) -> di
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
+    """User + system CPU seconds of a process so far (all its threads; this process's own
+    from ``time.process_time``, finer than the clock ticks of ``/proc``)."""
+    if pid == os.getpid():
+        return time.process_time()
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -5,6 +5,7 @@ import io
 import math
 import os
 
+import numpy as np
 import pytest
 
 #: The steps that measure against stock MXNet (im2rec, ImageRecordIter, Gluon's DataLoader and
@@ -23,7 +24,7 @@ def test_bench_smoke(tmp_path):
     run_bench = load_bench().run_bench
     out = io.StringIO()
     res = run_bench(str(tmp_path / "b"), n=24, workers=2, out=out, quick=True,
-                    index_records=2000, epochs=1)
+                    index_records=2000, epochs=1, large_images=2)
     rates = res["rates"]
     for key in ("raw copy of the files, 1 process", "ours convert pass-through, 2 workers",
                 "im2rec pass-through, 2 threads", "decode limit, OpenCV, 2 processes",
@@ -78,11 +79,17 @@ def test_bench_smoke(tmp_path):
     region = load_bench()._sibling("bench_region")
     assert all(v > 0 and math.isfinite(v) for v in res["region"].values()) and res["region"]
     assert {name for name, *_ in region.RATIOS} <= set(res["ratios"])
+    # the large-image set (2 full-size scenes): its rows and its ratios in the one table
+    large = load_bench()._sibling("bench_large")
+    assert large.OURS in res["large"] and large.GLUONCV + large.CPU in res["large"]
+    assert all(v > 0 and math.isfinite(v) for v in res["large"].values())
+    assert {name for name, *_ in large.ratios(2)} <= set(res["ratios"])
+    assert targets["ours large train / gluoncv large train"] == (5.0, False)
     import mxnet as mx
     assert ("note (GPU): skipped" in text) == (mx.context.num_gpus() == 0)
     assert set(res["seconds"]) >= {"conversion", "classification", "reads", "index",
                                    "LMDB on a slow device", "after decode: uint8 batches",
-                                   "region decoding"}
+                                   "region decoding", "large images"}
     assert all(v >= 0 for v in res["seconds"].values()) and "step (wall s)" in text
 
 
@@ -287,3 +294,59 @@ def test_harness_parts_load_from_the_harness_folder(tmp_path):
                             "gluon_data_bench_reads", "gluon_data_bench_scale"])
     assert lines[1] == str([str(copy)])
     assert lines[2] == "gluon_data_bench_common" and lines[3] == "True True"
+
+
+@needs_mxnet
+def test_large_images_only(tmp_path, capsys):
+    """The large-image set on 4 street scenes at 256x128 (gluoncv's sizes scaled with the
+    width: base 128, crop 96; batch 2): the files it packs (4:2:0 JPEGs, palette masks of
+    the 19 Cityscapes ids and 255, the same pairs in the .rec), every row measured and a
+    positive number, the ratios with their targets; then ``--only large`` from the command
+    line on 2 full-size scenes (2048x1024, base 1024, crop 768)."""
+    from PIL import Image
+
+    from gluon_data.cli import load_bench
+    from gluon_data.format import codec
+    from gluon_data.format.headers import jpeg_frame
+    from gluon_data.stores.recordio import RecordFile
+    bench = load_bench()
+    large = bench._sibling("bench_large")
+    out = io.StringIO()
+    res = large.run_large(str(tmp_path / "b"), n=4, workers=2, rounds=1, batch_size=2,
+                          size=(256, 128), out=out)
+    root = large.large_root(str(tmp_path / "b"), 4, (256, 128))
+    voc = os.path.join(root, "VOC2012")
+    names = sorted(os.listdir(os.path.join(voc, "JPEGImages")))
+    assert len(names) == 4
+    rec = RecordFile(os.path.join(root, "large.rec"))
+    assert len(rec) == 4
+    for i, name in enumerate(names):
+        with open(os.path.join(voc, "JPEGImages", name), "rb") as f:
+            jpeg = f.read()
+        frame = jpeg_frame(jpeg)
+        assert (frame.height, frame.width) == (128, 256)
+        assert frame.sampling == ((2, 2), (1, 1), (1, 1))  # 4:2:0
+        mask = Image.open(os.path.join(voc, "SegmentationClass", name[:-4] + ".png"))
+        assert mask.mode == "P"
+        ids = set(np.unique(np.asarray(mask)).tolist())
+        assert ids <= set(range(19)) | {255} and len(ids - {255}) >= 4, ids
+        assert codec.unpack(rec.read(i), segmentation=True).image == jpeg
+    rows = res["rows"]
+    for key in (large.decode_limit_key(2), large.OURS, large.OFF, large.SCALED, large.GLUONCV):
+        assert key in rows and key + large.CPU in rows, key
+    assert all(v > 0 and math.isfinite(v) for v in rows.values()), rows
+    table = res["ratios"]
+    assert set(table) == {name for name, *_ in large.ratios(2)}
+    assert table.targets["ours large train / decode limit N"] == (1.2, False)
+    assert table.targets["ours large train / gluoncv large train"] == (5.0, False)
+    text = out.getvalue()
+    assert "ours large train / gluoncv large train" in text and "targets: " in text
+    assert ("note (large, DCT-scaled decode)" in text) != large.scaled_supported()
+    # the command line: the default (Cityscapes) sizes, 2 scenes, one round
+    assert bench.main(["--only", "large", "--quick", "--large-images", "2",
+                       "--workdir", str(tmp_path / "c")]) == 0
+    text = capsys.readouterr().out
+    assert "large set: 2 street scenes 2048x1024" in text
+    assert "ours large train / decode limit N" in text
+    assert os.path.exists(os.path.join(large.large_root(str(tmp_path / "c-quick"), 2),
+                                       "large.rec"))
