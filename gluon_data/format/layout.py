@@ -1,10 +1,8 @@
 """The names of the objects a dataset at a URI is made of (FORMAT.md section 8)."""
 from __future__ import annotations
 
-
-
-
-
+__all__ = ["UPLOAD_MARKER", "LMDB_DATA", "LMDB_COMMIT", "LMDB_MARKER", "LMDB_FORMAT",
+           "sibling_uri"]
 
 UPLOAD_MARKER = ".uploading.json"  # PREFIX.uploading.json: an upload is in progress
 
@@ -14,5 +12,17 @@ LMDB_COMMIT = "meta.json"        # NAME.lmdb/meta.json: the commit document (FOR
 LMDB_MARKER = "uploading.json"   # NAME.lmdb/uploading.json: an upload in progress
 LMDB_FORMAT = "gluon_data-lmdb"
 
-def _join(base_uri: str, name: str) -> str:
+
+def sibling_uri(base_uri: str, name: str) -> str:
+    """The URI of the object ``name`` beside ``base_uri`` (in the same folder).
+
+    >>> sibling_uri("s3://bucket/data/train.rec", "train.idx")
+    's3://bucket/data/train.idx'
+    """
     return base_uri.rsplit("/", 1)[0] + "/" + name
+
+
+# The old private name, until gluon_data/stores/remote/commit.py and gluon_data/convert/upload.py
+# import sibling_uri and the alias table (gluon_data/_moved.py) drops its entry for the old
+# gluon_data.remote._join (then delete this line).
+_join = sibling_uri

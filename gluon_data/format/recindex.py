@@ -6,7 +6,9 @@ copy beside it (``NAME.idx.gdx``, :func:`write_binary_index`) is mapped read-onl
 parsed -- one copy in the page cache for every process -- while it still describes the
 ``.idx``; a big stock index without one is parsed once into the user cache
 (:func:`index_cache_path`) and mapped from there. :func:`binary_index_problem` says why a
-``.gdx`` is ignored. :class:`~gluon_data.stores.recordio.RecordFile` opens its index here.
+``.gdx`` is ignored. :class:`~gluon_data.stores.recordio.RecordFile` opens its index here
+(:func:`load_index`, an :class:`Index` with the facts of :func:`index_facts`);
+:class:`~gluon_data.stores.mxindexed.MXIndexedRecordIO` parses its text (:func:`parse_index`).
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from ..storage.fsutil import atomic_write, map_readonly, open_new
 from ..format.ownership import check_replaceable
 
 __all__ = ["read_index", "idx_path_for", "write_binary_index", "binary_index_problem",
-           "index_cache_path", "BINARY_INDEX_SUFFIX", "file_stamp"]
+           "index_cache_path", "BINARY_INDEX_SUFFIX", "file_stamp", "load_index", "Index",
+           "parse_index", "index_facts", "GDX_SEQUENTIAL_KEYS", "GDX_FILE_ORDER",
+           "GDX_KEYS_SORTED", "GDX_CLEAN"]
 
 def idx_path_for(rec_path: str) -> str:
     """``a/b.rec`` -> ``a/b.idx`` (the convention of ``ImageRecordDataset`` and im2rec)."""
@@ -101,10 +105,11 @@ _GDX_MAGIC_V2 = b"GDIDX\x00\x02\x00"
 # offset, body crc32, crc32 of the header before this field (72 bytes: the body is 8-aligned)
 _GDX_HEAD = struct.Struct("<8sQqQQQqQQ")
 _GDX_MAGIC = b"GDIDX\x00\x03\x00"
-_GDX_SEQUENTIAL_KEYS = 1  # keys are 0..count-1 and not stored
-_GDX_FILE_ORDER = 2       # offsets strictly increase: records listed in file order
-_GDX_KEYS_SORTED = 4      # keys strictly increase
-_GDX_CLEAN = 8            # offsets >= 0 and multiples of 4, no offset nor key listed twice
+# The facts a version-3 copy records (``Index.flags``, :func:`index_facts`), one bit each:
+GDX_SEQUENTIAL_KEYS = 1  # keys are 0..count-1 and not stored
+GDX_FILE_ORDER = 2       # offsets strictly increase: records listed in file order
+GDX_KEYS_SORTED = 4      # keys strictly increase
+GDX_CLEAN = 8            # offsets >= 0 and multiples of 4, no offset nor key listed twice
 #: An ``.idx`` modified less than this before its binary copy was taken could be rewritten
 #: within the same file-system clock tick (same mtime): its mtime is not recorded.
 _RACY_NS = 50_000_000
@@ -114,10 +119,15 @@ _CACHE_MIN_BYTES = 128 << 10
 _CHUNK = 1 << 20
 
 
-class _Index(NamedTuple):
+class Index(NamedTuple):
     """A loaded index: ``keys`` (``None``: ``0..n-1``), ``offsets``, the facts a version-3
     binary copy recorded (``flags``, ``max_offset``; ``None``: not known, scan the arrays)
-    and the ``.idx``'s :func:`file_stamp` when it was read."""
+    and the ``.idx``'s :func:`file_stamp` when it was read (:func:`load_index`).
+
+    >>> index = load_index("train.idx")
+    >>> len(index.offsets) == len(read_index("train.idx")[1])
+    True
+    """
     keys: Optional[np.ndarray]
     offsets: np.ndarray
     flags: Optional[int]
@@ -125,20 +135,20 @@ class _Index(NamedTuple):
     stamp: Tuple[int, int, int, int]
 
 
-def _index_facts(keys: np.ndarray, offsets: np.ndarray) -> Tuple[int, int]:
+def index_facts(keys: np.ndarray, offsets: np.ndarray) -> Tuple[int, int]:
     """``(flags, largest offset)`` of an index, as a version-3 binary copy records them."""
     n = len(offsets)
     flags = 0
     if np.array_equal(keys, np.arange(n)):
-        flags |= _GDX_SEQUENTIAL_KEYS | _GDX_KEYS_SORTED
+        flags |= GDX_SEQUENTIAL_KEYS | GDX_KEYS_SORTED
     elif n <= 1 or bool((keys[1:] > keys[:-1]).all()):
-        flags |= _GDX_KEYS_SORTED
+        flags |= GDX_KEYS_SORTED
     if n <= 1 or bool((offsets[1:] > offsets[:-1]).all()):
-        flags |= _GDX_FILE_ORDER
+        flags |= GDX_FILE_ORDER
     if n and int(offsets.min()) >= 0 and not (offsets % 4).any() \
-            and (flags & _GDX_KEYS_SORTED or np.unique(keys).size == n) \
-            and (flags & _GDX_FILE_ORDER or np.unique(offsets).size == n):
-        flags |= _GDX_CLEAN
+            and (flags & GDX_KEYS_SORTED or np.unique(keys).size == n) \
+            and (flags & GDX_FILE_ORDER or np.unique(offsets).size == n):
+        flags |= GDX_CLEAN
     return flags, int(offsets.max()) if n else 0
 
 
@@ -164,8 +174,8 @@ def _read_stamped(idx_path: str) -> Tuple[bytes, int]:
 def _binary_index_parts(keys: np.ndarray, offsets: np.ndarray, text: bytes,
                         mtime_ns: int) -> Tuple[bytes, bytes]:
     """(header, body) of the version-3 binary copy of ``text`` (parsed into keys, offsets)."""
-    flags, max_offset = _index_facts(keys, offsets)
-    body = (b"" if flags & _GDX_SEQUENTIAL_KEYS else keys.astype("<i8").tobytes()) + \
+    flags, max_offset = index_facts(keys, offsets)
+    body = (b"" if flags & GDX_SEQUENTIAL_KEYS else keys.astype("<i8").tobytes()) + \
         offsets.astype("<i8").tobytes()
     head = _GDX_HEAD.pack(_GDX_MAGIC, len(text), mtime_ns, zlib.crc32(text), len(offsets),
                           flags, max_offset, zlib.crc32(body), 0)[:-8]
@@ -177,7 +187,7 @@ def write_binary_index(idx_path: str) -> str:
     converters do this for every ``.rec`` they write; run it once on a stock im2rec index
     to have it open as fast (without it, a big index is parsed once into the user cache)."""
     text, mtime_ns = _read_stamped(idx_path)
-    keys, offsets = _parse_index(text, idx_path)
+    keys, offsets = parse_index(text, idx_path)
     out = idx_path + BINARY_INDEX_SUFFIX
     check_replaceable(out, "gdx", True)
     head, body = _binary_index_parts(keys, offsets, text, mtime_ns)
@@ -228,7 +238,7 @@ def _idx_matches(idx_path: str, size: int, mtime_ns: int, crc: int) -> Optional[
         os.close(fd)
 
 
-def _map_binary_index(gdx_path: str, idx_path: str) -> Optional[_Index]:
+def _map_binary_index(gdx_path: str, idx_path: str) -> Optional[Index]:
     """The binary copy at ``gdx_path`` of ``idx_path``, if it still describes it: version 3
     mapped read-only (shared page cache, nothing private), version 2 read into arrays."""
     fd = _open_regular(gdx_path)
@@ -244,7 +254,7 @@ def _map_binary_index(gdx_path: str, idx_path: str) -> Optional[_Index]:
             return None
         _, idx_size, mtime_ns, idx_crc, count, flags, max_offset, body_crc, _ = \
             _GDX_HEAD.unpack(head)
-        arrays = 1 if flags & _GDX_SEQUENTIAL_KEYS else 2
+        arrays = 1 if flags & GDX_SEQUENTIAL_KEYS else 2
         if count == 0 or size != _GDX_HEAD.size + 8 * count * arrays:
             return None
         # the body's CRC at every open: ~25 ms per 10 M records from the page cache, and a
@@ -264,25 +274,25 @@ def _map_binary_index(gdx_path: str, idx_path: str) -> Optional[_Index]:
     if data.dtype != np.int64:  # a big-endian host: a private, native copy
         data = data.astype(np.int64)
     keys = None if arrays == 1 else data[:count]
-    return _Index(keys, data[-count:], flags, max_offset, file_stamp(st))
+    return Index(keys, data[-count:], flags, max_offset, file_stamp(st))
 
 
-def _read_binary_index_v2(fd: int, size: int, idx_path: str) -> Optional[_Index]:
+def _read_binary_index_v2(fd: int, size: int, idx_path: str) -> Optional[Index]:
     """A version-2 copy (no mtime, no facts): its ``.idx``'s CRC is checked at every open."""
     head = os.pread(fd, size, 0)
     if len(head) < _GDX_HEAD_V2.size:
         return None
     _, idx_size, crc, count, flags, body_crc = _GDX_HEAD_V2.unpack_from(head)
     body = head[_GDX_HEAD_V2.size:]
-    arrays = 1 if flags & _GDX_SEQUENTIAL_KEYS else 2
+    arrays = 1 if flags & GDX_SEQUENTIAL_KEYS else 2
     if zlib.crc32(body) != body_crc or len(body) != 8 * count * arrays or count == 0:
         return None
     st = _idx_matches(idx_path, idx_size, -1, crc)
     if st is None:
         return None
     data = np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False)
-    return _Index(None if arrays == 1 else data[:count], data[count:] if arrays == 2 else data,
-                  None, 0, file_stamp(st))
+    return Index(None if arrays == 1 else data[:count], data[count:] if arrays == 2 else data,
+                 None, 0, file_stamp(st))
 
 
 def binary_index_problem(idx_path: str) -> Optional[str]:
@@ -303,7 +313,7 @@ def binary_index_problem(idx_path: str) -> Optional[str]:
         if zlib.crc32(head[:-8]) != struct.unpack_from("<Q", head, 64)[0]:
             return "has a damaged header (its CRC-32 does not match)"
         _, _, _, _, count, flags, _, body_crc, _ = _GDX_HEAD.unpack(head)
-        want = _GDX_HEAD.size + 8 * count * (1 if flags & _GDX_SEQUENTIAL_KEYS else 2)
+        want = _GDX_HEAD.size + 8 * count * (1 if flags & GDX_SEQUENTIAL_KEYS else 2)
         if count == 0 or size != want:
             return "is %d bytes, its header promises %d" % (size, want)
         if _file_crc(fd, _GDX_HEAD.size, size) != body_crc:
@@ -338,7 +348,7 @@ def index_cache_path(idx_path: str) -> str:
                         "index.gdx")
 
 
-def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
+def _cached_index(idx_path: str, size: int) -> Optional[Index]:
     """A big text index's binary copy in the user cache, made by the first process to open
     it (under an ``flock``: eight workers opening at once parse it once) and mapped by every
     other, only while it is the copy the cache sealed (:meth:`Cache.verify`); ``None`` where
@@ -367,7 +377,7 @@ def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
                                      "parsed), and the file was left untouched: remove it"
                                      % (why, idx_path), path)
                 text, mtime_ns = _read_stamped(idx_path)
-                keys, offsets = _parse_index(text, idx_path)
+                keys, offsets = parse_index(text, idx_path)
                 head, body = _binary_index_parts(keys, offsets, text, mtime_ns)
                 del keys, offsets, text
                 with cache.room_lock():
@@ -391,7 +401,7 @@ def _cached_index(idx_path: str, size: int) -> Optional[_Index]:
     return None
 
 
-def _load_index(idx_path: str) -> _Index:
+def load_index(idx_path: str) -> Index:
     """The index of ``idx_path``: its binary copy beside it, else (a big stock index) the
     one in the user cache, else the text parsed here."""
     st = require_regular(idx_path)  # a FIFO or device: refused before anything is opened
@@ -409,8 +419,8 @@ def _load_index(idx_path: str) -> _Index:
     with open_regular(idx_path) as f:
         st = os.fstat(f.fileno())
         raw = f.read()
-    keys, offsets = _parse_index(raw, idx_path)
-    return _Index(keys, offsets, None, 0, file_stamp(st))
+    keys, offsets = parse_index(raw, idx_path)
+    return Index(keys, offsets, None, 0, file_stamp(st))
 
 
 def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarray]:
@@ -422,7 +432,7 @@ def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarr
     (:func:`index_cache_path`) is read instead of the text (read-only arrays).
     """
     if binary:
-        got = _load_index(idx_path)
+        got = load_index(idx_path)
         return (np.arange(len(got.offsets)) if got.keys is None else got.keys), got.offsets
     try:
         with open_regular(idx_path) as f:
@@ -430,10 +440,10 @@ def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarr
     except FileNotFoundError:
         raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
                                 "name, .idx suffix) for random access" % idx_path) from None
-    return _parse_index(raw, idx_path)
+    return parse_index(raw, idx_path)
 
 
-def _parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
+def parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
     """The text of an ``.idx`` as ``(keys, offsets)``; :class:`FormatError` naming the line
     that is not two integers."""
     b = np.frombuffer(raw, dtype=np.uint8)
@@ -465,3 +475,11 @@ def _parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
 def file_stamp(st: os.stat_result) -> Tuple[int, int, int, int]:
     """``(device, inode, size, mtime_ns)``: what changes when a file is replaced or rewritten."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+# The old private names, until their importers take the public ones (then delete this block):
+# gluon_data/stores/recordio.py (its import of the index names) and
+# gluon_data/stores/mxindexed.py (``_parse_index``).
+_load_index, _Index, _index_facts, _parse_index = load_index, Index, index_facts, parse_index
+_GDX_SEQUENTIAL_KEYS, _GDX_FILE_ORDER = GDX_SEQUENTIAL_KEYS, GDX_FILE_ORDER
+_GDX_KEYS_SORTED, _GDX_CLEAN = GDX_KEYS_SORTED, GDX_CLEAN

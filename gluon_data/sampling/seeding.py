@@ -19,7 +19,7 @@ import numpy as np
 
 from .sampler import sample_rng
 
-__all__ = ["sample_context", "SeededRandom"]
+__all__ = ["sample_context", "SeededRandom", "RandomTransform"]
 
 _SAMPLE = threading.local()
 
@@ -102,11 +102,30 @@ class SeededRandom:
         self._owner = d["_owner"]
 
 
-class _Random:
-    """Base of random transforms: a :class:`SeededRandom` and ``reseed``."""
+class RandomTransform:
+    """Base of random transforms (the joint transforms of :mod:`gluon_data.arrays.transforms`
+    and the fast paths of :mod:`gluon_data.arrays.tensorize`): ``self.rng``, a
+    :class:`SeededRandom` of ``seed``, and ``reseed``.
+
+    >>> class Flip(RandomTransform):
+    ...     def __call__(self, x):
+    ...         return x[::-1] if self.rng.draw(lambda g: g.random()) < 0.5 else x
+    >>> flip = Flip(seed=7)
+    >>> with sample_context(epoch=0, index=3):
+    ...     a = flip([1, 2, 3])
+    >>> with sample_context(epoch=0, index=3):
+    ...     b = flip([1, 2, 3])
+    >>> a == b
+    True
+    """
 
     def __init__(self, seed: Optional[int] = None):
         self.rng = SeededRandom(seed)
 
     def reseed(self, seed: Optional[int]) -> None:
         self.rng = SeededRandom(seed)
+
+
+# The old private name, until gluon_data/arrays/tensorize.py and gluon_data/arrays/transforms.py
+# import RandomTransform (then delete this line).
+_Random = RandomTransform

@@ -23,14 +23,15 @@ from typing import Iterable, List, Tuple
 from ..errors import CacheError, ConversionError, OutputError
 
 __all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
-           "OutputLock"]
+           "OutputLock", "holds_only_lmdb"]
 
 _LMDB_FILES = frozenset(("data.mdb", "lock.mdb"))
 _LOCK_TAG = b"gluon_data lock"  # the first bytes of every lock file we write
 
 
-def _lmdb_dir_only(path: str) -> bool:
-    """A real directory holding nothing but LMDB's own files."""
+def holds_only_lmdb(path: str) -> bool:
+    """Whether ``path`` is a real directory (not a link) holding nothing but LMDB's own files
+    (``data.mdb``, ``lock.mdb``): what may be replaced as an LMDB environment."""
     try:
         st = os.lstat(path)
         return stat.S_ISDIR(st.st_mode) and set(os.listdir(path)) <= _LMDB_FILES
@@ -187,7 +188,7 @@ def remove_partial_dir(path: str) -> None:
     """Remove a leftover partial LMDB directory, only if it holds nothing but LMDB files."""
     if not os.path.lexists(path):
         return
-    if not _lmdb_dir_only(path):
+    if not holds_only_lmdb(path):
         raise OutputError("is in the way of the partial LMDB environment gluon-data builds, "
                           "and is not one (a link, a file, or a directory holding other "
                           "files); it was left untouched: remove it", path)
@@ -368,3 +369,8 @@ def sha256_file(path: str) -> str:
         for chunk in iter(lambda: f.read(4 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+# The old private name, until gluon_data/format/ownership.py imports holds_only_lmdb (then
+# delete this line).
+_lmdb_dir_only = holds_only_lmdb
