@@ -1,11 +1,16 @@
-"""The optional C extension (gluon_data.format._jpegregion: exact region decoding of JPEGs with
-libjpeg-turbo). Everything else is configured in pyproject.toml.
+"""The optional C extensions. Everything else is configured in pyproject.toml.
 
-The extension needs a C compiler and libjpeg-turbo's headers (``apt install libjpeg-dev``,
-``dnf install libjpeg-turbo-devel``). Without them the install goes on, pure Python, with a
-one-line warning, and gluon_data decodes whole images and crops them (the same pixels).
-``GLUON_DATA_BUILD_EXT=0`` skips the extension; ``GLUON_DATA_BUILD_EXT=1`` requires it (a
-failed build fails the install: CI sets it so the extension cannot silently go missing).
+* gluon_data.format._jpegregion: exact region decoding of JPEGs with libjpeg-turbo. It needs a C
+  compiler and libjpeg-turbo's headers (``apt install libjpeg-dev``, ``dnf install
+  libjpeg-turbo-devel``); without it gluon_data decodes whole images and crops them (the same
+  pixels).
+* gluon_data.format._maskrle: run-length mask expansion at memset speed (a C compiler only);
+  without it numpy expands the same bytes to the same pixels (fast with numpy >= 2, about
+  PNG's speed with numpy 1.x).
+
+Without what they need the install goes on, pure Python, with a one-line warning per extension.
+``GLUON_DATA_BUILD_EXT=0`` skips them; ``GLUON_DATA_BUILD_EXT=1`` requires them (a failed build
+fails the install: CI sets it so an extension cannot silently go missing).
 """
 import os
 import sys
@@ -23,28 +28,44 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as e:  # no compiler at all (distutils raises before building)
-            self._skip(e)
+            self._skip(e, None)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:  # no jpeglib.h, no libjpeg, a compile error
-            self._skip(e)
+            self._skip(e, ext.name)
 
     @staticmethod
-    def _skip(e):
+    def _skip(e, name):
         if _MODE in ("1", "yes", "true"):
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        sys.stderr.write("WARNING: gluon_data's optional JPEG region decoder was not built "
-                         "(%s); install a C compiler and libjpeg-turbo headers (libjpeg-dev) "
-                         "for it. gluon_data works without it (whole-image decodes).\n" % first)
+        what = _WHAT.get(name, "C extensions")
+        sys.stderr.write("WARNING: gluon_data's optional %s %s not built (%s); install %s for "
+                         "%s. gluon_data works without %s (%s).\n"
+                         % (what[0], "was" if name else "were", first, what[1],
+                            "it" if name else "them", "it" if name else "them", what[2]))
+
+
+#: extension -> (what it is, what it needs, what happens without it)
+_WHAT = {
+    None: ("C extensions", "a C compiler and libjpeg-turbo headers (libjpeg-dev)",
+           "whole-image decodes, numpy mask expansion"),
+    "gluon_data.format._jpegregion": (
+        "JPEG region decoder", "a C compiler and libjpeg-turbo headers (libjpeg-dev)",
+        "whole-image decodes"),
+    "gluon_data.format._maskrle": ("run-length mask expander", "a C compiler",
+                                   "numpy expands the same masks"),
+}
 
 
 _SKIP = _MODE in ("0", "no", "false")  # a pure-Python wheel
 setup(
     ext_modules=[] if _SKIP else [
         Extension("gluon_data.format._jpegregion", ["gluon_data/format/_jpegregion.c"], libraries=["jpeg"],
+                  optional=_MODE not in ("1", "yes", "true")),
+        Extension("gluon_data.format._maskrle", ["gluon_data/format/_maskrle.c"],
                   optional=_MODE not in ("1", "yes", "true"))],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -8,9 +8,10 @@ Three layers, each documented byte for byte in ``FORMAT.md``:
   the MXNet ``IRHeader`` (``<IfQQ``) followed by the image bytes, exactly as
   ``mx.recordio.pack`` writes them; segmentation payloads append the mask and a trailer.
   ``id2`` carries a CRC-32 so that corruption is detected instead of decoded.
-* **Images** (:func:`decode_image`, :func:`decode_mask`, :func:`encode_mask`, raw arrays):
-  structural checks and a pixel cap *before* decoding, one :class:`DecodeError` for every
-  kind of bad image bytes.
+* **Images** (:func:`decode_image`, :func:`decode_mask`, :func:`encode_mask`): structural
+  checks and a pixel cap *before* decoding, one :class:`DecodeError` for every kind of bad
+  image bytes. Run-length masks live in :mod:`.masks`, raw arrays in :mod:`.rawarray`; both
+  are read here.
 """
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, FormatError
 from .headers import PNG_SIGNATURE, JpegFrame, image_size, jpeg_frame  # noqa: F401  (as before)
+from .masks import MASK_ENCODINGS, decode_rle, is_rle, mask_size, take_rows
+from .rawarray import (_RAW_HEAD, RAW_MAGIC, RAWZ_MAGIC, _decode_raw,  # noqa: F401  (as before)
+                       encode_raw, is_raw)
 
 __all__ = [
     "RECORDIO_MAGIC", "MAX_RECORD_BYTES", "DEFAULT_MAX_PIXELS",
     "frame", "unframe", "Record",
     "pack_classification", "pack_segmentation", "unpack", "record_checksum",
     "JpegFrame", "jpeg_frame", "image_size", "decode_image", "decode_mask", "encode_mask",
-    "encode_raw", "is_raw",
+    "encode_raw", "is_raw", "mask_size", "MASK_ENCODINGS",
 ]
 
 # --------------------------------------------------------------------------- framing
@@ -259,73 +263,6 @@ def unpack(payload, *, segmentation: Optional[bool] = None, verify: bool = True,
                   bytes(mv[start + ilen:start + ilen + mlen]), crc)
 
 
-# --------------------------------------------------------------------------- raw arrays
-RAW_MAGIC = b"GDRW"
-#: A raw array whose data is one zlib stream (masks: 3x faster to decode than PNG, 7x faster
-#: to encode, as small).
-RAWZ_MAGIC = b"GDRZ"
-_RAW_HEAD = struct.Struct("<4sBB")
-_RAW_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2")}
-_RAW_CODES = {v: k for k, v in _RAW_DTYPES.items()}
-
-
-def encode_raw(array: np.ndarray, compress: Optional[int] = None) -> bytes:
-    """Store a uint8/uint16 array with its shape: ``GDRW``, dtype code, ndim, dims, data; or
-    with ``compress=level``, ``GDRZ`` and the data as one zlib stream."""
-    a = np.ascontiguousarray(array)
-    dt = a.dtype.newbyteorder("<") if a.dtype.itemsize > 1 else a.dtype
-    if dt not in _RAW_CODES:
-        raise ValueError("raw encoding stores uint8 or uint16 arrays, not %s" % a.dtype)
-    data = a.astype(dt, copy=False).tobytes()
-    magic = RAW_MAGIC
-    if compress is not None:
-        magic, data = RAWZ_MAGIC, zlib.compress(data, compress)
-    return (_RAW_HEAD.pack(magic, _RAW_CODES[dt], a.ndim)
-            + struct.pack("<%dI" % a.ndim, *a.shape) + data)
-
-
-def is_raw(buf) -> bool:
-    return bytes(buf[:4]) in (RAW_MAGIC, RAWZ_MAGIC)
-
-
-def _decode_raw(buf, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
-    mv = memoryview(buf)
-    if len(mv) < _RAW_HEAD.size:
-        raise DecodeError("%s: truncated raw-array header" % what)
-    magic, code, ndim = _RAW_HEAD.unpack_from(mv, 0)
-    if code not in _RAW_DTYPES or not 1 <= ndim <= 3:
-        raise DecodeError("%s: invalid raw-array header (dtype code %d, ndim %d)"
-                          % (what, code, ndim))
-    off = _RAW_HEAD.size + 4 * ndim
-    if len(mv) < off:
-        raise DecodeError("%s: truncated raw-array shape" % what)
-    shape = struct.unpack_from("<%dI" % ndim, mv, _RAW_HEAD.size)
-    dt = _RAW_DTYPES[code]
-    need = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    if ndim == 3 and not 1 <= shape[2] <= 4:
-        raise DecodeError("%s: raw array of shape %s: images have 1 to 4 channels"
-                          % (what, shape))
-    if max_pixels and shape[0] * (shape[1] if ndim > 1 else 1) > max_pixels:
-        raise DecodeError("%s: raw array of shape %s exceeds the limit of %d pixels "
-                          "(max_pixels)" % (what, shape, max_pixels))
-    if magic == RAWZ_MAGIC:
-        inflate = zlib.decompressobj()
-        try:  # never inflate past the size the header promises (a zip bomb stops there)
-            data = inflate.decompress(mv[off:], need + 1)
-        except zlib.error as e:
-            raise DecodeError("%s: corrupt compressed array (%s)" % (what, e)) from None
-        if len(data) != need or not inflate.eof or inflate.unused_data:
-            raise DecodeError("%s: compressed array of shape %s holds %s bytes, %d expected"
-                              % (what, shape, "more" if len(data) > need else
-                                 "%d complete" % len(data) if inflate.eof else
-                                 "%d (stream cut short)" % len(data), need))
-        return np.frombuffer(data, dtype=dt).reshape(shape)
-    if len(mv) - off != need:
-        raise DecodeError("%s: raw array of shape %s needs %d bytes, %d present"
-                          % (what, shape, need, len(mv) - off))
-    return np.frombuffer(mv, dtype=dt, offset=off).reshape(shape)
-
-
 # --------------------------------------------------------------------------- images
 #: Images larger than this many pixels are refused before decoding (a 0.4 MB PNG can
 #: otherwise claim 20000x20000 pixels and cost gigabytes). Override per dataset.
@@ -457,19 +394,27 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
     return img[:, :, None]
 
 
-def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,
-                what: str = "mask") -> np.ndarray:
-    """Decode mask bytes (single-channel index PNG, or a raw / compressed raw array) to an
-    HW uint8/uint16 array."""
+def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS, what: str = "mask",
+                rows: Optional[Tuple[int, int]] = None) -> np.ndarray:
+    """Decode mask bytes to an HW uint8/uint16 array: a run-length mask (``GDRL``, written
+    by default), a single-channel index PNG, or a raw / compressed raw array.
+
+    ``rows=(y0, y1)`` returns rows ``y0:y1`` (full width) only; a run-length mask then
+    expands only the row blocks they lie in, the other kinds are decoded whole and cut.
+    Rows outside the mask are a :class:`DecodeError` (the record's parts disagree).
+    """
+    if is_rle(buf):
+        return decode_rle(buf, what, max_pixels, rows)
     if is_raw(buf):
         m = _decode_raw(buf, what, max_pixels)
         if m.ndim == 3 and m.shape[2] == 1:
             m = m[:, :, 0]
         if m.ndim != 2:
             raise DecodeError("%s: raw mask must be 2-D, got shape %s" % (what, m.shape))
-        return m
+        return take_rows(m, rows, what)
     if not bytes(buf[:8]).startswith(PNG_SIGNATURE):
-        raise DecodeError("%s: masks are stored as PNG, these bytes are not" % what)
+        raise DecodeError("%s: masks are stored as run-length masks or PNG, these bytes are "
+                          "neither" % what)
     _check_structure(buf, what, max_pixels)
     m = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if m is None:
@@ -477,7 +422,7 @@ def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,
     if m.ndim != 2:
         raise DecodeError("%s: expected a single-channel index PNG, got shape %s"
                           % (what, m.shape))
-    return m
+    return take_rows(m, rows, what)
 
 
 def encode_mask(mask: np.ndarray, compression: int = 3) -> bytes:

@@ -1,0 +1,234 @@
+"""Run-length masks (``GDRL``): round trips in both dtypes, row ranges, the C expansion and
+numpy's giving the same pixels and the same refusals, and every field checked on read
+(truncated, oversized, inconsistent: a DecodeError, never a crash or wrong pixels)."""
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gluon_data.errors import DecodeError
+from gluon_data.format import codec, masks
+
+EXPANDERS = ["c", "numpy"]
+
+
+@pytest.fixture(params=EXPANDERS)
+def expander(request, monkeypatch):
+    if request.param == "c":
+        if masks._ext is None:
+            pytest.skip("the C expansion is not built here")
+    else:
+        monkeypatch.setattr(masks, "_ext", None)
+    return request.param
+
+
+def _both(buf, **kw):
+    """Decode with the C expansion and with numpy: the same pixels, or the same refusal."""
+    results = []
+    ext = masks._ext
+    for e in ([ext] if ext is not None else []) + [None]:
+        masks._ext = e
+        try:
+            results.append(codec.decode_mask(buf, **kw))
+        except DecodeError as err:
+            results.append(err)
+        finally:
+            masks._ext = ext
+    first = results[0]
+    for other in results[1:]:
+        if isinstance(first, DecodeError):
+            assert isinstance(other, DecodeError), "C refused, numpy decoded"
+        else:
+            assert not isinstance(other, DecodeError), "C decoded, numpy refused: %s" % other
+            assert other.dtype == first.dtype and np.array_equal(other, first)
+    if isinstance(first, DecodeError):
+        raise first
+    return first
+
+
+def _street(h=96, w=130, seed=0):
+    rng = np.random.default_rng(seed)
+    m = np.zeros((h, w), np.uint8)
+    for _ in range(6):
+        y, x = rng.integers(0, h), rng.integers(0, w)
+        m[y:y + rng.integers(3, 40), x:x + rng.integers(3, 60)] = rng.integers(1, 21)
+    m[::17, :] = 255
+    return m
+
+
+@pytest.mark.parametrize("dtype,top", [(np.uint8, 255), (np.uint16, 65535), (np.int64, 300)])
+def test_round_trip_in_the_smallest_dtype(dtype, top, expander):
+    m = np.random.default_rng(1).integers(0, top + 1, (37, 23)).astype(dtype)
+    m[:5] = top
+    buf = masks.encode_rle(m)
+    out = codec.decode_mask(buf)
+    assert out.dtype == (np.uint8 if top <= 255 else np.uint16)
+    np.testing.assert_array_equal(out, m)
+    assert codec.mask_size(buf) == m.shape
+
+
+def test_uint16_mask_with_small_ids_is_stored_in_uint8():
+    m = _street().astype(np.uint16)
+    assert codec.decode_mask(masks.encode_rle(m)).dtype == np.uint8
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 16, 500])
+def test_rows_decode_only_their_blocks_and_equal_the_full_decode(block_rows, expander):
+    m = _street()
+    buf = masks.encode_rle(m, block_rows=block_rows)
+    for y0, y1 in [(0, 96), (0, 1), (95, 96), (15, 17), (16, 32), (33, 80)]:
+        out = codec.decode_mask(buf, rows=(y0, y1))
+        np.testing.assert_array_equal(out, m[y0:y1])
+        assert out.flags.c_contiguous
+
+
+def test_long_runs_are_cut_at_65535_and_at_block_starts():
+    m = np.full((300, 700), 4, np.uint8)  # 210000 pixels of one id: blocks of 16 rows
+    lengths, values, offsets = masks.mask_runs(m, 300)
+    assert lengths.max() == 65535 and lengths.sum() == m.size and (values == 4).all()
+    assert len(offsets) == 2 and offsets[-1] == len(lengths) == 4
+    lengths, _, offsets = masks.mask_runs(m)
+    assert len(offsets) == 300 // 16 + 2 and np.all(np.diff(offsets) == 1)
+    np.testing.assert_array_equal(_both(masks.encode_rle(m, 300)), m)
+
+
+def test_class_counts_come_from_the_runs():
+    m = _street()
+    lengths, values, _ = masks.mask_runs(m)
+    counts = np.bincount(values, weights=lengths, minlength=256).astype(np.int64)
+    np.testing.assert_array_equal(counts, np.bincount(m.ravel(), minlength=256))
+
+
+def test_png_and_raw_masks_still_read_with_rows():
+    m = _street()
+    for buf in (codec.encode_mask(m), codec.encode_raw(m), codec.encode_raw(m, compress=1)):
+        np.testing.assert_array_equal(codec.decode_mask(buf), m)
+        np.testing.assert_array_equal(codec.decode_mask(buf, rows=(10, 40)), m[10:40])
+        assert codec.mask_size(buf) == m.shape
+        with pytest.raises(DecodeError, match="rows 90:97"):
+            codec.decode_mask(buf, rows=(90, 97))
+
+
+@pytest.mark.parametrize("rows", [(-1, 5), (5, 5), (10, 4), (0, 97)])
+def test_rows_outside_the_mask_are_refused(rows):
+    with pytest.raises(DecodeError, match="rows"):
+        codec.decode_mask(masks.encode_rle(_street()), rows=rows)
+
+
+def test_encoder_refuses_what_it_cannot_store():
+    for bad in (np.zeros((3,), np.uint8), np.zeros((0, 4), np.uint8),
+                np.full((2, 2), 70000, np.int64), np.full((2, 2), -1, np.int64),
+                np.zeros((2, 2), np.float32)):
+        with pytest.raises(ValueError):
+            masks.encode_rle(bad)
+    with pytest.raises(ValueError, match="block_rows"):
+        masks.encode_rle(np.zeros((2, 2), np.uint8), block_rows=0)
+
+
+_HEAD = struct.Struct("<4sBBHIII")
+
+
+def _rebuilt(buf, **fields):
+    """The bytes with header fields replaced."""
+    names = ("magic", "version", "code", "brows", "h", "w", "runs")
+    vals = dict(zip(names, _HEAD.unpack_from(buf, 0)))
+    vals.update(fields)
+    return _HEAD.pack(*(vals[n] for n in names)) + bytes(buf[_HEAD.size:])
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(version=2), "version 2"),
+    (dict(code=3), "dtype code 3"),
+    (dict(brows=0), "blocks of 0 rows"),
+    (dict(h=0), "130x0 pixels"),
+    (dict(h=97), "bytes"),           # one block more: the table no longer fits
+    (dict(w=131), "add up|bytes"),   # wider rows: blocks no longer filled exactly
+    (dict(runs=1), "bytes"),
+    (dict(h=1 << 20, w=1 << 20), "max_pixels"),
+])
+def test_every_header_field_is_checked(change, reason, expander):
+    buf = _rebuilt(masks.encode_rle(_street()), **change)
+    with pytest.raises(DecodeError, match=reason) as err:
+        codec.decode_mask(buf, what="mask of rec 7")
+    assert str(err.value.reason).startswith("mask of rec 7: ")
+
+
+def test_inconsistent_block_tables_and_runs_are_refused(expander):
+    m = _street()
+    buf = bytearray(masks.encode_rle(m))
+    hd = masks.rle_header(buf)
+    table_at = _HEAD.size
+    swapped = bytearray(buf)  # two block starts swapped: not increasing
+    a, b = table_at + 4, table_at + 8
+    swapped[a:a + 4], swapped[b:b + 4] = buf[b:b + 4], buf[a:a + 4]
+    with pytest.raises(DecodeError, match="block table"):
+        codec.decode_mask(bytes(swapped))
+    moved = bytearray(buf)  # a block's first run moved by one: its runs no longer add up
+    struct.pack_into("<I", moved, table_at + 4, struct.unpack_from("<I", buf, table_at + 4)[0]
+                     + 1)
+    with pytest.raises(DecodeError, match="add up"):
+        codec.decode_mask(bytes(moved))
+    longer = bytearray(buf)  # one run one pixel longer
+    struct.pack_into("<H", longer, hd.lengths_at, struct.unpack_from("<H", buf,
+                                                                    hd.lengths_at)[0] + 1)
+    with pytest.raises(DecodeError, match="block 0: runs add up"):
+        codec.decode_mask(bytes(longer))
+    with pytest.raises(DecodeError, match="block 0: runs add up"):  # rows in the bad block
+        codec.decode_mask(bytes(longer), rows=(0, 4))
+    # rows in good blocks read: only the blocks decoded are checked, and they are right
+    np.testing.assert_array_equal(codec.decode_mask(bytes(longer), rows=(40, 60)), m[40:60])
+
+
+@pytest.mark.parametrize("cut", [0, 3, 19, 30, -1])
+def test_truncated_masks_are_refused(cut):
+    buf = masks.encode_rle(_street())
+    with pytest.raises(DecodeError):
+        codec.decode_mask(buf[:cut] if cut >= 0 else buf + b"\0")
+
+
+@settings(max_examples=150, deadline=None)
+@given(h=st.integers(1, 40), w=st.integers(1, 40), brows=st.integers(1, 20),
+       top=st.sampled_from([1, 3, 255, 256, 65535]), seed=st.integers(0, 2 ** 16),
+       data=st.data())
+def test_property_round_trip_and_rows(h, w, brows, top, seed, data):
+    rng = np.random.default_rng(seed)
+    m = rng.integers(0, top + 1, (h, w))
+    if data.draw(st.booleans()):  # smooth: few runs
+        m = np.repeat(m[:, :1], w, axis=1)
+    buf = masks.encode_rle(m, block_rows=brows)
+    np.testing.assert_array_equal(_both(buf), m)
+    y0 = data.draw(st.integers(0, h - 1))
+    y1 = data.draw(st.integers(y0 + 1, h))
+    np.testing.assert_array_equal(_both(buf, rows=(y0, y1)), m[y0:y1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_fuzz_damaged_masks_raise_decode_error_only(data):
+    """Any byte flipped, cut or inserted: a DecodeError or, where the damage is in a run's
+    value (which no structure can check), a mask of the header's shape; never another
+    exception, and both expansions agree."""
+    m = _street(h=data.draw(st.integers(1, 50)), w=data.draw(st.integers(1, 50)),
+                seed=data.draw(st.integers(0, 99)))
+    buf = bytearray(masks.encode_rle(m, block_rows=data.draw(st.integers(1, 20))))
+    op = data.draw(st.sampled_from(["flip", "cut", "insert", "header"]))
+    pos = data.draw(st.integers(0, len(buf) - 1))
+    if op == "flip":
+        buf[pos] ^= data.draw(st.integers(1, 255))
+    elif op == "cut":
+        del buf[pos:pos + data.draw(st.integers(1, 8))]
+    elif op == "insert":
+        buf[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
+    else:
+        at = data.draw(st.integers(4, _HEAD.size - 1))
+        buf[at] = data.draw(st.integers(0, 255))
+    rows = None
+    if data.draw(st.booleans()):
+        rows = (0, data.draw(st.integers(1, 60)))
+    try:
+        out = _both(bytes(buf), rows=rows, max_pixels=1 << 22)
+    except DecodeError:
+        return
+    hd = masks.rle_header(bytes(buf))
+    assert out.shape == ((rows[1] if rows else hd.height), hd.width)
