@@ -107,3 +107,45 @@ def test_as_strict_as_the_exact_path(scaled):
         decode.decode_region(bytes(buf), (0, 0, 64, 64), shrink_to=(0, 16))
     with pytest.raises(ValueError, match="denom"):
         decode._jpegregion.decode(bytes(buf), 0, 0, 8, 8, 1, True, 3)
+
+
+@needs_ext
+def test_datasets_pass_the_output_size(tmp_path, monkeypatch):
+    """``train`` and the classification fast path hand ``decode_region`` the size the box
+    becomes: scaled on gives samples of the same shapes, close to the exact ones; off, the
+    exact samples."""
+    from gluon_data import convert
+    from gluon_data.arrays import ClassificationDataset, SegmentationDataset
+    from gluon_data.arrays.tensorize import ImageCropNormalize
+    from gluon_data.convert.sample import make_imagefolder, make_voc
+
+    voc = make_voc(str(tmp_path / "voc"), num_images=6, size_range=(400, 600), photo=True)
+    rec = str(tmp_path / "voc.rec")
+    convert(voc, rec, "voc", split="trainval")
+
+    def samples(on):
+        monkeypatch.setenv("GLUON_DATA_DECODE_SCALED", "1" if on else "0")
+        ds = SegmentationDataset(rec, mode="train", base_size=96, crop_size=64, seed=3)
+        return [ds[i] for i in range(len(ds))]
+
+    off, on = samples(False), samples(True)
+    for (ie, me), (i_s, m_s) in zip(off, on):
+        assert ie.shape == i_s.shape and me.shape == m_s.shape
+        np.testing.assert_array_equal(me, m_s)  # the mask is never scaled
+        assert np.abs(ie.astype(float) - i_s.astype(float)).mean() < 0.2 * np.abs(ie).mean()
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(off, on))  # it did change some
+
+    folder = make_imagefolder(str(tmp_path / "folder"))
+    crec = str(tmp_path / "cls.rec")
+    convert(folder, crec, "imagefolder")
+
+    def tensors(on):
+        monkeypatch.setenv("GLUON_DATA_DECODE_SCALED", "1" if on else "0")
+        crop = ImageCropNormalize(("random", (16, 16), (0.5, 1.0), (0.75, 4 / 3), 1), seed=1)
+        ds = ClassificationDataset(crec, image_transform=crop, seed=1)
+        return [ds[i][0] for i in range(len(ds))]
+
+    off, on = tensors(False), tensors(True)
+    assert all(a.shape == b.shape == (3, 16, 16) for a, b in zip(off, on))
+    assert any(not np.array_equal(a, b) for a, b in zip(off, on))
+    assert np.mean([np.abs(a - b).mean() for a, b in zip(off, on)]) < 0.1

@@ -2,7 +2,7 @@
 
 :class:`SegmentationDataset` and :class:`ClassificationDataset` read a store (from
 :func:`~gluon_data.stores.base.open_store`) or open one from a path or URI (with ``split``
-and ``storage_options``), and return numpy arrays: the same samples as the Gluon datasets of
+and, for a URI, ``remote``), and return numpy arrays: the same samples as the Gluon datasets of
 :mod:`gluon_data.gluon.datasets` (which subclass these and return NDArrays), with gluoncv's
 modes, the seeded joint transforms of :mod:`gluon_data.arrays.transforms`, the ignore label
 returned as -1 and a crop's box decoded alone (:func:`~gluon_data.format.decode.decode_region`).
@@ -24,6 +24,7 @@ from ..format import codec
 from ..format.decode import decode_region
 from ..stores.base import RecordStore
 from . import transforms as T
+from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from .base import _StoreDataset, as_store
 from .tensorize import ImageCropNormalize, ToTensorNormalize, _uint8_image, _uint8_output
 
@@ -50,6 +51,14 @@ def _crop_normalize(transform, seed: Optional[int], uint8: bool) -> ImageCropNor
                         "in transform(image, label)" % (transform,))
     return ImageCropNormalize(crop, flip, tensor.mean, tensor.std,
                               seed=own if seed is None else seed, uint8=uint8)
+
+
+def _remote(owner: str, remote, deprecated: dict) -> RemoteOptions:
+    """A dataset's ``remote=``, or the separate keywords it took before (deprecated); any
+    other keyword is Python's ``TypeError``."""
+    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
+    refuse_unknown(owner, deprecated)
+    return remote
 
 
 class ClassificationDataset(_StoreDataset):
@@ -84,12 +93,11 @@ class ClassificationDataset(_StoreDataset):
         ``'uint8'``: CxHxW uint8 images, not normalised (the consumer normalises);
         ``image_transform`` then may crop and flip but not normalise (``ValueError``), and
         ``transform`` must be ``None``.
-    storage_options : dict, optional
-        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...); with a URI only.
-    cache_dir, cache_limit : optional
-        Where a dataset in object storage is downloaded to, and how much that cache may hold
-        (``"20GB"``); with a URI only.
+    remote : RemoteOptions or dict, optional
+        A dataset in object storage: its fsspec ``storage_options``, and the ``cache_dir``
+        and ``cache_limit`` of its download (:class:`~gluon_data.storage.options.RemoteOptions`,
+        or a dict of those keys); with a URI only. The same keywords given separately still
+        work, with a ``DeprecationWarning``.
 
     Returns
     -------
@@ -120,10 +128,10 @@ class ClassificationDataset(_StoreDataset):
     def __init__(self, source, flag: int = 1, transform: Optional[Callable] = None, *,
                  split: Optional[str] = None, image_transform=None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 output: Optional[str] = None, storage_options: Optional[dict] = None,
-                 cache_dir: Optional[str] = None, cache_limit=None):
-        store = as_store(type(self).__name__, source, split, storage_options=storage_options,
-                         cache_dir=cache_dir, cache_limit=cache_limit)
+                 output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
+                 **deprecated):
+        store = as_store(type(self).__name__, source, split,
+                         remote=_remote(type(self).__name__, remote, deprecated))
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
         if flag not in (0, 1):
             raise ValueError("flag must be 0 or 1, got %r" % (flag,))
@@ -164,7 +172,8 @@ class ClassificationDataset(_StoreDataset):
         with self._sample(i, epoch):
             (y0, x0, y1, x1), flip = fast.plan(*hw)
         img = self._decode(decode_region, rec.image, key, offset, "image",
-                           box=(y0, x0, y1, x1), flag=self._flag)
+                           box=(y0, x0, y1, x1), flag=self._flag,
+                           shrink_to=tuple(fast.crop[1][::-1]))  # (w, h) -> (h, w)
         out = self._buffer(fast.out_shape(img.shape), np.uint8 if fast.uint8 else np.float32)
         return self._emit(fast.finish(img, flip, out))
 
@@ -254,12 +263,11 @@ class SegmentationDataset(_StoreDataset):
         consumer normalises). An image ``transform`` then runs on the HxWxC uint8 image and
         must return one (a ``ToTensorNormalize(0, 1)`` alone means the CxHxW layout; a
         normalising one is a ``ValueError``).
-    storage_options : dict, optional
-        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...); with a URI only.
-    cache_dir, cache_limit : optional
-        Where a dataset in object storage is downloaded to, and how much that cache may hold
-        (``"20GB"``); with a URI only.
+    remote : RemoteOptions or dict, optional
+        A dataset in object storage: its fsspec ``storage_options``, and the ``cache_dir``
+        and ``cache_limit`` of its download (:class:`~gluon_data.storage.options.RemoteOptions`,
+        or a dict of those keys); with a URI only. The same keywords given separately still
+        work, with a ``DeprecationWarning``.
 
     Returns
     -------
@@ -291,8 +299,9 @@ class SegmentationDataset(_StoreDataset):
                  mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 output: Optional[str] = None, storage_options: Optional[dict] = None,
-                 cache_dir: Optional[str] = None, cache_limit=None):
+                 output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
+                 **deprecated):
+        remote = _remote(type(self).__name__, remote, deprecated)
         if mode is not None and mode not in MODES:
             raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
         if mode in ("train", "val"):
@@ -304,8 +313,7 @@ class SegmentationDataset(_StoreDataset):
                                  "(2 x base_size = %d): every crop would be mostly padding; "
                                  "raise base_size or lower crop_size" % (crop_size,
                                                                        2 * base_size))
-        store = as_store(type(self).__name__, source, split, storage_options=storage_options,
-                         cache_dir=cache_dir, cache_limit=cache_limit)
+        store = as_store(type(self).__name__, source, split, remote=remote)
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
         if self.meta.get("masks") is False and mode != "test":
             raise ValueError("%s holds images without masks (e.g. VOC's test split): read it "
@@ -407,8 +415,9 @@ class SegmentationDataset(_StoreDataset):
         with self._sample(i, epoch):
             box, params = self._joint.plan(*hw)
         y0, x0, y1, x1 = box
-        part = (img[y0:y1, x0:x1] if img is not None else
-                self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1))
+        part = (img[y0:y1, x0:x1] if img is not None else  # params[1:3]: the size it becomes
+                self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1,
+                             shrink_to=params[1:3]))
         return self._joint.apply(part, mask[y0:y1, x0:x1], params)
 
     def _labels(self, mask: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
