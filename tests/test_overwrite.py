@@ -11,7 +11,8 @@ from gluon_data import convert
 from gluon_data.tools import salvage, verify
 from gluon_data.errors import ConversionError, OutputError
 from gluon_data.storage.fsutil import OutputLock, atomic_write
-from gluon_data.format.ownership import check_replaceable
+from gluon_data.format.meta import dumps_meta
+from gluon_data.format.ownership import check_replaceable, classify_location, is_ours
 from gluon_data.stores.recordio import write_binary_index
 from gluon_data.convert.sample import make_voc
 
@@ -190,15 +191,42 @@ def test_binary_index_is_never_written_through_a_link(voc_rec, tmp_path):
     assert target.read_bytes() == b"precious"
 
 
+_META = {"format": "gluon_data", "format_version": 1, "task": "classification",
+         "num_records": 0}
+
+
 def test_fsutil_helpers(tmp_path):
     p = str(tmp_path / "f.meta.json")
-    atomic_write(p, b'{"format": "gluon_data"}')
+    atomic_write(p, dumps_meta(_META))
     check_replaceable(p, "meta", True)
     with pytest.raises(FileExistsError):
         check_replaceable(p, "meta", False)
     with pytest.raises(OutputError):
         check_replaceable(p, "rec", True)
     assert os.listdir(tmp_path) == ["f.meta.json"]
+
+
+@pytest.mark.parametrize("damage,reason,looks", [
+    (lambda raw: raw.replace(b'"num_records": 0', b'"num_records": 7'), "checksum mismatch",
+     "meta"),
+    (lambda raw: b'{"format": "gluon_data"}', "version None is not supported", "meta"),
+    (lambda raw: raw[:-5], "not valid JSON", "file"),
+    (lambda raw: b'{"format": "theirs", "format_version": 1}', 'missing "format"', "file"),
+])
+def test_a_document_is_ours_only_if_it_passes_its_schema_check(tmp_path, damage, reason,
+                                                               looks):
+    """The one rule (format.ownership.location_ownership, which URIs follow too): metadata
+    that claims gluon_data but was altered or damaged, or is not ours, is refused by
+    overwrite with the reason, and left as it was; classify_location still names it."""
+    p = str(tmp_path / "f.meta.json")
+    raw = damage(dumps_meta(_META))
+    atomic_write(p, raw)
+    assert not is_ours(p, "meta")
+    with pytest.raises(OutputError, match=reason) as e:
+        check_replaceable(p, "meta", True)
+    assert e.value.path == p and "left untouched" in str(e.value)
+    assert open(p, "rb").read() == raw
+    assert classify_location(p) == looks
 
 
 # ----------------------------------------------------------------- concurrent writers

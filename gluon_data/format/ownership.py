@@ -1,22 +1,24 @@
 """What a path holds and whether we may replace it: the kinds of output gluon_data writes,
 how each is recognised (sniffers, :func:`register_sniffer`), :func:`classify_location`,
 :func:`check_disjoint` (no output inside an input) and :func:`check_replaceable` (the
-``--overwrite`` rule: only our own output of the same kind, never a link)."""
+``--overwrite`` rule: only our own output of the same kind, never a link).
+:func:`location_ownership` is the one rule of "is this ours" for a document, at a path or a
+URI alike: the caller brings the bytes (this layer opens no remote object)."""
 from __future__ import annotations
 
 import os
 import stat
-from typing import Callable, Dict, Iterable
+from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
-from ..errors import OutputError
+from ..errors import FormatError, OutputError
 from .codec import RECORDIO_MAGIC
 from .headers import PNG_SIGNATURE
-from .documents import parse_json
+from .documents import KINDS as DOCUMENTS, NUMBER, Doc, F, load_document, parse_json, register
 from ..storage.fsutil import _lmdb_dir_only
 from ..storage.remotefs import is_uri
 
 __all__ = ["check_replaceable", "is_ours", "register_sniffer", "KINDS", "classify_location",
-           "LOCATIONS", "check_disjoint"]
+           "LOCATIONS", "check_disjoint", "location_ownership", "Ownership", "DOCUMENT_LIMIT"]
 
 _RECORDIO_MAGIC = RECORDIO_MAGIC.to_bytes(4, "little")
 _INDEX_CHARS = frozenset(b"0123456789+-\t\n\r ")
@@ -53,6 +55,82 @@ def _head(path: str, n: int) -> bytes:
         return f.read(n)
 
 
+# --------------------------------------------------------------------------- documents
+#: No document of ours is larger: a bigger one is not read, and not ours.
+DOCUMENT_LIMIT = 64 << 20
+
+#: The upload marker of a dataset at a URI (``PREFIX.uploading.json``, ``NAME.lmdb/
+#: uploading.json``; FORMAT.md section 8): an upload of ours began and has not committed.
+register("upload_marker", Doc("gluon_data upload marker", {"started": F(NUMBER)},
+                              marker=("writer", "gluon_data"), noun="upload marker"))
+
+# output kind -> the document kind (gluon_data.format.documents) its content must pass
+_DOCUMENT_OF = {"meta": "meta", "manifest": "manifest", "checkpoint": "checkpoint"}
+
+
+class Ownership(NamedTuple):
+    """The verdict of :func:`location_ownership`: ``ours``, and if not, ``reason`` (what is
+    wrong, for the refusal's message) and ``where`` (the document it is about, if any)."""
+    ours: bool
+    reason: str = ""
+    where: Optional[str] = None
+
+    @property
+    def why(self) -> str:
+        """``"WHERE: REASON"`` (or the reason alone)."""
+        return "%s: %s" % (self.where, self.reason) if self.where else self.reason
+
+
+def location_ownership(size: Callable[[str], Optional[int]], read: Callable[[str], bytes],
+                       document: str, kind: str, marker: Optional[str] = None) -> Ownership:
+    """The one rule of "is this location ours to replace", for a path and a URI alike.
+
+    ``document`` names what says so (a local output's own file; the commit document of a
+    dataset at a URI: its metadata, manifest or LMDB ``meta.json``), ``kind`` its document
+    kind in :mod:`gluon_data.format.documents`. It is ours only if it passes
+    :func:`~gluon_data.format.documents.load_document` with that kind's schema (its marker,
+    version, fields and checksum): only content is trusted, never a name, and a document of
+    ours that was damaged or altered is not recognisably ours. Where no document exists, an
+    upload marker of ours at ``marker`` (an upload of ours that has not committed) makes the
+    location ours.
+
+    The caller reads: ``size(name)`` is the size of what is at ``name``, ``None`` where
+    nothing is (a larger one than :data:`DOCUMENT_LIMIT` is not read); ``read(name)`` its
+    bytes. Their errors (a remote call that failed) are the caller's: they propagate.
+    """
+    for where, doc_kind in ((document, kind), (marker, "upload_marker")):
+        if where is None:
+            continue
+        n = size(where)
+        if n is None:
+            continue
+        if n > DOCUMENT_LIMIT:
+            return Ownership(False, "%d bytes, more than any %s of ours"
+                             % (n, DOCUMENTS[doc_kind].title), where)
+        raw = read(where)
+        if len(raw) > DOCUMENT_LIMIT:  # (grew since it was measured)
+            return Ownership(False, "larger than any %s of ours" % DOCUMENTS[doc_kind].title,
+                             where)
+        try:
+            load_document(raw, doc_kind, where)
+        except FormatError as e:  # not JSON, not ours, damaged or altered
+            return Ownership(False, e.reason, where)
+        return Ownership(True)  # (the document decides where there is one)
+    return Ownership(False, "no %s at %s%s" % (
+        DOCUMENTS[kind].title, document,
+        ", nor an upload marker of ours at %s" % marker if marker is not None else ""))
+
+
+def _local_size(path: str) -> Optional[int]:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def _local_read(path: str) -> bytes:
+    return _head(path, DOCUMENT_LIMIT + 1)
+
 
 # kind -> sniff(path): whether the content is our output of that kind, for the kinds whose
 # content only their container's module can read (an LMDB's ``__meta__``): that module
@@ -73,56 +151,54 @@ def is_ours(path: str, kind: str) -> bool:
     """Whether ``path`` (which exists) is recognisably gluon_data output of ``kind``.
 
     Only content is trusted, never the name: a ``.rec`` must start with the RecordIO magic
-    word, an index must be index text, metadata must say ``"format": "gluon_data"``, an LMDB
-    directory must hold nothing but ``data.mdb``/``lock.mdb`` and carry our ``__meta__`` (read
-    by the sniffer :mod:`gluon_data.stores.lmdbio` registers, see :func:`register_sniffer`).
-    A symbolic link is never ours.
+    word, an index must be index text, metadata, a manifest and a checkpoint must pass their
+    document's schema check (:func:`location_ownership`, the rule documents at a URI follow
+    too), an LMDB directory must hold nothing but ``data.mdb``/``lock.mdb`` and carry our
+    ``__meta__`` (read by the sniffer :mod:`gluon_data.stores.lmdbio` registers, see
+    :func:`register_sniffer`). A symbolic link is never ours.
     """
+    return _ownership(path, kind).ours
+
+
+def _ownership(path: str, kind: str) -> Ownership:
+    """:func:`is_ours`, with why not (for the refusal of :func:`check_replaceable`)."""
     if kind not in KINDS:
         raise ValueError("unknown output kind %r" % (kind,))
     try:
         st = os.lstat(path)
     except OSError:
-        return False
+        return Ownership(False, "nothing there")
     if stat.S_ISLNK(st.st_mode):
-        return False
+        return Ownership(False, "a symbolic link")
     if kind == "lmdb":
         if not _lmdb_dir_only(path) or not os.path.isfile(os.path.join(path, "data.mdb")):
-            return False
+            return Ownership(False, "not a directory holding only data.mdb (and lock.mdb)")
         sniff = _SNIFFERS.get("lmdb")  # registered by gluon_data.stores.lmdbio (reads __meta__)
         if sniff is None:  # the module that could tell is not loaded: never assume ours
-            return False
+            return Ownership(False)
         try:
-            return bool(sniff(path))
-        except Exception:  # FormatError, lmdb.Error, OSError...: not a dataset of ours
-            return False
+            return Ownership(bool(sniff(path)))
+        except Exception as e:  # FormatError, lmdb.Error, OSError...: not a dataset of ours
+            return Ownership(False, getattr(e, "reason", None) or str(e))
     if not stat.S_ISREG(st.st_mode):
-        return False
+        return Ownership(False, "not a regular file")
     try:
+        if kind in _DOCUMENT_OF:
+            return location_ownership(_local_size, _local_read, path, _DOCUMENT_OF[kind])
         if kind == "rec":
-            return _head(path, 4) == _RECORDIO_MAGIC
+            return Ownership(_head(path, 4) == _RECORDIO_MAGIC)
         if kind == "idx":
             head = _head(path, 4096)
-            return bool(head) and set(head) <= _INDEX_CHARS
+            return Ownership(bool(head) and set(head) <= _INDEX_CHARS)
         if kind == "gdx":
-            return _head(path, 5) == b"GDIDX"
+            return Ownership(_head(path, 5) == b"GDIDX")
         if kind == "png":
-            return _head(path, 8) == PNG_SIGNATURE
-        if kind == "image":
-            h = _head(path, 12)
-            return (h.startswith((PNG_SIGNATURE, b"\xff\xd8\xff", b"BM", b"II*\x00", b"MM\x00*"))
-                    or (h[:4] == b"RIFF" and h[8:12] == b"WEBP"))
-        if st.st_size > 64 << 20:
-            return False
-        with open(path, "rb") as f:
-            doc = parse_json(f.read(), "document", path)  # FormatError is a ValueError
-        if kind == "meta":
-            return isinstance(doc, dict) and doc.get("format") == "gluon_data"
-        if kind == "manifest":
-            return isinstance(doc, dict) and doc.get("format") == "gluon_data-shards"
-        return isinstance(doc, dict) and "digest" in doc  # checkpoint
-    except (OSError, ValueError):
-        return False
+            return Ownership(_head(path, 8) == PNG_SIGNATURE)
+        h = _head(path, 12)  # "image"
+        return Ownership(h.startswith((PNG_SIGNATURE, b"\xff\xd8\xff", b"BM", b"II*\x00",
+                                       b"MM\x00*")) or (h[:4] == b"RIFF" and h[8:12] == b"WEBP"))
+    except OSError as e:
+        return Ownership(False, "unreadable (%s)" % e)
 
 
 def classify_location(location) -> str:
@@ -158,9 +234,25 @@ def classify_location(location) -> str:
     except OSError:
         json_like = False
     for kind in ("manifest", "meta", "checkpoint") if json_like else ():
-        if is_ours(real, kind):
+        if _claims(real, kind):
             return kind
     return "file"
+
+
+def _claims(path: str, kind: str) -> bool:
+    """Whether the JSON file ``path`` says it is a document of output ``kind`` (its
+    ``format`` marker; a checkpoint: its ``digest``), valid or not: what it is, for
+    :func:`classify_location` (a damaged metadata file is still named as metadata, and its
+    reader says what is wrong), never whether it is ours (:func:`is_ours`)."""
+    try:
+        if os.path.getsize(path) > DOCUMENT_LIMIT:
+            return False
+        doc = parse_json(_head(path, DOCUMENT_LIMIT + 1), "document", path)
+    except (OSError, ValueError):
+        return False
+    marker = DOCUMENTS[_DOCUMENT_OF[kind]].marker or ("digest", None)
+    return isinstance(doc, dict) and marker[0] in doc and (
+        marker[1] is None or doc[marker[0]] == marker[1])
 
 
 def _identity(path: str):
@@ -236,7 +328,10 @@ def check_replaceable(path: str, kind: str, overwrite: bool, *,
                           % os.readlink(path), path)
     if not overwrite:
         raise exists_refusal(path, option=option)
-    if not is_ours(path, kind):
-        raise OutputError("exists and is not %s written by gluon-data; --overwrite only "
+    verdict = _ownership(path, kind)
+    if not verdict.ours:
+        raise OutputError("exists and is not %s written by gluon-data%s; --overwrite only "
                           "replaces gluon-data's own outputs, so it was left untouched: move "
-                          "it away or choose another output name" % KINDS[kind], path)
+                          "it away or choose another output name"
+                          % (KINDS[kind], " (%s)" % verdict.reason if verdict.reason else ""),
+                          path)

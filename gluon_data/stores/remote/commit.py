@@ -10,17 +10,14 @@ import uuid
 from typing import Callable, Dict, Iterable, Optional
 
 from ...errors import OutputError, RemoteError, RemoteNotFoundError
-from ...format.documents import parse_json
 from ...format.meta import dumps_meta, meta_path
-from ...format.ownership import exists_refusal
-from ..shards import MANIFEST_FORMAT
+from ...format.ownership import Ownership, exists_refusal, location_ownership
 from ...storage.remotefs import _Remote
-from ...format.layout import LMDB_COMMIT, LMDB_FORMAT, LMDB_MARKER, UPLOAD_MARKER, _join
+from ...format.layout import LMDB_COMMIT, LMDB_MARKER, UPLOAD_MARKER, _join
 
-_NOT_OURS = ("exists and is not a dataset written by gluon-data (no gluon-data metadata %s "
-             "beside it, nor an interrupted upload of ours); --overwrite only replaces "
-             "gluon-data's own outputs, so it was left untouched: remove it or choose another "
-             "output name")
+_NOT_OURS = ("exists and is not a dataset written by gluon-data (%s); --overwrite only "
+             "replaces gluon-data's own outputs, so it was left untouched: remove it or choose "
+             "another output name")
 
 #: A folder asked about more objects than this is listed once instead of one HEAD each.
 _HEADS_PER_FOLDER = 4
@@ -37,22 +34,32 @@ def _commit_names(uri: str):
     return meta_path(uri), os.path.splitext(uri)[0] + UPLOAD_MARKER
 
 
-def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
-    """Whether the objects under a dataset's names are recognisably gluon_data's output, the
-    remote form of :func:`gluon_data.format.ownership.is_ours`: its commit document (metadata or
-    manifest) says ``"format": "gluon_data"`` (``"gluon_data-shards"``), or an upload marker
-    of ours says an upload of ours was interrupted. Only content is trusted, never a name."""
-    for uri, key, wanted in ((commit, "format", ("gluon_data", MANIFEST_FORMAT, LMDB_FORMAT)),
-                             (marker, "writer", ("gluon_data",))):
+def _commit_kind(commit: str) -> str:
+    """The document kind (:mod:`gluon_data.format.documents`) of the commit document
+    ``commit`` (a URI :func:`_commit_names` gave)."""
+    if commit.endswith(".lmdb/" + LMDB_COMMIT):
+        return "lmdb_commit"
+    return "manifest" if commit.endswith(".shards.json") else "meta"
+
+
+def _remote_ownership(remote: "_Remote", commit: str, marker: str) -> Ownership:
+    """Whether the objects under a dataset's names are ours to replace, and why not: the one
+    rule, :func:`gluon_data.format.ownership.location_ownership` (a local output's too), over
+    its commit document ``commit`` (checked with its kind's schema) and its upload marker
+    ``marker``, read here through ``remote``. A failed remote call propagates."""
+    def size(uri: str) -> Optional[int]:
         try:
-            if int(remote.info(uri)["size"]) > 64 << 20:  # no metadata is that large
-                continue
-            doc = parse_json(remote.cat(uri), "document", uri)  # FormatError: a ValueError
-        except (RemoteNotFoundError, UnicodeDecodeError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get(key) in wanted:
-            return True
-    return False
+            return int(remote.info(uri)["size"])
+        except RemoteNotFoundError:
+            return None
+
+    return location_ownership(size, remote.cat, commit, _commit_kind(commit), marker)
+
+
+def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
+    """Whether the objects under a dataset's names are recognisably gluon_data's output
+    (:func:`_remote_ownership`)."""
+    return _remote_ownership(remote, commit, marker).ours
 
 
 def _found(remote: "_Remote", uris: Iterable[str]) -> Dict[str, int]:
@@ -114,13 +121,19 @@ class Commit:
     def __init__(self, remote: "_Remote", uri: str):
         self.remote, self.uri = remote, uri.rstrip("/")
         self.commit, self.marker = _commit_names(self.uri)
-        self._ours: Optional[bool] = None
+        self._ours: Optional[Ownership] = None
+
+    def ownership(self) -> Ownership:
+        """Whether what is under the dataset's names is ours, and why not (asked once):
+        the one rule of :func:`~gluon_data.format.ownership.location_ownership`, over the
+        commit document (checked with its schema) and the upload marker."""
+        if self._ours is None:
+            self._ours = _remote_ownership(self.remote, self.commit, self.marker)
+        return self._ours
 
     def ours(self) -> bool:
         """Whether what is under the dataset's names is ours (asked once)."""
-        if self._ours is None:
-            self._ours = _remote_is_ours(self.remote, self.commit, self.marker)
-        return self._ours
+        return self.ownership().ours
 
     def refuse(self, present: Iterable[str], overwrite: bool,
                resumed: Callable[[str], bool] = lambda target: False) -> None:
@@ -132,8 +145,9 @@ class Commit:
                 continue
             if not overwrite:
                 raise exists_refusal(target)
-            if not self.ours():
-                raise OutputError(_NOT_OURS % posixpath.basename(self.commit), target)
+            verdict = self.ownership()
+            if not verdict.ours:
+                raise OutputError(_NOT_OURS % verdict.why, target)
 
     def complete(self, needs: Callable[[bytes], Optional[Dict[str, Optional[int]]]]) -> bool:
         """Whether an earlier upload of this dataset is complete: its commit document exists,
