@@ -22,7 +22,7 @@ def test_recipe_lmdb_imports_in_numeric_key_order(tmp_path):
         assert rep.written == {"train": 12}
         ds = (SegmentationLMDBDataset(out) if out.endswith(".lmdb")
               else SegmentationRecordDataset(out, ignore_value=None))
-        assert ds.meta["image_encoding"] == "passthrough" and ds.meta["mask_encoding"] == "zraw"
+        assert ds.meta["image_encoding"] == "passthrough" and ds.meta["mask_encoding"] == "rle"
         for i, (img, mask) in enumerate(pairs):  # 0, 1, 2, ..., 10, 11 — not "0", "1", "10"
             np.testing.assert_array_equal(ds[i][0].asnumpy(), img)
             got = ds[i][1].asnumpy()

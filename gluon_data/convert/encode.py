@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ..format import codec
+from ..format import codec, masks
 from ..errors import DecodeError, GluonDataError, SourceError
 from .sources import DEFAULT_MAX_FILE_BYTES, Item, read_regular
 
@@ -40,7 +40,9 @@ class EncodeOptions:
     max_pixels: int = codec.DEFAULT_MAX_PIXELS
     checksum: bool = True
     mask_lut: Optional[Tuple[int, ...]] = None  # stored value -> class id (256 entries)
-    mask_encoding: str = "zraw"  # "zraw" (zlib-compressed array) or "png"; raw with encoding=raw
+    #: "rle" (run-length row blocks: decodes 15-45x faster than PNG, a crop's rows alone),
+    #: "zraw" (one zlib stream) or "png" (the old layout); masks are raw with encoding=raw
+    mask_encoding: str = "rle"
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
 
@@ -275,8 +277,18 @@ def _pixel_stats(rgb: np.ndarray, info: dict) -> None:
 
 def mask_part(mask: np.ndarray, opts: EncodeOptions, where: str, info: dict) -> bytes:
     """Check a mask's class ids against the declared classes, count its pixels per class
-    into ``info["class_pixels"]``, and encode it (PNG, or raw for ``encoding='raw'``)."""
-    if mask.dtype == np.uint8 and mask.size < (1 << 24):  # float32 bins count exactly
+    into ``info["class_pixels"]``, and encode it as ``opts.mask_encoding`` asks (raw for
+    ``encoding='raw'``). A run-length mask is counted from its runs: one pass over the
+    pixels finds the runs, which are both the count and the stored bytes."""
+    kind = "raw" if opts.encoding == "raw" else opts.mask_encoding
+    if kind not in codec.MASK_ENCODINGS + ("raw",):
+        raise ValueError("unknown mask_encoding %r; valid: %s"
+                         % (kind, ", ".join(codec.MASK_ENCODINGS)))
+    runs = None
+    if kind == "rle":
+        runs = masks.mask_runs(mask)
+        counts = np.bincount(runs[1], weights=runs[0]).astype(np.int64)
+    elif mask.dtype == np.uint8 and mask.size < (1 << 24):  # float32 bins count exactly
         counts = cv2.calcHist([np.ascontiguousarray(mask)], [0], None, [256],
                               [0, 256]).ravel().astype(np.int64)
     else:
@@ -293,9 +305,11 @@ def mask_part(mask: np.ndarray, opts: EncodeOptions, where: str, info: dict) -> 
                               "(0..%d, ignore %d)" % (bad, opts.num_classes, opts.num_classes - 1,
                                                       opts.ignore_label), where)
     info["class_pixels"] = {int(i): int(c) for i, c in zip(ids, pix)}
-    if opts.encoding == "raw":
+    if runs is not None:
+        return masks.rle_bytes(mask.shape, runs[1].dtype, masks.DEFAULT_BLOCK_ROWS, *runs)
+    if kind == "raw":
         return codec.encode_raw(mask)
-    if opts.mask_encoding == "png":
+    if kind == "png":
         return codec.encode_mask(mask)
     return codec.encode_raw(mask, compress=1)
 

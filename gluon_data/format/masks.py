@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - depends on the install
     _ext = None
 
 __all__ = ["RLE_MAGIC", "RLE_VERSION", "DEFAULT_BLOCK_ROWS", "MASK_ENCODINGS", "RleHeader",
-           "encode_rle", "is_rle", "rle_header", "decode_rle", "mask_runs", "mask_size",
+           "encode_rle", "is_rle", "rle_header", "decode_rle", "mask_runs", "rle_bytes", "mask_size",
            "take_rows"]
 
 #: How converters store masks: ``rle`` (run-length row blocks, the default), ``zraw``
