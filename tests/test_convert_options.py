@@ -146,7 +146,7 @@ def test_each_flag_is_made_from_its_field():
         action = by_dest[field.name]
         assert action.option_strings == [flag_name(field.name)]
         assert action.help == (flag.help if flag.negate else field.metadata["help"])
-        assert field.metadata["help"] in ConvertOptions.__doc__.replace("\n        ", " ")
+        assert field.metadata["help"] in " ".join(ConvertOptions.__doc__.split())
     flagged = {f.name for f, _ in cli_fields()}
     assert set(ConvertOptions.names()) - flagged == {
         "source_options", "checkpoint_every", "task_retries", "storage_options", "cache_dir",

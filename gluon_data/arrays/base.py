@@ -14,9 +14,9 @@ code path makes every sample: :meth:`_StoreDataset._buffer` (an output buffer),
 to name when a store holds the other task). Here they give numpy arrays; the Gluon datasets
 give NDArrays over pooled buffers.
 
-:func:`as_store` opens a path or URI (``split``, ``storage_options``, ``cache_dir``,
-``cache_limit``) or takes a store as it is; :func:`open_location` is what the Gluon public
-views open with.
+:func:`as_store` opens a path or URI (``split``, and ``remote``: the
+:class:`~gluon_data.storage.options.RemoteOptions` of a URI) or takes a store as it is;
+:func:`open_location` is what the Gluon public views open with.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from ..errors import CorruptRecordError, DecodeError, FormatError
 from ..format import codec
 from ..format.meta import ids_are_keys, wrong_record
 from ..sampling.sampler import split_key
+from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..stores.base import RecordStore, is_uri, open_store, will_need
 from . import transforms as T
 
@@ -43,15 +44,15 @@ def _container(store) -> str:
 
 
 def open_location(cls: str, location, split: Optional[str] = None, *,
-                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                  cache_limit=None) -> RecordStore:
-    """``open_store(location, split)`` for the dataset class named ``cls``, with the remote
-    options that were given; for a local ``location`` any of them is a ``ValueError`` naming
-    it (an empty ``storage_options`` configures nothing and counts as not given, as in
-    pandas)."""
-    given = {k: v for k, v in (("storage_options", storage_options or None),
-                               ("cache_dir", cache_dir), ("cache_limit", cache_limit))
-             if v is not None}
+                  remote: Optional[RemoteOptions] = None, **deprecated) -> RecordStore:
+    """``open_store(location, split)`` for the dataset class named ``cls``, with the
+    :class:`~gluon_data.storage.options.RemoteOptions` that were given (or a dict of them;
+    the old ``storage_options=``, ``cache_dir=``, ``cache_limit=`` still work, deprecated);
+    for a local ``location`` any of them is a ``ValueError`` naming it (an empty
+    ``storage_options`` configures nothing and counts as not given, as in pandas)."""
+    remote = take_grouped(RemoteOptions, remote, "open_location", "remote", deprecated)
+    refuse_unknown("open_location", deprecated)
+    given = remote.given()
     if given and not is_uri(location):
         one = len(given) == 1
         raise ValueError("%s(%r, %s=...): %s %s only to a dataset in object storage (a URI "
@@ -62,16 +63,17 @@ def open_location(cls: str, location, split: Optional[str] = None, *,
 
 
 def as_store(cls: str, source, split: Optional[str] = None, *,
-             storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-             cache_limit=None) -> RecordStore:
+             remote: Optional[RemoteOptions] = None, **deprecated) -> RecordStore:
     """The store a dataset named ``cls`` reads: ``source`` itself when it is a
     :class:`~gluon_data.stores.base.RecordStore` (then ``split`` and the remote options are a
     ``ValueError``: the store is open already), else :func:`open_location` of the path or
     URI. A local path that does not exist is a ``FileNotFoundError`` naming it, whatever
-    container it would have been."""
+    container it would have been. ``remote`` as for :func:`open_location`."""
+    remote = take_grouped(RemoteOptions, remote, "as_store", "remote", deprecated)
+    refuse_unknown("as_store", deprecated)
     if isinstance(source, RecordStore):
-        given = [k for k, v in (("split", split), ("storage_options", storage_options),
-                                ("cache_dir", cache_dir), ("cache_limit", cache_limit))
+        given = [k for k, v in [("split", split)] + [(n, getattr(remote, n))
+                                                      for n in RemoteOptions.names()]
                  if v is not None]
         if given:
             raise ValueError("%s(store, %s=...): the store %s is open already; give %s to "
@@ -85,8 +87,7 @@ def as_store(cls: str, source, split: Optional[str] = None, *,
     if not is_uri(source) and not os.path.exists(source):
         raise FileNotFoundError(errno.ENOENT, "%s: no dataset at this path"
                                 % cls, os.fspath(source))
-    return open_location(cls, source, split, storage_options=storage_options,
-                         cache_dir=cache_dir, cache_limit=cache_limit)
+    return open_location(cls, source, split, remote=remote)
 
 
 class _StoreDataset:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import textwrap
 import warnings
 from dataclasses import dataclass
@@ -331,7 +332,10 @@ def flag_name(name: str) -> Optional[str]:
 def _document_fields(cls) -> None:
     """Write the ``Parameters`` of ``cls``'s docstring from each field's help text and
     flag, in place of its ``FIELDS`` line: the one text the command's ``--help`` shows too."""
-    lines = []
+    if cls.__doc__ is None:  # python -OO
+        return
+    place = re.search(r"^([ \t]*)FIELDS\n", cls.__doc__, re.M)
+    indent, lines = place.group(1), []  # (Python 3.13 dedents docstrings when compiling)
     for f in dataclasses.fields(cls):
         flag = flag_name(f.name)
         text = f.metadata["help"]
@@ -339,11 +343,12 @@ def _document_fields(cls) -> None:
             text += " (``%s``%s)" % (flag, ": off" if f.metadata["flag"].negate else "")
         choices = f.metadata["flag"] and f.metadata["flag"].choices
         kind = "{%s}" % ", ".join(map(repr, choices)) if choices else f.type
-        lines.append("    %s : %s, default %r" % (f.name, kind, f.default))
-        lines.extend(textwrap.wrap(text, 88, initial_indent="        ",
-                                   subsequent_indent="        ", break_on_hyphens=False,
+        lines.append("%s%s : %s, default %r" % (indent, f.name, kind, f.default))
+        lines.extend(textwrap.wrap(text, 88, initial_indent=indent + "    ",
+                                   subsequent_indent=indent + "    ", break_on_hyphens=False,
                                    break_long_words=False))
-    cls.__doc__ = cls.__doc__.replace("    FIELDS\n", "\n".join(lines) + "\n", 1)
+    cls.__doc__ = cls.__doc__[:place.start()] + "\n".join(lines) + "\n" + \
+        cls.__doc__[place.end():]
 
 
 _document_fields(ConvertOptions)

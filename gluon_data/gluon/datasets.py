@@ -13,20 +13,23 @@ seeded random transforms then draw from ``sample_rng(seed, epoch, index)`` only 
 :class:`SegmentationDataset` and the README's "Randomness").
 
 A view given a URI (``s3://bucket/train.rec``, ``s3://bucket/voc.lmdb``, a ``.shards.json``
-manifest there) reads from object storage; its ``storage_options`` (fsspec's: endpoint,
-credentials, client settings) and ``cache_dir`` / ``cache_limit`` (the local download cache)
-go to the remote store :func:`~gluon_data.stores.base.open_store` opens (see
-:class:`~gluon_data.stores.remote.stores.RemoteStore`). Given with a local path, they are a ``ValueError``
-naming them: nothing would use them.
+manifest there) reads from object storage; its ``remote``
+(:class:`~gluon_data.storage.options.RemoteOptions`: fsspec's ``storage_options``, the
+download cache's ``cache_dir`` / ``cache_limit``) goes to the remote store
+:func:`~gluon_data.stores.base.open_store` opens (see
+:class:`~gluon_data.stores.remote.stores.RemoteStore`). Given with a local path, they are a
+``ValueError`` naming them: nothing would use them.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 from .fastpath import numpy_classification_transform, numpy_image_transform
 from ..arrays.base import open_location
+from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..stores.base import is_uri, open_store
+from ..stores.recipe_layout import RecipeLayout
 from .taskdatasets import (_DEFAULT_MAX_PIXELS, MODES, ClassificationDataset,  # noqa: F401
                            SegmentationDataset, default_joint_transform)
 
@@ -34,6 +37,14 @@ __all__ = ["ClassificationDataset", "SegmentationDataset",
            "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
            "SegmentationLMDBDataset", "RecipeLMDBDataset", "CaffeLMDBDataset",
            "open_segmentation", "numpy_image_transform", "numpy_classification_transform"]
+
+
+def _remote(owner: str, remote, deprecated: dict) -> RemoteOptions:
+    """A view's ``remote=``, or the separate keywords it took before (deprecated, the warning
+    pointing at the caller's line); any other keyword is Python's ``TypeError``."""
+    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
+    refuse_unknown(owner, deprecated)
+    return remote
 
 
 def _local_only(cls: str, path) -> None:
@@ -68,12 +79,13 @@ class ImageRecordDataset(ClassificationDataset):
         it.
     flag, transform, seed, verify, max_pixels, output
         As for :class:`ClassificationDataset`.
-    storage_options : dict, optional
-        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.stores.remote.stores.RemoteStore`.
-    cache_dir, cache_limit : optional
-        Where a dataset in object storage is downloaded to, and how much that cache may hold
-        (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
+    remote : RemoteOptions or dict, optional
+        A dataset in object storage: its fsspec ``storage_options`` (``endpoint_url``,
+        ``key`` / ``secret``, ``client_kwargs``...), and the ``cache_dir`` and
+        ``cache_limit`` of its download (defaults ``$GLUON_DATA_CACHE_DIR`` /
+        ``$GLUON_DATA_CACHE_LIMIT``): :class:`~gluon_data.storage.options.RemoteOptions`, or
+        a dict of those keys. The same keywords given separately still work, with a
+        ``DeprecationWarning``.
 
     Examples
     --------
@@ -85,11 +97,10 @@ class ImageRecordDataset(ClassificationDataset):
 
     def __init__(self, filename: str, flag: int = 1, transform: Optional[Callable] = None,
                  *, seed: Optional[int] = None, verify: bool = True,
-                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None, output: Optional[str] = None):
-        store = open_location("ImageRecordDataset", filename, storage_options=storage_options,
-                              cache_dir=cache_dir, cache_limit=cache_limit)
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None,
+                 remote: Optional[RemoteOptions] = None, **deprecated):
+        store = open_location("ImageRecordDataset", filename,
+                              remote=_remote("ImageRecordDataset", remote, deprecated))
         super().__init__(store, flag, transform, seed=seed, verify=verify,
                          max_pixels=max_pixels, output=output)
 
@@ -108,12 +119,13 @@ class ImageLMDBDataset(ClassificationDataset):
         As for :class:`ClassificationDataset`.
     split : str, default 'train'
         Split (sub-database) to read.
-    storage_options : dict, optional
-        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.stores.remote.stores.RemoteStore`.
-    cache_dir, cache_limit : optional
-        Where a dataset in object storage is downloaded to, and how much that cache may hold
-        (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
+    remote : RemoteOptions or dict, optional
+        A dataset in object storage: its fsspec ``storage_options`` (``endpoint_url``,
+        ``key`` / ``secret``, ``client_kwargs``...), and the ``cache_dir`` and
+        ``cache_limit`` of its download (defaults ``$GLUON_DATA_CACHE_DIR`` /
+        ``$GLUON_DATA_CACHE_LIMIT``): :class:`~gluon_data.storage.options.RemoteOptions`, or
+        a dict of those keys. The same keywords given separately still work, with a
+        ``DeprecationWarning``.
 
     Examples
     --------
@@ -125,15 +137,14 @@ class ImageLMDBDataset(ClassificationDataset):
 
     def __init__(self, path: str, flag: int = 1, transform: Optional[Callable] = None,
                  *, split: str = "train", seed: Optional[int] = None, verify: bool = True,
-                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None, output: Optional[str] = None):
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None,
+                 remote: Optional[RemoteOptions] = None, **deprecated):
+        remote = _remote("ImageLMDBDataset", remote, deprecated)
         if isinstance(flag, str):  # the old ImageLMDBDataset(path, split, flag)
             split, flag = _legacy_split("ImageLMDBDataset", flag, None)
             flag, transform = (1, transform) if callable(transform) or transform is None \
                 else (transform, None)
-        store = open_location("ImageLMDBDataset", path, split, storage_options=storage_options,
-                              cache_dir=cache_dir, cache_limit=cache_limit)
+        store = open_location("ImageLMDBDataset", path, split, remote=remote)
         super().__init__(store, flag, transform, seed=seed, verify=verify,
                          max_pixels=max_pixels, output=output)
 
@@ -179,12 +190,13 @@ class SegmentationRecordDataset(SegmentationDataset):
     output : {None, 'uint8'}
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
-    storage_options : dict, optional
-        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.stores.remote.stores.RemoteStore`.
-    cache_dir, cache_limit : optional
-        Where a dataset in object storage is downloaded to, and how much that cache may hold
-        (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
+    remote : RemoteOptions or dict, optional
+        A dataset in object storage: its fsspec ``storage_options`` (``endpoint_url``,
+        ``key`` / ``secret``, ``client_kwargs``...), and the ``cache_dir`` and
+        ``cache_limit`` of its download (defaults ``$GLUON_DATA_CACHE_DIR`` /
+        ``$GLUON_DATA_CACHE_LIMIT``): :class:`~gluon_data.storage.options.RemoteOptions`, or
+        a dict of those keys. The same keywords given separately still work, with a
+        ``DeprecationWarning``.
 
     Examples
     --------
@@ -206,11 +218,10 @@ class SegmentationRecordDataset(SegmentationDataset):
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None, output: Optional[str] = None):
+                 output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
+                 **deprecated):
         store = open_location("SegmentationRecordDataset", filename,
-                              storage_options=storage_options, cache_dir=cache_dir,
-                              cache_limit=cache_limit)
+                              remote=_remote("SegmentationRecordDataset", remote, deprecated))
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
@@ -232,12 +243,13 @@ class SegmentationLMDBDataset(SegmentationDataset):
         :class:`gluon_data.InputNormalize` in the consumer.
     split : str, default 'train'
         Split (sub-database) to read.
-    storage_options : dict, optional
-        fsspec options of a dataset in object storage (``endpoint_url``, ``key`` /
-        ``secret``, ``client_kwargs``...), as for :class:`~gluon_data.stores.remote.stores.RemoteStore`.
-    cache_dir, cache_limit : optional
-        Where a dataset in object storage is downloaded to, and how much that cache may hold
-        (``"20GB"``); defaults ``$GLUON_DATA_CACHE_DIR`` / ``$GLUON_DATA_CACHE_LIMIT``.
+    remote : RemoteOptions or dict, optional
+        A dataset in object storage: its fsspec ``storage_options`` (``endpoint_url``,
+        ``key`` / ``secret``, ``client_kwargs``...), and the ``cache_dir`` and
+        ``cache_limit`` of its download (defaults ``$GLUON_DATA_CACHE_DIR`` /
+        ``$GLUON_DATA_CACHE_LIMIT``): :class:`~gluon_data.storage.options.RemoteOptions`, or
+        a dict of those keys. The same keywords given separately still work, with a
+        ``DeprecationWarning``.
 
     Examples
     --------
@@ -252,13 +264,12 @@ class SegmentationLMDBDataset(SegmentationDataset):
                  mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                 cache_limit=None, output: Optional[str] = None):
+                 output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
+                 **deprecated):
+        remote = _remote("SegmentationLMDBDataset", remote, deprecated)
         if isinstance(transform, str):
             (split, transform) = _legacy_split("SegmentationLMDBDataset", transform, None)
-        store = open_location("SegmentationLMDBDataset", path, split,
-                              storage_options=storage_options, cache_dir=cache_dir,
-                              cache_limit=cache_limit)
+        store = open_location("SegmentationLMDBDataset", path, split, remote=remote)
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
@@ -282,21 +293,18 @@ class RecipeLMDBDataset(SegmentationDataset):
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
     split : str, default 'train'
-    image_shape : tuple of int
-        Stored image shape, ``(H, W, C)`` or ``(C, H, W)`` with ``channels_first``.
-    mask_shape : tuple of int, optional
-        Stored mask shape (default: the image's ``(H, W)``).
-    channels_first, bgr : bool
-        Storage order of the image arrays.
-    ignore_label : int, optional
-        Mask value meaning "unlabelled", returned as ``ignore_value`` (``None``: no mapping).
-    num_classes : int, optional
-        The class count (``num_class``); the layout does not store it.
+    layout : RecipeLayout or dict
+        What the layout does not record: the stored ``image_shape`` (required),
+        ``mask_shape``, ``channels_first`` and ``bgr``, the ``ignore_label`` (returned as
+        ``ignore_value``) and ``num_classes``
+        (:class:`~gluon_data.stores.recipe_layout.RecipeLayout`, or a dict of those keys).
+        The same keywords given separately still work, with a ``DeprecationWarning``.
 
     Examples
     --------
-    >>> ds = RecipeLMDBDataset("old.lmdb", split="train", image_shape=(24, 32, 3),
-    ...                        ignore_label=255, num_classes=21)
+    >>> from gluon_data.stores.recipe_layout import RecipeLayout
+    >>> ds = RecipeLMDBDataset("old.lmdb", split="train",
+    ...                        layout=RecipeLayout((24, 32, 3), ignore_label=255, num_classes=21))
     >>> img, mask = ds[0]
     >>> img.shape, mask.shape, ds.num_class
     ((24, 32, 3), (24, 32), 21)
@@ -304,31 +312,27 @@ class RecipeLMDBDataset(SegmentationDataset):
 
     def __init__(self, path: str, transform: Optional[Callable] = None,
                  ignore_value: Optional[int] = -1, *, split: str = "train",
-                 image_shape: Optional[Tuple[int, ...]] = None,
-                 mask_shape: Optional[Tuple[int, ...]] = None, channels_first: bool = False,
-                 bgr: bool = False, ignore_label: Optional[int] = None,
-                 num_classes: Optional[int] = None, mode: Optional[str] = None,
+                 layout: Optional[RecipeLayout] = None, mode: Optional[str] = None,
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 output: Optional[str] = None):
+                 output: Optional[str] = None, **deprecated):
+        layout = take_grouped(RecipeLayout, layout, "RecipeLMDBDataset", "layout", deprecated)
+        refuse_unknown("RecipeLMDBDataset", deprecated)
         if isinstance(transform, str):
             (split, transform) = _legacy_split("RecipeLMDBDataset", transform, None)
         _local_only("RecipeLMDBDataset", path)
-        store = open_store(path, split, layout="raw-lmdb", image_shape=image_shape,
-                           mask_shape=mask_shape, channels_first=channels_first, bgr=bgr,
-                           ignore_label=ignore_label, num_classes=num_classes)
+        store = open_store(path, split, layout="raw-lmdb", **layout.store_options())
         super().__init__(store, transform, ignore_value, mode=mode, base_size=base_size,
                          crop_size=crop_size, joint_transform=joint_transform, seed=seed,
                          verify=verify, max_pixels=max_pixels, output=output)
 
 
 def open_segmentation(path: str, split: Optional[str] = None, *,
-                      storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
-                      cache_limit=None, **kwargs) -> SegmentationDataset:
+                      remote: Optional[RemoteOptions] = None, **kwargs) -> SegmentationDataset:
     """A :class:`SegmentationDataset` over ``open_store(path, split)`` (any store, local or
-    a URI with ``storage_options``, ``cache_dir``, ``cache_limit`` as for
-    :class:`SegmentationRecordDataset`); ``kwargs`` are its options."""
-    store = open_location("open_segmentation", path, split, storage_options=storage_options,
-                          cache_dir=cache_dir, cache_limit=cache_limit)
+    a URI with ``remote`` as for :class:`SegmentationRecordDataset`); ``kwargs`` are its
+    options."""
+    remote = take_grouped(RemoteOptions, remote, "open_segmentation", "remote", kwargs)
+    store = open_location("open_segmentation", path, split, remote=remote)
     return SegmentationDataset(store, **kwargs)
