@@ -245,7 +245,7 @@ def test_a_damaged_resume_checkpoint_is_a_conversion_error_naming_it(src, tmp_pa
     assert e.value.path == out + ".resume.json" and field in str(e.value)
 
 
-def test_a_damaged_upload_journal_is_a_format_error_naming_it(src, tmp_path):
+def test_a_damaged_upload_journal_is_a_conversion_error_naming_it(src, tmp_path):
     from gluon_data.convert.upload import upload_dataset
     rec = str(tmp_path / "u.rec")
     convert(src, rec, "imagefolder")
@@ -253,7 +253,8 @@ def test_a_damaged_upload_journal_is_a_format_error_naming_it(src, tmp_path):
     for content, field in (("[]", "must be a JSON object"), ('{"s3://b/u.rec": 5}', "u.rec")):
         with open(journal, "w") as f:
             f.write(content)
-        with pytest.raises(FormatError) as e:  # before any request: no server is needed
+        with pytest.raises(ConversionError, match="upload journal is unreadable.*without "
+                           "resume") as e:  # before any request: no server is needed
             upload_dataset([rec], "s3://nowhere/x", resume=True, journal=journal, retries=0,
                            storage_options={"endpoint_url": "http://127.0.0.1:9"})
         assert e.value.path == journal and field in str(e.value)
@@ -292,8 +293,9 @@ def test_a_remote_manifest_gets_the_same_checks(s3, sharded, tmp_path):
     fs.pipe(uri, good)
 
 
-def test_a_damaged_upload_receipt_means_the_shard_is_uploaded_again(s3, src, sharded,
-                                                                    tmp_path):
+def test_a_damaged_upload_receipt_is_refused_naming_it(s3, src, sharded, tmp_path):
+    """The one resume rule: a receipt that cannot be read is never taken as done nor
+    silently redone; without resume (and with overwrite) the shard is uploaded again."""
     from gluon_data.convert.to_uri import convert_to_uri
     server, opts, fs, base = s3
     out = base + "/rc/c.rec"
@@ -303,10 +305,13 @@ def test_a_damaged_upload_receipt_means_the_shard_is_uploaded_again(s3, src, sha
     doc = json.loads(fs.cat(receipt))
     del doc["entry"]
     fs.pipe(receipt, dumps_meta(doc))
+    with pytest.raises(ConversionError, match="upload receipt is unreadable") as e:
+        convert_to_uri(src, out, "imagefolder", resume=True, task_retries=0, **kw)
+    assert e.value.path == receipt and "'entry'" in str(e.value)
     server.log.clear()
-    report = convert_to_uri(src, out, "imagefolder", resume=True, **kw)
+    report = convert_to_uri(src, out, "imagefolder", overwrite=True, **kw)
     puts = sorted({e[1].rsplit("/", 1)[-1] for e in server.log if e[0] == "PUT"})
-    assert "c-00001-of-00004.rec" in puts and "c-00002-of-00004.rec" not in puts
+    assert "c-00001-of-00004.rec" in puts
     store = open_store(report.outputs["train"], storage_options=opts,
                        cache_dir=str(tmp_path / "rcache"))
     assert [store.read(i) for i in range(len(store))] == sharded[1]

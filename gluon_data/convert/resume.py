@@ -1,7 +1,9 @@
 """Resume: a conversion's identity (its plan digest) and its checkpoints.
 
 A checkpoint records, per split, how many items are done, the writer's position
-(``writer.sync()``) and the running statistics. It lives where the container keeps it
+(``writer.sync()``) and the running statistics, under a done record
+(:mod:`gluon_data.convert.done`: the conversion of ``OUTPUT``, done so far under the plan's
+digest) read and written by the one resume rule. It lives where the container keeps it
 (:attr:`Outputs.keeps_progress`: an LMDB commits it with the records it describes) or in
 ``OUTPUT.resume.json``, replaced atomically after the partial files were fsynced.
 """
@@ -11,15 +13,15 @@ import json
 import os
 from typing import Dict, List, Optional
 
-from ..format.documents import load_document
-from ..errors import ConversionError, FormatError
-from ..storage.fsutil import atomic_write, fsync_dir
-from ..format.ownership import check_replaceable, is_ours
+from ..errors import ConversionError
+from ..storage.fsutil import fsync_dir
+from ..format.ownership import is_ours
 from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
 from .sources import Item, Source
 from ..tools.stats import RunningStats
 from .encode import EncodeOptions
 from .outputs import ConversionReport, Outputs
+from .done import Done, is_done, read_record, write_record
 
 __all__ = []
 
@@ -48,17 +50,20 @@ class _Checkpoint:
         self.splits: Dict[str, dict] = {}
         self.saved = False  # a checkpoint describes partial files on disk
 
+    @property
+    def unit(self) -> str:
+        """The unit of work a checkpoint records: the conversion into this output."""
+        return "conversion to " + os.path.basename(self.output)
+
     def load(self) -> Optional[dict]:
         raw = self.outputs.progress(self.output, self.path)
         if raw is None:
             return None
         where = self.output if self.outputs.keeps_progress else self.path
-        try:
-            state = load_document(raw, "checkpoint", where)
-        except FormatError as e:
-            raise ConversionError("resume checkpoint is unreadable (%s); rerun without "
-                                  "--resume" % e.reason, where) from None
-        if state["digest"] != self.digest and not self._written_unchanged(state):
+        state: dict = {}
+        record = read_record(raw, "checkpoint", where, what="resume checkpoint", keep=state,
+                             legacy=lambda d: Done(self.unit, d["digest"]))  # previous release
+        if not is_done(record, self.unit, self.digest) and not self._written_unchanged(state):
             raise ConversionError(self._mismatch(state), where)
         self.splits = state["splits"]
         self.saved = True
@@ -100,7 +105,8 @@ class _Checkpoint:
         return None if prefix is None else prefix(split, done)
 
     def _doc(self, skipped, **extra) -> dict:
-        return dict({"digest": self.digest, "names": getattr(self.digest, "names", None),
+        return dict({"done": Done(self.unit, self.digest).doc(),
+                     "digest": self.digest, "names": getattr(self.digest, "names", None),
                      "planned_ns": getattr(self.digest, "taken_ns", None),
                      "splits": self.splits, "skipped": skipped}, **extra)
 
@@ -118,8 +124,7 @@ class _Checkpoint:
             self._write(doc)
 
     def _write(self, doc: bytes) -> None:
-        check_replaceable(self.path, "checkpoint", True)  # never a link, never a user's file
-        atomic_write(self.path, doc, sync_dir=False)
+        write_record(self.path, doc, "checkpoint")  # never a link, never a user's file
         self.saved = True  # on disk from the rename on: an interrupt from here keeps it
         fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 

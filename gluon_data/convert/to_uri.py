@@ -8,7 +8,8 @@ import posixpath
 from typing import Optional
 
 
-from ..storage.cache import Cache, Staging
+from ..storage.cache import Cache
+from ..storage.staging import Staging
 from ..storage.credentials import forward_options
 from ..stores.remote.commit import Commit, check_bucket, probe_writable
 from ..storage.remotefs import _Remote

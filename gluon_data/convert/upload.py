@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import posixpath
 import shutil
@@ -14,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..format import codec
 from ..format.documents import load_document
 from ..errors import ConversionError, FormatError, RemoteNotFoundError
-from ..storage.fsutil import atomic_write, sha256_file
+from ..storage.fsutil import sha256_file
 from ..stores.lmdbio import LMDBFile, read_lmdb_meta
 from ..format.meta import dumps_meta, meta_path
 from ..stores.recordio import idx_path_for
@@ -23,7 +22,9 @@ from ..tools.verify import verify
 from ..stores.remote.commit import Commit, _found, put_object
 from ..format.layout import LMDB_DATA, LMDB_FORMAT, _join
 from ..storage.remotefs import _Remote
-from ..storage.cache import Cache, Staging
+from ..storage.cache import Cache
+from ..storage.staging import Staging
+from .done import Done, is_done, read_record, read_records, records_doc, shard_unit, write_record
 
 
 # --------------------------------------------------------------------------- writing
@@ -90,9 +91,13 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     the manifest with one per shard's ``.rec`` (what readers verify downloads against) --
     written only once every object is there; then the marker removed. A reader sees either
     no dataset (while the marker exists, an error saying an upload is in progress) or a
-    complete one. With ``resume``, objects the ``journal`` (a local JSON file) lists as
-    uploaded with the same SHA-256 and found with the same size are not sent again, and an
-    identical complete dataset (every object there with its size) is left alone.
+    complete one. With ``resume``, objects the ``journal`` (a local JSON file of done records,
+    :mod:`gluon_data.convert.done`: each object's URI done under the SHA-256 of what was
+    uploaded, with its size) records as uploaded with the same SHA-256 and found with the
+    same size are not sent again, and an identical complete dataset (every object there with
+    its size) is left alone. A journal of the previous release (``{uri: SHA-256}``) is read
+    the same way; one that cannot be read raises :class:`~gluon_data.errors.ConversionError`
+    naming it (restart without ``resume``).
 
     Raises
     ------
@@ -105,9 +110,9 @@ def upload_dataset(local: Sequence[str], uri: str, *,
         was changed.
     """
     remote = _Remote(storage_options, retries)
-    done: Dict[str, str] = {}
+    done: Dict[str, Done] = {}
     if resume and journal and os.path.exists(journal):
-        done = load_document(journal, "journal")
+        done = read_records(journal, _legacy_journal, "journal", what="upload journal")
     local = list(dict.fromkeys(os.fspath(p) for p in local))  # (an LMDB's splits: one path)
     plan = []  # (local path, its Commit, commit document, {object uri: (file, SHA-256)})
     for p in local:
@@ -121,13 +126,16 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     for c, _, _ in todo:
         c.begin()
     for c, doc, objects in todo:
-        up = _found(remote, [t for t, (_, sha) in objects.items() if done.get(t) == sha])
+        up = _found(remote, [t for t, (_, sha) in objects.items()
+                             if is_done(done.get(t), t, sha)])
         for target, (path, sha) in objects.items():
-            if up.get(target) != os.path.getsize(path) or done.get(target) != sha:
+            size = os.path.getsize(path)
+            if up.get(target) != size or not is_done(done.get(target), target, sha, up):
                 put_object(remote, path, target)
-                _record(journal, done, target, sha)
+                _record(journal, done, target, sha, size)
         c.end(doc, _sizes(objects))
-        _record(journal, done, c.commit, hashlib.sha256(dumps_meta(doc)).hexdigest())
+        blob = dumps_meta(doc)
+        _record(journal, done, c.commit, hashlib.sha256(blob).hexdigest(), len(blob))
     return {p: c.uri for p, c, _, _ in plan}
 
 
@@ -141,11 +149,20 @@ def _same(doc: dict, objects: Dict[str, Tuple[str, str]], blob: bytes):
     return _sizes(objects) if blob == dumps_meta(doc) else None
 
 
-def _record(journal: Optional[str], done: Dict[str, str], target: str, sha: str) -> None:
-    """Note in the upload journal that ``target`` holds the content of SHA-256 ``sha``."""
-    done[target] = sha
+def _record(journal: Optional[str], done: Dict[str, Done], target: str, sha: str,
+            size: int) -> None:
+    """Record in the upload journal that ``target`` is done under ``sha`` (the SHA-256 of
+    the ``size`` bytes uploaded)."""
+    done[target] = Done(target, sha, {target: {"bytes": size, "sha256": sha}})
     if journal:
-        atomic_write(journal, json.dumps(done).encode("utf-8"), sync_dir=False)
+        write_record(journal, records_doc(done))
+
+
+def _legacy_journal(doc: Dict[str, str]) -> Dict[str, Done]:
+    """A journal of the previous release (``{uri: SHA-256}``, checked as kind ``journal``):
+    the same records, without the sizes (the objects found are compared with the local
+    files' instead)."""
+    return {t: Done(t, sha) for t, sha in doc.items()}
 
 
 class ShardUploader:
@@ -285,21 +302,28 @@ class ShardUploader:
 
     # -- task side -------------------------------------------------------------------------
     def _uploaded(self, job) -> Optional[dict]:
-        """The manifest entry of ``job``'s shard if its receipt carries this shard's digest
-        (same items, same file stamps) and its objects have the sizes the receipt
-        records; else ``None``."""
+        """The manifest entry of ``job``'s shard if its receipt's done record says the shard
+        is done under its digest (same items, same file stamps) and its objects have the
+        sizes the record gives; else ``None``. A receipt that cannot be read raises
+        :class:`ConversionError` naming it (:func:`~gluon_data.convert.done.read_record`)."""
         name = os.path.basename(job.path)
         uri = self.receipt_uri(name)
         try:
-            doc = load_document(self.remote.cat(uri), "receipt", uri)
-        except (RemoteNotFoundError, FormatError):
-            return None  # none, or damaged: the shard is written and uploaded again
-        want = {"index": job.index, "count": job.count, "plan_digest": job.digest}
-        if doc["shard"] != want or not doc["files"]:
-            return None
-        sizes = {self.shard_uri(rel): f["bytes"] for rel, f in doc["files"].items()}
-        found = _found(self.remote, sizes)
-        if any(found.get(u) != n for u, n in sizes.items()):
+            blob = self.remote.cat(uri)
+        except RemoteNotFoundError:
+            return None  # not uploaded yet
+        doc = {}
+
+        def legacy(d: dict) -> Done:  # the previous release's: no done record, same facts
+            return Done(shard_unit(d["shard"]["index"], d["shard"]["count"]),
+                        d["shard"]["plan_digest"], d["files"])
+
+        record = read_record(blob, "receipt", uri, legacy=legacy, what="upload receipt",
+                             keep=doc)
+        found = _found(self.remote, [self.shard_uri(rel) for rel in record.outputs])
+        found = {rel: found.get(self.shard_uri(rel)) for rel in record.outputs}
+        if not record.outputs or not is_done(record, shard_unit(job.index, job.count),
+                                             job.digest, found):
             return None
         return dict(doc["entry"], files=doc["files"], reused=True)
 
@@ -331,8 +355,10 @@ class ShardUploader:
                                              "meta_sha256", "meta")}
             receipt = {"writer": "gluon_data", "format_version": 1,
                        "shard": {"index": job.index, "count": job.count,
-                                 "plan_digest": job.digest},
-                       "files": files, "entry": entry}
+                                 "plan_digest": job.digest},  # (the previous release's)
+                       "files": files, "entry": entry,
+                       "done": Done(shard_unit(job.index, job.count), job.digest,
+                                    files).doc()}
             self.remote.pipe(self.receipt_uri(name), dumps_meta(receipt))
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the staged copy, uploaded or not

@@ -53,8 +53,9 @@ import numpy as np
 from ..errors import CacheError
 from .fsutil import (CacheLock, atomic_write, default_cache_dir, kind_of, open_new,
                      sha256_file)
+from .staging import Staging, _remove_tree_entry, _tree_bytes
 
-__all__ = ["Cache", "Staging", "parse_size"]
+__all__ = ["Cache", "parse_size"]
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*$", re.I)
 KINDS = ("objects", "index", "staging")  # the entry folders, under one limit
@@ -133,18 +134,6 @@ def _lock_key(kind: str, key: str) -> str:
     """The name an entry's locks go by (``locks/<name>.pin``): a staging area's are
     prefixed, so they never share a download's."""
     return "staging-" + key if kind == "staging" else key
-
-
-def _tree_bytes(top: str) -> int:
-    """Bytes of the regular files under ``top`` (links not followed)."""
-    size, stack = 0, [top]
-    while stack:
-        for e in os.scandir(stack.pop()):
-            if e.is_dir(follow_symlinks=False):
-                stack.append(e.path)
-            elif e.is_file(follow_symlinks=False):
-                size += e.stat(follow_symlinks=False).st_size
-    return size
 
 
 def _identity(st: os.stat_result) -> List[int]:
@@ -438,61 +427,3 @@ class Cache:
             pin.release()
             raise
         return area
-
-
-def _remove_tree_entry(e: "os.DirEntry") -> None:
-    """Remove one entry of a staging area: a folder with what it holds (links inside it are
-    removed, never followed), or a file or link."""
-    if e.is_dir(follow_symlinks=False):
-        shutil.rmtree(e.path)
-    else:
-        os.remove(e.path)
-
-
-class Staging:
-    """A staging area of a :class:`Cache`, pinned while held (:meth:`Cache.staging`).
-
-    Attributes
-    ----------
-    path : str
-        The folder (``<cache>/staging/<key>``).
-
-    Examples
-    --------
-    >>> with Cache("/tmp/gd-cache").staging("abc123") as area:  # doctest: +SKIP
-    ...     write_into(area.path)
-    ...     area.claim()          # its bytes now counted: others evicted to fit the limit
-    ...     area.remove()         # done: nothing kept
-    """
-
-    def __init__(self, cache: Cache, key: str, path: str, pin: CacheLock):
-        self.cache, self.key, self.path, self._pin = cache, key, path, pin
-
-    def claim(self) -> None:
-        """Make room for what the area holds now: least recently used entries not in use are
-        evicted until the cache fits its limit (a ``RuntimeWarning`` when the entries in use,
-        this one included, exceed it). Marks the area used now (its LRU time)."""
-        now = time.time()
-        os.utime(self.path, (now, now))
-        with self.cache.room_lock():
-            self.cache.make_room(0, keep=self.key, what="staging area " + self.path)
-
-    def usage(self) -> int:
-        """Bytes the area holds now."""
-        return _tree_bytes(self.path)
-
-    def remove(self) -> None:
-        """Delete the area and what it holds (the work it staged is done)."""
-        shutil.rmtree(self.path, ignore_errors=True)
-
-    def release(self) -> None:
-        """Unpin the area: kept (for a resume) until removed or evicted."""
-        if self._pin is not None:
-            self._pin.release()
-            self._pin = None
-
-    def __enter__(self) -> "Staging":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()

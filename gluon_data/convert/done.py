@@ -1,0 +1,181 @@
+"""The one resume rule: a unit of work is done when a record says it was done under the
+digest this run derives for it, and what it produced is still there.
+
+A *done record* (:class:`Done`) is ``{"unit": W, "digest": D, "outputs": {name: {"bytes": n,
+"sha256": s}}}``: unit ``W`` (a conversion's checkpoint, ``shard 3 of 8``, an object's URI)
+was done under digest ``D`` (a plan's or a part's digest from :mod:`gluon_data.format.plan`,
+or the SHA-256 of an uploaded object's content) and produced ``outputs`` with these sizes
+(and sums, where known). Every resume of the package reads and writes it the same way:
+
+* the unsharded conversion's checkpoint (``OUTPUT.resume.json``, an LMDB's progress key:
+  :mod:`gluon_data.convert.resume`), field ``done``;
+* each shard's metadata (``shard.done``: :mod:`gluon_data.convert.shard_task`);
+* each shard's upload receipt (``PREFIX-SSSSS-of-NNNNN.upload.json``, field ``done``:
+  :class:`gluon_data.convert.upload.ShardUploader`);
+* the upload journal (``upload.json`` in the staging area: one record per object, keyed by
+  the SHA-256 of what was uploaded: :func:`gluon_data.convert.upload.upload_dataset`).
+
+:func:`read_record` validates a document through :func:`gluon_data.format.documents.load_document`
+and refuses one that cannot be read with a :class:`~gluon_data.errors.ConversionError` naming
+the file and saying to restart without resuming (never a silent redo or skip);
+:func:`is_done` is the one check; :func:`write_record` the one atomic write. Documents the
+previous release wrote (no ``done`` field) are read through each kind's ``legacy`` reading,
+which derives the same record from the fields they carry.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Mapping, Optional, Union
+
+from ..errors import ConversionError, FormatError
+from ..format.documents import (COUNT, SHA256, STR, Doc, F, check_document, load_document,
+                                map_of, obj, parse_json, register)
+from ..format.ownership import check_replaceable
+from ..storage.fsutil import atomic_write, fsync_dir
+
+__all__ = ["Done", "is_done", "read_record", "record_in", "read_records", "records_doc",
+           "write_record",
+           "shard_unit", "DONE_FORMAT"]
+
+#: The ``format`` marker of a document holding done records only (the upload journal).
+DONE_FORMAT = "gluon_data-done"
+
+_OUTPUT = obj("an object with \"bytes\" (and \"sha256\")", bytes=F(COUNT, True, False),
+              sha256=F(SHA256))
+_FIELDS = {"unit": F(STR, True, False), "digest": F(STR, True, False),
+           "outputs": F(map_of(_OUTPUT, "an object of {\"bytes\", \"sha256\"} per output"),
+                        True, False)}
+_RECORD = obj("a done record (unit, digest, outputs)", **_FIELDS)
+
+register("done", Doc("done record", _FIELDS, noun="done record"))
+register("done_set", Doc("resume record document", {
+    "records": F(map_of(_RECORD, "an object of done records"), True, False)},
+    marker=("format", DONE_FORMAT), versions=(1,), noun="resume record document"))
+
+
+@dataclass(frozen=True)
+class Done:
+    """Unit ``unit`` was done under ``digest``, producing ``outputs`` (``{name: {"bytes": n,
+    "sha256": s}}``; ``sha256`` may be absent).
+
+    Examples
+    --------
+    >>> r = Done("shard 1 of 4", "ab12", {"c-00001-of-00004.rec": {"bytes": 10}})
+    >>> is_done(r, "shard 1 of 4", "ab12", {"c-00001-of-00004.rec": 10})
+    True
+    >>> is_done(r, "shard 1 of 4", "cd34")
+    False
+    """
+
+    unit: str
+    digest: str
+    outputs: Mapping[str, dict] = field(default_factory=dict)
+
+    def doc(self) -> dict:
+        """The record as JSON-able data."""
+        return {"unit": self.unit, "digest": str(self.digest),
+                "outputs": {k: dict(v) for k, v in self.outputs.items()}}
+
+    @classmethod
+    def parse(cls, doc, where) -> "Done":
+        """The record held in ``doc`` (checked: :class:`FormatError` naming ``where``)."""
+        check_document(doc, "done", where)
+        return cls(doc["unit"], doc["digest"], doc["outputs"])
+
+
+def shard_unit(index: int, count: int) -> str:
+    """The unit name of shard ``index`` of ``count``."""
+    return "shard %d of %d" % (index, count)
+
+
+def is_done(record: Optional[Done], unit: str, digest: str,
+            found: Optional[Mapping[str, Optional[int]]] = None) -> bool:
+    """Whether ``record`` says ``unit`` is done under ``digest``; with ``found`` (``{output:
+    size now, or None when missing}``), also that every output it records that ``found``
+    names has the recorded size."""
+    if record is None or record.unit != unit or record.digest != str(digest):
+        return False
+    if found is not None:
+        for name, out in record.outputs.items():
+            if name in found and found[name] != out["bytes"]:
+                return False
+    return True
+
+
+def _unreadable(e: FormatError, what: str, where) -> ConversionError:
+    return ConversionError("%s is unreadable (%s); it was left as it is: restart without "
+                           "resume (--resume; with --overwrite where the output exists) to "
+                           "redo the work" % (what, e.reason), e.path or where)
+
+
+def read_record(source: Union[str, bytes], kind: str, where: Optional[str] = None, *,
+                legacy: Optional[Callable[[dict], Done]] = None,
+                what: str = "resume record", keep: Optional[dict] = None) -> Done:
+    """The :class:`Done` of a resume document of ``kind`` (a path, or bytes with ``where``
+    naming them), validated by :func:`~gluon_data.format.documents.load_document`: its
+    ``done`` field, or ``legacy(doc)`` for a document of the previous release (no ``done``
+    field). A document that cannot be read, or whose record is not valid, raises
+    :class:`ConversionError` naming the file (``what`` it is): it is never taken as done,
+    nor silently redone. ``keep``: filled with the document read."""
+    where = where if where is not None else os.fspath(source)
+    try:
+        doc = load_document(source, kind, where)
+    except FormatError as e:
+        raise _unreadable(e, what, where) from None
+    if keep is not None:
+        keep.update(doc)
+    return record_in(doc, where, legacy, what)
+
+
+def record_in(doc: dict, where, legacy: Optional[Callable[[dict], Done]] = None,
+              what: str = "resume record") -> Done:
+    """The :class:`Done` held in field ``done`` of ``doc`` (a document or part of one,
+    already checked as its kind), or ``legacy(doc)`` when it has none; an invalid record
+    raises :class:`ConversionError` naming ``where``."""
+    try:
+        if "done" in doc:
+            return Done.parse(doc["done"], where)
+        if legacy is None:
+            raise FormatError("lacks the done record (field 'done')", where)
+        return legacy(doc)
+    except FormatError as e:
+        raise _unreadable(e, what, where) from None
+
+
+def read_records(path: str, legacy: Callable[[dict], Dict[str, Done]], legacy_kind: str,
+                 what: str = "resume record document") -> Dict[str, Done]:
+    """The records, by unit, of a document holding done records only (``{"format":
+    DONE_FORMAT, "format_version": 1, "records": {unit: record}}``); one of the previous
+    release (kind ``legacy_kind``) through ``legacy``. Unreadable: :class:`ConversionError`
+    naming ``path``."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        doc = parse_json(raw, what, path)
+        if isinstance(doc, dict) and doc.get("format") == DONE_FORMAT:
+            check_document(doc, "done_set", path)
+            return {u: Done.parse(r, path) for u, r in doc["records"].items()}
+        return legacy(check_document(doc, legacy_kind, path))
+    except FormatError as e:
+        raise _unreadable(e, what, path) from None
+
+
+def records_doc(records: Mapping[str, Done]) -> bytes:
+    """The document of ``records`` (a :data:`DONE_FORMAT` document)."""
+    return json.dumps({"format": DONE_FORMAT, "format_version": 1,
+                       "records": {u: r.doc() for u, r in records.items()}},
+                      sort_keys=True).encode("utf-8")
+
+
+def write_record(path: str, data: bytes, kind: Optional[str] = None,
+                 durable: bool = False) -> None:
+    """Replace ``path`` with ``data`` atomically (never through a link; ``kind``: only a
+    document of ours of that kind, see :func:`~gluon_data.format.ownership.check_replaceable`).
+    ``durable``: the folder is fsynced too, so the record survives a power loss."""
+    if kind is not None:
+        check_replaceable(path, kind, True)
+    atomic_write(path, data, sync_dir=False)
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
