@@ -403,22 +403,29 @@ class SegmentationDataset(_StoreDataset):
         header size, then only the image region the crop reads decoded (the mask as stored,
         cut to the same box). The same samples as a full decode, for less decoding."""
         rec, key, offset = self._record(i)
-        mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask")
+        mhw, mask = codec.mask_size(rec.mask), None
+        if mhw is None:  # not a header we read: decode it all (decode_mask says what is wrong)
+            mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask")
+            mhw = mask.shape
         hw, img = codec.image_size(rec.image), None
         if hw is None:  # not a JPEG/PNG header we read: decode it all
             img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
             hw = img.shape[:2]
-        if mask.shape != tuple(hw):
+        if tuple(mhw) != tuple(hw):
             raise CorruptRecordError("mask is %dx%d but image is %dx%d"
-                                     % (mask.shape[1], mask.shape[0], hw[1], hw[0]),
+                                     % (mhw[1], mhw[0], hw[1], hw[0]),
                                      self.filename, key, offset)
         with self._sample(i, epoch):
             box, params = self._joint.plan(*hw)
         y0, x0, y1, x1 = box
+        if mask is None:  # a run-length mask expands only the row blocks of the box
+            mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask", rows=(y0, y1))
+        else:
+            mask = mask[y0:y1]
         part = (img[y0:y1, x0:x1] if img is not None else  # params[1:3]: the size it becomes
                 self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1,
                              shrink_to=params[1:3]))
-        return self._joint.apply(part, mask[y0:y1, x0:x1], params)
+        return self._joint.apply(part, mask[:, x0:x1], params)
 
     def _labels(self, mask: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Stored mask -> int32 labels with the ignore value mapped (into ``out``)."""
