@@ -1,0 +1,322 @@
+"""The one resume rule (gluon_data/convert/done.py), the one identity derivation
+(gluon_data/format/plan.py) and staging under the one cache (Cache.staging).
+
+Each of the four resume records -- the checkpoint, a shard's metadata, a shard's upload
+receipt, the upload journal -- resumes after an interruption, reads the previous release's
+document (no ``done`` field), and refuses a tampered one with a ConversionError naming it.
+Real conversions, real files, moto's S3 server (tests/s3_server.py) where uploads are
+involved."""
+import fcntl
+import json
+import os
+
+import pytest
+
+from gluon_data.convert import convert
+from gluon_data.convert.done import Done, is_done, read_records
+from gluon_data.convert.sample import make_imagefolder
+from gluon_data.convert.sharded import convert_sharded
+from gluon_data.errors import ConversionError
+from gluon_data.format.meta import dumps_meta, meta_path
+from gluon_data.format.plan import conversion_id, part_digest, plan_digest
+from gluon_data.storage.cache import Cache
+from gluon_data.stores.base import open_store
+
+
+@pytest.fixture
+def src(tmp_path):
+    return make_imagefolder(str(tmp_path / "folder"), per_class=3)
+
+
+def _rec_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+# ------------------------------------------------------------------------- the record
+def test_is_done_needs_the_unit_the_digest_and_the_recorded_sizes():
+    r = Done("shard 1 of 4", "d1", {"a.rec": {"bytes": 10}})
+    assert is_done(r, "shard 1 of 4", "d1") and is_done(r, "shard 1 of 4", "d1", {"a.rec": 10})
+    assert not is_done(r, "shard 2 of 4", "d1")
+    assert not is_done(r, "shard 1 of 4", "d2")
+    assert not is_done(r, "shard 1 of 4", "d1", {"a.rec": 9})
+    assert not is_done(r, "shard 1 of 4", "d1", {"a.rec": None})  # gone
+    assert not is_done(None, "shard 1 of 4", "d1")
+
+
+@pytest.mark.parametrize("done", [{"unit": "u", "digest": 5, "outputs": {}},
+                                  {"unit": "u", "digest": "d"},
+                                  {"unit": "u", "digest": "d", "outputs": {"x": {"bytes": -1}}}])
+def test_an_invalid_record_is_a_conversion_error_naming_the_file(tmp_path, done):
+    path = str(tmp_path / "r.json")
+    with open(path, "w") as f:
+        json.dump({"format": "gluon_data-done", "format_version": 1, "records": {"u": done}}, f)
+    with pytest.raises(ConversionError, match="without resume") as e:
+        read_records(path, lambda d: {}, "journal")
+    assert e.value.path == path
+
+
+# ------------------------------------------------------------------------- checkpoints
+def _interrupted(src, out):
+    """A conversion that failed on a corrupt image after its first checkpoints; returns
+    the image's good bytes and path (to fix it)."""
+    bad = os.path.join(src, "fish", sorted(os.listdir(os.path.join(src, "fish")))[1])
+    with open(bad, "rb") as f:
+        good = f.read()
+    with open(bad, "wb") as f:
+        f.write(good[:len(good) // 2])
+    with pytest.raises(ConversionError):
+        convert(src, out, "imagefolder", checkpoint_every=2, workers=1)
+    assert os.path.exists(out + ".resume.json")
+    return bad, good
+
+
+@pytest.mark.parametrize("previous_release", [False, True])
+def test_a_checkpoint_resumes_and_one_of_the_previous_release_too(src, tmp_path,
+                                                                   previous_release):
+    ref = str(tmp_path / "ref.rec")
+    convert(src, ref, "imagefolder", workers=1)
+    out = str(tmp_path / "o.rec")
+    bad, good = _interrupted(src, out)
+    with open(out + ".resume.json") as f:
+        doc = json.load(f)
+    assert doc["done"]["unit"] == "conversion to o.rec" and doc["done"]["digest"] == doc["digest"]
+    assert doc["splits"]["train"]["done"] > 0
+    if previous_release:  # what the previous release wrote: no done record
+        del doc["done"]
+        with open(out + ".resume.json", "w") as f:
+            json.dump(doc, f)
+    with open(bad, "wb") as f:
+        f.write(good)
+    convert(src, out, "imagefolder", resume=True, workers=1)
+    assert _rec_bytes(out) == _rec_bytes(ref) and not os.path.exists(out + ".resume.json")
+
+
+def test_a_tampered_checkpoint_is_refused_naming_it(src, tmp_path):
+    out = str(tmp_path / "o.rec")
+    bad, good = _interrupted(src, out)
+    with open(out + ".resume.json") as f:
+        doc = json.load(f)
+    doc["done"]["outputs"] = {"o.rec.partial": {"bytes": "many"}}
+    with open(out + ".resume.json", "w") as f:
+        json.dump(doc, f)
+    with open(bad, "wb") as f:
+        f.write(good)
+    with pytest.raises(ConversionError, match="resume checkpoint is unreadable") as e:
+        convert(src, out, "imagefolder", resume=True, workers=1)
+    assert e.value.path == out + ".resume.json" and "outputs" in str(e.value)
+    assert os.path.exists(out + ".resume.json")  # left as it was
+    doc["done"]["outputs"] = {}  # valid, but of another plan: never resumed
+    doc["done"]["digest"] = doc["digest"] = "another plan"
+    doc.pop("names")
+    with open(out + ".resume.json", "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(ConversionError, match="other inputs or options"):
+        convert(src, out, "imagefolder", resume=True, workers=1)
+
+
+# ------------------------------------------------------------------------- shards
+def _shard_meta(out, k, n=3):
+    return meta_path(out[:-4] + "-%05d-of-%05d.rec" % (k, n))
+
+
+def test_a_shard_rerun_keeps_finished_shards_by_their_record(src, tmp_path):
+    out = str(tmp_path / "s.rec")
+    first = convert_sharded(src, out, "imagefolder", shards=3)
+    assert not any(e["reused"] for e in first.shards)
+    with open(_shard_meta(out, 1)) as f:
+        meta = json.load(f)
+    rec = out[:-4] + "-00001-of-00003.rec"
+    assert meta["shard"]["done"] == {"unit": "shard 1 of 3",
+                                     "digest": meta["shard"]["plan_digest"],
+                                     "outputs": {os.path.basename(rec):
+                                                 {"bytes": os.path.getsize(rec)}}}
+    # the previous release's metadata (no done record): still recognised as finished
+    del meta["shard"]["done"]
+    with open(_shard_meta(out, 1), "wb") as f:
+        f.write(dumps_meta(meta))
+    # an interrupted shard: its files gone; the rerun writes it alone
+    os.remove(out[:-4] + "-00002-of-00003.rec")
+    again = convert_sharded(src, out, "imagefolder", shards=3)
+    assert [e["reused"] for e in again.shards] == [True, True, False]
+    assert [s.read(i) for s in [open_store(again.outputs["train"])] for i in range(9)] == \
+        [s.read(i) for s in [open_store(first.outputs["train"])] for i in range(9)]
+
+
+def test_a_shard_of_another_size_than_recorded_is_rewritten(src, tmp_path):
+    out = str(tmp_path / "s.rec")
+    convert_sharded(src, out, "imagefolder", shards=3)
+    rec = out[:-4] + "-00000-of-00003.rec"
+    good = _rec_bytes(rec)
+    with open(rec, "ab") as f:
+        f.write(b"\0" * 8)  # not what the record says was written
+    again = convert_sharded(src, out, "imagefolder", shards=3)
+    assert [e["reused"] for e in again.shards] == [False, True, True]
+    assert _rec_bytes(rec) == good
+
+
+def test_a_tampered_shard_record_is_refused_naming_the_shard(src, tmp_path):
+    out = str(tmp_path / "s.rec")
+    convert_sharded(src, out, "imagefolder", shards=3)
+    with open(_shard_meta(out, 0)) as f:
+        meta = json.load(f)
+    meta["shard"]["done"]["unit"] = 7
+    with open(_shard_meta(out, 0), "wb") as f:
+        f.write(dumps_meta(meta))
+    with pytest.raises(ConversionError, match="shard metadata's done record is unreadable") \
+            as e:
+        convert_sharded(src, out, "imagefolder", shards=3, task_retries=0)
+    assert e.value.path == out[:-4] + "-00000-of-00003.rec" and "unit" in str(e.value)
+
+
+# ------------------------------------------------------------------------- identity
+def test_local_and_sharded_paths_derive_identity_the_same_way(src, tmp_path):
+    """Each shard's record carries the part digest the plan derives; each conversion id,
+    local or per shard, is conversion_id over the names-only digest of its plan or part."""
+    out = str(tmp_path / "s.rec")
+    rep = convert_sharded(src, out, "imagefolder", shards=3)
+    manifest = json.load(open(rep.outputs["train"]))
+    for k in range(3):
+        meta = json.load(open(_shard_meta(out, k)))
+        part = part_digest({"plan": manifest["plan"]["names"]}, k)
+        rec = out[:-4] + "-%05d-of-00003.rec" % k
+        st = meta["shard"]["stats"]
+        assert meta["conversion_id"] == conversion_id(part, "train", meta["num_records"],
+                                                      os.path.getsize(rec), st)
+    assert part_digest({"plan": "p"}, 2) == plan_digest({"plan": "p", "shard": 2})
+    one = str(tmp_path / "one.rec")
+    r1 = convert(src, one, "imagefolder", workers=1)
+    again = str(tmp_path / "two.rec")
+    r2 = convert(os.path.relpath(src), again, "imagefolder", workers=1)
+    ids = [open_store(r.outputs["train"]).meta["conversion_id"] for r in (r1, r2)]
+    assert ids[0] == ids[1]  # the same plan, spelled relative: the same identity
+
+
+# ------------------------------------------------------------------------- staging
+def test_staging_counts_toward_the_limit_and_is_not_evicted_while_in_use(tmp_path):
+    cache_dir = str(tmp_path / "cache")
+    cache = Cache(cache_dir, cache_limit=1000)
+    other = cache.entry("objects", "a" * 24)  # a download not in use: evictable
+    with open(os.path.join(other, "x"), "wb") as f:
+        f.write(b"o" * 400)
+    with cache.staging("out1", fresh=True) as area:
+        os.makedirs(os.path.join(area.path, "o.lmdb.partial"))
+        with open(os.path.join(area.path, "o.lmdb.partial", "data.mdb"), "wb") as f:
+            f.write(b"s" * 900)
+        assert cache.usage() == 1300 and area.usage() == 900  # counted, nested files too
+        area.claim()  # over the limit: the entry not in use goes, the staging stays
+        assert not os.path.exists(other) and os.path.isdir(area.path)
+        # another process making room cannot evict it while it is pinned
+        with cache.room_lock():
+            Cache(cache_dir, cache_limit=10).make_room(0, keep="", what="test")
+        assert area.usage() == 900
+        assert oct(os.stat(area.path).st_mode & 0o777) == "0o700"
+    # released (kept for a resume): an entry like any other, evicted when room is needed
+    assert os.path.isdir(area.path)
+    with cache.room_lock():
+        Cache(cache_dir, cache_limit=10).make_room(0, keep="", what="test")
+    assert not os.path.exists(area.path)
+    with cache.lock("staging-out1", "pin", fcntl.LOCK_EX, blocking=False):
+        pass  # the pin was released
+
+
+def test_staging_refuses_a_folder_others_can_write(tmp_path):
+    from gluon_data.errors import CacheError
+    cache = Cache(str(tmp_path / "cache"))
+    cache.ready()
+    os.makedirs(os.path.join(cache.cache_dir, "staging", "k"))
+    os.chmod(os.path.join(cache.cache_dir, "staging", "k"), 0o777)
+    with pytest.raises(CacheError, match="writable by group or others"):
+        cache.staging("k")
+    with pytest.raises(ValueError):
+        cache.staging("../x")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    pytest.importorskip("moto.server")
+    from s3_server import BUCKET, _options, moto_s3
+    from gluon_data.storage.remotefs import filesystem
+    with moto_s3() as server:
+        opts = _options(server)
+        fs, _ = filesystem("s3://%s" % BUCKET, opts)
+        yield server, opts, fs, "s3://%s/done" % BUCKET
+
+
+def _staging(cache):
+    top = os.path.join(cache, "staging")
+    return sorted(os.listdir(top)) if os.path.isdir(top) else []
+
+
+@pytest.mark.parametrize("previous_release", [False, True])
+def test_upload_journal_kept_in_staging_resumes(s3, src, tmp_path, previous_release):
+    from gluon_data.convert.to_uri import convert_to_uri
+    server, opts, fs, base = s3
+    uri = base + "/j%d/c.rec" % previous_release
+    cache = str(tmp_path / "cache")
+    server.kill_on_put = "j%d/c.idx" % previous_release  # dies as the .idx goes up
+    with pytest.raises(Exception):
+        convert_to_uri(src, uri, "imagefolder", storage_options=opts, cache_dir=cache,
+                       remote_retries=0, workers=1)
+    server.start()
+    (key,) = _staging(cache)  # kept for resume: the staged dataset and the journal
+    journal = os.path.join(cache, "staging", key, "upload.json")
+    doc = json.load(open(journal))
+    assert doc["format"] == "gluon_data-done"
+    (rec,) = doc["records"].values()
+    assert rec["unit"].endswith("c.rec") and rec["outputs"][rec["unit"]]["sha256"] == \
+        rec["digest"]
+    if previous_release:  # the previous release's journal: {uri: SHA-256}
+        with open(journal, "w") as f:
+            json.dump({r["unit"]: r["digest"] for r in doc["records"].values()}, f)
+    server.log.clear()
+    report = convert_to_uri(src, uri, "imagefolder", storage_options=opts, cache_dir=cache,
+                            resume=True, workers=1)
+    puts = [e[1] for e in server.log if e[0] == "PUT"]
+    assert not [p for p in puts if p.endswith("/c.rec")]  # the journal knew it was up
+    assert [p for p in puts if p.endswith("/c.idx")]
+    assert _staging(cache) == []  # cleaned once uploaded
+    store = open_store(report.outputs["train"], storage_options=opts,
+                       cache_dir=str(tmp_path / "read"))
+    assert len(store) == 9
+    store.close()
+
+
+def test_receipts_of_the_previous_release_resume(s3, src, tmp_path):
+    from gluon_data.convert.to_uri import convert_to_uri
+    server, opts, fs, base = s3
+    out = base + "/rcp/c.rec"
+    kw = dict(storage_options=opts, cache_dir=str(tmp_path / "cache"), shards=3)
+    convert_to_uri(src, out, "imagefolder", **kw)
+    for k in range(3):
+        receipt = base + "/rcp/c-%05d-of-00003.upload.json" % k
+        doc = json.loads(fs.cat(receipt))
+        assert doc["done"]["unit"] == "shard %d of 3" % k
+        assert doc["done"]["digest"] == doc["shard"]["plan_digest"]
+        assert doc["done"]["outputs"] == doc["files"]
+        if k == 0:
+            del doc["done"]  # what the previous release wrote
+            fs.pipe(receipt, dumps_meta(doc))
+    fs.rm(base + "/rcp/c-00002-of-00003.rec")  # as if shard 2 had not gone up whole
+    server.log.clear()
+    convert_to_uri(src, out, "imagefolder", resume=True, **kw)
+    puts = sorted({e[1].rsplit("/", 1)[-1] for e in server.log if e[0] == "PUT"})
+    assert "c-00000-of-00003.rec" not in puts and "c-00001-of-00003.rec" not in puts
+    assert "c-00002-of-00003.rec" in puts and "c.shards.json" in puts
+    assert _staging(kw["cache_dir"]) == ["shards"]
+    assert not any(files for _, _, files in os.walk(os.path.join(kw["cache_dir"], "staging")))
+
+
+def test_a_tampered_receipt_record_is_refused_naming_it(s3, src, tmp_path):
+    from gluon_data.convert.to_uri import convert_to_uri
+    server, opts, fs, base = s3
+    out = base + "/rct/c.rec"
+    kw = dict(storage_options=opts, cache_dir=str(tmp_path / "cache"), shards=3)
+    convert_to_uri(src, out, "imagefolder", **kw)
+    receipt = base + "/rct/c-00001-of-00003.upload.json"
+    doc = json.loads(fs.cat(receipt))
+    doc["done"]["digest"] = None
+    fs.pipe(receipt, dumps_meta(doc))
+    with pytest.raises(ConversionError, match="upload receipt is unreadable") as e:
+        convert_to_uri(src, out, "imagefolder", resume=True, task_retries=0, **kw)
+    assert e.value.path == receipt and "digest" in str(e.value)
