@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from gluon_data import convert
-from gluon_data.stores import lmdbio
 from gluon_data.errors import CorruptRecordError, FormatError
+from gluon_data.stores.lmdb_env import close_envs
 from gluon_data.stores.lmdbio import LMDBFile
 from gluon_data.stores.recordio import RecordFile
 from gluon_data.convert.sample import make_voc
@@ -131,10 +131,7 @@ def loop_mount(tmp_path):
 def _unmap(mnt):
     """Close this process's LMDB environments under ``mnt``: pages they map (LMDB's own
     lookups, and the kernel's fault-around next to them) cannot be evicted."""
-    for key in [k for k in lmdbio._ENVS if k[0].startswith(os.path.realpath(mnt))]:
-        env = lmdbio._ENVS.pop(key)[1]
-        lmdbio._forget_guard(env)
-        env.close()
+    close_envs(os.path.realpath(mnt))
 
 
 def _device_reads(name):

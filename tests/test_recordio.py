@@ -68,7 +68,7 @@ def test_index_is_compact_and_survives_pickle(tmp_path):
     assert f._keys is None and f._offsets.dtype == np.int64  # dense keys are not stored
     f.read(0)
     g = pickle.loads(pickle.dumps(f))
-    assert g._file._cur is None and [g.read(i) for i in range(len(g))] == PAYLOADS
+    assert g._file._cur.owner is None and [g.read(i) for i in range(len(g))] == PAYLOADS
 
 
 def test_writer_leaves_nothing_under_final_names_until_published(tmp_path):

@@ -55,6 +55,8 @@ from typing import Optional, Tuple
 import mxnet as mx
 import numpy as np
 
+from ..storage.perprocess import PerProcess
+
 __all__ = ["batch_buffer", "stack_staged", "host_view", "SamplePool", "samples"]
 
 #: A worker keeps at most this many segments' worth of its largest batch: the batches it can
@@ -96,7 +98,6 @@ class _Segment:
 
 class _Pool:
     def __init__(self):
-        self.pid = os.getpid()
         self.segments = []
         self.largest = 0
         self.fallbacks = 0   # batches that found no free segment and no room for a new one
@@ -198,16 +199,12 @@ def _unhold(segment: _Segment, lock) -> None:
         segment.holds -= 1
 
 
-_pool: Optional[_Pool] = None
-_pool_lock = threading.Lock()
+#: This process's segments (a forked child starts its own: the parent's are the parent's).
+_POOL: PerProcess[_Pool] = PerProcess()
 
 
 def _get_pool() -> _Pool:
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool.pid != os.getpid():  # a forked child starts its own
-            _pool = _Pool()
-        return _pool
+    return _POOL.get(_Pool)
 
 
 class SamplePool:

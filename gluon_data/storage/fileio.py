@@ -2,19 +2,20 @@
 
 The containers (:mod:`gluon_data.stores.recordio`, :mod:`gluon_data.stores.lmdbio`) and the metadata
 reader (:mod:`gluon_data.format.meta`) share these, so each lives once, below all of them: this
-module imports nothing of ours but :mod:`gluon_data.errors`, and no MXNet.
+module imports nothing of ours but :mod:`gluon_data.errors` and the per-process rule
+(:mod:`gluon_data.storage.perprocess`), and no MXNet.
 """
 from __future__ import annotations
 
 import errno
 import os
 import stat
-import threading
 from typing import Callable, Optional, Tuple
 
 import numpy as np
 
 from ..errors import FormatError, ResourceError
+from .perprocess import PerProcess
 
 __all__ = ["open_or_explain", "open_regular", "read_regular", "require_regular", "input_kind",
            "advise_willneed", "ProcessDescriptor",
@@ -86,9 +87,10 @@ class ProcessDescriptor:
 
     A reader is pickled into DataLoader workers and forked with its parent's state, and a
     descriptor must not be shared across processes (the parent may close it; readahead
-    state is per open file): :meth:`get` opens a descriptor in each process that asks,
-    leaves one inherited from the parent alone, and :meth:`close` closes only the calling
-    process's own. ``on_open(fd)`` runs once per descriptor, under the lock, before anyone
+    state is per open file): it is held by a
+    :class:`~gluon_data.storage.perprocess.PerProcess`, so :meth:`get` opens a descriptor
+    in each process that asks, leaves one inherited from the parent alone, and :meth:`close`
+    closes only the calling process's own. ``on_open(fd)`` runs once per descriptor, under the lock, before anyone
     reads through it; what it returns comes back beside the descriptor (the file's size as
     opened, say), and an exception it raises closes the descriptor and propagates (a file
     replaced since the reader opened it). Pickles without the descriptor.
@@ -101,42 +103,34 @@ class ProcessDescriptor:
     path is made to name meanwhile.
     """
 
-    __slots__ = ("path", "_on_open", "_cur", "_lock")
+    __slots__ = ("path", "_on_open", "_cur")
 
     def __init__(self, path: str, on_open: Optional[Callable[[int], object]] = None):
         self.path, self._on_open = path, on_open
-        self._cur: Optional[Tuple[int, int, object]] = None  # (fd, pid, on_open's value)
-        self._lock = threading.Lock()
+        self._cur: PerProcess[Tuple[int, object]] = PerProcess()  # (fd, on_open's value)
+
+    def _open(self) -> Tuple[int, object]:
+        fd = open_or_explain(self.path)
+        try:
+            value = self._on_open(fd) if self._on_open is not None else None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, value
 
     def get(self) -> Tuple[int, object]:
         """``(descriptor, on_open's value)`` for this process."""
-        cur, pid = self._cur, os.getpid()
-        if cur is not None and cur[1] == pid:
-            return cur[0], cur[2]
-        with self._lock:
-            cur = self._cur
-            if cur is None or cur[1] != pid:
-                fd = open_or_explain(self.path)
-                try:
-                    value = self._on_open(fd) if self._on_open is not None else None
-                except BaseException:
-                    os.close(fd)
-                    raise
-                cur = self._cur = (fd, pid, value)
-            return cur[0], cur[2]
+        return self._cur.get(self._open)
 
     def fd(self) -> int:
         """This process's descriptor."""
-        cur = self._cur
-        if cur is not None and cur[1] == os.getpid():
-            return cur[0]
-        return self.get()[0]
+        return self._cur.get(self._open)[0]
 
     def close(self) -> None:
         """Close this process's descriptor, if it opened one; the next :meth:`get` opens
         again."""
-        cur, self._cur = self._cur, None
-        if cur is not None and cur[1] == os.getpid():
+        cur = self._cur.clear()
+        if cur is not None:
             os.close(cur[0])
 
     def __getstate__(self):

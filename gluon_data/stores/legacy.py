@@ -31,6 +31,7 @@ import numpy as np
 
 from ..format import codec
 from ..errors import FormatError, SourceError
+from ..storage.perprocess import PerProcess
 from .lmdbio import ProcessEnv, register_layout, shared_env
 
 __all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
@@ -201,7 +202,8 @@ class _LegacyStore:
     def _init_env(self, path: str) -> None:
         self.path = os.fspath(path)
         self._identity = self._stamp()
-        self._checked_pid = os.getpid()
+        self._checked: PerProcess[bool] = PerProcess()
+        self._checked.set(True)  # (stamped just now, in this process)
         self._env = ProcessEnv(self.path)
 
     @property
@@ -220,13 +222,17 @@ class _LegacyStore:
         return self._identity
 
     def _check(self) -> None:
-        if self._checked_pid != os.getpid():
-            now = self._stamp()
-            if now != self._identity:
-                raise FormatError("the LMDB environment was replaced after this dataset was "
-                                  "opened (identity %s, now %s); open the dataset again"
-                                  % (self._identity, now), self.path)
-            self._checked_pid = os.getpid()
+        self._checked.get(self._check_stamp)
+
+    def _check_stamp(self) -> bool:
+        """First use in a process other than the opener's: ``data.mdb`` must be the file
+        stamped when the dataset was opened."""
+        now = self._stamp()
+        if now != self._identity:
+            raise FormatError("the LMDB environment was replaced after this dataset was "
+                              "opened (identity %s, now %s); open the dataset again"
+                              % (self._identity, now), self.path)
+        return True
 
     def __len__(self) -> int:
         return self._n
@@ -246,8 +252,15 @@ class _LegacyStore:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_checked_pid"] = None
+        state["_checked"] = PerProcess()  # a copy checks the stamp on first read
         return state
+
+    def __setstate__(self, state):
+        if "_checked_pid" in state:  # pickled by an older version
+            state = dict(state)
+            del state["_checked_pid"]
+            state["_checked"] = PerProcess()
+        self.__dict__.update(state)
 
 
 class RecipeLMDBStore(_LegacyStore):

@@ -5,18 +5,18 @@ The LMDB store (:mod:`.lmdbio`) reads through them."""
 from __future__ import annotations
 
 import os
-import threading
 from typing import Dict, Optional, Tuple
 
 import lmdb
 
 from ..errors import CorruptRecordError, FormatError
 from ..storage.fileio import open_or_explain, replaced_error
+from ..storage.perprocess import PerProcess
 from .lmdb_pages import MAX_DBS as _MAX_DBS
 from .lmdb_pages import check_data_file as _check_data_file
 from ..format.recindex import file_stamp
 
-__all__ = ["ProcessEnv", "shared_env", "env_stamp", "check_mapped"]
+__all__ = ["ProcessEnv", "shared_env", "env_stamp", "check_mapped", "close_envs"]
 
 
 # A read-only environment's data.mdb can shrink under it (truncated, rewritten in place);
@@ -54,29 +54,36 @@ def check_mapped(env: lmdb.Environment) -> None:
 # the cache never hands out the environment of another file for the same path, and every
 # path to one file (a renamed folder, say) shares its environment. LMDB forbids opening an
 # environment twice in a process (py-lmdb refuses a second open of the same file), and
-# forbids using one inherited across fork: a child closes what it inherited (which leaves
-# the parent's untouched) and opens its own.
-_ENVS: Dict[Tuple[str, int, int], Tuple[int, lmdb.Environment]] = {}
-_ENVS_LOCK = threading.Lock()
+# forbids using one inherited across fork: the table is this process's (PerProcess), and a
+# child closes what it inherited (which leaves the parent's untouched) before opening its own.
+def _close_inherited(envs: Dict[Tuple[str, int, int], lmdb.Environment]) -> None:
+    for env in envs.values():
+        try:
+            _forget_guard(env)
+            env.close()  # inherited across fork: release this process's copy
+        except Exception:
+            pass
 
 
-def _cached(file: Optional[Tuple[int, int]], pid: int) -> Optional[lmdb.Environment]:
-    """This process's environment of the file ``(device, inode)``, if it has one."""
+_ENVS: PerProcess[Dict[Tuple[str, int, int], lmdb.Environment]] = PerProcess(_close_inherited)
+
+
+def _cached(envs: dict, file: Optional[Tuple[int, int]]) -> Optional[lmdb.Environment]:
+    """The environment of the file ``(device, inode)`` in ``envs``, if there is one."""
     if file is not None:
-        for key, (p, env) in _ENVS.items():
-            if key[1:] == file and p == pid:
+        for key, env in envs.items():
+            if key[1:] == file:
                 return env
     return None
 
 
-def _open_env(path: str) -> lmdb.Environment:
+def _open_env(envs: dict, path: str) -> lmdb.Environment:
     """The environment of the ``data.mdb`` that ``path`` names now. The file is opened (our
-    guard descriptor) and checked first, then found in the cache by its inode or mapped by
-    LMDB through its path, and the path looked at again: if it names another file by then,
-    the map may be of either, so it is opened again (a republish in between). Called with
-    _ENVS_LOCK held."""
+    guard descriptor) and checked first, then found in this process's table ``envs`` by its
+    inode or mapped by LMDB through its path, and the path looked at again: if it names
+    another file by then, the map may be of either, so it is opened again (a republish in
+    between). Called with the table's lock held."""
     data = os.path.join(path, "data.mdb")
-    pid = os.getpid()
     for _ in range(3):
         if not os.path.isfile(data):
             _check_data_file(path)  # raises: "not an LMDB environment ..."
@@ -85,7 +92,7 @@ def _open_env(path: str) -> lmdb.Environment:
         try:
             st = os.fstat(fd)
             key = (st.st_dev, st.st_ino)
-            env = _cached(key, pid)
+            env = _cached(envs, key)
             if env is not None:
                 return env  # the file is open already (found through another path)
             need = _check_data_file(path, fd)
@@ -101,7 +108,7 @@ def _open_env(path: str) -> lmdb.Environment:
                 # else the path named another file by then (one open already, say): again
             if env is not None and _names(data) == key:
                 _GUARDS[id(env)] = (fd, need, data)
-                _ENVS[(os.path.realpath(path),) + key] = (pid, env)
+                envs[(os.path.realpath(path),) + key] = env
                 fd = -1  # the guard's now
                 return env
         finally:
@@ -122,32 +129,28 @@ def _names(data: str) -> Optional[Tuple[int, int]]:
     return st.st_dev, st.st_ino
 
 
-def _reset_lock_after_fork():
-    global _ENVS_LOCK
-    _ENVS_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_lock_after_fork)
-
-
 def shared_env(path: str) -> lmdb.Environment:
     """The process's read-only environment of the ``data.mdb`` that ``path`` names now
     (opened on first use; one per file, whatever path reaches it)."""
     file = _names(os.path.join(path, "data.mdb"))
-    pid = os.getpid()
-    with _ENVS_LOCK:
-        env = _cached(file, pid)
+    envs = _ENVS.get(dict)  # (a forked child's first call closes what it inherited)
+    with _ENVS.lock():
+        env = _cached(envs, file)
         if env is not None:
             return env
-        for k in [k for k, (p, _) in _ENVS.items() if p != pid]:
-            try:
-                old = _ENVS.pop(k)[1]
-                _forget_guard(old)
-                old.close()  # inherited across fork: release this process's copy
-            except Exception:
-                pass
-        return _open_env(path)
+        return _open_env(envs, path)
+
+
+def close_envs(under: str = "") -> None:
+    """Close this process's environments of folders whose real path starts with ``under``
+    (every one by default): pages they map cannot be evicted, nor their mount unmounted.
+    A reader that reads again opens its environment again."""
+    envs = _ENVS.peek() or {}
+    with _ENVS.lock():
+        for key in [k for k in envs if k[0].startswith(under)]:
+            env = envs.pop(key)
+            _forget_guard(env)
+            env.close()
 
 
 def env_stamp(env: lmdb.Environment) -> Tuple[int, int, int, int, int]:
@@ -179,32 +182,24 @@ class ProcessEnv:
     def __init__(self, path: str, bound: Optional[tuple] = None):
         self.path = path
         self.bound = bound
-        self._state: Optional[Tuple[int, lmdb.Environment, dict]] = None
-        self._lock = threading.Lock()
+        self._state: PerProcess[Tuple[lmdb.Environment, dict]] = PerProcess()  # (env, dbs)
 
-    def _resolve(self) -> lmdb.Environment:
+    def _resolve(self) -> Tuple[lmdb.Environment, dict]:
         env = shared_env(self.path)
         if self.bound is not None:
             now = env_stamp(env)
             if now != tuple(self.bound):
                 raise replaced_error(self.path, self.bound, now, fields=_STAMP_FIELDS,
                                      consequence=_REPLACED)
-        return env
+        return env, {}
 
     def get(self, db_name: Optional[str] = None):
         """``(env, db)`` for this process; ``db`` is the named sub-database (or main)."""
-        pid = os.getpid()
-        st = self._state
-        if st is None or st[0] != pid:
-            with self._lock:
-                st = self._state
-                if st is None or st[0] != pid:
-                    st = self._state = (pid, self._resolve(), {})
-        dbs = st[2]
+        env, dbs = self._state.get(self._resolve)
         if db_name not in dbs:
-            dbs[db_name] = (st[1].open_db(db_name.encode(), create=False)
+            dbs[db_name] = (env.open_db(db_name.encode(), create=False)
                             if db_name is not None else None)
-        return st[1], dbs[db_name]
+        return env, dbs[db_name]
 
     def run(self, db_name: Optional[str], fn, *, buffers: bool = False, where=None,
             record=None):
@@ -232,9 +227,9 @@ class ProcessEnv:
 
     def check(self) -> None:
         """:func:`check_mapped` on this process's environment (if it is open)."""
-        st = self._state
-        if st is not None and st[0] == os.getpid():
-            check_mapped(st[1])
+        st = self._state.peek()
+        if st is not None:
+            check_mapped(st[0])
 
     def __getstate__(self):
         return {"path": self.path, "bound": self.bound}

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..format.documents import load_document
 from ..errors import CorruptRecordError, FormatError
+from ..storage.perprocess import PerProcess
 from ..format.ownership import register_sniffer
 from .lmdb_pages import META_DB, PageReader, direct_reads_refused, record_key
 from .lmdb_env import (_ENVS, _REPLACED, _STAMP_FIELDS, ProcessEnv, _forget_guard,  # noqa: F401
@@ -155,7 +156,7 @@ class LMDBFile:
         self._identity = "%s/%d:%d:%d:%d" % (cid, dev, ino, mtime_ns, txnid)
         # Not bound to ``env`` yet, in this process either: as a RecordIO reader's descriptor
         # is closed once opened, the first read opens and checks (_check_identity).
-        self._checked_pid: Optional[int] = None
+        self._checked: PerProcess[bool] = PerProcess()
         self._env = ProcessEnv(self.path, self._bound)
         self._psize = env.stat()["psize"]
         #: why values are read through py-lmdb only (``None``: overflow values read directly)
@@ -176,11 +177,12 @@ class LMDBFile:
         place (same file, same size) has another mtime and transaction id."""
         return self._identity
 
-    def _check_identity(self) -> None:
-        """First use in this process: open the environment and the page reader's descriptor
-        together, each checked against the stamp taken when the dataset was opened
-        (:class:`FormatError` "replaced" if the path now names another file, or the file was
-        rewritten); from then on both read that file (inode), whatever the path names."""
+    def _check_identity(self) -> bool:
+        """First use in this process (``self._checked``'s factory): open the environment
+        and the page reader's descriptor together, each checked against the stamp taken when
+        the dataset was opened (:class:`FormatError` "replaced" if the path now names another
+        file, or the file was rewritten); from then on both read that file (inode), whatever
+        the path names."""
         env, _ = self._env.get(None)
         if self._bound is None:  # pickled by an older version: its identity is the stamp
             dev, ino, _, mtime_ns, txnid = env_stamp(env)
@@ -191,7 +193,7 @@ class LMDBFile:
                                   % (self._identity, now, _REPLACED), self.path)
         if self._pages is not None:
             self._pages.open()
-        self._checked_pid = os.getpid()
+        return True
 
     def __len__(self) -> int:
         return self._n
@@ -218,8 +220,7 @@ class LMDBFile:
     def view(self, i: int):
         """Like :meth:`read`; the payload may be a ``memoryview`` into a per-thread buffer
         that the thread's next read overwrites (the contract of ``RecordFile.view``)."""
-        if self._checked_pid != os.getpid():
-            self._check_identity()
+        self._checked.get(self._check_identity)
         i = int(i)
         if not 0 <= i < self._n:
             raise IndexError("record %d out of range (%d records)" % (i, self._n))
@@ -234,7 +235,7 @@ class LMDBFile:
                               self.path, i)
         return v
 
-    def will_need(self, indices) -> None:
+    def will_need(self, indices, wait: bool = False) -> None:
         """Start fetching the values of the records at positions ``indices`` (the batch about
         to be read) into the page cache and return at once: ``posix_fadvise(WILLNEED)`` on
         the overflow pages of each value in ``data.mdb`` (see
@@ -242,18 +243,16 @@ class LMDBFile:
         together and each :meth:`read` that follows finds its pages cached (and checks the
         overflow page header, as always). Values stored inline in the leaf pages, and every
         value where direct reads are off, are left to the read. Positions out of range are
-        ignored."""
+        ignored. ``wait`` changes nothing: the kernel's reads are not waited for."""
         if self._pages is None:
             return
-        if self._checked_pid != os.getpid():
-            self._check_identity()
+        self._checked.get(self._check_identity)
         self._pages.will_need(indices)
 
     def scan(self):
         """Every payload in position order, read with one cursor in one read transaction
         (each a ``memoryview`` valid until the next one is produced)."""
-        if self._checked_pid != os.getpid():
-            self._check_identity()
+        self._checked.get(self._check_identity)
         env, db = self._env.get(self.split)
         n = 0
         try:
@@ -281,10 +280,14 @@ class LMDBFile:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_checked_pid"] = None  # an unpickled copy checks the identity on first read
+        state["_checked"] = PerProcess()  # a copy checks the identity on first read
         return state
 
     def __setstate__(self, state):
+        if "_checked_pid" in state:  # pickled by an older version
+            state = dict(state)
+            del state["_checked_pid"]
+            state["_checked"] = PerProcess()
         self.__dict__.update(state)
         self.__dict__.setdefault("_bound", None)  # pickled by an older version
 

@@ -127,7 +127,7 @@ class MXIndexedRecordIO(MXRecordIO):
         with self._process_lock():
             if not self.is_open:
                 return
-            mine = self.pid == os.getpid()
+            mine = self._opened.mine()
             try:
                 super().close()  # the .rec first: the .idx never lists data that is not there
                 if self._fidx is not None and mine:

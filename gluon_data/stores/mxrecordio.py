@@ -14,6 +14,7 @@ from typing import Optional, Tuple
 from ..errors import CorruptRecordError, FormatError, GluonDataError
 from ..format import codec
 from ..storage.fileio import ProcessDescriptor, require_regular
+from ..storage.perprocess import PerProcess
 
 __all__ = ["MXRecordIO", "MissingKeyError"]
 
@@ -115,14 +116,13 @@ class MXRecordIO:
         self.is_open = False
         self.uri = os.fspath(uri)
         self.flag = flag
-        self.pid = None
         self.writable = flag == "w"
         self._init_transient()
         self.open()
 
     def _init_transient(self) -> None:
-        self._lock = threading.RLock()
-        self._lock_pid = os.getpid()
+        # opened by this process: holds the flag it was opened with (a forked copy is not)
+        self._opened: PerProcess[str] = PerProcess()
         self._fd: Optional[ProcessDescriptor] = None
         self._stamp: Optional[Tuple[int, int]] = None
         self._out = None
@@ -133,9 +133,13 @@ class MXRecordIO:
 
     def _process_lock(self) -> threading.RLock:
         """The lock of this process (one held by another thread at a fork is not inherited)."""
-        if self._lock_pid != os.getpid():
-            self._lock, self._lock_pid = threading.RLock(), os.getpid()
-        return self._lock
+        return self._opened.lock()
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The id of the process that opened the file (stock's attribute); ``None`` when
+        closed."""
+        return self._opened.owner if self.is_open else None
 
     # ------------------------------------------------------------------ open / close
     def open(self):
@@ -156,7 +160,7 @@ class MXRecordIO:
                 self._fd = ProcessDescriptor(self.uri, self._check_opened)
                 self._fd.get()  # a missing file fails here, as stock's open does
                 self.writable = False
-            self.pid = os.getpid()
+            self._opened.set(self.flag)
             self.is_open = True
 
     def _check_opened(self, fd: int) -> None:
@@ -179,7 +183,7 @@ class MXRecordIO:
             try:
                 if self.writable:
                     try:
-                        if self.pid == os.getpid():  # a forked copy never writes its parent's data
+                        if self._opened.mine():  # a forked copy never writes its parent's data
                             self._flush()
                     finally:
                         self._out.close()
@@ -188,7 +192,7 @@ class MXRecordIO:
                     self._fd.close()
             finally:
                 self.is_open = False
-                self.pid = None
+                self._opened.clear()
 
     def __del__(self):
         if getattr(self, "is_open", False):
@@ -219,7 +223,7 @@ class MXRecordIO:
         self.close()
         self.open()
 
-    _TRANSIENT = ("_lock", "_lock_pid", "_fd", "_stamp", "_out", "_wbuf", "_pos", "_ahead",
+    _TRANSIENT = ("_opened", "_fd", "_stamp", "_out", "_wbuf", "_pos", "_ahead",
                   "_sparse")
 
     def __getstate__(self):
@@ -231,6 +235,8 @@ class MXRecordIO:
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
 
     def __setstate__(self, d):
+        d = {k: v for k, v in d.items()
+             if k not in ("pid", "_lock", "_lock_pid")}  # (pickled by an older version)
         self.__dict__.update(d)
         self._init_transient()
         is_open, self.is_open = d["is_open"], False
@@ -245,11 +251,11 @@ class MXRecordIO:
         if not self.is_open:
             raise RuntimeError("%s() on %s, which is closed: call open() or reset() first"
                                % (what, self.uri))
-        if writing and self.pid != os.getpid():
+        if writing and not self._opened.mine():
             raise RuntimeError("Forbidden operation in multiple processes: %s was opened for "
-                               "writing in process %s, write() was called in process %d "
+                               "writing in process %s, write() was called in another process "
                                "(a forked copy would interleave records)"
-                               % (self.uri, self.pid, os.getpid()))
+                               % (self.uri, self.pid))
 
     # ------------------------------------------------------------------ writing
     def write(self, buf):

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 from ...errors import FormatError
 from ..recordio import RecordFile, read_index
+from ...storage.perprocess import PerProcess
 from ...storage.remotefs import CHUNK_BYTES, RangesIgnoredError, _Remote
 
 
@@ -31,46 +32,45 @@ class _RangedRecordFile(RecordFile):
         self._meta, self._stamp = None, (0, 0, int(size), 0)  # (the store holds both)
         self._init_index(keys, offsets, size, expected_count)
         self._ahead = threading.local()
-        self._copy = None  # (pid, open file) of the local copy, once read whole
-        self._copy_lock = threading.Lock()
+        self._copy: PerProcess = PerProcess()  # the open local copy, once read whole
 
     def __getstate__(self):
         state = super().__getstate__()
-        state["_ahead"] = state["_copy"] = state["_copy_lock"] = None
+        state["_ahead"] = None
+        state["_copy"] = PerProcess()
         return state
 
     def __setstate__(self, state):
+        state.pop("_copy_lock", None)  # (pickled by an older version)
         super().__setstate__(state)
         self._ahead = threading.local()
-        self._copy_lock = threading.Lock()
+        if not isinstance(self._copy, PerProcess):  # (pickled by an older version)
+            self._copy = PerProcess()
 
     def _fd(self) -> int:  # pragma: no cover - every read is overridden below
         raise RuntimeError("a remote record file has no descriptor")
 
     def close(self) -> None:
-        with self._copy_lock:
-            copy, self._copy = self._copy, None
-        if copy is not None and copy[0] == os.getpid():
-            copy[1].close()
+        copy = self._copy.clear()
+        if copy is not None:
+            copy.close()
 
     def _local_copy(self) -> int:
         """The descriptor of this process's local copy of the whole ``.rec`` (fetched into
         the cache on first use)."""
-        copy = self._copy
-        if copy is not None and copy[0] == os.getpid():
-            return copy[1].fileno()
+        return self._copy.get(self._open_copy).fileno()
+
+    def _open_copy(self):
         if self._whole is None:
             raise RangesIgnoredError("the server ignores HTTP Range requests, and this "
                                      "reader has no cache to read the object whole through",
                                      self.path)
-        with self._copy_lock:
-            if self._copy is None or self._copy[0] != os.getpid():
-                self._copy = (os.getpid(), open(self._whole(), "rb"))
-            return self._copy[1].fileno()
+        return open(self._whole(), "rb")
 
     def _get(self, n: int, offset: int) -> bytes:
         n = max(0, min(n, self.file_size - offset))
-        if self._copy is not None or self._remote.ranges_ignored(self.path):
+        # (a copy opened in any process, this one or a parent: the server ignores ranges)
+        if self._copy.owner is not None or self._remote.ranges_ignored(self.path):
             return os.pread(self._local_copy(), n, offset)
         try:
             return self._ranged(n, offset)

@@ -1,0 +1,153 @@
+"""The per-process rule, once: a handle belongs to the process that opened it.
+
+A descriptor, an LMDB environment, a thread pool, a lock, an open reader: each is valid only
+in the process that made it. A reader is forked into DataLoader workers with its parent's
+state, and pickled into spawned ones; a child must never use what it inherited (the parent
+may close it, LMDB forbids it, a lock held by a parent's thread at the fork is never released
+in the child, a pool's threads do not exist there). :class:`PerProcess` holds such a value
+with the process that made it; any other process sees an empty holder and makes its own on
+first use. It pickles empty. Every module that keeps a process's handle keeps it here: this
+module is the only one that compares process ids.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable, Generic, Optional, Tuple, TypeVar
+
+__all__ = ["PerProcess"]
+
+T = TypeVar("T")
+
+# Guards the making of each holder's per-process lock; replaced in a forked child (a thread
+# of the parent may have held it at the fork).
+_GUARD = threading.Lock()
+
+
+def _reset_guard() -> None:
+    global _GUARD
+    _GUARD = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_guard)
+
+
+class PerProcess(Generic[T]):
+    """This process's value: made on first use in each process, never handed to another.
+
+    :meth:`get` returns the value this process made, making it with ``factory()`` (under this
+    holder's lock, so once per process however many threads ask) when there is none: on first
+    use, after :meth:`clear`, and in a forked child, where the parent's value is inherited but
+    never returned. A value inherited from another process is dropped when this process makes
+    its own (or clears or sets the holder); ``release``, where given, is called with it then
+    (an LMDB environment the child must close), otherwise it is left alone (a descriptor the
+    parent still reads through). A pickled holder is empty: the value stays in its process.
+
+    Parameters
+    ----------
+    release : callable, optional
+        Called with a value inherited from another process when this process drops it (a
+        module-level function, if the holder is pickled).
+
+    Examples
+    --------
+    >>> import os
+    >>> fd = PerProcess()
+    >>> mine = fd.get(lambda: os.open(os.devnull, os.O_RDONLY))  # opened here, once
+    >>> fd.get(lambda: -1) == mine and fd.mine()
+    True
+    >>> os.close(fd.clear())                                     # this process's, to close
+    >>> fd.peek() is None
+    True
+    """
+
+    __slots__ = ("_cur", "_lock", "release")
+
+    def __init__(self, release: Optional[Callable[[T], None]] = None):
+        self.release = release
+        self._cur: Optional[Tuple[int, T]] = None     # (pid of its maker, value)
+        self._lock: Optional[Tuple[int, threading.RLock]] = None
+
+    def get(self, factory: Callable[[], T]) -> T:
+        """This process's value; ``factory()`` makes it if this process has none (an
+        exception of the factory propagates and leaves the holder empty)."""
+        cur = self._cur
+        if cur is not None and cur[0] == os.getpid():
+            return cur[1]
+        with self.lock():
+            cur = self._cur
+            pid = os.getpid()
+            if cur is not None and cur[0] == pid:
+                return cur[1]
+            if cur is not None:  # inherited: dropped before this process makes its own
+                self._cur = None
+                self._drop(cur, pid)
+            value = factory()
+            self._cur = (pid, value)
+            return value
+
+    def peek(self) -> Optional[T]:
+        """This process's value, or ``None`` when this process has made none (never makes
+        one)."""
+        cur = self._cur
+        return cur[1] if cur is not None and cur[0] == os.getpid() else None
+
+    def mine(self) -> bool:
+        """Whether the holder has a value made by this process."""
+        cur = self._cur
+        return cur is not None and cur[0] == os.getpid()
+
+    @property
+    def owner(self) -> Optional[int]:
+        """The process id of the process whose value the holder has (this one or, after a
+        fork, the parent); ``None`` when it is empty."""
+        cur = self._cur
+        return None if cur is None else cur[0]
+
+    def set(self, value: T) -> None:
+        """Make ``value`` this process's value (a value this process had is replaced and
+        not released: the caller had it)."""
+        with self.lock():
+            pid = os.getpid()
+            self._drop(self._cur, pid)
+            self._cur = (pid, value)
+
+    def clear(self) -> Optional[T]:
+        """Empty the holder; return this process's value (``None`` if it had none), which the
+        caller closes if it must. A value inherited from another process is dropped (and
+        released, with ``release``); the next :meth:`get` makes a new one."""
+        with self.lock():
+            cur, self._cur = self._cur, None
+            pid = os.getpid()
+            if cur is not None and cur[0] == pid:
+                return cur[1]
+            self._drop(cur, pid)
+            return None
+
+    def lock(self) -> threading.RLock:
+        """This process's lock of the holder (re-entrant; a forked child gets a new one, so a
+        lock held by a parent's thread at the fork never blocks it). Callers may hold it
+        around work on the value."""
+        cur = self._lock
+        pid = os.getpid()
+        if cur is None or cur[0] != pid:
+            with _GUARD:
+                cur = self._lock
+                if cur is None or cur[0] != pid:
+                    cur = self._lock = (pid, threading.RLock())
+        return cur[1]
+
+    def _drop(self, cur: Optional[Tuple[int, T]], pid: int) -> None:
+        if cur is not None and cur[0] != pid and self.release is not None:
+            self.release(cur[1])
+
+    def __reduce__(self):
+        return PerProcess, (self.release,)
+
+    def __repr__(self) -> str:
+        cur = self._cur
+        if cur is None:
+            return "PerProcess(empty)"
+        return "PerProcess(%s of process %d)" % (
+            "value" if cur[0] == os.getpid() else "inherited value", cur[0])
