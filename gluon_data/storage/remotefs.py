@@ -1,4 +1,5 @@
-"""Options, the fsspec client and the one retry and time-bound policy of every remote call."""
+"""Options, the fsspec client, and :class:`_Remote`: every remote call, made under the one
+retry and time-bound policy (:class:`~gluon_data.storage.retry.RetryPolicy`)."""
 from __future__ import annotations
 
 import errno
@@ -15,6 +16,12 @@ from urllib.parse import urlsplit
 
 from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
                       RemoteNotFoundError, TruncatedDownloadError)
+# The one retry and time-bound policy (read from the environment at each call), and its
+# defaults and bounds where they were always imported from. Every retry is _Remote's
+# (botocore makes one attempt, s3fs one try), so a stalled or unreachable server is a
+# RemoteConnectionError after at most call_bound() seconds (defaults: 5 x 70 s + 3.75 s).
+from .retry import (BACKOFF, CONNECT_TIMEOUT, MIN_RATE, READ_TIMEOUT, RETRIES,  # noqa: F401
+                    RetryPolicy, attempt_limit, call_bound)
 
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -25,24 +32,6 @@ def is_uri(location: str) -> bool:
 
 
 INSTALL_HINT = "pip install gluon-data[remote]"
-#: Transient failures are retried this many times (``GLUON_DATA_REMOTE_RETRIES``) ...
-RETRIES = int(os.environ.get("GLUON_DATA_REMOTE_RETRIES", "4"))
-#: ... sleeping ``BACKOFF * 2**attempt`` seconds (``GLUON_DATA_REMOTE_BACKOFF``), at most 10 s.
-BACKOFF = float(os.environ.get("GLUON_DATA_REMOTE_BACKOFF", "0.25"))
-#: Client timeouts in seconds for S3 (``GLUON_DATA_REMOTE_CONNECT_TIMEOUT``,
-#: ``GLUON_DATA_REMOTE_READ_TIMEOUT``; ``storage_options``' ``config_kwargs`` override them).
-#: Every retry is :class:`_Remote`'s (botocore makes one attempt, s3fs one try), so a stalled
-#: or unreachable server is a :class:`RemoteConnectionError` after at most
-#: :func:`call_bound` seconds: ``RETRIES + 1`` attempts of at most one connect and one read
-#: timeout each, plus the backoff sleeps (defaults: 5 x 70 s + 3.75 s).
-CONNECT_TIMEOUT = 10.0
-READ_TIMEOUT = 60.0
-#: Slowest transfer rate in bytes/s an attempt is allowed (``GLUON_DATA_REMOTE_MIN_RATE``):
-#: one attempt of a call moving ``n`` bytes is cancelled after ``connect + read timeout +
-#: n / MIN_RATE`` seconds whatever the client library does (a server that answers an upload's
-#: ``Expect: 100-continue``, takes the body and never answers leaves aiohttp without any read
-#: timeout; see :func:`call_bound`).
-MIN_RATE = 1e6
 CHUNK_BYTES = 8 << 20        # one ranged GET of a download (and the largest read-ahead)
 
 
@@ -82,10 +71,12 @@ def parse_storage_options(pairs: Optional[Sequence[str]]) -> dict:
     return out
 
 
-def filesystem(uri: str, storage_options: Optional[dict] = None):
+def filesystem(uri: str, storage_options: Optional[dict] = None,
+               policy: Optional[RetryPolicy] = None):
     """``(fs, path)`` for ``uri``: an fsspec filesystem built from ``storage_options``
     (endpoint, credentials...; unset ones come from the standard environment or profile,
-    e.g. ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws``).
+    e.g. ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws``). An S3 client gets the
+    timeouts of ``policy`` (default: the environment's now, :meth:`RetryPolicy.from_env`).
 
     Raises
     ------
@@ -99,7 +90,7 @@ def filesystem(uri: str, storage_options: Optional[dict] = None):
         raise ImportError("reading or writing %s needs fsspec and s3fs: %s"
                           % (uri, INSTALL_HINT)) from None
     try:
-        fs, path = fsspec.core.url_to_fs(uri, **_bounded(uri, storage_options))
+        fs, path = fsspec.core.url_to_fs(uri, **_bounded(uri, storage_options, policy))
     except ImportError as e:
         raise ImportError("the filesystem for %s is not installed (%s): %s; other schemes "
                           "need their fsspec backend (gcsfs, adlfs, ...)"
@@ -111,21 +102,18 @@ def _is_s3(uri: str) -> bool:
     return uri.split("://", 1)[0] in ("s3", "s3a")
 
 
-def _bounded(uri: str, storage_options: Optional[dict]) -> dict:
+def _bounded(uri: str, storage_options: Optional[dict],
+             policy: Optional[RetryPolicy] = None) -> dict:
     """``storage_options`` with bounded client timeouts for S3: botocore's
-    ``connect_timeout``/``read_timeout`` (aiohttp's socket timeouts) from the environment, and
-    one attempt per call in botocore (only :class:`_Remote` retries, bounded, with backoff),
-    unless the options' ``config_kwargs`` set them."""
+    ``connect_timeout``/``read_timeout`` (aiohttp's socket timeouts) from ``policy`` (default:
+    the environment now, :meth:`RetryPolicy.from_env`), and one attempt per call in botocore
+    (only :class:`_Remote` retries, bounded, with backoff), unless the options'
+    ``config_kwargs`` set them."""
     opts = dict(storage_options or {})
     if not _is_s3(uri):
         return opts
-    config = {"connect_timeout": float(os.environ.get("GLUON_DATA_REMOTE_CONNECT_TIMEOUT",
-                                                      CONNECT_TIMEOUT)),
-              "read_timeout": float(os.environ.get("GLUON_DATA_REMOTE_READ_TIMEOUT",
-                                                   READ_TIMEOUT)),
-              "retries": {"max_attempts": 1}}
-    config.update(opts.get("config_kwargs") or {})
-    opts["config_kwargs"] = config
+    policy = RetryPolicy.from_env() if policy is None else policy
+    opts["config_kwargs"] = policy.client_config(opts)
     return opts
 
 
@@ -153,36 +141,6 @@ def _transient(exc: BaseException) -> bool:
                          "ConnectionClosedError", "ResponseParserError"})
 
 
-def attempt_limit(storage_options: Optional[dict] = None, nbytes: int = 0) -> float:
-    """Seconds after which one attempt of a remote call moving ``nbytes`` is cancelled:
-    the connect and read timeouts (``storage_options``' ``config_kwargs`` or the
-    environment) plus ``nbytes`` at :data:`MIN_RATE`."""
-    config = _bounded("s3://", storage_options)["config_kwargs"]
-    rate = float(os.environ.get("GLUON_DATA_REMOTE_MIN_RATE", MIN_RATE))
-    return (float(config["connect_timeout"]) + float(config["read_timeout"])
-            + max(0, int(nbytes)) / rate)
-
-
-def call_bound(retries: Optional[int] = None, backoff: Optional[float] = None,
-               storage_options: Optional[dict] = None, nbytes: int = 0) -> float:
-    """Seconds one remote call moving ``nbytes`` may take at most before it raises
-    (:class:`RemoteConnectionError` once the retries are spent): ``retries + 1`` attempts of
-    at most :func:`attempt_limit` each, plus the backoff sleeps between them. botocore makes
-    one attempt per call and s3fs one try (their own retry loops, with their own sleeps,
-    multiplied the time by 5 and more): every retry is :class:`_Remote`'s, and every attempt
-    of an asynchronous filesystem (s3fs, gcsfs, HTTP) is cancelled at its limit.
-
-    >>> round(call_bound(retries=1, backoff=0.5,
-    ...                  storage_options={"config_kwargs": {"connect_timeout": 1,
-    ...                                                     "read_timeout": 2}}), 2)
-    6.5
-    """
-    retries = RETRIES if retries is None else int(retries)
-    backoff = BACKOFF if backoff is None else float(backoff)
-    return ((retries + 1) * attempt_limit(storage_options, nbytes)
-            + sum(min(10.0, backoff * 2 ** k) for k in range(retries)))
-
-
 _NO_CREDENTIALS = ("%s: no credentials on host %s: each process, a Dask worker included, "
                    "uses the storage options it was given and its own environment or profile "
                    "(AWS_ACCESS_KEY_ID..., an instance role); configure the workers, or "
@@ -192,14 +150,20 @@ _NO_CREDENTIALS = ("%s: no credentials on host %s: each process, a Dask worker i
 
 class _Remote:
     """One storage endpoint: the filesystem (rebuilt lazily in each process) and the retry
-    policy. Pickles as its options only."""
+    policy. Pickles as its options only.
+
+    ``retries`` / ``backoff`` (the ``remote_retries`` option, a store's ``retries=``) are
+    the explicit part of the policy and travel with it; everything else is read from the
+    environment of the process making each call (:meth:`RetryPolicy.from_env`), so a
+    variable set after this object was made, or on the worker running a task, applies."""
 
     def __init__(self, storage_options: Optional[dict] = None, retries: Optional[int] = None,
                  backoff: Optional[float] = None):
         self.storage_options = dict(storage_options or {})
-        self.retries = RETRIES if retries is None else int(retries)
-        self.backoff = BACKOFF if backoff is None else float(backoff)
-        self._fs: Dict[Tuple[int, str], object] = {}
+        checked = RetryPolicy.from_env(retries, backoff, environ={})  # refused now, if bad
+        self.retries = checked.retries if retries is not None else None
+        self.backoff = checked.backoff if backoff is not None else None
+        self._fs: Dict[tuple, object] = {}
 
     def __getstate__(self):
         return {"storage_options": self.storage_options, "retries": self.retries,
@@ -208,30 +172,40 @@ class _Remote:
     def __setstate__(self, state):
         self.__init__(**state)
 
-    def fs(self, uri: str):
+    def policy(self) -> RetryPolicy:
+        """The policy of a call made now: the environment's, with this object's explicit
+        ``retries`` / ``backoff``."""
+        return RetryPolicy.from_env(self.retries, self.backoff)
+
+    def fs(self, uri: str, policy: Optional[RetryPolicy] = None):
+        policy = self.policy() if policy is None else policy
         proto = uri.split("://", 1)[0]
-        key = (os.getpid(), proto)
+        # the client is built with the policy's timeouts: one per process and per timeouts
+        key = (os.getpid(), proto, policy.connect_timeout, policy.read_timeout)
         fs = self._fs.get(key)
         if fs is None:
             # a fresh instance per process: an async client's event loop does not survive fork
-            fs = filesystem(uri, dict(self.storage_options, skip_instance_cache=True))[0]
+            fs = filesystem(uri, dict(self.storage_options, skip_instance_cache=True),
+                            policy=policy)[0]
             if hasattr(fs, "retries"):  # s3fs (and gcsfs) retry inside each call, sleeping;
                 fs.retries = 1  # one try each: this class owns every retry (see call_bound)
             self._fs[key] = fs
         return fs, fs._strip_protocol(uri)
 
     def call(self, uri: str, what: str, fn, nbytes: int = 0):
-        """``fn(fs, path, kw)`` with bounded retries; failures become typed errors. ``kw``
-        holds the keyword arguments every filesystem call of ``fn`` passes on: for an
-        asynchronous filesystem, ``timeout`` (fsspec cancels the attempt then; see
-        :func:`attempt_limit`, given the ``nbytes`` the call moves)."""
+        """``fn(fs, path, kw)`` with bounded retries under :meth:`policy` (read once, when
+        the call starts); failures become typed errors. ``kw`` holds the keyword arguments
+        every filesystem call of ``fn`` passes on: for an asynchronous filesystem,
+        ``timeout`` (fsspec cancels the attempt then; see :meth:`RetryPolicy.attempt_limit`,
+        given the ``nbytes`` the call moves)."""
+        policy = self.policy()
         last: Optional[BaseException] = None
-        for attempt in range(self.retries + 1):
+        for attempt in range(policy.attempts):
             if attempt:
-                time.sleep(min(10.0, self.backoff * 2 ** (attempt - 1)))
+                time.sleep(policy.sleep_before(attempt))
             try:
-                fs, path = self.fs(uri)
-                kw = ({"timeout": attempt_limit(self.storage_options, nbytes)}
+                fs, path = self.fs(uri, policy)
+                kw = ({"timeout": policy.attempt_limit(self.storage_options, nbytes)}
                       if getattr(fs, "async_impl", False) else {})
                 return fn(fs, path, kw)
             except FileNotFoundError:
@@ -252,9 +226,9 @@ class _Remote:
                 last = e
         if isinstance(last, TruncatedDownloadError):
             raise TruncatedDownloadError("%s (after %d attempts)" % (last.reason,
-                                                                     self.retries + 1), uri)
+                                                                     policy.attempts), uri)
         raise RemoteConnectionError("%s failed after %d attempts: %s: %s"
-                                    % (what, self.retries + 1, type(last).__name__, last),
+                                    % (what, policy.attempts, type(last).__name__, last),
                                     uri) from last
 
     # -- operations ----------------------------------------------------------------------
