@@ -269,6 +269,38 @@ def test_random_resized_crop_is_a_resized_region_and_repeats_with_a_seed():
     assert len(seen) == 2  # mirrored or not, nothing else
 
 
+def _random_size_crop_draws(g, h, w, area, ratio):
+    """``mx.image.random_size_crop``'s arithmetic on a numpy generator, as the fast path
+    wrote it before its draws were made cheaper: the boxes it must keep drawing."""
+    area = (area, 1.0) if np.isscalar(area) else area
+    for _ in range(10):
+        target_area = g.uniform(area[0], area[1]) * h * w
+        new_ratio = np.exp(g.uniform(np.log(ratio[0]), np.log(ratio[1])))
+        new_w = int(round(np.sqrt(target_area * new_ratio)))
+        new_h = int(round(np.sqrt(target_area / new_ratio)))
+        if new_w <= w and new_h <= h:
+            return (int(g.integers(0, w - new_w + 1)), int(g.integers(0, h - new_h + 1)),
+                    new_w, new_h)
+    return None
+
+
+@pytest.mark.parametrize("area,ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), (0.5, (0.5, 2.0)),
+                                        ((0.01, 1), (1 / 3, 3))])
+def test_random_resized_crop_draws_the_boxes_of_mxnets_arithmetic(area, ratio):
+    """The same boxes (and the same generator state after them) as ``g.uniform`` /
+    ``np.log`` / ``np.sqrt`` give, over many image sizes and seeds, the fallback included."""
+    crop = T.ImageCropNormalize(("random", (224, 224), area, ratio, 1))
+    sizes = np.random.default_rng(3).integers(1, 1200, (3000, 2))
+    fallbacks = 0
+    for seed, (h, w) in enumerate(sizes.tolist()):
+        g1, g2 = np.random.default_rng(seed), np.random.default_rng(seed)
+        want = _random_size_crop_draws(g1, h, w, area, ratio)
+        assert crop._draw_crop(g2, h, w) == want, (seed, h, w)
+        assert g1.random() == g2.random(), (seed, h, w)  # as many draws taken
+        fallbacks += want is None
+    assert 0 < fallbacks < len(sizes)  # thin images reach the centre-crop fallback
+
+
 def test_unrecognised_transform_first_is_gluons(cls_rec):
     from gluon_data import ImageRecordDataset
     ds = ImageRecordDataset(cls_rec)
