@@ -269,18 +269,20 @@ def test_disk_full_leaves_nothing_under_final_name(tmp_path, voc_root, monkeypat
 
 def test_mask_encodings_store_the_same_labels(voc_root, tmp_path):
     from gluon_data import SegmentationRecordDataset
-    from gluon_data.format import codec
+    from gluon_data.format import codec, masks
     from gluon_data.stores.recordio import RecordFile
     outs = {}
-    for enc in ("zraw", "png"):
+    magic = {"rle": masks.RLE_MAGIC, "zraw": codec.RAWZ_MAGIC, "png": b"\x89PNG"}
+    for enc in ("rle", "zraw", "png"):
         out = str(tmp_path / ("m_%s.rec" % enc))
         convert(voc_root, out, "voc", split="train", mask_encoding=enc)
         ds = SegmentationRecordDataset(out)
         assert ds.meta["mask_encoding"] == enc
         first = codec.unpack(RecordFile(out).read(0), segmentation=True).mask
-        assert first[:4] == (codec.RAWZ_MAGIC if enc == "zraw" else b"\x89PNG")
+        assert first[:4] == magic[enc]
         outs[enc] = [ds[i][1].asnumpy() for i in range(len(ds))]
-    assert all(np.array_equal(a, b) for a, b in zip(outs["zraw"], outs["png"]))
+    for enc in ("zraw", "png"):
+        assert all(np.array_equal(a, b) for a, b in zip(outs["rle"], outs[enc]))
     with pytest.raises(ValueError, match="mask_encoding"):
         convert(voc_root, str(tmp_path / "x.rec"), "voc", mask_encoding="bmp")
 

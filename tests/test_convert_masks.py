@@ -2,7 +2,6 @@
 the reader's decoder), PNG and zraw on request, every check kept; a converted dataset with
 run-length masks reads, crops by rows and passes ``verify --deep``; PNG datasets still do.
 Framework-free (the core lane runs it)."""
-import dataclasses
 import os
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 from PIL import Image
 
 from gluon_data.arrays import SegmentationDataset
-from gluon_data.convert import convert, local
+from gluon_data.convert import convert
 from gluon_data.convert.encode import EncodeOptions, encode_item, encode_legacy, mask_part
 from gluon_data.convert.sample import make_voc, synthetic_pair
 from gluon_data.convert.sources import Item
@@ -95,25 +94,11 @@ def test_legacy_masks_are_run_length_too():
     np.testing.assert_array_equal(codec.decode_mask(rec.mask), m)
 
 
-@pytest.fixture
-def rle_conversions(monkeypatch):
-    """Conversions as they will run once the convert option offers ``rle`` (the option and
-    its flag live in convert/options.py): the encode options get mask_encoding='rle'."""
-    real = local.encode_options
-
-    def with_rle(*args, **kw):
-        opts, options = real(*args, **dict(kw, mask_encoding="zraw"))
-        return dataclasses.replace(opts, mask_encoding="rle"), options
-    monkeypatch.setattr(local, "encode_options", with_rle)
-
-
 @pytest.mark.parametrize("kind", ["rle", "png"])
-def test_datasets_read_and_verify_deep_both_kinds(tmp_path, kind, request):
-    if kind == "rle":
-        request.getfixturevalue("rle_conversions")
+def test_datasets_read_and_verify_deep_both_kinds(tmp_path, kind):
     root = make_voc(str(tmp_path / "voc"), num_images=6, size_range=(40, 80))
     out = str(tmp_path / "voc.rec")
-    convert(root, out, "voc", split="train", mask_encoding="zraw" if kind == "rle" else "png")
+    convert(root, out, "voc", split="train", **({} if kind == "rle" else {"mask_encoding": kind}))
     f = RecordFile(out)
     first = codec.unpack(f.read(0), segmentation=True).mask
     assert first[:4] == (masks.RLE_MAGIC if kind == "rle" else b"\x89PNG")

@@ -116,7 +116,7 @@ FLAGS = {
     "--max-file-bytes": 256 << 20, "--max-pixels": 128 << 20, "--on-error": "fail",
     "--image-shape": None, "--mask-shape": None, "--channels-first": False, "--bgr": False,
     "--format": None, "--encoding": "passthrough", "--quality": 95, "--resize": 0,
-    "--mask-encoding": "zraw", "--overwrite": False, "--workers": max(1, os.cpu_count() or 1),
+    "--mask-encoding": "rle", "--overwrite": False, "--workers": max(1, os.cpu_count() or 1),
     "--resume": False, "--quiet": True, "--shards": None, "--shard-size": None,
     "--shard-items": None, "--engine": "local", "--scheduler": None,
     "--forward-credentials": False,

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .engines import _start_pool, _stop_pool
 from ..errors import ConversionError, SourceError
+from ..format import codec
 from ..format.ownership import check_disjoint
 from ..stores.shards import dataset_files
 from .sources import Item, Source, open_source
@@ -49,8 +50,9 @@ def convert_local(source: str, output: str, layout: Optional[str],
     mask_encoding, follow_symlinks = o.mask_encoding, o.follow_symlinks
     max_file_bytes, source_options = o.max_file_bytes, o.source_options
     _check_choices(encoding, on_error)
-    if mask_encoding not in ("zraw", "png"):
-        raise ValueError("unknown mask_encoding %r; valid: zraw, png" % (mask_encoding,))
+    if mask_encoding not in codec.MASK_ENCODINGS:
+        raise ValueError("unknown mask_encoding %r; valid: %s"
+                         % (mask_encoding, ", ".join(codec.MASK_ENCODINGS)))
     _check_options(quality=quality, resize=resize, workers=workers, max_pixels=max_pixels,
                    max_file_bytes=max_file_bytes, checkpoint_every=checkpoint_every,
                    ignore_label=ignore_label, num_classes=num_classes)

@@ -196,8 +196,9 @@ class ConvertOptions:
     quality: int = _option(95, "JPEG quality when re-encoding", Flag(type=int))
     resize: int = _option(0, "resize the shorter side to this size (0: keep)", Flag(type=int))
     mask_encoding: str = _option(
-        "zraw", "masks as a zlib-compressed array (zraw: decodes ~3x faster than PNG) or as "
-                "single-channel PNG", Flag(choices=("zraw", "png")))
+        "rle", "masks as run-length row blocks (rle: decodes 15-45x faster than PNG, a crop's "
+               "rows alone), a zlib-compressed array (zraw, the previous default) or a "
+               "single-channel PNG (png)", Flag(choices=codec.MASK_ENCODINGS))
     overwrite: bool = _option(
         False, "replace existing outputs, only if gluon-data wrote them (a .rec with its "
                ".idx/.meta.json, an .lmdb holding only its data); never a link")

@@ -73,6 +73,10 @@ def encode_options(src: Source, num_classes: Optional[int], *, encoding: str, qu
                          max_file_bytes=max_file_bytes)
     options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
                    seed=seed, val_ratio=val_ratio, on_error=on_error)
+    if mask_encoding != "zraw" and src.task == "segmentation":
+        # in the digest, so a resume never mixes mask kinds; zraw (the only kind before
+        # others existed) is left out, so the digests of those conversions are unchanged
+        options["mask_encoding"] = mask_encoding
     return opts, options
 
 def is_dataset(source: str) -> bool:
