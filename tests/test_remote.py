@@ -23,6 +23,7 @@ from gluon_data.gluon.datasets import (ImageRecordDataset, SegmentationDataset,
                                  SegmentationRecordDataset)
 from gluon_data.errors import (ChecksumMismatchError, FormatError, OutputError,
                                RemoteConnectionError, RemoteNotFoundError)
+from gluon_data.stores.base import will_need
 from gluon_data.stores.recordio import RecordFile
 from gluon_data.sampling.remote import BlockShuffleSampler, PrefetchSampler
 from gluon_data.stores.remote.stores import RemoteStore
@@ -353,7 +354,7 @@ def test_prefetch_sampler_downloads_ahead_in_sampler_order(voc_s3, so, tmp_path)
     sampler = PrefetchSampler(inner, store, lookahead=4)
     it = iter(sampler)
     first = next(it)
-    store._pending.result(timeout=60)  # the prefetch started by the first step
+    store._pending.peek().result(timeout=60)  # the download started by the first step
     rec_copy = [n for d in os.listdir(tmp_path / "cache" / "objects")
                 for n in os.listdir(tmp_path / "cache" / "objects" / d)]
     assert sorted(rec_copy) == ["voc.idx", "voc.rec"]
@@ -806,8 +807,7 @@ def test_lmdb_in_s3_with_its_commit_document(s3, so, voc_lmdb, tmp_path, capsys,
     store = open_store(uri, "train", **_remote(so, tmp_path))
     assert store.meta == LMDBFile(voc_lmdb, "train").meta and len(store) == 8
     assert s3.served("lmcommit/voc.lmdb/data.mdb") == 0
-    fut = store.prefetch(range(4))  # the sampler's next indices: downloaded in background
-    fut.result(timeout=60)
+    store.will_need(range(4), wait=True)  # the sampler's next indices, downloaded
     import pickle
     store = pickle.loads(pickle.dumps(store))  # (what a spawned worker gets)
     assert s3.served("lmcommit/voc.lmdb/data.mdb") == size
@@ -1287,11 +1287,27 @@ def test_will_need_on_a_remote_store_downloads_and_the_read_needs_no_request(voc
     s3.log.clear()
     will_need(store, [3, 1, 10 ** 6, -1])  # returns at once; out-of-range positions ignored
     assert _wait_for(lambda: s3.served("sess/voc.rec") == os.path.getsize(local))
-    assert store.prefetch([3]).result(timeout=60) is not None  # the same download's future
+    store.will_need([3], wait=True)  # waits for the same download (no second one)
+    assert s3.served("sess/voc.rec") == os.path.getsize(local)
     s3.log.clear()
     ref = RecordFile(local)
     assert [store.read(i) for i in range(16)] == [ref.read(i) for i in range(16)]
     assert not [e for e in s3.log if "sess/voc" in e[1]]  # no request: the cache serves it
+    store.close()
+
+
+def test_prefetch_is_a_deprecated_alias_of_the_hint(voc_s3, s3, so, tmp_path):
+    """``prefetch`` (a remote store's, a sharded store's) still returns the download's
+    future, with a DeprecationWarning naming ``will_need(..., wait=True)``."""
+    uri, local = voc_s3
+    store = open_store(uri, **_remote(so, tmp_path))
+    with pytest.warns(DeprecationWarning, match=r"will_need\(indices, wait=True\)"):
+        fut = store.prefetch([0])
+    fut.result(timeout=60)
+    assert s3.served("sess/voc.rec") >= os.path.getsize(local)
+    s3.log.clear()
+    will_need(store, [1], wait=True)  # done already: no request
+    assert not [e for e in s3.log if "sess/voc" in e[1]]
     store.close()
 
 
@@ -1310,8 +1326,7 @@ def test_dataset_hints_reach_the_shards_of_a_remote_manifest(s3, so, voc_src, vo
     ds.will_need([9, 12])
     assert _wait_for(lambda: s3.served(shard1) == size)
     assert s3.served("hinted/voc-00000-of-00002.rec") == 0
-    for f in ds.store.prefetch([9]):
-        f.result(timeout=60)
+    will_need(ds.store, [9], wait=True)  # the one way to wait for a hint
     s3.log.clear()
     assert ds.store.read(12) == RecordFile(voc_s3[1]).read(12)
     assert not [e for e in s3.log if e[0] == "GET" and "hinted/" in e[1]]

@@ -12,7 +12,6 @@ read, so a cold batch's records are fetched from the device together (see
 """
 from __future__ import annotations
 
-import collections
 import pickle
 import signal
 import time
@@ -20,6 +19,7 @@ import time
 from mxnet.gluon.data import dataloader as _dl
 
 from ..errors import GluonDataError
+from ..sampling.hints import HintAhead, hint
 
 __all__ = ["DataLoader", "WorkerDiedError", "HintedBatches", "prefetch_batch"]
 
@@ -56,31 +56,37 @@ def _drain_abandoned() -> None:
     _abandoned[:] = keep
 
 
+def _hint_target(dataset):
+    """``dataset``, or the dataset a Gluon ``.transform()`` wraps (as ``._data``), that has
+    ``will_need``; ``None`` if none has."""
+    for _ in range(8):  # Gluon's lazy transforms wrap the dataset as ._data
+        if getattr(dataset, "will_need", None) is not None:
+            return dataset
+        dataset = getattr(dataset, "_data", None)
+        if dataset is None:
+            return None
+    return None
+
+
 def prefetch_batch(dataset, samples) -> None:
     """Ask ``dataset`` (or the dataset a Gluon ``.transform()`` wraps) to start fetching the
     records of ``samples`` from the device (its ``will_need``, see
     :func:`gluon_data.stores.base.will_need`); a dataset without ``will_need`` is left alone.
-    A hint that fails (a damaged or replaced file) is dropped: the read of the sample, in
-    whichever process reads it, raises the typed error naming the file and record."""
-    for _ in range(8):  # Gluon's lazy transforms wrap the dataset as ._data
-        hint = getattr(dataset, "will_need", None)
-        if hint is not None:
-            if len(samples):
-                try:
-                    hint(samples)
-                except (GluonDataError, OSError, LookupError):
-                    pass
-            return
-        dataset = getattr(dataset, "_data", None)
-        if dataset is None:
-            return
+    A hint that fails (a damaged or replaced file) is dropped
+    (:func:`gluon_data.sampling.hints.hint`): the read of the sample, in whichever process
+    reads it, raises the typed error naming the file and record."""
+    target = _hint_target(dataset)
+    if target is not None:
+        hint(target, samples)
 
 
-class HintedBatches:
-    """The batches of ``batch_sampler``, each handed to :func:`prefetch_batch` ``ahead``
-    batches before it is yielded (0: as it is drawn), so its records are on their way from
-    the device while earlier batches are read. The page cache is shared, so a hint from the
-    main process serves the worker that reads the batch.
+class HintedBatches(HintAhead):
+    """The batches of ``batch_sampler``, each handed to the dataset's ``will_need``
+    (:func:`prefetch_batch`) ``ahead`` batches before it is yielded (0: as it is drawn), so
+    its records are on their way from the device while earlier batches are read: the one
+    driver of hints (:class:`~gluon_data.sampling.hints.HintAhead`) over a Gluon dataset.
+    The page cache is shared, so a hint from the main process serves the worker that reads
+    the batch.
 
     Examples
     --------
@@ -91,20 +97,7 @@ class HintedBatches:
     """
 
     def __init__(self, batch_sampler, dataset, ahead: int = 0):
-        self._batches, self._dataset, self._ahead = batch_sampler, dataset, max(0, int(ahead))
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def __iter__(self):
-        pending = collections.deque()
-        for batch in self._batches:
-            prefetch_batch(self._dataset, batch)
-            pending.append(batch)
-            if len(pending) > self._ahead:
-                yield pending.popleft()
-        while pending:
-            yield pending.popleft()
+        super().__init__(batch_sampler, _hint_target(dataset), ahead)
 
 
 #: batches hinted ahead of the one being read when ``num_workers=0`` (with workers, a batch

@@ -2,16 +2,16 @@
 of :class:`gluon_data.DistributedSampler`: ``part_sizes=store.parts()``.)"""
 from __future__ import annotations
 
-from typing import List
-
+from .hints import HintAhead
 from .sampler import BlockShuffleSampler  # noqa: F401  (here before it joined the sampler)
-from ..stores.base import will_need
 
 
 class PrefetchSampler:
     """Wraps a sampler and hints the store with the next ``lookahead`` indices before
-    yielding each one (:func:`gluon_data.stores.base.will_need`, the hint ``gluon_data.DataLoader``
-    gives each batch), so downloads run ahead of the DataLoader in the sampler's order.
+    yielding each one (:func:`gluon_data.stores.base.will_need`, through the one driver of
+    hints, :class:`~gluon_data.sampling.hints.HintAhead`, which ``gluon_data.DataLoader``
+    hints each batch through), so downloads run ahead of the DataLoader in the sampler's
+    order. The indices are hinted in windows of a quarter of ``lookahead`` (one call each).
     The store's cache is shared on the node, so workers find the files the main process
     prefetched.
 
@@ -34,16 +34,5 @@ class PrefetchSampler:
         return len(self.sampler)
 
     def __iter__(self):
-        window: List = []
-        it = iter(self.sampler)
-        done = False
-        while True:
-            while not done and len(window) < self.lookahead:
-                try:
-                    window.append(next(it))
-                except StopIteration:
-                    done = True
-            if not window:
-                return
-            will_need(self.store, [int(k) for k in window])
-            yield window.pop(0)
+        return iter(HintAhead(self.sampler, self.store, self.lookahead - 1,
+                              window=max(1, self.lookahead // 4), single=True))

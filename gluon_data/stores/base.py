@@ -60,10 +60,12 @@ class RecordStore(Protocol):
     only a hint: it reads nothing into process memory, verifies nothing (the reads that
     follow do, as always), ignores positions out of range and never changes what a read
     returns. A remote store's ``will_need`` starts downloading, in the background, the
-    objects that hold those records into the cache (its ``prefetch`` is the same call,
-    returning the download's future); a sharded store hands each shard its positions.
+    objects that hold those records into the cache (``will_need(indices, wait=True)``
+    returns once they are there); a sharded store hands each shard its positions.
     Callers go through :func:`will_need`, which does nothing for stores that cannot
-    (legacy); ``gluon_data.DataLoader`` and ``PrefetchSampler`` call it.
+    (legacy). One driver decides what to hint ahead of the reads
+    (:class:`gluon_data.sampling.hints.HintAhead`): ``gluon_data.DataLoader`` hints each
+    batch through it, ``PrefetchSampler`` the sampler's next indices.
     """
 
     location: str
@@ -103,11 +105,16 @@ class RecordStore(Protocol):
         :meth:`identity`."""
 
 
-def will_need(store, indices) -> None:
+def will_need(store, indices, *, wait: bool = False) -> None:
     """Tell ``store`` that the records at positions ``indices`` are about to be read: its
     ``will_need(indices)`` starts fetching them asynchronously where it has one (see the
     notes of :class:`RecordStore`); other stores are left alone. Never raises for a
     position out of range (the read that follows does).
+
+    ``wait=True`` is the one way to wait for a hint (tests, benchmarks): a store that fetches
+    in the background (remote, or sharded over remote shards) returns once the downloads the
+    hint started or found in flight are done, raising the error of one that failed; a local
+    store returns at once as always (the kernel's read-ahead is not waited for).
 
     Examples
     --------
@@ -118,7 +125,10 @@ def will_need(store, indices) -> None:
     """
     hint = getattr(store, "will_need", None)
     if hint is not None:
-        hint(indices)
+        if wait:
+            hint(indices, wait=True)
+        else:
+            hint(indices)
 
 
 def valid_positions(indices, n: int):

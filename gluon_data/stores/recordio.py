@@ -374,13 +374,13 @@ class RecordFile:
             return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start)[0]
         return self._read_large(i, start)
 
-    def will_need(self, indices) -> None:
+    def will_need(self, indices, wait: bool = False) -> None:
         """Start fetching the records at positions ``indices`` (the batch about to be read)
         into the page cache and return at once (see :func:`advise_willneed`): the device
         then serves them together instead of one synchronous read at a time, and each
         :meth:`read` that follows finds its bytes cached (and verifies them, as always).
         Exactly the records' bytes are asked for, so a cold read costs ~1 device request per
-        record. Positions out of range are ignored (their read raises)."""
+        record. Positions out of range are ignored (their read raises); ``wait`` is ignored."""
         pos = valid_positions(indices, len(self))
         if pos.size:
             advise_willneed(self._fd(), *self.extents(pos))

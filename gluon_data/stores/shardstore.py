@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import os
-import threading
+import warnings
 from bisect import bisect_right
 from functools import partial
 from typing import Iterator, List, Optional, Tuple
@@ -18,6 +18,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 
 from ..errors import FormatError, GluonDataError
+from ..storage.perprocess import PerProcess
 from .recordio import idx_path_for
 from .shards import _load_manifest, is_manifest, shard_mismatch
 from .base import (is_uri, open_store, read_bytes, register_opener, valid_positions,
@@ -148,13 +149,19 @@ class ShardedStore(ShardRouter):
         self._n = self._starts[-1]
         self.max_open_shards = _at_least(max_open_shards, 2 if remote else None, 1)
         self.prefetch_shards = _at_least(prefetch_shards, 1 if remote else None, 0)
-        self._lock = threading.RLock()  # (shard() opens through _store())
         self._reset()
 
     def _reset(self) -> None:
         self._shards: List[object] = [None] * len(self.paths)
-        self._order: List[int] = []  # the open shards, least recently opened first
-        self._pid = os.getpid()
+        # this process's open shards, least recently opened first (a forked child's start
+        # empty: the parent's open list is not ours)
+        self._order: PerProcess[List[int]] = PerProcess()
+
+    @property
+    def _lock(self):
+        """This process's lock of the open shards (re-entrant: shard() opens through
+        _store(); a forked child's is its own)."""
+        return self._order.lock()
 
     @property
     def uris(self) -> List[str]:
@@ -181,9 +188,7 @@ class ShardedStore(ShardRouter):
         f = self._shards[s]
         if f is not None and self.max_open_shards is None:
             return f
-        if self._pid != os.getpid():  # forked: the parent's open list is not ours
-            self._order, self._pid = [], os.getpid()
-        order = self._order
+        order = self._order.get(list)
         if f is not None and order and order[-1] == s:
             return f
         with self._lock:
@@ -271,25 +276,34 @@ class ShardedStore(ShardRouter):
         wanted = which[np.sort(first)].tolist()
         if self.prefetch_shards is not None:
             wanted = wanted[:1 + self.prefetch_shards]
-            reading = self._order[-1] if self._order and self._pid == os.getpid() else None
+            order = self._order.peek()
+            reading = order[-1] if order else None
             if reading is not None and reading not in wanted:
                 wanted = wanted[:self.prefetch_shards]
         return [(s, (pos[which == s] - starts[s]).tolist()) for s in wanted]
 
-    def will_need(self, indices) -> None:
+    def will_need(self, indices, wait: bool = False) -> None:
         """Hand each shard the positions of ``indices`` that fall in it (see
         :func:`gluon_data.stores.base.will_need`): a local shard advises the kernel, a remote one
         starts downloading its object in the background (at most ``prefetch_shards`` beyond
-        the one being read)."""
-        for s, local in self._hinted(indices):
-            will_need(self._store(s), local)
+        the one being read). ``wait``: return once those downloads are done."""
+        hinted = [(self._store(s), local) for s, local in self._hinted(indices)]
+        for f, local in hinted:  # every download started before any is waited for
+            will_need(f, local)
+        if wait:
+            for f, local in hinted:
+                will_need(f, local, wait=True)
 
     def prefetch(self, indices) -> list:
-        """:meth:`will_need` returning the futures of the remote shards' downloads it
-        started or found in flight (empty for local shards)."""
+        """Deprecated: ``will_need(indices, wait=True)`` waits for the downloads. Returns the
+        futures of the remote shards' downloads the hint started or found in flight (empty
+        for local shards)."""
+        warnings.warn("ShardedStore.prefetch(indices) is deprecated: will_need(indices) is the "
+                      "hint, will_need(indices, wait=True) waits for its downloads",
+                      DeprecationWarning, stacklevel=2)
         out = []
         for s, local in self._hinted(indices):
-            fut = getattr(self._store(s), "prefetch", lambda _: None)(local)
+            fut = getattr(self._store(s), "_fetch_ahead", lambda _: None)(local)
             if fut is not None:
                 out.append(fut)
         return out
@@ -307,7 +321,7 @@ class ShardedStore(ShardRouter):
             for f in self._shards:
                 if f is not None:
                     f.close()
-            self._order = []
+            self._order.clear()
 
     def view(self, i: int):
         if isinstance(i, int) and 0 <= i < self._n:  # the hot path, inlined: ~0.3 us

@@ -9,7 +9,6 @@ one trust rule), and the local copy is then read as a local store is: the same r
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -23,6 +22,7 @@ from ..shardstore import ShardedStore
 from ..base import is_uri, open_store, register_opener, register_reader
 from .describe import (check_lmdb_download, describe_lmdb, describe_rec, names_remote_lmdb,
                        stamp)
+from ...storage.perprocess import PerProcess
 from ...storage.remotefs import _Remote
 from ...format.layout import LMDB_COMMIT, LMDB_DATA
 from ...storage.objects import ShardCache
@@ -150,14 +150,14 @@ class RemoteStore(_ReadsLocalCopy):
             self.meta = self._d.meta
             self.container, self.file_size = "rec", self._d.size
 
-    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_lock", "_pending")
+    _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_pending")
 
     def _init_local(self):
         self._cache = ShardCache(*self._cache_args)
-        self._reader: Optional[Tuple[int, object]] = None
-        self._pins: list = []
-        self._lock = threading.Lock()
-        self._pending: Optional[Future] = None
+        self._reader: PerProcess = PerProcess()  # this process's reader of the local copy
+        self._pins: list = []  # (guarded by self._pending's lock)
+        # this process's background download (a forked child's pool has none in flight)
+        self._pending: PerProcess[Future] = PerProcess()
 
     def _choose_split(self, split: Optional[str], shard: bool) -> None:
         """An LMDB's split: the manifest's for a shard, else one of the commit document's
@@ -281,57 +281,66 @@ class RemoteStore(_ReadsLocalCopy):
 
     def _local(self):
         """The reader of this process (opened on first use: the objects are fetched then)."""
-        pid = os.getpid()
-        cur = self._reader
-        if cur is not None and cur[0] == pid:
-            return cur[1]
-        with self._lock:
-            if self._reader is None or self._reader[0] != pid:
-                f, pins = self._open()
-                self._pins += pins  # (a forked child keeps its parent's pins too)
-                self._reader = (pid, f)
-            return self._reader[1]
+        return self._reader.get(self._open_reader)
+
+    def _open_reader(self):
+        f, pins = self._open()
+        with self._pending.lock():
+            self._pins += pins  # (a forked child keeps its parent's pins too)
+        return f
 
     record_file = lmdb_file = _local  # (the names of the local reader, by container)
 
     def close(self) -> None:
         """Release this process's pins on cached copies (they become evictable), after the
         background download in flight, if any."""
-        with self._lock:
-            pending, self._pending = self._pending, None
-            for p in self._pins:
-                p.release()
-            self._pins = []
-            self._reader = None
+        self._reader.clear()  # (waits for a reader being opened)
+        with self._pending.lock():
+            pending = self._pending.clear()
+            pins, self._pins = self._pins, []
+        for p in pins:
+            p.release()
         if pending is not None:
             pending.exception()  # waits (each remote call is bounded); failures are ignored
 
     # -- fetching ahead ------------------------------------------------------------------
-    def will_need(self, indices: Iterable[int]) -> None:
+    def will_need(self, indices: Iterable[int], wait: bool = False) -> None:
         """The hint (:func:`gluon_data.stores.base.will_need`): start downloading, in the
         background, what reading ``indices`` needs (the objects, unless this process reads
-        them already); returns at once, never raises (the read that follows reports)."""
-        self._fetch_ahead(indices)
+        them already) and return at once; never raises (the read that follows reports).
+
+        ``wait``: return once that download (the one started, or found in flight) is done,
+        raising its error if it failed: the one way to wait for a hint (tests, benchmarks).
+        """
+        pending = self._fetch_ahead(indices)
+        if wait and pending is not None:
+            pending.result()
 
     def prefetch(self, indices: Iterable[int]) -> Optional[Future]:
-        """:meth:`will_need`, returning the future of the download (the one in flight, if
-        any), or ``None`` when nothing is needed (ranged reads, already open)."""
+        """Deprecated: ``will_need(indices, wait=True)`` waits for the download. Returns the
+        future of the download (the one in flight, if any), or ``None`` when nothing is
+        needed (ranged reads, already open)."""
+        warnings.warn("RemoteStore.prefetch(indices) is deprecated: will_need(indices) is the "
+                      "hint, will_need(indices, wait=True) waits for its download",
+                      DeprecationWarning, stacklevel=2)
         return self._fetch_ahead(indices)
 
     def _fetch_ahead(self, indices: Iterable[int]) -> Optional[Future]:
+        """The download of this process that reading ``indices`` waits for: the one in
+        flight, else a new one (``None``: nothing to fetch)."""
         if (self.reads != "cache" and self.container == "rec") or \
                 not any(True for _ in indices):
             return None
-        cur = self._reader
-        if cur is not None and cur[0] == os.getpid():
+        if self._reader.mine():
             return None
-        with self._lock:
-            pending = self._pending
+        with self._pending.lock():
+            pending = self._pending.peek()
             if pending is not None and not (pending.done() and pending.exception()):
                 return pending
-            self._pending = self._prefetch_pool().submit(
+            pending = self._prefetch_pool().submit(
                 lambda: [self.fetch(uri) for uri in list(self._d.objects)])
-            return self._pending
+            self._pending.set(pending)
+            return pending
 
     def _prefetch_pool(self) -> ThreadPoolExecutor:
         return _prefetch_pool(self._prefetch_threads)
@@ -368,17 +377,23 @@ class RemoteStore(_ReadsLocalCopy):
         return "RemoteStore(%r, split=%r, reads=%r)" % (self.location, self.split, self.reads)
 
 
-_POOLS: Dict[int, Tuple[int, ThreadPoolExecutor]] = {}
+#: This process's background download pools, by number of threads (a forked child makes its
+#: own: the parent's threads do not exist there).
+_POOLS: PerProcess[Dict[int, ThreadPoolExecutor]] = PerProcess()
 
 
 def _prefetch_pool(threads: int = 2) -> ThreadPoolExecutor:
     """This process's background download pool of ``threads`` threads, shared by every
     remote store (a forked child makes its own): the shards of a dataset share its bound."""
-    cur = _POOLS.get(threads)
-    if cur is None or cur[0] != os.getpid():
-        cur = _POOLS[threads] = (os.getpid(), ThreadPoolExecutor(
-            threads, thread_name_prefix="gluon-data-prefetch"))
-    return cur[1]
+    pools = _POOLS.get(dict)
+    pool = pools.get(threads)
+    if pool is None:
+        with _POOLS.lock():
+            pool = pools.get(threads)
+            if pool is None:
+                pool = pools[threads] = ThreadPoolExecutor(
+                    threads, thread_name_prefix="gluon-data-prefetch")
+    return pool
 
 
 #: The LMDB environment at a URI is a :class:`RemoteStore` (the one remote store; the name
