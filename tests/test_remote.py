@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import signal
 import sys
 import threading
 import time
@@ -1308,6 +1309,42 @@ def test_prefetch_is_a_deprecated_alias_of_the_hint(voc_s3, s3, so, tmp_path):
     s3.log.clear()
     will_need(store, [1], wait=True)  # done already: no request
     assert not [e for e in s3.log if "sess/voc" in e[1]]
+    store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_fetches_on_its_own_and_never_waits_for_its_parents_download(
+        voc_s3, so, tmp_path):
+    """The background download belongs to the process that started it: a child forked while
+    the parent's is in flight (here: never finishing) hints, reads and closes on its own."""
+    from concurrent.futures import Future
+    uri, local = voc_s3
+    store = open_store(uri, **_remote(so, tmp_path))
+    stuck = Future()  # the parent's download, in flight at the fork
+    store._pending.set(stuck)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(r)
+            signal.alarm(60)  # a child that waits on the parent's future dies, not hangs
+            inherited = store._pending.peek()
+            store.will_need([0, 1], wait=True)
+            same = [store.read(i) for i in range(4)] == [RecordFile(local).read(i)
+                                                          for i in range(4)]
+            store.close()
+            os.write(w, repr((inherited, same)).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and out == "(None, True)"
+    assert store._pending.peek() is stuck  # the parent's is its own
+    stuck.set_result(None)
     store.close()
 
 
