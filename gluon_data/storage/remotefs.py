@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import warnings
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 from urllib.parse import urlsplit
 
 from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
@@ -20,6 +20,7 @@ from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
 # defaults and bounds where they were always imported from. Every retry is _Remote's
 # (botocore makes one attempt, s3fs one try), so a stalled or unreachable server is a
 # RemoteConnectionError after at most call_bound() seconds (defaults: 5 x 70 s + 3.75 s).
+from .perprocess import PerProcess
 from .retry import (BACKOFF, CONNECT_TIMEOUT, MIN_RATE, READ_TIMEOUT, RETRIES,  # noqa: F401
                     RetryPolicy, attempt_limit, call_bound)
 
@@ -163,7 +164,7 @@ class _Remote:
         checked = RetryPolicy.from_env(retries, backoff, environ={})  # refused now, if bad
         self.retries = checked.retries if retries is not None else None
         self.backoff = checked.backoff if backoff is not None else None
-        self._fs: Dict[tuple, object] = {}
+        self._fs: PerProcess[Dict[tuple, object]] = PerProcess()  # this process's clients
 
     def __getstate__(self):
         return {"storage_options": self.storage_options, "retries": self.retries,
@@ -181,15 +182,16 @@ class _Remote:
         policy = self.policy() if policy is None else policy
         proto = uri.split("://", 1)[0]
         # the client is built with the policy's timeouts: one per process and per timeouts
-        key = (os.getpid(), proto, policy.connect_timeout, policy.read_timeout)
-        fs = self._fs.get(key)
+        # (a fresh one in each process: an async client's event loop does not survive fork)
+        clients = self._fs.get(dict)
+        key = (proto, policy.connect_timeout, policy.read_timeout)
+        fs = clients.get(key)
         if fs is None:
-            # a fresh instance per process: an async client's event loop does not survive fork
             fs = filesystem(uri, dict(self.storage_options, skip_instance_cache=True),
                             policy=policy)[0]
             if hasattr(fs, "retries"):  # s3fs (and gcsfs) retry inside each call, sleeping;
                 fs.retries = 1  # one try each: this class owns every retry (see call_bound)
-            self._fs[key] = fs
+            clients[key] = fs
         return fs, fs._strip_protocol(uri)
 
     def call(self, uri: str, what: str, fn, nbytes: int = 0):
