@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from gluon_data.stores.lmdb_env import close_envs
+
 _THROTTLE = "/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device"
 
 
@@ -126,11 +128,7 @@ def _epoch(loader) -> int:
 
 def _drop_lmdb_envs() -> None:
     """Close this process's LMDB environments (their maps keep pages from eviction)."""
-    from gluon_data.stores import lmdbio
-    for key in list(lmdbio._ENVS):
-        env = lmdbio._ENVS.pop(key)[1]
-        lmdbio._forget_guard(env)
-        env.close()
+    close_envs()
 
 
 def _best_epochs(rec: str, lm: str, name: str, workers: int, epochs: int, fresh: bool,

@@ -22,17 +22,14 @@ from gluon_data_bench_common import (  # noqa: E402 (loaded just above)
 _LMDB_COLD = r"""
 import os, sys, time
 import lmdb, numpy as np
-from gluon_data import lmdbio
+from gluon_data.stores.lmdb_env import close_envs
 from gluon_data.stores.lmdbio import LMDBFile
 from gluon_data.gluon.loader import HintedBatches, SAME_PROCESS_AHEAD  # (imports MXNet: untimed)
 path, rounds, specs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 n = LMDBFile(path, "train").__len__()
 
 def close_all():  # py-lmdb opens an environment once per process; its map holds pages
-    for k in list(lmdbio._ENVS):
-        e = lmdbio._ENVS.pop(k)[1]
-        lmdbio._forget_guard(e)
-        e.close()
+    close_envs()
 
 def measure(how, frac):
     order = [int(i) for i in np.random.default_rng(1).permutation(n)][:max(1, n // frac)]
