@@ -146,12 +146,18 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
 
 def _check_targets(rec_path: str, idx_path: str, gdx: str, mp: str, overwrite: bool) -> None:
     """Everything salvage may write is checked before anything is: only our own files are
-    replaced, nothing through a link (fsutil's rule)."""
+    replaced, nothing through a link (fsutil's rule). The metadata is rewritten only when it
+    reads (:func:`_salvage_locked`), so only then is it a target: a damaged one is left as it
+    is and the index is still rebuilt."""
     check_replaceable(idx_path, "idx", overwrite, option="the overwrite option (--overwrite; "
                       "the old index is kept as .idx.bak)")
     check_replaceable(idx_path + ".bak", "idx", True)
     check_replaceable(gdx, "gdx", True)
-    if os.path.lexists(mp):
+    try:
+        writes_meta = os.path.lexists(mp) and read_meta(rec_path) is not None
+    except GluonDataError:
+        writes_meta = False
+    if writes_meta:
         check_replaceable(mp, "meta", True)
         check_replaceable(mp + ".bak", "meta", True)
     check_disjoint([idx_path, idx_path + ".bak", gdx, mp, mp + ".bak"], [rec_path])
