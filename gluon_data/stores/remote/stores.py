@@ -105,7 +105,8 @@ class RemoteStore(_ReadsLocalCopy):
     reads : {'cache', 'ranged'}
         (An LMDB reads the cached download either way.)
     retries, backoff : optional
-        Retry policy for transient errors (defaults :data:`RETRIES`, :data:`BACKOFF`).
+        Retry policy for transient errors (default: the environment at each call,
+        :meth:`gluon_data.storage.retry.RetryPolicy.from_env`).
     prefetch_threads : int
         Bound of the background download pool :meth:`will_need` uses.
     described : dict, optional
