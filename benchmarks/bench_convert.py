@@ -106,6 +106,17 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
     return _report(bench, say, rates, seconds, workers)
 
 
+def _scaled(rates: dict, n: int):
+    """The 1-worker conversion rate times the floor's own N/1 scaling (what the N-worker rate
+    is divided by in the scaling row), or the missing row's name when one is missing."""
+    need = ("convert pass-through, 1 workers", "decode floor, 1 processes",
+            "decode floor, %d processes" % n)
+    for k in need:
+        if k not in rates:
+            return k
+    return rates[need[0]] * rates[need[2]] / rates[need[1]]
+
+
 def _report(bench, say, rates: dict, seconds: dict, workers: int) -> dict:
     say("")
     say("%-56s %12s" % ("measurement (items/s; seconds where marked)", "value"))
@@ -119,7 +130,13 @@ def _report(bench, say, rates: dict, seconds: dict, workers: int) -> dict:
         ("convert pass-through %d workers / decode floor %d" % (n, n),
          "convert pass-through, %d workers" % n, "decode floor, %d processes" % n, 0.8),
         ("convert pass-through 1 worker / decode floor 1", "convert pass-through, 1 workers",
-         "decode floor, 1 processes", None),
+         "decode floor, 1 processes", 0.5),
+        # the issue's rows: per item at least half the floor's rate, and scaling from 1 to
+        # N workers at least 0.9 of the floor's own scaling from 1 to N processes
+        ("convert pass-through %d workers / decode floor %d (>= 0.5)" % (n, n),
+         "convert pass-through, %d workers" % n, "decode floor, %d processes" % n, 0.5),
+        ("convert %d/1 scaling / decode floor %d/1 scaling" % (n, n),
+         "convert pass-through, %d workers" % n, _scaled(rates, n), 0.9 if n > 1 else None),
         ("convert re-encode: %d / 1 workers" % n, "convert re-encode, %d workers" % n,
          "convert re-encode, 1 workers", 0.9 * n if n > 1 else None),
         ("convert re-encode %d workers / im2rec %d threads" % (n, n),

@@ -251,10 +251,13 @@ def test_full_run_conversion_step(tmp_path):
         "im2rec re-encode, 2 threads", "dask convert_sharded, 1 worker processes",
         "dask convert_sharded, 2 worker processes"}
     assert all(v > 0 and math.isfinite(v) for v in rates.values())
-    assert len(table) == 6 and all(v > 0 for v in table.values())
+    assert len(table) == 8 and all(v > 0 for v in table.values())
     assert {name: table.targets[name][0] for name in table if table.targets[name][0]} == {
         "convert pass-through: 2 / 1 workers": 1.8,
         "convert pass-through 2 workers / decode floor 2": 0.8,
+        "convert pass-through 1 worker / decode floor 1": 0.5,
+        "convert pass-through 2 workers / decode floor 2 (>= 0.5)": 0.5,
+        "convert 2/1 scaling / decode floor 2/1 scaling": 0.9,
         "convert re-encode: 2 / 1 workers": 1.8,
         "convert re-encode 2 workers / im2rec 2 threads": 1.0,
         "dask convert_sharded: 2 / 1 worker processes": 1.7}
