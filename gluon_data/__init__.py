@@ -28,6 +28,7 @@ _CORE = {
     "RecordFile": "stores.recordio", "RecordWriter": "stores.recordio",
     "LMDBFile": "stores.lmdbio", "LMDBWriter": "stores.lmdbio",
     "convert": "convert", "ConversionReport": "convert", "ConvertOptions": "convert.options",
+    "RemoteOptions": "storage.options", "RecipeLayout": "stores.recipe_layout",
     "verify": "tools.verify", "salvage": "tools.salvage",
     "GluonDataError": "errors", "FormatError": "errors", "CorruptRecordError": "errors",
     "DecodeError": "errors", "SourceError": "errors", "ConversionError": "errors",
