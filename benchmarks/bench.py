@@ -22,6 +22,9 @@ with palette masks, packs it, and measures in one run:
 * classification on a stock im2rec ``.rec``: stock ``ImageRecordDataset`` and
   ``ImageRecordIter`` against ours, and DALI's CPU pipeline of the same recipe
   (``bench_cls.py``);
+* region decoding's saving on the crops the datasets draw (``bench_region.py``); each mask
+  encoding's decode against PNG at VOC and Cityscapes size (``bench_masks.py``); scaled
+  decoding's saving and pixel difference from the exact path (``bench_scaled.py``);
 * raw record reads, sequential and random, warm and cold (page cache evicted with
   ``posix_fadvise(DONTNEED)``), against ``cat`` and stock ``read_idx``, and the small files;
   cold LMDB reads and loaders (``bench_reads.py``); LMDB against RecordIO on a throttled
@@ -257,6 +260,9 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
                                             shards=stock_shards, cpu=cpu))
     with _step(seconds, "region decoding", say):
         region = _sibling("bench_region").rows(rec, stock_rec, workers, 1 if quick else 3)
+    with _step(seconds, "mask encodings and scaled decoding", say):  # one process, CPU time
+        decoding = _sibling("bench_masks").rows(2 if quick else 8)
+        decoding.update(_sibling("bench_scaled").rows(4 if quick else 24, 1 if quick else 3))
     large = {}
     if large_images:
         with _step(seconds, "large images", say):
@@ -278,8 +284,8 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     notes["GPU"] = _gpu_note()
     table = _report(say, workers, results, cpu, index, rss, scaled, scale,
                     conv_table=conv_table, slow=slow, notes=notes, seconds=seconds,
-                    region=region, large=large)
-    return {"rates": results, "region": region, "large": large, "ratios": table, "index": index, "rss": rss, "scale": scaled,
+                    region=region, decoding=decoding, large=large)
+    return {"rates": results, "region": region, "decoding": decoding, "large": large, "ratios": table, "index": index, "rss": rss, "scale": scaled,
             "cpu": cpu, "seconds": seconds}
 
 
@@ -306,10 +312,11 @@ def _ratios(workers: int) -> list:
 
 
 def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table, slow,
-            notes, seconds, region, large) -> dict:
+            notes, seconds, region, decoding, large) -> dict:
     """Print the rates, CPU, index, scale and RSS tables, then every ratio against its
     target (``conv_table``: bench_convert.py's, with its targets; ``slow``: the slow-device
-    rows; ``region``: bench_region.py's; ``large``: bench_large.py's), a summary of the targets, the notes and each
+    rows; ``region``: bench_region.py's; ``decoding``: bench_masks.py's and bench_scaled.py's;
+    ``large``: bench_large.py's), a summary of the targets, the notes and each
     step's time; returns the ratio table."""
     _say_rates(say, results)
     _say_cpu(say, cpu)
@@ -330,12 +337,18 @@ def _report(say, workers, results, cpu, index, rss, scaled, scale, *, conv_table
     for k, v in region.items():
         say("%-56s %12.3f" % (k, v))
     say("")
+    say("%-56s %12s" % ("mask encodings, scaled decoding (one process, CPU)", "value"))
+    for k, v in decoding.items():
+        say("%-56s %12.3f" % (k, v))
+    say("")
     if large:
         _sibling("bench_large").report(say, large, workers)
     table = _ratio_table(_ratios(workers), results, say)
     uint8 = _sibling("bench_uint8")
     _ratio_table(uint8.RATIOS, results, say, table)
     _ratio_table(_sibling("bench_region").RATIOS, region, say, table)
+    _ratio_table(_sibling("bench_masks").RATIOS + _sibling("bench_scaled").RATIOS, decoding,
+                 say, table)
     _ratio_table(_CLS_CPU_RATIOS + uint8.CPU_RATIOS, cpu, say, table)
     if large:
         _ratio_table(_sibling("bench_large").ratios(workers), large, say, table)

@@ -132,6 +132,25 @@ def sample_rows(name: str, ms, root: str):
     return {"train sample ms (png masks)": cpu_ms(ds.__getitem__, range(len(ds)), rounds=3)}
 
 
+#: ``gluon-data bench``'s rows over :func:`rows` (higher is better: PNG's CPU over the other's)
+RATIOS = tuple(
+    (title % name, "%s: png ms" % name, "%s: %s ms" % (name, kind), target)
+    for name in SIZES
+    for title, kind, target in (("mask decode, %s: PNG / rle", "rle", 4.0),
+                                ("mask decode, %s: PNG / rle without the C routine",
+                                 "rle (numpy)", None),
+                                ("mask decode, %s: PNG / zraw", "zraw", None)))
+
+
+def rows(images: int = 8) -> dict:
+    """The decode rows of both sizes, each key prefixed with its size (``gluon-data bench``)."""
+    out = {}
+    for name in SIZES:
+        ms = masks_for(name, images)
+        out.update(("%s: %s" % (name, k), v) for k, v in decode_rows(name, ms).items())
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=8)

@@ -116,6 +116,12 @@ def rows(images: int = 24, rounds: int = 3) -> Dict[str, float]:
     return out
 
 
+#: ``gluon-data bench``'s rows over :func:`rows` (no target: an opt-in, measured and documented)
+RATIOS = tuple(("scaled decode, %s crops: exact / scaled, CPU" % name,
+                "%s: exact decode+resize CPU ms/crop" % name,
+                "%s: scaled decode CPU ms/crop" % name, None) for name, *_ in SETS)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=24)

@@ -78,6 +78,11 @@ def test_bench_smoke(tmp_path):
     # region decoding: decode CPU per image and the loaders with the region path on and off
     region = load_bench()._sibling("bench_region")
     assert all(v > 0 and math.isfinite(v) for v in res["region"].values()) and res["region"]
+    decoding = res["decoding"]  # mask encodings against PNG, scaled decoding (bench_masks/scaled)
+    assert all(v >= 0 and math.isfinite(v) for v in decoding.values()) and decoding
+    assert {"mask decode, VOC 500x375: PNG / rle",
+            "mask decode, Cityscapes 2048x1024: PNG / rle"} <= set(res["ratios"])
+    assert targets["mask decode, VOC 500x375: PNG / rle"] == (4.0, False)
     assert {name for name, *_ in region.RATIOS} <= set(res["ratios"])
     # the large-image set (2 full-size scenes): its rows and its ratios in the one table
     large = load_bench()._sibling("bench_large")
