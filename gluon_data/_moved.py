@@ -113,7 +113,6 @@ MOVED_NAMES = {
         '_commit_names': 'gluon_data.stores.remote.commit',
         '_default_cache_dir': 'gluon_data.storage.objects',
         '_is_s3': 'gluon_data.storage.remotefs',
-        '_join': 'gluon_data.format.layout',
         '_lmdb_commit': 'gluon_data.convert.upload',
         '_load_index': 'gluon_data.stores.remote.ranged',
         '_names_remote_lmdb': 'gluon_data.stores.remote.stores',

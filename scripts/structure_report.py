@@ -55,27 +55,18 @@ _LOADERS = ("import_module", "__import__")
 PRIVATE_LEFT = frozenset(
     (PACKAGE + "." + user, PACKAGE + "." + home, name) for user, home, names in (
         ("arrays.tensorize", "sampling.seeding", "_Random"),
-        ("arrays.transforms", "sampling.seeding", "_Random"),
         ("convert.encode", "format.codec", "_sj"),
         ("convert.shard_task", "stores.shards", "_read_shard_meta _shard_files"),
         ("convert.sharded", "stores.shards", "_read_shard_meta _shard_files _write_manifest"),
         ("convert.to_uri", "storage.remotefs", "_Remote"),
-        ("convert.upload", "format.layout", "_join"),
         ("convert.upload", "storage.remotefs", "_Remote"),
         ("convert.upload", "stores.remote.commit", "_found"),
         ("convert.upload", "stores.shards", "_load_manifest _shard_files"),
-        ("format.ownership", "storage.fsutil", "_lmdb_dir_only"),
         ("gluon.taskdatasets", "arrays.base", "_container"),
         ("mx_recordio", "format.codec", "_IR"),
         ("mx_recordio", "stores.mxrecordio", "_as_bytes"),
-        ("stores.mxindexed", "format.recindex", "_parse_index"),
         ("stores.mxrecordio", "format.codec", "_FRAME _IR _LEN_MASK"),
         ("stores.recordio", "format.codec", "_FRAME _LEN_MASK"),
-        ("stores.recordio", "format.recindex",
-         "_CACHE_MIN_BYTES _GDX_CLEAN _GDX_FILE_ORDER _GDX_KEYS_SORTED _GDX_SEQUENTIAL_KEYS "
-         "_Index _RACY_NS _index_facts _load_index _map_binary_index _parse_index "
-         "_parse_strict_index _read_binary_index"),
-        ("stores.remote.commit", "format.layout", "_join"),
         ("stores.remote.commit", "storage.remotefs", "_Remote"),
         ("stores.remote.describe", "storage.remotefs", "_Remote"),
         ("stores.remote.ranged", "storage.remotefs", "_Remote"),

@@ -12,8 +12,9 @@ import pytest
 
 from gluon_data import ClassificationDataset
 from gluon_data.errors import FormatError
-from gluon_data.stores.recordio import (BINARY_INDEX_SUFFIX, RecordFile, _read_binary_index,
-                                 index_cache_path, read_index, write_binary_index)
+from gluon_data.format.recindex import _read_binary_index
+from gluon_data.stores.recordio import (BINARY_INDEX_SUFFIX, RecordFile, index_cache_path,
+                                        read_index, write_binary_index)
 from gluon_data.stores.base import open_store
 
 pytestmark = pytest.mark.reliability

@@ -247,7 +247,8 @@ def test_scan_of_a_damaged_file_names_the_record(tmp_path):
 
 
 def test_binary_index_is_written_used_and_ignored_when_stale_or_damaged(tmp_path):
-    from gluon_data.stores.recordio import BINARY_INDEX_SUFFIX, _read_binary_index, write_binary_index
+    from gluon_data.format.recindex import _read_binary_index
+    from gluon_data.stores.recordio import BINARY_INDEX_SUFFIX, write_binary_index
     path = write_ours(str(tmp_path / "a.rec"), PAYLOADS, keys=[3, 9, 12, 40, 41])
     idx = path[:-4] + ".idx"
     gdx = idx + BINARY_INDEX_SUFFIX

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..format.codec import DEFAULT_MAX_PIXELS
 from ..errors import DecodeError
-from ..sampling.seeding import SeededRandom, _Random, sample_context
+from ..sampling.seeding import SeededRandom, RandomTransform, sample_context
 from .tensorize import ImageCropNormalize, ToTensorNormalize, _hwc, _np
 
 __all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
@@ -106,7 +106,7 @@ class Compose:
         return "Compose(%s)" % ", ".join(repr(t) for t in self.transforms)
 
 
-class RandomHorizontalFlip(_Random):
+class RandomHorizontalFlip(RandomTransform):
     """Mirror image and mask left-right with probability ``p``."""
 
     def __init__(self, p: float = 0.5, seed: Optional[int] = None):
@@ -123,7 +123,7 @@ class RandomHorizontalFlip(_Random):
         return "RandomHorizontalFlip(p=%g)" % self.p
 
 
-class RandomScale(_Random):
+class RandomScale(RandomTransform):
     """gluoncv's random scale: the long side drawn uniformly from
     ``[int(scale[0] * base_size), int(scale[1] * base_size)]``, aspect ratio kept."""
 
@@ -166,7 +166,7 @@ def _pad_to(img, mask, th: int, tw: int, image_fill, mask_fill):
     return out_i, out_m
 
 
-class RandomCrop(_Random):
+class RandomCrop(RandomTransform):
     """Pad (bottom/right) to at least ``crop_size``, then crop a random ``crop_size`` square.
 
     Parameters
@@ -204,7 +204,7 @@ def _fits(value, dtype) -> bool:
     return info.min <= value <= info.max
 
 
-class RandomScaleCrop(_Random):
+class RandomScaleCrop(RandomTransform):
     """gluoncv's whole ``train`` augmentation in one pass, computing only the crop's pixels.
 
     The same distribution as ``Compose([RandomHorizontalFlip(flip), RandomScale(base_size,
@@ -317,7 +317,7 @@ class RandomScaleCrop(_Random):
             self.base_size, self.size, self.scale, self.flip, self.blur)
 
 
-class RandomRotation(_Random):
+class RandomRotation(RandomTransform):
     """Rotate by an angle drawn from ``[-degrees, degrees]`` with probability ``p``.
 
     Corners uncovered by the rotation get ``image_fill`` and ``mask_fill`` (ignore).
@@ -348,7 +348,7 @@ class RandomRotation(_Random):
         return "RandomRotation(degrees=%g, p=%g)" % (self.degrees, self.p)
 
 
-class ColorJitter(_Random):
+class ColorJitter(RandomTransform):
     """Random brightness, contrast and saturation (image only), factors in ``[1-x, 1+x]``."""
 
     def __init__(self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0,
@@ -379,7 +379,7 @@ class ColorJitter(_Random):
             self.brightness, self.contrast, self.saturation)
 
 
-class RandomGaussianBlur(_Random):
+class RandomGaussianBlur(RandomTransform):
     """Blur the image (only) with probability ``p``, sigma drawn from ``[0, max_sigma)``
     (gluoncv/PSPNet: ``p=0.5``, radius ``random.random()``)."""
 

@@ -20,7 +20,7 @@ from ..stores.recordio import idx_path_for
 from ..stores.shards import _load_manifest, _shard_files, manifest_path, prefix_of, read_manifest
 from ..tools.verify import verify
 from ..stores.remote.commit import Commit, _found, put_object
-from ..format.layout import LMDB_DATA, LMDB_FORMAT, _join
+from ..format.layout import LMDB_DATA, LMDB_FORMAT, sibling_uri
 from ..storage.remotefs import _Remote
 from ..storage.cache import Cache
 from ..storage.staging import Staging
@@ -48,7 +48,7 @@ def _upload_plan(local: str, uri: str):
     manifest; its shards' files are data)."""
     if local.rstrip("/").endswith(".lmdb"):
         local = local.rstrip("/")
-        target = _join(uri, os.path.basename(local))
+        target = sibling_uri(uri, os.path.basename(local))
         data = os.path.join(local, LMDB_DATA)
         sha = sha256_file(data)
         doc = _lmdb_commit(local, {LMDB_DATA: _file(data, sha)})
@@ -62,12 +62,12 @@ def _upload_plan(local: str, uri: str):
             if not os.path.isfile(rec):
                 raise ValueError("%s: only RecordIO shards can be uploaded (%s)"
                                  % (local, sh["name"]))
-            triples += [(p, _join(uri, os.path.basename(p)), sha256_file(p))
+            triples += [(p, sibling_uri(uri, os.path.basename(p)), sha256_file(p))
                         for p in (rec, idx_path_for(rec), meta_path(rec))]
             files[sh["name"]] = _file(rec, triples[-3][2])
         doc["files"] = files
-        return _join(uri, os.path.basename(local)), doc, triples
-    rec_uri = _join(uri, os.path.basename(local))
+        return sibling_uri(uri, os.path.basename(local)), doc, triples
+    rec_uri = sibling_uri(uri, os.path.basename(local))
     triples = [(p, t, sha256_file(p)) for p, t in ((local, rec_uri),
                                                    (idx_path_for(local), idx_path_for(rec_uri)))]
     doc = load_document(meta_path(local), "meta")
@@ -218,7 +218,7 @@ class ShardUploader:
         self.complete: set = set()  # (client) manifests already uploaded for this plan
 
     def shard_uri(self, name: str) -> str:
-        return _join(self.uri, name)
+        return sibling_uri(self.uri, name)
 
     def receipt_uri(self, name: str) -> str:
         return self.shard_uri(prefix_of(name) + RECEIPT_SUFFIX)

@@ -20,9 +20,3 @@ def sibling_uri(base_uri: str, name: str) -> str:
     's3://bucket/data/train.idx'
     """
     return base_uri.rsplit("/", 1)[0] + "/" + name
-
-
-# The old private name, until gluon_data/stores/remote/commit.py and gluon_data/convert/upload.py
-# import sibling_uri and the alias table (gluon_data/_moved.py) drops its entry for the old
-# gluon_data.remote._join (then delete this line).
-_join = sibling_uri

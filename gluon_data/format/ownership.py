@@ -14,7 +14,7 @@ from ..errors import FormatError, OutputError
 from .codec import RECORDIO_MAGIC
 from .headers import PNG_SIGNATURE
 from .documents import KINDS as DOCUMENTS, NUMBER, Doc, F, load_document, parse_json, register
-from ..storage.fsutil import _lmdb_dir_only
+from ..storage.fsutil import holds_only_lmdb
 from ..storage.remotefs import is_uri
 
 __all__ = ["check_replaceable", "is_ours", "register_sniffer", "KINDS", "classify_location",
@@ -171,7 +171,7 @@ def _ownership(path: str, kind: str) -> Ownership:
     if stat.S_ISLNK(st.st_mode):
         return Ownership(False, "a symbolic link")
     if kind == "lmdb":
-        if not _lmdb_dir_only(path) or not os.path.isfile(os.path.join(path, "data.mdb")):
+        if not holds_only_lmdb(path) or not os.path.isfile(os.path.join(path, "data.mdb")):
             return Ownership(False, "not a directory holding only data.mdb (and lock.mdb)")
         sniff = _SNIFFERS.get("lmdb")  # registered by gluon_data.stores.lmdbio (reads __meta__)
         if sniff is None:  # the module that could tell is not loaded: never assume ours

@@ -475,11 +475,3 @@ def parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
 def file_stamp(st: os.stat_result) -> Tuple[int, int, int, int]:
     """``(device, inode, size, mtime_ns)``: what changes when a file is replaced or rewritten."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-# The old private names, until their importers take the public ones (then delete this block):
-# gluon_data/stores/recordio.py (its import of the index names) and
-# gluon_data/stores/mxindexed.py (``_parse_index``).
-_load_index, _Index, _index_facts, _parse_index = load_index, Index, index_facts, parse_index
-_GDX_SEQUENTIAL_KEYS, _GDX_FILE_ORDER = GDX_SEQUENTIAL_KEYS, GDX_FILE_ORDER
-_GDX_KEYS_SORTED, _GDX_CLEAN = GDX_KEYS_SORTED, GDX_CLEAN

@@ -126,6 +126,6 @@ class RandomTransform:
         self.rng = SeededRandom(seed)
 
 
-# The old private name, until gluon_data/arrays/tensorize.py and gluon_data/arrays/transforms.py
-# import RandomTransform (then delete this line).
+# The old private name, until gluon_data/arrays/tensorize.py imports RandomTransform (then
+# delete this line).
 _Random = RandomTransform

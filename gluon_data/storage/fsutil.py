@@ -369,8 +369,3 @@ def sha256_file(path: str) -> str:
         for chunk in iter(lambda: f.read(4 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-# The old private name, until gluon_data/format/ownership.py imports holds_only_lmdb (then
-# delete this line).
-_lmdb_dir_only = holds_only_lmdb

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ..errors import FormatError
-from ..format.recindex import _parse_index
+from ..format.recindex import parse_index
 from .mxrecordio import MissingKeyError, MXRecordIO, _write_all
 
 __all__ = ["MXIndexedRecordIO"]
@@ -97,7 +97,7 @@ class MXIndexedRecordIO(MXRecordIO):
         if not raw.strip():
             return
         if self.key_type is int:
-            keys, offsets = _parse_index(raw, self.idx_path)
+            keys, offsets = parse_index(raw, self.idx_path)
             self.keys = keys.tolist()
             self.idx = dict(zip(self.keys, offsets.tolist()))
             self._offsets = offsets

@@ -23,10 +23,9 @@ from ..storage.fileio import ProcessDescriptor, advise_willneed
 from ..storage.fileio import require_regular as _require_regular
 from ..format.meta import read_meta
 from ..format.recindex import (  # noqa: F401  (the index names stay importable from here)
-    _CACHE_MIN_BYTES, _GDX_CLEAN, _GDX_FILE_ORDER, _GDX_KEYS_SORTED, _GDX_SEQUENTIAL_KEYS,
-    _RACY_NS, BINARY_INDEX_SUFFIX, _Index, _index_facts, _load_index, _map_binary_index,
-    _parse_index, _parse_strict_index, _read_binary_index, binary_index_problem, file_stamp,
-    idx_path_for, index_cache_path, read_index, write_binary_index)
+    BINARY_INDEX_SUFFIX, GDX_CLEAN, GDX_FILE_ORDER, GDX_KEYS_SORTED, GDX_SEQUENTIAL_KEYS,
+    binary_index_problem, file_stamp, idx_path_for, index_cache_path, index_facts, load_index,
+    read_index, write_binary_index)
 from .recwriter import RecordWriter
 from .base import is_uri, register_opener, valid_positions
 
@@ -81,7 +80,7 @@ class RecordFile:
         self._meta = meta
         for p in (self.path, self.idx_path):  # the input-kind rule, before anything is opened
             _require_regular(p)
-        index = _load_index(self.idx_path)
+        index = load_index(self.idx_path)
         st = os.stat(self.path)
         self._stamp = file_stamp(st)
         self._idx_stamp = index.stamp
@@ -109,17 +108,17 @@ class RecordFile:
         the file), so a mapped index stays the page cache's one shared copy."""
         self.file_size = file_size
         n = len(offsets)
-        if flags is None or not flags & _GDX_CLEAN or max_offset + 8 > file_size:
+        if flags is None or not flags & GDX_CLEAN or max_offset + 8 > file_size:
             if keys is None:
                 keys = np.arange(n)
             self._validate(keys, offsets, expected_count)
-            flags = _index_facts(keys, offsets)[0]
+            flags = index_facts(keys, offsets)[0]
         else:
             self._check_count(n, expected_count)
-        self._keys = None if flags & _GDX_SEQUENTIAL_KEYS else keys
-        self._keys_sorted = bool(flags & _GDX_KEYS_SORTED)
+        self._keys = None if flags & GDX_SEQUENTIAL_KEYS else keys
+        self._keys_sorted = bool(flags & GDX_KEYS_SORTED)
         self._offsets = offsets
-        self._in_file_order = bool(flags & _GDX_FILE_ORDER)
+        self._in_file_order = bool(flags & GDX_FILE_ORDER)
         self._ends = None
         if not self._in_file_order:  # stock files only: one private array of record ends
             uniq = np.unique(offsets)
@@ -295,7 +294,7 @@ class RecordFile:
         stamp = file_stamp(os.stat(self.path))
         if stamp != self._stamp:
             raise self._replaced(self.path, self._stamp, stamp)
-        index = _load_index(self.idx_path)
+        index = load_index(self.idx_path)
         if index.stamp != self._idx_stamp or len(index.offsets) != self._n:
             raise self._replaced(self.idx_path, self._idx_stamp, index.stamp)
         lock = self._lock

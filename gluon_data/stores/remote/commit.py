@@ -13,7 +13,7 @@ from ...errors import OutputError, RemoteError, RemoteNotFoundError
 from ...format.meta import dumps_meta, meta_path
 from ...format.ownership import Ownership, exists_refusal, location_ownership
 from ...storage.remotefs import _Remote
-from ...format.layout import LMDB_COMMIT, LMDB_MARKER, UPLOAD_MARKER, _join
+from ...format.layout import LMDB_COMMIT, LMDB_MARKER, UPLOAD_MARKER, sibling_uri
 
 _NOT_OURS = ("exists and is not a dataset written by gluon-data (%s); --overwrite only "
              "replaces gluon-data's own outputs, so it was left untouched: remove it or choose "
@@ -208,7 +208,7 @@ def probe_writable(remote: "_Remote", output: str) -> None:
     written and deleted, so missing write or delete permissions show now, not after the
     conversion (the :class:`RemoteError` of the failed call, naming the probe)."""
     name = ".%s.gluon-data-probe-%s" % (posixpath.basename(output), uuid.uuid4().hex[:12])
-    target = _join(output, name)
+    target = sibling_uri(output, name)
     try:
         remote.pipe(target, b"")
         remote.rm(target)
