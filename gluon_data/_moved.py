@@ -108,7 +108,6 @@ MOVED_NAMES = {
         '_ProcessLocal': 'gluon_data.stores.remote.stores',
         '_RangedRecordFile': 'gluon_data.stores.remote.ranged',
         '_ReadsLocalCopy': 'gluon_data.stores.remote.stores',
-        '_Remote': 'gluon_data.storage.remotefs',
         '_bounded': 'gluon_data.storage.remotefs',
         '_commit_names': 'gluon_data.stores.remote.commit',
         '_default_cache_dir': 'gluon_data.storage.objects',

@@ -56,21 +56,12 @@ PRIVATE_LEFT = frozenset(
     (PACKAGE + "." + user, PACKAGE + "." + home, name) for user, home, names in (
         ("arrays.tensorize", "sampling.seeding", "_Random"),
         ("convert.encode", "format.codec", "_sj"),
-        ("convert.shard_task", "stores.shards", "_read_shard_meta _shard_files"),
-        ("convert.sharded", "stores.shards", "_read_shard_meta _shard_files _write_manifest"),
-        ("convert.to_uri", "storage.remotefs", "_Remote"),
-        ("convert.upload", "storage.remotefs", "_Remote"),
         ("convert.upload", "stores.remote.commit", "_found"),
-        ("convert.upload", "stores.shards", "_load_manifest _shard_files"),
         ("gluon.taskdatasets", "arrays.base", "_container"),
         ("mx_recordio", "format.codec", "_IR"),
         ("mx_recordio", "stores.mxrecordio", "_as_bytes"),
         ("stores.mxrecordio", "format.codec", "_FRAME _IR _LEN_MASK"),
         ("stores.recordio", "format.codec", "_FRAME _LEN_MASK"),
-        ("stores.remote.commit", "storage.remotefs", "_Remote"),
-        ("stores.remote.describe", "storage.remotefs", "_Remote"),
-        ("stores.remote.ranged", "storage.remotefs", "_Remote"),
-        ("stores.remote.stores", "storage.remotefs", "_Remote"),
         ("tools.verify", "stores.check", "_check_records"),
     ) for name in names.split())
 

@@ -913,10 +913,10 @@ def test_a_server_silent_after_taking_an_upload_is_retried_within_the_bound(s3, 
     aiohttp then has no read timeout at all (a 1xx answer disarms it), so without our own
     per-attempt limit this upload waited forever. Now the attempt is cancelled at its limit and
     our next attempt succeeds; s3fs retries nothing inside an attempt."""
-    from gluon_data.storage.remotefs import _Remote, attempt_limit, call_bound
+    from gluon_data.storage.remotefs import Remote, attempt_limit, call_bound
     fast = dict(so, config_kwargs={"connect_timeout": 1.5, "read_timeout": 1.5,
                                    "retries": {"max_attempts": 1}})
-    remote = _Remote(fast, retries=1, backoff=0.01)
+    remote = Remote(fast, retries=1, backoff=0.01)
     uri = _fresh_uri("dropped/a.bin")
     s3.drop_put = ("dropped/a.bin", 1)
     s3.log.clear()

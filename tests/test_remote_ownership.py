@@ -11,7 +11,7 @@ from s3_server import BUCKET, _options, moto_s3  # noqa: E402
 from gluon_data.convert.sample import make_imagefolder  # noqa: E402
 from gluon_data.convert.to_uri import convert_to_uri  # noqa: E402
 from gluon_data.errors import OutputError  # noqa: E402
-from gluon_data.storage.remotefs import _Remote, filesystem  # noqa: E402
+from gluon_data.storage.remotefs import Remote, filesystem  # noqa: E402
 from gluon_data.stores.base import open_store  # noqa: E402
 from gluon_data.stores.remote.commit import Commit  # noqa: E402
 
@@ -122,7 +122,7 @@ def test_a_foreign_object_without_any_document_is_refused(s3, so, src, tmp_path)
 def test_an_interrupted_upload_is_ours_by_its_marker_checked_as_a_document(s3, so, marker,
                                                                           ours, reason):
     """No commit document yet: the upload marker decides, through the same document check."""
-    remote = _Remote(so, retries=1)
+    remote = Remote(so, retries=1)
     uri = "s3://%s/marker-%d/c.rec" % (BUCKET, len(marker))
     remote.pipe(uri, b"half an upload")
     remote.pipe(uri[:-4] + ".uploading.json", marker)
@@ -139,7 +139,7 @@ def test_an_interrupted_upload_is_ours_by_its_marker_checked_as_a_document(s3, s
 def test_a_commit_document_decides_over_a_marker(s3, so):
     """Both exist (an upload stopped between its steps): the commit document is checked,
     and a damaged one is not excused by a marker of ours."""
-    remote = _Remote(so, retries=1)
+    remote = Remote(so, retries=1)
     uri = "s3://%s/both/c.rec" % BUCKET
     remote.pipe(uri, b"data")
     remote.pipe(uri[:-4] + ".uploading.json", b'{"writer": "gluon_data", "started": 0}')

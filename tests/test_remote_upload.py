@@ -15,7 +15,7 @@ from test_remote import BUCKET, moto_s3, so  # noqa: E402,F401  (so: the fixture
 from gluon_data import convert  # noqa: E402
 from gluon_data.errors import FormatError, RemoteError  # noqa: E402
 from gluon_data.format.meta import dumps_meta  # noqa: E402
-from gluon_data.storage.remotefs import _Remote  # noqa: E402
+from gluon_data.storage.remotefs import Remote  # noqa: E402
 from gluon_data.stores.remote.commit import Commit  # noqa: E402
 from gluon_data.convert.to_uri import convert_to_uri
 from gluon_data.storage.remotefs import filesystem  # noqa: E402
@@ -189,7 +189,7 @@ def test_a_commit_document_is_never_written_before_every_object_exists(s3, so, t
     """Expected: the protocol object refuses to commit while an object it needs is missing or
     of another size (a RemoteError naming it, the dataset left uncommitted and invisible), and
     commits once both are there."""
-    remote = _Remote(so, retries=1)
+    remote = Remote(so, retries=1)
     uri = "s3://%s/commitcheck/d.rec" % BUCKET
     c = Commit(remote, uri)
     rec, idx = tmp_path / "d.rec", tmp_path / "d.idx"

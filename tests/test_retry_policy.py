@@ -14,7 +14,7 @@ import pytest
 
 from gluon_data.errors import RemoteConnectionError
 from gluon_data.storage import remotefs
-from gluon_data.storage.remotefs import _Remote, call_bound, filesystem
+from gluon_data.storage.remotefs import Remote, call_bound, filesystem
 from gluon_data.storage.retry import ENVIRONMENT, RetryPolicy
 
 pytest.importorskip("aiohttp")  # fsspec's HTTP filesystem
@@ -89,7 +89,7 @@ def _attempts(remote, server):
 
 def test_the_environment_is_read_at_each_call(dropping, monkeypatch):
     """The object and the module exist before the variable is set: the call reads it."""
-    remote = _Remote()
+    remote = Remote()
     monkeypatch.setenv("GLUON_DATA_REMOTE_RETRIES", "0")
     err, connections = _attempts(remote, dropping)
     assert "after 1 attempts" in str(err) and 1 <= connections <= 2
@@ -103,14 +103,14 @@ def test_the_environment_is_read_at_each_call(dropping, monkeypatch):
 
 def test_an_explicit_retries_wins_over_the_environment(dropping, monkeypatch):
     monkeypatch.setenv("GLUON_DATA_REMOTE_RETRIES", "3")
-    remote = _Remote(retries=1)
+    remote = Remote(retries=1)
     err, connections = _attempts(remote, dropping)
     assert "after 2 attempts" in str(err) and 2 <= connections <= 4
     # it travels with the object (a task's remote_retries); the rest stays the environment's
-    clone = _Remote.__new__(_Remote)
+    clone = Remote.__new__(Remote)
     clone.__setstate__(remote.__getstate__())
     assert clone.retries == 1 and clone.policy().retries == 1
-    assert _Remote().__getstate__()["retries"] is None
+    assert Remote().__getstate__()["retries"] is None
 
 
 @pytest.mark.parametrize("var,value,want", [
@@ -124,7 +124,7 @@ def test_an_explicit_retries_wins_over_the_environment(dropping, monkeypatch):
 ])
 def test_an_invalid_variable_is_refused_by_name_before_any_request(dropping, monkeypatch,
                                                                     var, value, want):
-    remote = _Remote()
+    remote = Remote()
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError) as e:
         remote.cat(dropping.url())
@@ -136,9 +136,9 @@ def test_an_invalid_variable_is_refused_by_name_before_any_request(dropping, mon
 
 def test_an_invalid_explicit_value_is_refused_when_given():
     with pytest.raises(ValueError, match="remote_retries"):
-        _Remote(retries=-1)
+        Remote(retries=-1)
     with pytest.raises(ValueError, match="backoff"):
-        _Remote(backoff=float("nan"))
+        Remote(backoff=float("nan"))
 
 
 def test_the_command_line_names_the_variable(dropping):
@@ -154,7 +154,7 @@ def test_the_command_line_names_the_variable(dropping):
 
 def test_timeouts_and_bounds_follow_the_environment_now(monkeypatch):
     pytest.importorskip("s3fs")
-    remote = _Remote({"key": "k", "secret": "s"})
+    remote = Remote({"key": "k", "secret": "s"})
     monkeypatch.setenv("GLUON_DATA_REMOTE_CONNECT_TIMEOUT", "1.5")
     monkeypatch.setenv("GLUON_DATA_REMOTE_READ_TIMEOUT", "2.5")
     monkeypatch.setenv("GLUON_DATA_REMOTE_RETRIES", "2")

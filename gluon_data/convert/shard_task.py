@@ -18,8 +18,8 @@ from ..stores.lmdbio import LMDBFile, is_lmdb
 from ..format.meta import CONTAINER_KEYS, read_meta
 from ..stores.recordio import RecordFile
 from ..stores.shardstore import ShardedStore
-from ..stores.shards import (_read_shard_meta, _shard_files, dataset_files, is_manifest,
-                      manifest_path, shard_summary)
+from ..stores.shards import (dataset_files, is_manifest, manifest_path, read_shard_meta,
+                             shard_files, shard_summary)
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
 from .done import Done, is_done, record_in, shard_unit
@@ -80,14 +80,14 @@ def _finished(job: ShardJob) -> Optional[dict]:
     of this plan: :func:`gluon_data.convert.sharded._check_target`); a shard whose metadata
     holds an invalid record is refused (:class:`ConversionError` naming it)."""
     try:
-        meta = _read_shard_meta(job.path, job.container, job.split)
+        meta = read_shard_meta(job.path, job.container, job.split)
     except (GluonDataError, OSError):
         return None
     info = (meta or {}).get("shard")
     if not info:
         return None
     record = record_in(info, job.path, _legacy_record, what="shard metadata's done record")
-    files = _shard_files(job.path, job.container)
+    files = shard_files(job.path, job.container)
     found = {os.path.basename(p): _size(p) for p in files}
     if not is_done(record, shard_unit(job.index, job.count), job.digest, found) \
             or None in found.values():

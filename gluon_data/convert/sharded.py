@@ -28,9 +28,9 @@ from ..format.ownership import exists_refusal
 from ..format.plan import part_digest, plan_digest, source_head
 from ..tools.progress import progress_bar
 from ..stores.recordio import RecordFile
-from ..stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, _read_shard_meta, _shard_files,
-                      _write_manifest, is_manifest, manifest_path, parse_size, plan_ranges,
-                      prefix_of, read_manifest, shard_name)
+from ..stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, is_manifest, manifest_path,
+                             parse_size, plan_ranges, prefix_of, read_manifest, read_shard_meta,
+                             shard_files, shard_name, write_manifest)
 from .sources import DEFAULT_MAX_FILE_BYTES, open_source
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
@@ -52,7 +52,7 @@ def _check_target(path: str, container: str, split: str, names: str,
     if overwrite or not os.path.exists(path):
         return
     try:
-        meta = _read_shard_meta(path, container, split)
+        meta = read_shard_meta(path, container, split)
     except (GluonDataError, OSError):
         meta = None
     info = (meta or {}).get("shard") or {}
@@ -372,7 +372,7 @@ def _write_split_manifest(p: dict, entries: List[dict], container: str,
                                          "meta_sha256")} for e in entries],
            "meta": meta}
     mp = manifest_path(p["prefix"])
-    _write_manifest(mp, doc)
+    write_manifest(mp, doc)
     report.outputs[p["split"]] = mp
     report.written[p["split"]] = sum(e["records"] for e in entries if not e["reused"])
     kept = [e for e in entries if e["reused"]]
@@ -388,7 +388,7 @@ def _write_split_manifest(p: dict, entries: List[dict], container: str,
 def _check_shard_here(job: ShardJob, entry: dict) -> None:
     """A shard a Dask worker reports written must be on this machine too (the output folder
     is shared): else the manifest would name shards the client does not have."""
-    rec = _shard_files(job.path, job.container)[0]
+    rec = shard_files(job.path, job.container)[0]
     if not os.path.exists(rec) or (job.container == "rec"
                                    and os.path.getsize(rec) != entry["bytes"]):
         raise WorkerPathError("a worker wrote this shard, but it is not on this machine: %s"
@@ -423,7 +423,7 @@ def _stamped_files(source: str) -> List[str]:
         return []
     if is_manifest(source):
         return [source]
-    return _shard_files(source, "lmdb" if is_lmdb(source) else "rec")
+    return shard_files(source, "lmdb" if is_lmdb(source) else "rec")
 
 
 def _copy_sources(source: str, split: Optional[str], options: Optional[dict] = None):

@@ -12,7 +12,7 @@ from ..storage.cache import Cache
 from ..storage.staging import Staging
 from ..storage.credentials import forward_options
 from ..stores.remote.commit import Commit, check_bucket, probe_writable
-from ..storage.remotefs import _Remote
+from ..storage.remotefs import Remote
 from .upload import ShardUploader, upload_dataset
 from ..stores.shards import is_manifest
 from .local import convert_local
@@ -55,7 +55,7 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
     storage_options, overwrite, resume = o.storage_options, o.overwrite, o.resume
     if o.forward_credentials:  # this machine's credentials, for the tasks (in memory only)
         storage_options = forward_options(output, storage_options)
-    remote = _Remote(storage_options, o.remote_retries)
+    remote = Remote(storage_options, o.remote_retries)
     check_bucket(remote, output)
     # refuse an existing output before any work (the split names are checked again later)
     if not resume and remote.exists(output):
@@ -72,7 +72,7 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
 
 
 def _convert_staged(source, output: str, layout, o: ConvertOptions, area: Staging,
-                    remote: _Remote, sharded: bool, storage_options):
+                    remote: Remote, sharded: bool, storage_options):
     """:func:`convert_to_uri` once the bucket is checked: convert into the staging
     ``area``, upload, remove the area (kept when this fails, for ``resume``)."""
     overwrite, resume = o.overwrite, o.resume

@@ -17,11 +17,11 @@ from ..storage.fsutil import sha256_file
 from ..stores.lmdbio import LMDBFile, read_lmdb_meta
 from ..format.meta import dumps_meta, meta_path
 from ..stores.recordio import idx_path_for
-from ..stores.shards import _load_manifest, _shard_files, manifest_path, prefix_of, read_manifest
+from ..stores.shards import load_manifest, manifest_path, prefix_of, read_manifest, shard_files
 from ..tools.verify import verify
 from ..stores.remote.commit import Commit, _found, put_object
 from ..format.layout import LMDB_DATA, LMDB_FORMAT, sibling_uri
-from ..storage.remotefs import _Remote
+from ..storage.remotefs import Remote
 from ..storage.cache import Cache
 from ..storage.staging import Staging
 from .done import Done, is_done, read_record, read_records, records_doc, shard_unit, write_record
@@ -109,7 +109,7 @@ def upload_dataset(local: Sequence[str], uri: str, *,
         or manifest of ours under the output name, nor an interrupted upload of ours); nothing
         was changed.
     """
-    remote = _Remote(storage_options, retries)
+    remote = Remote(storage_options, retries)
     done: Dict[str, Done] = {}
     if resume and journal and os.path.exists(journal):
         done = read_records(journal, _legacy_journal, "journal", what="upload journal")
@@ -190,7 +190,7 @@ class ShardUploader:
     ----------
     uri : str
         The output URI the conversion was given (its folder receives the shards).
-    remote : _Remote
+    remote : Remote
         Storage options and retry policy.
     staging : str, optional
         A folder of your own for the staged shards (outside the cache). Default: the
@@ -205,12 +205,12 @@ class ShardUploader:
 
     Examples
     --------
-    >>> sink = ShardUploader("s3://bucket/voc.rec", _Remote())
+    >>> sink = ShardUploader("s3://bucket/voc.rec", Remote())
     >>> sink.shard_uri("voc-00000-of-00002.rec")
     's3://bucket/voc-00000-of-00002.rec'
     """
 
-    def __init__(self, uri: str, remote: "_Remote", staging: Optional[str] = None,
+    def __init__(self, uri: str, remote: "Remote", staging: Optional[str] = None,
                  overwrite: bool = False, resume: bool = False,
                  cache_dir: Optional[str] = None):
         self.uri, self.remote, self.staging, self.cache_dir = uri, remote, staging, cache_dir
@@ -271,7 +271,7 @@ class ShardUploader:
         the manifest ``blob`` is of this plan; else ``None``."""
         uri = self._commit(p).commit
         try:
-            doc = _load_manifest(uri, blob)[0]
+            doc = load_manifest(uri, blob)[0]
         except FormatError:
             return None  # not one whole: this run writes it
         if (doc.get("plan") or {}).get("digest") != p["digest"]:
@@ -346,7 +346,7 @@ class ShardUploader:
             if area is not None:
                 area.claim()  # the staged shard counted: entries not in use make room
             files = {}
-            for path in _shard_files(local, job.container):
+            for path in shard_files(local, job.container):
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
                 files[rel] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
             for rel in files:

@@ -12,7 +12,7 @@ from .cache import Cache
 from ..errors import CacheError, ChecksumMismatchError
 from .fsutil import CacheLock, default_cache_dir, open_new
 from .fsutil import fsync_dir as _fsync_dir
-from .remotefs import _Remote
+from .remotefs import Remote
 
 
 # --------------------------------------------------------------------------- the cache
@@ -53,7 +53,7 @@ class ShardCache(Cache):
     Examples
     --------
     >>> cache = ShardCache("/tmp/gd-cache", cache_limit="2GB")           # doctest: +SKIP
-    >>> path, pin = cache.fetch(_Remote(), "s3://bucket/a.rec", size=1 << 20)  # doctest: +SKIP
+    >>> path, pin = cache.fetch(Remote(), "s3://bucket/a.rec", size=1 << 20)  # doctest: +SKIP
     """
 
     PARTIAL = ".partial"
@@ -63,7 +63,7 @@ class ShardCache(Cache):
         # "v2": entries sealed under the trust rule (older, unsealed ones are never consulted)
         return hashlib.sha256(("%s\0%s\0v2" % (uri, stamp)).encode("utf-8")).hexdigest()[:32]
 
-    def fetch(self, remote: _Remote, uri: str, size: int, sha256: Optional[str] = None,
+    def fetch(self, remote: Remote, uri: str, size: int, sha256: Optional[str] = None,
               stamp: str = "", pin: bool = False, check=None):
         """Path of a verified local copy of ``uri`` (downloading it if needed), and a pin:
         a lock keeping the copy from eviction until ``pin.release()`` (``None`` unless

@@ -1,4 +1,4 @@
-"""Options, the fsspec client, and :class:`_Remote`: every remote call, made under the one
+"""Options, the fsspec client, and :class:`Remote`: every remote call, made under the one
 retry and time-bound policy (:class:`~gluon_data.storage.retry.RetryPolicy`)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
                       RemoteNotFoundError, TruncatedDownloadError)
 # The one retry and time-bound policy (read from the environment at each call), and its
-# defaults and bounds where they were always imported from. Every retry is _Remote's
+# defaults and bounds where they were always imported from. Every retry is Remote's
 # (botocore makes one attempt, s3fs one try), so a stalled or unreachable server is a
 # RemoteConnectionError after at most call_bound() seconds (defaults: 5 x 70 s + 3.75 s).
 from .perprocess import PerProcess
@@ -39,7 +39,7 @@ CHUNK_BYTES = 8 << 20        # one ranged GET of a download (and the largest rea
 class RangesIgnoredError(RemoteError):
     """The server answered a ranged GET with more bytes than were asked for: it ignores
     ``Range`` (a ``200`` with the whole object instead of a ``206``, as Python's
-    ``http.server`` does). Not transient: never retried. :meth:`_Remote.download` and the
+    ``http.server`` does). Not transient: never retried. :meth:`Remote.download` and the
     ranged reader then read whole objects (one GET each) through the cache instead."""
 
 
@@ -108,7 +108,7 @@ def _bounded(uri: str, storage_options: Optional[dict],
     """``storage_options`` with bounded client timeouts for S3: botocore's
     ``connect_timeout``/``read_timeout`` (aiohttp's socket timeouts) from ``policy`` (default:
     the environment now, :meth:`RetryPolicy.from_env`), and one attempt per call in botocore
-    (only :class:`_Remote` retries, bounded, with backoff), unless the options'
+    (only :class:`Remote` retries, bounded, with backoff), unless the options'
     ``config_kwargs`` set them."""
     opts = dict(storage_options or {})
     if not _is_s3(uri):
@@ -149,9 +149,11 @@ _NO_CREDENTIALS = ("%s: no credentials on host %s: each process, a Dask worker i
                    "this client's")
 
 
-class _Remote:
+class Remote:
     """One storage endpoint: the filesystem (rebuilt lazily in each process) and the retry
-    policy. Pickles as its options only.
+    policy. Pickles as its options only. The remote stores, the upload
+    (:class:`~gluon_data.convert.upload.ShardUploader` takes one) and a conversion to a URI
+    each make one: ``Remote(storage_options, retries)``.
 
     ``retries`` / ``backoff`` (the ``remote_retries`` option, a store's ``retries=``) are
     the explicit part of the policy and travel with it; everything else is read from the

@@ -67,7 +67,7 @@ def _checked(name: str, value, source: str):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How every remote call is retried and bounded (:class:`~gluon_data.storage.remotefs._Remote`
+    """How every remote call is retried and bounded (:class:`~gluon_data.storage.remotefs.Remote`
     makes each call through it; botocore and s3fs make one attempt each).
 
     Parameters

@@ -27,7 +27,8 @@ from .base import is_uri, open_store
 __all__ = ["plan_ranges", "parse_size", "shard_name",
            "manifest_path", "read_manifest", "is_manifest",
            "write_combined_index", "dataset_files",
-           "MANIFEST_SUFFIX", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
+           "MANIFEST_SUFFIX", "MANIFEST_FORMAT", "MANIFEST_VERSION", "shard_files",
+           "read_shard_meta", "load_manifest", "write_manifest"]
 
 MANIFEST_SUFFIX = ".shards.json"
 MANIFEST_FORMAT = "gluon_data-shards"
@@ -109,7 +110,9 @@ def plan_ranges(sizes: Sequence[int], shards: Optional[int] = None,
     return out
 
 
-def _shard_files(path: str, container: str) -> List[str]:
+def shard_files(path: str, container: str) -> List[str]:
+    """The files one shard at ``path`` is made of: a RecordIO shard's ``.rec``, ``.idx`` and
+    ``.meta.json`` (the ``.rec`` first), an LMDB shard's ``data.mdb``."""
     if container == "lmdb":
         return [os.path.join(path, "data.mdb")]
     return [path, idx_path_for(path), meta_path(path)]
@@ -149,7 +152,8 @@ def dataset_files(*locations: str, container: Optional[str] = None) -> List[str]
     return out
 
 
-def _read_shard_meta(path: str, container: str, split: str) -> Optional[dict]:
+def read_shard_meta(path: str, container: str, split: str) -> Optional[dict]:
+    """Shard ``path``'s metadata (an LMDB shard's for ``split``), ``None`` when it has none."""
     if container == "lmdb":
         return read_lmdb_meta(path).get(split) if is_lmdb(path) else None
     return read_meta(path) if os.path.exists(path) else None
@@ -157,7 +161,7 @@ def _read_shard_meta(path: str, container: str, split: str) -> Optional[dict]:
 
 def shard_summary(path: str, container: str, split: str) -> dict:
     """Records, bytes and checksums of a published shard: its manifest entry."""
-    meta = _read_shard_meta(path, container, split)
+    meta = read_shard_meta(path, container, split)
     if meta is None:
         raise FormatError("shard has no metadata (missing or not written by a sharded "
                           "conversion)", path)
@@ -166,7 +170,7 @@ def shard_summary(path: str, container: str, split: str) -> dict:
         return {"name": os.path.basename(path), "records": meta["num_records"],
                 "bytes": os.path.getsize(os.path.join(path, "data.mdb")), "idx_sha256": None,
                 "meta_sha256": hashlib.sha256(dumps_meta(stored)).hexdigest(), "meta": meta}
-    rec, idx, mp = _shard_files(path, container)
+    rec, idx, mp = shard_files(path, container)
     return {"name": os.path.basename(path), "records": meta["num_records"],
             "bytes": os.path.getsize(rec), "idx_sha256": sha256_file(idx),
             "meta_sha256": sha256_file(mp), "meta": meta}
@@ -175,11 +179,11 @@ def shard_summary(path: str, container: str, split: str) -> dict:
 # --------------------------------------------------------------------------- manifest
 def read_manifest(path: str) -> dict:
     """Load and check a manifest; :class:`FormatError` naming it when it is not one."""
-    return _load_manifest(path)[0]
+    return load_manifest(path)[0]
 
 
-def _load_manifest(path: str, raw: Optional[bytes] = None,
-                   where: Optional[str] = None) -> Tuple[dict, bytes]:
+def load_manifest(path: str, raw: Optional[bytes] = None,
+                  where: Optional[str] = None) -> Tuple[dict, bytes]:
     """The manifest at ``path`` (or its bytes ``raw``, named ``where``) and its bytes, checked:
     its schema and its invariants (:mod:`gluon_data.format.documents`, kind ``manifest``: shard ``i``
     named ``PREFIX-%05d-of-%05d`` at position ``i``, counts adding up, the checksum)."""
@@ -221,7 +225,8 @@ def shard_mismatch(doc: dict, s: int, meta: Optional[dict]) -> Optional[str]:
     return None
 
 
-def _write_manifest(path: str, doc: dict) -> None:
+def write_manifest(path: str, doc: dict) -> None:
+    """Publish manifest ``doc`` at ``path``, atomically (a reader sees the old one or this)."""
     atomic_write(path, dumps_meta(doc))
 
 
@@ -251,3 +256,8 @@ def write_combined_index(manifest: str, idx_path: str) -> List[str]:
 
 
 # --------------------------------------------------------------------------- verify
+
+
+# The old private name, until benchmarks/bench_scale.py imports write_manifest (then delete
+# this line).
+_write_manifest = write_manifest

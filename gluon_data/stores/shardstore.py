@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import FormatError, GluonDataError
 from ..storage.perprocess import PerProcess
 from .recordio import idx_path_for
-from .shards import _load_manifest, is_manifest, shard_mismatch
+from .shards import is_manifest, load_manifest, shard_mismatch
 from .base import (is_uri, open_store, read_bytes, register_opener, valid_positions,
                     will_need)
 
@@ -131,7 +131,7 @@ class ShardedStore(ShardRouter):
             raise TypeError("a local sharded store takes no options but max_open_shards= and "
                             "prefetch_shards=, got %s" % ", ".join(sorted(options)))
         raw = read_bytes(self.location, **options) if remote else None
-        self.manifest, raw = _load_manifest(self.location, raw)
+        self.manifest, raw = load_manifest(self.location, raw)
         self._identity = "sha256:" + hashlib.sha256(raw).hexdigest()
         if split is not None and split != self.manifest.get("split"):
             raise FormatError("split %r not found; this manifest holds split %r"

@@ -12,7 +12,7 @@ from typing import Callable, Dict, Iterable, Optional
 from ...errors import OutputError, RemoteError, RemoteNotFoundError
 from ...format.meta import dumps_meta, meta_path
 from ...format.ownership import Ownership, exists_refusal, location_ownership
-from ...storage.remotefs import _Remote
+from ...storage.remotefs import Remote
 from ...format.layout import LMDB_COMMIT, LMDB_MARKER, UPLOAD_MARKER, sibling_uri
 
 _NOT_OURS = ("exists and is not a dataset written by gluon-data (%s); --overwrite only "
@@ -42,7 +42,7 @@ def _commit_kind(commit: str) -> str:
     return "manifest" if commit.endswith(".shards.json") else "meta"
 
 
-def _remote_ownership(remote: "_Remote", commit: str, marker: str) -> Ownership:
+def _remote_ownership(remote: "Remote", commit: str, marker: str) -> Ownership:
     """Whether the objects under a dataset's names are ours to replace, and why not: the one
     rule, :func:`gluon_data.format.ownership.location_ownership` (a local output's too), over
     its commit document ``commit`` (checked with its kind's schema) and its upload marker
@@ -56,13 +56,13 @@ def _remote_ownership(remote: "_Remote", commit: str, marker: str) -> Ownership:
     return location_ownership(size, remote.cat, commit, _commit_kind(commit), marker)
 
 
-def _remote_is_ours(remote: "_Remote", commit: str, marker: str) -> bool:
+def _remote_is_ours(remote: "Remote", commit: str, marker: str) -> bool:
     """Whether the objects under a dataset's names are recognisably gluon_data's output
     (:func:`_remote_ownership`)."""
     return _remote_ownership(remote, commit, marker).ours
 
 
-def _found(remote: "_Remote", uris: Iterable[str]) -> Dict[str, int]:
+def _found(remote: "Remote", uris: Iterable[str]) -> Dict[str, int]:
     """``{uri: size}`` of those of ``uris`` that exist: one HEAD each, or one listing of a
     folder asked about more than a few of its objects."""
     folders: Dict[str, list] = {}
@@ -89,7 +89,7 @@ def _found(remote: "_Remote", uris: Iterable[str]) -> Dict[str, int]:
     return out
 
 
-def put_object(remote: "_Remote", local: str, uri: str) -> None:
+def put_object(remote: "Remote", local: str, uri: str) -> None:
     """Upload one object of a dataset, then check the storage kept it whole (its size)."""
     nbytes = os.path.getsize(local)
     remote.put_file(local, uri)
@@ -118,7 +118,7 @@ class Commit:
     upload (left alone by a resumed one). Picklable.
     """
 
-    def __init__(self, remote: "_Remote", uri: str):
+    def __init__(self, remote: "Remote", uri: str):
         self.remote, self.uri = remote, uri.rstrip("/")
         self.commit, self.marker = _commit_names(self.uri)
         self._ours: Optional[Ownership] = None
@@ -190,7 +190,7 @@ class Commit:
         self.remote.rm(self.marker)
 
 
-def check_bucket(remote: "_Remote", output: str) -> None:
+def check_bucket(remote: "Remote", output: str) -> None:
     """Before any conversion: the bucket (the URI's first component) must exist (one HEAD;
     a :class:`RemoteNotFoundError` naming the bucket otherwise)."""
     scheme, _, rest = output.partition("://")
@@ -203,7 +203,7 @@ def check_bucket(remote: "_Remote", output: str) -> None:
                                   output) from None
 
 
-def probe_writable(remote: "_Remote", output: str) -> None:
+def probe_writable(remote: "Remote", output: str) -> None:
     """Before any conversion: a uniquely named empty object under the output's folder is
     written and deleted, so missing write or delete permissions show now, not after the
     conversion (the :class:`RemoteError` of the failed call, naming the probe)."""

@@ -18,7 +18,7 @@ from ...format.meta import meta_path
 from ..recordio import idx_path_for
 from ..base import is_uri
 from ..check import check_local
-from ...storage.remotefs import _Remote
+from ...storage.remotefs import Remote
 from ...format.layout import LMDB_COMMIT, LMDB_DATA, LMDB_MARKER, UPLOAD_MARKER
 
 
@@ -57,7 +57,7 @@ def _sized(described: dict, location: str, names: Tuple[str, ...]) -> Dict[str, 
     return {base + n: dict(files.get(n) or {}) for n in names}
 
 
-def describe_rec(remote: _Remote, location: str, split: Optional[str],
+def describe_rec(remote: Remote, location: str, split: Optional[str],
                  described: Optional[dict]) -> Described:
     """A ``.rec`` and its ``.idx``: from a manifest's entry (``described``, taken as given),
     else from the metadata (a GET) and the object's size (a HEAD)."""
@@ -86,7 +86,7 @@ def _check_size(entry: dict, size: int, where: str, uri: str) -> None:
             "rewritten; re-upload the dataset" % (size, where, entry["bytes"]), uri)
 
 
-def _read_meta(remote: _Remote, location: str) -> Optional[dict]:
+def _read_meta(remote: Remote, location: str) -> Optional[dict]:
     meta_location = meta_path(location)
     try:
         raw = remote.cat(meta_location)
@@ -101,7 +101,7 @@ def _read_meta(remote: _Remote, location: str) -> Optional[dict]:
     return load_document(raw, "meta", meta_location)
 
 
-def describe_lmdb(remote: _Remote, location: str, described: Optional[dict]) -> Described:
+def describe_lmdb(remote: Remote, location: str, described: Optional[dict]) -> Described:
     """An LMDB environment's ``data.mdb``: from a manifest's entry (its split is the
     manifest's), else from the commit document ``meta.json`` (every split's metadata, the
     size and SHA-256 of ``data.mdb``) and a HEAD. Without ``meta.json`` (a bare
@@ -127,7 +127,7 @@ def describe_lmdb(remote: _Remote, location: str, described: Optional[dict]) -> 
     return out
 
 
-def _read_commit(remote: _Remote, location: str) -> Optional[dict]:
+def _read_commit(remote: Remote, location: str) -> Optional[dict]:
     """``meta.json``, checked; ``None`` if there is none (a bare ``data.mdb``)."""
     commit = location + "/" + LMDB_COMMIT
     try:

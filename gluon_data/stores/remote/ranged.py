@@ -9,7 +9,7 @@ from typing import Callable, Optional
 from ...errors import FormatError
 from ..recordio import RecordFile, read_index
 from ...storage.perprocess import PerProcess
-from ...storage.remotefs import CHUNK_BYTES, RangesIgnoredError, _Remote
+from ...storage.remotefs import CHUNK_BYTES, RangesIgnoredError, Remote
 
 
 # --------------------------------------------------------------------------- reading
@@ -23,7 +23,7 @@ class _RangedRecordFile(RecordFile):
     fetch of the ``.rec``, pinned by the store) gives the path of its local copy, and every
     read is a ``pread`` of it."""
 
-    def __init__(self, uri: str, remote: _Remote, size: int, keys, offsets,
+    def __init__(self, uri: str, remote: Remote, size: int, keys, offsets,
                  expected_count: Optional[int], idx_uri: str,
                  whole: Optional[Callable[[], str]] = None):
         self.path, self.idx_path = uri, idx_uri

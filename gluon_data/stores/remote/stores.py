@@ -23,7 +23,7 @@ from ..base import is_uri, open_store, register_opener, register_reader
 from .describe import (check_lmdb_download, describe_lmdb, describe_rec, names_remote_lmdb,
                        stamp)
 from ...storage.perprocess import PerProcess
-from ...storage.remotefs import _Remote
+from ...storage.remotefs import Remote
 from ...format.layout import LMDB_COMMIT, LMDB_DATA
 from ...storage.objects import ShardCache
 from .ranged import _RangedRecordFile, _load_index
@@ -131,7 +131,7 @@ class RemoteStore(_ReadsLocalCopy):
         if reads not in ("cache", "ranged"):
             raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
         self.reads = reads
-        self._remote = _Remote(storage_options, retries, backoff)
+        self._remote = Remote(storage_options, retries, backoff)
         self._cache_args = (cache_dir, cache_limit)
         self._prefetch_threads = max(1, int(prefetch_threads))
         self._init_local()
@@ -434,7 +434,7 @@ def _read_uri(location: str, storage_options: Optional[dict] = None,
               retries: Optional[int] = None, backoff: Optional[float] = None,
               **_store_options) -> bytes:
     """:func:`~gluon_data.stores.base.read_bytes` of a URI (a manifest): one GET, retried."""
-    return _Remote(storage_options, retries, backoff).cat(location)
+    return Remote(storage_options, retries, backoff).cat(location)
 
 
 register_reader(is_uri, _read_uri)
