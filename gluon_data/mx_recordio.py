@@ -54,12 +54,12 @@ import numpy as np
 from .errors import DecodeError
 from .format import codec
 from .stores.mxindexed import MXIndexedRecordIO
-from .stores.mxrecordio import MissingKeyError, MXRecordIO, _as_bytes
+from .stores.mxrecordio import MissingKeyError, MXRecordIO, as_bytes
 
 __all__ = ["MXRecordIO", "MXIndexedRecordIO", "IRHeader", "pack", "unpack", "pack_img",
            "unpack_img", "MissingKeyError"]
 
-_IR_FORMAT = codec._IR.format
+_IR_FORMAT = codec.IR_HEADER.format
 _IR_SIZE = codec.IR_SIZE
 
 
@@ -103,14 +103,14 @@ def pack(header, s):
     35
     """
     header = IRHeader(*header)
-    s = _as_bytes(s, "pack()")
+    s = as_bytes(s, "pack()")
     if isinstance(header.label, numbers.Number):
         header = header._replace(flag=0)
     else:
         label = np.asarray(header.label, dtype="<f4")
         header = header._replace(flag=label.size, label=0)
         s = label.tobytes() + s
-    return codec._IR.pack(*header) + s
+    return codec.IR_HEADER.pack(*header) + s
 
 
 def unpack(s):

@@ -56,13 +56,6 @@ PRIVATE_LEFT = frozenset(
     (PACKAGE + "." + user, PACKAGE + "." + home, name) for user, home, names in (
         ("arrays.tensorize", "sampling.seeding", "_Random"),
         ("convert.encode", "format.codec", "_sj"),
-        ("convert.upload", "stores.remote.commit", "_found"),
-        ("gluon.taskdatasets", "arrays.base", "_container"),
-        ("mx_recordio", "format.codec", "_IR"),
-        ("mx_recordio", "stores.mxrecordio", "_as_bytes"),
-        ("stores.mxrecordio", "format.codec", "_FRAME _IR _LEN_MASK"),
-        ("stores.recordio", "format.codec", "_FRAME _LEN_MASK"),
-        ("tools.verify", "stores.check", "_check_records"),
     ) for name in names.split())
 
 

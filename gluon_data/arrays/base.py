@@ -36,10 +36,11 @@ from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..stores.base import RecordStore, is_uri, open_store, will_need
 from . import transforms as T
 
-__all__ = ["as_store", "open_location"]
+__all__ = ["as_store", "open_location", "container_of"]
 
 
-def _container(store) -> str:
+def container_of(store) -> str:
+    """``'lmdb'`` for a store of one split of an LMDB environment, ``'rec'`` otherwise."""
     return "lmdb" if store.split is not None else "rec"
 
 
@@ -115,7 +116,7 @@ class _StoreDataset:
                               self.filename)
         self._verify = verify
         self._checksummed = bool(self.meta) and self.meta.get("checksum") == "crc32-id2"
-        self._ids_are_keys = ids_are_keys(self.meta, _container(store))
+        self._ids_are_keys = ids_are_keys(self.meta, container_of(store))
         self._max_pixels = max_pixels
         self.seed = seed
         self._positions: Optional[np.ndarray] = None  # store positions of a shard()

@@ -19,7 +19,7 @@ from ..format.meta import dumps_meta, meta_path
 from ..stores.recordio import idx_path_for
 from ..stores.shards import load_manifest, manifest_path, prefix_of, read_manifest, shard_files
 from ..tools.verify import verify
-from ..stores.remote.commit import Commit, _found, put_object
+from ..stores.remote.commit import Commit, existing_sizes, put_object
 from ..format.layout import LMDB_DATA, LMDB_FORMAT, sibling_uri
 from ..storage.remotefs import Remote
 from ..storage.cache import Cache
@@ -121,12 +121,12 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     todo = [(c, doc, objects) for _, c, doc, objects in plan
             if not (resume and c.complete(partial(_same, doc, objects)))]
     for c, _, objects in todo:  # refuse before anything is changed
-        c.refuse(_found(remote, list(objects) + [c.commit]), overwrite,
+        c.refuse(existing_sizes(remote, list(objects) + [c.commit]), overwrite,
                  lambda target: resume and target in done)
     for c, _, _ in todo:
         c.begin()
     for c, doc, objects in todo:
-        up = _found(remote, [t for t, (_, sha) in objects.items()
+        up = existing_sizes(remote, [t for t, (_, sha) in objects.items()
                              if is_done(done.get(t), t, sha)])
         for target, (path, sha) in objects.items():
             size = os.path.getsize(path)
@@ -255,7 +255,7 @@ class ShardUploader:
                 self.complete.add(c.uri)  # complete already: the tasks find every receipt
                 continue
             targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
-            present = _found(self.remote, targets)
+            present = existing_sizes(self.remote, targets)
             c.refuse(present, self.overwrite, lambda target, c=c: self.resume and c.ours())
             todo.append((p, c, present))
         for p, c, present in todo:
@@ -320,7 +320,7 @@ class ShardUploader:
 
         record = read_record(blob, "receipt", uri, legacy=legacy, what="upload receipt",
                              keep=doc)
-        found = _found(self.remote, [self.shard_uri(rel) for rel in record.outputs])
+        found = existing_sizes(self.remote, [self.shard_uri(rel) for rel in record.outputs])
         found = {rel: found.get(self.shard_uri(rel)) for rel in record.outputs}
         if not record.outputs or not is_done(record, shard_unit(job.index, job.count),
                                              job.digest, found):

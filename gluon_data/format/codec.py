@@ -33,16 +33,20 @@ __all__ = [
     "frame", "unframe", "Record",
     "pack_classification", "pack_segmentation", "unpack", "record_checksum",
     "JpegFrame", "jpeg_frame", "image_size", "decode_image", "decode_mask", "encode_mask",
-    "encode_raw", "is_raw", "mask_size", "MASK_ENCODINGS",
+    "encode_raw", "is_raw", "mask_size", "MASK_ENCODINGS", "FRAME_HEADER", "LENGTH_MASK",
+    "IR_HEADER", "IR_SIZE", "has_fast_jpeg",
 ]
 
 # --------------------------------------------------------------------------- framing
 RECORDIO_MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", RECORDIO_MAGIC)
-_FRAME = struct.Struct("<II")
+#: The 8-byte head of every RecordIO frame: ``(magic, lrec)``, where ``lrec`` holds the
+#: continuation flag in its top 3 bits and the length (``lrec & LENGTH_MASK``) below them.
+FRAME_HEADER = struct.Struct("<II")
 #: dmlc-core refuses records of 2**29 bytes or more (the length field has 29 bits).
 MAX_RECORD_BYTES = (1 << 29) - 1
-_LEN_MASK = (1 << 29) - 1
+#: The length bits of a frame's ``lrec``.
+LENGTH_MASK = (1 << 29) - 1
 
 
 def frame(payload: bytes) -> List[bytes]:
@@ -69,12 +73,12 @@ def frame(payload: bytes) -> List[bytes]:
     start = 0
     for pos in hits:
         flag = 1 if start == 0 else 2
-        chunks.append(_FRAME.pack(RECORDIO_MAGIC, (flag << 29) | (pos - start)))
+        chunks.append(FRAME_HEADER.pack(RECORDIO_MAGIC, (flag << 29) | (pos - start)))
         if pos != start:
             chunks.append(payload[start:pos])
         start = pos + 4
     flag = 3 if start != 0 else 0
-    chunks.append(_FRAME.pack(RECORDIO_MAGIC, (flag << 29) | (n - start)))
+    chunks.append(FRAME_HEADER.pack(RECORDIO_MAGIC, (flag << 29) | (n - start)))
     if n != start:
         chunks.append(payload[start:])
     pad = (-n) % 4
@@ -96,8 +100,8 @@ def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
     mv = memoryview(buf)
     size = len(mv)
     if pos + 8 <= size:  # fast path: a whole single-part record
-        magic, lrec = _FRAME.unpack_from(mv, pos)
-        length = lrec & _LEN_MASK
+        magic, lrec = FRAME_HEADER.unpack_from(mv, pos)
+        length = lrec & LENGTH_MASK
         end = pos + 8 + length
         if magic == RECORDIO_MAGIC and lrec >> 29 == 0 and end <= size:
             payload = mv[pos + 8:end]
@@ -110,12 +114,12 @@ def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
             raise CorruptRecordError(
                 "truncated record header: %d bytes left, 8 needed (file cut short?)"
                 % max(size - pos, 0), path, key, where)
-        magic, lrec = _FRAME.unpack_from(mv, pos)
+        magic, lrec = FRAME_HEADER.unpack_from(mv, pos)
         if magic != RECORDIO_MAGIC:
             raise CorruptRecordError(
                 "bad magic 0x%08x (expected 0x%08x): the index points into the middle of a "
                 "record or the file is damaged" % (magic, RECORDIO_MAGIC), path, key, where)
-        cflag, length = lrec >> 29, lrec & _LEN_MASK
+        cflag, length = lrec >> 29, lrec & LENGTH_MASK
         if cflag > 3 or (first and cflag not in (0, 1)) or (not first and cflag not in (2, 3)):
             raise CorruptRecordError(
                 "invalid continuation flag %d %s" % (cflag, "at record start" if first
@@ -138,8 +142,9 @@ def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
 
 
 # --------------------------------------------------------------------------- payloads
-_IR = struct.Struct("<IfQQ")
-IR_SIZE = _IR.size  # 24
+#: MXNet's ``IRHeader`` as packed before a payload: ``(flag, label, id, id2)``.
+IR_HEADER = struct.Struct("<IfQQ")
+IR_SIZE = IR_HEADER.size  # 24
 #: High 32 bits of ``id2`` that mark "low 32 bits are a CRC-32 of this payload".
 CHECKSUM_TAG = 0x47440001  # "GD", scheme 1
 _SEG_TRAILER = struct.Struct("<QQ4s")
@@ -183,11 +188,11 @@ def with_id(payload, id_: int) -> bytes:
 def _header_bytes(label, id_: int) -> bytes:
     """``IRHeader`` (+ label vector) exactly as ``mx.recordio.pack`` writes it."""
     if isinstance(label, (int, float, np.integer, np.floating)):
-        return _IR.pack(0, float(label), id_, 0)
+        return IR_HEADER.pack(0, float(label), id_, 0)
     vec = np.asarray(label, dtype="<f4").ravel()
     if vec.size == 0:
         raise ValueError("an empty label vector cannot be stored: use a number")
-    return _IR.pack(vec.size, 0.0, id_, 0) + vec.tobytes()
+    return IR_HEADER.pack(vec.size, 0.0, id_, 0) + vec.tobytes()
 
 
 def pack_classification(label, image: bytes, id: int = 0, checksum: bool = True) -> bytes:
@@ -213,7 +218,7 @@ def pack_segmentation(image: bytes, mask: bytes, id: int = 0, checksum: bool = T
     the magic ``b"GDS1"``.
     """
     image, mask = bytes(image), bytes(mask)
-    body = _IR.pack(0, 0.0, id, 0) + image + mask + _SEG_TRAILER.pack(len(image), len(mask),
+    body = IR_HEADER.pack(0, 0.0, id, 0) + image + mask + _SEG_TRAILER.pack(len(image), len(mask),
                                                                      SEG_MAGIC)
     return _seal(bytearray(body), checksum)
 
@@ -231,7 +236,7 @@ def unpack(payload, *, segmentation: Optional[bool] = None, verify: bool = True,
     if n < IR_SIZE:
         raise CorruptRecordError("payload of %d bytes is shorter than the %d-byte IRHeader"
                                  % (n, IR_SIZE), path, key, offset)
-    flag, label, id_, id2 = _IR.unpack_from(mv, 0)
+    flag, label, id_, id2 = IR_HEADER.unpack_from(mv, 0)
     crc = None
     if (id2 >> 32) == CHECKSUM_TAG:
         crc = id2 & 0xFFFFFFFF
@@ -287,6 +292,12 @@ try:  # the JPEG decoder of record (see _decode_jpeg_strict); a declared depende
     import simplejpeg as _sj
 except ImportError:  # pragma: no cover - a broken install; OpenCV then decodes every JPEG
     _sj = None
+
+
+def has_fast_jpeg() -> bool:
+    """Whether simplejpeg (libjpeg-turbo, the JPEG decoder of record) is installed; without it
+    OpenCV decodes every JPEG."""
+    return _sj is not None
 
 
 #: libjpeg-turbo's words for a JPEG that is valid but of a variant it does not decode (as

@@ -29,7 +29,7 @@ import numpy as np
 
 from . import buffers
 from ..arrays import datasets as A
-from ..arrays.base import _container
+from ..arrays.base import container_of
 from ..arrays.datasets import MODES, default_joint_transform
 from ..arrays.tensorize import OUTPUTS, ImageCropNormalize
 from ..format import codec
@@ -52,7 +52,7 @@ class _NDArrays:
     as CPU NDArrays, the fast paths' outputs over pooled buffers (no copy)."""
 
     def _task_class(self, task: str) -> str:
-        return _CLASS_FOR[_container(self._file), task]
+        return _CLASS_FOR[container_of(self._file), task]
 
     def _buffer(self, shape, dtype) -> np.ndarray:
         return buffers.samples.take(shape, dtype)

@@ -16,7 +16,7 @@ from ..format.meta import ids_are_keys, meta_path, read_meta, wrong_record
 from .recordio import BINARY_INDEX_SUFFIX, RecordFile, binary_index_problem, idx_path_for
 from .base import open_store, store_splits
 
-__all__ = ["VerifyReport", "check_local"]
+__all__ = ["VerifyReport", "check_local", "check_records"]
 
 
 @dataclass
@@ -57,8 +57,8 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def _check_records(store, meta, report: VerifyReport, deep: bool, where: str,
-                   container: str = "rec") -> None:
+def check_records(store, meta, report: VerifyReport, deep: bool, where: str,
+                  container: str = "rec") -> None:
     """Check every record as the dataset readers would read it: framing, checksum, header id
     against the index key, and with ``deep`` the reader's own image and mask decoders."""
     seg = bool(meta) and meta.get("task") == "segmentation"
@@ -114,7 +114,7 @@ def _verify_rec(path: str, deep: bool) -> VerifyReport:
         except GluonDataError as e:
             report.add(e, path)
     _check_binary_index(store.idx_path, report)
-    _check_records(store, meta, report, deep, path)
+    check_records(store, meta, report, deep, path)
     return report
 
 
@@ -145,7 +145,7 @@ def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyRepo
             report.add(e, path)
             continue
         report.records += len(store)
-        _check_records(store, store.meta, report, deep, "%s [split %s]" % (path, s), "lmdb")
+        check_records(store, store.meta, report, deep, "%s [split %s]" % (path, s), "lmdb")
     return report
 
 

@@ -16,10 +16,10 @@ from ..format import codec
 from ..storage.fileio import ProcessDescriptor, require_regular
 from ..storage.perprocess import PerProcess
 
-__all__ = ["MXRecordIO", "MissingKeyError"]
+__all__ = ["MXRecordIO", "MissingKeyError", "as_bytes"]
 
 # stock's module-level names, for code that reaches for them (``s[recordio._IR_SIZE:]``)
-_IR_FORMAT = codec._IR.format
+_IR_FORMAT = codec.IR_HEADER.format
 _IR_SIZE = codec.IR_SIZE
 
 #: Records whose extent (known from the index) is at most this big are read with one pread.
@@ -46,7 +46,7 @@ class MissingKeyError(GluonDataError, KeyError):
         return self._message
 
 
-def _as_bytes(buf, what: str) -> bytes:
+def as_bytes(buf, what: str) -> bytes:
     """``buf`` as ``bytes``; a ``str`` or a non-buffer (an int would be taken as a size by
     ``bytes()``) is a ``TypeError``."""
     if isinstance(buf, bytes):
@@ -276,7 +276,7 @@ class MXRecordIO:
                 self._flush()
 
     def _frame(self, buf, key=None):
-        data = _as_bytes(buf, "write()")
+        data = as_bytes(buf, "write()")
         try:
             return codec.frame(data)
         except FormatError as e:  # too big for RecordIO's 29-bit length
@@ -363,11 +363,11 @@ class MXRecordIO:
             if len(head) < 8:
                 target = min(a + len(head), limit)  # unframe() reports the truncated header
                 break
-            magic, lrec = codec._FRAME.unpack(head)
+            magic, lrec = codec.FRAME_HEADER.unpack(head)
             if magic != codec.RECORDIO_MAGIC:
                 target = min(a + 8, limit)  # unframe() reports the bad magic
                 break
-            length = lrec & codec._LEN_MASK
+            length = lrec & codec.LENGTH_MASK
             if a + 8 + length > limit:
                 if limit < size:
                     raise CorruptRecordError(

@@ -437,7 +437,8 @@ class RecordFile:
         buf = bytearray(chunk_bytes)
         mv = memoryview(buf)
         offsets, ends, file_end = self._off, self._endv, self.file_size
-        frame, magic_word, mask = codec._FRAME.unpack_from, codec.RECORDIO_MAGIC, codec._LEN_MASK
+        frame, magic_word = codec.FRAME_HEADER.unpack_from, codec.RECORDIO_MAGIC
+        mask = codec.LENGTH_MASK
         n = len(self)
         i = 0
         while i < n:

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Tuple
 from .._callable import callable_module
 from ..errors import GluonDataError
 from ..storage.fileio import require_regular
-from ..stores.check import VerifyReport, _check_records, check_local
+from ..stores.check import VerifyReport, check_local, check_records
 from ..stores.shards import (is_manifest, read_manifest, shard_mismatch,
                              shard_summary)
 from ..stores.base import is_uri, open_store
@@ -61,7 +61,7 @@ def _verify_uri(path: str, deep: bool, remote: Optional[dict],
             p["where"] = p["where"].replace(folder, path) if p["where"] else path
         return report
     report.records = len(store)
-    _check_records(store, store.meta, report, deep, path)
+    check_records(store, store.meta, report, deep, path)
     return report
 
 

@@ -62,7 +62,7 @@ def _remote_is_ours(remote: "Remote", commit: str, marker: str) -> bool:
     return _remote_ownership(remote, commit, marker).ours
 
 
-def _found(remote: "Remote", uris: Iterable[str]) -> Dict[str, int]:
+def existing_sizes(remote: "Remote", uris: Iterable[str]) -> Dict[str, int]:
     """``{uri: size}`` of those of ``uris`` that exist: one HEAD each, or one listing of a
     folder asked about more than a few of its objects."""
     folders: Dict[str, list] = {}
@@ -161,7 +161,7 @@ class Commit:
         sizes = needs(blob)
         if sizes is None:
             return False
-        found = _found(self.remote, list(sizes) + [self.marker])
+        found = existing_sizes(self.remote, list(sizes) + [self.marker])
         if any(u not in found or n not in (None, found[u]) for u, n in sizes.items()):
             return False
         if self.marker in found:
@@ -179,7 +179,7 @@ class Commit:
         """The commit document ``doc``, written once every object of ``sizes`` (``{uri:
         size}``) exists with its size (a :class:`RemoteError` naming the first that does not,
         the dataset left uncommitted), then the marker removed."""
-        found = _found(self.remote, sizes)
+        found = existing_sizes(self.remote, sizes)
         for u, n in sizes.items():
             if found.get(u) != n:
                 raise RemoteError("%s before committing: the upload is not complete, so the "
