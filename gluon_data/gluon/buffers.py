@@ -39,7 +39,13 @@ segment as the batch instead of copying the samples into another one (16 x 1.2 M
 320 x 320 float images). It does so only when the samples are exactly its slots ``0..n-1`` in
 order; otherwise the batch is copied as before. Every live slot, and the cursor that fills the
 segment, holds it: a segment is reused only when no slot, no local batch and no sent batch
-refers to it any more.
+refers to it any more. A staged sample's NDArray is a row (``_at``) of one NDArray over the
+segment's slots, made once per segment, not a new ``from_numpy`` per sample (5 us, not 50).
+
+Small batches (labels: at most :data:`BY_VALUE_BYTES`) are not worth a descriptor: handing
+one to the main process is a connection to the worker's resource sharer and back, per batch,
+where copying 128 bytes into the pickle is nothing. They live in plain memory and pickle by
+value, arriving as the same plain CPU NDArray a segment's batch arrives as.
 """
 from __future__ import annotations
 
@@ -54,6 +60,7 @@ from typing import Optional, Tuple
 
 import mxnet as mx
 import numpy as np
+from mxnet.ndarray.sparse import BaseSparseNDArray
 
 from ..storage.perprocess import PerProcess
 
@@ -64,6 +71,9 @@ __all__ = ["batch_buffer", "stack_staged", "host_view", "SamplePool", "samples"]
 #: being consumed. Batches of varying sizes (``testval`` padding) share segments big enough.
 SEGMENTS_PER_SIZE = 6
 _HEADER = 64  # int64 counters [sent, returned], padded to a cache line
+#: A worker's batch of at most this many bytes (labels, sizes) travels inside the pickle, by
+#: value: copying it costs less than handing a segment's descriptor to the main process.
+BY_VALUE_BYTES = 1 << 10
 
 
 class _Segment:
@@ -138,24 +148,18 @@ class _Pool:
             per_batch = self.plans.get(key)
             if not per_batch:
                 return None
-            shape, dtype = key[0], np.dtype(key[1])
-            slot = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             cur = self.staging.get(key)
             if cur is None or cur[1] >= per_batch:
                 self.unstage(key)
-                seg = self.acquire(slot * per_batch)
+                seg = self.acquire(_nbytes(key) * per_batch)
                 if seg is None:
                     return None
                 seg.local = False
                 seg.holds += 1  # the cursor's own hold, until the batch is adopted or given up
-                cur = self.staging[key] = [seg, 0]
-            seg, k = cur
+                cur = self.staging[key] = [seg, 0] + _rows(seg, key, per_batch, self.lock)
+            k = cur[1]
             cur[1] += 1
-            seg.holds += 1
-        view = np.frombuffer(seg.map, dtype, slot // dtype.itemsize,
-                             _HEADER + k * slot).reshape(shape)
-        weakref.finalize(view, _unhold, seg, self.lock)
-        return view
+        return cur[2][k]
 
     def unstage(self, key) -> None:
         """Stop filling ``key``'s staging segment (its live slots keep it held)."""
@@ -163,6 +167,14 @@ class _Pool:
             cur = self.staging.pop(key, None)
             if cur is not None:
                 cur[0].holds -= 1
+
+    def slot_array(self, buf: np.ndarray) -> Optional[mx.nd.NDArray]:
+        """The NDArray of ``buf`` when it is a slot of the segment being staged: a row of
+        the NDArray over all its slots (``_at``, no new wrapping); else ``None``."""
+        cur = self.staging.get((buf.shape, buf.dtype.str))
+        if cur is None or buf.base is not cur[2].base:
+            return None
+        return cur[3]._at((buf.ctypes.data - cur[4]) // buf.nbytes)
 
     def adopt(self, arrays) -> Optional[mx.nd.NDArray]:
         """The batch of ``arrays`` (equal shapes and dtypes) as an NDArray over the staging
@@ -192,6 +204,28 @@ class _Pool:
         out = mx.nd.from_numpy(view, zero_copy=True, array_cls=_PooledArray)
         out._gd_segment = seg
         return out
+
+
+def _nbytes(key) -> int:
+    """Bytes of one sample of ``key`` = (shape, dtype str)."""
+    return int(np.prod(key[0], dtype=np.int64)) * np.dtype(key[1]).itemsize
+
+
+def _rows(seg: _Segment, key, n: int, lock) -> list:
+    """``[rows, nd, address]``: ``n`` slots of ``key`` at the start of ``seg``'s data, as one
+    writable numpy array (each slot a row of it) and one NDArray over the same memory. The
+    segment is held until the array they all view is collected: after every slot view,
+    every row of ``nd`` and the staging cursor are gone (MXNet keeps ``nd``'s source alive
+    while any row of it lives)."""
+    shape, dtype = key[0], np.dtype(key[1])
+    flat = np.frombuffer(seg.map, dtype, n * _nbytes(key) // dtype.itemsize, _HEADER)
+    rows = flat.reshape((n,) + shape)
+    # numpy gives every view of `rows` (slots, rows.view()) `flat` as its base, so `flat`
+    # is what lives exactly as long as any of them: it holds the segment
+    seg.holds += 1
+    weakref.finalize(flat, _unhold, seg, lock)
+    nd = mx.nd.from_numpy(rows.view(), zero_copy=True)  # the view goes read-only, not rows
+    return [rows, nd, rows.ctypes.data]
 
 
 def _unhold(segment: _Segment, lock) -> None:
@@ -243,6 +277,10 @@ class SamplePool:
     def wrap(self, buf: np.ndarray) -> mx.nd.NDArray:
         """A CPU NDArray over ``buf`` (from :meth:`take`) without copying; ``buf`` must not
         be touched again: it comes back to the pool when MXNet frees the NDArray."""
+        if buf.base is not None and multiprocessing.parent_process() is not None:
+            nd = _get_pool().slot_array(buf)  # a staged slot: a row of its segment's NDArray
+            if nd is not None:
+                return nd
         view = buf.view()  # from_numpy makes it read-only and holds it while MXNet does
         weakref.finalize(view, self._give_back, buf)
         return mx.nd.from_numpy(view, zero_copy=True)
@@ -282,6 +320,26 @@ def _reduce_pooled(arr: _PooledArray):
                       np.dtype(arr.dtype).str)
 
 
+class _ValueArray(mx.nd.NDArray):
+    """A worker-side NDArray of a small batch over its own numpy memory; pickles by value."""
+
+    __slots__ = ("_gd_host",)
+
+
+def _reduce_value(arr: _ValueArray):
+    arr.wait_to_read()  # operations still writing it have finished
+    return _rebuild_value, (arr._gd_host,)
+
+
+def _rebuild_value(host: np.ndarray) -> mx.nd.NDArray:
+    if not (host.flags.writeable and host.flags.c_contiguous):
+        host = np.array(host, order="C")
+    return mx.nd.from_numpy(host, zero_copy=True)
+
+
+reduction.ForkingPickler.register(_ValueArray, _reduce_value)
+
+
 def _rebuild(dupfd, capacity: int, shape: Tuple[int, ...], dtype: str) -> mx.nd.NDArray:
     fd = dupfd.detach()
     try:
@@ -298,22 +356,36 @@ def _rebuild(dupfd, capacity: int, shape: Tuple[int, ...], dtype: str) -> mx.nd.
 reduction.ForkingPickler.register(_PooledArray, _reduce_pooled)
 
 
+class _HostMemory:
+    """What ``np.asarray`` reads an NDArray's CPU memory through (no copy, no ctypes type)."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, ptr: int, shape, typestr: str):
+        self.__array_interface__ = {"data": (ptr, False), "shape": shape,
+                                    "typestr": typestr, "version": 3}
+
+
+_HOST_DEVICES = (1, 3, 5)  # cpu, cpu_pinned, cpu_shared (mx.Context.devtype2str)
+
+
 def host_view(x) -> np.ndarray:
-    """A numpy array over a CPU NDArray's memory (no copy; ``x`` must outlive it), a copy
-    of any other NDArray, or ``x`` itself when it is array-like already."""
+    """A numpy array over a CPU NDArray's memory (no copy, writable; ``x`` must outlive
+    it), a copy of any other NDArray, or ``x`` itself when it is array-like already."""
     if not isinstance(x, mx.nd.NDArray):
         return np.asarray(x)
-    if x.context.device_type not in ("cpu", "cpu_shared", "cpu_pinned") or x.stype != "default":
+    dev_type, dev_id = ctypes.c_int(), ctypes.c_int()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetContext(
+        x.handle, ctypes.byref(dev_type), ctypes.byref(dev_id)))
+    if dev_type.value not in _HOST_DEVICES or isinstance(x, BaseSparseNDArray):
         return x.asnumpy()
     x.wait_to_read()
     ptr = ctypes.c_void_p()
     mx.base.check_call(mx.base._LIB.MXNDArrayGetData(x.handle, ctypes.byref(ptr)))
-    dtype = np.dtype(x.dtype)
-    n = int(np.prod(x.shape, dtype=np.int64))
-    if n == 0 or not ptr.value:
-        return np.empty(x.shape, dtype)
-    buf = (ctypes.c_char * (n * dtype.itemsize)).from_address(ptr.value)
-    return np.frombuffer(buf, dtype).reshape(x.shape)
+    dtype, shape = np.dtype(x.dtype), x.shape
+    if not ptr.value or 0 in shape:
+        return np.empty(shape, dtype)
+    return np.asarray(_HostMemory(ptr.value, shape, dtype.str))
 
 
 def stack_staged(arrays) -> Optional[mx.nd.NDArray]:
@@ -328,6 +400,9 @@ def stack_staged(arrays) -> Optional[mx.nd.NDArray]:
     return _get_pool().adopt(arrays)
 
 
+_DL = ("u1", "i4", "f4", "i8", "f8")  # the dtypes batches wrap without a copy
+
+
 def batch_buffer(shape, dtype) -> Tuple[mx.nd.NDArray, np.ndarray]:
     """An uninitialised batch NDArray and a writable numpy view of its memory.
 
@@ -339,13 +414,17 @@ def batch_buffer(shape, dtype) -> Tuple[mx.nd.NDArray, np.ndarray]:
     shape = tuple(int(d) for d in shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     in_worker = multiprocessing.parent_process() is not None
+    if in_worker and 0 < nbytes <= BY_VALUE_BYTES and dtype.isnative and dtype.str[1:] in _DL:
+        host = np.empty(shape, dtype)
+        out = mx.nd.from_numpy(host.view(), zero_copy=True, array_cls=_ValueArray)
+        out._gd_host = host  # what the pickle copies (host.view() went read-only)
+        return out, host
     seg = (_get_pool().acquire(nbytes) if in_worker and nbytes and hasattr(os, "memfd_create")
-           and dtype.str[1:] in ("u1", "i4", "f4", "i8", "f8") else None)
+           and dtype.str[1:] in _DL else None)
     if seg is None:
         ctx = mx.Context("cpu_shared", 0) if in_worker else mx.cpu()
         out = mx.nd.empty(shape, ctx=ctx, dtype=dtype)
         view = host_view(out)
-        view.flags.writeable = True
         return out, view
     view = np.frombuffer(seg.map, dtype, nbytes // dtype.itemsize, _HEADER).reshape(shape)
     writable = view.view()  # from_numpy makes `view` read-only; the caller writes here
