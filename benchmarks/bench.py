@@ -6,7 +6,8 @@ with palette masks, packs it, and measures in one run:
 * conversion: ours (pass-through at N workers) against ``im2rec`` and a raw copy of the same
   files, then ``bench_convert.py`` on the same pairs (1 vs N workers, the N-process decode
   floor, im2rec re-encoding at N threads, Dask 1 vs 2 worker processes);
-* the decode limit: image + mask bytes from memory with OpenCV, 1 and N processes (forked
+* the decode limit: image + mask bytes from memory with the fastest decoders available
+  (simplejpeg or OpenCV for the JPEG, Pillow or OpenCV for the mask, chosen on the files), 1 and N processes (forked
   after loading the bytes, timed from a barrier: no start-up or transfer counted), and the
   old measurement that sent the bytes through a spawn ``Pool.map`` inside the timing;
 * segmentation ``train`` (``base_size=400, crop_size=320``, ``ToTensor`` + ``Normalize``,
@@ -70,7 +71,8 @@ from gluon_data_bench_cls import (  # noqa: E402 (loaded just above)
     classification_rates, run_classification)
 from gluon_data_bench_common import (  # noqa: E402
     RatioTable, _cpu_s, _decode_pairs, _forked_decode_rate, _forked_rate, _loader_rates, _rate,
-    _ratio_row, _ratio_table, _say_cpu, _say_rates, _seg_train_kw, make_dataset)
+    _ratio_row, _ratio_table, _say_cpu, _say_rates, _seg_train_kw, decode_limit_decoders,
+    make_dataset)
 from gluon_data_bench_reads import READ_RATIOS, read_rates, run_read_bench  # noqa: E402
 from gluon_data_bench_scale import (  # noqa: E402
     _say_scale, _scale_rows, index_costs, run_scale, scale_costs)
@@ -159,8 +161,9 @@ def segmentation_rates(workdir: str, voc: str, n: int, workers: int, epochs: int
               open(os.path.join(png_dir, f[:-4] + ".png"), "rb").read())
              for f in sorted(os.listdir(jpg_dir))]
     say("mean JPEG size %.1f KB" % (np.mean([len(a) for a, _ in pairs]) / 1024))
-    results = {"decode limit, OpenCV, 1 process": _rate(lambda: _decode_pairs(pairs), n)}
-    dl_key = "decode limit, OpenCV, %d processes" % workers
+    notes["decode limit"] = "fastest decoders on these files: " + decode_limit_decoders(pairs)
+    results = {"decode limit, 1 process": _rate(lambda: _decode_pairs(pairs), n)}
+    dl_key = "decode limit, %d processes" % workers
 
     def decode_limit():  # best of the rounds run between the loaders (the machine is noisy)
         results[dl_key] = max(results.get(dl_key, 0.0), _forked_decode_rate(pairs, workers))
@@ -291,7 +294,7 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
 
 def _ratios(workers: int) -> list:
     """The full run's ratio rows over its rates: (name, numerator, denominator, target)."""
-    dl = "decode limit, OpenCV, %d processes" % workers
+    dl = "decode limit, %d processes" % workers
     return [
         ("ours .rec train / gluoncv train", "ours .rec train", "gluoncv VOCSegmentation train",
          4.0),

@@ -8,7 +8,8 @@ Cityscapes training ids and 255 (the ego vehicle), in a VOC folder tree, packed 
 converter into ``.rec`` (again each run, so the rows read the package's format of the day).
 Then, in interleaved rounds of one run:
 
-* the decode limit: image + mask bytes decoded whole from memory with OpenCV by N processes
+* the decode limit: image + mask bytes decoded whole from memory with the fastest decoders
+  available (chosen on the files, as the VOC limit's) by N processes
   forked after the bytes are loaded, timed from a barrier (``bench_common``);
 * segmentation ``train`` (``base_size=1024, crop_size=768``, ``ToTensor`` + ``Normalize``,
   ``DataLoader(batch_size=4, num_workers=N)``): gluoncv's ``VOCSegmentation`` over the folder
@@ -213,7 +214,7 @@ class _LoaderUnder:
 
 
 def decode_limit_key(workers: int) -> str:
-    return "large: decode limit, OpenCV, %d processes" % workers
+    return "large: decode limit, %d processes" % workers
 
 
 def ratios(workers: int) -> list:

@@ -11,7 +11,8 @@ from gluon_data.cli.bench import load_bench_part
 
 load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
 from gluon_data_bench_common import (  # noqa: E402 (loaded just above)
-    _cpu_s, _decode_pairs, _forked_decode_rate, _forked_rate, _seg_train_kw, make_dataset)
+    _cpu_s, _decode_pairs, _forked_decode_rate, _forked_rate, _seg_train_kw, decode_limit_decoders,
+    make_dataset)
 
 
 def _pipeline_share(dataset, batchify, k, workers, barrier, done):  # pragma: no cover - child
@@ -54,7 +55,7 @@ def seg_bench(workdir: str, n: int = 400, workers: int = 2, rounds: int = 4,
     ds = SegmentationRecordDataset(rec, seed=0, **_seg_train_kw())
     batchify = SegmentationBatchify(channels_first=True)
     rates, cpu = {}, {}
-    lim1, limn = "decode limit, OpenCV, 1 process", "decode limit, OpenCV, %d processes" % workers
+    lim1, limn = "decode limit, 1 process", "decode limit, %d processes" % workers
     nodl = "ours .rec train, dataset + batchify, %d processes, no DataLoader" % workers
     ours, ours0 = "ours .rec train, DataLoader, %d workers" % workers, \
         "ours .rec train, DataLoader, 0 workers"
@@ -69,6 +70,7 @@ def seg_bench(workdir: str, n: int = 400, workers: int = 2, rounds: int = 4,
     for loader in loaders.values():
         for _ in loader:  # workers started, pools and plans warm
             pass
+    say("decode limit: the fastest decoders on these files: %s" % decode_limit_decoders(pairs))
     for _ in range(rounds):
         c0, t0 = time.process_time(), time.perf_counter()
         seen = _decode_pairs(pairs)

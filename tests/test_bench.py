@@ -27,7 +27,7 @@ def test_bench_smoke(tmp_path):
                     index_records=2000, epochs=1, large_images=2)
     rates = res["rates"]
     for key in ("raw copy of the files, 1 process", "ours convert pass-through, 2 workers",
-                "im2rec pass-through, 2 threads", "decode limit, OpenCV, 2 processes",
+                "im2rec pass-through, 2 threads", "decode limit, 2 processes",
                 "gluoncv VOCSegmentation train", "ours .rec train", "ours LMDB train",
                 "stock ImageRecordDataset", "ours ImageRecordDataset",
                 "stock ImageRecordIter (crop 224)", "cat .rec (cold)",
@@ -132,7 +132,7 @@ def test_segmentation_only_run_reports_rates_and_cpu_per_item(tmp_path, capsys):
                        "--workdir", str(tmp_path / "b")]) == 0
     text = capsys.readouterr().out
     res = bench.seg_bench(str(tmp_path / "b-seg24"), 24, 2, rounds=1, out=io.StringIO())
-    rows = ("decode limit, OpenCV, 1 process", "decode limit, OpenCV, 2 processes",
+    rows = ("decode limit, 1 process", "decode limit, 2 processes",
             "ours .rec train, dataset + batchify, 2 processes, no DataLoader",
             "ours .rec train, DataLoader, 2 workers", "ours .rec train, DataLoader, 0 workers")
     for key in rows:
