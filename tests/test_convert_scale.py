@@ -5,13 +5,14 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from gluon_data import convert
 from gluon_data.convert import sources
 from gluon_data.errors import ConversionError
-from gluon_data.convert import local, loop, resume
+from gluon_data.convert import encode, local, loop, resume
 from gluon_data.convert.engines import _start_pool
 from gluon_data.convert.sample import make_voc
 
@@ -147,8 +148,9 @@ def test_pool_workers_exit_without_the_interpreter_teardown(tmp_path):
 
 def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, tmp_path,
                                                                      monkeypatch):
-    """The pool is started before the listing (its imports overlap the planning); a listing
-    that fails stops it: no worker is left behind."""
+    """The pool is started before the listing (its imports overlap the planning), one process
+    fewer than the encoders asked for (this process is the last); a listing that fails stops
+    it: no worker is left behind."""
     seen = []
     real = local.open_source
 
@@ -157,9 +159,55 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
         return real(*a, **k)
     monkeypatch.setattr(local, "open_source", listing)
     out = str(tmp_path / "o.rec")
-    rep = convert(voc150, out, "voc", split="trainval", workers=2)
+    rep = convert(voc150, out, "voc", split="trainval", workers=3)
     assert seen == [2] and rep.written["trainval"] == 150
     with pytest.raises(ConversionError, match="not a VOC folder"):
-        convert(str(tmp_path), str(tmp_path / "p.rec"), "voc", workers=2)
+        convert(str(tmp_path), str(tmp_path / "p.rec"), "voc", workers=3)
     assert seen == [2, 2] and multiprocessing.active_children() == []
     assert not os.path.exists(str(tmp_path / "p.rec"))
+
+
+def _where(arg):
+    """``(job, pid)``; a pool worker first waits (at most a minute) for ``marker``, which only
+    the parent's own encoding creates: the run finishes early only if the parent encoded."""
+    job, parent, marker = arg
+    if os.getpid() == parent:
+        open(marker, "a").close()
+    else:
+        for _ in range(600):
+            if os.path.exists(marker):
+                break
+            time.sleep(0.1)
+    return job, os.getpid()
+
+
+def test_the_parent_encodes_the_chunks_the_workers_have_not_reached(tmp_path):
+    """With a pool, the parent is one more encoder: while the next chunk in order is not back
+    it encodes the next chunk not yet handed out; the results still come in job order."""
+    marker, parent = str(tmp_path / "parent-encoded"), os.getpid()
+    pool = loop.start_encoders(2)
+    try:
+        assert len(pool._pool) == 1
+        out = list(loop._results(pool, _where, [(i, parent, marker) for i in range(40)], 2, 40))
+        pool.close()
+        pool.join()
+    except BaseException:
+        pool.terminate()
+        raise
+    assert [j for j, _ in out] == list(range(40))
+    pids = {p for _, p in out}
+    assert parent in pids and len(pids) == 2, pids
+
+
+def test_a_worker_loads_the_preloaded_encoder_as_it_starts():
+    """``preload``: the worker imported the work function's module while it started, before
+    any task (here a builtin, which loads nothing of ours)."""
+    pool = _start_pool(1, preload=encode._work)
+    try:
+        mods = pool.apply(eval, ("sorted(__import__('sys').modules)",))
+        pool.close()
+        pool.join()
+    except BaseException:
+        pool.terminate()
+        raise
+    assert "gluon_data.convert.encode" in mods, mods

@@ -159,7 +159,10 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
             yield i, res
 
 
-def _worker_init():
+def _worker_init(preload=None):
+    """A pool worker's start. ``preload``: any picklable object, e.g. the task function, whose
+    module (and what it imports) was loaded when the worker unpickled this call's arguments,
+    so those imports are done while the parent still plans, not when the first task comes."""
     import cv2  # in the worker only (as _dask_worker_init)
     cv2.setNumThreads(1)  # one process per core already; safe in a fresh (spawned) process
     # Ctrl-C reaches the whole process group: only the parent acts on it (it stops the pool).
@@ -175,13 +178,14 @@ def _worker_init():
     atexit.register(os._exit, 0)
 
 
-def _start_pool(workers: int):
+def _start_pool(workers: int, preload=None):
     """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
     blocked while they are created (a blocked signal stays blocked across fork and exec), so
-    an interrupt during start-up waits in the parent and is raised there right after."""
+    an interrupt during start-up waits in the parent and is raised there right after.
+    ``preload``: a picklable object (the task function) each worker loads as it starts."""
     ctx = multiprocessing.get_context("spawn")
     with sigint_blocked():
-        return ctx.Pool(workers, initializer=_worker_init)
+        return ctx.Pool(workers, initializer=_worker_init, initargs=(preload,))
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import time
 from functools import partial
 from typing import Dict, List, Optional, Sequence
 
-from .engines import _start_pool, _stop_pool
+from .engines import _stop_pool
 from ..errors import ConversionError, SourceError
 from ..format import codec
 from ..format.ownership import check_disjoint
@@ -16,7 +16,7 @@ from ..stores.shards import dataset_files
 from .sources import Item, Source, open_source
 from .copy import copy_dataset, import_lmdb
 from .encode import EncodeOptions, _work
-from .loop import SplitJobs, drive
+from .loop import SplitJobs, drive, start_encoders
 from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,
                       _metadata, _split_fields, outputs_for)
 from .options import ConvertOptions
@@ -66,8 +66,9 @@ def convert_local(source: str, output: str, layout: Optional[str],
                             overwrite=overwrite, progress=progress,
                             source_options=source_options)
     t0 = time.perf_counter()
-    # the workers start (import) while the source is listed and stamped; drive owns the pool
-    pool = _start_pool(workers) if workers > 1 else None
+    # the workers start (import the encoder) while the source is listed and stamped; drive
+    # owns the pool
+    pool = start_encoders(workers, _work)
     try:
         src, classes, num_classes, plan, report = _open_and_plan(
             source, layout, output, outputs, split=split, images_dir=images_dir,

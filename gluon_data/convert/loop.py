@@ -9,6 +9,7 @@ output's final name unless the whole conversion succeeded.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from .options import ConvertOptions
 from .outputs import ConversionReport, Outputs, _fail, _output_lock
 from .resume import _Checkpoint, _resume_finished
 
-__all__ = ["drive", "SplitJobs"]
+__all__ = ["drive", "SplitJobs", "start_encoders"]
 
 
 @dataclass
@@ -52,23 +53,63 @@ def _chunksize(count: int, workers: int) -> int:
     return max(1, min(16, count // (8 * workers)))
 
 
+def start_encoders(workers: int, preload=None):
+    """The pool of a conversion of ``workers`` encoders: ``workers - 1`` spawned processes,
+    this process being the last one (:func:`_results`); None for one encoder. ``preload``:
+    the work function, loaded by each worker as it starts (see ``_worker_init``)."""
+    # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state the
+    # parent's threads left it and can deadlock in its first OpenCV call
+    return _start_pool(workers - 1, preload) if workers > 1 else None
+
+
 def _results(pool, fn, jobs, workers: int, count: int):
-    """``fn`` over ``jobs`` in order: in this process, or in the pool (a list is handed over
-    at once; an iterator, e.g. records read from a legacy LMDB, a window at a time, so
-    memory stays bounded)."""
+    """``fn`` over ``jobs`` in order: in this process alone, or with the pool of
+    :func:`start_encoders` (``workers - 1`` processes) and this process as one more encoder
+    (:func:`_in_order`); jobs are taken lazily, so an iterator (records read from a legacy
+    LMDB) is read a few chunks ahead only and memory stays bounded."""
     if pool is None:
         return map(fn, jobs)
-    if isinstance(jobs, list):
-        return pool.imap(fn, jobs, chunksize=_chunksize(count, workers))
+    return _in_order(pool, max(1, workers - 1), fn, jobs, _chunksize(count, workers))
 
-    def windows():
-        it = iter(jobs)
-        while True:
-            chunk = list(itertools.islice(it, 64 * workers))
-            if not chunk:
-                return
-            yield from pool.imap(fn, chunk, chunksize=4)
-    return windows()
+
+def _in_order(pool, size: int, fn, jobs, chunk: int):
+    """``fn`` over ``jobs`` in order, chunks of ``chunk`` jobs handed to the pool's ``size``
+    workers (two per worker in flight). Whenever the next chunk in order is not back yet,
+    this process encodes the next chunk not yet handed out itself instead of waiting (at most
+    ``4 * size + 2`` chunks ahead of the one written): the parent is one of the encoders, so
+    a conversion of N encoders runs N busy processes, and the workers' start-up is spent
+    encoding here. Every item is ``fn`` of the same job wherever it ran: the output is the
+    same."""
+    it = iter(jobs)
+    pending: collections.deque = collections.deque()  # in job order: AsyncResult or list
+    sent, more = 0, True
+
+    def take() -> list:
+        nonlocal more
+        c = list(itertools.islice(it, chunk)) if more else []
+        more = len(c) == chunk
+        return c
+
+    while True:
+        while more and sent < 2 * size:
+            c = take()
+            if c:
+                pending.append(pool.map_async(fn, c, chunksize=len(c)))
+                sent += 1
+        if not pending:
+            return
+        head = pending.popleft()
+        if isinstance(head, list):
+            yield from head
+            continue
+        if more and not head.ready() and len(pending) < 4 * size + 2:
+            pending.appendleft(head)
+            c = take()
+            if c:
+                pending.append([fn(j) for j in c])
+            continue
+        sent -= 1
+        yield from head.get()
 
 
 #: Without ``checkpoint_every``, a checkpoint (an fsync of everything written, then the
@@ -205,10 +246,8 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
                 done.seconds = time.perf_counter() - t0
                 return done
         # started before the writers are opened: the workers import while this sets up
-        # (spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state
-        # the parent's threads left it and can deadlock in its first OpenCV call)
-        if pool is None and workers > 1:
-            pool = _start_pool(workers)
+        if pool is None:
+            pool = start_encoders(workers, fn)
         bar = None
         try:
             # the writers first: an existing output is refused (``exists_refusal``) before a
