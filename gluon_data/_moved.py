@@ -81,6 +81,7 @@ MOVED_NAMES = {
     },
     'gluon_data.remote': {
         'BACKOFF': 'gluon_data.storage.remotefs',
+        '_Remote': 'gluon_data.storage.remotefs',
         'BlockShuffleSampler': 'gluon_data.sampling.remote',
         'CHUNK_BYTES': 'gluon_data.storage.remotefs',
         'CONNECT_TIMEOUT': 'gluon_data.storage.remotefs',

@@ -54,8 +54,6 @@ _LOADERS = ("import_module", "__import__")
 #: never add one (``tests/test_structure.py`` holds the list to its present length).
 PRIVATE_LEFT = frozenset(
     (PACKAGE + "." + user, PACKAGE + "." + home, name) for user, home, names in (
-        ("arrays.tensorize", "sampling.seeding", "_Random"),
-        ("convert.encode", "format.codec", "_sj"),
     ) for name in names.split())
 
 

@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import cv2
 import numpy as np
 
-from ..sampling.seeding import _Random
+from ..sampling.seeding import RandomTransform
 
 __all__ = ["ToTensorNormalize", "ImageCropNormalize", "to_chw_uint8", "OUTPUTS"]
 
@@ -147,7 +147,7 @@ def _draw_bounds(crop) -> Optional[Tuple[float, float, float, float]]:
     return lo_a, hi_a - lo_a, lo_r, hi_r - lo_r
 
 
-class ImageCropNormalize(_Random):
+class ImageCropNormalize(RandomTransform):
     """Gluon's classification transforms in numpy/OpenCV: an optional ``RandomResizedCrop`` or
     ``CenterCrop``, an optional ``RandomFlipLeftRight``, then ``ToTensor`` (+ ``Normalize``).
 

@@ -82,7 +82,7 @@ def _decode_like_reader(data: bytes, path: str, max_pixels: int) -> Optional[np.
     """RGB pixels of a JPEG, decoded strictly by the decoder the datasets use (so what
     converts also reads), or ``None`` for other formats and for JPEGs that decoder does not
     support (CMYK, ...), which Pillow then decodes and the converter re-encodes."""
-    if data[:2] != b"\xff\xd8" or codec._sj is None:
+    if data[:2] != b"\xff\xd8" or not codec.has_fast_jpeg():
         return None
     _check_pixels(data, path, "image", max_pixels)
     try:

@@ -125,7 +125,3 @@ class RandomTransform:
     def reseed(self, seed: Optional[int]) -> None:
         self.rng = SeededRandom(seed)
 
-
-# The old private name, until gluon_data/arrays/tensorize.py imports RandomTransform (then
-# delete this line).
-_Random = RandomTransform

@@ -353,3 +353,8 @@ class Remote:
             self.call(uri, "delete", lambda fs, p, kw: fs.rm_file(p, **kw))
         except RemoteNotFoundError:
             pass
+
+
+#: The name before it was public: ``gluon_data.remote._Remote`` (which the documentation of
+#: ``ShardUploader`` showed) still resolves, through the alias table.
+_Remote = Remote
