@@ -120,12 +120,7 @@ class ImageLMDBDataset(ClassificationDataset):
     split : str, default 'train'
         Split (sub-database) to read.
     remote : RemoteOptions or dict, optional
-        A dataset in object storage: its fsspec ``storage_options`` (``endpoint_url``,
-        ``key`` / ``secret``, ``client_kwargs``...), and the ``cache_dir`` and
-        ``cache_limit`` of its download (defaults ``$GLUON_DATA_CACHE_DIR`` /
-        ``$GLUON_DATA_CACHE_LIMIT``): :class:`~gluon_data.storage.options.RemoteOptions`, or
-        a dict of those keys. The same keywords given separately still work, with a
-        ``DeprecationWarning``.
+        A dataset in object storage, as for :class:`ImageRecordDataset`.
 
     Examples
     --------
@@ -191,12 +186,7 @@ class SegmentationRecordDataset(SegmentationDataset):
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
     remote : RemoteOptions or dict, optional
-        A dataset in object storage: its fsspec ``storage_options`` (``endpoint_url``,
-        ``key`` / ``secret``, ``client_kwargs``...), and the ``cache_dir`` and
-        ``cache_limit`` of its download (defaults ``$GLUON_DATA_CACHE_DIR`` /
-        ``$GLUON_DATA_CACHE_LIMIT``): :class:`~gluon_data.storage.options.RemoteOptions`, or
-        a dict of those keys. The same keywords given separately still work, with a
-        ``DeprecationWarning``.
+        A dataset in object storage, as for :class:`ImageRecordDataset`.
 
     Examples
     --------
@@ -244,12 +234,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
     split : str, default 'train'
         Split (sub-database) to read.
     remote : RemoteOptions or dict, optional
-        A dataset in object storage: its fsspec ``storage_options`` (``endpoint_url``,
-        ``key`` / ``secret``, ``client_kwargs``...), and the ``cache_dir`` and
-        ``cache_limit`` of its download (defaults ``$GLUON_DATA_CACHE_DIR`` /
-        ``$GLUON_DATA_CACHE_LIMIT``): :class:`~gluon_data.storage.options.RemoteOptions`, or
-        a dict of those keys. The same keywords given separately still work, with a
-        ``DeprecationWarning``.
+        A dataset in object storage, as for :class:`ImageRecordDataset`.
 
     Examples
     --------
