@@ -7,8 +7,8 @@ with palette masks, packs it, and measures in one run:
   files, then ``bench_convert.py`` on the same pairs (1 vs N workers, the N-process decode
   floor, im2rec re-encoding at N threads, Dask 1 vs 2 worker processes);
 * the decode limit: image + mask bytes from memory with the fastest decoders available
-  (simplejpeg or OpenCV for the JPEG, Pillow or OpenCV for the mask, chosen on the files), 1 and N processes (forked
-  after loading the bytes, timed from a barrier: no start-up or transfer counted), and the
+  (simplejpeg or OpenCV for the JPEG, Pillow or OpenCV for the mask, chosen on the files),
+  1 and N processes (forked after loading the bytes, timed from a barrier: no start-up or transfer counted), and the
   old measurement that sent the bytes through a spawn ``Pool.map`` inside the timing;
 * segmentation ``train`` (``base_size=400, crop_size=320``, ``ToTensor`` + ``Normalize``,
   ``DataLoader(batch_size=16, num_workers=N)``): gluoncv's ``VOCSegmentation``, ours from
