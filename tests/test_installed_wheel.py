@@ -39,7 +39,8 @@ JUNK = [".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", "
 SDIST_FILES = ["pyproject.toml", "README.md", "FORMAT.md", "constraints.txt",
                "docs/preview.png", "docs/reading.md", "docs/cli.md", "scripts/run.sh",
                "scripts/gen_cli_docs.py", "benchmarks/bench.py",
-               "tests/conftest.py", "setup.py", "gluon_data/format/_jpegregion.c"]
+               "tests/conftest.py", "setup.py", "gluon_data/format/_jpegregion.c",
+               "gluon_data/format/_maskrle.c"]
 
 
 def _source_files():
@@ -165,11 +166,13 @@ def test_wheel_has_the_region_decoder_where_it_can_be_built(installed, empty):
     if not _can_build_extension():
         pytest.skip("no C compiler or libjpeg headers: the wheel is rightly pure Python")
     with zipfile.ZipFile(installed["wheel"]) as z:
-        assert any(n.startswith(PACKAGE + "/format/_jpegregion.") and n.endswith(".so")
-                   for n in z.namelist()), "the wheel lacks the region decoder"
+        for ext in ("_jpegregion", "_maskrle"):  # the region decoder, the mask expander
+            assert any(n.startswith(PACKAGE + "/format/%s." % ext) and n.endswith(".so")
+                       for n in z.namelist()), "the wheel lacks %s" % ext
     r = _run([installed["python"], "-c", "from gluon_data import decode; "
-              "print(decode.region_decoder())"], cwd=empty, timeout=120)
-    assert r.stdout.startswith("region decode"), r.stdout
+              "from gluon_data.format import masks; "
+              "print(decode.region_decoder(), masks._ext is not None)"], cwd=empty, timeout=120)
+    assert r.stdout.startswith("region decode") and r.stdout.split()[-1] == "True", r.stdout
 
 
 def test_every_module_of_the_tree_is_installed_and_imports(installed, empty):
