@@ -37,22 +37,28 @@ def __getattr__(name):
     return value
 
 
+def _bench(argv: List[str]) -> int:
+    """``gluon-data bench``: its own parser, in ``benchmarks/bench.py``."""
+    bench = load_bench()
+    if bench is None:
+        print("gluon-data: error: `gluon-data bench` runs from a source checkout (its "
+              "harness, benchmarks/bench.py, is not part of the installed package): "
+              "`bash scripts/run.sh gluon-data bench` there, or set GLUON_DATA_BENCH to "
+              "the harness's path", file=sys.stderr)
+        return 2
+    return bench.main(argv)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:  # its own parser: benchmarks/bench.py
-        bench = load_bench()
-        if bench is None:
-            print("gluon-data: error: `gluon-data bench` runs from a source checkout (its "
-                  "harness, benchmarks/bench.py, is not part of the installed package): "
-                  "`bash scripts/run.sh gluon-data bench` there, or set GLUON_DATA_BENCH to "
-                  "the harness's path", file=sys.stderr)
-            return 2
-        return bench.main(argv[1:])
-    old, command = None, argv[0] if argv else None
-    # Everything from here runs under the one interrupt handler below: the imports of the
-    # commands and the argument parsing (most of a command's first second) included, so a
-    # Ctrl-C at any moment ends the command with a line, never a traceback.
+    old = command = None
+    # Everything from the first line runs under the one interrupt handler below: the imports
+    # of the commands and the argument parsing (most of a command's first second) included,
+    # so a Ctrl-C at any moment ends the command with a line, never a traceback.
     try:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        command = argv[0] if argv else None
+        if command == "bench":
+            return _bench(argv[1:])
         with _deferred_interrupt():  # a Ctrl-C here waits until the modules are loaded
             from .parser import build_parser  # the commands load here, not with the package
             args = build_parser().parse_args(argv)
