@@ -20,7 +20,6 @@ maximum, in 8-bit levels). Alone::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
@@ -30,7 +29,10 @@ import cv2
 import numpy as np
 
 from gluon_data.arrays import transforms as T
+from gluon_data.cli.bench import load_bench_part
 from gluon_data.format import decode
+
+_environ = load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))._environ
 
 _ENV = "GLUON_DATA_DECODE_SCALED"
 SETS = (("large", (1024, 2048), 1024, 768), ("voc", (375, 500), 400, 320))
@@ -64,14 +66,8 @@ def crops(hw: Tuple[int, int], base: int, crop: int, n: int) -> List[Tuple[bytes
     return out
 
 
-@contextlib.contextmanager
 def _scaled(on: bool):
-    old = os.environ.get(_ENV)
-    os.environ[_ENV] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        os.environ.pop(_ENV) if old is None else os.environ.__setitem__(_ENV, old)
+    return _environ(**{_ENV: "1" if on else "0"})
 
 
 def _exact(buf, box, size):

@@ -32,7 +32,7 @@ import numpy as np
 from ..format import codec
 from ..errors import FormatError, SourceError
 from ..storage.perprocess import PerProcess
-from .lmdbio import ProcessEnv, register_layout, shared_env
+from .lmdbio import ProcessEnv, _from_older_pickle, register_layout, shared_env
 
 __all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
            "RecipeLMDBStore", "CaffeLMDBStore", "open_legacy_store"]
@@ -250,17 +250,8 @@ class _LegacyStore:
         for i in range(self._n):
             yield self.read(i)
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_checked"] = PerProcess()  # a copy checks the stamp on first read
-        return state
-
-    def __setstate__(self, state):
-        if "_checked_pid" in state:  # pickled by an older version
-            state = dict(state)
-            del state["_checked_pid"]
-            state["_checked"] = PerProcess()
-        self.__dict__.update(state)
+    def __setstate__(self, state):  # (a PerProcess pickles empty: a copy checks on first read)
+        self.__dict__.update(_from_older_pickle(state))
 
 
 class RecipeLMDBStore(_LegacyStore):

@@ -93,6 +93,16 @@ def _check_entries(path: str, split: str, n: int) -> None:
                           path)
 
 
+def _from_older_pickle(state: dict) -> dict:
+    """A store's state as pickled by a version that kept ``_checked_pid``: its per-process
+    check (``_checked``) starts afresh instead (shared with the legacy stores)."""
+    if "_checked_pid" not in state:
+        return state
+    state = {k: v for k, v in state.items() if k != "_checked_pid"}
+    state["_checked"] = PerProcess()
+    return state
+
+
 class LMDBFile:
     """Random-access reader of one split of an LMDB dataset; a
     :class:`~gluon_data.stores.base.RecordStore` (the same interface as :class:`RecordFile`).
@@ -278,17 +288,8 @@ class LMDBFile:
         if self._pages is not None:
             self._pages.close(self._env)
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_checked"] = PerProcess()  # a copy checks the identity on first read
-        return state
-
-    def __setstate__(self, state):
-        if "_checked_pid" in state:  # pickled by an older version
-            state = dict(state)
-            del state["_checked_pid"]
-            state["_checked"] = PerProcess()
-        self.__dict__.update(state)
+    def __setstate__(self, state):  # (a PerProcess pickles empty: a copy checks on first read)
+        self.__dict__.update(_from_older_pickle(state))
         self.__dict__.setdefault("_bound", None)  # pickled by an older version
 
     def __repr__(self):
