@@ -1,0 +1,167 @@
+"""The batch stage (gluon_data.arrays.plan / .device): plans drawn on the CPU, batches made from
+them equal to dataset[i]; the GPU path's geometry checked in PyTorch on the CPU."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gluon_data.arrays import ClassificationDataset, SegmentationDataset
+from gluon_data.arrays.device import DeviceStage, device_decodable, select_backend
+from gluon_data.arrays.plan import PlanDataset, SamplePlan, collate_plans, plan_sample, replay
+from gluon_data.arrays.tensorize import ImageCropNormalize, ToTensorNormalize
+from gluon_data.errors import DecodeError
+from gluon_data.format import codec
+from gluon_data.sampling.sampler import SampleKey
+from gluon_data.stores.recwriter import RecordWriter
+from jpeg_variants import ODD_SAMPLINGS, baseline_jpeg, lossless_jpeg
+
+TRAIN = dict(mode="train", base_size=40, crop_size=32, seed=5)
+VAL = dict(mode="val", crop_size=24)
+CROP = ImageCropNormalize(("random", (16, 16), (0.08, 1.0), (3 / 4, 4 / 3), 1), flip=True,
+                          mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+
+
+def _expected(ds, keys):
+    samples = [ds[k] for k in keys]
+    second = [s[1] for s in samples]
+    return (np.stack([s[0] for s in samples]),
+            np.stack(second) if isinstance(second[0], np.ndarray) and second[0].ndim == 2
+            else np.asarray(second, np.float32))
+
+
+def _segmentation_cases(voc_rec):
+    return [SegmentationDataset(voc_rec, **TRAIN),
+            SegmentationDataset(voc_rec, **TRAIN, transform=ToTensorNormalize()),
+            SegmentationDataset(voc_rec, **TRAIN, output="uint8"),
+            SegmentationDataset(voc_rec, **VAL),
+            SegmentationDataset(voc_rec, **VAL, transform=ToTensorNormalize()),
+            SegmentationDataset(voc_rec, mode="testval")]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_cpu_stage_equals_the_segmentation_samples(voc_rec, case):
+    ds = _segmentation_cases(voc_rec)[case]
+    stage = DeviceStage(ds, backend="cpu")
+    for epoch in (0, 3):
+        keys = [SampleKey(i, epoch) for i in range(len(ds))]
+        plans = [plan_sample(ds, k) for k in keys]
+        got = stage(plans) if case != 5 else None
+        if case == 5:  # testval: samples of different sizes, made one by one
+            for k, p in zip(keys, plans):
+                assert p.kind == "replay"
+                for a, b in zip(replay(ds, p), ds[k]):
+                    np.testing.assert_array_equal(a, b)
+            continue
+        want = _expected(ds, keys)
+        assert got[0].dtype == want[0].dtype and got[1].dtype == want[1].dtype
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    assert stage.counts == {"device": 0, "cpu": 2 * len(ds) if case != 5 else 0}
+
+
+def test_plans_carry_the_exact_mask_and_the_drawn_geometry(voc_rec):
+    for kw, kind in ((TRAIN, "train"), (VAL, "val")):
+        ds = SegmentationDataset(voc_rec, **kw)
+        for i in range(len(ds)):
+            p = plan_sample(ds, SampleKey(i, 2))
+            assert p.kind == kind and p.image[:2] == b"\xff\xd8"
+            np.testing.assert_array_equal(p.mask, ds[SampleKey(i, 2)][1])
+            assert p.mask.dtype == np.int32
+    ds = SegmentationDataset(voc_rec, **TRAIN)
+    a, b = plan_sample(ds, SampleKey(1, 4)), plan_sample(ds, SampleKey(1, 4))
+    assert a.geometry == b.geometry
+    assert plan_sample(ds, SampleKey(1, 5)).geometry != a.geometry or \
+        plan_sample(ds, SampleKey(1, 6)).geometry != a.geometry
+    back = pickle.loads(pickle.dumps(a))
+    assert back.geometry == a.geometry and back.image == a.image
+
+
+def test_plain_int_indices_count_epochs_as_the_dataset_does(voc_rec):
+    ds, twin = (SegmentationDataset(voc_rec, **TRAIN) for _ in range(2))
+    plans = PlanDataset(ds)
+    for _ in range(2):  # the second request of index 3 is epoch 1, in both
+        p = plans[3]
+        img, mask = twin[3]
+        np.testing.assert_array_equal(replay(ds, p)[0], img)
+        np.testing.assert_array_equal(p.mask, mask)
+    assert p.epoch == 1
+
+
+@pytest.mark.parametrize("transform", [None, CROP, ImageCropNormalize(
+    ("center", (12, 12), 1), mean=0, std=1, uint8=True)])
+def test_cpu_stage_equals_the_classification_samples(cls_rec, transform):
+    ds = ClassificationDataset(cls_rec, image_transform=transform, seed=3,
+                               output="uint8" if transform is not None and transform.uint8
+                               else None)
+    keys = [SampleKey(i, 1) for i in range(len(ds))]
+    plans = [PlanDataset(ds)[k] for k in keys]
+    assert {p.kind for p in plans} == {"crop"}
+    if transform is None:  # images of different sizes: one by one
+        for k, p in zip(keys, plans):
+            np.testing.assert_array_equal(replay(ds, p)[0], ds[k][0])
+        return
+    got, want = DeviceStage(ds, backend="cpu")(plans), _expected(ds, keys)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_backend_choice_and_the_missing_extra(voc_rec, monkeypatch):
+    monkeypatch.delenv("GLUON_DATA_DEVICE_BACKEND", raising=False)
+    assert select_backend("cpu") == "cpu"
+    with pytest.raises(ValueError, match="valid backends"):
+        select_backend("opencl")
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:  # this lane has no GPU stack at all
+        assert select_backend() == "cpu"
+        for name in ("nvimgcodec", "torchvision"):
+            with pytest.raises(RuntimeError, match=r"pip install gluon-data\[gpu\]"):
+                select_backend(name)
+            monkeypatch.setenv("GLUON_DATA_DEVICE_BACKEND", name)
+            with pytest.raises(RuntimeError, match=r"pip install gluon-data\[gpu\]"):
+                DeviceStage(SegmentationDataset(voc_rec, **VAL))
+            monkeypatch.delenv("GLUON_DATA_DEVICE_BACKEND")
+    with pytest.raises(ValueError, match="empty batch"):
+        DeviceStage(SegmentationDataset(voc_rec, **VAL), backend="cpu")([])
+
+
+def _stock_rec(path: str, images) -> str:
+    """A .rec of classification records holding ``images`` as they are (as stock tools
+    keep them)."""
+    with RecordWriter(path, overwrite=True) as w:
+        for i, buf in enumerate(images):
+            w.write(i, codec.pack_classification(float(i), buf, id=i))
+        w.finish()
+        w.publish()
+    return path
+
+
+def test_refused_jpegs_are_refused_by_the_stage_as_by_the_dataset(tmp_path):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)
+    odd, lossless = baseline_jpeg(pixels, ODD_SAMPLINGS["3x1"]), lossless_jpeg(pixels)
+    plain = baseline_jpeg(pixels)
+    damaged = plain[:len(plain) // 2] + bytes(8) + plain[len(plain) // 2 + 8:]
+    assert device_decodable(plain)
+    assert not device_decodable(odd) and not device_decodable(lossless)
+    path = _stock_rec(str(tmp_path / "v.rec"), [odd, lossless, plain, damaged])
+    for transform in (None, CROP):
+        ds = ClassificationDataset(path, image_transform=transform, seed=1)
+        stage, plans = DeviceStage(ds, backend="cpu"), PlanDataset(ds)
+        refused = set()
+        for i in range(len(ds)):
+            p = plans[SampleKey(i, 0)]
+            try:
+                want = ds[SampleKey(i, 0)]
+            except DecodeError as e:
+                refused.add(i)
+                with pytest.raises(DecodeError) as got:
+                    stage([p])
+                assert str(got.value) == str(e) and "v.rec" in str(e)
+                continue
+            np.testing.assert_array_equal(stage([p])[0][0], want[0])
+        assert refused == {0, 3}  # the odd sampling and the damaged stream; lossless reads
