@@ -165,3 +165,83 @@ def test_refused_jpegs_are_refused_by_the_stage_as_by_the_dataset(tmp_path):
                 continue
             np.testing.assert_array_equal(stage([p])[0][0], want[0])
         assert refused == {0, 3}  # the odd sampling and the damaged stream; lossless reads
+
+
+#: The stage after PyTorch's DataLoader (2 worker processes read and draw, this process makes
+#: the batches), and the GPU path's geometry run by PyTorch on the CPU against the decoder of
+#: record's pixels. In its own interpreter, as tests/test_arrays.py's torch client.
+TORCH_STAGE = r"""
+import sys
+import numpy as np
+import torch
+from gluon_data.arrays import ClassificationDataset, SegmentationDataset
+from gluon_data.arrays.device import DeviceStage, apply_geometry
+from gluon_data.arrays.plan import PlanDataset, collate_plans, image_output
+from gluon_data.arrays.tensorize import ImageCropNormalize
+from gluon_data.format import codec
+from gluon_data.sampling.sampler import SampleKey
+
+voc, cls, out = sys.argv[1:4]
+crop = ImageCropNormalize(("random", (16, 16), (0.08, 1.0), (3 / 4, 4 / 3), 1), flip=True,
+                          mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+cases = {"train": SegmentationDataset(voc, mode="train", base_size=40, crop_size=32, seed=12),
+         "val": SegmentationDataset(voc, mode="val", crop_size=24),
+         "cls": ClassificationDataset(cls, image_transform=crop, seed=3)}
+saved, worst = {}, {}
+for name, ds in cases.items():
+    stage = DeviceStage(ds, backend="cpu")
+    keys = [SampleKey(int(i), 2) for i in np.random.default_rng(0).permutation(len(ds))]
+    loader = torch.utils.data.DataLoader(PlanDataset(ds), sampler=keys, batch_size=4,
+                                         collate_fn=collate_plans, num_workers=2)
+    layout, diffs = image_output(ds), []
+    for b, plans in enumerate(loader):
+        images, targets = stage(plans)
+        assert torch.equal(torch.from_dlpack(images), torch.from_numpy(images))
+        saved["%s_%d_img" % (name, b)], saved["%s_%d_tgt" % (name, b)] = images, targets
+        saved["%s_%d_idx" % (name, b)] = np.array([p.index for p in plans])
+        for p, want in zip(plans, images):
+            got = apply_geometry(torch.from_numpy(codec.decode_image(p.image)), p, layout)
+            scale = 255 * 0.226 if layout[0] == "tensor" else 1  # in levels
+            diffs.append(float((got.double() - torch.from_numpy(want).double()).abs().max())
+                         * scale)
+    worst[name] = max(diffs)
+np.savez(out, **saved)
+print("torch", torch.__version__, repr(worst))
+"""
+
+
+def _torch_env():
+    torch_path = os.environ.get("GLUON_DATA_TORCH_PATH")
+    if not torch_path or not os.path.isdir(torch_path):
+        pytest.skip("PyTorch is not installed for the client test (scripts/run.sh names it in "
+                    "GLUON_DATA_TORCH_PATH)")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (torch_path, os.environ.get("PYTHONPATH")) if p))
+
+
+@pytest.mark.slow
+def test_the_stage_after_a_torch_dataloader_with_two_workers(voc_rec, cls_rec, tmp_path):
+    out = str(tmp_path / "stage.npz")
+    run = subprocess.run([sys.executable, "-c", TORCH_STAGE, voc_rec, cls_rec, out],
+                         env=_torch_env(), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("torch 2."), run.stdout
+    worst = eval(run.stdout.split(" ", 2)[2])
+    # the GPU path's geometry (PyTorch's resize, flip, pad, blur) within one level of OpenCV's
+    # and Pillow's on the same pixels; masks are the CPU's own
+    assert set(worst) == {"train", "val", "cls"} and max(worst.values()) <= 1.05, worst
+    got = np.load(out)
+    datasets = {"train": SegmentationDataset(voc_rec, mode="train", base_size=40, crop_size=32,
+                                             seed=12),
+                "val": SegmentationDataset(voc_rec, mode="val", crop_size=24),
+                "cls": ClassificationDataset(cls_rec, image_transform=CROP, seed=3)}
+    for name, ds in datasets.items():
+        batches = sorted({k.rsplit("_", 2)[1] for k in got.files if k.startswith(name + "_")})
+        seen = []
+        for b in batches:
+            keys = [SampleKey(int(i), 2) for i in got["%s_%s_idx" % (name, b)]]
+            want = _expected(ds, keys)
+            np.testing.assert_array_equal(got["%s_%s_img" % (name, b)], want[0])
+            np.testing.assert_array_equal(got["%s_%s_tgt" % (name, b)], want[1])
+            seen += [k.index for k in keys]
+        assert sorted(seen) == list(range(len(ds)))

@@ -88,9 +88,9 @@ def image_output(dataset) -> Optional[Tuple]:
     CxHxW as ``ToTensor`` + ``Normalize``; ``None`` where an arbitrary image transform runs
     (the stage then replays those samples on the CPU)."""
     if isinstance(dataset, SegmentationDataset):
-        if dataset._transform is not None:
+        fast = dataset._tensorize  # runs before the image transform, which is its fallback
+        if dataset._transform is not None and (fast is None or dataset.output is not None):
             return None
-        fast = dataset._tensorize
     elif isinstance(dataset, ClassificationDataset):
         if dataset._transform is not None or dataset._flag != 1:
             return None
