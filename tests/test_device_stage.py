@@ -245,3 +245,48 @@ def test_the_stage_after_a_torch_dataloader_with_two_workers(voc_rec, cls_rec, t
             np.testing.assert_array_equal(got["%s_%s_tgt" % (name, b)], want[1])
             seen += [k.index for k in keys]
         assert sorted(seen) == list(range(len(ds)))
+
+
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "scripts", "train_segmentation.py")
+
+
+def test_the_gluon_dataloader_with_the_stage_yields_the_samples(voc_rec):
+    pytest.importorskip("mxnet")
+    from gluon_data.gluon.datasets import SegmentationDataset as GluonSegmentation
+    from gluon_data.gluon.device import DeviceLoader
+    from mxnet.gluon.data.vision import transforms as VT
+    from gluon_data.sampling.sampler import DistributedSampler
+    tensor = VT.Compose([VT.ToTensor(), VT.Normalize([.485, .456, .406], [.229, .224, .225])])
+    ds = GluonSegmentation(voc_rec, **TRAIN, transform=tensor)
+    ref = SegmentationDataset(voc_rec, **TRAIN, transform=ToTensorNormalize())
+    sampler = DistributedSampler(len(ds), num_replicas=1, rank=0, seed=0, batch_size=4)
+    sampler.set_epoch(1)
+    loader = DeviceLoader(ds, batch_sampler=sampler.batch_sampler(), num_workers=2)
+    assert loader.stage.backend == "cpu" and len(loader) == len(sampler.batch_sampler())
+    seen = 0
+    for keys, (data, target) in zip(sampler.batch_sampler(), loader):
+        want = _expected(ref, keys)
+        assert data.dtype == np.float32 and target.dtype == np.int32
+        np.testing.assert_array_equal(data.asnumpy(), want[0])
+        np.testing.assert_array_equal(target.asnumpy(), want[1])
+        seen += len(keys)
+    assert seen == len(ds) and loader.stage.counts["cpu"] == seen
+    with pytest.raises(ValueError, match="batchify_fn"):
+        DeviceLoader(ds, 4, batchify_fn=list)
+
+
+def test_the_recipe_trains_on_the_same_samples_with_the_stage(voc_rec, tmp_path):
+    pytest.importorskip("mxnet")
+    logs = {}
+    for name, extra in (("loader", []), ("stage", ["--device-stage"])):
+        out = tmp_path / name
+        run = subprocess.run(
+            [sys.executable, RECIPE, "--data", voc_rec, "--split", "trainval", "--model", "tiny",
+             "--iters", "3",
+             "--base-size", "40", "--crop-size", "32", "--batch-size", "4", "--workers", "2",
+             "--log-dir", str(out)] + extra, capture_output=True, text=True, timeout=600,
+            env=dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1"))
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        with open(out / "samples.rank0.jsonl") as f:
+            logs[name] = f.read().splitlines()
+    assert len(logs["loader"]) == 12 and logs["stage"] == logs["loader"]  # image and mask CRCs

@@ -22,6 +22,7 @@ import numpy as np
 from ..format import codec
 from ..format.decode import region_exact
 from .plan import SamplePlan, image_output, replay
+from .tensorize import _np
 
 __all__ = ["DeviceStage", "BACKENDS", "select_backend", "device_decodable", "GPU_EXTRA"]
 
@@ -203,8 +204,8 @@ class DeviceStage:
             img = decoded.get(j)
             if img is None or tuple(img.shape[:2]) != tuple(codec.image_size(plan.image)):
                 image, target = replay(self.dataset, plan)  # the CPU's pixels, or its error
-                images.append(torch.from_numpy(np.ascontiguousarray(image)).to(dev))
-                targets.append(target)
+                images.append(torch.from_numpy(np.ascontiguousarray(_np(image))).to(dev))
+                targets.append(_np(target) if hasattr(target, "asnumpy") else target)
                 self.counts["cpu"] += 1
                 continue
             images.append(apply_geometry(img, plan, self._layout))
@@ -220,8 +221,8 @@ def _targets(torch, targets, dev):
 
 
 def _stack_numpy(samples):
-    images = np.stack([s[0] for s in samples])
-    second = [s[1] for s in samples]
+    images = np.stack([_np(s[0]) for s in samples])  # (a Gluon dataset's are NDArrays)
+    second = [_np(s[1]) if hasattr(s[1], "asnumpy") else s[1] for s in samples]
     if isinstance(second[0], np.ndarray) and second[0].ndim == 2:
         return images, np.stack(second)
     return images, np.asarray(second, np.float32)
