@@ -290,3 +290,73 @@ def test_the_recipe_trains_on_the_same_samples_with_the_stage(voc_rec, tmp_path)
         with open(out / "samples.rank0.jsonl") as f:
             logs[name] = f.read().splitlines()
     assert len(logs["loader"]) == 12 and logs["stage"] == logs["loader"]  # image and mask CRCs
+
+
+#: The device path itself (which JPEGs go to the device, the per-item CPU path, the counts,
+#: torch batches), run on PyTorch's CPU with the decoder of record standing in for nvJPEG
+#: (a decode it refuses reads as a device decoder's failure).
+TORCH_DEVICE_PATH = r"""
+import sys
+import numpy as np
+import torch
+from gluon_data.arrays import ClassificationDataset
+from gluon_data.arrays.device import DeviceStage
+from gluon_data.arrays.plan import PlanDataset
+from gluon_data.arrays.tensorize import ImageCropNormalize
+from gluon_data.errors import DecodeError
+from gluon_data.format import codec
+from gluon_data.sampling.sampler import SampleKey
+
+
+class OnTorchCpu(DeviceStage):
+    def __init__(self, ds):
+        super().__init__(ds, backend="cpu")
+        self.backend, self._where, self.asked = "test", "cpu", []
+
+    def _decode(self, buffers):
+        self.asked.append(len(buffers))
+        out = []
+        for b in buffers:
+            try:
+                out.append(torch.from_numpy(codec.decode_image(b)))
+            except DecodeError:
+                out.append(None)
+        return out
+
+
+crop = ImageCropNormalize(("random", (16, 16), (0.08, 1.0), (3 / 4, 4 / 3), 1), flip=True,
+                          mean=0, std=1, uint8=True)
+ds = ClassificationDataset(sys.argv[1], image_transform=crop, seed=1, output="uint8")
+stage = OnTorchCpu(ds)
+plans = [PlanDataset(ds)[SampleKey(i, 0)] for i in (1, 2, 2)]  # lossless, plain, plain
+images, labels = stage(plans)
+assert images.dtype == torch.uint8 and tuple(images.shape) == (3, 3, 16, 16), images.shape
+want = np.stack([ds[SampleKey(i, 0)][0] for i in (1, 2, 2)])
+assert np.array_equal(images[0].numpy(), want[0])  # the lossless one: the CPU's pixels
+assert int((images[1:].int() - torch.from_numpy(want[1:]).int()).abs().max()) <= 1
+assert labels.tolist() == [1.0, 2.0, 2.0]
+assert stage.counts == {"device": 2, "cpu": 1} and stage.asked == [2], (stage.counts, stage.asked)
+for i in (0, 3):  # the odd sampling (never sent) and the damaged stream (the device fails)
+    try:
+        stage([PlanDataset(ds)[SampleKey(2, 0)], PlanDataset(ds)[SampleKey(i, 0)]])
+    except DecodeError as e:
+        assert "v.rec" in str(e) and ("record %d" % i in str(e) or str(i) in str(e)), str(e)
+    else:
+        raise AssertionError("record %d was not refused" % i)
+assert stage.asked == [2, 1, 2], stage.asked
+print("ok", stage.counts)
+"""
+
+
+@pytest.mark.slow
+def test_the_device_path_sends_what_the_device_cannot_read_to_the_cpu(tmp_path):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    plain = baseline_jpeg(pixels)
+    damaged = plain[:len(plain) // 2] + bytes(8) + plain[len(plain) // 2 + 8:]
+    path = _stock_rec(str(tmp_path / "v.rec"), [baseline_jpeg(pixels, ODD_SAMPLINGS["3x1"]),
+                                                lossless_jpeg(pixels), plain, damaged])
+    run = subprocess.run([sys.executable, "-c", TORCH_DEVICE_PATH, path], env=_torch_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("ok "), run.stdout

@@ -141,6 +141,7 @@ class DeviceStage:
         self.dataset = dataset
         self.backend = select_backend(backend)
         self.device = int(device)
+        self._where = "cuda:%d" % self.device  # the torch device of the GPU path
         self._layout = image_output(dataset)
         self._decoder = None
         #: Samples made on the device and on the CPU path (per item), since construction.
@@ -177,25 +178,25 @@ class DeviceStage:
                                      color_spec=nv.ColorSpec.RGB)
             stream = torch.cuda.current_stream(self.device).cuda_stream  # ordered with ours
             images = self._decoder.decode(buffers, params=params, cuda_stream=stream)
-            return [None if im is None else torch.as_tensor(im, device="cuda:%d" % self.device)
+            return [None if im is None else torch.as_tensor(im, device=self._where)
                     for im in images]
         io = _torchvision_io()
         data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in buffers]
         try:
-            chw = io.decode_jpeg(data, mode=io.ImageReadMode.RGB, device="cuda:%d" % self.device)
+            chw = io.decode_jpeg(data, mode=io.ImageReadMode.RGB, device=self._where)
         except RuntimeError:  # one bad stream fails the batch: decode one by one
             chw = []
             for d in data:
                 try:
                     chw.append(io.decode_jpeg(d, mode=io.ImageReadMode.RGB,
-                                              device="cuda:%d" % self.device))
+                                              device=self._where))
                 except RuntimeError:
                     chw.append(None)
         return [None if x is None else x.permute(1, 2, 0) for x in chw]
 
     def _device_batch(self, plans: List[SamplePlan]):
         torch = _torch()
-        dev = torch.device("cuda:%d" % self.device)
+        dev = torch.device(self._where)
         wanted = [j for j, p in enumerate(plans) if self._wanted(p)]
         decoded = dict(zip(wanted, self._decode([plans[j].image for j in wanted]))
                        ) if wanted else {}
