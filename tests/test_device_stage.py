@@ -360,3 +360,15 @@ def test_the_device_path_sends_what_the_device_cannot_read_to_the_cpu(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("ok "), run.stdout
+
+
+def test_the_bench_gpu_step_says_why_it_is_skipped(voc_rec, cls_rec):
+    from gluon_data.cli.bench import load_bench_part
+    part = load_bench_part("bench_gpu", os.path.join(os.path.dirname(__file__), "..",
+                                                     "benchmarks"))
+    said = []
+    reason = part.gpu_skip_reason()
+    if reason is None:
+        pytest.skip("a CUDA device and a GPU backend are present: the step measures")
+    assert part.run_gpu(voc_rec, cls_rec, say=said.append) == {}
+    assert said == ["gpu: " + reason] and reason.startswith("skipped: ")
