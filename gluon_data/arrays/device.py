@@ -130,7 +130,8 @@ class DeviceStage:
     --------
     >>> from gluon_data.arrays import SegmentationDataset
     >>> from gluon_data.arrays.plan import PlanDataset
-    >>> ds = SegmentationDataset("voc.rec", mode="train", base_size=40, crop_size=32, seed=0)
+    >>> ds = SegmentationDataset("voc_train.rec", mode="train", base_size=40, crop_size=32,
+    ...                          seed=0)
     >>> stage = DeviceStage(ds, backend="cpu")
     >>> images, masks = stage([PlanDataset(ds)[i] for i in range(4)])
     >>> images.shape, masks.dtype

@@ -56,7 +56,8 @@ class SamplePlan:
     Examples
     --------
     >>> from gluon_data.arrays import SegmentationDataset
-    >>> ds = SegmentationDataset("voc.rec", mode="train", base_size=40, crop_size=32, seed=0)
+    >>> ds = SegmentationDataset("voc_train.rec", mode="train", base_size=40, crop_size=32,
+    ...                          seed=0)
     >>> p = plan_sample(ds, SampleKey(3, epoch=1))
     >>> p.kind, p.mask.shape, p.image[:2]
     ('train', (32, 32), b'\\xff\\xd8')
@@ -220,7 +221,7 @@ class PlanDataset:
     Examples
     --------
     >>> from gluon_data.arrays import SegmentationDataset
-    >>> ds = SegmentationDataset("voc.rec", mode="val", crop_size=32)
+    >>> ds = SegmentationDataset("voc_val.rec", mode="val", crop_size=32)
     >>> plans = PlanDataset(ds)
     >>> len(plans) == len(ds), plans[0].kind
     (True, 'val')

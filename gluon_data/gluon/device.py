@@ -52,7 +52,7 @@ class DeviceLoader:
     Examples
     --------
     >>> from gluon_data.gluon.datasets import SegmentationDataset
-    >>> ds = SegmentationDataset("voc.rec", mode="val", crop_size=32)
+    >>> ds = SegmentationDataset("voc_val.rec", mode="val", crop_size=32)
     >>> loader = DeviceLoader(ds, batch_size=4, num_workers=2)
     >>> data, target = next(iter(loader))
     >>> data.shape, target.dtype
