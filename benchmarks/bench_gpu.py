@@ -23,7 +23,6 @@ import sys
 import time
 from typing import Callable, Dict, Optional
 
-import numpy as np
 
 from gluon_data.arrays import ClassificationDataset, SegmentationDataset
 from gluon_data.arrays.device import DeviceStage, select_backend

@@ -12,7 +12,7 @@ import pytest
 
 from gluon_data.arrays import ClassificationDataset, SegmentationDataset
 from gluon_data.arrays.device import DeviceStage, device_decodable, select_backend
-from gluon_data.arrays.plan import PlanDataset, SamplePlan, collate_plans, plan_sample, replay
+from gluon_data.arrays.plan import PlanDataset, plan_sample, replay
 from gluon_data.arrays.tensorize import ImageCropNormalize, ToTensorNormalize
 from gluon_data.errors import DecodeError
 from gluon_data.format import codec
