@@ -173,12 +173,15 @@ class DeviceStage:
         torch = _torch()
         if self.backend == "nvimgcodec":
             nv = _nvimgcodec()
-            if self._decoder is None:
-                self._decoder = nv.Decoder(device_id=self.device)
+            if self._decoder is None:  # libjpeg-turbo's smooth chroma upsampling, as the
+                self._decoder = nv.Decoder(device_id=self.device,  # decoder of record's
+                                           options=":fancy_upsampling=1")
             params = nv.DecodeParams(apply_exif_orientation=False,  # as the decoder of record
                                      color_spec=nv.ColorSpec.RGB)
             stream = torch.cuda.current_stream(self.device).cuda_stream  # ordered with ours
-            images = self._decoder.decode(buffers, params=params, cuda_stream=stream)
+            sources = ([nv.DecodeSource(b) for b in buffers] if hasattr(nv, "DecodeSource")
+                       else buffers)  # (releases before 0.5 take the bytes)
+            images = self._decoder.decode(sources, params=params, cuda_stream=stream)
             return [None if im is None else torch.as_tensor(im, device=self._where)
                     for im in images]
         io = _torchvision_io()
