@@ -125,6 +125,10 @@ def test_backend_choice_and_the_missing_extra(voc_rec, monkeypatch):
             with pytest.raises(RuntimeError, match=r"pip install gluon-data\[gpu\]"):
                 DeviceStage(SegmentationDataset(voc_rec, **VAL))
             monkeypatch.delenv("GLUON_DATA_DEVICE_BACKEND")
+    test = SegmentationDataset(voc_rec, mode="test")  # (image, name): the names listed
+    plans = [plan_sample(test, i) for i in range(2)]
+    images, names = DeviceStage(test, backend="cpu")(plans[:1] * 2)
+    assert names == [test.name(0)] * 2 and images.shape[0] == 2
     with pytest.raises(ValueError, match="empty batch"):
         DeviceStage(SegmentationDataset(voc_rec, **VAL), backend="cpu")([])
 

@@ -220,6 +220,8 @@ class DeviceStage:
 
 
 def _targets(torch, targets, dev):
+    if isinstance(targets[0], str):  # mode="test": the names
+        return list(targets)
     if isinstance(targets[0], np.ndarray) and targets[0].ndim == 2:
         return torch.from_numpy(np.stack(targets)).to(dev, non_blocking=True)
     return torch.from_numpy(np.asarray(targets, np.float32)).to(dev, non_blocking=True)
@@ -230,6 +232,8 @@ def _stack_numpy(samples):
     second = [_np(s[1]) if hasattr(s[1], "asnumpy") else s[1] for s in samples]
     if isinstance(second[0], np.ndarray) and second[0].ndim == 2:
         return images, np.stack(second)
+    if isinstance(second[0], str):  # mode="test": the names
+        return images, second
     return images, np.asarray(second, np.float32)
 
 
