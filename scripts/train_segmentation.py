@@ -44,6 +44,7 @@ from mxnet.gluon.data.vision import transforms
 from gluon_data import DistributedSampler, SegmentationBatchify
 from gluon_data.cli import storage_option_parser
 from gluon_data.gluon.datasets import SegmentationDataset
+from gluon_data.gluon.device import DeviceLoader
 from gluon_data.storage.remotefs import parse_storage_options
 from gluon_data.stores.base import is_uri, open_store
 from gluon_data.tools.progress import progress_bar
@@ -77,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--crop-size", type=int, default=480, help="training and validation crop")
     p.add_argument("--batch-size", type=int, default=8, help="per worker")
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
+    p.add_argument("--device-stage", action="store_true", help="workers draw, this process "
+                   "decodes and augments the batch (on the GPU when one is present; docs/gpu.md)")
     p.add_argument("--iters", type=int, default=100,
                    help="training iterations (ignored with --epochs)")
     p.add_argument("--epochs", type=int, help="train this many epochs (instead of --iters)")
@@ -469,8 +472,9 @@ def setup(args, world, ctx, input_transform):
     sampler = world.sampler(len(trainset), shuffle=True, seed=args.seed,
                             batch_size=args.batch_size)
     batches = sampler.batch_sampler()
-    loader = gluon.data.DataLoader(trainset, batch_sampler=batches, num_workers=args.workers,
-                                   batchify_fn=SegmentationBatchify(channels_first=True))
+    loader = DeviceLoader(trainset, batch_sampler=batches, num_workers=args.workers) \
+        if args.device_stage else gluon.data.DataLoader(trainset, batch_sampler=batches,
+        num_workers=args.workers, batchify_fn=SegmentationBatchify(channels_first=True))
     model = build_model(args.model, args.backbone, trainset.num_class, args.base_size,
                         args.crop_size, args.pretrained_base)
     if len(trainset) == 0:
