@@ -117,7 +117,8 @@ def test_labels_beyond_float32_are_stored_as_stock_stores_them():
         "000000000000807f" + "00" * 16 + "78"
     assert recordio.pack(recordio.IRHeader(0, -1e39, 0, 0), b"x")[4:8].hex() == "000080ff"
     assert recordio.pack(recordio.IRHeader(0, 3.4028235e38, 0, 0), b"x")[4:8].hex() == "ffff7f7f"
-    assert np.isnan(recordio.unpack(recordio.pack(recordio.IRHeader(0, np.nan, 0, 0), b""))[0].label)
+    nan = recordio.pack(recordio.IRHeader(0, np.nan, 0, 0), b"")
+    assert np.isnan(recordio.unpack(nan)[0].label)
     header, _ = recordio.unpack(recordio.pack(recordio.IRHeader(0, [1e39, 1], 0, 0), b""))
     assert header.label.tolist() == [np.inf, 1.0]
 

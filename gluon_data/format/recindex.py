@@ -443,7 +443,8 @@ def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarr
     return parse_index(raw, idx_path)
 
 
-def parse_index(raw: bytes, idx_path: str, wide_keys: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+def parse_index(raw: bytes, idx_path: str,
+                wide_keys: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     """The text of an ``.idx`` as ``(keys, offsets)``; :class:`FormatError` naming the line
     that is not two integers.
 
@@ -462,7 +463,8 @@ def parse_index(raw: bytes, idx_path: str, wide_keys: bool = False) -> Tuple[np.
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def _parse_index_exact(raw: bytes, idx_path: str, wide_keys: bool) -> Tuple[np.ndarray, np.ndarray]:
+def _parse_index_exact(raw: bytes, idx_path: str,
+                       wide_keys: bool) -> Tuple[np.ndarray, np.ndarray]:
     """The exact parse of an index holding a value at the limits of int64 (where the C parser
     saturates): Python ints, refused (naming the line) where they do not fit."""
     def problem(line: bytes) -> Optional[str]:
