@@ -344,3 +344,26 @@ def test_env_cache_never_hands_out_another_files_env(swap, sources, tmp_path, mo
     env = shared_env(fresh)
     assert _read_all_meta(env, fresh)[SPLIT]["conversion_id"] == cid["A"]
     assert _payloads(fresh) == old
+
+
+def test_a_legacy_store_is_bound_as_an_lmdb_file_is(tmp_path):
+    """The recipe layout's reader: a rewrite of its records in place after it has read is
+    refused at the next read, as for our own LMDBs (one binding, ProcessEnv's)."""
+    from legacy_lmdbs import make_recipe_lmdb
+    from gluon_data.stores.legacy import RecipeLMDBStore
+    src = str(tmp_path / "recipe")
+    make_recipe_lmdb(src)
+    store = RecipeLMDBStore(src, "train", image_shape=(24, 32, 3))
+    first = store.read(0)
+    assert pickle.loads(pickle.dumps(store)).read(0) == first
+    code = ("import lmdb\n"
+            "env = lmdb.open(%r, max_dbs=64, map_size=64 << 20)\n"
+            "db = env.open_db(b'train_data', create=False)\n"
+            "with env.begin(write=True, db=db) as txn:\n"
+            "    txn.put(b'0', bytes(len(txn.get(b'0'))))\n"
+            "env.close()\n" % src)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    with pytest.raises(FormatError, match="replaced") as e:
+        store.read(0)
+    assert e.value.path == src
+    assert RecipeLMDBStore(src, "train", image_shape=(24, 32, 3)).read(0) != first
