@@ -106,11 +106,12 @@ def _is_s3(uri: str) -> bool:
 
 def _bounded(uri: str, storage_options: Optional[dict],
              policy: Optional[RetryPolicy] = None) -> dict:
-    """``storage_options`` with bounded client timeouts for S3: botocore's
-    ``connect_timeout``/``read_timeout`` (aiohttp's socket timeouts) from ``policy`` (default:
-    the environment now, :meth:`RetryPolicy.from_env`), and one attempt per call in botocore
-    (only :class:`Remote` retries, bounded, with backoff), unless the options'
-    ``config_kwargs`` set them."""
+    """``storage_options`` for a client that sends each request once (only :class:`Remote`
+    retries, bounded, with backoff): over HTTP(S) an aiohttp session without its own resend
+    (``get_client``), and for S3 botocore's ``connect_timeout``/``read_timeout`` (aiohttp's
+    socket timeouts) from ``policy`` (default: the environment now,
+    :meth:`RetryPolicy.from_env`), one attempt per call in botocore and the same aiohttp
+    session, unless the options set them."""
     opts = dict(storage_options or {})
     scheme = uri.split("://", 1)[0].lower()
     if scheme in ("http", "https"):
