@@ -187,22 +187,28 @@ def decode_rle(buf, what: str = "mask", max_pixels: Optional[int] = None,
     block_px = brows * w
     last_px = (min(h, b1 * brows) - (b1 - 1) * brows) * w
     nrows = min(h, b1 * brows) - b0 * brows
-    lens = _checked_lengths(lengths, offsets, block_px, last_px, what)  # before allocating
-    if _ext is not None:
-        out = np.empty((nrows, w), hd.dtype)
-        try:
+    # every block's runs checked before the mask is allocated, in either expansion
+    if _ext is not None and hasattr(_ext, "check"):  # (an extension built before it had one:
+        try:                                         # numpy's check)
+            _ext.check(lengths, offsets, block_px, last_px)
+            out = np.empty((nrows, w), hd.dtype)
             _ext.expand(lengths, values, itemsize, offsets, block_px, last_px, out)
-        except ValueError as e:  # pragma: no cover - checked above; the extension's own guard
+        except ValueError as e:
             raise DecodeError("%s: corrupt run-length mask (%s)" % (what, e)) from None
     else:
-        out = np.repeat(np.frombuffer(values, hd.dtype), lens).reshape(nrows, w)
+        lens = _checked_lengths(lengths, offsets, block_px, last_px, what)
+        if _ext is not None:
+            out = np.empty((nrows, w), hd.dtype)
+            _ext.expand(lengths, values, itemsize, offsets, block_px, last_px, out)
+        else:
+            out = np.repeat(np.frombuffer(values, hd.dtype), lens).reshape(nrows, w)
     return out[y0 - b0 * brows:y1 - b0 * brows]
 
 
 def _checked_lengths(lengths, starts, block_px: int, last_px: int, what: str) -> np.ndarray:
     """The run lengths of the blocks decoded (``starts`` rise from 0, checked), once their
-    runs are known to fill each block exactly: nothing the size of the mask is allocated for
-    runs that do not, in either expansion."""
+    runs are known to fill each block exactly (the C extension's ``check``, in numpy):
+    nothing the size of the mask is allocated for runs that do not."""
     lens = np.frombuffer(lengths, "<u2")
     sums = np.add.reduceat(lens, starts[:-1].astype(np.intp), dtype=np.int64)
     want = np.full(sums.size, block_px, np.int64)
