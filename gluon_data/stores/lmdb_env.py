@@ -230,12 +230,15 @@ class ProcessEnv:
 
     def _check(self, env: lmdb.Environment, resolved: Optional[list]) -> None:
         """The shrink guard and, for a bound handle, the file unchanged since resolved."""
-        st = _fstat(env)
-        if st is None:
+        g = _GUARDS.get(id(env))
+        if g is None:
             return
-        if resolved is not None and _state_of(st) != tuple(resolved[:3]):
+        st = os.fstat(g[0])  # (the hot path of every read: fields compared one by one)
+        if resolved is not None and (st.st_mtime_ns != resolved[1] or st.st_ctime_ns
+                                     != resolved[2] or st.st_size != resolved[0]):
             self._changed(env, st, resolved)
-        check_mapped(env, st)
+        if st.st_size < g[1]:
+            check_mapped(env, st)  # raises
 
     def _changed(self, env: lmdb.Environment, st: os.stat_result, resolved: list) -> None:
         """``data.mdb`` is not as it was when resolved (size, mtime or ctime: a rewrite whose
