@@ -55,18 +55,28 @@ class _MovedModule(types.ModuleType):
     """An old module name: every attribute is looked up in its new home (see ``_moved.py``)."""
 
     def __getattr__(self, name):
-        if name.startswith("__"):
+        if name == "__all__":  # ``from OLD import *``: the new home's names, and those moved on
+            value = _moved_all(self.__name__)
+        elif name.startswith("__"):
             raise AttributeError(name)
+        else:
+            value = self._resolve(name)
+        setattr(self, name, value)
+        return value
+
+    def _resolve(self, name):
         home = MOVED_NAMES.get(self.__name__, {}).get(name)
         target = home or MOVED_MODULES.get(self.__name__)
         try:
             value = getattr(importlib.import_module(target), name)
         except AttributeError:
             if home is None and self.__name__ + "." + name in MOVED_MODULES:
-                value = importlib.import_module(self.__name__ + "." + name)
-            else:
-                raise AttributeError("module %r has no attribute %r" % (self.__name__, name))
-        setattr(self, name, value)
+                return importlib.import_module(self.__name__ + "." + name)
+            raise AttributeError("module %r has no attribute %r" % (self.__name__, name))
+        if home is not None:  # not where the module's own warning sent the user
+            warnings.warn("%s.%s moved to %s; import it from there (the old name will be "
+                          "removed)" % (self.__name__, name, home), DeprecationWarning,
+                          stacklevel=3)
         return value
 
     def __dir__(self):
@@ -94,9 +104,24 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return module
 
     def exec_module(self, module):
-        warnings.warn("%s moved to %s; import it from there (the old name will be removed)"
-                      % (module.__name__, MOVED_MODULES[module.__name__]),
+        elsewhere = len(MOVED_NAMES.get(module.__name__, ()))
+        warnings.warn("%s moved to %s; import it from there (the old name will be removed)%s"
+                      % (module.__name__, MOVED_MODULES[module.__name__],
+                         "; %d of its names moved elsewhere: each warns where when used"
+                         % elsewhere if elsewhere else ""),
                       DeprecationWarning, stacklevel=2)
+
+
+def _moved_all(old: str) -> list:
+    """``__all__`` of an old module: its new home's (else that module's public names that
+    are not modules), then its names that moved elsewhere (:data:`MOVED_NAMES`)."""
+    target = importlib.import_module(MOVED_MODULES[old])
+    names = getattr(target, "__all__", None)
+    if names is None:
+        names = [n for n, v in vars(target).items()
+                 if not n.startswith("_") and not isinstance(v, types.ModuleType)]
+    moved = [n for n in MOVED_NAMES.get(old, ()) if not n.startswith("_")]
+    return list(dict.fromkeys(list(names) + moved))
 
 
 if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):

@@ -2,8 +2,12 @@
 
 ``import gluon_data.codec`` (or ``from gluon_data.remote import convert_to_uri``) keeps working:
 the package root resolves the old name through this table, with a ``DeprecationWarning`` that
-names the new home. Nothing here is imported by the package itself; it is data, read by
-:mod:`gluon_data` (``__init__.py``). ``tests/test_public_names.py`` checks every entry.
+names the new home; a name that moved elsewhere than its module (:data:`MOVED_NAMES`) warns
+again, naming its own home, so every warning names a place the name imports from. ``from OLD
+import *`` imports the new home's ``__all__`` and the names moved elsewhere. Nothing here is
+imported by the package itself; it is data, read by :mod:`gluon_data` (``__init__.py``).
+``tests/test_public_names.py`` walks every entry, importing each name from where its warning
+says.
 """
 
 #: Old module -> the module that holds its contents now.

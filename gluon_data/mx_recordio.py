@@ -17,7 +17,12 @@ What it shares with ``mxnet.recordio`` 1.9.1: names, signatures, defaults and re
 index) and read stock's files identically; :func:`pack`, :func:`unpack`, :func:`pack_img` and
 :func:`unpack_img` produce and accept the same bytes. The framing is
 :func:`gluon_data.format.codec.frame` / :func:`~gluon_data.format.codec.unframe`, the index
-parser :mod:`gluon_data.format.recindex`'s.
+parser :mod:`gluon_data.format.recindex`'s. Keys are any Python ints, written as ``str(key)``
+and read back exactly, also beyond 64 bits (the int64 readers of the rest of the package,
+:class:`~gluon_data.stores.recordio.RecordFile` and the ``.gdx``, refuse such an index with a
+:class:`~gluon_data.errors.FormatError` naming the line; none clamps a key). A label is
+stored as stock stores it: float32, ``inf`` beyond its range (``pack(IRHeader(0, 1e39, 0,
+0), ...)``).
 
 Where it differs, on purpose:
 
@@ -86,7 +91,10 @@ def pack(header, s):
     ----------
     header : IRHeader
         ``header.label`` is a number (``flag`` becomes 0) or an array (``flag`` becomes its
-        size and the float32 values follow the header).
+        size and the float32 values follow the header). Labels are stored as float32,
+        rounded as stock rounds them: a magnitude beyond float32's range becomes ``inf``
+        (``-inf``), NaN stays NaN; an integer beyond a float64's range raises
+        ``OverflowError``, as stock's does.
     s : bytes
         The payload, usually encoded image bytes.
 
@@ -101,13 +109,17 @@ def pack(header, s):
     27
     >>> len(pack(IRHeader(0, [1, 2], 7, 0), b"jpg"))     # header, 2 float32 labels, payload
     35
+    >>> unpack(pack(IRHeader(0, 1e39, 7, 0), b"jpg"))[0].label  # beyond float32: inf, as stock
+    inf
     """
     header = IRHeader(*header)
     s = as_bytes(s, "pack()")
     if isinstance(header.label, numbers.Number):
-        header = header._replace(flag=0)
+        with np.errstate(over="ignore"):  # as stock's native struct 'f': 1e39 -> inf
+            header = header._replace(flag=0, label=float(np.float32(float(header.label))))
     else:
-        label = np.asarray(header.label, dtype="<f4")
+        with np.errstate(over="ignore"):
+            label = np.asarray(header.label, dtype="<f4")
         header = header._replace(flag=label.size, label=0)
         s = label.tobytes() + s
     return codec.IR_HEADER.pack(*header) + s

@@ -6,7 +6,9 @@ under the old length, metadata and identity, nor a mix of old and new: the first
 process (this one, a forked or spawned worker) checks the environment and the page reader's
 descriptor against the stamp taken when the dataset was opened and raises FormatError
 ("replaced"); once opened, both keep reading the file they were opened on, as a RecordFile's
-descriptor does.
+descriptor does, and every later read checks that file is still as it was (size, mtime,
+ctime): rewritten in place after reads began, even at the same size with its mtime set back,
+it is refused too.
 """
 import multiprocessing as mp
 import os
@@ -220,6 +222,66 @@ def test_rewritten_in_place_is_refused(swap, sources, tmp_path, pages):
     assert _payloads(path) == new  # opened again: the records written in place
 
 
+@pytest.mark.parametrize("mtime_set_back", [False, True])
+def test_a_same_size_rewrite_in_place_after_reads_began_is_refused(swap, pages,
+                                                                   mtime_set_back):
+    """A reader that has read already (its handles bound) checks the file at every read:
+    the same data.mdb (inode, size) rewritten in place, its mtime even set back (the ctime
+    cannot be), is refused, never read as the new records under the old metadata."""
+    path, old, _ = swap
+    f = LMDBFile(path, SPLIT)
+    small, big = _small_and_big(f)
+    assert f.read(small) == old[small] and f.read(big) == old[big]
+    data = os.path.join(path, "data.mdb")
+    before = os.stat(data)
+    with open(data, "rb") as fh:
+        raw = bytearray(fh.read())
+    for p in old:  # every value's bytes reversed where they lie: same size, same pages
+        at = raw.find(p)
+        assert at >= 0
+        raw[at:at + len(p)] = p[::-1]
+    new = [p[::-1] for p in old]
+    with open(data, "r+b") as fh:  # in place: the same inode
+        fh.write(raw)
+    if mtime_set_back:
+        os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(data)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert (after.st_mtime_ns == before.st_mtime_ns) == mtime_set_back
+    assert _outcomes(f, old, new) == ["FormatError"] * len(old)
+    with pytest.raises(FormatError, match="replaced"):
+        list(f.scan())
+
+
+def test_a_commit_to_the_split_after_reads_began_is_refused(swap, sources, tmp_path, pages):
+    """Another process rewriting the split's records through LMDB (same inode) after the
+    reader has read: refused at the next read, never the new records under the old metadata
+    (a commit to another sub-database is not: tests/test_lmdb.py's map grown by another
+    process)."""
+    path, old, _ = swap
+    other = str(tmp_path / "other.lmdb")
+    _publish(sources[1], other)
+    new = _payloads(other)
+    f = LMDBFile(path, SPLIT)
+    small, big = _small_and_big(f)
+    assert f.read(small) == old[small] and f.read(big) == old[big]
+    _rewrite_in_place(path, new)
+    assert _outcomes(f, old, new) == ["FormatError"] * len(old)
+
+
+def test_a_file_renamed_away_after_reads_began_is_still_read(swap, pages):
+    """Renaming or unlinking data.mdb changes its ctime, not its records: a reader that has
+    read keeps reading the file it opened."""
+    path, old, _ = swap
+    f = LMDBFile(path, SPLIT)
+    assert f.read(0) == old[0]
+    moved = path + ".old"
+    os.rename(path, moved)
+    assert [f.read(i) for i in range(len(f))] == old
+    shutil.rmtree(moved)
+    assert [f.read(i) for i in range(len(f))] == old
+
+
 # ------------------------------------------------------------------ workers
 def _read_in_child(f, queue):
     try:
@@ -282,3 +344,26 @@ def test_env_cache_never_hands_out_another_files_env(swap, sources, tmp_path, mo
     env = shared_env(fresh)
     assert _read_all_meta(env, fresh)[SPLIT]["conversion_id"] == cid["A"]
     assert _payloads(fresh) == old
+
+
+def test_a_legacy_store_is_bound_as_an_lmdb_file_is(tmp_path):
+    """The recipe layout's reader: a rewrite of its records in place after it has read is
+    refused at the next read, as for our own LMDBs (one binding, ProcessEnv's)."""
+    from legacy_lmdbs import make_recipe_lmdb
+    from gluon_data.stores.legacy import RecipeLMDBStore
+    src = str(tmp_path / "recipe")
+    make_recipe_lmdb(src)
+    store = RecipeLMDBStore(src, "train", image_shape=(24, 32, 3))
+    first = store.read(0)
+    assert pickle.loads(pickle.dumps(store)).read(0) == first
+    code = ("import lmdb\n"
+            "env = lmdb.open(%r, max_dbs=64, map_size=64 << 20)\n"
+            "db = env.open_db(b'train_data', create=False)\n"
+            "with env.begin(write=True, db=db) as txn:\n"
+            "    txn.put(b'0', bytes(len(txn.get(b'0'))))\n"
+            "env.close()\n" % src)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    with pytest.raises(FormatError, match="replaced") as e:
+        store.read(0)
+    assert e.value.path == src
+    assert RecipeLMDBStore(src, "train", image_shape=(24, 32, 3)).read(0) != first

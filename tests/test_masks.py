@@ -2,6 +2,7 @@
 numpy's giving the same pixels and the same refusals, and every field checked on read
 (truncated, oversized, inconsistent: a DecodeError, never a crash or wrong pixels)."""
 import struct
+import types
 
 import numpy as np
 import pytest
@@ -10,14 +11,16 @@ from hypothesis import given, settings, strategies as st
 from gluon_data.errors import DecodeError
 from gluon_data.format import codec, masks
 
-EXPANDERS = ["c", "numpy"]
+EXPANDERS = ["c", "c-built-before-check", "numpy"]
 
 
 @pytest.fixture(params=EXPANDERS)
 def expander(request, monkeypatch):
-    if request.param == "c":
+    if request.param.startswith("c"):
         if masks._ext is None:
             pytest.skip("the C expansion is not built here")
+        if request.param == "c-built-before-check":  # an extension without check(): numpy's
+            monkeypatch.setattr(masks, "_ext", types.SimpleNamespace(expand=masks._ext.expand))
     else:
         monkeypatch.setattr(masks, "_ext", None)
     return request.param
@@ -232,3 +235,37 @@ def test_fuzz_damaged_masks_raise_decode_error_only(data):
         return
     hd = masks.rle_header(bytes(buf))
     assert out.shape == ((rows[1] if rows else hd.height), hd.width)
+
+
+@pytest.mark.parametrize("w", [2**32 - 1, 2**31, 2**26 + 3])
+@pytest.mark.parametrize("max_pixels", [None, 0, 1 << 62])
+def test_a_declared_size_the_runs_cannot_fill_is_refused_before_allocating(w, max_pixels,
+                                                                           expander):
+    """Runs hold at most 65535 pixels each: a header declaring more pixels than its runs can
+    cover is refused from the header, whatever max_pixels is, in both expansions (the C path
+    used to allocate the declared 64-128 GiB first and fail with MemoryError)."""
+    for dtype in (np.uint8, np.uint16):
+        buf = _rebuilt(masks.encode_rle(np.zeros((32, 40), dtype)), w=w)
+        with pytest.raises(DecodeError, match="runs for 2 blocks of %dx32 pixels" % w):
+            masks.decode_rle(buf, "mask of rec 3", max_pixels)
+        with pytest.raises(DecodeError, match="runs for 2 blocks"):
+            masks.decode_rle(buf, "mask of rec 3", max_pixels, rows=(0, 1))
+
+
+def test_runs_that_do_not_fill_their_blocks_are_refused_before_allocating(expander):
+    """A header the runs could fill (enough of them) whose runs do not add up: refused
+    before the mask is allocated, in both expansions (bounded memory, not a MemoryError)."""
+    import tracemalloc
+    h, w, brows = 32, 2**32 - 1, 16
+    runs = -(-h * w // 65535) + 2
+    table = np.array([0, runs // 2, runs], "<u4").tobytes()
+    buf = (_HEAD.pack(b"GDRL", 1, 2, brows, h, w, runs) + table
+           + np.ones(runs, "<u2").tobytes() + np.zeros(runs, "<u2").tobytes())
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError, match="block 0: runs add up to %d pixels" % (runs // 2)):
+            masks.decode_rle(buf, "mask", None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak

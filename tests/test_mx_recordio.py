@@ -111,6 +111,50 @@ def test_empty_label_vector_is_packed_as_stock_does():
     assert recordio.unpack(s) == ((0, 0.0, 1, 0), b"x")
 
 
+def test_labels_beyond_float32_are_stored_as_stock_stores_them():
+    # the bytes stock mxnet 1.9.1 writes (its native struct 'f' rounds 1e39 to inf)
+    assert recordio.pack(recordio.IRHeader(0, 1e39, 0, 0), b"x").hex() == \
+        "000000000000807f" + "00" * 16 + "78"
+    assert recordio.pack(recordio.IRHeader(0, -1e39, 0, 0), b"x")[4:8].hex() == "000080ff"
+    assert recordio.pack(recordio.IRHeader(0, 3.4028235e38, 0, 0), b"x")[4:8].hex() == "ffff7f7f"
+    nan = recordio.pack(recordio.IRHeader(0, np.nan, 0, 0), b"")
+    assert np.isnan(recordio.unpack(nan)[0].label)
+    header, _ = recordio.unpack(recordio.pack(recordio.IRHeader(0, [1e39, 1], 0, 0), b""))
+    assert header.label.tolist() == [np.inf, 1.0]
+
+
+def test_keys_beyond_int64_are_kept_exactly(tmp_path):
+    """Stock writes ``str(key)`` and reads ``int(text)``: any integer key, never clamped (the
+    C parser saturates at 2**63 - 1, which handed out another key's record)."""
+    keys = [2**63 + 5, 2**70, 2**71, -5, -2**63, 2**63 - 1, -2**64 - 3, 0]
+    prefix = str(tmp_path / "k")
+    w = recordio.MXIndexedRecordIO(prefix + ".idx", prefix + ".rec", "w")
+    for i, k in enumerate(keys):
+        w.write_idx(k, b"record_%d" % i)
+    w.close()
+    assert open(prefix + ".idx").read().split("\n")[0] == "%d\t0" % (2**63 + 5)
+    r = _reader(prefix)
+    assert r.keys == keys
+    assert [r.read_idx(k) for k in keys] == [b"record_%d" % i for i in range(len(keys))]
+    with pytest.raises(recordio.MissingKeyError):
+        r.read_idx(2**63 + 6)
+    # the int64 readers refuse such an index, naming the line, instead of clamping it
+    from gluon_data.format.recindex import read_index, write_binary_index
+    with pytest.raises(FormatError, match=r"line 1 .*does not fit a 64-bit"):
+        read_index(prefix + ".idx", binary=False)
+    with pytest.raises(FormatError, match=r"line 1 "):
+        write_binary_index(prefix + ".idx")
+    # an int64 index at the limits still parses exactly, on the fast path's arrays
+    with open(prefix + ".idx", "w") as f:
+        f.write("%d\t0\n%d\t16\n" % (2**63 - 1, -2**63))
+    keys64, offsets = read_index(prefix + ".idx", binary=False)
+    assert keys64.dtype == np.int64 and keys64.tolist() == [2**63 - 1, -2**63]
+    with open(prefix + ".idx", "w") as f:
+        f.write("0\t%d\n" % 2**64)
+    with pytest.raises(FormatError, match="line 1 .*offset"):
+        _reader(prefix)
+
+
 def test_pack_refuses_text_and_non_buffers():
     with pytest.raises(TypeError, match="str"):
         recordio.pack(recordio.IRHeader(0, 1, 0, 0), "text")
@@ -725,11 +769,26 @@ def test_we_read_stock_files_identically(mx, tmp_path):
 
 @pytest.mark.parametrize("header", [(0, 3, 1, 0), (9, 2.5, 2**63, 2**64 - 1), (0, [1, 2], 3, 4),
                                     (0, np.float64(0.1), 5, 0), (0, [], 6, 0),
-                                    (0, np.ones((2, 2)), 7, 0)])
+                                    (0, np.ones((2, 2)), 7, 0), (0, 1e39, 8, 0),
+                                    (0, -1e39, 8, 0), (0, 3.4028236e38, 8, 0),
+                                    (0, 3.4028235e38, 8, 0), (0, 2**70, 8, 0),
+                                    (0, [1e39, 1], 8, 0)])
 def test_pack_and_unpack_match_stock(mx, header):
     s = recordio.pack(recordio.IRHeader(*header), b"body" + MAGIC)
     assert s == mx.recordio.pack(mx.recordio.IRHeader(*header), b"body" + MAGIC)
     _assert_same_unpack(recordio.unpack(s), mx.recordio.unpack(s))
+
+
+def test_keys_beyond_int64_are_the_same_with_either_module(mx, tmp_path):
+    keys = [2**63 + 5, 2**70, 2**71, -5, -2**63, 2**63 - 1, -2**64 - 3]
+    ours, stock = str(tmp_path / "ours"), str(tmp_path / "stock")
+    _same_calls(recordio, ours, [b"r%d" % i for i in range(len(keys))], keys)
+    _same_calls(mx.recordio, stock, [b"r%d" % i for i in range(len(keys))], keys)
+    assert open(ours + ".idx", "rb").read() == open(stock + ".idx", "rb").read()
+    a = _reader(stock)
+    b = mx.recordio.MXIndexedRecordIO(ours + ".idx", ours + ".rec", "r")
+    assert a.keys == b.keys == keys
+    assert [a.read_idx(k) for k in keys] == [b.read_idx(k) for k in keys]
 
 
 def test_insightface_dataset_is_the_same_with_either_module(mx, tmp_path):

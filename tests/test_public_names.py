@@ -336,3 +336,51 @@ def test_a_function_named_like_its_module_stays_callable(name, module):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and "raised" in out.stdout, out.stderr[-2000:]
+
+
+def _fresh(old):
+    """``old`` imported anew (a moved module warns once, when first imported): the module and
+    the place its warning sends the user to."""
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    said = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)
+            and str(w.message).startswith(old + " moved to ")]
+    assert len(said) == 1, (old, [str(w.message) for w in caught])
+    return module, said[0][len(old + " moved to "):].split(";")[0]
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_MODULES))
+def test_every_alias_sends_the_user_where_the_name_imports(old):
+    """Walks the alias table: every name of an old module (its ``__all__``, its names moved
+    elsewhere, its public names before the move) imported from the place its warning gives
+    (the module's, or the name's own when it moved elsewhere) is the same object; and
+    ``from OLD import *`` still imports the old module's names."""
+    if _needs_mxnet(MOVED_MODULES[old]):
+        pytest.skip("%s needs MXNet" % MOVED_MODULES[old])
+    module, module_place = _fresh(old)
+    assert module_place == MOVED_MODULES[old]
+    names = set(module.__all__) | set(MOVED_NAMES.get(old, ())) | set(PUBLIC.get(old, ()))
+    assert names, old
+    for name in sorted(names):
+        if _needs_mxnet(_home(old, name)):
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(module, name)
+        own = [str(w.message) for w in caught if str(w.message).startswith(
+            "%s.%s moved to " % (old, name))]
+        place = own[0].split(" moved to ")[1].split(";")[0] if own else module_place
+        assert len(own) == (name in MOVED_NAMES.get(old, ())), (old, name, own)
+        namespace = {}
+        exec("from %s import %s as found" % (place, name), namespace)  # as the user would
+        assert namespace["found"] is value, (old, name, place)
+    if any(_needs_mxnet(home) for home in MOVED_NAMES.get(old, {}).values()):
+        return  # ``import *`` would import the Gluon names
+    star = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        exec("from %s import *" % old, star)
+    missing = set(PUBLIC.get(old, ())) - set(star)
+    assert not missing and set(module.__all__) <= set(star), (old, sorted(missing))

@@ -13,7 +13,15 @@
  *   out           a writable buffer of exactly the decoded blocks' pixels * itemsize bytes
  *
  * Raises ValueError naming the block whose runs do not add up to its pixels; writes nothing
- * past out. No library beyond Python's own.
+ * past out.
+ *
+ * check(lengths, offsets, block_pixels, last_pixels) -> None
+ *
+ *   The same arguments' checks, every block's sum included, with nothing written: called
+ *   before out is allocated, so runs that cannot fill a declared size never cost its memory.
+ *   Raises ValueError as expand does.
+ *
+ * No library beyond Python's own.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,6 +47,74 @@ u32le(const unsigned char *p)
 {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16)
            | ((uint32_t)p[3] << 24);
+}
+
+/* The first block (from 0) whose runs are out of order (*sum = -1) or do not add up to its
+ * pixels, or -1 when every block is filled exactly. */
+static Py_ssize_t
+bad_block(const unsigned char *lens, Py_ssize_t nruns, const unsigned char *offs,
+          Py_ssize_t nblocks, Py_ssize_t block_px, Py_ssize_t last_px, Py_ssize_t *sum)
+{
+    Py_ssize_t b, r;
+    for (b = 0; b < nblocks; b++) {
+        Py_ssize_t r0 = u32le(offs + 4 * b), r1 = u32le(offs + 4 * (b + 1)), s = 0;
+        if (r1 <= r0 || r1 > nruns) {
+            *sum = -1;
+            return b;
+        }
+        for (r = r0; r < r1; r++) {
+            s += (Py_ssize_t)lens[2 * r] | ((Py_ssize_t)lens[2 * r + 1] << 8);
+        }
+        if (s != (b == nblocks - 1 ? last_px : block_px)) {
+            *sum = s;
+            return b;
+        }
+    }
+    return -1;
+}
+
+static PyObject *
+check(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_len, *o_off;
+    Py_ssize_t block_px, last_px, b, sum = 0;
+    Py_buffer len_b, off_b;
+    PyObject *result = NULL;
+
+    if (!PyArg_ParseTuple(args, "OOnn:check", &o_len, &o_off, &block_px, &last_px)) {
+        return NULL;
+    }
+    if (get_buffer(o_len, &len_b, 0, "lengths") < 0) return NULL;
+    if (get_buffer(o_off, &off_b, 0, "offsets") < 0) goto rel_len;
+    {
+        const unsigned char *offs = (const unsigned char *)off_b.buf;
+        Py_ssize_t nruns = len_b.len / 2, nblocks = off_b.len / 4 - 1;
+        if (len_b.len % 2 || off_b.len % 4 || nblocks < 1 || block_px < 1 || last_px < 1
+            || last_px > block_px || u32le(offs) != 0
+            || (Py_ssize_t)u32le(offs + 4 * nblocks) != nruns) {
+            PyErr_SetString(PyExc_ValueError, "inconsistent run table arguments");
+            goto rel_off;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        b = bad_block((const unsigned char *)len_b.buf, nruns, offs, nblocks, block_px,
+                      last_px, &sum);
+        Py_END_ALLOW_THREADS
+        if (b >= 0 && sum < 0) {
+            PyErr_Format(PyExc_ValueError, "block %zd: run offsets not increasing", b);
+        } else if (b >= 0) {
+            PyErr_Format(PyExc_ValueError, "block %zd: runs add up to %zd pixels, %zd expected",
+                         b, sum, b == nblocks - 1 ? last_px : block_px);
+        } else {
+            Py_INCREF(Py_None);
+            result = Py_None;
+        }
+    }
+rel_off:
+    PyBuffer_Release(&off_b);
+rel_len:
+    PyBuffer_Release(&len_b);
+    return result;
 }
 
 static PyObject *
@@ -140,6 +216,9 @@ static PyMethodDef methods[] = {
     {"expand", expand, METH_VARARGS,
      "expand(lengths, values, itemsize, offsets, block_pixels, last_pixels, out): run-length "
      "blocks into out"},
+    {"check", check, METH_VARARGS,
+     "check(lengths, offsets, block_pixels, last_pixels): expand's checks, nothing written "
+     "(before out is allocated)"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -153,9 +153,9 @@ def rle_header(buf, what: str = "mask", max_pixels: Optional[int] = None) -> Rle
                           "%d bytes, %d present (%s)" % (what, w, h, blocks, runs, need, n,
                                                          "cut short" if n < need else
                                                          "bytes after its end"))
-    if runs < blocks or runs > h * w:
-        raise DecodeError("%s: %d runs for %d blocks of %dx%d pixels" % (what, runs, blocks,
-                                                                         w, h))
+    if runs < blocks or runs > h * w or h * w > runs * _MAX_RUN:
+        raise DecodeError("%s: %d runs for %d blocks of %dx%d pixels (a run covers 1 to %d "
+                          "pixels)" % (what, runs, blocks, w, h, _MAX_RUN))
     return RleHeader(dt, brows, h, w, runs, blocks, lengths_at, values_at)
 
 
@@ -187,24 +187,29 @@ def decode_rle(buf, what: str = "mask", max_pixels: Optional[int] = None,
     block_px = brows * w
     last_px = (min(h, b1 * brows) - (b1 - 1) * brows) * w
     nrows = min(h, b1 * brows) - b0 * brows
-    if _ext is not None:
-        out = np.empty((nrows, w), hd.dtype)
-        try:
+    # every block's runs checked before the mask is allocated, in either expansion
+    if _ext is not None and hasattr(_ext, "check"):  # (an extension built before it had one:
+        try:                                         # numpy's check)
+            _ext.check(lengths, offsets, block_px, last_px)
+            out = np.empty((nrows, w), hd.dtype)
             _ext.expand(lengths, values, itemsize, offsets, block_px, last_px, out)
         except ValueError as e:
             raise DecodeError("%s: corrupt run-length mask (%s)" % (what, e)) from None
     else:
-        out = _expand(lengths, values, hd.dtype, offsets, block_px, last_px,
-                      what).reshape(nrows, w)
+        lens = _checked_lengths(lengths, offsets, block_px, last_px, what)
+        if _ext is not None:
+            out = np.empty((nrows, w), hd.dtype)
+            _ext.expand(lengths, values, itemsize, offsets, block_px, last_px, out)
+        else:
+            out = np.repeat(np.frombuffer(values, hd.dtype), lens).reshape(nrows, w)
     return out[y0 - b0 * brows:y1 - b0 * brows]
 
 
-def _expand(lengths, values, dtype, starts, block_px: int, last_px: int,
-            what: str) -> np.ndarray:
-    """The numpy expansion (``starts`` rise from 0, checked): the C extension's checks, then
-    ``np.repeat``."""
+def _checked_lengths(lengths, starts, block_px: int, last_px: int, what: str) -> np.ndarray:
+    """The run lengths of the blocks decoded (``starts`` rise from 0, checked), once their
+    runs are known to fill each block exactly (the C extension's ``check``, in numpy):
+    nothing the size of the mask is allocated for runs that do not."""
     lens = np.frombuffer(lengths, "<u2")
-    vals = np.frombuffer(values, dtype)
     sums = np.add.reduceat(lens, starts[:-1].astype(np.intp), dtype=np.int64)
     want = np.full(sums.size, block_px, np.int64)
     want[-1] = last_px
@@ -213,7 +218,7 @@ def _expand(lengths, values, dtype, starts, block_px: int, last_px: int,
         b = int(bad[0])
         raise DecodeError("%s: corrupt run-length mask (block %d: runs add up to %d pixels, "
                           "%d expected)" % (what, b, sums[b], want[b]))
-    return np.repeat(vals, lens)
+    return lens
 
 
 def take_rows(m: np.ndarray, rows: Optional[Tuple[int, int]], what: str) -> np.ndarray:

@@ -443,9 +443,48 @@ def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarr
     return parse_index(raw, idx_path)
 
 
-def parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
+def parse_index(raw: bytes, idx_path: str,
+                wide_keys: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     """The text of an ``.idx`` as ``(keys, offsets)``; :class:`FormatError` naming the line
-    that is not two integers."""
+    that is not two integers. Never clamped: an offset or (without ``wide_keys``) a key
+    outside int64 is a :class:`FormatError` naming the line; ``wide_keys`` keeps such keys,
+    as Python ints in an object array (``mx.recordio`` reads ``int(key)``)."""
+    keys, offsets = _parse_index_int64(raw, idx_path)
+    if any((a == v).any() for a in (keys, offsets) for v in _I64_LIMITS):  # saturated?
+        return _parse_index_exact(raw, idx_path, wide_keys)
+    return keys, offsets
+
+
+_I64_LIMITS = (-(1 << 63), (1 << 63) - 1)
+
+
+def _parse_index_exact(raw: bytes, idx_path: str,
+                       wide_keys: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """The exact parse of an index holding a value at a limit of int64 (where the C parser
+    saturates): Python ints, refused (naming the line) where they do not fit."""
+    lo, hi = _I64_LIMITS
+
+    def problem(line: bytes) -> Optional[str]:
+        key, offset = (int(t) for t in line.split())
+        if not lo <= offset <= hi:
+            return "offset %d is outside the 64-bit range of a file offset" % offset
+        if not wide_keys and not lo <= key <= hi:
+            return ("key %d does not fit a 64-bit integer (this reader keeps int64 keys; "
+                    "gluon_data.mx_recordio.MXIndexedRecordIO reads any integer key)" % key)
+        return None
+
+    if any(problem(line) for line in raw.splitlines() if line.strip()):
+        raise _bad_line(raw.splitlines(), idx_path, problem)
+    tokens = [int(t) for t in raw.split()]
+    keys, offsets = tokens[0::2], np.array(tokens[1::2], np.int64)
+    if all(lo <= k <= hi for k in keys):
+        return np.array(keys, np.int64), offsets
+    wide = np.empty(len(keys), object)
+    wide[:] = keys
+    return wide, offsets
+
+
+def _parse_index_int64(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
     b = np.frombuffer(raw, dtype=np.uint8)
     # only digits, signs and white space: the C parser would stop quietly at "16x" and keep
     # 16 (all of these are <= "9"; those below "0" are checked where there are few of them)

@@ -18,8 +18,9 @@ from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
                       RemoteNotFoundError, TruncatedDownloadError)
 # The one retry and time-bound policy (read from the environment at each call), and its
 # defaults and bounds where they were always imported from. Every retry is Remote's
-# (botocore makes one attempt, s3fs one try), so a stalled or unreachable server is a
-# RemoteConnectionError after at most call_bound() seconds (defaults: 5 x 70 s + 3.75 s).
+# (botocore makes one attempt, s3fs one try, aiohttp sends each request once), so a stalled
+# or unreachable server is a RemoteConnectionError after at most call_bound() seconds
+# (defaults: 5 x 70 s + 3.75 s).
 from .perprocess import PerProcess
 from .retry import (BACKOFF, CONNECT_TIMEOUT, MIN_RATE, READ_TIMEOUT, RETRIES,  # noqa: F401
                     RetryPolicy, attempt_limit, call_bound)
@@ -105,17 +106,63 @@ def _is_s3(uri: str) -> bool:
 
 def _bounded(uri: str, storage_options: Optional[dict],
              policy: Optional[RetryPolicy] = None) -> dict:
-    """``storage_options`` with bounded client timeouts for S3: botocore's
-    ``connect_timeout``/``read_timeout`` (aiohttp's socket timeouts) from ``policy`` (default:
-    the environment now, :meth:`RetryPolicy.from_env`), and one attempt per call in botocore
-    (only :class:`Remote` retries, bounded, with backoff), unless the options'
-    ``config_kwargs`` set them."""
+    """``storage_options`` for a client that sends each request once (only :class:`Remote`
+    retries, bounded, with backoff): over HTTP(S) an aiohttp session without its own resend
+    (``get_client``), and for S3 botocore's ``connect_timeout``/``read_timeout`` (aiohttp's
+    socket timeouts) from ``policy`` (default: the environment now,
+    :meth:`RetryPolicy.from_env`), one attempt per call in botocore and the same aiohttp
+    session, unless the options set them."""
     opts = dict(storage_options or {})
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme in ("http", "https"):
+        opts.setdefault("get_client", _http_client)
     if not _is_s3(uri):
         return opts
     policy = RetryPolicy.from_env() if policy is None else policy
     opts["config_kwargs"] = policy.client_config(opts)
+    session_cls = _s3_session_cls()
+    if session_cls is not None:
+        opts["config_kwargs"].setdefault("http_session_cls", session_cls)
     return opts
+
+
+# aiohttp sends an idempotent request (a GET, a PUT) a second time when the connection drops
+# before the answer (RFC 9112's retry of a persistent connection), below Remote's retries:
+# with GLUON_DATA_REMOTE_RETRIES=0 a server that resets saw two GETs. Every client we make
+# sends each request once (aiohttp has no public switch: its own test client clears the same
+# attribute), for fsspec's HTTP filesystem and for S3 (aiobotocore's aiohttp sessions).
+def _single_try(session):
+    if hasattr(session, "_retry_connection"):
+        session._retry_connection = False
+    return session
+
+
+async def _http_client(**kwargs):
+    """fsspec's HTTP ``get_client``: an aiohttp session that sends each request once."""
+    import aiohttp  # present wherever fsspec's HTTP filesystem is
+    return _single_try(aiohttp.ClientSession(**kwargs))
+
+
+_S3_SESSION: list = []
+
+
+def _s3_session_cls():
+    """aiobotocore's HTTP session class, made to send each request once (``None`` without
+    aiobotocore: s3fs is not installed, and no S3 client is made)."""
+    if not _S3_SESSION:
+        try:
+            from aiobotocore.httpsession import AIOHTTPSession
+        except ImportError:
+            return None
+
+        class SingleTryAIOHTTPSession(AIOHTTPSession):
+            async def _get_session(self, proxy_url):
+                return _single_try(await super()._get_session(proxy_url))
+
+        if not hasattr(AIOHTTPSession, "_get_session"):  # another aiobotocore: its default
+            SingleTryAIOHTTPSession = None  # noqa: N806
+        _S3_SESSION.append(SingleTryAIOHTTPSession)
+    return _S3_SESSION[0]
 
 
 def _transient(exc: BaseException) -> bool:

@@ -142,10 +142,11 @@ class RetryPolicy:
 
     def client_config(self, storage_options: Optional[dict] = None) -> dict:
         """botocore's ``config_kwargs`` for S3: this policy's timeouts and one attempt per
-        call (only the policy retries), under what ``storage_options``' ``config_kwargs``
-        set."""
+        call (``total_max_attempts``: botocore's ``max_attempts`` counts retries, and 1 was
+        a second request; only the policy retries), under what ``storage_options``'
+        ``config_kwargs`` set."""
         config = {"connect_timeout": self.connect_timeout, "read_timeout": self.read_timeout,
-                  "retries": {"max_attempts": 1}}
+                  "retries": {"total_max_attempts": 1}}
         config.update((storage_options or {}).get("config_kwargs") or {})
         return config
 

@@ -31,8 +31,8 @@ import numpy as np
 
 from ..format import codec
 from ..errors import FormatError, SourceError
-from ..storage.perprocess import PerProcess
 from .lmdbio import ProcessEnv, _from_older_pickle, register_layout, shared_env
+from .lmdb_env import env_stamp
 
 __all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
            "RecipeLMDBStore", "CaffeLMDBStore", "open_legacy_store"]
@@ -200,11 +200,12 @@ class _LegacyStore:
     split: Optional[str]
 
     def _init_env(self, path: str) -> None:
+        """Bound, as an :class:`~gluon_data.stores.lmdbio.LMDBFile` is, to the environment
+        as opened (:class:`ProcessEnv`: checked at the first read in each process, then at
+        every read)."""
         self.path = os.fspath(path)
         self._identity = self._stamp()
-        self._checked: PerProcess[bool] = PerProcess()
-        self._checked.set(True)  # (stamped just now, in this process)
-        self._env = ProcessEnv(self.path)
+        self._env = ProcessEnv(self.path, env_stamp(shared_env(self.path)))
 
     @property
     def location(self) -> str:
@@ -221,19 +222,13 @@ class _LegacyStore:
         """Device and inode of ``data.mdb`` when opened (legacy layouts carry no id)."""
         return self._identity
 
-    def _check(self) -> None:
-        self._checked.get(self._check_stamp)
-
-    def _check_stamp(self) -> bool:
-        """First use in a process other than the opener's: ``data.mdb`` must be the file
-        stamped when the dataset was opened."""
-        now = self._stamp()
-        if now != self._identity:
-            raise FormatError("the LMDB environment was replaced after this dataset was "
-                              "opened (identity %s, now %s); open the dataset again"
-                              % (self._identity, now), self.path)
-        return True
-
+    def _init_env(self, path: str) -> None:
+        """Bound, as an :class:`~gluon_data.stores.lmdbio.LMDBFile` is, to the environment
+        as opened (:class:`ProcessEnv`: checked at the first read in each process, then at
+        every read)."""
+        self.path = os.fspath(path)
+        self._identity = self._stamp()
+        self._env = ProcessEnv(self.path, env_stamp(shared_env(self.path)))
     def __len__(self) -> int:
         return self._n
 
@@ -250,8 +245,10 @@ class _LegacyStore:
         for i in range(self._n):
             yield self.read(i)
 
-    def __setstate__(self, state):  # (a PerProcess pickles empty: a copy checks on first read)
-        self.__dict__.update(_from_older_pickle(state))
+    def __setstate__(self, state):  # (a ProcessEnv pickles unresolved: checks on first read)
+        state = _from_older_pickle(state)
+        state.pop("_checked", None)  # the dev:ino check of older versions: ProcessEnv's now
+        self.__dict__.update(state)
 
 
 class RecipeLMDBStore(_LegacyStore):
@@ -325,7 +322,6 @@ class RecipeLMDBStore(_LegacyStore):
         return v
 
     def read(self, i: int) -> bytes:
-        self._check()
         i = int(i)
         if not -self._n <= i < self._n:  # as a list, and as the other stores
             raise IndexError("record %d out of range: %s holds %d records"
@@ -378,7 +374,6 @@ class CaffeLMDBStore(_LegacyStore):
         return bytes(self._keys[int(i)]).decode("utf-8", "replace")
 
     def read(self, i: int) -> bytes:
-        self._check()
         key = bytes(self._keys[int(i)])
         name = key.decode("utf-8", "replace")
         where = "%s [%s]" % (self.path, name)

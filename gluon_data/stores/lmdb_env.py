@@ -35,13 +35,14 @@ def _forget_guard(env) -> None:
             pass
 
 
-def check_mapped(env: lmdb.Environment) -> None:
+def check_mapped(env: lmdb.Environment, st: Optional[os.stat_result] = None) -> None:
     """Raise :class:`FormatError` if the ``data.mdb`` behind an open read-only ``env`` is now
-    shorter than when it was opened (reading it would kill the process with SIGBUS)."""
+    shorter than when it was opened (reading it would kill the process with SIGBUS); ``st``:
+    the file's ``fstat`` if the caller took it already."""
     g = _GUARDS.get(id(env))
     if g is None:
         return
-    size = os.fstat(g[0]).st_size
+    size = (os.fstat(g[0]) if st is None else st).st_size
     if size < g[1]:
         raise FormatError("data.mdb shrank to %d bytes under an open dataset (it needs %d): "
                           "the file was truncated or is being rewritten in place; reopen the "
@@ -153,6 +154,30 @@ def close_envs(under: str = "") -> None:
             env.close()
 
 
+def _fstat(env: lmdb.Environment) -> Optional[os.stat_result]:
+    """``fstat`` of the ``data.mdb`` an environment of :func:`shared_env` maps (its guard
+    descriptor; about a microsecond)."""
+    g = _GUARDS.get(id(env))
+    return None if g is None else os.fstat(g[0])
+
+
+def _state_of(st: os.stat_result) -> Tuple[int, int, int]:
+    """What a rewrite in place changes: size, mtime and ctime (which no user can set back)."""
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _main_records(env: lmdb.Environment) -> Dict[bytes, bytes]:
+    """The records of the main database: each sub-database's name and descriptor (its root
+    page, depth and counts, which any commit to it changes)."""
+    try:
+        with env.begin() as txn:
+            return {bytes(k): bytes(v) for k, v in txn.cursor()}
+    except lmdb.MapResizedError:  # another process grew the map: adopt its size
+        env.set_mapsize(0)
+        with env.begin() as txn:
+            return {bytes(k): bytes(v) for k, v in txn.cursor()}
+
+
 def env_stamp(env: lmdb.Environment) -> Tuple[int, int, int, int, int]:
     """``(device, inode, size, mtime_ns, txnid)`` of the ``data.mdb`` that an environment of
     :func:`shared_env` maps, now: :func:`~gluon_data.format.recindex.file_stamp` of the file and
@@ -176,26 +201,66 @@ class ProcessEnv:
     used, and refuses (:class:`FormatError` "replaced") an environment whose ``data.mdb`` is
     not that file any more (another inode at the path: republished) or not in that state
     (rewritten in place); once resolved, it reads the environment of that file, whatever the
-    path names later. ``None``: the environment the path names when first used.
+    path names later. Every read then (:meth:`run`, :meth:`check`) compares the file's size,
+    mtime and ctime with what they were when resolved (one ``fstat``, the one the shrink
+    guard takes anyway); if they moved, the file is refused as rewritten unless it was only
+    unlinked (a republished path) or another process committed to it without touching a
+    sub-database that existed (a later transaction, every record of the main database as it
+    was: a scratch sub-database added, say). ``None``: the environment the path names when
+    first used (a live environment another process writes: only the shrink guard).
     """
 
     def __init__(self, path: str, bound: Optional[tuple] = None):
         self.path = path
         self.bound = bound
-        self._state: PerProcess[Tuple[lmdb.Environment, dict]] = PerProcess()  # (env, dbs)
+        # (env, dbs, what data.mdb was when resolved: [size, mtime, ctime, txnid, the main
+        # database's records]; None: unbound)
+        self._state: PerProcess[Tuple[lmdb.Environment, dict, Optional[list]]] = PerProcess()
 
-    def _resolve(self) -> Tuple[lmdb.Environment, dict]:
+    def _resolve(self) -> Tuple[lmdb.Environment, dict, Optional[list]]:
         env = shared_env(self.path)
-        if self.bound is not None:
-            now = env_stamp(env)
-            if now != tuple(self.bound):
-                raise replaced_error(self.path, self.bound, now, fields=_STAMP_FIELDS,
-                                     consequence=_REPLACED)
-        return env, {}
+        if self.bound is None:
+            return env, {}, None
+        st = _fstat(env)
+        now = env_stamp(env)
+        if now != tuple(self.bound):
+            raise replaced_error(self.path, self.bound, now, fields=_STAMP_FIELDS,
+                                 consequence=_REPLACED)
+        return env, {}, list(_state_of(st)) + [now[4], _main_records(env)]
+
+    def _check(self, env: lmdb.Environment, resolved: Optional[list]) -> None:
+        """The shrink guard and, for a bound handle, the file unchanged since resolved."""
+        g = _GUARDS.get(id(env))
+        if g is None:
+            return
+        st = os.fstat(g[0])  # (the hot path of every read: fields compared one by one)
+        if resolved is not None and (st.st_mtime_ns != resolved[1] or st.st_ctime_ns
+                                     != resolved[2] or st.st_size != resolved[0]):
+            self._changed(env, st, resolved)
+        if st.st_size < g[1]:
+            check_mapped(env, st)  # raises
+
+    def _changed(self, env: lmdb.Environment, st: os.stat_result, resolved: list) -> None:
+        """``data.mdb`` is not as it was when resolved (size, mtime or ctime: a rewrite whose
+        mtime was set back still has a new ctime). Refused, unless the file was only unlinked
+        (a republished path: its old file, which no path reaches, stays readable), or LMDB
+        committed to it since and every sub-database that existed is as it was."""
+        now = _state_of(st)
+        if now[:2] == tuple(resolved[:2]) and st.st_nlink == 0:
+            resolved[2] = now[2]
+            return
+        txnid = env.info()["last_txnid"]
+        if txnid > resolved[3]:
+            records = _main_records(env)
+            if all(records.get(k) == v for k, v in resolved[4].items()):
+                resolved[:4] = list(now) + [txnid]
+                return
+        raise replaced_error(self.path, tuple(resolved[:3]), now, fields="size:mtime:ctime",
+                             consequence=_REPLACED)
 
     def get(self, db_name: Optional[str] = None):
         """``(env, db)`` for this process; ``db`` is the named sub-database (or main)."""
-        env, dbs = self._state.get(self._resolve)
+        env, dbs, _ = self._state.get(self._resolve)
         if db_name not in dbs:
             dbs[db_name] = (env.open_db(db_name.encode(), create=False)
                             if db_name is not None else None)
@@ -206,7 +271,7 @@ class ProcessEnv:
         """``fn(txn)`` in one short read transaction on sub-database ``db_name``; handles a
         map grown by another process, and an LMDB error is a :class:`CorruptRecordError`."""
         env, db = self.get(db_name)
-        check_mapped(env)
+        self._check(env, self._state.peek()[2])
         try:
             try:
                 with env.begin(db=db, buffers=buffers) as txn:
@@ -226,10 +291,11 @@ class ProcessEnv:
         return self.run(db_name, lambda txn: txn.get(key), where=where, record=record)
 
     def check(self) -> None:
-        """:func:`check_mapped` on this process's environment (if it is open)."""
+        """Before a read that does not go through :meth:`run` (the page reader's): the
+        checks :meth:`run` makes, on this process's environment (if it is open)."""
         st = self._state.peek()
         if st is not None:
-            check_mapped(st[0])
+            self._check(st[0], st[2])
 
     def __getstate__(self):
         return {"path": self.path, "bound": self.bound}

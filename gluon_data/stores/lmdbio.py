@@ -82,6 +82,9 @@ register_sniffer("lmdb", read_lmdb_meta)  # what fsutil.is_ours(path, "lmdb") as
 #: The fewest bytes an entry takes in a leaf page: its node header (8), key (10 digits) and
 #: slot (2). A split claiming more entries than ``data.mdb`` can hold so is damaged.
 _MIN_ENTRY_BYTES = 20
+#: A scan checks that data.mdb is still as it was opened (size, mtime, ctime: one fstat)
+#: before its first record and then every this many records; a read, at every read.
+_SCAN_CHECK_EVERY = 64
 
 
 def _check_entries(path: str, split: str, n: int) -> None:
@@ -237,6 +240,9 @@ class LMDBFile:
         if self._pages is not None:
             v = self._pages.view(i)
             if v is not None:
+                # as a read through py-lmdb is checked: the file still as it was opened (after
+                # the read: the bytes handed out predate any rewrite)
+                self._env.check()
                 return v
         k = record_key(i)
         v = self._env.get_value(k, self.split, record=i)
@@ -257,6 +263,7 @@ class LMDBFile:
         if self._pages is None:
             return
         self._checked.get(self._check_identity)
+        self._env.check()
         self._pages.will_need(indices)
 
     def scan(self):
@@ -272,6 +279,8 @@ class LMDBFile:
                         raise FormatError("unexpected key %r at position %d of split %r (keys "
                                           "must be %r ...)" % (bytes(k), n, self.split,
                                                               record_key(n)), self.path, n)
+                    if not n % _SCAN_CHECK_EVERY:  # the file still as opened (one fstat)
+                        self._env.check()
                     n += 1
                     yield v
         except lmdb.Error as e:

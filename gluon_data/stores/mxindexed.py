@@ -97,7 +97,7 @@ class MXIndexedRecordIO(MXRecordIO):
         if not raw.strip():
             return
         if self.key_type is int:
-            keys, offsets = parse_index(raw, self.idx_path)
+            keys, offsets = parse_index(raw, self.idx_path, wide_keys=True)
             self.keys = keys.tolist()
             self.idx = dict(zip(self.keys, offsets.tolist()))
             self._offsets = offsets
