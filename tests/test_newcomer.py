@@ -51,3 +51,44 @@ def test_classes_on_the_command_line_name_the_folders(folder_root, tmp_path):
     r = _cli("convert", folder_root, str(tmp_path / "x.rec"), "--layout", "imagefolder",
              "--classes", "dog,fish", "--quiet")
     assert r.returncode != 0 and "cat/ not named" in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="module")
+def both(folder_root, tmp_path_factory):
+    d = tmp_path_factory.mktemp("both")
+    rec, lmdb = str(d / "x.rec"), str(d / "y.lmdb")
+    convert(folder_root, rec, "imagefolder")
+    convert(folder_root, lmdb, "imagefolder")
+    return rec, lmdb
+
+
+@pytest.mark.parametrize("command", ["info", "stats", "show", "verify", "salvage"])
+@pytest.mark.parametrize("part", ["idx", "data.mdb", "lock.mdb"])
+def test_every_command_names_a_file_of_a_dataset_as_such(both, command, part):
+    """``verify x.idx`` or ``info y.lmdb/data.mdb`` is a mistake of names, not a damaged
+    dataset: every command says what the file is and which path to give, never salvage."""
+    rec, lmdb = both
+    path, give = ((rec[:-4] + ".idx", "give the .rec (%s)" % rec) if part == "idx" else
+                  (os.path.join(lmdb, part), "give the LMDB directory (%s)" % lmdb))
+    if not os.path.exists(path):
+        open(path, "wb").close()  # (lock.mdb: made by a reader)
+    before = {f: os.path.getsize(os.path.join(d, f)) for d in (os.path.dirname(rec), lmdb)
+              for f in os.listdir(d)}
+    r = _cli(command, path)
+    assert r.returncode == 1 and "not a dataset: " + give in r.stderr, r.stdout + r.stderr
+    assert "salvage can" not in r.stdout + r.stderr
+    assert before == {f: os.path.getsize(os.path.join(d, f))
+                      for d in (os.path.dirname(rec), lmdb) for f in os.listdir(d)}
+
+
+def test_the_library_verify_and_salvage_name_a_file_of_a_dataset(both):
+    from gluon_data import salvage, verify
+    from gluon_data.errors import FormatError
+    rec, lmdb = both
+    for path in (rec[:-4] + ".idx", os.path.join(lmdb, "data.mdb")):
+        with pytest.raises(FormatError, match="not a dataset: give") as e:
+            verify(path)
+        assert e.value.path == path
+        with pytest.raises(FormatError, match="salvage repairs a single .rec file; this is "):
+            salvage(path, overwrite=True)
+    assert verify(rec).ok and verify(lmdb).ok

@@ -16,16 +16,19 @@ from ..errors import FormatError
 from ..storage.fileio import require_regular
 from ..storage.remotefs import parse_storage_options
 from ..stores.shards import is_manifest, read_manifest
-from ..stores.base import is_uri, open_store, store_splits
+from ..stores.base import is_uri, open_store, refuse_part, store_splits
 
 
 def _input(path: str) -> None:
     """A command's dataset or source, under the one input-kind rule before anything opens
     it: a local path must be a regular file or a directory; a FIFO, a device or a socket
     (or a link to one) is refused, a :class:`FormatError` naming it (nothing blocks, nothing
-    is written). A URI, or nothing at all, is left to the command's own message."""
+    is written); so is a file of a dataset named instead of the dataset (an ``.idx``, an
+    LMDB's ``data.mdb``: :func:`~gluon_data.stores.base.refuse_part`), saying which path to
+    give. A URI, or nothing at all, is left to the command's own message."""
     if not is_uri(path):
         require_regular(path, directory=True)
+        refuse_part(path)
 
 
 def _remote(a) -> dict:

@@ -20,7 +20,7 @@ from ..storage.fileio import require_regular
 from ..stores.check import VerifyReport, check_local, check_records
 from ..stores.shards import (is_manifest, read_manifest, shard_mismatch,
                              shard_summary)
-from ..stores.base import is_uri, open_store
+from ..stores.base import is_uri, open_store, refuse_part
 
 __all__ = ["verify", "verify_sharded", "VerifyReport", "register_verifier"]
 
@@ -72,7 +72,9 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
 
     A FIFO, a device or a socket (or a link to one) given as the dataset, or beside a
     ``.rec`` as its ``.idx`` or ``.meta.json``, raises :class:`~gluon_data.errors.FormatError`
-    naming it (nothing is opened): it is not a dataset to report on.
+    naming it (nothing is opened): it is not a dataset to report on; so does a file of a
+    dataset named instead of the dataset (its ``.idx``, its metadata, an LMDB's ``data.mdb``:
+    :func:`~gluon_data.stores.base.dataset_part`), saying which path to give.
 
     Parameters
     ----------
@@ -93,6 +95,7 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     # one) where the dataset or a file of it should be is not a damaged dataset to report
     # on, it is refused (FormatError naming it), as by every command.
     require_regular(path, directory=True)
+    refuse_part(path)  # an index, metadata or data.mdb named instead: which path to give
     for predicate, verifier in _VERIFIERS:
         if predicate(path):
             return verifier(path, deep=deep)
