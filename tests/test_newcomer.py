@@ -92,3 +92,35 @@ def test_the_library_verify_and_salvage_name_a_file_of_a_dataset(both):
         with pytest.raises(FormatError, match="salvage repairs a single .rec file; this is "):
             salvage(path, overwrite=True)
     assert verify(rec).ok and verify(lmdb).ok
+
+
+def test_no_option_is_taken_by_an_abbreviation():
+    from gluon_data.cli.parser import build_parser
+    p = build_parser()
+    for argv in (["demo", "--worker", "2"], ["convert", "a", "b.rec", "--work", "2"],
+                 ["verify", "x.rec", "--de"], ["info", "x.rec", "--js"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(argv)
+    assert p.parse_args(["demo", "--workers", "3"]).workers == 3
+
+
+def test_an_lmdb_conversion_names_each_split_and_info_takes_one(folder_root, tmp_path):
+    out = str(tmp_path / "z.lmdb")
+    r = _cli("convert", folder_root, out, "--layout", "imagefolder", "--val-ratio", "0.25",
+             "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert "wrote 9 records to %s split train\nwrote 3 records to %s split val" % (out, out) \
+        in r.stdout, r.stdout
+    r = _cli("info", out, "--split", "val", "--json")
+    assert r.returncode == 0, r.stderr
+    assert list(json.loads(r.stdout)["splits"]) == ["val"]
+    assert json.loads(r.stdout)["splits"]["val"]["records"] == 3
+    r = _cli("info", out, "--split", "test")
+    assert r.returncode == 1 and "split 'test' not found" in r.stderr
+
+
+def test_help_and_stats_speak_to_either_stack(voc_rec):
+    r = _cli("--help")
+    assert "DataLoader where MXNet is installed, else as numpy arrays" in " ".join(r.stdout.split())
+    r = _cli("stats", voc_rec)
+    assert r.returncode == 0 and "mx.nd" not in r.stdout and "median_freq" in r.stdout

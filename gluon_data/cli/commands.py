@@ -87,10 +87,11 @@ def _summary(meta: dict) -> dict:
     return out
 
 
-def describe(path: str, remote: Optional[dict] = None) -> dict:
+def describe(path: str, remote: Optional[dict] = None, split: Optional[str] = None) -> dict:
     """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens;
     a URI with ``remote`` options, read by ranged GETs: the metadata and, for a stock file,
-    the index and a few records)."""
+    the index and a few records); ``split``: of an LMDB, only that split (a ``.rec`` holds
+    one, and is checked to be that one, as by the other commands)."""
     _input(path)
     opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
     if is_manifest(path) and not is_uri(path):
@@ -102,6 +103,9 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
         return out
     first = open_store(path, **opts) if is_uri(path) else None  # (a URI's options)
     splits = store_splits(path) if first is None else getattr(first, "splits", [None])
+    if split is not None:
+        open_store(path, split, **opts)  # a split the dataset does not hold: its own message
+        splits = [split] if splits != [None] else splits
     if splits != [None]:
         out = {}
         for s in splits:
@@ -207,7 +211,7 @@ def _cmd_salvage(a) -> int:
 
 
 def _cmd_info(a) -> int:
-    info = describe(a.path, _remote(a))
+    info = describe(a.path, _remote(a), a.split)
     if a.json:
         print(json.dumps(info, indent=1))
         return 0
