@@ -37,20 +37,27 @@ def register_verifier(predicate: Callable[[str], bool],
 
 def _verify_uri(path: str, deep: bool, remote: Optional[dict],
                 split: Optional[str] = None) -> VerifyReport:
-    """A dataset in object storage: ranged reads of every record (``deep``: the whole
-    files downloaded into the local cache, verified against the recorded SHA-256). An LMDB
-    is downloaded whole (its metadata is inside) and its cached copy checked as a local one,
-    problems named by the URI."""
+    """A dataset in object storage, as the store serves it now: ranged reads of every record
+    (``deep``: the whole files downloaded into the local cache, verified against the
+    recorded SHA-256). An LMDB is downloaded whole (its metadata is inside) and that copy
+    checked as a local one, problems named by the URI. Every object is read from the remote
+    again (``fresh``), whatever the cache holds: a good cached copy never hides a damaged
+    object."""
     report = VerifyReport(path, deep=deep)
     try:
-        store = open_store(path, reads="cache" if deep else "ranged", **(remote or {}))
+        store = open_store(path, reads="cache" if deep else "ranged", fresh=True,
+                           **(remote or {}))
         if getattr(store, "splits", None) is None:
             store.check_tail()
     except (GluonDataError, OSError) as e:
         report.add(e, path)
         return report
     if getattr(store, "splits", None) is not None:  # a remote LMDB (RemoteLMDBStore)
-        local, pin = store.fetch(pin=True)
+        try:
+            local, pin = store.fetch(pin=True)
+        except (GluonDataError, OSError) as e:  # the object as served now is not the dataset
+            report.add(e, path)
+            return report
         try:
             folder = os.path.dirname(local)
             report = verify(folder, deep=deep, split=split)
