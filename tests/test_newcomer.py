@@ -124,3 +124,44 @@ def test_help_and_stats_speak_to_either_stack(voc_rec):
     assert "DataLoader where MXNet is installed, else as numpy arrays" in " ".join(r.stdout.split())
     r = _cli("stats", voc_rec)
     assert r.returncode == 0 and "mx.nd" not in r.stdout and "median_freq" in r.stdout
+
+
+def test_the_allowed_skips_hold_where_they_say():
+    from conftest import allowed_skips, unallowed_skips
+    torch = ("t", "PyTorch is not installed for the client test (scripts/run.sh installs it)")
+    moto = ("m", "could not import 'moto.server': No module named 'moto'")
+    mxnet = ("x", "could not import 'mxnet': No module named 'mxnet'")
+    ext = ("e", "the region decoder extension is not built")
+    assert unallowed_skips([torch, moto, mxnet, ext], allowed_skips(
+        {"GLUON_DATA_BUILD_EXT": "1"}, has_mxnet=True)) == [torch, moto, mxnet, ext]
+    assert unallowed_skips([torch, moto, mxnet, ext], allowed_skips(
+        {"GLUON_DATA_TORCH_ABSENT": "1"}, has_mxnet=False)) == [moto]
+
+
+def test_a_run_with_a_skip_it_does_not_allow_fails(tmp_path):
+    import shutil
+    here = os.path.dirname(os.path.abspath(__file__))
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    for f in ("conftest.py", "allowed_skips.txt"):
+        shutil.copy(os.path.join(here, f), str(tests / f))
+    (tests / "test_s.py").write_text(
+        "import pytest\n"
+        "def test_ok():\n    pass\n"
+        "def test_platform():\n    pytest.skip('needs os.fork')\n"
+        "def test_setup():\n    pytest.skip(\"could not import 'moto.server': gone\")\n")
+    env = dict(os.environ, GLUON_DATA_STRICT_SKIPS="1")
+    run = [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider",
+           "-p", "no:xdist", "-k"]
+    r = subprocess.run(run + ["ok or platform"], capture_output=True, text=True, env=env,
+                       cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run(run + ["ok or platform or setup"], capture_output=True, text=True,
+                       env=env, cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 1 and "1 skip(s) that tests/allowed_skips.txt does not allow" \
+        in r.stdout and "test_s.py::test_setup: could not import 'moto.server'" in r.stdout, \
+        r.stdout + r.stderr
+    env.pop("GLUON_DATA_STRICT_SKIPS")
+    r = subprocess.run(run + ["ok or platform or setup"], capture_output=True, text=True,
+                       env=env, cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
