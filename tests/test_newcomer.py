@@ -165,3 +165,18 @@ def test_a_run_with_a_skip_it_does_not_allow_fails(tmp_path):
     r = subprocess.run(run + ["ok or platform or setup"], capture_output=True, text=True,
                        env=env, cwd=str(tmp_path), timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_readme_install_is_what_the_wheel_tests_run():
+    """tests/test_installed_wheel.py and tests/test_core_wheel.py run README's install block
+    as written (on 3.11 and 3.13): its commands are these, and none expands to several files."""
+    from test_installed_wheel import ROOT, readme_install_commands
+    clone, build, sdist = readme_install_commands()
+    assert clone == ["pip", "install", "-c", "constraints.txt", ".[dask,remote]"]
+    assert build == ["python", "-m", "build"]
+    assert sdist == ["pip", "install", "-c", "constraints.txt",
+                     "dist/gluon_data-0.1.0.tar.gz[dask,remote]"]
+    from gluon_data import __version__
+    assert "gluon_data-%s.tar.gz" % __version__ in sdist[-1]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "$(ls" not in readme and "not a supported wheel" in readme
