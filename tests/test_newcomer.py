@@ -180,3 +180,30 @@ def test_the_readme_install_is_what_the_wheel_tests_run():
     assert "gluon_data-%s.tar.gz" % __version__ in sdist[-1]
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "$(ls" not in readme and "not a supported wheel" in readme
+
+
+def test_pyproject_bounds_hold_the_pins_of_constraints():
+    """Where MXNet installs, pyproject bounds what gluoncv pulls (a plain ``pip install`` then
+    resolves at once instead of fetching and rejecting releases that need numpy >= 1.24); the
+    versions constraints.txt pins for that stack lie within every bound."""
+    import tomllib
+    from packaging.markers import Marker
+    from packaging.requirements import Requirement
+    from test_installed_wheel import ROOT
+    env = {"python_version": "3.11", "python_full_version": "3.11.0"}
+    deps = [Requirement(d) for d in tomllib.loads(
+        (ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]]
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate(env):
+                pins[req.name.lower()] = next(iter(req.specifier)).version
+    bounded = {r.name.lower() for r in deps if r.marker is not None
+               and r.marker.evaluate(env) and any(s.operator == "<" for s in r.specifier)}
+    assert {"numpy", "pandas", "scipy", "matplotlib", "contourpy"} <= bounded
+    for r in deps:
+        if r.marker is None or r.marker.evaluate(env):
+            assert r.specifier.contains(pins[r.name.lower()]), (str(r), pins[r.name.lower()])
+    assert Marker("python_version < '3.12'").evaluate(env)
