@@ -2,6 +2,7 @@
 import ast
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -140,3 +141,70 @@ LONG_FILES = ("test_contract.py", "test_remote.py", "test_reliability.py", "test
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
+
+
+# --------------------------------------------------------------------------- allowed skips
+#: The skips a run may have (``bash scripts/run.sh test`` sets GLUON_DATA_STRICT_SKIPS=1).
+ALLOWED_SKIPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allowed_skips.txt")
+_SKIPPED = []  # (test or module, reason): every skip of this run
+
+
+def allowed_skips(environ=os.environ, has_mxnet=HAS_MXNET):
+    """The patterns of :data:`ALLOWED_SKIPS` that hold here (each line: WHEN, a regex)."""
+    holds = {"any": True, "core": not has_mxnet, "full": has_mxnet,
+             "unbuilt": environ.get("GLUON_DATA_BUILD_EXT") != "1",
+             "notorch": environ.get("GLUON_DATA_TORCH_ABSENT") == "1"}
+    patterns = []
+    with open(ALLOWED_SKIPS, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            when, _, pattern = line.strip().partition(" ")
+            if when not in holds or not pattern.strip():
+                raise ValueError("%s, line %d: expected WHEN (one of %s) and a pattern"
+                                 % (ALLOWED_SKIPS, n, ", ".join(holds)))
+            if holds[when]:
+                patterns.append(re.compile(pattern.strip()))
+    return patterns
+
+
+def skip_reason(report) -> str:
+    """The reason of a skip report (``pytest.skip``'s text, ``skipif``'s ``reason``)."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
+def unallowed_skips(skipped, patterns):
+    """The ``(test, reason)`` of ``skipped`` that no pattern allows."""
+    return [(t, r) for t, r in skipped if not any(p.search(r) for p in patterns)]
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append((report.nodeid, skip_reason(report)))
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a module that skips itself (importorskip at its top)
+        _SKIPPED.append((report.nodeid, skip_reason(report)))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With GLUON_DATA_STRICT_SKIPS=1, a skip that :data:`ALLOWED_SKIPS` does not allow here
+    fails the run (in the process that reports: not in an xdist worker)."""
+    if os.environ.get("GLUON_DATA_STRICT_SKIPS") != "1" or hasattr(session.config,
+                                                                  "workerinput"):
+        return
+    bad = unallowed_skips(_SKIPPED, allowed_skips())
+    if not bad:
+        return
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ["%d skip(s) that tests/allowed_skips.txt does not allow here (this machine can "
+             "run them: fix the setup, or allow the reason there, saying why):" % len(bad)]
+    lines += ["  %s: %s" % (t, r) for t, r in bad]
+    if tr is not None:
+        tr.write_line("\n".join(lines), red=True)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,6 +1,7 @@
-"""The framework-free core as users install it where MXNet does not install: the wheel built
-from this tree, installed (no extras) into a fresh virtual environment on Python >= 3.12, where
-the pyproject markers leave MXNet and gluoncv out, and used from an empty folder:
+"""The framework-free core as users install it where MXNet does not install: README.md's
+install commands as written (the sdist built from this tree, installed with the extras README
+names into a fresh virtual environment) on Python >= 3.12, where the pyproject markers leave
+MXNet and gluoncv out, and used from an empty folder:
 
 (a) ``gluon-data convert`` a VOC-like sample to ``.rec`` and to ``.lmdb``, then
     ``gluon-data verify --deep`` both;
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from test_installed_wheel import JUNK, ROOT, _clean_env, _run
+from test_installed_wheel import JUNK, ROOT, _clean_env, _run, run_readme_install
 
 pytestmark = [
     pytest.mark.slow, pytest.mark.timeout(1800),
@@ -40,23 +41,19 @@ MXNET_PYTHON = os.environ.get("GLUON_DATA_MXNET_PYTHON")
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
-    """The wheel built from a copy of the tree, installed without extras into a fresh venv;
+    """README's install on this Python: the sdist built from a copy of the tree, installed
+    (with the extras README names) into a fresh venv;
     a dict of the paths (``python``, ``gluon_data``, ``base`` for helper scripts)."""
     spec = importlib.util.find_spec("build")
     if spec is None or spec.origin is None:
         pytest.fail("this test needs the `build` package of the test extra: "
                     "pip install -c constraints.txt -e .[test]")
     base = tmp_path_factory.mktemp("core-wheel")
-    src, dist, env_dir = base / "src", base / "dist", base / "venv"
+    src, env_dir = base / "src", base / "venv"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*JUNK))
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", dist, src], cwd=base,
-         timeout=600, env=dict(os.environ))
-    wheels = sorted(dist.glob("*.whl"))
-    assert len(wheels) == 1, sorted(os.listdir(dist))
     venv.EnvBuilder(with_pip=True, clear=True).create(str(env_dir))
     py = env_dir / "bin" / "python"
-    _run([py, "-m", "pip", "install", "--no-compile", "--quiet", "-c", ROOT / "constraints.txt",
-          wheels[0]], cwd=base, timeout=900)
+    run_readme_install(src, py)  # README's commands as written, on this Python
     return {"python": py, "gluon_data": env_dir / "bin" / "gluon-data", "base": base,
             "venv": env_dir}
 

@@ -1,5 +1,6 @@
-"""The package as users install it: the sdist built from this tree, the wheel built from that
-sdist, installed with its extras into a fresh virtual environment (no ``-e``, no ``PYTHONPATH``,
+"""The package as users install it, by README.md's commands as written: the sdist built from
+this tree (and the wheel from it), the sdist installed with its extras into a fresh virtual
+environment (no ``-e``, no ``PYTHONPATH``,
 not this checkout's folder) and used from an empty folder: convert, info, verify, a
 ``DataLoader(num_workers=2)`` read, a Dask conversion, the demo, and an import of every module
 found in the installed package, compared with the modules of the source tree. Where this
@@ -14,6 +15,7 @@ three minutes, most of it pip).
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -41,6 +43,35 @@ SDIST_FILES = ["pyproject.toml", "README.md", "FORMAT.md", "constraints.txt",
                "scripts/gen_cli_docs.py", "benchmarks/bench.py",
                "tests/conftest.py", "setup.py", "gluon_data/format/_jpegregion.c",
                "gluon_data/format/_maskrle.c"]
+
+
+#: Where README.md's install commands are: the code block after this line.
+README_INSTALL = "Without the checkout's `.venv`, install it as any package"
+
+
+def readme_install_commands():
+    """The commands of README.md's install block, each as argv: ``[from a clone, build, the
+    sdist]``. The wheel tests run them as written (``pip`` is the fresh venv's, ``python``
+    this interpreter, the build tool of the test extra), in a copy of the tree."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split(README_INSTALL, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line.split("  #", 1)[0]) for line in block.splitlines()
+            if line.split("  #", 1)[0].strip()]
+
+
+def run_readme_install(src: Path, py: Path):
+    """README's install of the sdist, as written, from the tree copy ``src``: its ``python -m
+    build`` there, then its ``pip install`` of ``dist/...tar.gz[extras]`` with ``py``'s pip.
+    Returns ``(sdist, wheel)``: the two files the build made (the wheel: this Python's)."""
+    _, build, install = readme_install_commands()
+    _run([sys.executable] + build[1:], cwd=src, timeout=600, env=dict(os.environ))
+    dist = src / "dist"
+    sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
+    assert len(sdists) == 1 and len(wheels) == 1, sorted(os.listdir(dist))
+    tag = wheels[0].name.split("-")[2]
+    assert tag in ("cp%d%d" % sys.version_info[:2], "py3"), wheels[0].name  # this Python's
+    _run([py, "-m"] + install, cwd=src, timeout=900)
+    return sdists[0], wheels[0]
 
 
 def _source_files():
@@ -104,21 +135,17 @@ def installed(tmp_path_factory):
         pytest.fail("the installed-wheel tests need the `build` package of the test extra: "
                     "pip install -c constraints.txt -e .[test]")
     base = tmp_path_factory.mktemp("wheel")
-    src, dist, env_dir, work = base / "src", base / "dist", base / "venv", base / "work"
+    src, env_dir, work = base / "src", base / "venv", base / "work"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*JUNK))
     work.mkdir()
-    # Build in the copy (nothing is written into the checkout); the wheel comes from the sdist.
-    _run([sys.executable, "-m", "build", "--outdir", dist, src], cwd=base, timeout=600,
-         env=dict(os.environ))  # the test environment's own build tool
-    sdists, wheels = sorted(dist.glob("*.tar.gz")), sorted(dist.glob("*.whl"))
-    assert len(sdists) == 1 and len(wheels) == 1, sorted(os.listdir(dist))
     venv.EnvBuilder(with_pip=True, clear=True).create(str(env_dir))
     py = env_dir / "bin" / "python"
-    _run([py, "-m", "pip", "install", "--no-compile", "--quiet", "-c", ROOT / "constraints.txt",
-          "%s[dask,remote]" % wheels[0]], cwd=work, timeout=900)
+    # README's commands as written, in the copy (nothing is written into the checkout): the
+    # build (the sdist, and the wheel from it), then the install of the sdist with its extras
+    sdist, wheel = run_readme_install(src, py)
     has_mx = _run([py, "-c", "import importlib.util; print(importlib.util.find_spec('mxnet') "
                    "is not None)"], cwd=work, timeout=120).stdout.strip() == "True"
-    yield {"sdist": sdists[0], "wheel": wheels[0], "python": py,
+    yield {"sdist": sdist, "wheel": wheel, "python": py,
            "gluon_data": env_dir / "bin" / "gluon-data", "base": base, "has_mxnet": has_mx}
 
 

@@ -16,16 +16,19 @@ from ..errors import FormatError
 from ..storage.fileio import require_regular
 from ..storage.remotefs import parse_storage_options
 from ..stores.shards import is_manifest, read_manifest
-from ..stores.base import is_uri, open_store, store_splits
+from ..stores.base import is_uri, open_store, refuse_part, store_splits
 
 
 def _input(path: str) -> None:
     """A command's dataset or source, under the one input-kind rule before anything opens
     it: a local path must be a regular file or a directory; a FIFO, a device or a socket
     (or a link to one) is refused, a :class:`FormatError` naming it (nothing blocks, nothing
-    is written). A URI, or nothing at all, is left to the command's own message."""
+    is written); so is a file of a dataset named instead of the dataset (an ``.idx``, an
+    LMDB's ``data.mdb``: :func:`~gluon_data.stores.base.refuse_part`), saying which path to
+    give. A URI, or nothing at all, is left to the command's own message."""
     if not is_uri(path):
         require_regular(path, directory=True)
+        refuse_part(path)
 
 
 def _remote(a) -> dict:
@@ -84,10 +87,11 @@ def _summary(meta: dict) -> dict:
     return out
 
 
-def describe(path: str, remote: Optional[dict] = None) -> dict:
+def describe(path: str, remote: Optional[dict] = None, split: Optional[str] = None) -> dict:
     """What ``gluon-data info`` reports about a dataset (any store :func:`open_store` opens;
     a URI with ``remote`` options, read by ranged GETs: the metadata and, for a stock file,
-    the index and a few records)."""
+    the index and a few records); ``split``: of an LMDB, only that split (a ``.rec`` holds
+    one, and is checked to be that one, as by the other commands)."""
     _input(path)
     opts = dict(remote or {}, reads="ranged") if is_uri(path) else {}
     if is_manifest(path) and not is_uri(path):
@@ -99,6 +103,9 @@ def describe(path: str, remote: Optional[dict] = None) -> dict:
         return out
     first = open_store(path, **opts) if is_uri(path) else None  # (a URI's options)
     splits = store_splits(path) if first is None else getattr(first, "splits", [None])
+    if split is not None:
+        open_store(path, split, **opts)  # a split the dataset does not hold: its own message
+        splits = [split] if splits != [None] else splits
     if splits != [None]:
         out = {}
         for s in splits:
@@ -204,7 +211,7 @@ def _cmd_salvage(a) -> int:
 
 
 def _cmd_info(a) -> int:
-    info = describe(a.path, _remote(a))
+    info = describe(a.path, _remote(a), a.split)
     if a.json:
         print(json.dumps(info, indent=1))
         return 0

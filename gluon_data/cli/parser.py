@@ -24,7 +24,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 
 def _parent(*parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(add_help=False, parents=list(parents))
+    return argparse.ArgumentParser(add_help=False, parents=list(parents), allow_abbrev=False)
 
 
 def storage_option_parser() -> argparse.ArgumentParser:
@@ -62,11 +62,13 @@ def _json_parser(note: str = "") -> argparse.ArgumentParser:
 
 
 def _command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
-    return sub.add_parser(name, formatter_class=_Formatter, **kwargs)
+    """A command's parser. No parser takes an abbreviation of an option (``--worker`` is not
+    ``--workers``): a mistyped flag is a usage error, never another option."""
+    return sub.add_parser(name, formatter_class=_Formatter, allow_abbrev=False, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gluon-data", formatter_class=_Formatter,
+    p = argparse.ArgumentParser(prog="gluon-data", formatter_class=_Formatter, allow_abbrev=False,
                                 description="Pack image datasets into MXNet RecordIO or "
                                             "LMDB and inspect them.")
     p.add_argument("--version", action="version", version="gluon_data %s" % __version__)
@@ -135,7 +137,8 @@ def _argument_type(parse):
 
 
 def _add_info(sub) -> None:
-    i = _command(sub, "info", parents=[_dataset_parser(), _json_parser()],
+    i = _command(sub, "info", parents=[_dataset_parser(), _split_parser("LMDB: only this split"),
+                                       _json_parser()],
                  help="task, record count, classes, image sizes, format version")
     i.set_defaults(func=_cmd_info)
 
@@ -179,15 +182,18 @@ def _add_salvage(sub) -> None:
 def _add_bench(sub) -> None:
     if bench_path() is not None:  # a source checkout; an installed wheel has no harness
         sub.add_parser("bench", help="benchmark our loaders against the baselines (see "
-                                     "`gluon-data bench --help`)", add_help=False)
+                                     "`gluon-data bench --help`)", add_help=False,
+                       allow_abbrev=False)
 
 
 def _add_demo(sub) -> None:
     d = _command(sub, "demo",
-                 help="generate a VOC-style sample, pack it, read it through a DataLoader")
+                 help="generate a VOC-style sample, pack it and read it back (through "
+                      "Gluon's DataLoader where MXNet is installed, else as numpy arrays in "
+                      "worker processes)")
     d.add_argument("--workdir", help="keep the files here (default: a temporary folder)")
     d.add_argument("--num-images", type=int, default=96, help="images to generate")
-    d.add_argument("--workers", type=int, default=2, help="conversion and DataLoader workers")
-    d.add_argument("--batch-size", type=int, default=8, help="DataLoader batch size")
+    d.add_argument("--workers", type=int, default=2, help="conversion and reading workers")
+    d.add_argument("--batch-size", type=int, default=8, help="batch size")
     d.add_argument("--epochs", type=int, default=2, help="passes over the data")
     d.set_defaults(func=_cmd_demo)

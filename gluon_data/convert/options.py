@@ -152,8 +152,9 @@ class ConvertOptions:
     shuffle: bool = _option(False, "shuffle items (with --seed)")
     seed: int = _option(0, "seed for --shuffle", Flag(type=int))
     classes: Optional[Sequence[str]] = _option(
-        None, "class names (segmentation: the mask ids in order; classification: the folder "
-              "names): comma separated, or a file with one per line",
+        None, "class names (segmentation: the mask ids in order; imagefolder: each class "
+              "folder named once, its label its place in the list): comma separated, or a "
+              "file with one per line",
         Flag(read=read_classes))
     num_classes: Optional[int] = _option(None, "number of classes (mask ids 0..N-1)",
                                          Flag(type=int))

@@ -54,10 +54,13 @@ class ConversionReport:
 
     def __str__(self) -> str:
         lines = []
+        paths = list(self.outputs.values())
         for split, path in self.outputs.items():
             kept = self.kept.get(split, 0)
-            lines.append("wrote %d records to %s%s" % (self.written.get(split, 0), path,
-                                                      " (%d kept)" % kept if kept else ""))
+            shared = paths.count(path) > 1  # several splits in one LMDB: name each
+            lines.append("wrote %d records to %s%s%s" % (
+                self.written.get(split, 0), path, " split %s" % split if shared else "",
+                " (%d kept)" % kept if kept else ""))
         rate = self.total_written / self.seconds if self.seconds > 0 else 0.0
         kept = sum(self.kept.values())
         done = ("%d records written, %d kept in %d shard%s already complete"

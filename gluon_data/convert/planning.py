@@ -40,12 +40,14 @@ def plan_splits(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict
 
 def resolve_classes(src: Source, classes: Optional[Sequence[str]],
                     num_classes: Optional[int]):
-    """``(classes, num_classes)``: the names given, else the source's; a count that
+    """``(classes, num_classes)``: the names given (matched to an image folder's class
+    folders by name: :meth:`Source.name_classes`), else the source's; a count that
     disagrees with the names is a ValueError."""
-    if classes is None and src.classes is not None:
-        classes = src.classes
     if classes is not None:
-        classes = list(classes)
+        classes = src.name_classes(classes)
+    elif src.classes is not None:
+        classes = list(src.classes)
+    if classes is not None:
         if num_classes is not None and num_classes != len(classes):
             raise ValueError("num_classes=%d disagrees with %d class names"
                              % (num_classes, len(classes)))

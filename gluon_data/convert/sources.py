@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .source_files import (DEFAULT_MAX_FILE_BYTES, _inside, _lexically_inside,  # noqa: F401
@@ -84,6 +84,37 @@ class Source:
     mask_lut: Optional[Tuple[int, ...]] = None
     pred_offset: int = 0
     palette: Optional[List[List[int]]] = None
+
+    def name_classes(self, names: Sequence[str]) -> List[str]:
+        """Take ``names`` (``--classes``) as the class names, and return them.
+
+        Where the layout finds its classes by folder (``imagefolder``), the names are
+        matched to the folders *by name*: each folder's label becomes its position in
+        ``names``, so ``dog,fish,cat`` labels ``dog/`` 0 and ``cat/`` 2. A list that does
+        not name exactly the folders (a name matching no folder, a folder not named, a name
+        twice) is a :class:`SourceError` naming them; names are never paired with folders by
+        position. Elsewhere the names rename the layout's labels in order."""
+        names = list(names)
+        if self.layout != "imagefolder" or self.classes is None:
+            return names
+        twice = sorted({n for n in names if names.count(n) > 1})
+        unknown = [n for n in names if n not in self.classes]
+        unnamed = [c for c in self.classes if c not in names]
+        if twice or unknown or unnamed:
+            why = ["names %s more than once" % ", ".join(twice)] if twice else []
+            if unknown:
+                why.append("no folder is named %s" % ", ".join(unknown))
+            if unnamed:
+                why.append("folder(s) %s not named" % ", ".join(c + "/" for c in unnamed))
+            raise SourceError("--classes must name each class folder exactly once (a "
+                              "folder's label is its position in the list): %s; the "
+                              "folders are %s" % ("; ".join(why), ", ".join(self.classes)),
+                              self.root)
+        relabel = {float(i): float(names.index(c)) for i, c in enumerate(self.classes)}
+        for split, items in self.splits.items():
+            self.splits[split] = [replace(item, label=relabel[item.label]) for item in items]
+        self.classes = names
+        return names
 
 
 def _list_files(folder: str, exts: Sequence[str], root: str,

@@ -64,26 +64,33 @@ class ShardCache(Cache):
         return hashlib.sha256(("%s\0%s\0v2" % (uri, stamp)).encode("utf-8")).hexdigest()[:32]
 
     def fetch(self, remote: Remote, uri: str, size: int, sha256: Optional[str] = None,
-              stamp: str = "", pin: bool = False, check=None):
+              stamp: str = "", pin: bool = False, check=None, fresh: bool = False):
         """Path of a verified local copy of ``uri`` (downloading it if needed), and a pin:
         a lock keeping the copy from eviction until ``pin.release()`` (``None`` unless
         ``pin``). ``check(path)``, if given, inspects a finished download (a file named like
         the object, alone in a private folder) before it becomes the cached copy, and raises
-        to discard it: how objects without a recorded SHA-256 are verified."""
+        to discard it: how objects without a recorded SHA-256 are verified.
+
+        ``fresh`` (what ``verify`` asks): the object's bytes are read from the remote even
+        when a trusted copy is cached, and checked against the recorded SHA-256 (or, without
+        one, against the cached copy's: the same version must hold the same bytes). A
+        download that matches leaves the cached copy in place (readers may have it open);
+        one that does not raises, the cached copy untouched."""
         key = self.entry_key(uri, stamp)
         entry = self.entry("objects", key)
         final = os.path.join(entry, posixpath.basename(uri) or "object")
         held = self.lock(key, "pin", fcntl.LOCK_SH)
         try:
-            if not self.verify(key, final, sha256)[0]:
+            if fresh or not self.verify(key, final, sha256)[0]:
                 with self.lock(key, "get", fcntl.LOCK_EX):
                     ok, replaceable, why = self.verify(key, final, sha256, locked=True)
                     if not ok and not replaceable:
                         raise CacheError("%s; it is not served, and was left untouched: "
                                          "remove it (or the whole cache folder %s)"
                                          % (why, self.cache_dir), final)
-                    if not ok:
-                        self._download(remote, uri, size, sha256, entry, final, key, check)
+                    if not ok or fresh:
+                        self._download(remote, uri, size, sha256, entry, final, key, check,
+                                       cached=ok)
             st = os.lstat(final)
             if st.st_size != size:
                 raise ChecksumMismatchError("the cached copy %s has %d bytes, the object %d; "
@@ -99,7 +106,8 @@ class ShardCache(Cache):
             held = None
         return final, held
 
-    def _download(self, remote, uri, size, sha256, entry, final, key, check=None) -> None:
+    def _download(self, remote, uri, size, sha256, entry, final, key, check=None,
+                  cached: bool = False) -> None:
         # the download lands in a private folder under the object's own name, so a check
         # can open it as it will be (an LMDB environment is a folder holding data.mdb); we
         # hold the object's download lock, so the folder's one name is ours alone
@@ -117,6 +125,13 @@ class ShardCache(Cache):
             digest = remote.download(uri, tmp, size, sha256)
             if check is not None:
                 check(tmp)
+            if cached:  # read again (fresh): the copy in place must hold the same bytes
+                was = (self._read_seal(key) or {}).get("sha256")
+                if digest != was:
+                    raise ChecksumMismatchError(
+                        "the object now holds other bytes (SHA-256 %s) than the copy cached "
+                        "of the same version (%s): it was changed in place" % (digest, was), uri)
+                return
             os.replace(tmp, final)  # over nothing, or over the sealed copy (our own file)
             try:
                 self.seal(key, final, digest)

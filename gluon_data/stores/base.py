@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover
     from typing_extensions import Protocol, runtime_checkable  # type: ignore
 
 __all__ = ["RecordStore", "open_store", "store_splits", "register_opener", "is_uri", "will_need",
-           "read_bytes", "register_reader"]
+           "read_bytes", "register_reader", "dataset_part", "refuse_part"]
 
 Buffer = Union[bytes, memoryview]
 
@@ -211,15 +211,43 @@ def store_splits(location: str) -> List[Optional[str]]:
 #: Files that belong to a dataset without being one: ``(suffix, what it is)``.
 _PARTS = ((".idx.gdx", "the binary index"), (".idx", "the index"),
           (".meta.json", "the metadata"), (".resume.json", "a conversion's checkpoint"))
+#: The files of an LMDB environment: ``(name, what it is)``.
+_LMDB_PARTS = (("data.mdb", "the LMDB data file"), ("lock.mdb", "the LMDB lock file"))
+
+
+def dataset_part(location) -> Optional[Tuple[str, str]]:
+    """``(what it is, the dataset to give)`` where ``location`` names a file of a dataset
+    rather than the dataset (a ``.rec``'s index, binary index, metadata or checkpoint; an
+    LMDB's ``data.mdb`` or ``lock.mdb``), else ``None``: the one check by which every
+    command (info, stats, show, verify, salvage, convert) recognises such an input, and
+    says which path to give instead of reporting a damaged dataset."""
+    location = os.fspath(location)
+    if is_uri(location):
+        return None
+    for suffix, what in _PARTS:
+        if location.endswith(suffix):
+            return what, location[:-len(suffix)] + ".rec"
+    folder, name = os.path.split(location)
+    for part, what in _LMDB_PARTS:
+        if name == part and os.path.isfile(os.path.join(folder or ".", "data.mdb")):
+            return what, folder or "."
+    return None
+
+
+def refuse_part(location) -> None:
+    """A :class:`FormatError` naming ``location`` where it is a file of a dataset rather
+    than the dataset (:func:`dataset_part`), saying what it is and which path to give."""
+    part = dataset_part(location)
+    if part is not None:
+        what, dataset = part
+        give = "the .rec" if dataset.endswith(".rec") else "the LMDB directory"
+        raise FormatError("this is %s of a dataset, not a dataset: give %s (%s)"
+                          % (what, give, dataset), os.fspath(location))
 
 
 def _backend(location):
     location = os.fspath(location)
-    for suffix, what in _PARTS:  # a part of a dataset named instead of the dataset
-        if location.endswith(suffix) and not is_uri(location):
-            rec = location[:-len(suffix)] + ".rec"
-            raise FormatError("this is %s of a dataset, not a dataset: give the .rec (%s)"
-                              % (what, rec), location)
+    refuse_part(location)  # a part of a dataset named instead of the dataset
     for _, predicate, opener, splits in _OPENERS:
         if predicate(location):
             return predicate, opener, splits

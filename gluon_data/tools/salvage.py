@@ -22,6 +22,7 @@ from ..storage.fsutil import OutputLock, atomic_write, fsync_dir
 from ..format.ownership import LOCATIONS, check_disjoint, check_replaceable, classify_location, is_ours
 from ..format.meta import dumps_meta, meta_path, read_meta
 from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
+from ..stores.base import dataset_part
 
 __all__ = ["salvage", "SalvageReport", "scan_records"]
 
@@ -207,6 +208,10 @@ def _check_is_rec(path: str) -> None:
     a device or a socket (or a link to one) is refused by the input-kind rule before
     anything looks inside it."""
     require_regular(path, directory=True)  # (a folder or an LMDB: named below)
+    part = dataset_part(path)  # the one check every command recognises these inputs by
+    if part is not None:
+        raise FormatError("salvage repairs a single .rec file; this is %s of a dataset: give "
+                          "%s; nothing was changed" % part, path)
     kind = classify_location(path)
     if kind == "rec":
         return

@@ -61,7 +61,7 @@ def format_statistics(stats: Dict) -> str:
     im = stats.get("image_stats")
     if im:
         lines.append("image mean (RGB, 0..1) %s  std %s" % (im["mean"], im["std"]))
-    lines.append("weights for a loss: e.g. mx.nd.array([...median_freq...]) "
+    lines.append("weights for a loss: the median_freq or enet column, one per class id "
                  "(--json prints them as lists)")
     return "\n".join(lines)
 

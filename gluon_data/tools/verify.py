@@ -20,7 +20,7 @@ from ..storage.fileio import require_regular
 from ..stores.check import VerifyReport, check_local, check_records
 from ..stores.shards import (is_manifest, read_manifest, shard_mismatch,
                              shard_summary)
-from ..stores.base import is_uri, open_store
+from ..stores.base import is_uri, open_store, refuse_part
 
 __all__ = ["verify", "verify_sharded", "VerifyReport", "register_verifier"]
 
@@ -37,20 +37,27 @@ def register_verifier(predicate: Callable[[str], bool],
 
 def _verify_uri(path: str, deep: bool, remote: Optional[dict],
                 split: Optional[str] = None) -> VerifyReport:
-    """A dataset in object storage: ranged reads of every record (``deep``: the whole
-    files downloaded into the local cache, verified against the recorded SHA-256). An LMDB
-    is downloaded whole (its metadata is inside) and its cached copy checked as a local one,
-    problems named by the URI."""
+    """A dataset in object storage, as the store serves it now: ranged reads of every record
+    (``deep``: the whole files downloaded into the local cache, verified against the
+    recorded SHA-256). An LMDB is downloaded whole (its metadata is inside) and that copy
+    checked as a local one, problems named by the URI. Every object is read from the remote
+    again (``fresh``), whatever the cache holds: a good cached copy never hides a damaged
+    object."""
     report = VerifyReport(path, deep=deep)
     try:
-        store = open_store(path, reads="cache" if deep else "ranged", **(remote or {}))
+        store = open_store(path, reads="cache" if deep else "ranged", fresh=True,
+                           **(remote or {}))
         if getattr(store, "splits", None) is None:
             store.check_tail()
     except (GluonDataError, OSError) as e:
         report.add(e, path)
         return report
     if getattr(store, "splits", None) is not None:  # a remote LMDB (RemoteLMDBStore)
-        local, pin = store.fetch(pin=True)
+        try:
+            local, pin = store.fetch(pin=True)
+        except (GluonDataError, OSError) as e:  # the object as served now is not the dataset
+            report.add(e, path)
+            return report
         try:
             folder = os.path.dirname(local)
             report = verify(folder, deep=deep, split=split)
@@ -72,7 +79,9 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
 
     A FIFO, a device or a socket (or a link to one) given as the dataset, or beside a
     ``.rec`` as its ``.idx`` or ``.meta.json``, raises :class:`~gluon_data.errors.FormatError`
-    naming it (nothing is opened): it is not a dataset to report on.
+    naming it (nothing is opened): it is not a dataset to report on; so does a file of a
+    dataset named instead of the dataset (its ``.idx``, its metadata, an LMDB's ``data.mdb``:
+    :func:`~gluon_data.stores.base.dataset_part`), saying which path to give.
 
     Parameters
     ----------
@@ -93,6 +102,7 @@ def verify(path: str, deep: bool = False, split: Optional[str] = None,
     # one) where the dataset or a file of it should be is not a damaged dataset to report
     # on, it is refused (FormatError naming it), as by every command.
     require_regular(path, directory=True)
+    refuse_part(path)  # an index, metadata or data.mdb named instead: which path to give
     for predicate, verifier in _VERIFIERS:
         if predicate(path):
             return verifier(path, deep=deep)

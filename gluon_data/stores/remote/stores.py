@@ -113,6 +113,11 @@ class RemoteStore(_ReadsLocalCopy):
         What a manifest says of this shard (``records``, ``bytes``, ``files``: the size and
         SHA-256 of each object, by name), taken as given: no metadata GET, no HEAD
         (:class:`~gluon_data.stores.shardstore.ShardedStore` passes it).
+    fresh : bool
+        Read every object from the remote even where the cache holds a verified copy, and
+        check it (:meth:`ShardCache.fetch`): what the store serves *now*, as
+        :func:`gluon_data.verify` checks it. Readers leave it off: a cached copy holding
+        the recorded bytes is the dataset.
 
     Examples
     --------
@@ -127,10 +132,10 @@ class RemoteStore(_ReadsLocalCopy):
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                  cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
                  backoff: Optional[float] = None, prefetch_threads: int = 2,
-                 described: Optional[dict] = None):
+                 described: Optional[dict] = None, fresh: bool = False):
         if reads not in ("cache", "ranged"):
             raise ValueError("reads must be 'cache' or 'ranged', got %r" % (reads,))
-        self.reads = reads
+        self.reads, self.fresh = reads, bool(fresh)
         self._remote = Remote(storage_options, retries, backoff)
         self._cache_args = (cache_dir, cache_limit)
         self._prefetch_threads = max(1, int(prefetch_threads))
@@ -213,7 +218,8 @@ class RemoteStore(_ReadsLocalCopy):
             check = partial(check_lmdb_download, uri=uri)
         try:
             return self._cache.fetch(self._remote, uri, self._size_of(uri), self._sha(uri),
-                                     self._stamp_of(uri), pin=pin, check=check)
+                                     self._stamp_of(uri), pin=pin, check=check,
+                                     fresh=self.fresh)
         except (TruncatedDownloadError, ChecksumMismatchError) as e:
             self._check_not_replaced(uri, e)
             raise
