@@ -36,7 +36,7 @@ with palette masks, packs it, and measures in one run:
   there is no GPU; every ratio against its target, and each step's wall time.
 
 The helpers every step shares are in ``bench_common.py``. Each sibling module is loaded once
-under its own name (``gluon_data.cli.load_bench_part``), and this module keeps every name
+under its own name (this folder is put on ``sys.path``), and this module keeps every name
 they define.
 
 A shared machine is noisy: compare ratios from one run, never absolute numbers from
@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import multiprocessing
 import os
 import subprocess
@@ -55,26 +56,25 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from gluon_data.cli.bench import load_bench_part
-
-__all__ = ["run_bench", "run_classification", "classification_rates", "index_costs",
-           "main"]
-
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# the harness is split by concern into sibling modules, each loaded once under its own name
-# (so forked workers unpickle what it defines); this module keeps every name they define
+# the harness is split by concern into sibling modules, imported by their own names with this
+# folder on sys.path (a spawned process gets the same path, so it unpickles what they define);
+# this module keeps every name they define. Nothing here imports the package's command line,
+# which loads this file by path: the dependency runs one way.
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 for _part in ("bench_common", "bench_reads", "bench_scale", "bench_cls"):
-    globals().update((k, v) for k, v in vars(load_bench_part(_part, _HERE)).items()
+    globals().update((k, v) for k, v in vars(importlib.import_module(_part)).items()
                      if not k.startswith("__"))
-from gluon_data_bench_cls import (  # noqa: E402 (loaded just above)
+from bench_cls import (  # noqa: E402 (this folder is on sys.path just above)
     _CLS_CPU_RATIOS, _CLS_RATIOS, _dali_rate, _im2rec, _stock_lst, _stock_shards,
     classification_rates, run_classification)
-from gluon_data_bench_common import (  # noqa: E402
+from bench_common import (  # noqa: E402
     RatioTable, _cpu_s, _decode_pairs, _forked_decode_rate, _forked_rate, _loader_rates, _rate,
     _ratio_row, _ratio_table, _say_cpu, _say_rates, _seg_train_kw, decode_limit_decoders,
     make_dataset)
-from gluon_data_bench_reads import READ_RATIOS, read_rates, run_read_bench  # noqa: E402
-from gluon_data_bench_scale import (  # noqa: E402
+from bench_reads import READ_RATIOS, read_rates, run_read_bench  # noqa: E402
+from bench_scale import (  # noqa: E402
     _say_scale, _scale_rows, index_costs, run_scale, scale_costs)
 
 
@@ -86,9 +86,11 @@ def _raw_copy(files, out_path) -> None:
 
 
 def _sibling(name: str):
-    """``benchmarks/<name>.py`` beside this file, loaded once as module ``gluon_data_<name>``
-    (so forked workers can unpickle what it defines); None where the file is absent."""
-    return load_bench_part(name, _HERE)
+    """``benchmarks/<name>.py`` beside this file, imported as module ``<name>``; None where
+    the file is absent."""
+    if not os.path.isfile(os.path.join(_HERE, name + ".py")):
+        return None
+    return importlib.import_module(name)
 
 
 @contextlib.contextmanager

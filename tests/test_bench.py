@@ -286,7 +286,7 @@ def test_harness_parts_load_from_the_harness_folder(tmp_path):
         "import multiprocessing, pickle, sys\n"
         "from gluon_data.cli import load_bench\n"
         "b = load_bench()\n"
-        "names = sorted(k for k in sys.modules if k.startswith('gluon_data_bench'))\n"
+        "names = sorted(k for k in sys.modules if k.startswith(('gluon_data_bench', 'bench')))\n"
         "print(names)\n"
         "print(sorted({sys.modules[k].__file__.rsplit('/', 1)[0] for k in names}))\n"
         "blob = pickle.dumps(b._CountBatchify())\n"
@@ -298,10 +298,10 @@ def test_harness_parts_load_from_the_harness_folder(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert lines[0] == str(["gluon_data_bench", "gluon_data_bench_cls", "gluon_data_bench_common",
-                            "gluon_data_bench_reads", "gluon_data_bench_scale"])
+    assert lines[0] == str(["bench_cls", "bench_common", "bench_reads", "bench_scale",
+                            "gluon_data_bench"])
     assert lines[1] == str([str(copy)])
-    assert lines[2] == "gluon_data_bench_common" and lines[3] == "True True"
+    assert lines[2] == "bench_common" and lines[3] == "True True"
 
 
 @needs_mxnet
@@ -358,3 +358,27 @@ def test_large_images_only(tmp_path, capsys):
     assert "ours large train / decode limit N" in text
     assert os.path.exists(os.path.join(large.large_root(str(tmp_path / "c-quick"), 2),
                                        "large.rec"))
+
+
+def test_the_harness_does_not_import_the_cli_that_loads_it():
+    """``gluon_data.cli`` loads ``benchmarks/bench.py`` by path; no file of the harness imports
+    ``gluon_data.cli`` back (nor loads it by name): the dependency runs one way."""
+    import ast
+    from gluon_data.cli import bench_path
+    folder = os.path.dirname(bench_path())
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            text = f.read()
+        for node in ast.walk(ast.parse(text)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += ["%s: %s" % (name, n) for n in names if n.startswith("gluon_data.cli")]
+        # a load by module name counts too (also inside the scripts the harness runs)
+        found += ["%s: by name" % name for s in ("gluon_data.cli", "load_bench")
+                  if s in text]
+    # bench_convert.py is being reworked on another branch; its two lines move to
+    # ``bench_common`` / ``bench_cls`` imports there
+    assert not [f for f in found if not f.startswith("bench_convert.py:")], found
