@@ -418,8 +418,10 @@ def main(argv=None) -> int:
     p.add_argument("--large-images", type=int, default=None,
                    help="street scenes of the large-image set (2048x1024; kept under "
                         "--workdir; 0 skips the set in the full run) [default: 64; --quick: 8]")
+    p.add_argument("--max-workers", type=int, default=None,
+                   help="--only cores: the largest worker count [default: this machine's CPUs]")
     p.add_argument("--only", choices=("all", "scale", "segmentation", "reads",
-                                      "classification", "large"), default="all",
+                                      "classification", "large", "cores"), default="all",
                    help="run only some rows: 'scale' is the scale step (--scale records); "
                         "'segmentation' is train against the decode limit, with CPU per item "
                         "(400 images unless --num-images is given; ~1-2 min); 'reads' is the "
@@ -429,16 +431,25 @@ def main(argv=None) -> int:
                         "--dali-python) DALI's CPU pipeline; 'large' is the large-image set "
                         "(--large-images street scenes of 2048x1024, segmentation train at "
                         "base 1024, crop 768, batch 4: the decode limit, gluoncv, ours with "
-                        "region decoding on and off and DCT-scaled; ~2-3 min)")
+                        "region decoding on and off and DCT-scaled; ~2-3 min); 'cores' sweeps "
+                        "worker counts from 1 to --max-workers (1, 2, 4, ...): the decode limit, "
+                        "convert, segmentation train in torch's and Gluon's DataLoader against a "
+                        "plain file loader, and a GPU model fed by ours where CUDA is present; "
+                        "writes <workdir>-cores/cores.json and cores.png (480 images unless "
+                        "--num-images is given), to size a machine")
     p.add_argument("--reads-only", action="store_const", dest="only", const="reads",
                    help="the same as --only reads")
     a = p.parse_args(argv)
+    given = any(x.startswith("--num-images") for x in (argv or sys.argv))
+    if a.only == "cores":
+        _sibling("bench_cores").run_cores(a.workdir + "-cores", a.num_images if given else 480,
+                                          a.max_workers, 1 if a.quick else 2, out=sys.stdout)
+        return 0
     if a.only == "scale":
         run_scale(a.workdir, a.scale)
         return 0
     if a.only == "segmentation":
-        n = a.num_images if any(x.startswith("--num-images") for x in (argv or sys.argv)) \
-            else 400
+        n = a.num_images if given else 400
         seg_bench(a.workdir + "-seg%d" % n, n, a.workers, out=sys.stdout)
         return 0
     n = 200 if a.quick else a.num_images

@@ -382,3 +382,48 @@ def test_the_harness_does_not_import_the_cli_that_loads_it():
     # bench_convert.py is being reworked on another branch; its two lines move to
     # ``bench_common`` / ``bench_cls`` imports there
     assert not [f for f in found if not f.startswith("bench_convert.py:")], found
+
+
+@pytest.mark.slow
+def test_cores_sweep_small(tmp_path, capsys):
+    """``gluon-data bench --only cores`` on 8 pairs with 1 and 2 workers: every row it can
+    run here measured at each count and positive, the ratios to the decode limit, the rows
+    that cannot run here skipped with a reason, the JSON as printed and the plot a PNG."""
+    import json
+    from gluon_data.cli import load_bench
+    bench = load_bench()
+    assert bench.main(["--only", "cores", "--num-images", "8", "--max-workers", "2",
+                       "--quick", "--workdir", str(tmp_path / "b")]) == 0
+    text = capsys.readouterr().out
+    folder = tmp_path / "b-cores"
+    with open(folder / "cores.json") as f:
+        res = json.load(f)
+    assert res["workers"] == [1, 2] and res["images"] == 8
+    rows = res["rows"]
+    assert {"decode limit", "ours convert"} <= set(rows)
+    for kind in ("torch", "gluon"):
+        loaders = {"ours, %s DataLoader" % kind, "files, %s DataLoader" % kind}
+        assert (loaders <= set(rows)) != ("%s DataLoader" % kind in res["skipped"]), kind
+    if importlib.util.find_spec("mxnet") is not None:
+        assert "ours, gluon DataLoader" in rows
+    for name, by_count in rows.items():
+        assert set(by_count) == {"1", "2"} and all(0 < v < math.inf for v in by_count.values())
+        assert name == "decode limit" or name + " / decode limit" in res["ratios"]
+    assert "skipped" in res["gpu"] or res["gpu"]["fed items/s"] > 0
+    assert ("GPU (lraspp_mobilenet_v3_large fed by ours / GPU-resident): skipped"
+            in text) == ("skipped" in res["gpu"])
+    if importlib.util.find_spec("matplotlib") is None:
+        assert res["plot"].startswith("matplotlib does not import") and "plot: skipped" in text
+    else:
+        assert res["plot"] == str(folder / "cores.png")
+        with open(res["plot"], "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "ours convert / decode limit" in text
+
+
+def test_cores_worker_counts():
+    """1, 2, 4, ... up to the machine's cores, and the core count itself."""
+    from gluon_data.cli import load_bench
+    counts = load_bench()._sibling("bench_cores").worker_counts
+    assert counts(1) == [1] and counts(2) == [1, 2] and counts(16) == [1, 2, 4, 8, 16]
+    assert counts(15) == [1, 2, 4, 8, 15] and counts(6) == [1, 2, 4, 6]
