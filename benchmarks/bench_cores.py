@@ -78,11 +78,10 @@ def _loader(kind: str, ds, workers: int):
         import bench_feed
         torch = bench_feed.import_torch()
         return torch.utils.data.DataLoader(ds, batch_size=bench_feed.BATCH, shuffle=True,
-                                           num_workers=workers, drop_last=True,
-                                           persistent_workers=True)
+                                           num_workers=workers, persistent_workers=True)
     import mxnet as mx
     return mx.gluon.data.DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers,
-                                    last_batch="discard")
+                                    last_batch="keep")
 
 
 def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
@@ -236,9 +235,9 @@ def run_cores(workdir: str, n: int = 480, max_workers: Optional[int] = None, rou
 def _report(say, res: dict) -> None:
     counts = [str(w) for w in res["workers"]]
     say("")
-    say("%-40s" % "items/s by workers" + "".join("%9s" % w for w in counts))
+    say("%-52s" % "items/s by workers" + "".join("%9s" % w for w in counts))
     for name, by_count in list(res["rows"].items()) + list(res["ratios"].items()):
-        say("%-40s" % name + "".join(
+        say("%-52s" % name + "".join(
             ("%9.2f" if "/" in name else "%9.0f") % by_count[w] for w in counts))
     for name, reason in res["skipped"].items():
         say("%s: skipped: %s" % (name, reason))
