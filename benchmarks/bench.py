@@ -35,6 +35,12 @@ with palette masks, packs it, and measures in one run:
 * per-worker RSS after each of 3 epochs; a note that the GPU comparison was skipped where
   there is no GPU; every ratio against its target, and each step's wall time.
 
+``--only cores`` (``bench_cores.py``) is a tool to size a machine: it sweeps worker counts
+from 1 to the machine's cores for the decode limit, conversion, segmentation ``train`` in
+torch's and Gluon's ``DataLoader`` against a plain file loader, and a GPU model fed by ours
+where CUDA is present, and writes a JSON table and a PNG plot. ``bench_feed.py`` (run on its
+own) measures how much of a loader's rate reaches a training loop that holds the GIL.
+
 The helpers every step shares are in ``bench_common.py``. Each sibling module is loaded once
 under its own name (this folder is put on ``sys.path``), and this module keeps every name
 they define.
