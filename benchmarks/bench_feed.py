@@ -228,10 +228,12 @@ def datasets(workdir: str, n: int, which=None) -> dict:
         ids = [line.strip() for line in f if line.strip()]
     ours = SegmentationDataset(rec, mode="train", base_size=BASE, crop_size=CROP, seed=0,
                                output="uint8")
-    # read in a forked child: OpenCV's thread pool started in this process would make every
-    # worker forked from it hang in cv2.setNumThreads (the pool's state copied, its threads not)
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        burn_ms = pool.apply(in_process_ms, (ours,))
+    burn_ms = 0.0
+    if which is None or any(name.startswith("burn") for name in which):
+        # read in a forked child: OpenCV's pool started in this process would make a worker
+        # forked from it hang in cv2.setNumThreads (the pool's state copied, its threads not)
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            burn_ms = pool.apply(in_process_ms, (ours,))
     sets = {"ours": (ours, None),
             "ours, uint8 masks": (CastMasks(ours), None),
             "ours, OpenCV 1 thread": (ours, opencv_one_thread),
