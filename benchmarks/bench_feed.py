@@ -13,7 +13,7 @@ The datasets (``segmentation train``: ``base_size=520, crop_size=480``, uint8 CH
 
 * ``ours``: ``gluon_data.arrays.SegmentationDataset(mode='train', output='uint8')`` on a
   ``.rec``, as shipped (int32 masks, OpenCV's own thread pool in every worker);
-* ``ours, uint8 masks`` / ``ours, OpenCV 1 thread`` / ``ours, both``: the two worker-side
+* ``ours, uint8 masks`` / ``ours, OpenCV sequential`` / ``ours, both``: the two worker-side
   changes, emulated here (the mask cast in the worker; ``cv2.setNumThreads(0)`` in a
   ``worker_init_fn``);
 * ``files``: a PIL + numpy loader of the JPEG and PNG files, written as torchvision's
@@ -125,7 +125,7 @@ class CastMasks:
         return img, mask.astype(self.dtype)
 
 
-def opencv_one_thread(_worker_id=None):
+def opencv_sequential(_worker_id=None):
     """A ``worker_init_fn``: OpenCV single-threaded in the worker. ``setNumThreads(0)`` (run
     sequentially, no pool): ``setNumThreads(1)`` rebuilds the pool, and in a process forked
     after the parent's pool ran and went idle it waits forever on the copied pool's state."""
@@ -236,8 +236,8 @@ def datasets(workdir: str, n: int, which=None) -> dict:
             burn_ms = pool.apply(in_process_ms, (ours,))
     sets = {"ours": (ours, None),
             "ours, uint8 masks": (CastMasks(ours), None),
-            "ours, OpenCV 1 thread": (ours, opencv_one_thread),
-            "ours, both": (CastMasks(ours), opencv_one_thread),
+            "ours, OpenCV sequential": (ours, opencv_sequential),
+            "ours, both": (CastMasks(ours), opencv_sequential),
             "files": (FilePairs(voc, ids), None),
             "burn": (Burn(len(ids), burn_ms), None),
             "burn, uint8 masks": (Burn(len(ids), burn_ms, np.uint8), None)}
