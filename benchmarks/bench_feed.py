@@ -16,6 +16,7 @@ The datasets (``segmentation train``: ``base_size=520, crop_size=480``, uint8 CH
 * ``ours, uint8 masks`` / ``ours, OpenCV sequential`` / ``ours, both``: the two worker-side
   changes, emulated here (the mask cast in the worker; ``cv2.setNumThreads(0)`` in a
   ``worker_init_fn``);
+* ``ours, mask_dtype='uint8'``: the dataset's own option, where this version has it;
 * ``files``: a PIL + numpy loader of the JPEG and PNG files, written as torchvision's
   segmentation reference does (random resize 0.5-2.0 of 520, pad, crop 480, flip; uint8 masks);
 * ``burn``: a control that spins ours' in-process CPU per item and returns zeros of ours'
@@ -32,6 +33,7 @@ shared machine compare the shares of one run, never absolute numbers across runs
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import multiprocessing
 import os
@@ -241,6 +243,10 @@ def datasets(workdir: str, n: int, which=None) -> dict:
             "files": (FilePairs(voc, ids), None),
             "burn": (Burn(len(ids), burn_ms), None),
             "burn, uint8 masks": (Burn(len(ids), burn_ms, np.uint8), None)}
+    if "mask_dtype" in inspect.signature(SegmentationDataset).parameters:  # the real option
+        sets["ours, mask_dtype='uint8'"] = (SegmentationDataset(
+            rec, mode="train", base_size=BASE, crop_size=CROP, seed=0, output="uint8",
+            mask_dtype="uint8"), None)
     return {k: v for k, v in sets.items() if which is None or k in which}
 
 

@@ -427,3 +427,31 @@ def test_cores_worker_counts():
     counts = load_bench()._sibling("bench_cores").worker_counts
     assert counts(1) == [1] and counts(2) == [1, 2] and counts(16) == [1, 2, 4, 8, 16]
     assert counts(15) == [1, 2, 4, 8, 15] and counts(6) == [1, 2, 4, 6]
+
+
+@pytest.mark.slow
+def test_feed_reproduction_small(tmp_path):
+    """``bench_feed.py`` on 32 pairs, 1 worker, 2 batches a measurement: ours, ours with
+    uint8 masks, the file loader and the control each measured standalone and under the
+    consumer, with the main process's CPU per batch and the workers' counters; the batches
+    with 4-byte masks are the larger ones."""
+    from gluon_data.cli import load_bench
+    feed = load_bench()._sibling("bench_feed")
+    try:
+        feed.import_torch()
+    except ImportError:
+        pytest.skip("PyTorch is not installed (GLUON_DATA_TORCH_PATH names a folder with it)")
+    which = ("ours", "ours, uint8 masks", "files", "burn")
+    out = io.StringIO()
+    res = feed.run_feed(str(tmp_path / "f"), n=32, workers=1, rounds=1, batches=2,
+                        spin_ms=1.0, sleep_ms=1.0, which=which, out=out)
+    rows = res["rows"]
+    assert set(rows) == set(which)
+    for name, row in rows.items():
+        assert row["items/s"] > 0 and row["busy items/s"] > 0 and row["share"] > 0, name
+        assert row["main ms/batch"] > 0 and row["threads"] >= 1, name
+        assert row["worker ms/item"] > 0, name
+    assert rows["ours"]["batch bytes"] == 16 * (3 * 480 * 480 + 4 * 480 * 480)
+    assert rows["ours, uint8 masks"]["batch bytes"] == rows["files"]["batch bytes"] \
+        == 16 * 4 * 480 * 480
+    assert all(name in out.getvalue() for name in which)
