@@ -35,8 +35,14 @@ with palette masks, packs it, and measures in one run:
 * per-worker RSS after each of 3 epochs; a note that the GPU comparison was skipped where
   there is no GPU; every ratio against its target, and each step's wall time.
 
+``--only cores`` (``bench_cores.py``) is a tool to size a machine: it sweeps worker counts
+from 1 to the machine's cores for the decode limit, conversion, segmentation ``train`` in
+torch's and Gluon's ``DataLoader`` against a plain file loader, and a GPU model fed by ours
+where CUDA is present, and writes a JSON table and a PNG plot. ``bench_feed.py`` (run on its
+own) measures how much of a loader's rate reaches a training loop that holds the GIL.
+
 The helpers every step shares are in ``bench_common.py``. Each sibling module is loaded once
-under its own name (``gluon_data.cli.load_bench_part``), and this module keeps every name
+under its own name (this folder is put on ``sys.path``), and this module keeps every name
 they define.
 
 A shared machine is noisy: compare ratios from one run, never absolute numbers from
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import multiprocessing
 import os
 import subprocess
@@ -55,26 +62,25 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from gluon_data.cli.bench import load_bench_part
-
-__all__ = ["run_bench", "run_classification", "classification_rates", "index_costs",
-           "main"]
-
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# the harness is split by concern into sibling modules, each loaded once under its own name
-# (so forked workers unpickle what it defines); this module keeps every name they define
+# the harness is split by concern into sibling modules, imported by their own names with this
+# folder on sys.path (a spawned process gets the same path, so it unpickles what they define);
+# this module keeps every name they define. Nothing here imports the package's command line,
+# which loads this file by path: the dependency runs one way.
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 for _part in ("bench_common", "bench_reads", "bench_scale", "bench_cls"):
-    globals().update((k, v) for k, v in vars(load_bench_part(_part, _HERE)).items()
+    globals().update((k, v) for k, v in vars(importlib.import_module(_part)).items()
                      if not k.startswith("__"))
-from gluon_data_bench_cls import (  # noqa: E402 (loaded just above)
+from bench_cls import (  # noqa: E402 (this folder is on sys.path just above)
     _CLS_CPU_RATIOS, _CLS_RATIOS, _dali_rate, _im2rec, _stock_lst, _stock_shards,
     classification_rates, run_classification)
-from gluon_data_bench_common import (  # noqa: E402
+from bench_common import (  # noqa: E402
     RatioTable, _cpu_s, _decode_pairs, _forked_decode_rate, _forked_rate, _loader_rates, _rate,
     _ratio_row, _ratio_table, _say_cpu, _say_rates, _seg_train_kw, decode_limit_decoders,
     make_dataset)
-from gluon_data_bench_reads import READ_RATIOS, read_rates, run_read_bench  # noqa: E402
-from gluon_data_bench_scale import (  # noqa: E402
+from bench_reads import READ_RATIOS, read_rates, run_read_bench  # noqa: E402
+from bench_scale import (  # noqa: E402
     _say_scale, _scale_rows, index_costs, run_scale, scale_costs)
 
 
@@ -86,9 +92,11 @@ def _raw_copy(files, out_path) -> None:
 
 
 def _sibling(name: str):
-    """``benchmarks/<name>.py`` beside this file, loaded once as module ``gluon_data_<name>``
-    (so forked workers can unpickle what it defines); None where the file is absent."""
-    return load_bench_part(name, _HERE)
+    """``benchmarks/<name>.py`` beside this file, imported as module ``<name>``; None where
+    the file is absent."""
+    if not os.path.isfile(os.path.join(_HERE, name + ".py")):
+        return None
+    return importlib.import_module(name)
 
 
 @contextlib.contextmanager
@@ -416,8 +424,10 @@ def main(argv=None) -> int:
     p.add_argument("--large-images", type=int, default=None,
                    help="street scenes of the large-image set (2048x1024; kept under "
                         "--workdir; 0 skips the set in the full run) [default: 64; --quick: 8]")
+    p.add_argument("--max-workers", type=int, default=None,
+                   help="--only cores: the largest worker count [default: this machine's CPUs]")
     p.add_argument("--only", choices=("all", "scale", "segmentation", "reads",
-                                      "classification", "large"), default="all",
+                                      "classification", "large", "cores"), default="all",
                    help="run only some rows: 'scale' is the scale step (--scale records); "
                         "'segmentation' is train against the decode limit, with CPU per item "
                         "(400 images unless --num-images is given; ~1-2 min); 'reads' is the "
@@ -427,16 +437,25 @@ def main(argv=None) -> int:
                         "--dali-python) DALI's CPU pipeline; 'large' is the large-image set "
                         "(--large-images street scenes of 2048x1024, segmentation train at "
                         "base 1024, crop 768, batch 4: the decode limit, gluoncv, ours with "
-                        "region decoding on and off and DCT-scaled; ~2-3 min)")
+                        "region decoding on and off and DCT-scaled; ~2-3 min); 'cores' sweeps "
+                        "worker counts from 1 to --max-workers (1, 2, 4, ...): the decode limit, "
+                        "convert, segmentation train in torch's and Gluon's DataLoader against a "
+                        "plain file loader, and a GPU model fed by ours where CUDA is present; "
+                        "writes <workdir>-cores/cores.json and cores.png (480 images unless "
+                        "--num-images is given), to size a machine")
     p.add_argument("--reads-only", action="store_const", dest="only", const="reads",
                    help="the same as --only reads")
     a = p.parse_args(argv)
+    given = any(x.startswith("--num-images") for x in (argv or sys.argv))
+    if a.only == "cores":
+        _sibling("bench_cores").run_cores(a.workdir + "-cores", a.num_images if given else 480,
+                                          a.max_workers, 1 if a.quick else 2, out=sys.stdout)
+        return 0
     if a.only == "scale":
         run_scale(a.workdir, a.scale)
         return 0
     if a.only == "segmentation":
-        n = a.num_images if any(x.startswith("--num-images") for x in (argv or sys.argv)) \
-            else 400
+        n = a.num_images if given else 400
         seg_bench(a.workdir + "-seg%d" % n, n, a.workers, out=sys.stdout)
         return 0
     n = 200 if a.quick else a.num_images

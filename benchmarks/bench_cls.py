@@ -1,8 +1,8 @@
 """``gluon-data bench``'s classification rows: a stock im2rec ``.rec`` (and 4 shards of it)
 read by the stock ``ImageRecordDataset``, ours and ``ImageRecordIter``, decode only and with
 the ImageNet recipe, against DALI's CPU pipeline of the same recipe when an interpreter with
-DALI is given; ``--only classification`` runs them alone. Loaded by the harness as module
-``gluon_data_bench_cls``."""
+DALI is given; ``--only classification`` runs them alone. Imported by the
+harness as module ``bench_cls`` (its folder is on ``sys.path``)."""
 from __future__ import annotations
 
 import os
@@ -11,11 +11,7 @@ import sys
 import time
 from typing import Optional, Tuple
 
-from gluon_data.cli.bench import load_bench_part
-
-load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
-
-from gluon_data_bench_common import (  # noqa: E402 (loaded just above)
+from bench_common import (
     _CountBatchify, _loader_rates, _ratio_table, _say_cpu, _say_rates, make_dataset)
 
 

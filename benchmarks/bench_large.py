@@ -34,11 +34,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from gluon_data.cli.bench import load_bench_part
-
-_common = load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
-_environ, _forked_decode_rate, _loader_rates = (
-    _common._environ, _common._forked_decode_rate, _common._loader_rates)
+from bench_common import _environ, _forked_decode_rate, _loader_rates
 
 #: Cityscapes' frames: (width, height).
 LARGE_SIZE = (2048, 1024)

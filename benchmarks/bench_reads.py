@@ -1,7 +1,7 @@
 """``gluon-data bench``'s read rows: raw record reads (sequential and random, warm and cold,
 against ``cat`` and stock ``read_idx``), cold LMDB value reads, and the cold and warm
-``train`` loaders of the same records; ``--only reads`` runs them alone. Loaded by the
-harness as module ``gluon_data_bench_reads``."""
+``train`` loaders of the same records; ``--only reads`` runs them alone. Imported by the
+harness as module ``bench_reads`` (its folder is on ``sys.path``)."""
 from __future__ import annotations
 
 import os
@@ -11,11 +11,7 @@ from typing import Tuple
 
 import numpy as np
 
-from gluon_data.cli.bench import load_bench_part
-
-load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
-
-from gluon_data_bench_common import (  # noqa: E402 (loaded just above)
+from bench_common import (
     _evict, _loader_rates, _rate, _ratio_table, _seg_train_kw, make_dataset)
 
 

@@ -1,7 +1,7 @@
 """``gluon-data bench``'s index and scale rows: the index's memory and load time against
 stock ``MXIndexedRecordIO``, and a ten-million-record ``.rec`` (and manifest) opened by 8
-DataLoader-like processes at once; ``--only scale`` runs the scale step alone. Loaded by the
-harness as module ``gluon_data_bench_scale``."""
+DataLoader-like processes at once; ``--only scale`` runs the scale step alone. Imported by the
+harness as module ``bench_scale`` (its folder is on ``sys.path``)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -11,11 +11,7 @@ import time
 
 import numpy as np
 
-from gluon_data.cli.bench import load_bench_part
-
-load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
-
-from gluon_data_bench_common import _environ  # noqa: E402 (loaded just above)
+from bench_common import _environ
 
 
 def index_costs(workdir: str, n: int) -> dict:

@@ -29,10 +29,9 @@ import cv2
 import numpy as np
 
 from gluon_data.arrays import transforms as T
-from gluon_data.cli.bench import load_bench_part
 from gluon_data.format import decode
 
-_environ = load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))._environ
+from bench_common import _environ
 
 _ENV = "GLUON_DATA_DECODE_SCALED"
 SETS = (("large", (1024, 2048), 1024, 768), ("voc", (375, 500), 400, 320))

@@ -1,16 +1,13 @@
 """``gluon-data bench --only segmentation``: segmentation ``train`` against the decode limit,
-with the CPU time per item of every process. Loaded by the harness as module
-``gluon_data_bench_seg`` (``gluon_data.cli.load_bench_part``)."""
+with the CPU time per item of every process. Imported by the harness as module
+``bench_seg`` (its folder is on ``sys.path``)."""
 from __future__ import annotations
 
 import os
 import sys
 import time
 
-from gluon_data.cli.bench import load_bench_part
-
-load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
-from gluon_data_bench_common import (  # noqa: E402 (loaded just above)
+from bench_common import (
     _cpu_s, _decode_pairs, _forked_decode_rate, _forked_rate, _seg_train_kw, decode_limit_decoders,
     make_dataset)
 

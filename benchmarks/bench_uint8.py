@@ -27,11 +27,9 @@ import numpy as np
 from mxnet.gluon.data.vision import transforms
 
 from gluon_data import DataLoader, InputNormalize, SegmentationBatchify, SegmentationRecordDataset
-from gluon_data.cli.bench import load_bench_part
 from gluon_data.convert import convert
 
-load_bench_part("bench_common", os.path.dirname(os.path.abspath(__file__)))
-from gluon_data_bench_common import _cpu_s, make_dataset  # noqa: E402 (loaded just above)
+from bench_common import _cpu_s, make_dataset
 
 MEAN, STD = (.485, .456, .406), (.229, .224, .225)
 FLOAT = "float32 samples (ToTensor+Normalize in the workers)"

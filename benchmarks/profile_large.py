@@ -31,11 +31,10 @@ import sys
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_HERE))
-from gluon_data.cli.bench import load_bench_part  # noqa: E402 (the checkout first)
+sys.path.insert(0, os.path.dirname(_HERE))  # the checkout's gluon_data first
 
-large = load_bench_part("bench_large", _HERE)
-common = load_bench_part("bench_common", _HERE)
+import bench_common as common  # noqa: E402 (this folder is sys.path[0] for a script)
+import bench_large as large  # noqa: E402
 
 #: stage -> (file suffix, function name) whose cumulative CPU time it is; the resize, mirror,
 #: pad and blur are inside the joint transform's apply (its row is what they leave).

@@ -286,7 +286,7 @@ def test_harness_parts_load_from_the_harness_folder(tmp_path):
         "import multiprocessing, pickle, sys\n"
         "from gluon_data.cli import load_bench\n"
         "b = load_bench()\n"
-        "names = sorted(k for k in sys.modules if k.startswith('gluon_data_bench'))\n"
+        "names = sorted(k for k in sys.modules if k.startswith(('gluon_data_bench', 'bench')))\n"
         "print(names)\n"
         "print(sorted({sys.modules[k].__file__.rsplit('/', 1)[0] for k in names}))\n"
         "blob = pickle.dumps(b._CountBatchify())\n"
@@ -298,10 +298,10 @@ def test_harness_parts_load_from_the_harness_folder(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
-    assert lines[0] == str(["gluon_data_bench", "gluon_data_bench_cls", "gluon_data_bench_common",
-                            "gluon_data_bench_reads", "gluon_data_bench_scale"])
+    assert lines[0] == str(["bench_cls", "bench_common", "bench_reads", "bench_scale",
+                            "gluon_data_bench"])
     assert lines[1] == str([str(copy)])
-    assert lines[2] == "gluon_data_bench_common" and lines[3] == "True True"
+    assert lines[2] == "bench_common" and lines[3] == "True True"
 
 
 @needs_mxnet
@@ -358,3 +358,100 @@ def test_large_images_only(tmp_path, capsys):
     assert "ours large train / decode limit N" in text
     assert os.path.exists(os.path.join(large.large_root(str(tmp_path / "c-quick"), 2),
                                        "large.rec"))
+
+
+def test_the_harness_does_not_import_the_cli_that_loads_it():
+    """``gluon_data.cli`` loads ``benchmarks/bench.py`` by path; no file of the harness imports
+    ``gluon_data.cli`` back (nor loads it by name): the dependency runs one way."""
+    import ast
+    from gluon_data.cli import bench_path
+    folder = os.path.dirname(bench_path())
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            text = f.read()
+        for node in ast.walk(ast.parse(text)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += ["%s: %s" % (name, n) for n in names if n.startswith("gluon_data.cli")]
+        # a load by module name counts too (also inside the scripts the harness runs)
+        found += ["%s: by name" % name for s in ("gluon_data.cli", "load_bench")
+                  if s in text]
+    # bench_convert.py is being reworked on another branch; its two lines move to
+    # ``bench_common`` / ``bench_cls`` imports there
+    assert not [f for f in found if not f.startswith("bench_convert.py:")], found
+
+
+@pytest.mark.slow
+def test_cores_sweep_small(tmp_path, capsys):
+    """``gluon-data bench --only cores`` on 8 pairs with 1 and 2 workers: every row it can
+    run here measured at each count and positive, the ratios to the decode limit, the rows
+    that cannot run here skipped with a reason, the JSON as printed and the plot a PNG."""
+    import json
+    from gluon_data.cli import load_bench
+    bench = load_bench()
+    assert bench.main(["--only", "cores", "--num-images", "8", "--max-workers", "2",
+                       "--quick", "--workdir", str(tmp_path / "b")]) == 0
+    text = capsys.readouterr().out
+    folder = tmp_path / "b-cores"
+    with open(folder / "cores.json") as f:
+        res = json.load(f)
+    assert res["workers"] == [1, 2] and res["images"] == 8
+    rows = res["rows"]
+    assert {"decode limit", "ours convert"} <= set(rows)
+    for kind in ("torch", "gluon"):
+        loaders = {"ours, %s DataLoader" % kind, "files, %s DataLoader" % kind}
+        assert (loaders <= set(rows)) != ("%s DataLoader" % kind in res["skipped"]), kind
+    if importlib.util.find_spec("mxnet") is not None:
+        assert "ours, gluon DataLoader" in rows
+    for name, by_count in rows.items():
+        assert set(by_count) == {"1", "2"} and all(0 < v < math.inf for v in by_count.values())
+        assert name == "decode limit" or name + " / decode limit" in res["ratios"]
+    assert "skipped" in res["gpu"] or res["gpu"]["fed items/s"] > 0
+    assert ("GPU (lraspp_mobilenet_v3_large fed by ours / GPU-resident): skipped"
+            in text) == ("skipped" in res["gpu"])
+    if importlib.util.find_spec("matplotlib") is None:
+        assert res["plot"].startswith("matplotlib does not import") and "plot: skipped" in text
+    else:
+        assert res["plot"] == str(folder / "cores.png")
+        with open(res["plot"], "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "ours convert / decode limit" in text
+
+
+def test_cores_worker_counts():
+    """1, 2, 4, ... up to the machine's cores, and the core count itself."""
+    from gluon_data.cli import load_bench
+    counts = load_bench()._sibling("bench_cores").worker_counts
+    assert counts(1) == [1] and counts(2) == [1, 2] and counts(16) == [1, 2, 4, 8, 16]
+    assert counts(15) == [1, 2, 4, 8, 15] and counts(6) == [1, 2, 4, 6]
+
+
+@pytest.mark.slow
+def test_feed_reproduction_small(tmp_path):
+    """``bench_feed.py`` on 32 pairs, 1 worker, 2 batches a measurement: ours, ours with
+    uint8 masks, the file loader and the control each measured standalone and under the
+    consumer, with the main process's CPU per batch and the workers' counters; the batches
+    with 4-byte masks are the larger ones."""
+    from gluon_data.cli import load_bench
+    feed = load_bench()._sibling("bench_feed")
+    try:
+        feed.import_torch()
+    except ImportError:
+        pytest.skip("PyTorch is not installed (GLUON_DATA_TORCH_PATH names a folder with it)")
+    which = ("ours", "ours, uint8 masks", "files", "burn")
+    out = io.StringIO()
+    res = feed.run_feed(str(tmp_path / "f"), n=32, workers=1, rounds=1, batches=2,
+                        spin_ms=1.0, sleep_ms=1.0, which=which, out=out)
+    rows = res["rows"]
+    assert set(rows) == set(which)
+    for name, row in rows.items():
+        assert row["items/s"] > 0 and row["busy items/s"] > 0 and row["share"] > 0, name
+        assert row["main ms/batch"] > 0 and row["threads"] >= 1, name
+        assert row["worker ms/item"] > 0, name
+    assert rows["ours"]["batch bytes"] == 16 * (3 * 480 * 480 + 4 * 480 * 480)
+    assert rows["ours, uint8 masks"]["batch bytes"] == rows["files"]["batch bytes"] \
+        == 16 * 4 * 480 * 480
+    assert all(name in out.getvalue() for name in which)

@@ -1,6 +1,8 @@
 """Loading the benchmark harness, ``benchmarks/bench.py`` of a source checkout."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 
@@ -23,23 +25,22 @@ def load_bench():
 
 def load_bench_part(name: str, folder: Optional[str] = None):
     """``<folder>/<name>.py``, a module the harness is split into (``folder``: the harness's
-    own, by default), loaded once as module ``gluon_data_<name>`` so forked workers can
-    unpickle what it defines (and ``from gluon_data_<name> import ...`` works once it is
-    loaded). None where the file is absent."""
-    key = "gluon_data_" + name
-    if key in sys.modules:
-        return sys.modules[key]
+    own, by default), imported as module ``<name>`` with its folder on ``sys.path``, the way
+    the harness imports its parts (so a forked or spawned worker unpickles what it defines).
+    None where the file is absent."""
     if folder is None:
         path = bench_path()
         if path is None:
             return None
         folder = os.path.dirname(path)
-    path = os.path.join(folder, name + ".py")
-    return _load(key, path) if os.path.isfile(path) else None
+    if not os.path.isfile(os.path.join(folder, name + ".py")):
+        return None
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
 
 
 def _load(key: str, path: str):
-    import importlib.util
     spec = importlib.util.spec_from_file_location(key, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module

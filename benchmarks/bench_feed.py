@@ -1,0 +1,314 @@
+#!/usr/bin/env python
+"""Feeding a busy training loop, on the CPU: ``python benchmarks/bench_feed.py [--workers 2]``.
+
+A torch ``DataLoader`` (batch 16, persistent workers, prefetch 2) feeds a consumer that stands
+in for a GPU training loop: per batch it holds the GIL for ``--spin`` ms (a training step's
+Python work: kernel launches, the optimizer's bookkeeping), copies the batch once (``--touch``,
+what pinning and the host-to-device copy read) and sleeps ``--sleep`` ms (waiting on the
+device, the GIL released). For each dataset it measures, on the same persistent workers and
+interleaved round by round, the items/s standalone and under the consumer, and the share
+delivered: under the consumer / min(standalone, what the consumer takes at most).
+
+The datasets (``segmentation train``: ``base_size=520, crop_size=480``, uint8 CHW images):
+
+* ``ours``: ``gluon_data.arrays.SegmentationDataset(mode='train', output='uint8')`` on a
+  ``.rec``, as shipped (int32 masks, OpenCV's own thread pool in every worker);
+* ``ours, uint8 masks`` / ``ours, OpenCV sequential`` / ``ours, both``: the two worker-side
+  changes, emulated here (the mask cast in the worker; ``cv2.setNumThreads(0)`` in a
+  ``worker_init_fn``);
+* ``ours, mask_dtype='uint8'``: the dataset's own option, where this version has it;
+* ``files``: a PIL + numpy loader of the JPEG and PNG files, written as torchvision's
+  segmentation reference does (random resize 0.5-2.0 of 520, pad, crop 480, flip; uint8 masks);
+* ``burn``: a control that spins ours' in-process CPU per item and returns zeros of ours'
+  shapes and types (``burn, uint8 masks``: the same with 1-byte masks).
+
+Beside the rates it reads, per dataset, what each candidate cause costs: the main process's
+CPU per batch standalone (receiving, unpickling, mapping the shared memory), the workers' CPU
+per item and their thread count, their read/write syscalls per item (``/proc/<pid>/io``), and
+their involuntary context switches per item. ``--json`` writes every figure.
+
+Needs torch: it is imported from ``sys.path``, else from ``$GLUON_DATA_TORCH_PATH``. On a
+shared machine compare the shares of one run, never absolute numbers across runs.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from bench_common import _cpu_s, make_dataset
+
+BATCH = 16
+BASE, CROP = 520, 480
+
+
+def import_torch():
+    """torch, from ``sys.path`` or else from ``$GLUON_DATA_TORCH_PATH`` (a folder torch was
+    installed into apart from the MXNet environment); ImportError where neither has it."""
+    try:
+        import torch
+    except ImportError:
+        path = os.environ.get("GLUON_DATA_TORCH_PATH")
+        if not path or not os.path.isdir(path):
+            raise
+        sys.path.append(path)
+        import torch
+    return torch
+
+
+class FilePairs:
+    """The plain loader: ``JPEGImages/<id>.jpg`` and ``SegmentationClass/<id>.png`` read with
+    PIL per item, transformed as torchvision's segmentation reference does."""
+
+    def __init__(self, voc: str, ids):
+        self.voc, self.ids = voc, list(ids)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        rng = np.random.default_rng(i)
+        name = self.ids[i]
+        img = Image.open(os.path.join(self.voc, "JPEGImages", name + ".jpg")).convert("RGB")
+        mask = Image.open(os.path.join(self.voc, "SegmentationClass", name + ".png"))
+        w, h = img.size
+        r = int(BASE * rng.uniform(0.5, 2.0)) / max(w, h)
+        size = (max(1, int(w * r)), max(1, int(h * r)))
+        a = np.asarray(img.resize(size, Image.BILINEAR))
+        b = np.asarray(mask.resize(size, Image.NEAREST))
+        ph, pw = max(0, CROP - b.shape[0]), max(0, CROP - b.shape[1])
+        if ph or pw:
+            a = np.pad(a, ((0, ph), (0, pw), (0, 0)))
+            b = np.pad(b, ((0, ph), (0, pw)), constant_values=255)
+        y = rng.integers(0, a.shape[0] - CROP + 1)
+        x = rng.integers(0, a.shape[1] - CROP + 1)
+        a, b = a[y:y + CROP, x:x + CROP], b[y:y + CROP, x:x + CROP]
+        if rng.random() < 0.5:
+            a, b = a[:, ::-1], b[:, ::-1]
+        return np.ascontiguousarray(a.transpose(2, 0, 1)), np.ascontiguousarray(b)
+
+
+class Burn:
+    """The control: ``ms`` of CPU per item in the worker, zeros of ours' shapes out."""
+
+    def __init__(self, n: int, ms: float, mask_dtype=np.int32):
+        self.n, self.ms, self.mask_dtype = n, ms, mask_dtype
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        end = time.process_time() + self.ms / 1000
+        while time.process_time() < end:
+            pass
+        return (np.zeros((3, CROP, CROP), np.uint8),
+                np.zeros((CROP, CROP), self.mask_dtype))
+
+
+class CastMasks:
+    """Ours with the masks cast to ``dtype`` in the worker (1 byte per label for uint8)."""
+
+    def __init__(self, dataset, dtype=np.uint8):
+        self.dataset, self.dtype = dataset, dtype
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        img, mask = self.dataset[i]
+        return img, mask.astype(self.dtype)
+
+
+def opencv_sequential(_worker_id=None):
+    """A ``worker_init_fn``: OpenCV single-threaded in the worker. ``setNumThreads(0)`` (run
+    sequentially, no pool): ``setNumThreads(1)`` rebuilds the pool, and in a process forked
+    after the parent's pool ran and went idle it waits forever on the copied pool's state."""
+    import cv2
+    cv2.setNumThreads(0)
+
+
+def _spin(ms: float) -> None:
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+
+
+def _proc(pid: int, name: str, keys) -> dict:
+    try:
+        with open("/proc/%d/%s" % (pid, name)) as f:
+            rows = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:  # /proc/<pid>/io needs the same user; absent on some kernels
+        return {}
+    return {k: int(rows[k].split()[0]) for k in keys if k in rows}
+
+
+def _worker_counters(pids) -> dict:
+    """Summed over the worker processes: CPU seconds, read+write syscalls, involuntary
+    context switches; and their thread count."""
+    out = {"cpu": 0.0, "syscalls": 0, "preempted": 0, "threads": 0}
+    for pid in pids:
+        out["cpu"] += _cpu_s(pid)
+        io = _proc(pid, "io", ("syscr", "syscw"))
+        out["syscalls"] += io.get("syscr", 0) + io.get("syscw", 0)
+        st = _proc(pid, "status", ("nonvoluntary_ctxt_switches", "Threads"))
+        out["preempted"] += st.get("nonvoluntary_ctxt_switches", 0)
+        out["threads"] += st.get("Threads", 0)
+    return out
+
+
+class Feed:
+    """One dataset in a persistent torch DataLoader, measured standalone and under the
+    consumer as often as asked, on the same workers."""
+
+    def __init__(self, torch, dataset, workers: int, init=None):
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_size=BATCH, shuffle=True, num_workers=workers, drop_last=True,
+            persistent_workers=workers > 0, prefetch_factor=2 if workers else None,
+            worker_init_fn=init)
+        self._it = self._forever()
+        for _ in range(2 * workers + 2):  # start-up and the batches queued ahead
+            next(self._it)
+        workers_of = getattr(self.loader._iterator, "_workers", [])
+        self.pids = [w.pid for w in workers_of]
+
+    def _forever(self):
+        while True:
+            yield from self.loader
+
+    def rate(self, batches: int, spin_ms=0.0, sleep_ms=0.0, touch=False) -> dict:
+        """Items/s over ``batches`` batches; the main process's CPU ms per batch (its own
+        work, the consumer's spin taken out) and the workers' counters per item."""
+        w0, c0, t0, n = _worker_counters(self.pids), time.process_time(), time.perf_counter(), 0
+        spun = 0.0
+        for _ in range(batches):
+            img, mask = next(self._it)
+            n += img.shape[0]
+            if touch:  # a stand-in for pinning: every byte of the batch read and written once
+                img.clone(), mask.clone()
+            s0 = time.process_time()
+            _spin(spin_ms)
+            spun += time.process_time() - s0
+            if sleep_ms:
+                time.sleep(sleep_ms / 1000)
+        seconds = time.perf_counter() - t0
+        main_cpu = time.process_time() - c0 - spun
+        w1 = _worker_counters(self.pids)
+        return {"items/s": n / seconds, "main ms/batch": 1000 * main_cpu / batches,
+                "worker ms/item": 1000 * (w1["cpu"] - w0["cpu"]) / n,
+                "syscalls/item": (w1["syscalls"] - w0["syscalls"]) / n,
+                "preempted/item": (w1["preempted"] - w0["preempted"]) / n,
+                "threads": w1["threads"], "batch bytes": img.nbytes + mask.nbytes}
+
+
+def in_process_ms(dataset, n: int = 24) -> float:
+    """CPU ms per item of ``dataset`` read in this process (after one warm-up item)."""
+    dataset[0]
+    c0 = time.process_time()
+    for i in range(n):
+        dataset[i % len(dataset)]
+    return 1000 * (time.process_time() - c0) / n
+
+
+def datasets(workdir: str, n: int, which=None) -> dict:
+    """name -> (dataset, worker_init_fn) for every dataset this bench compares (``which``:
+    only those names)."""
+    from gluon_data.arrays import SegmentationDataset
+    from gluon_data.convert import convert
+    voc = make_dataset(workdir, n)
+    rec = os.path.join(workdir, "voc.rec")
+    if not os.path.exists(rec):
+        convert(voc, rec, "voc", split="train")
+    with open(os.path.join(voc, "ImageSets", "Segmentation", "train.txt")) as f:
+        ids = [line.strip() for line in f if line.strip()]
+    ours = SegmentationDataset(rec, mode="train", base_size=BASE, crop_size=CROP, seed=0,
+                               output="uint8")
+    burn_ms = 0.0
+    if which is None or any(name.startswith("burn") for name in which):
+        # read in a forked child: OpenCV's pool started in this process would make a worker
+        # forked from it hang in cv2.setNumThreads (the pool's state copied, its threads not)
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            burn_ms = pool.apply(in_process_ms, (ours,))
+    sets = {"ours": (ours, None),
+            "ours, uint8 masks": (CastMasks(ours), None),
+            "ours, OpenCV sequential": (ours, opencv_sequential),
+            "ours, both": (CastMasks(ours), opencv_sequential),
+            "files": (FilePairs(voc, ids), None),
+            "burn": (Burn(len(ids), burn_ms), None),
+            "burn, uint8 masks": (Burn(len(ids), burn_ms, np.uint8), None)}
+    if "mask_dtype" in inspect.signature(SegmentationDataset).parameters:  # the real option
+        sets["ours, mask_dtype='uint8'"] = (SegmentationDataset(
+            rec, mode="train", base_size=BASE, crop_size=CROP, seed=0, output="uint8",
+            mask_dtype="uint8"), None)
+    return {k: v for k, v in sets.items() if which is None or k in which}
+
+
+def run_feed(workdir: str, n: int = 240, workers: int = 2, rounds: int = 3, batches: int = 30,
+             spin_ms: float = 3.0, sleep_ms: float = 27.0, touch: bool = True, which=None,
+             out=sys.stdout) -> dict:
+    """Every dataset standalone and under the consumer, ``rounds`` times interleaved; the
+    medians, and each one's share: under the consumer / min(standalone, consumer's cap)."""
+    torch = import_torch()
+    torch.set_num_threads(1)  # the consumer's own copies: one thread, as a training loop's
+    sets = datasets(workdir, n, which)
+    feeds = {name: Feed(torch, ds, workers, init) for name, (ds, init) in sets.items()}
+    cap = 1000.0 * BATCH / (spin_ms + sleep_ms) if spin_ms + sleep_ms else float("inf")
+    got = {name: {"alone": [], "busy": []} for name in feeds}
+    for _ in range(rounds):
+        for name, feed in feeds.items():
+            got[name]["alone"].append(feed.rate(batches, touch=touch))
+            got[name]["busy"].append(feed.rate(batches, spin_ms, sleep_ms, touch))
+    res = {"workers": workers, "spin ms": spin_ms, "sleep ms": sleep_ms, "touch": touch,
+           "consumer cap items/s": cap, "cpus": os.cpu_count(), "rows": {}}
+    print("consumer: %.1f ms holding the GIL + %.1f ms asleep per batch of %d%s (takes at "
+          "most %.0f items/s); %d workers, %d rounds, medians" % (
+              spin_ms, sleep_ms, BATCH, ", the batch copied once" if touch else "", cap,
+              workers, rounds), file=out)
+    print("%-22s %9s %9s %6s %9s %9s %7s %9s %8s" % (
+        "dataset", "alone/s", "busy/s", "share", "main ms/b", "wkr ms/it", "threads",
+        "sysc/item", "preempt"), file=out)
+    for name, runs in got.items():
+        row = {key: statistics.median(r[key] for r in runs["alone"]) for key in runs["alone"][0]}
+        row["busy items/s"] = statistics.median(r["items/s"] for r in runs["busy"])
+        row["busy preempted/item"] = statistics.median(r["preempted/item"] for r in runs["busy"])
+        row["share"] = statistics.median(b["items/s"] / min(a["items/s"], cap)
+                                         for a, b in zip(runs["alone"], runs["busy"]))
+        res["rows"][name] = row
+        print("%-22s %9.0f %9.0f %6.2f %9.2f %9.2f %7d %9.1f %8.2f" % (
+            name, row["items/s"], row["busy items/s"], row["share"], row["main ms/batch"],
+            row["worker ms/item"], row["threads"], row["syscalls/item"],
+            row["busy preempted/item"]), file=out, flush=True)
+    del feeds
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=240)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=30)
+    ap.add_argument("--spin", type=float, default=3.0, help="ms holding the GIL per batch")
+    ap.add_argument("--sleep", type=float, default=27.0, help="ms asleep per batch")
+    ap.add_argument("--no-touch", action="store_true", help="do not copy each batch once")
+    ap.add_argument("--only", action="append", help="a dataset's name (repeatable)")
+    ap.add_argument("--workdir", default=os.path.join("bench-data", "feed"))
+    ap.add_argument("--json", help="write the figures here")
+    a = ap.parse_args(argv)
+    res = run_feed(a.workdir, a.images, a.workers, a.rounds, a.batches, a.spin, a.sleep,
+                   not a.no_touch, a.only)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
