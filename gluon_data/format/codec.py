@@ -23,6 +23,7 @@ import cv2
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, FormatError
+from .headers import JPEG_SOI
 from .headers import PNG_SIGNATURE, JpegFrame, image_size, jpeg_frame  # noqa: F401  (as before)
 from .masks import MASK_ENCODINGS, decode_rle, is_rle, mask_size, take_rows
 from .rawarray import (_RAW_HEAD, RAW_MAGIC, RAWZ_MAGIC, _decode_raw,  # noqa: F401  (as before)
@@ -343,7 +344,7 @@ def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
     if n == 0:
         raise DecodeError("%s: empty image data" % what)
     head = bytes(buf[:8])
-    if head.startswith(b"\xff\xd8") and _sj is None:
+    if head.startswith(JPEG_SOI) and _sj is None:
         # Entropy-coded data never contains FF D9 (0xFF is always stuffed), so a JPEG cut
         # short has no end-of-image marker after its last start-of-scan.
         data = bytes(buf)
@@ -356,7 +357,7 @@ def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
             raise DecodeError("%s: truncated PNG (no IEND chunk at the end)" % what)
     if max_pixels:
         hw = image_size(buf)
-        if hw is None and head.startswith(b"\xff\xd8") and _sj is not None:
+        if hw is None and head.startswith(JPEG_SOI) and _sj is not None:
             try:  # the decoder's own header parser: what it reads is what it allocates
                 hw = _sj.decode_jpeg_header(bytes(buf))[:2]
             except ValueError as e:
@@ -391,7 +392,7 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
             img = cv2.cvtColor(np.ascontiguousarray(img), cv2.COLOR_RGB2GRAY)[:, :, None]
         return img
     _check_structure(buf, what, max_pixels)
-    if bytes(buf[:2]) == b"\xff\xd8":
+    if bytes(buf[:2]) == JPEG_SOI:
         img = _decode_jpeg_strict(buf, flag, what)
         if img is not None:
             return img if img.ndim == 3 else img[:, :, None]

@@ -46,6 +46,7 @@ import cv2
 import numpy as np
 
 from . import codec
+from .headers import JPEG_SOI
 from ..errors import DecodeError
 
 try:  # the optional C extension (setup.py); absent: whole-image decodes, the same pixels
@@ -64,7 +65,6 @@ _ENV = "GLUON_DATA_REGION_DECODE"
 _SCALED_ENV = "GLUON_DATA_DECODE_SCALED"
 #: libjpeg's DCT-domain scale factors 1/d tried, largest first.
 _DENOMS = (8, 4, 2)
-_JPEG_SOI = b"\xff\xd8"
 #: Frame types the region decoder is given: baseline, extended and progressive Huffman
 #: (SOF0-SOF2). Lossless (SOF3), hierarchical and arithmetic-coded frames are not.
 _REGION_SOF = frozenset((0xC0, 0xC1, 0xC2))
@@ -223,11 +223,11 @@ def decode_region(buf, box, flag: int = 1, *,
     """
     if flag not in (0, 1):
         raise ValueError("flag must be 0 (grey) or 1 (colour), got %r" % (flag,))
-    if shrink_to is not None and bytes(buf[:2]) == _JPEG_SOI and scaled_decoding():
+    if shrink_to is not None and bytes(buf[:2]) == JPEG_SOI and scaled_decoding():
         img = _scaled(buf, box, flag, shrink_to, max_pixels, what)
         if img is not None:
             return img
-    if bytes(buf[:2]) == _JPEG_SOI and region_decoding():
+    if bytes(buf[:2]) == JPEG_SOI and region_decoding():
         img = _region(buf, box, flag, max_pixels, what)
         if img is not None:
             return img

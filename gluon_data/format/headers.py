@@ -5,10 +5,12 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple, Optional, Tuple
 
-__all__ = ["PNG_SIGNATURE", "JpegFrame", "jpeg_frame", "image_size"]
+__all__ = ["PNG_SIGNATURE", "JPEG_SOI", "JpegFrame", "jpeg_frame", "image_size"]
 
 #: The first bytes of every PNG file.
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: The first bytes of every JPEG file: the start-of-image marker (SOI).
+JPEG_SOI = b"\xff\xd8"
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
@@ -55,7 +57,7 @@ def jpeg_frame(buf) -> Optional[JpegFrame]:
     JpegFrame(marker=192, precision=8, height=5, width=7, sampling=((2, 2), (1, 1), (1, 1)))
     """
     b = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
-    if bytes(b[:2]) != b"\xff\xd8":
+    if bytes(b[:2]) != JPEG_SOI:
         return None
     i, n = 2, len(b)
     while i + 4 <= n:

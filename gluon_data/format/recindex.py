@@ -22,7 +22,7 @@ import numpy as np
 
 from ..storage.cache import Cache
 from ..errors import CacheError, FormatError, OutputError
-from ..storage.fileio import open_or_explain, open_regular, require_regular
+from ..storage.fileio import open_or_explain, open_regular, require_regular, stat_stamp
 from ..storage.fsutil import atomic_write, map_readonly, open_new
 from ..format.ownership import check_replaceable
 
@@ -472,6 +472,6 @@ def parse_index(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
 
 
 
-def file_stamp(st: os.stat_result) -> Tuple[int, int, int, int]:
+def file_stamp(st: os.stat_result) -> Tuple[int, ...]:
     """``(device, inode, size, mtime_ns)``: what changes when a file is replaced or rewritten."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return stat_stamp(st, ("dev", "ino", "size", "mtime_ns"))

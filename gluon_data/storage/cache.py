@@ -51,6 +51,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import CacheError
+from .fileio import stat_stamp
 from .fsutil import (CacheLock, atomic_write, default_cache_dir, kind_of, open_new,
                      sha256_file)
 from .staging import Staging, _remove_tree_entry, _tree_bytes
@@ -137,7 +138,7 @@ def _lock_key(kind: str, key: str) -> str:
 
 
 def _identity(st: os.stat_result) -> List[int]:
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return list(stat_stamp(st))
 
 
 class Cache:

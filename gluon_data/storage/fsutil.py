@@ -23,9 +23,13 @@ from typing import Iterable, List, Tuple
 from ..errors import CacheError, ConversionError, OutputError
 
 __all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
-           "OutputLock", "holds_only_lmdb"]
+           "OutputLock", "holds_only_lmdb", "LMDB_DATA", "LMDB_LOCK"]
 
-_LMDB_FILES = frozenset(("data.mdb", "lock.mdb"))
+#: LMDB's own files in an environment directory: the data, and the lock file py-lmdb makes
+#: beside it (never published: FORMAT.md section 5). Defined here, the lowest layer naming them.
+LMDB_DATA = "data.mdb"
+LMDB_LOCK = "lock.mdb"
+_LMDB_FILES = frozenset((LMDB_DATA, LMDB_LOCK))
 _LOCK_TAG = b"gluon_data lock"  # the first bytes of every lock file we write
 
 

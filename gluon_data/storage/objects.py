@@ -14,6 +14,20 @@ from .fsutil import CacheLock, default_cache_dir, open_new
 from .fsutil import fsync_dir as _fsync_dir
 from .remotefs import Remote
 
+__all__ = ["ShardCache", "staging_key"]
+
+
+def staging_key(uri: str) -> str:
+    """The one key of the staging area (:meth:`Cache.staging
+    <gluon_data.storage.cache.Cache.staging>`) of an output at ``uri``: the first 24 hex
+    digits of the SHA-256 of the URI, so every conversion into ``uri`` (and its resume)
+    stages in the same folder.
+
+    >>> staging_key("s3://bucket/train.rec")
+    'eaa04199ec373d853f82d67d'
+    """
+    return hashlib.sha256(uri.encode("utf-8")).hexdigest()[:24]
+
 
 # --------------------------------------------------------------------------- the cache
 # the cache directory and its locks are fsutil's, the trust rule and the limit cache.py's (the

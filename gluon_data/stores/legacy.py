@@ -31,6 +31,8 @@ import numpy as np
 
 from ..format import codec
 from ..errors import FormatError, SourceError
+from ..storage.fileio import FILE_ID, stat_stamp
+from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
 from .lmdbio import ProcessEnv, _from_older_pickle, register_layout, shared_env
 
@@ -212,10 +214,10 @@ class _LegacyStore:
 
     def _stamp(self) -> str:
         try:
-            st = os.stat(os.path.join(self.path, "data.mdb"))
+            st = os.stat(os.path.join(self.path, LMDB_DATA))
         except OSError as e:
             raise FormatError("cannot stat data.mdb (%s)" % e.strerror, self.path) from None
-        return "-/%d:%d" % (st.st_dev, st.st_ino)
+        return "-/%d:%d" % stat_stamp(st, FILE_ID)
 
     def identity(self) -> str:
         """Device and inode of ``data.mdb`` when opened (legacy layouts carry no id)."""

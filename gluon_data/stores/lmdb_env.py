@@ -10,7 +10,8 @@ from typing import Dict, Optional, Tuple
 import lmdb
 
 from ..errors import CorruptRecordError, FormatError
-from ..storage.fileio import open_or_explain, replaced_error
+from ..storage.fileio import FILE_ID, open_or_explain, path_stamp, replaced_error, stat_stamp
+from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
 from .lmdb_pages import MAX_DBS as _MAX_DBS
 from .lmdb_pages import check_data_file as _check_data_file
@@ -83,7 +84,7 @@ def _open_env(envs: dict, path: str) -> lmdb.Environment:
     inode or mapped by LMDB through its path, and the path looked at again: if it names
     another file by then, the map may be of either, so it is opened again (a republish in
     between). Called with the table's lock held."""
-    data = os.path.join(path, "data.mdb")
+    data = os.path.join(path, LMDB_DATA)
     for _ in range(3):
         if not os.path.isfile(data):
             _check_data_file(path)  # raises: "not an LMDB environment ..."
@@ -91,7 +92,7 @@ def _open_env(envs: dict, path: str) -> lmdb.Environment:
         env = None
         try:
             st = os.fstat(fd)
-            key = (st.st_dev, st.st_ino)
+            key = stat_stamp(st, FILE_ID)
             env = _cached(envs, key)
             if env is not None:
                 return env  # the file is open already (found through another path)
@@ -120,19 +121,15 @@ def _open_env(envs: dict, path: str) -> lmdb.Environment:
                       "the dataset once its publisher is done", path)
 
 
-def _names(data: str) -> Optional[Tuple[int, int]]:
+def _names(data: str) -> Optional[Tuple[int, ...]]:
     """``(device, inode)`` of the file the path ``data`` names now (``None``: none)."""
-    try:
-        st = os.stat(data)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+    return path_stamp(data, FILE_ID)
 
 
 def shared_env(path: str) -> lmdb.Environment:
     """The process's read-only environment of the ``data.mdb`` that ``path`` names now
     (opened on first use; one per file, whatever path reaches it)."""
-    file = _names(os.path.join(path, "data.mdb"))
+    file = _names(os.path.join(path, LMDB_DATA))
     envs = _ENVS.get(dict)  # (a forked child's first call closes what it inherited)
     with _ENVS.lock():
         env = _cached(envs, file)

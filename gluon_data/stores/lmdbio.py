@@ -33,6 +33,7 @@ import numpy as np
 
 from ..format.documents import load_document
 from ..errors import CorruptRecordError, FormatError
+from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
 from ..format.ownership import register_sniffer
 from .lmdb_pages import META_DB, PageReader, direct_reads_refused, record_key
@@ -46,7 +47,7 @@ __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
 
 def is_lmdb(path: str) -> bool:
     """Whether ``path`` is an LMDB environment directory (holds a ``data.mdb``)."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "data.mdb"))
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, LMDB_DATA))
 
 
 def names_lmdb(path: str) -> bool:
@@ -86,7 +87,7 @@ _MIN_ENTRY_BYTES = 20
 
 def _check_entries(path: str, split: str, n: int) -> None:
     """Refuse an entry count that ``data.mdb`` cannot hold (before anything is sized by it)."""
-    size = os.path.getsize(os.path.join(path, "data.mdb"))
+    size = os.path.getsize(os.path.join(path, LMDB_DATA))
     if n > size // _MIN_ENTRY_BYTES:
         raise FormatError("split %r claims %d records, but data.mdb (%d bytes) holds at most "
                           "%d: the file is damaged" % (split, n, size, size // _MIN_ENTRY_BYTES),

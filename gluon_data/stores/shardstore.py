@@ -18,6 +18,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 
 from ..errors import FormatError, GluonDataError
+from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
 from .recordio import idx_path_for
 from .shards import is_manifest, load_manifest, shard_mismatch
@@ -220,7 +221,7 @@ class ShardedStore(ShardRouter):
         entry, files = self.manifest["shards"][s], self.manifest.get("files") or {}
         name = entry["name"]
         if self.container == "lmdb":
-            sums = {"data.mdb": files.get(name + "/data.mdb") or {"bytes": entry["bytes"]}}
+            sums = {LMDB_DATA: files.get(name + "/" + LMDB_DATA) or {"bytes": entry["bytes"]}}
         else:
             idx = os.path.basename(idx_path_for(name))
             sums = {name: files.get(name) or {"bytes": entry["bytes"]},
