@@ -7,6 +7,9 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from typing import Optional
+
+from ..storage.perprocess import ProcessMark
 
 
 class _Terminated(KeyboardInterrupt):
@@ -14,13 +17,13 @@ class _Terminated(KeyboardInterrupt):
 
 
 #: the process whose ``main()`` installed :func:`_on_sigterm`: the only one it raises in
-_handler_pid = None
+_handler: Optional[ProcessMark] = None
 
 
 def _on_sigterm(signum, frame):
-    if os.getpid() != _handler_pid:  # a forked child that still has it: die as by default
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    if _handler is None or not _handler.here():  # a forked child that still has it: die as
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # by default
+        signal.raise_signal(signal.SIGTERM)
         return
     raise _Terminated()
 
@@ -45,10 +48,10 @@ if hasattr(os, "register_at_fork"):
 def _catch_sigterm():
     """Install :func:`_on_sigterm` in this process (from its main thread only: elsewhere
     nothing happens); returns the handler it replaced, or None."""
-    global _handler_pid
+    global _handler
     if threading.current_thread() is not threading.main_thread():
         return None
-    _handler_pid = os.getpid()
+    _handler = ProcessMark()
     return signal.signal(signal.SIGTERM, _on_sigterm)
 
 

@@ -11,12 +11,12 @@ The rules in full: :mod:`gluon_data.arrays.transforms`. This module imports no M
 """
 from __future__ import annotations
 
-import os
 import threading
 from typing import Optional
 
 import numpy as np
 
+from ..storage.perprocess import PerProcess, ProcessMark
 from .sampler import sample_rng
 
 __all__ = ["sample_context", "SeededRandom", "RandomTransform"]
@@ -64,22 +64,20 @@ class SeededRandom:
 
     def __init__(self, seed: Optional[int] = None):
         self.seed = seed
-        self._owner = os.getpid()
-        self._pid = None
-        self._gen = None
+        self._owner = ProcessMark()  # the process drawing the stream seeded with ``seed``
+        self._gen: PerProcess[np.random.Generator] = PerProcess()
         self._lock = threading.Lock()
 
     def generator(self) -> np.random.Generator:
-        pid = os.getpid()
-        if self._pid != pid:
-            if self.seed is None:
-                self._gen = np.random.default_rng()
-            elif pid == self._owner:
-                self._gen = np.random.default_rng(self.seed)
-            else:
-                self._gen = np.random.default_rng([self.seed, pid])
-            self._pid = pid
-        return self._gen
+        """This process's generator of the stream (made on first use in each process)."""
+        return self._gen.get(self._new_generator)
+
+    def _new_generator(self) -> np.random.Generator:
+        if self.seed is None:
+            return np.random.default_rng()
+        if self._owner.here():
+            return np.random.default_rng(self.seed)
+        return np.random.default_rng([self.seed, ProcessMark().pid])  # (this process's id)
 
     def draw(self, fn):
         """Run ``fn(generator)``: the sample's own generator inside a :class:`sample_context`
@@ -99,7 +97,8 @@ class SeededRandom:
 
     def __setstate__(self, d):
         self.__init__(d["seed"])
-        self._owner = d["_owner"]
+        owner = d["_owner"]  # a process id in older pickles
+        self._owner = owner if isinstance(owner, ProcessMark) else ProcessMark(owner)
 
 
 class RandomTransform:
