@@ -132,7 +132,7 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
         atomic_write(idx_path + ".bak", read_input(idx_path))
     atomic_write(idx_path, text)
     if offsets:  # the binary copy readers map instead of the text (a stale one is ignored)
-        write_binary_index(idx_path)
+        write_binary_index(idx_path, lock_held=True)  # (under salvage's lock)
     elif os.path.lexists(gdx) and is_ours(gdx, "gdx"):
         os.remove(gdx)
     if meta is not None and meta["num_records"] != len(offsets):
