@@ -1,6 +1,6 @@
 """The base of the task datasets: a map-style dataset over one record store, without MXNet.
 
-:class:`_StoreDataset` holds what :class:`~gluon_data.arrays.datasets.ClassificationDataset` and
+:class:`StoreDataset` holds what :class:`~gluon_data.arrays.datasets.ClassificationDataset` and
 :class:`~gluon_data.arrays.datasets.SegmentationDataset` share (and through them the Gluon
 datasets of :mod:`gluon_data.gluon.taskdatasets`, which subclass them): the store and its
 metadata (the task checked), the checksum policy, positions of a ``shard()``, sample keys and
@@ -8,9 +8,9 @@ the per-sample random context, read-ahead hints, one record read and unpacked wi
 key and offset named in every error, and pickling for loader workers.
 
 Where a sample's arrays come from and what they are returned as is four small hooks, so one
-code path makes every sample: :meth:`_StoreDataset._buffer` (an output buffer),
-:meth:`_StoreDataset._emit` (a filled buffer as the caller's array), :meth:`_StoreDataset._out`
-(any other array as the caller's array) and :meth:`_StoreDataset._task_class` (the class
+code path makes every sample: :meth:`StoreDataset._buffer` (an output buffer),
+:meth:`StoreDataset._emit` (a filled buffer as the caller's array), :meth:`StoreDataset._out`
+(any other array as the caller's array) and :meth:`StoreDataset._task_class` (the class
 to name when a store holds the other task). Here they give numpy arrays; the Gluon datasets
 give NDArrays over pooled buffers.
 
@@ -91,7 +91,7 @@ def as_store(cls: str, source, split: Optional[str] = None, *,
     return open_location(cls, source, split, remote=remote)
 
 
-class _StoreDataset:
+class StoreDataset:
     """Shared machinery: the store, metadata, checksum policy, sample keys, error context."""
 
     _task = "classification"

@@ -25,8 +25,8 @@ from ..format.decode import decode_region
 from ..stores.base import RecordStore
 from . import transforms as T
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
-from .base import _StoreDataset, as_store
-from .tensorize import ImageCropNormalize, ToTensorNormalize, _uint8_image, _uint8_output
+from .base import StoreDataset, as_store
+from .tensorize import ImageCropNormalize, ToTensorNormalize, uint8_image, uint8_output
 
 __all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "default_joint_transform"]
 
@@ -61,7 +61,7 @@ def _remote(owner: str, remote, deprecated: dict) -> RemoteOptions:
     return remote
 
 
-class ClassificationDataset(_StoreDataset):
+class ClassificationDataset(StoreDataset):
     """Classification images and labels as numpy arrays, from any record store.
 
     Parameters
@@ -143,7 +143,7 @@ class ClassificationDataset(_StoreDataset):
                 raise ValueError("output='uint8' with transform=%r: the transform would see "
                                  "uint8 CxHxW images; give the crop/flip recipe to "
                                  "%s instead" % (transform, self._first_option))
-            self._fast_first = _uint8_output(output, "train", None, None)[0]
+            self._fast_first = uint8_output(output, "train", None, None)[0]
         if image_transform is not None:
             self._fast_first = _crop_normalize(image_transform, seed, output is not None)
             self._fast_source = image_transform
@@ -215,7 +215,7 @@ def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill
     return None
 
 
-class SegmentationDataset(_StoreDataset):
+class SegmentationDataset(StoreDataset):
     """Image and mask pairs as numpy arrays, from any segmentation record store.
 
     Without ``mode``, returns the stored samples. With ``mode``, behaves like gluoncv's
@@ -338,7 +338,7 @@ class SegmentationDataset(_StoreDataset):
         self._tensorize, self._transform = (self._image_fast_path(transform) if mode
                                             else (None, transform))
         self.output = output
-        self._tensorize, self._transform = _uint8_output(output, mode, self._transform,
+        self._tensorize, self._transform = uint8_output(output, mode, self._transform,
                                                          self._tensorize)
 
     def _image_fast_path(self, transform):
@@ -439,7 +439,7 @@ class SegmentationDataset(_StoreDataset):
 
     def _image_out(self, img: np.ndarray):
         if self.output is not None and self._transform is not None:
-            img = _uint8_image(self._transform(self._out(img, np.uint8)))
+            img = uint8_image(self._transform(self._out(img, np.uint8)))
         tensor = self._tensor(self._tensorize, img)
         if tensor is not None:
             return tensor

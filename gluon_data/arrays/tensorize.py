@@ -20,11 +20,11 @@ from ..sampling.seeding import RandomTransform
 __all__ = ["ToTensorNormalize", "ImageCropNormalize", "to_chw_uint8", "OUTPUTS"]
 
 
-def _np(x) -> np.ndarray:
+def to_numpy(x) -> np.ndarray:
     return x.asnumpy() if hasattr(x, "asnumpy") else np.asarray(x)
 
 
-def _hwc(img: np.ndarray) -> np.ndarray:
+def as_hwc(img: np.ndarray) -> np.ndarray:
     """OpenCV returns single-channel images as HxW: give them their channel axis back."""
     return img[:, :, None] if img.ndim == 2 else img
 
@@ -37,7 +37,7 @@ def to_chw_uint8(img, out: Optional[np.ndarray] = None) -> np.ndarray:
     >>> to_chw_uint8(np.arange(12, dtype=np.uint8).reshape(2, 2, 3))[:, 0, 1].tolist()
     [3, 4, 5]
     """
-    x = _np(img)
+    x = to_numpy(img)
     if x.ndim != 3 or x.dtype != np.uint8:
         raise ValueError("expected a uint8 HxWxC image, got %s %s" % (x.dtype, x.shape))
     c = x.shape[2]
@@ -80,7 +80,7 @@ class ToTensorNormalize:
 
     def image(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The CxHxW float32 tensor of ``img``, written into ``out`` when given."""
-        x = _np(img)
+        x = to_numpy(img)
         if x.ndim != 3:
             raise ValueError("expected an HxWxC image, got shape %s" % (x.shape,))
         c = x.shape[2]
@@ -110,7 +110,7 @@ class ToTensorNormalize:
         return out
 
     def __call__(self, img, mask):
-        return self.image(img), _np(mask)
+        return self.image(img), to_numpy(mask)
 
     def __repr__(self):
         return "ToTensorNormalize(mean=%s, std=%s)" % (self.mean.tolist(), self.std.tolist())
@@ -228,7 +228,7 @@ class ImageCropNormalize(RandomTransform):
         return (y0, x0, y0 + ch, x0 + cw), flip
 
     def __call__(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
-        x = _np(img)
+        x = to_numpy(img)
         (y0, x0, y1, x1), flip = self.plan(*x.shape[:2])
         return self.finish(x[y0:y1, x0:x1], flip, out)
 
@@ -240,10 +240,10 @@ class ImageCropNormalize(RandomTransform):
             interp = self.crop[-1]
             ch, cw = x.shape[:2]
             if (cw, ch) != tuple(size):
-                x = _hwc(cv2.resize(x, tuple(size), interpolation=_interp(
+                x = as_hwc(cv2.resize(x, tuple(size), interpolation=_interp(
                     interp, (ch, cw, size[1], size[0]))))
         if flip:
-            x = _hwc(cv2.flip(x, 1))
+            x = as_hwc(cv2.flip(x, 1))
         return to_chw_uint8(x, out) if self.uint8 else self.tensor.image(x, out=out)
 
     def __repr__(self):
@@ -255,7 +255,7 @@ class ImageCropNormalize(RandomTransform):
 OUTPUTS = (None, "uint8")
 
 
-def _uint8_output(output, mode, transform, fast):
+def uint8_output(output, mode, transform, fast):
     """``(fast path, image transform)`` of a mode's ``output`` (see
     :class:`~gluon_data.arrays.datasets.SegmentationDataset`):
     ``"uint8"`` lays the image out as CxHxW uint8; a Gluon ``ToTensor`` alone then means that
@@ -278,9 +278,9 @@ def _uint8_output(output, mode, transform, fast):
     return ImageCropNormalize(uint8=True), transform
 
 
-def _uint8_image(x) -> np.ndarray:
+def uint8_image(x) -> np.ndarray:
     """An image ``transform``'s result under ``output='uint8'``: still HxWxC uint8."""
-    arr = _np(x)
+    arr = to_numpy(x)
     if arr.dtype != np.uint8 or arr.ndim != 3:
         raise ValueError("with output='uint8' the image transform must return an HxWxC "
                          "uint8 image (laid out as CxHxW after it), but it returned %s %s: "

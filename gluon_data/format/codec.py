@@ -26,7 +26,8 @@ from ..errors import CorruptRecordError, DecodeError, FormatError
 from .headers import JPEG_SOI
 from .headers import PNG_SIGNATURE, JpegFrame, image_size, jpeg_frame  # noqa: F401  (as before)
 from .masks import MASK_ENCODINGS, decode_rle, is_rle, mask_size, take_rows
-from .rawarray import (_RAW_HEAD, RAW_MAGIC, RAWZ_MAGIC, _decode_raw,  # noqa: F401  (as before)
+from .rawarray import (RAW_HEAD as _RAW_HEAD, RAW_MAGIC, RAWZ_MAGIC,  # noqa: F401  (as before)
+                       decode_raw as _decode_raw,
                        encode_raw, is_raw)
 
 __all__ = [
@@ -290,15 +291,15 @@ def _header_size(buf) -> Optional[Tuple[int, int]]:
 
 
 try:  # the JPEG decoder of record (see _decode_jpeg_strict); a declared dependency
-    import simplejpeg as _sj
+    import simplejpeg as sj
 except ImportError:  # pragma: no cover - a broken install; OpenCV then decodes every JPEG
-    _sj = None
+    sj = None
 
 
 def has_fast_jpeg() -> bool:
     """Whether simplejpeg (libjpeg-turbo, the JPEG decoder of record) is installed; without it
     OpenCV decodes every JPEG."""
-    return _sj is not None
+    return sj is not None
 
 
 #: libjpeg-turbo's words for a JPEG that is valid but of a variant it does not decode (as
@@ -321,10 +322,10 @@ def _decode_jpeg_strict(buf, flag: int, what: str):
     4:4:1, grey, CMYK); it refuses other sampling factors (3x1, 2x4, 1x3, mixed: "Could not
     determine subsampling level"), which stock libjpeg would read.
     """
-    if _sj is None:
+    if sj is None:
         return None
     try:
-        return _sj.decode_jpeg(bytes(buf), colorspace="RGB" if flag == 1 else "GRAY",
+        return sj.decode_jpeg(bytes(buf), colorspace="RGB" if flag == 1 else "GRAY",
                                strict=True)
     except ValueError as e:
         if any(word in str(e) for word in _UNSUPPORTED):  # valid, but a variant it lacks
@@ -334,7 +335,7 @@ def _decode_jpeg_strict(buf, flag: int, what: str):
         raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
 
 
-def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
+def check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
     """Reject bytes that decoders would silently 'repair' (truncation) or that are too big.
 
     A JPEG's end marker is only looked for when OpenCV will decode it: the strict
@@ -344,7 +345,7 @@ def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
     if n == 0:
         raise DecodeError("%s: empty image data" % what)
     head = bytes(buf[:8])
-    if head.startswith(JPEG_SOI) and _sj is None:
+    if head.startswith(JPEG_SOI) and sj is None:
         # Entropy-coded data never contains FF D9 (0xFF is always stuffed), so a JPEG cut
         # short has no end-of-image marker after its last start-of-scan.
         data = bytes(buf)
@@ -357,9 +358,9 @@ def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
             raise DecodeError("%s: truncated PNG (no IEND chunk at the end)" % what)
     if max_pixels:
         hw = image_size(buf)
-        if hw is None and head.startswith(JPEG_SOI) and _sj is not None:
+        if hw is None and head.startswith(JPEG_SOI) and sj is not None:
             try:  # the decoder's own header parser: what it reads is what it allocates
-                hw = _sj.decode_jpeg_header(bytes(buf))[:2]
+                hw = sj.decode_jpeg_header(bytes(buf))[:2]
             except ValueError as e:
                 raise DecodeError("%s: corrupt JPEG header (%s)" % (what, e)) from None
         elif hw is None:
@@ -391,7 +392,7 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
         elif flag == 0 and img.shape[2] == 3:
             img = cv2.cvtColor(np.ascontiguousarray(img), cv2.COLOR_RGB2GRAY)[:, :, None]
         return img
-    _check_structure(buf, what, max_pixels)
+    check_structure(buf, what, max_pixels)
     if bytes(buf[:2]) == JPEG_SOI:
         img = _decode_jpeg_strict(buf, flag, what)
         if img is not None:
@@ -427,7 +428,7 @@ def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS, what: st
     if not bytes(buf[:8]).startswith(PNG_SIGNATURE):
         raise DecodeError("%s: masks are stored as run-length masks or PNG, these bytes are "
                           "neither" % what)
-    _check_structure(buf, what, max_pixels)
+    check_structure(buf, what, max_pixels)
     m = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if m is None:
         raise DecodeError("%s: %d bytes are not a decodable PNG" % (what, len(buf)))

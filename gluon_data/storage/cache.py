@@ -54,7 +54,7 @@ from ..errors import CacheError
 from .fileio import stat_stamp
 from .fsutil import (CacheLock, atomic_write, default_cache_dir, kind_of, open_new,
                      sha256_file)
-from .staging import Staging, _remove_tree_entry, _tree_bytes
+from .staging import Staging, remove_tree_entry, tree_bytes
 
 __all__ = ["Cache", "parse_size"]
 
@@ -351,7 +351,7 @@ class Cache:
                     st = os.lstat(d)
                     if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
                         continue
-                    size = _tree_bytes(d) if kind == "staging" else 0
+                    size = tree_bytes(d) if kind == "staging" else 0
                     for e in os.scandir(d) if kind != "staging" else ():
                         if e.is_dir(follow_symlinks=False):  # a download in flight
                             size += sum(f.stat(follow_symlinks=False).st_size
@@ -421,7 +421,7 @@ class Cache:
         try:
             if fresh:
                 for e in os.scandir(path):
-                    _remove_tree_entry(e)
+                    remove_tree_entry(e)
             area = Staging(self, key, path, pin)
             area.claim()
         except BaseException:

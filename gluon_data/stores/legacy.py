@@ -34,7 +34,7 @@ from ..errors import FormatError, SourceError
 from ..storage.fileio import FILE_ID, stat_stamp
 from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
-from .lmdbio import ProcessEnv, _from_older_pickle, register_layout, shared_env
+from .lmdbio import ProcessEnv, from_older_pickle, register_layout, shared_env
 
 __all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
            "RecipeLMDBStore", "CaffeLMDBStore", "open_legacy_store"]
@@ -253,7 +253,7 @@ class _LegacyStore:
             yield self.read(i)
 
     def __setstate__(self, state):  # (a PerProcess pickles empty: a copy checks on first read)
-        self.__dict__.update(_from_older_pickle(state))
+        self.__dict__.update(from_older_pickle(state))
 
 
 class RecipeLMDBStore(_LegacyStore):

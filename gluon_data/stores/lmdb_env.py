@@ -162,7 +162,7 @@ def env_stamp(env: lmdb.Environment) -> Tuple[int, int, int, int, int]:
 
 
 _STAMP_FIELDS = "device:inode:size:mtime:txnid"
-_REPLACED = "its records are not the ones this dataset was opened on"
+REPLACED = "its records are not the ones this dataset was opened on"
 
 
 class ProcessEnv:
@@ -187,7 +187,7 @@ class ProcessEnv:
             now = env_stamp(env)
             if now != tuple(self.bound):
                 raise replaced_error(self.path, self.bound, now, fields=_STAMP_FIELDS,
-                                     consequence=_REPLACED)
+                                     consequence=REPLACED)
         return env, {}
 
     def get(self, db_name: Optional[str] = None):

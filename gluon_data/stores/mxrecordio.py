@@ -76,7 +76,7 @@ def _pread_full(fd: int, n: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-def _write_all(f, data) -> None:
+def write_all(f, data) -> None:
     mv = memoryview(data)
     while mv:
         mv = mv[f.write(mv):]
@@ -284,7 +284,7 @@ class MXRecordIO:
 
     def _flush(self) -> None:
         if self._wbuf:
-            _write_all(self._out, self._wbuf)
+            write_all(self._out, self._wbuf)
             self._wbuf = bytearray()
 
     def tell(self):
