@@ -36,7 +36,7 @@ with palette masks, packs it, and measures in one run:
   there is no GPU; every ratio against its target, and each step's wall time.
 
 The helpers every step shares are in ``bench_common.py``. Each sibling module is loaded once
-under its own name (``gluon_data.cli.load_bench_part``), and this module keeps every name
+under its own name (``gluon_data.cli.bench.load_bench_part``), and this module keeps every name
 they define.
 
 A shared machine is noisy: compare ratios from one run, never absolute numbers from

@@ -1,7 +1,7 @@
 """What every step of ``gluon-data bench`` (``benchmarks/bench.py``) shares: the VOC-like
 dataset, the decode limit's forked processes, interleaved loader rounds, page-cache eviction,
 CPU and memory readings, and the ratio table. Loaded by the harness as module
-``gluon_data_bench_common`` (``gluon_data.cli.load_bench_part``)."""
+``gluon_data_bench_common`` (``gluon_data.cli.bench.load_bench_part``)."""
 from __future__ import annotations
 
 import multiprocessing

@@ -1,6 +1,6 @@
 """``gluon-data bench --only segmentation``: segmentation ``train`` against the decode limit,
 with the CPU time per item of every process. Loaded by the harness as module
-``gluon_data_bench_seg`` (``gluon_data.cli.load_bench_part``)."""
+``gluon_data_bench_seg`` (``gluon_data.cli.bench.load_bench_part``)."""
 from __future__ import annotations
 
 import os
