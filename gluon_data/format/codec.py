@@ -108,7 +108,7 @@ def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
         if magic == RECORDIO_MAGIC and lrec >> 29 == 0 and end <= size:
             payload = mv[pos + 8:end]
             return (bytes(payload) if copy else payload), min(end + (-length) % 4, size)
-    parts = []
+    parts: List[Union[bytes, memoryview]] = []
     first = True
     while True:
         where = base_offset + pos
@@ -394,17 +394,17 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
         return img
     check_structure(buf, what, max_pixels)
     if bytes(buf[:2]) == JPEG_SOI:
-        img = _decode_jpeg_strict(buf, flag, what)
-        if img is not None:
-            return img if img.ndim == 3 else img[:, :, None]
+        jpeg = _decode_jpeg_strict(buf, flag, what)
+        if jpeg is not None:
+            return jpeg if jpeg.ndim == 3 else jpeg[:, :, None]
     arr = np.frombuffer(buf, dtype=np.uint8)
-    img = cv2.imdecode(arr, (cv2.IMREAD_COLOR if flag == 1 else cv2.IMREAD_GRAYSCALE)
-                       | cv2.IMREAD_IGNORE_ORIENTATION)  # as mx.image.imdecode does
-    if img is None:
+    pixels = cv2.imdecode(arr, (cv2.IMREAD_COLOR if flag == 1 else cv2.IMREAD_GRAYSCALE)
+                          | cv2.IMREAD_IGNORE_ORIENTATION)  # as mx.image.imdecode does
+    if pixels is None:
         raise DecodeError("%s: %d bytes are not a decodable image" % (what, len(arr)))
     if flag == 1:
-        return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    return img[:, :, None]
+        return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+    return pixels[:, :, None]
 
 
 def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS, what: str = "mask",
@@ -429,13 +429,13 @@ def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS, what: st
         raise DecodeError("%s: masks are stored as run-length masks or PNG, these bytes are "
                           "neither" % what)
     check_structure(buf, what, max_pixels)
-    m = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
-    if m is None:
+    png = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    if png is None:
         raise DecodeError("%s: %d bytes are not a decodable PNG" % (what, len(buf)))
-    if m.ndim != 2:
+    if png.ndim != 2:
         raise DecodeError("%s: expected a single-channel index PNG, got shape %s"
-                          % (what, m.shape))
-    return take_rows(m, rows, what)
+                          % (what, png.shape))
+    return take_rows(png, rows, what)
 
 
 def encode_mask(mask: np.ndarray, compression: int = 3) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -18,7 +18,7 @@ RAW_MAGIC = b"GDRW"
 #: to encode, as small).
 RAWZ_MAGIC = b"GDRZ"
 RAW_HEAD = struct.Struct("<4sBB")
-_RAW_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2")}
+_RAW_DTYPES: Dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2")}
 _RAW_CODES = {v: k for k, v in _RAW_DTYPES.items()}
 
 

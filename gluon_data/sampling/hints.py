@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice
-from typing import Iterable, Iterator
+from typing import Iterator, Protocol
 
 from ..errors import GluonDataError
 from ..stores.base import will_need
@@ -28,6 +28,14 @@ def hint(target, indices) -> None:
             will_need(target, indices)
         except (GluonDataError, OSError, LookupError):
             pass
+
+
+class SizedIterable(Protocol):
+    """What :class:`HintAhead` drives: a sampler or a list, iterated and sized."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator: ...
 
 
 class HintAhead:
@@ -66,7 +74,7 @@ class HintAhead:
     read [4]
     """
 
-    def __init__(self, source: Iterable, target, ahead: int = 0, *, window: int = 1,
+    def __init__(self, source: "SizedIterable", target, ahead: int = 0, *, window: int = 1,
                  single: bool = False):
         self.source, self.target = source, target
         self.ahead, self.window = max(0, int(ahead)), max(1, int(window))

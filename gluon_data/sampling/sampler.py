@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import operator
 import warnings
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -47,6 +47,9 @@ class SampleKey(int):
     >>> np.arange(100).reshape(10, 10)[key].tolist()[:3]
     [70, 71, 72]
     """
+
+    epoch: int
+    pad: bool
 
     def __new__(cls, index, epoch: int = 0, pad: bool = False) -> "SampleKey":
         self = super().__new__(cls, operator.index(index))
@@ -258,8 +261,9 @@ class DistributedSampler:
                              % (batches_done, total))
         consumed = (self.length if batches_done == total else
                     self.consumed + batches_done * self.num_replicas * self.batch_size)
-        state = {"version": _STATE_VERSION, "epoch": self.epoch, "consumed": consumed,
-                 "length": self.length, "seed": self.seed, "shuffle": self.shuffle}
+        state: Dict[str, Any] = {
+            "version": _STATE_VERSION, "epoch": self.epoch, "consumed": consumed,
+            "length": self.length, "seed": self.seed, "shuffle": self.shuffle}
         if self.part_sizes is not None:
             left = [] if batches_done == total else self._left_after(batches_done)
             state.update(part_sizes=list(self.part_sizes), parts_per_block=self.parts_per_block,
@@ -483,6 +487,6 @@ class BlockShuffleSampler(DistributedSampler):
 
     def blocks(self) -> List[np.ndarray]:
         """This epoch's order, block by block (arrays of record indexes)."""
-        order, bounds = block_order(self.part_sizes, self.seed, self.epoch, self.shuffle,
-                                    self.parts_per_block)
+        order, bounds = block_order(cast(List[int], self.part_sizes), self.seed, self.epoch,
+                                    self.shuffle, self.parts_per_block)
         return [order[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]

@@ -110,7 +110,7 @@ class ShardCache(Cache):
             raise
         if not pin:
             held.release()
-            held = None
+            return final, None
         return final, held
 
     def _download(self, remote, uri, size, sha256, entry, final, key, check=None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from typing import Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple, Union
 
 import numpy as np
 
@@ -427,7 +427,7 @@ class RecordFile:
         for payload in self.scan():
             yield bytes(payload)
 
-    def scan(self, chunk_bytes: int = 1 << 20) -> Iterator[memoryview]:
+    def scan(self, chunk_bytes: int = 1 << 20) -> Iterator[Union[memoryview, bytes]]:
         """Every payload in index order, zero-copy: each is a ``memoryview`` into a chunk
         buffer, valid until the next one is produced (copy it to keep it).
 

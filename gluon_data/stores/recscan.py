@@ -2,7 +2,7 @@
 where records lie back to back (:meth:`~gluon_data.stores.recordio.RecordFile.scan`)."""
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional, Protocol, Sequence
+from typing import Iterator, Optional, Protocol, Union
 
 from ..format import codec
 
@@ -16,9 +16,10 @@ class Scannable(Protocol):
 
     path: str
     file_size: int
-    _off: Sequence[int]
-    _endv: Optional[Sequence[int]]
-    _readinto: Callable[[memoryview, int], int]
+    _off: memoryview
+    _endv: Optional[memoryview]
+
+    def _readinto(self, view: memoryview, offset: int) -> int: ...
 
     def __len__(self) -> int: ...
 
@@ -27,7 +28,8 @@ class Scannable(Protocol):
     def read(self, i: int) -> bytes: ...
 
 
-def scan_payloads(rf: Scannable, chunk_bytes: int = 1 << 20) -> Iterator[memoryview]:
+def scan_payloads(rf: Scannable,
+                  chunk_bytes: int = 1 << 20) -> Iterator[Union[memoryview, bytes]]:
     """Every payload of ``rf`` in index order, zero-copy: each is a ``memoryview`` into a
     chunk buffer, valid until the next one is produced (copy it to keep it). Records back to
     back in the file are fetched ``chunk_bytes`` at a time; scattered ones one by one; a
