@@ -461,6 +461,52 @@ def getpid_users():
     return sorted(out)
 
 
+def _public_functions(tree):
+    """``(name, node, in_class)`` of each public function and method of a module: no
+    leading underscore on it, on its class or on an enclosing function (dunders aside)."""
+    out = []
+
+    def visit(node, prefix, in_class):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if not child.name.startswith("_") or child.name == "__init__":
+                    out.append((prefix + child.name, child, in_class))
+            elif isinstance(child, ast.ClassDef) and not child.name.startswith("_"):
+                visit(child, prefix + child.name + ".", True)
+            elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, prefix, in_class)
+
+    visit(tree, "", False)
+    return out
+
+
+def _fully_annotated(fn, in_class):
+    a = fn.args
+    params = a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]
+    if in_class and (a.posonlyargs + a.args) and (a.posonlyargs + a.args)[0].arg in (
+            "self", "cls", "mcs"):
+        params = params[1:]
+    returns = fn.returns is not None or fn.name == "__init__"
+    return returns and all(p.annotation is not None for p in params)
+
+
+def annotations():
+    """``{package: (annotated, public functions)}`` of the framework-free core (everything
+    but ``gluon_data.gluon`` and ``gluon_data.cli``): how many public functions and methods
+    have every parameter and the return annotated."""
+    out = {}
+    for me, path in _modules().items():
+        if me.startswith((PACKAGE + ".gluon", PACKAGE + ".cli")) or me == PACKAGE + ".__main__":
+            continue
+        key = package_of(me)
+        done, total = out.get(key, (0, 0))
+        for _, fn, in_class in _public_functions(ast.parse(open(path).read())):
+            total += 1
+            done += _fully_annotated(fn, in_class)
+        out[key] = (done, total)
+    return out
+
+
 def module_lines():
     """``{module: lines}``."""
     return {m: sum(1 for _ in open(p)) for m, p in _modules().items()}
@@ -558,6 +604,12 @@ def main():
     print("largest modules: " + ", ".join("%s %d" % (m, n) for n, m in lines[:5]))
     print("largest functions: " + ", ".join("%s %d" % (f, n)
                                             for n, f in sorted(funcs, reverse=True)[:8]))
+    ann = annotations()
+    done, total = sum(d for d, _ in ann.values()), sum(t for _, t in ann.values())
+    print("public functions of the core fully annotated: %d of %d (%d%%): %s"
+          % (done, total, 100 * done // max(total, 1), ", ".join(
+              "%s %d%%" % (p.split(".")[-1], 100 * d // max(t, 1))
+              for p, (d, t) in sorted(ann.items()))))
     readme = sum(1 for _ in open(os.path.join(ROOT, "README.md")))
     pages = glob.glob(os.path.join(ROOT, "docs", "*.md"))
     print("README lines: %d; docs pages: %d" % (readme, len(pages)))

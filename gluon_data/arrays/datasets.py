@@ -15,7 +15,7 @@ handle across ``fork`` or pickling, so any loader's worker processes (PyTorch's
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional, Union
 
 import numpy as np
 
@@ -125,11 +125,13 @@ class ClassificationDataset(StoreDataset):
     _fast_first = None  # the numpy crop/flip/tensor the image goes through first
     _fast_source = None  # what the caller gave for it
 
-    def __init__(self, source, flag: int = 1, transform: Optional[Callable] = None, *,
-                 split: Optional[str] = None, image_transform=None, seed: Optional[int] = None,
+    def __init__(self, source: Union[str, RecordStore], flag: int = 1,
+                 transform: Optional[Callable] = None, *,
+                 split: Optional[str] = None, image_transform: Optional[Callable] = None,
+                 seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
+                 **deprecated: Any) -> None:
         store = as_store(type(self).__name__, source, split,
                          remote=_remote(type(self).__name__, remote, deprecated))
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
@@ -199,7 +201,8 @@ class ClassificationDataset(StoreDataset):
 
 def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
                             seed: Optional[int] = None,
-                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
+                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS
+                            ) -> Optional[Callable]:
     """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
     (train: mirror, random scale, pad + random crop, blur, fused into one
     :class:`~gluon_data.arrays.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
@@ -294,13 +297,13 @@ class SegmentationDataset(StoreDataset):
 
     _task = "segmentation"
 
-    def __init__(self, source, transform: Optional[Callable] = None,
+    def __init__(self, source: Union[str, RecordStore], transform: Optional[Callable] = None,
                  ignore_value: Optional[int] = -1, *, split: Optional[str] = None,
                  mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
+                 **deprecated: Any) -> None:
         remote = _remote(type(self).__name__, remote, deprecated)
         if mode is not None and mode not in MODES:
             raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
@@ -373,7 +376,7 @@ class SegmentationDataset(StoreDataset):
     def palette(self) -> List[List[int]]:
         return self.meta.get("palette") or []
 
-    def name(self, idx) -> str:
+    def name(self, idx: int) -> str:
         """The source name of sample ``idx``, what ``mode='test'`` returns with the image:
         the image's file name as gluoncv returns it (``2007_000033.jpg``), recorded at
         conversion; ``"record N"`` for datasets converted before names were recorded."""

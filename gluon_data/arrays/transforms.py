@@ -47,6 +47,9 @@ __all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "Rand
            "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
            "ToTensorNormalize", "SeededRandom", "ImageCropNormalize", "sample_context"]
 
+#: An image fill value: one for every channel, or one per channel.
+Fill = Union[float, Sequence[float]]
+
 _MASK_INTERP = getattr(cv2, "INTER_NEAREST_EXACT", cv2.INTER_NEAREST)
 
 
@@ -128,7 +131,7 @@ class RandomScale(RandomTransform):
     ``[int(scale[0] * base_size), int(scale[1] * base_size)]``, aspect ratio kept."""
 
     def __init__(self, base_size: int, scale: Tuple[float, float] = (0.5, 2.0),
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         if base_size <= 0:
             raise ValueError("base_size must be positive, got %r" % base_size)
@@ -178,8 +181,9 @@ class RandomCrop(RandomTransform):
         Padding value of the mask: the ignore value, so padding never trains a class.
     """
 
-    def __init__(self, crop_size: Union[int, Tuple[int, int]], image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+    def __init__(self, crop_size: Union[int, Tuple[int, int]], image_fill: Fill = 0,
+                 mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         self.size = (crop_size, crop_size) if np.isscalar(crop_size) else tuple(crop_size)
         if min(self.size) <= 0:
@@ -237,8 +241,8 @@ class RandomScaleCrop(RandomTransform):
 
     def __init__(self, base_size: int, crop_size: Union[int, Tuple[int, int]],
                  scale: Tuple[float, float] = (0.5, 2.0), flip: float = 0.5, blur: float = 0.5,
-                 max_sigma: float = 1.0, image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+                 max_sigma: float = 1.0, image_fill: Fill = 0, mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         if base_size <= 0:
             raise ValueError("base_size must be positive, got %r" % base_size)
@@ -274,7 +278,7 @@ class RandomScaleCrop(RandomTransform):
         a = min(int(round(start * f)), src - 1)
         return a, min(src, max(a + 1, int(round((start + length) * f))))
 
-    def plan(self, h: int, w: int):
+    def plan(self, h: int, w: int) -> Tuple[Tuple[int, int, int, int], tuple]:
         """Phase one: draw the sample's parameters for an ``h`` x ``w`` source (the JPEG
         header's size is enough) and return ``(box, params)``, ``box = (y0, x0, y1, x1)`` the
         source pixels the crop reads. Phase two, :meth:`apply`, needs only those pixels, so a
@@ -293,7 +297,8 @@ class RandomScaleCrop(RandomTransform):
         (ya, xa, yb, xb), params = self.plan(*mask.shape)
         return self.apply(img[ya:yb, xa:xb], mask[ya:yb, xa:xb], params)
 
-    def apply(self, img, mask, params):
+    def apply(self, img: np.ndarray, mask: np.ndarray,
+              params: tuple) -> Tuple[np.ndarray, np.ndarray]:
         """Phase two: the output from the source region :meth:`plan` named (image and mask
         cut to its box) and its ``params``."""
         flip, vh, vw, blur, sigma = params
@@ -323,8 +328,9 @@ class RandomRotation(RandomTransform):
     Corners uncovered by the rotation get ``image_fill`` and ``mask_fill`` (ignore).
     """
 
-    def __init__(self, degrees: float = 10.0, p: float = 1.0, image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+    def __init__(self, degrees: float = 10.0, p: float = 1.0, image_fill: Fill = 0,
+                 mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         self.degrees, self.p, self.image_fill, self.mask_fill = degrees, p, image_fill, mask_fill
 
@@ -352,7 +358,7 @@ class ColorJitter(RandomTransform):
     """Random brightness, contrast and saturation (image only), factors in ``[1-x, 1+x]``."""
 
     def __init__(self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         self.brightness, self.contrast, self.saturation = brightness, contrast, saturation
 
@@ -458,7 +464,7 @@ class Resize:
 class CenterCrop:
     """Crop the centre ``size`` square (offsets rounded as gluoncv does); pads if smaller."""
 
-    def __init__(self, size: int, image_fill=0, mask_fill: int = -1):
+    def __init__(self, size: int, image_fill: Fill = 0, mask_fill: int = -1) -> None:
         self.size, self.image_fill, self.mask_fill = size, image_fill, mask_fill
 
     def __call__(self, img, mask):

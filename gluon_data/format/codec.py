@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, FormatError
-from .headers import JPEG_SOI
+from .headers import JPEG_SOI, BytesLike
 from .headers import PNG_SIGNATURE, JpegFrame, image_size, jpeg_frame  # noqa: F401  (as before)
 from .masks import MASK_ENCODINGS, decode_rle, is_rle, mask_size, take_rows
 from .rawarray import (RAW_HEAD as _RAW_HEAD, RAW_MAGIC, RAWZ_MAGIC,  # noqa: F401  (as before)
@@ -89,7 +89,7 @@ def frame(payload: bytes) -> List[bytes]:
     return chunks
 
 
-def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
+def unframe(buf: BytesLike, pos: int = 0, *, path: Optional[str] = None, key: Any = None,
             base_offset: int = 0, copy: bool = True) -> Tuple[bytes, int]:
     """Read one framed record from ``buf`` starting at ``pos``.
 
@@ -165,7 +165,7 @@ class Record(NamedTuple):
     checksum: Optional[int]   # the stored CRC-32, or None for a stock (unchecksummed) record
 
 
-def record_checksum(payload) -> int:
+def record_checksum(payload: BytesLike) -> int:
     """CRC-32 of a payload, skipping the 8 bytes of ``id2`` (bytes 16..23) that hold it."""
     mv = memoryview(payload)
     return zlib.crc32(mv[IR_SIZE:], zlib.crc32(mv[:16])) & 0xFFFFFFFF
@@ -178,7 +178,7 @@ def _seal(payload: bytearray, checksum: bool) -> bytes:
     return bytes(payload)
 
 
-def with_id(payload, id_: int) -> bytes:
+def with_id(payload: BytesLike, id_: int) -> bytes:
     """The payload with its IRHeader ``id`` set to ``id_`` (and its checksum, if it carries
     one, recomputed)."""
     out = bytearray(payload)
@@ -197,7 +197,8 @@ def _header_bytes(label, id_: int) -> bytes:
     return IR_HEADER.pack(vec.size, 0.0, id_, 0) + vec.tobytes()
 
 
-def pack_classification(label, image: bytes, id: int = 0, checksum: bool = True) -> bytes:
+def pack_classification(label: Union[float, Sequence[float]], image: bytes, id: int = 0,
+                        checksum: bool = True) -> bytes:
     """Payload of a classification record: what ``mx.recordio.pack`` writes.
 
     ``label`` is a number or a 1-D vector (``flag`` then holds its length and the
@@ -225,8 +226,9 @@ def pack_segmentation(image: bytes, mask: bytes, id: int = 0, checksum: bool = T
     return _seal(bytearray(body), checksum)
 
 
-def unpack(payload, *, segmentation: Optional[bool] = None, verify: bool = True,
-           path: Optional[str] = None, key=None, offset: Optional[int] = None) -> Record:
+def unpack(payload: BytesLike, *, segmentation: Optional[bool] = None, verify: bool = True,
+           path: Optional[str] = None, key: Any = None,
+           offset: Optional[int] = None) -> Record:
     """Split a payload into header fields, image bytes and (for segmentation) mask bytes.
 
     ``segmentation=None`` detects the kind from the trailer. With ``verify``, a payload
@@ -335,7 +337,7 @@ def _decode_jpeg_strict(buf, flag: int, what: str):
         raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
 
 
-def check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
+def check_structure(buf: BytesLike, what: str, max_pixels: Optional[int]) -> None:
     """Reject bytes that decoders would silently 'repair' (truncation) or that are too big.
 
     A JPEG's end marker is only looked for when OpenCV will decode it: the strict
@@ -370,7 +372,7 @@ def check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
                               "if this image is genuine" % (what, hw[1], hw[0], max_pixels))
 
 
-def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,
+def decode_image(buf: BytesLike, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,
                  what: str = "image") -> np.ndarray:
     """Decode image bytes to an HWC uint8 numpy array, RGB for ``flag=1``, HW1 grey for 0.
 
@@ -407,7 +409,8 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
     return pixels[:, :, None]
 
 
-def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS, what: str = "mask",
+def decode_mask(buf: BytesLike, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,
+                what: str = "mask",
                 rows: Optional[Tuple[int, int]] = None) -> np.ndarray:
     """Decode mask bytes to an HW uint8/uint16 array: a run-length mask (``GDRL``, written
     by default), a single-channel index PNG, or a raw / compressed raw array.

@@ -10,6 +10,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..errors import DecodeError
+from .headers import BytesLike
 
 __all__ = ["RAW_MAGIC", "RAWZ_MAGIC", "RAW_HEAD", "encode_raw", "decode_raw", "is_raw", "raw_shape"]
 
@@ -37,11 +38,11 @@ def encode_raw(array: np.ndarray, compress: Optional[int] = None) -> bytes:
             + struct.pack("<%dI" % a.ndim, *a.shape) + data)
 
 
-def is_raw(buf) -> bool:
+def is_raw(buf: BytesLike) -> bool:
     return bytes(buf[:4]) in (RAW_MAGIC, RAWZ_MAGIC)
 
 
-def decode_raw(buf, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
+def decode_raw(buf: BytesLike, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
     mv = memoryview(buf)
     if len(mv) < RAW_HEAD.size:
         raise DecodeError("%s: truncated raw-array header" % what)
@@ -79,7 +80,7 @@ def decode_raw(buf, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
     return np.frombuffer(mv, dtype=dt, offset=off).reshape(shape)
 
 
-def raw_shape(buf) -> Optional[Tuple[int, ...]]:
+def raw_shape(buf: BytesLike) -> Optional[Tuple[int, ...]]:
     """The shape a raw array's header states (``None``: not a whole header); not checked."""
     mv = memoryview(buf)
     if len(mv) < RAW_HEAD.size:

@@ -17,7 +17,7 @@ Examples
 from __future__ import annotations
 
 import operator
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
@@ -25,7 +25,7 @@ __all__ = ["epoch_order", "block_order", "checked_count", "range_pieces", "range
            "merged_ranges"]
 
 
-def checked_count(name: str, value, minimum: int) -> int:
+def checked_count(name: str, value: Any, minimum: int) -> int:
     """``value`` as an int >= ``minimum``, or a ValueError naming the parameter."""
     try:
         number = operator.index(value)
@@ -80,7 +80,7 @@ def block_order(part_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool 
     return order[np.lexsort((rng.random(total), block_of))], bounds
 
 
-def range_pieces(ranges, lo: int, hi: int) -> List[Tuple[int, int]]:
+def range_pieces(ranges: Sequence[Sequence[int]], lo: int, hi: int) -> List[Tuple[int, int]]:
     """The ranges of order positions that items ``lo:hi`` of ``ranges`` laid end to end are."""
     out, base = [], 0
     for a, b in ranges:
@@ -93,13 +93,13 @@ def range_pieces(ranges, lo: int, hi: int) -> List[Tuple[int, int]]:
     return out
 
 
-def range_positions(ranges, lo: int, hi: int) -> np.ndarray:
+def range_positions(ranges: Sequence[Sequence[int]], lo: int, hi: int) -> np.ndarray:
     """Items ``lo:hi`` of ``ranges`` laid end to end, as an array of order positions."""
     got = [np.arange(a, b, dtype=np.int64) for a, b in range_pieces(ranges, lo, hi)]
     return np.concatenate(got) if got else np.zeros(0, np.int64)
 
 
-def merged_ranges(ranges) -> List[List[int]]:
+def merged_ranges(ranges: Sequence[Sequence[int]]) -> List[List[int]]:
     out: List[List[int]] = []
     for a, b in ranges:
         if out and out[-1][1] == a:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 import operator
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import (Any, Dict, Iterator, List, Optional, Sequence, SupportsIndex, Tuple,
+                    cast)
 
 import numpy as np
 
@@ -79,7 +80,7 @@ class SampleKey(int):
         return "SampleKey(index=%d, epoch=%d, pad=%r)" % (int(self), self.epoch, self.pad)
 
 
-def split_key(idx) -> Tuple[int, Optional[int]]:
+def split_key(idx: SupportsIndex) -> Tuple[int, Optional[int]]:
     """``(index, epoch)`` of a :class:`SampleKey`, or ``(idx, None)`` for a plain integer."""
     if isinstance(idx, SampleKey):
         return int(idx.index), int(idx.epoch)
@@ -209,7 +210,7 @@ class DistributedSampler:
 
     # -- constructors -----------------------------------------------------------------------
     @classmethod
-    def from_kvstore(cls, kv, length: int, **options) -> "DistributedSampler":
+    def from_kvstore(cls, kv: Any, length: int, **options: Any) -> "DistributedSampler":
         """The sampler of this worker of an MXNet kvstore job (``kv.num_workers``,
         ``kv.rank``; 1 and 0 for ``local``/``device`` stores). ``options`` as for the class.
 
@@ -220,7 +221,7 @@ class DistributedSampler:
         return cls(length, num_replicas=kv.num_workers, rank=kv.rank, **options)
 
     @classmethod
-    def from_horovod(cls, length: int, **options) -> "DistributedSampler":
+    def from_horovod(cls, length: int, **options: Any) -> "DistributedSampler":
         """The sampler of this Horovod rank (``hvd.size()``, ``hvd.rank()``), from the Horovod
         binding the training script imported and initialised (``horovod.mxnet``,
         ``horovod.torch`` or ``horovod.tensorflow``; call ``hvd.init()`` first). Nothing is

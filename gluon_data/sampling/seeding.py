@@ -12,7 +12,7 @@ The rules in full: :mod:`gluon_data.arrays.transforms`. This module imports no M
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from ..storage.perprocess import PerProcess, ProcessMark
 from .sampler import sample_rng
 
 __all__ = ["sample_context", "SeededRandom", "RandomTransform"]
+
+T = TypeVar("T")
 
 _SAMPLE = threading.local()
 
@@ -79,7 +81,7 @@ class SeededRandom:
             return np.random.default_rng(self.seed)
         return np.random.default_rng([self.seed, ProcessMark().pid])  # (this process's id)
 
-    def draw(self, fn):
+    def draw(self, fn: Callable[[np.random.Generator], T]) -> T:
         """Run ``fn(generator)``: the sample's own generator inside a :class:`sample_context`
         (seeded transforms), else this transform's stream under a lock (threads of a
         thread-pool loader share it)."""
