@@ -117,9 +117,9 @@ def _report():
 #: the share of public functions and methods fully annotated (every parameter and the
 #: return), per package of the core, as ``scripts/structure_report.py`` counts it: it may
 #: only rise
-ANNOTATED_MIN = {"arrays": 100, "sampling": 100, "errors": 100, "format": 87, "storage": 86,
-                 "stores": 70, "tools": 75, "convert": 65}
-ANNOTATED_CORE_MIN = 79
+ANNOTATED_MIN = {"arrays": 100, "sampling": 100, "errors": 100, "format": 87, "storage": 93,
+                 "stores": 78, "tools": 75, "convert": 65}
+ANNOTATED_CORE_MIN = 83
 
 
 def test_the_public_api_of_the_core_stays_annotated():

@@ -11,7 +11,7 @@ import errno
 import os
 import stat
 import warnings
-from typing import Callable, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -92,7 +92,7 @@ def open_or_explain(path: str, flags: int = os.O_RDONLY, *, directory: bool = Fa
     return fd
 
 
-def open_regular(path: str, mode: str = "rb", **kwargs):
+def open_regular(path: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
     """A file object reading the input ``path`` (:func:`open_or_explain`'s rule and checks:
     a FIFO, device or socket is refused, never opened nor waited on). ``mode`` is a reading
     mode (``"rb"``, ``"r"``...; ``"r+b"`` opens for reading and writing)."""
@@ -245,7 +245,8 @@ _FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _WILLNEED_CHUNK = 128 << 10
 
 
-def advise_willneed(fd: int, starts, ends) -> None:
+def advise_willneed(fd: int, starts: Union[np.ndarray, Sequence[int]],
+                    ends: Union[np.ndarray, Sequence[int]]) -> None:
     """Start reading the byte ranges ``[starts[k], ends[k])`` of ``fd`` into the page cache
     asynchronously (``posix_fadvise(POSIX_FADV_WILLNEED)``) and return at once: ranges that
     touch are merged, so adjacent records go as one request, and each call asks for at most

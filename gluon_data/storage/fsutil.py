@@ -18,7 +18,7 @@ import hashlib
 import os
 import shutil
 import stat
-from typing import Iterable, List, Tuple
+from typing import IO, Any, Iterable, List, Tuple
 
 from ..errors import CacheError, ConversionError, OutputError
 
@@ -43,7 +43,7 @@ def holds_only_lmdb(path: str) -> bool:
         return False
 
 
-def open_new(path: str, mode: str = "wb", **kwargs):
+def open_new(path: str, mode: str = "wb", **kwargs: Any) -> IO[Any]:
     """Open ``path`` for writing as a fresh file, never through a symbolic link.
 
     A stale regular file there (a leftover temporary of ours) is removed first; a link or a
@@ -231,7 +231,7 @@ def exchange_dirs(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), a)
 
 
-def map_readonly(fd: int, size: int):
+def map_readonly(fd: int, size: int) -> Any:
     """A read-only, shared mapping of the first ``size`` bytes of ``fd`` as a buffer (for
     ``np.frombuffer``), unmapped when the last object over it is gone, advised for random
     access. Unlike :class:`mmap.mmap` (which keeps a duplicate of the descriptor until

@@ -5,7 +5,7 @@ import fcntl
 import hashlib
 import os
 import posixpath
-from typing import Optional
+from typing import Any, Callable, Optional, Tuple
 
 
 from .cache import Cache
@@ -78,7 +78,8 @@ class ShardCache(Cache):
         return hashlib.sha256(("%s\0%s\0v2" % (uri, stamp)).encode("utf-8")).hexdigest()[:32]
 
     def fetch(self, remote: Remote, uri: str, size: int, sha256: Optional[str] = None,
-              stamp: str = "", pin: bool = False, check=None):
+              stamp: str = "", pin: bool = False, check: Optional[Callable[[str], Any]] = None
+              ) -> Tuple[str, Optional[CacheLock]]:
         """Path of a verified local copy of ``uri`` (downloading it if needed), and a pin:
         a lock keeping the copy from eviction until ``pin.release()`` (``None`` unless
         ``pin``). ``check(path)``, if given, inspects a finished download (a file named like

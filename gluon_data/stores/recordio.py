@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from typing import Iterator, Optional, Tuple, Union
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class RecordFile:
     split = None
 
     def __init__(self, path: str, idx_path: Optional[str] = None, *,
-                 expected_count: Optional[int] = None, meta=_UNREAD):
+                 expected_count: Optional[int] = None, meta: Any = _UNREAD) -> None:
         self.path = os.fspath(path)
         self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
         if not os.path.exists(self.path):
@@ -360,7 +360,7 @@ class RecordFile:
         """Payload of the record at position ``i`` (index order), unframed."""
         return bytes(self.view(i))
 
-    def view(self, i: int):
+    def view(self, i: int) -> Union[bytes, memoryview]:
         """Like :meth:`read`, but the payload may be a ``memoryview`` into a per-thread
         buffer (shared by every RecordFile) that the thread's next ``view`` of any file
         overwrites: parse it (or copy it) before that."""
@@ -374,7 +374,7 @@ class RecordFile:
             return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start)[0]
         return self._read_large(i, start)
 
-    def will_need(self, indices, wait: bool = False) -> None:
+    def will_need(self, indices: Union[np.ndarray, Sequence[int]], wait: bool = False) -> None:
         """Start fetching the records at positions ``indices`` (the batch about to be read)
         into the page cache and return at once (see :func:`advise_willneed`): the device
         then serves them together instead of one synchronous read at a time, and each

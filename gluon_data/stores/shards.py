@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 from ..format.documents import load_document
 from ..storage.cache import parse_size as cache_parse_size
@@ -59,7 +59,7 @@ def shard_name(prefix: str, index: int, count: int, container: str = "rec") -> s
     return "%s-%05d-of-%05d.%s" % (prefix, index, count, container)
 
 
-def parse_size(text) -> int:
+def parse_size(text: Union[int, str]) -> int:
     """A shard size: ``"1GB"`` -> 10**9, ``"512MiB"`` -> 512 * 2**20, ``"4096"`` -> 4096 bytes
     (:func:`gluon_data.storage.cache.parse_size`, the one size parser), which must be
     positive."""
