@@ -371,7 +371,7 @@ CONSTANTS = {
 PRIVATE_NAMES_MAX = 25
 #: The count today: every one left is a ``gluon_data.convert`` name, most of them entries of
 #: ``convert/__init__.py``'s lazy table; it may only fall, to ``PRIVATE_NAMES_MAX``.
-PRIVATE_NAMES_CEILING = 40
+PRIVATE_NAMES_CEILING = 35
 #: The modules that call ``os.getpid()`` (rule 9): the per-process rule, and the two that
 #: write the pid into what they make (a lock file's holder, a temporary file's name).
 GETPID_USERS = {
