@@ -34,7 +34,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from bench_common import _environ, _forked_decode_rate, _loader_rates
+from bench_common import _environ, _forked_decode_rate, _loader_rates, _ratio_table
 
 #: Cityscapes' frames: (width, height).
 LARGE_SIZE = (2048, 1024)
@@ -295,7 +295,7 @@ def report(say, large: Dict[str, float], workers: int, table=None):
     for k, v in large.items():
         say("%-56s %12.3f" % (k, v))
     say("")
-    return _common._ratio_table(ratios(workers), large, say, table)
+    return _ratio_table(ratios(workers), large, say, table)
 
 
 def run_large(workdir: str, n: int = 64, workers: int = 2, rounds: int = 3,

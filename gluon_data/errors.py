@@ -1,7 +1,7 @@
 """Typed exceptions: every failure names the file, the record and the reason."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = [
     "GluonDataError",
@@ -40,7 +40,7 @@ class GluonDataError(Exception):
     ``None``) and ``reason`` says what is wrong.
     """
 
-    def __init__(self, reason: str, path: Optional[str] = None, key=None,
+    def __init__(self, reason: str, path: Optional[str] = None, key: Any = None,
                  offset: Optional[int] = None):
         self.reason = reason
         self.path = None if path is None else str(path)

@@ -58,6 +58,7 @@ import numpy as np
 
 from .errors import DecodeError
 from .format import codec
+from .format.headers import JPEG_SOI
 from .stores.mxindexed import MXIndexedRecordIO
 from .stores.mxrecordio import MissingKeyError, MXRecordIO, as_bytes
 
@@ -161,7 +162,7 @@ def _check_image_bytes(buf: bytes) -> None:
     """Bytes OpenCV would decode into garbage (or ``None``) without a word."""
     if not buf:
         raise DecodeError("empty image data")
-    if buf[:2] == b"\xff\xd8":
+    if buf[:2] == JPEG_SOI:
         eoi = buf.rfind(b"\xff\xd9")
         if eoi < 0 or buf.find(b"\xff\xda", eoi) >= 0:
             raise DecodeError("truncated JPEG (%d bytes, no end-of-image marker after the last "

@@ -61,7 +61,7 @@ def profile(ds, n, pngs):
         part_i, part_m = T._resize_pair(img[ya:yb, xa:xb], mask[ya:yb, xa:xb], vw, vh)
         t = tick("resize the kept region (image + mask)", t)
         if flip:
-            part_i, part_m = T._hwc(cv2.flip(part_i, 1)), cv2.flip(part_m, 1)
+            part_i, part_m = T.as_hwc(cv2.flip(part_i, 1)), cv2.flip(part_m, 1)
         t = tick("mirror", t)
         if (vh, vw) == (ch, cw):
             out_i, out_m = np.ascontiguousarray(part_i), np.ascontiguousarray(part_m)
@@ -69,7 +69,7 @@ def profile(ds, n, pngs):
             out_i, out_m = T._pad_to(part_i, part_m, ch, cw, rsc.image_fill, rsc.mask_fill)
         t = tick("pad", t)
         if blur:
-            out_i = T._hwc(cv2.GaussianBlur(out_i, (0, 0), sigmaX=sigma))
+            out_i = T.as_hwc(cv2.GaussianBlur(out_i, (0, 0), sigmaX=sigma))
         t = tick("blur (half the samples)", t)
         x = ds._image_out(out_i)
         t = tick("ToTensor + Normalize -> NDArray", t)

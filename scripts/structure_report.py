@@ -32,7 +32,19 @@ The rules (``tests/test_structure.py`` asserts them):
    a name), nor attributes of objects (``store._keys``), nor the alias table's entries (the old
    layout's names, ``gluon_data/_moved.py``), which are counted apart. ``PRIVATE_LEFT`` lists
    the crossings not yet removed: the rule is broken by any crossing not on it, and the list
-   may only shrink.
+   may only shrink;
+6. each constant of ``CONSTANTS`` (LMDB's file names, the manifest suffix, the JPEG SOI
+   marker) is written as a literal in one module, its home (docstrings aside);
+7. at most ``PRIVATE_NAMES_MAX`` (25) private names are used by a module other than their
+   home (counted as rule 5 counts a use, inside a package too; a C extension such as
+   ``format/_maskrle`` is a module, not a name); until the conversion package's lazy table
+   stops re-exporting its private names the count is held at ``PRIVATE_NAMES_CEILING``,
+   which may only fall;
+8. no module is over ``MODULE_LINES_MAX`` (500) lines and no function takes more than
+   ``PARAMS_MAX`` (14) parameters, private ones included (``PARAMS_LEFT``, the ones still
+   above, may only shrink);
+9. no module but ``storage/perprocess.py`` reads the process id to tell processes apart
+   (``GETPID_USERS``: the few that write it into a name or a lock file).
 """
 import ast
 import glob
@@ -61,6 +73,13 @@ def _modules():
     files = sorted(glob.glob(os.path.join(ROOT, PACKAGE, "**", "*.py"), recursive=True))
     return {os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".").replace(".__init__", ""): p
             for p in files}
+
+
+def _extensions():
+    """The package's C extension modules (``gluon_data/format/_maskrle.c`` ->
+    ``gluon_data.format._maskrle``): modules, not names, though no ``.py`` file holds them."""
+    files = glob.glob(os.path.join(ROOT, PACKAGE, "**", "*.c"), recursive=True)
+    return {os.path.relpath(p, ROOT)[:-2].replace(os.sep, ".") for p in files}
 
 
 def _resolve(name, mods):
@@ -288,6 +307,7 @@ def private_uses():
     ``(user, line, home, name)``: ``from .x import _name``, ``x._name`` on a module bound by
     an import, and private entries of a lazy table (rule 5 says which are allowed)."""
     mods = _modules()
+    exts = _extensions()
     out = []
     for me, path in mods.items():
         tree = ast.parse(open(path).read())
@@ -299,7 +319,8 @@ def private_uses():
                 base = _relative("." * node.level + (node.module or ""), pkg) if node.level \
                     else (node.module or "")
                 for a in node.names:
-                    if base in mods and is_private(a.name) and base + "." + a.name not in mods:
+                    if base in mods and is_private(a.name) and \
+                            base + "." + a.name not in mods and base + "." + a.name not in exts:
                         out.append((me, node.lineno, base, a.name))
             elif isinstance(node, ast.Attribute) and is_private(node.attr):
                 home = _module_named(node.value, bound, mods)
@@ -336,6 +357,161 @@ def alias_entries():
     return sorted(out)
 
 
+#: Each constant's one definition: ``literal -> (name, home module)``. The literal is written
+#: once in the package's code (a string or bytes constant equal to it, or, for bytes, starting
+#: with it), in its home; every other module imports the name (rule 6).
+CONSTANTS = {
+    "data.mdb": ("LMDB_DATA", PACKAGE + ".storage.fsutil"),
+    "lock.mdb": ("LMDB_LOCK", PACKAGE + ".storage.fsutil"),
+    ".shards.json": ("MANIFEST_SUFFIX", PACKAGE + ".format.layout"),
+    b"\xff\xd8": ("JPEG_SOI", PACKAGE + ".format.headers"),
+}
+#: At most this many private names of ours may be used by a module other than their own
+#: (rule 7; ``private_names``).
+PRIVATE_NAMES_MAX = 25
+#: The count today: every one left is a ``gluon_data.convert`` name, most of them entries of
+#: ``convert/__init__.py``'s lazy table; it may only fall, to ``PRIVATE_NAMES_MAX``.
+PRIVATE_NAMES_CEILING = 35
+#: The modules that call ``os.getpid()`` (rule 9): the per-process rule, and the two that
+#: write the pid into what they make (a lock file's holder, a temporary file's name).
+GETPID_USERS = {
+    PACKAGE + ".storage.perprocess": "the per-process rule (PerProcess, ProcessMark)",
+    PACKAGE + ".storage.fsutil": "OutputLock writes its holder's pid into the lock file",
+    PACKAGE + ".storage.cache": "a download's partial file is named by pid and thread",
+}
+#: No module is longer than this many lines (rule 8).
+MODULE_LINES_MAX = 500
+#: No function takes more parameters than this (rule 8; ``self``/``cls``, ``*args`` and
+#: ``**kwargs`` not counted, private functions counted).
+PARAMS_MAX = 14
+#: Functions still over ``PARAMS_MAX``, with why; the list may only shrink.
+PARAMS_LEFT = {
+    # the sharded conversion's options, unpacked from ConvertOptions: to take the object
+    PACKAGE + ".convert.sharded:_convert_sharded",
+    PACKAGE + ".convert.sharded:_plan_encoding",
+    PACKAGE + ".convert.local:_open_and_plan",
+}
+
+
+def constant_literals():
+    """``literal -> [(module, line), ...]``: where each literal of :data:`CONSTANTS` is
+    written in the package (docstrings are not code and are skipped)."""
+    out = {lit: [] for lit in CONSTANTS}
+    for me, path in _modules().items():
+        tree = ast.parse(open(path).read())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                  ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr)
+                and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Constant) or id(node) in docs:
+                continue
+            for lit in CONSTANTS:
+                v = node.value
+                if type(v) is type(lit) and (v == lit or (isinstance(v, bytes)
+                                                           and v.startswith(lit))):
+                    out[lit].append((me, node.lineno))
+    return out
+
+
+def private_names(uses=None):
+    """The private names (``(home, name)``) that a module other than their home uses."""
+    uses = private_uses() if uses is None else uses
+    return sorted({(u[2], u[3]) for u in uses})
+
+
+def _param_count(fn, in_class):
+    a = fn.args
+    names = [x.arg for x in a.posonlyargs + a.args]
+    n = len(names) + len(a.kwonlyargs)
+    if in_class and names and names[0] in ("self", "cls", "mcs"):
+        n -= 1
+    return n
+
+
+def function_params():
+    """``[(parameters, "module:qualified name"), ...]`` of every function of the package."""
+    out = []
+
+    def visit(node, prefix, me, in_class):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                out.append((_param_count(child, in_class), "%s:%s" % (me, name)))
+                visit(child, name + ".", me, False)
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".", me, True)
+            else:
+                visit(child, prefix, me, in_class)
+
+    for me, path in _modules().items():
+        visit(ast.parse(open(path).read()), "", me, False)
+    return out
+
+
+def getpid_users():
+    """The modules that call ``os.getpid`` (or a bare ``getpid``)."""
+    out = set()
+    for me, path in _modules().items():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Call) and getattr(
+                    node.func, "attr", getattr(node.func, "id", None)) == "getpid":
+                out.add(me)
+    return sorted(out)
+
+
+def _public_functions(tree):
+    """``(name, node, in_class)`` of each public function and method of a module: no
+    leading underscore on it, on its class or on an enclosing function (dunders aside)."""
+    out = []
+
+    def visit(node, prefix, in_class):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if not child.name.startswith("_") or child.name == "__init__":
+                    out.append((prefix + child.name, child, in_class))
+            elif isinstance(child, ast.ClassDef) and not child.name.startswith("_"):
+                visit(child, prefix + child.name + ".", True)
+            elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, prefix, in_class)
+
+    visit(tree, "", False)
+    return out
+
+
+def _fully_annotated(fn, in_class):
+    a = fn.args
+    params = a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]
+    if in_class and (a.posonlyargs + a.args) and (a.posonlyargs + a.args)[0].arg in (
+            "self", "cls", "mcs"):
+        params = params[1:]
+    returns = fn.returns is not None or fn.name == "__init__"
+    return returns and all(p.annotation is not None for p in params)
+
+
+def annotations():
+    """``{package: (annotated, public functions)}`` of the framework-free core (everything
+    but ``gluon_data.gluon`` and ``gluon_data.cli``): how many public functions and methods
+    have every parameter and the return annotated."""
+    out = {}
+    for me, path in _modules().items():
+        if me.startswith((PACKAGE + ".gluon", PACKAGE + ".cli")) or me == PACKAGE + ".__main__":
+            continue
+        key = package_of(me)
+        done, total = out.get(key, (0, 0))
+        for _, fn, in_class in _public_functions(ast.parse(open(path).read())):
+            total += 1
+            done += _fully_annotated(fn, in_class)
+        out[key] = (done, total)
+    return out
+
+
+def module_lines():
+    """``{module: lines}``."""
+    return {m: sum(1 for _ in open(p)) for m, p in _modules().items()}
+
+
 def violations():
     """Each broken rule as a line (empty: the rules hold)."""
     graph, by_name, _, mx, _ = analyse()
@@ -355,6 +531,24 @@ def violations():
         if (user, home, name) not in PRIVATE_LEFT:
             out.append("private name across packages: %s:%d uses %s.%s"
                        % (user, line, home, name))
+    for lit, where in sorted(constant_literals().items(), key=repr):
+        name, home = CONSTANTS[lit]
+        if [m for m, _ in where] != [home]:
+            out.append("constant %r written %d times (%s): define it once, as %s.%s"
+                       % (lit, len(where), ", ".join("%s:%d" % w for w in where), home, name))
+    for n, func in function_params():
+        if n > PARAMS_MAX and func not in PARAMS_LEFT:
+            out.append("function over %d parameters: %s takes %d" % (PARAMS_MAX, func, n))
+    for mod, n in sorted(module_lines().items()):
+        if n > MODULE_LINES_MAX:
+            out.append("module over %d lines: %s has %d" % (MODULE_LINES_MAX, mod, n))
+    names = private_names()
+    if len(names) > max(PRIVATE_NAMES_MAX, PRIVATE_NAMES_CEILING):
+        out.append("%d private names used outside their module (at most %d)"
+                   % (len(names), max(PRIVATE_NAMES_MAX, PRIVATE_NAMES_CEILING)))
+    for mod in getpid_users():
+        if mod not in GETPID_USERS:
+            out.append("%s reads the process id: ask a PerProcess or a ProcessMark" % mod)
     return out
 
 
@@ -379,6 +573,10 @@ def _print_private():
         print("  no longer crosses, take it off PRIVATE_LEFT: %s uses %s.%s" % (user, home, name))
     print("alias-table entries naming private names (the old layout's, counted apart): %d"
           % len(alias_entries()))
+    names = private_names(uses)
+    print("private names used outside their module: %d (at most %d; held at %d until the "
+          "conversion's lazy table drops its own)" % (len(names), PRIVATE_NAMES_MAX,
+                                                       PRIVATE_NAMES_CEILING))
 
 
 def main():
@@ -406,6 +604,12 @@ def main():
     print("largest modules: " + ", ".join("%s %d" % (m, n) for n, m in lines[:5]))
     print("largest functions: " + ", ".join("%s %d" % (f, n)
                                             for n, f in sorted(funcs, reverse=True)[:8]))
+    ann = annotations()
+    done, total = sum(d for d, _ in ann.values()), sum(t for _, t in ann.values())
+    print("public functions of the core fully annotated: %d of %d (%d%%): %s"
+          % (done, total, 100 * done // max(total, 1), ", ".join(
+              "%s %d%%" % (p.split(".")[-1], 100 * d // max(t, 1))
+              for p, (d, t) in sorted(ann.items()))))
     readme = sum(1 for _ in open(os.path.join(ROOT, "README.md")))
     pages = glob.glob(os.path.join(ROOT, "docs", "*.md"))
     print("README lines: %d; docs pages: %d" % (readme, len(pages)))

@@ -108,7 +108,7 @@ def test_the_probe_sees_a_framework_import(tmp_path):
     (fake / "mxnet").mkdir(parents=True)
     (fake / "mxnet" / "__init__.py").write_text("")
     probe = ("import importlib, gluon_data.cli.commands as c\n"
-             "c._cmd_info = lambda a: importlib.import_module('mxnet') and 0\n" + PROBE)
+             "c.cmd_info = lambda a: importlib.import_module('mxnet') and 0\n" + PROBE)
     p = subprocess.run([sys.executable, "-c", probe, json.dumps([["info", "x"]])],
                        cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, str(fake)])))

@@ -84,7 +84,7 @@ _STUCK_WORKER = textwrap.dedent("""
 
     if __name__ == "__main__":
         signal.signal(signal.SIGTERM, cli._on_sigterm)  # as main() installs it
-        cli._handler_pid = os.getpid()
+        cli._handler = cli.ProcessMark()
         pool = mp.get_context("fork").Pool(2)
         pool.apply_async(stuck, (sys.argv[1],))
         deadline = time.monotonic() + 60

@@ -1,6 +1,6 @@
 """The base of the task datasets: a map-style dataset over one record store, without MXNet.
 
-:class:`_StoreDataset` holds what :class:`~gluon_data.arrays.datasets.ClassificationDataset` and
+:class:`StoreDataset` holds what :class:`~gluon_data.arrays.datasets.ClassificationDataset` and
 :class:`~gluon_data.arrays.datasets.SegmentationDataset` share (and through them the Gluon
 datasets of :mod:`gluon_data.gluon.taskdatasets`, which subclass them): the store and its
 metadata (the task checked), the checksum policy, positions of a ``shard()``, sample keys and
@@ -8,9 +8,9 @@ the per-sample random context, read-ahead hints, one record read and unpacked wi
 key and offset named in every error, and pickling for loader workers.
 
 Where a sample's arrays come from and what they are returned as is four small hooks, so one
-code path makes every sample: :meth:`_StoreDataset._buffer` (an output buffer),
-:meth:`_StoreDataset._emit` (a filled buffer as the caller's array), :meth:`_StoreDataset._out`
-(any other array as the caller's array) and :meth:`_StoreDataset._task_class` (the class
+code path makes every sample: :meth:`StoreDataset._buffer` (an output buffer),
+:meth:`StoreDataset._emit` (a filled buffer as the caller's array), :meth:`StoreDataset._out`
+(any other array as the caller's array) and :meth:`StoreDataset._task_class` (the class
 to name when a store holds the other task). Here they give numpy arrays; the Gluon datasets
 give NDArrays over pooled buffers.
 
@@ -24,7 +24,7 @@ import copy
 import errno
 import os
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -38,14 +38,16 @@ from . import transforms as T
 
 __all__ = ["as_store", "open_location", "container_of"]
 
+D = TypeVar("D", bound="StoreDataset")
 
-def container_of(store) -> str:
+
+def container_of(store: RecordStore) -> str:
     """``'lmdb'`` for a store of one split of an LMDB environment, ``'rec'`` otherwise."""
     return "lmdb" if store.split is not None else "rec"
 
 
-def open_location(cls: str, location, split: Optional[str] = None, *,
-                  remote: Optional[RemoteOptions] = None, **deprecated) -> RecordStore:
+def open_location(cls: str, location: str, split: Optional[str] = None, *,
+                  remote: Optional[RemoteOptions] = None, **deprecated: Any) -> RecordStore:
     """``open_store(location, split)`` for the dataset class named ``cls``, with the
     :class:`~gluon_data.storage.options.RemoteOptions` that were given (or a dict of them;
     the old ``storage_options=``, ``cache_dir=``, ``cache_limit=`` still work, deprecated);
@@ -63,8 +65,8 @@ def open_location(cls: str, location, split: Optional[str] = None, *,
     return open_store(location, split, **given)
 
 
-def as_store(cls: str, source, split: Optional[str] = None, *,
-             remote: Optional[RemoteOptions] = None, **deprecated) -> RecordStore:
+def as_store(cls: str, source: Union[str, RecordStore], split: Optional[str] = None, *,
+             remote: Optional[RemoteOptions] = None, **deprecated: Any) -> RecordStore:
     """The store a dataset named ``cls`` reads: ``source`` itself when it is a
     :class:`~gluon_data.stores.base.RecordStore` (then ``split`` and the remote options are a
     ``ValueError``: the store is open already), else :func:`open_location` of the path or
@@ -91,7 +93,7 @@ def as_store(cls: str, source, split: Optional[str] = None, *,
     return open_location(cls, source, split, remote=remote)
 
 
-class _StoreDataset:
+class StoreDataset:
     """Shared machinery: the store, metadata, checksum policy, sample keys, error context."""
 
     _task = "classification"
@@ -160,7 +162,7 @@ class _StoreDataset:
     def __len__(self) -> int:
         return len(self._file) if self._positions is None else len(self._positions)
 
-    def shard(self, num_shards: int, index: int):
+    def shard(self: D, num_shards: int, index: int) -> D:
         """Gluon's ``shard`` (the ``index``-th of ``num_shards`` contiguous parts), as a dataset
         of this same type with its options, fast paths and attributes. Random draws still use
         each sample's index in the whole store, so a sample is the same in any shard layout."""
@@ -192,7 +194,7 @@ class _StoreDataset:
             raise IndexError("index %d out of range for %d records" % (int(idx), n))
         return (i if self._positions is None else int(self._positions[i])), epoch
 
-    def will_need(self, indices) -> None:
+    def will_need(self, indices: Union[np.ndarray, Sequence[int]]) -> None:
         """Start fetching the records of the samples ``indices`` (ints or
         :class:`~gluon_data.sampling.sampler.SampleKey`, e.g. the batch about to be read) from the
         device asynchronously, where the store can (:func:`gluon_data.stores.base.will_need`);

@@ -15,7 +15,7 @@ handle across ``fork`` or pickling, so any loader's worker processes (PyTorch's
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional, Union
 
 import numpy as np
 
@@ -25,8 +25,8 @@ from ..format.decode import decode_region
 from ..stores.base import RecordStore
 from . import transforms as T
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
-from .base import _StoreDataset, as_store
-from .tensorize import ImageCropNormalize, ToTensorNormalize, _uint8_image, _uint8_output
+from .base import StoreDataset, as_store
+from .tensorize import ImageCropNormalize, ToTensorNormalize, uint8_image, uint8_output
 
 __all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "default_joint_transform"]
 
@@ -61,7 +61,7 @@ def _remote(owner: str, remote, deprecated: dict) -> RemoteOptions:
     return remote
 
 
-class ClassificationDataset(_StoreDataset):
+class ClassificationDataset(StoreDataset):
     """Classification images and labels as numpy arrays, from any record store.
 
     Parameters
@@ -125,11 +125,13 @@ class ClassificationDataset(_StoreDataset):
     _fast_first = None  # the numpy crop/flip/tensor the image goes through first
     _fast_source = None  # what the caller gave for it
 
-    def __init__(self, source, flag: int = 1, transform: Optional[Callable] = None, *,
-                 split: Optional[str] = None, image_transform=None, seed: Optional[int] = None,
+    def __init__(self, source: Union[str, RecordStore], flag: int = 1,
+                 transform: Optional[Callable] = None, *,
+                 split: Optional[str] = None, image_transform: Optional[Callable] = None,
+                 seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
+                 **deprecated: Any) -> None:
         store = as_store(type(self).__name__, source, split,
                          remote=_remote(type(self).__name__, remote, deprecated))
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
@@ -143,7 +145,7 @@ class ClassificationDataset(_StoreDataset):
                 raise ValueError("output='uint8' with transform=%r: the transform would see "
                                  "uint8 CxHxW images; give the crop/flip recipe to "
                                  "%s instead" % (transform, self._first_option))
-            self._fast_first = _uint8_output(output, "train", None, None)[0]
+            self._fast_first = uint8_output(output, "train", None, None)[0]
         if image_transform is not None:
             self._fast_first = _crop_normalize(image_transform, seed, output is not None)
             self._fast_source = image_transform
@@ -199,7 +201,8 @@ class ClassificationDataset(_StoreDataset):
 
 def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
                             seed: Optional[int] = None,
-                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
+                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS
+                            ) -> Optional[Callable]:
     """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
     (train: mirror, random scale, pad + random crop, blur, fused into one
     :class:`~gluon_data.arrays.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
@@ -215,7 +218,7 @@ def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill
     return None
 
 
-class SegmentationDataset(_StoreDataset):
+class SegmentationDataset(StoreDataset):
     """Image and mask pairs as numpy arrays, from any segmentation record store.
 
     Without ``mode``, returns the stored samples. With ``mode``, behaves like gluoncv's
@@ -294,13 +297,13 @@ class SegmentationDataset(_StoreDataset):
 
     _task = "segmentation"
 
-    def __init__(self, source, transform: Optional[Callable] = None,
+    def __init__(self, source: Union[str, RecordStore], transform: Optional[Callable] = None,
                  ignore_value: Optional[int] = -1, *, split: Optional[str] = None,
                  mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
+                 **deprecated: Any) -> None:
         remote = _remote(type(self).__name__, remote, deprecated)
         if mode is not None and mode not in MODES:
             raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
@@ -338,7 +341,7 @@ class SegmentationDataset(_StoreDataset):
         self._tensorize, self._transform = (self._image_fast_path(transform) if mode
                                             else (None, transform))
         self.output = output
-        self._tensorize, self._transform = _uint8_output(output, mode, self._transform,
+        self._tensorize, self._transform = uint8_output(output, mode, self._transform,
                                                          self._tensorize)
 
     def _image_fast_path(self, transform):
@@ -373,7 +376,7 @@ class SegmentationDataset(_StoreDataset):
     def palette(self) -> List[List[int]]:
         return self.meta.get("palette") or []
 
-    def name(self, idx) -> str:
+    def name(self, idx: int) -> str:
         """The source name of sample ``idx``, what ``mode='test'`` returns with the image:
         the image's file name as gluoncv returns it (``2007_000033.jpg``), recorded at
         conversion; ``"record N"`` for datasets converted before names were recorded."""
@@ -439,7 +442,7 @@ class SegmentationDataset(_StoreDataset):
 
     def _image_out(self, img: np.ndarray):
         if self.output is not None and self._transform is not None:
-            img = _uint8_image(self._transform(self._out(img, np.uint8)))
+            img = uint8_image(self._transform(self._out(img, np.uint8)))
         tensor = self._tensor(self._tensorize, img)
         if tensor is not None:
             return tensor

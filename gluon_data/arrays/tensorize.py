@@ -10,7 +10,7 @@ importable from :mod:`gluon_data.arrays.transforms`. This module imports no MXNe
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
@@ -20,16 +20,16 @@ from ..sampling.seeding import RandomTransform
 __all__ = ["ToTensorNormalize", "ImageCropNormalize", "to_chw_uint8", "OUTPUTS"]
 
 
-def _np(x) -> np.ndarray:
+def to_numpy(x: Any) -> np.ndarray:
     return x.asnumpy() if hasattr(x, "asnumpy") else np.asarray(x)
 
 
-def _hwc(img: np.ndarray) -> np.ndarray:
+def as_hwc(img: np.ndarray) -> np.ndarray:
     """OpenCV returns single-channel images as HxW: give them their channel axis back."""
     return img[:, :, None] if img.ndim == 2 else img
 
 
-def to_chw_uint8(img, out: Optional[np.ndarray] = None) -> np.ndarray:
+def to_chw_uint8(img: Any, out: Optional[np.ndarray] = None) -> np.ndarray:
     """uint8 HxWxC -> uint8 CxHxW (``ToTensor``'s layout, values kept), into ``out`` when
     given: one OpenCV ``split`` straight into the channel planes, a third of the bytes of the
     float32 tensor and no arithmetic (``output="uint8"``; the consumer normalises).
@@ -37,7 +37,7 @@ def to_chw_uint8(img, out: Optional[np.ndarray] = None) -> np.ndarray:
     >>> to_chw_uint8(np.arange(12, dtype=np.uint8).reshape(2, 2, 3))[:, 0, 1].tolist()
     [3, 4, 5]
     """
-    x = _np(img)
+    x = to_numpy(img)
     if x.ndim != 3 or x.dtype != np.uint8:
         raise ValueError("expected a uint8 HxWxC image, got %s %s" % (x.dtype, x.shape))
     c = x.shape[2]
@@ -70,7 +70,8 @@ class ToTensorNormalize:
     [1.0, 1.0, 1.0]
     """
 
-    def __init__(self, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+    def __init__(self, mean: Union[float, Sequence[float], np.ndarray] = (0.485, 0.456, 0.406),
+                 std: Union[float, Sequence[float], np.ndarray] = (0.229, 0.224, 0.225)) -> None:
         self.mean = np.asarray(mean, np.float32).reshape(-1)
         self.std = np.asarray(std, np.float32).reshape(-1)
         self.channels = max(self.mean.size, self.std.size)
@@ -78,9 +79,9 @@ class ToTensorNormalize:
         self._luts = [(levels - self.mean[c % self.mean.size]) / self.std[c % self.std.size]
                       for c in range(self.channels)]  # Gluon's Normalize, in float32
 
-    def image(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
+    def image(self, img: Any, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The CxHxW float32 tensor of ``img``, written into ``out`` when given."""
-        x = _np(img)
+        x = to_numpy(img)
         if x.ndim != 3:
             raise ValueError("expected an HxWxC image, got shape %s" % (x.shape,))
         c = x.shape[2]
@@ -110,7 +111,7 @@ class ToTensorNormalize:
         return out
 
     def __call__(self, img, mask):
-        return self.image(img), _np(mask)
+        return self.image(img), to_numpy(mask)
 
     def __repr__(self):
         return "ToTensorNormalize(mean=%s, std=%s)" % (self.mean.tolist(), self.std.tolist())
@@ -169,8 +170,10 @@ class ImageCropNormalize(RandomTransform):
         values kept); needs ``mean=0, std=1``: the consumer normalises.
     """
 
-    def __init__(self, crop=None, flip: bool = False, mean=0.0, std=1.0,
-                 seed: Optional[int] = None, uint8: bool = False):
+    def __init__(self, crop: Optional[tuple] = None, flip: bool = False,
+                 mean: Union[float, Sequence[float], np.ndarray] = 0.0,
+                 std: Union[float, Sequence[float], np.ndarray] = 1.0,
+                 seed: Optional[int] = None, uint8: bool = False) -> None:
         super().__init__(seed)
         self.crop, self.flip = crop, flip
         self._bounds = _draw_bounds(crop)
@@ -185,7 +188,7 @@ class ImageCropNormalize(RandomTransform):
         """Whether the tensor step is more than ``ToTensor`` (a ``Normalize`` follows)."""
         return bool((self.tensor.mean != 0).any() or (self.tensor.std != 1).any())
 
-    def out_shape(self, img_shape) -> Tuple[int, int, int]:
+    def out_shape(self, img_shape: Tuple[int, ...]) -> Tuple[int, int, int]:
         h, w, c = img_shape
         if self.crop is not None:
             w, h = self.crop[1]
@@ -228,7 +231,7 @@ class ImageCropNormalize(RandomTransform):
         return (y0, x0, y0 + ch, x0 + cw), flip
 
     def __call__(self, img, out: Optional[np.ndarray] = None) -> np.ndarray:
-        x = _np(img)
+        x = to_numpy(img)
         (y0, x0, y1, x1), flip = self.plan(*x.shape[:2])
         return self.finish(x[y0:y1, x0:x1], flip, out)
 
@@ -240,10 +243,10 @@ class ImageCropNormalize(RandomTransform):
             interp = self.crop[-1]
             ch, cw = x.shape[:2]
             if (cw, ch) != tuple(size):
-                x = _hwc(cv2.resize(x, tuple(size), interpolation=_interp(
+                x = as_hwc(cv2.resize(x, tuple(size), interpolation=_interp(
                     interp, (ch, cw, size[1], size[0]))))
         if flip:
-            x = _hwc(cv2.flip(x, 1))
+            x = as_hwc(cv2.flip(x, 1))
         return to_chw_uint8(x, out) if self.uint8 else self.tensor.image(x, out=out)
 
     def __repr__(self):
@@ -255,7 +258,9 @@ class ImageCropNormalize(RandomTransform):
 OUTPUTS = (None, "uint8")
 
 
-def _uint8_output(output, mode, transform, fast):
+def uint8_output(output: Optional[str], mode: Optional[str], transform: Optional[Callable],
+                 fast: Optional["ImageCropNormalize"]
+                 ) -> Tuple[Optional["ImageCropNormalize"], Optional[Callable]]:
     """``(fast path, image transform)`` of a mode's ``output`` (see
     :class:`~gluon_data.arrays.datasets.SegmentationDataset`):
     ``"uint8"`` lays the image out as CxHxW uint8; a Gluon ``ToTensor`` alone then means that
@@ -278,9 +283,9 @@ def _uint8_output(output, mode, transform, fast):
     return ImageCropNormalize(uint8=True), transform
 
 
-def _uint8_image(x) -> np.ndarray:
+def uint8_image(x: Any) -> np.ndarray:
     """An image ``transform``'s result under ``output='uint8'``: still HxWxC uint8."""
-    arr = _np(x)
+    arr = to_numpy(x)
     if arr.dtype != np.uint8 or arr.ndim != 3:
         raise ValueError("with output='uint8' the image transform must return an HxWxC "
                          "uint8 image (laid out as CxHxW after it), but it returned %s %s: "

@@ -40,12 +40,15 @@ import numpy as np
 from ..format.codec import DEFAULT_MAX_PIXELS
 from ..errors import DecodeError
 from ..sampling.seeding import SeededRandom, RandomTransform, sample_context
-from .tensorize import ImageCropNormalize, ToTensorNormalize, _hwc, _np
+from .tensorize import ImageCropNormalize, ToTensorNormalize, as_hwc, to_numpy
 
 __all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
            "RandomRotation",
            "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
            "ToTensorNormalize", "SeededRandom", "ImageCropNormalize", "sample_context"]
+
+#: An image fill value: one for every channel, or one per channel.
+Fill = Union[float, Sequence[float]]
 
 _MASK_INTERP = getattr(cv2, "INTER_NEAREST_EXACT", cv2.INTER_NEAREST)
 
@@ -61,7 +64,7 @@ def _check_derived(h: int, w: int, oh: int, ow: int, max_pixels: Optional[int],
 
 
 def _resize_pair(img, mask, ow: int, oh: int):
-    img = _hwc(cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR))
+    img = as_hwc(cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR))
     m = cv2.resize(mask, (ow, oh), interpolation=_MASK_INTERP)
     return img, m
 
@@ -97,7 +100,7 @@ class Compose:
                 t.reseed(None if seed is None else seed + i)
 
     def __call__(self, img, mask):
-        img, mask = _np(img), _np(mask)
+        img, mask = to_numpy(img), to_numpy(mask)
         for t in self.transforms:
             img, mask = t(img, mask)
         return img, mask
@@ -114,7 +117,7 @@ class RandomHorizontalFlip(RandomTransform):
         self.p = p
 
     def __call__(self, img, mask):
-        img, mask = _np(img), _np(mask)
+        img, mask = to_numpy(img), to_numpy(mask)
         if self.rng.draw(lambda g: g.random()) < self.p:
             return np.ascontiguousarray(img[:, ::-1]), np.ascontiguousarray(mask[:, ::-1])
         return img, mask
@@ -128,14 +131,14 @@ class RandomScale(RandomTransform):
     ``[int(scale[0] * base_size), int(scale[1] * base_size)]``, aspect ratio kept."""
 
     def __init__(self, base_size: int, scale: Tuple[float, float] = (0.5, 2.0),
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         if base_size <= 0:
             raise ValueError("base_size must be positive, got %r" % base_size)
         self.base_size, self.scale = base_size, tuple(scale)
 
     def __call__(self, img, mask):
-        img, mask = _np(img), _np(mask)
+        img, mask = to_numpy(img), to_numpy(mask)
         lo, hi = int(self.base_size * self.scale[0]), int(self.base_size * self.scale[1])
         long_size = int(self.rng.draw(lambda g: g.integers(lo, hi + 1)))
         h, w = mask.shape
@@ -178,8 +181,9 @@ class RandomCrop(RandomTransform):
         Padding value of the mask: the ignore value, so padding never trains a class.
     """
 
-    def __init__(self, crop_size: Union[int, Tuple[int, int]], image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+    def __init__(self, crop_size: Union[int, Tuple[int, int]], image_fill: Fill = 0,
+                 mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         self.size = (crop_size, crop_size) if np.isscalar(crop_size) else tuple(crop_size)
         if min(self.size) <= 0:
@@ -187,7 +191,7 @@ class RandomCrop(RandomTransform):
         self.image_fill, self.mask_fill = image_fill, mask_fill
 
     def __call__(self, img, mask):
-        img, mask = _np(img), _np(mask)
+        img, mask = to_numpy(img), to_numpy(mask)
         ch, cw = self.size
         img, mask = _pad_to(img, mask, ch, cw, self.image_fill, self.mask_fill)
         h, w = mask.shape
@@ -237,8 +241,8 @@ class RandomScaleCrop(RandomTransform):
 
     def __init__(self, base_size: int, crop_size: Union[int, Tuple[int, int]],
                  scale: Tuple[float, float] = (0.5, 2.0), flip: float = 0.5, blur: float = 0.5,
-                 max_sigma: float = 1.0, image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+                 max_sigma: float = 1.0, image_fill: Fill = 0, mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         if base_size <= 0:
             raise ValueError("base_size must be positive, got %r" % base_size)
@@ -274,7 +278,7 @@ class RandomScaleCrop(RandomTransform):
         a = min(int(round(start * f)), src - 1)
         return a, min(src, max(a + 1, int(round((start + length) * f))))
 
-    def plan(self, h: int, w: int):
+    def plan(self, h: int, w: int) -> Tuple[Tuple[int, int, int, int], tuple]:
         """Phase one: draw the sample's parameters for an ``h`` x ``w`` source (the JPEG
         header's size is enough) and return ``(box, params)``, ``box = (y0, x0, y1, x1)`` the
         source pixels the crop reads. Phase two, :meth:`apply`, needs only those pixels, so a
@@ -289,11 +293,12 @@ class RandomScaleCrop(RandomTransform):
         return (ya, xa, yb, xb), (flip, vh, vw, blur, sigma)
 
     def __call__(self, img, mask):
-        img, mask = _np(img), _np(mask)
+        img, mask = to_numpy(img), to_numpy(mask)
         (ya, xa, yb, xb), params = self.plan(*mask.shape)
         return self.apply(img[ya:yb, xa:xb], mask[ya:yb, xa:xb], params)
 
-    def apply(self, img, mask, params):
+    def apply(self, img: np.ndarray, mask: np.ndarray,
+              params: tuple) -> Tuple[np.ndarray, np.ndarray]:
         """Phase two: the output from the source region :meth:`plan` named (image and mask
         cut to its box) and its ``params``."""
         flip, vh, vw, blur, sigma = params
@@ -303,13 +308,13 @@ class RandomScaleCrop(RandomTransform):
             m, dt = m.astype(np.int32), np.dtype(np.int32)
         part_i, part_m = _resize_pair(img, m, vw, vh)
         if flip:
-            part_i, part_m = _hwc(cv2.flip(part_i, 1)), cv2.flip(part_m, 1)
+            part_i, part_m = as_hwc(cv2.flip(part_i, 1)), cv2.flip(part_m, 1)
         if (vh, vw) == (ch, cw):
             out_i, out_m = np.ascontiguousarray(part_i), np.ascontiguousarray(part_m)
         else:
             out_i, out_m = _pad_to(part_i, part_m, ch, cw, self.image_fill, self.mask_fill)
         if blur:
-            out_i = _hwc(cv2.GaussianBlur(out_i, (0, 0), sigmaX=sigma))
+            out_i = as_hwc(cv2.GaussianBlur(out_i, (0, 0), sigmaX=sigma))
         return out_i, out_m.astype(dt, copy=False)
 
     def __repr__(self):
@@ -323,13 +328,14 @@ class RandomRotation(RandomTransform):
     Corners uncovered by the rotation get ``image_fill`` and ``mask_fill`` (ignore).
     """
 
-    def __init__(self, degrees: float = 10.0, p: float = 1.0, image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+    def __init__(self, degrees: float = 10.0, p: float = 1.0, image_fill: Fill = 0,
+                 mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         self.degrees, self.p, self.image_fill, self.mask_fill = degrees, p, image_fill, mask_fill
 
     def __call__(self, img, mask):
-        img, mask = _np(img), _np(mask)
+        img, mask = to_numpy(img), to_numpy(mask)
         apply, angle = self.rng.draw(lambda g: (g.random() < self.p,
                                                 g.uniform(-self.degrees, self.degrees)))
         if not apply:
@@ -337,7 +343,7 @@ class RandomRotation(RandomTransform):
         h, w = mask.shape
         mat = cv2.getRotationMatrix2D((w / 2.0, h / 2.0), angle, 1.0)
         fill = self.image_fill if np.ndim(self.image_fill) else [self.image_fill] * 3
-        out = _hwc(cv2.warpAffine(img, mat, (w, h), flags=cv2.INTER_LINEAR,
+        out = as_hwc(cv2.warpAffine(img, mat, (w, h), flags=cv2.INTER_LINEAR,
                                   borderMode=cv2.BORDER_CONSTANT, borderValue=tuple(fill)))
         m, dt = _mask_for_cv(mask)
         m = cv2.warpAffine(m, mat, (w, h), flags=cv2.INTER_NEAREST,
@@ -352,12 +358,12 @@ class ColorJitter(RandomTransform):
     """Random brightness, contrast and saturation (image only), factors in ``[1-x, 1+x]``."""
 
     def __init__(self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         self.brightness, self.contrast, self.saturation = brightness, contrast, saturation
 
     def __call__(self, img, mask):
-        img = _np(img)
+        img = to_numpy(img)
 
         def factors(g):
             return [g.uniform(max(0.0, 1 - x), 1 + x) if x else 1.0
@@ -372,7 +378,7 @@ class ColorJitter(RandomTransform):
         if s != 1.0 and out.shape[2] == 3:
             grey = out @ np.array([0.299, 0.587, 0.114], np.float32)
             out = (out - grey[:, :, None]) * s + grey[:, :, None]
-        return np.clip(out, 0, 255).astype(np.uint8), _np(mask)
+        return np.clip(out, 0, 255).astype(np.uint8), to_numpy(mask)
 
     def __repr__(self):
         return "ColorJitter(brightness=%g, contrast=%g, saturation=%g)" % (
@@ -388,12 +394,12 @@ class RandomGaussianBlur(RandomTransform):
         self.p, self.max_sigma = p, max_sigma
 
     def __call__(self, img, mask):
-        img = _np(img)
+        img = to_numpy(img)
         apply, sigma = self.rng.draw(lambda g: (g.random() < self.p,
                                                 g.random() * self.max_sigma))
         if apply and sigma > 0.05:
-            img = _hwc(cv2.GaussianBlur(img, (0, 0), sigmaX=sigma))
-        return img, _np(mask)
+            img = as_hwc(cv2.GaussianBlur(img, (0, 0), sigmaX=sigma))
+        return img, to_numpy(mask)
 
     def __repr__(self):
         return "RandomGaussianBlur(p=%g, max_sigma=%g)" % (self.p, self.max_sigma)
@@ -419,7 +425,7 @@ class ResizeShort:
         self.size, self.pil, self.max_pixels = size, pil, max_pixels
 
     def __call__(self, img, mask):
-        img, mask = _np(img), _np(mask)
+        img, mask = to_numpy(img), to_numpy(mask)
         h, w = mask.shape
         if w > h:
             oh, ow = self.size, int(1.0 * w * self.size / h)
@@ -430,7 +436,7 @@ class ResizeShort:
         if self.pil and img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] in (1, 3):
             from PIL import Image
             src = Image.fromarray(img[:, :, 0] if img.shape[2] == 1 else img)
-            img = _hwc(np.asarray(src.resize((ow, oh), Image.BILINEAR)))
+            img = as_hwc(np.asarray(src.resize((ow, oh), Image.BILINEAR)))
             if m.dtype == np.uint8:  # PIL's nearest, as gluoncv (OpenCV's rounds otherwise
                 m = np.asarray(Image.fromarray(m).resize((ow, oh), Image.NEAREST))  # rarely)
             else:
@@ -450,19 +456,19 @@ class Resize:
         self.size = (size, size) if np.isscalar(size) else tuple(size)
 
     def __call__(self, img, mask):
-        m, dt = _mask_for_cv(_np(mask))
-        img, m = _resize_pair(_np(img), m, self.size[1], self.size[0])
+        m, dt = _mask_for_cv(to_numpy(mask))
+        img, m = _resize_pair(to_numpy(img), m, self.size[1], self.size[0])
         return img, m.astype(dt, copy=False)
 
 
 class CenterCrop:
     """Crop the centre ``size`` square (offsets rounded as gluoncv does); pads if smaller."""
 
-    def __init__(self, size: int, image_fill=0, mask_fill: int = -1):
+    def __init__(self, size: int, image_fill: Fill = 0, mask_fill: int = -1) -> None:
         self.size, self.image_fill, self.mask_fill = size, image_fill, mask_fill
 
     def __call__(self, img, mask):
-        img, mask = _pad_to(_np(img), _np(mask), self.size, self.size, self.image_fill,
+        img, mask = _pad_to(to_numpy(img), to_numpy(mask), self.size, self.size, self.image_fill,
                             self.mask_fill)
         h, w = mask.shape
         x1, y1 = int(round((w - self.size) / 2.)), int(round((h - self.size) / 2.))

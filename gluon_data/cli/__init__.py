@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from ..errors import GluonDataError
 from .bench import BENCH_MODULE, bench_path, load_bench  # noqa: F401
-from .signals import _deferred_interrupt, _Terminated, _catch_sigterm, _stdout_closed
+from .signals import deferred_interrupt, Terminated, catch_sigterm, stdout_closed
 
 __all__ = ["main", "storage_option_parser"]
 
@@ -59,24 +59,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         command = argv[0] if argv else None
         if command == "bench":
             return _bench(argv[1:])
-        with _deferred_interrupt():  # a Ctrl-C here waits until the modules are loaded
+        with deferred_interrupt():  # a Ctrl-C here waits until the modules are loaded
             from .parser import build_parser  # the commands load here, not with the package
             args = build_parser().parse_args(argv)
-        old = _catch_sigterm()
+        old = catch_sigterm()
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not as the interpreter exits
         return code
     except (GluonDataError, OSError, ValueError, ImportError) as e:
-        if isinstance(e, BrokenPipeError) and _stdout_closed():
+        if isinstance(e, BrokenPipeError) and stdout_closed():
             return 141  # as a Unix tool stopped by SIGPIPE: quietly
         print("gluon-data: error: %s" % e, file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
-        print("gluon-data: %s%s" % ("terminated" if isinstance(e, _Terminated) else
+        print("gluon-data: %s%s" % ("terminated" if isinstance(e, Terminated) else
                                     "interrupted",
                                     "; rerun the same command with --resume to continue"
                                     if command == "convert" else ""), file=sys.stderr)
-        return 143 if isinstance(e, _Terminated) else 130
+        return 143 if isinstance(e, Terminated) else 130
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)

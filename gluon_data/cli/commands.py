@@ -60,7 +60,7 @@ def convert_options(a):
     return ConvertOptions(**named)
 
 
-def _cmd_convert(a) -> int:
+def cmd_convert(a) -> int:
     """``gluon-data convert``: the one entry (:func:`gluon_data.convert`) decides which
     conversion runs: shards, a legacy LMDB import, a copy between containers, a source
     layout, locally or into object storage."""
@@ -143,7 +143,7 @@ def _load_meta(path: str, split=None, remote: Optional[dict] = None) -> dict:
     return meta
 
 
-def _cmd_stats(a) -> int:
+def cmd_stats(a) -> int:
     from ..tools.stats import class_statistics, format_statistics
     stats = class_statistics(_load_meta(a.path, a.split, _remote(a)), a.path)
     if a.json:
@@ -155,7 +155,7 @@ def _cmd_stats(a) -> int:
     return 0
 
 
-def _cmd_show(a) -> int:
+def cmd_show(a) -> int:
     from ..arrays import SegmentationDataset  # numpy samples: no MXNet for a preview
     from ..tools.preview import render_preview
     _input(a.path)
@@ -189,7 +189,7 @@ def _save_image(pic, out: str) -> None:
     atomic_write(out, buf.getvalue())
 
 
-def _cmd_verify(a) -> int:
+def cmd_verify(a) -> int:
     from ..tools.verify import verify
     _input(a.path)
     report = verify(a.path, deep=a.deep, split=a.split, **({"remote": _remote(a)}
@@ -202,7 +202,7 @@ def _cmd_verify(a) -> int:
     return 0 if report.ok else 1
 
 
-def _cmd_salvage(a) -> int:
+def cmd_salvage(a) -> int:
     from ..tools.salvage import salvage
     _input(a.path)
     report = salvage(a.path, overwrite=a.overwrite)
@@ -210,7 +210,7 @@ def _cmd_salvage(a) -> int:
     return 0 if report.records else 1
 
 
-def _cmd_info(a) -> int:
+def cmd_info(a) -> int:
     info = describe(a.path, _remote(a), a.split)
     if a.json:
         print(json.dumps(info, indent=1))
@@ -244,7 +244,7 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
                 out=sys.stdout if out is None else out)
 
 
-def _cmd_demo(a) -> int:
+def cmd_demo(a) -> int:
     if a.workdir:
         os.makedirs(a.workdir, exist_ok=True)
         res = run_demo(a.workdir, a.num_images, a.workers, a.batch_size, a.epochs)

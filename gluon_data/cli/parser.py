@@ -9,7 +9,7 @@ from .._version import __version__
 from ..convert.options import GROUPS, cli_fields, flag_name
 
 from .bench import bench_path
-from .commands import _cmd_convert, _cmd_demo, _cmd_info, _cmd_salvage, _cmd_show, _cmd_stats, _cmd_verify
+from .commands import cmd_convert, cmd_demo, cmd_info, cmd_salvage, cmd_show, cmd_stats, cmd_verify
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -99,7 +99,7 @@ def _add_convert(sub) -> None:
                                         "lst", "raw-lmdb", "caffe-lmdb"],
                    help="source layout (detected when omitted; the LMDB imports must be named)")
     _convert_option_flags(c)
-    c.set_defaults(func=_cmd_convert)
+    c.set_defaults(func=cmd_convert)
 
 
 def _convert_option_flags(c) -> None:
@@ -140,14 +140,14 @@ def _add_info(sub) -> None:
     i = _command(sub, "info", parents=[_dataset_parser(), _split_parser("LMDB: only this split"),
                                        _json_parser()],
                  help="task, record count, classes, image sizes, format version")
-    i.set_defaults(func=_cmd_info)
+    i.set_defaults(func=cmd_info)
 
 
 def _add_stats(sub) -> None:
     st = _command(sub, "stats", parents=[_dataset_parser(), _split_parser(),
                                          _json_parser(" (weights as lists)")],
                   help="class pixel counts, image counts, class weights, mean/std")
-    st.set_defaults(func=_cmd_stats)
+    st.set_defaults(func=cmd_stats)
 
 
 def _add_show(sub) -> None:
@@ -158,7 +158,7 @@ def _add_show(sub) -> None:
                     help="output PNG (an existing image file is replaced; any other file or a "
                          "link is refused)")
     sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity")
-    sh.set_defaults(func=_cmd_show)
+    sh.set_defaults(func=cmd_show)
 
 
 def _add_verify(sub) -> None:
@@ -167,7 +167,7 @@ def _add_verify(sub) -> None:
                  help="check structure, index, counts and every checksum (--deep: decode)")
     v.add_argument("--deep", action="store_true",
                    help="also decode every image and mask and check mask ids")
-    v.set_defaults(func=_cmd_verify)
+    v.set_defaults(func=cmd_verify)
 
 
 def _add_salvage(sub) -> None:
@@ -176,7 +176,7 @@ def _add_salvage(sub) -> None:
                                  "refused, nothing touched: salvage each shard's .rec)")
     sv.add_argument("--overwrite", action="store_true",
                     help="replace an existing .idx (kept as .idx.bak)")
-    sv.set_defaults(func=_cmd_salvage)
+    sv.set_defaults(func=cmd_salvage)
 
 
 def _add_bench(sub) -> None:
@@ -196,4 +196,4 @@ def _add_demo(sub) -> None:
     d.add_argument("--workers", type=int, default=2, help="conversion and reading workers")
     d.add_argument("--batch-size", type=int, default=8, help="batch size")
     d.add_argument("--epochs", type=int, default=2, help="passes over the data")
-    d.set_defaults(func=_cmd_demo)
+    d.set_defaults(func=cmd_demo)

@@ -7,22 +7,25 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from typing import Optional
+
+from ..storage.perprocess import ProcessMark
 
 
-class _Terminated(KeyboardInterrupt):
+class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that the same clean-up runs."""
 
 
 #: the process whose ``main()`` installed :func:`_on_sigterm`: the only one it raises in
-_handler_pid = None
+_handler: Optional[ProcessMark] = None
 
 
 def _on_sigterm(signum, frame):
-    if os.getpid() != _handler_pid:  # a forked child that still has it: die as by default
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    if _handler is None or not _handler.here():  # a forked child that still has it: die as
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # by default
+        signal.raise_signal(signal.SIGTERM)
         return
-    raise _Terminated()
+    raise Terminated()
 
 
 def _default_sigterm_in_child() -> None:
@@ -42,17 +45,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_default_sigterm_in_child)
 
 
-def _catch_sigterm():
+def catch_sigterm():
     """Install :func:`_on_sigterm` in this process (from its main thread only: elsewhere
     nothing happens); returns the handler it replaced, or None."""
-    global _handler_pid
+    global _handler
     if threading.current_thread() is not threading.main_thread():
         return None
-    _handler_pid = os.getpid()
+    _handler = ProcessMark()
     return signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _stdout_closed() -> bool:
+def stdout_closed() -> bool:
     """Whether the reader of our stdout has gone (``gluon-data info X | head -3``); if so,
     stdout is pointed at /dev/null, so that what is still buffered or printed is dropped
     quietly instead of failing again as the interpreter exits."""
@@ -72,7 +75,7 @@ def _stdout_closed() -> bool:
 
 
 @contextmanager
-def _deferred_interrupt():
+def deferred_interrupt():
     """Hold a Ctrl-C (SIGINT) back while the commands' modules load and the arguments parse,
     then raise it as ``KeyboardInterrupt`` once the block is done: a ``KeyboardInterrupt``
     raised inside a C extension's import (numpy, OpenCV, lmdb) is printed by the interpreter

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from ..format import codec, masks
+from ..format.headers import JPEG_SOI
 from ..errors import DecodeError, GluonDataError, SourceError
 from .sources import DEFAULT_MAX_FILE_BYTES, Item, read_regular
 
@@ -82,7 +83,7 @@ def _decode_like_reader(data: bytes, path: str, max_pixels: int) -> Optional[np.
     """RGB pixels of a JPEG, decoded strictly by the decoder the datasets use (so what
     converts also reads), or ``None`` for other formats and for JPEGs that decoder does not
     support (CMYK, ...), which Pillow then decodes and the converter re-encodes."""
-    if data[:2] != b"\xff\xd8" or not codec.has_fast_jpeg():
+    if data[:2] != JPEG_SOI or not codec.has_fast_jpeg():
         return None
     _check_pixels(data, path, "image", max_pixels)
     try:
@@ -234,7 +235,7 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
         return codec.pack_segmentation(data, b"", id=record_id, checksum=opts.checksum), info
 
     mdata = _read_bytes(item.mask, "mask", opts.max_file_bytes)
-    if mdata[:2] == b"\xff\xd8":
+    if mdata[:2] == JPEG_SOI:
         raise SourceError("mask is a JPEG: lossy compression invents class ids at edges; "
                           "provide PNG masks", item.mask)
     mim = _open_strict(mdata, item.mask, "mask", opts.max_pixels)

@@ -14,7 +14,7 @@ import os
 from typing import Dict, List, Optional
 
 from ..errors import ConversionError
-from ..storage.fsutil import fsync_dir
+from ..storage.fsutil import LMDB_DATA, fsync_dir
 from ..format.ownership import is_ours
 from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
 from .sources import Item, Source
@@ -180,7 +180,7 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root:
 def _check_unchanged_since(digest, output: str) -> None:
     """Refuse to call ``output`` complete when a file of the plan was modified after it was
     written (the files the digest stamped, by their mtime)."""
-    data = os.path.join(output, "data.mdb") if os.path.isdir(output) else output
+    data = os.path.join(output, LMDB_DATA) if os.path.isdir(output) else output
     try:
         written = os.stat(data).st_mtime_ns
     except OSError:
@@ -196,7 +196,7 @@ def _import_digest(source: str, layout: str, split: str, count: int, opts: Encod
                    options: dict) -> PlanDigest:
     """Identity of a legacy LMDB import: its source (and the stamp of its
     ``data.mdb``), layout, split, record count and options."""
-    mdb = os.path.join(source, "data.mdb") if os.path.isdir(source) else source
+    mdb = os.path.join(source, LMDB_DATA) if os.path.isdir(source) else source
     head = {"source": os.path.abspath(source), "layout": layout, "split": split,
             "count": count, "options": options, "opts": repr(opts)}
     return plan_digest(head, {split: [mdb]})

@@ -111,7 +111,7 @@ def read_regular(path: str, what: str, max_bytes: Optional[int] = DEFAULT_MAX_FI
     return data
 
 
-def _read_text(path: str, what: str) -> List[str]:
+def read_source_text(path: str, what: str) -> List[str]:
     """Lines of a small text file of the source (a split list, a ``.lst``)."""
     raw = read_regular(path, what, allow_empty=True)
     try:

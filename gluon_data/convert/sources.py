@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .source_files import (DEFAULT_MAX_FILE_BYTES, _inside, _lexically_inside,  # noqa: F401
-                           _read_text, _realdir, _realpath, confine, read_regular)
+from .source_files import (DEFAULT_MAX_FILE_BYTES, confine,  # noqa: F401
+                           read_regular, read_source_text)
 from ..errors import SourceError
 
 __all__ = ["Item", "Source", "LAYOUTS", "open_source", "detect_layout",
@@ -185,7 +185,7 @@ def _voc(root: str, split=None, **_) -> Source:
         if s not in available:
             raise SourceError("VOC split %r not found in %s; available: %s"
                               % (s, sets, ", ".join(available) or "none"), root)
-        ids = [ln.strip() for ln in _read_text(os.path.join(sets, s + ".txt"), "split file")
+        ids = [ln.strip() for ln in read_source_text(os.path.join(sets, s + ".txt"), "split file")
                if ln.strip()]
         masks = [os.path.join(base, "SegmentationClass", i + ".png") for i in ids]
         if ids and not any(os.path.exists(m) for m in masks):
@@ -224,7 +224,7 @@ def _lst(path: str, split=None, lst_root=None, **_) -> Source:
     root = lst_root or os.path.dirname(os.path.abspath(path))
     items, problems = [], []
     seen: Dict[int, Tuple[int, str]] = {}  # index -> (line, path) of its first use
-    for lineno, line in enumerate(_read_text(path, ".lst file"), 1):
+    for lineno, line in enumerate(read_source_text(path, ".lst file"), 1):
         if not line.strip():
             continue
         fields = line.rstrip("\r\n").split("\t")

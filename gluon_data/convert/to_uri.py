@@ -2,13 +2,13 @@
 uploaders of :mod:`.upload` (the one commit protocol: marker, objects, commit document last)."""
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 from typing import Optional
 
 
 from ..storage.cache import Cache
+from ..storage.objects import staging_key
 from ..storage.staging import Staging
 from ..storage.credentials import forward_options
 from ..stores.remote.commit import Commit, check_bucket, probe_writable
@@ -65,7 +65,7 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
     if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)
         probe_writable(remote, output)
     # pinned while this runs; a fresh conversion (no resume) starts from an empty area
-    with cache.staging(hashlib.sha256(output.encode("utf-8")).hexdigest()[:24],
+    with cache.staging(staging_key(output),
                        fresh=not resume) as area:
         return _convert_staged(source, output, layout, o, area, remote, sharded,
                                storage_options)

@@ -20,9 +20,10 @@ from ..stores.recordio import idx_path_for
 from ..stores.shards import load_manifest, manifest_path, prefix_of, read_manifest, shard_files
 from ..tools.verify import verify
 from ..stores.remote.commit import Commit, existing_sizes, put_object
-from ..format.layout import LMDB_DATA, LMDB_FORMAT, sibling_uri
+from ..format.layout import LMDB_DATA, LMDB_FORMAT, MANIFEST_SUFFIX, sibling_uri
 from ..storage.remotefs import Remote
 from ..storage.cache import Cache
+from ..storage.objects import staging_key
 from ..storage.staging import Staging
 from .done import Done, is_done, read_record, read_records, records_doc, shard_unit, write_record
 
@@ -53,7 +54,7 @@ def _upload_plan(local: str, uri: str):
         sha = sha256_file(data)
         doc = _lmdb_commit(local, {LMDB_DATA: _file(data, sha)})
         return target, doc, [(data, target + "/" + LMDB_DATA, sha)]
-    if local.endswith(".shards.json"):
+    if local.endswith(MANIFEST_SUFFIX):
         doc = read_manifest(local)
         folder = os.path.dirname(local)
         triples, files = [], {}
@@ -225,7 +226,7 @@ class ShardUploader:
 
     def _stage_area(self) -> Tuple[str, Optional[Staging]]:
         """``(folder for this upload's shards, the pinned staging area or None)``."""
-        sub = hashlib.sha256(self.uri.encode("utf-8")).hexdigest()[:24]
+        sub = staging_key(self.uri)
         if self.staging is not None:
             return os.path.join(os.path.abspath(self.staging), sub), None
         area = Cache(self.cache_dir).staging("shards")

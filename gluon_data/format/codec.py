@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, FormatError
+from .headers import JPEG_SOI, BytesLike
 from .headers import PNG_SIGNATURE, JpegFrame, image_size, jpeg_frame  # noqa: F401  (as before)
 from .masks import MASK_ENCODINGS, decode_rle, is_rle, mask_size, take_rows
-from .rawarray import (_RAW_HEAD, RAW_MAGIC, RAWZ_MAGIC, _decode_raw,  # noqa: F401  (as before)
+from .rawarray import (RAW_HEAD as _RAW_HEAD, RAW_MAGIC, RAWZ_MAGIC,  # noqa: F401  (as before)
+                       decode_raw as _decode_raw,
                        encode_raw, is_raw)
 
 __all__ = [
@@ -87,7 +89,7 @@ def frame(payload: bytes) -> List[bytes]:
     return chunks
 
 
-def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
+def unframe(buf: BytesLike, pos: int = 0, *, path: Optional[str] = None, key: Any = None,
             base_offset: int = 0, copy: bool = True) -> Tuple[bytes, int]:
     """Read one framed record from ``buf`` starting at ``pos``.
 
@@ -106,7 +108,7 @@ def unframe(buf, pos: int = 0, *, path: Optional[str] = None, key=None,
         if magic == RECORDIO_MAGIC and lrec >> 29 == 0 and end <= size:
             payload = mv[pos + 8:end]
             return (bytes(payload) if copy else payload), min(end + (-length) % 4, size)
-    parts = []
+    parts: List[Union[bytes, memoryview]] = []
     first = True
     while True:
         where = base_offset + pos
@@ -163,7 +165,7 @@ class Record(NamedTuple):
     checksum: Optional[int]   # the stored CRC-32, or None for a stock (unchecksummed) record
 
 
-def record_checksum(payload) -> int:
+def record_checksum(payload: BytesLike) -> int:
     """CRC-32 of a payload, skipping the 8 bytes of ``id2`` (bytes 16..23) that hold it."""
     mv = memoryview(payload)
     return zlib.crc32(mv[IR_SIZE:], zlib.crc32(mv[:16])) & 0xFFFFFFFF
@@ -176,7 +178,7 @@ def _seal(payload: bytearray, checksum: bool) -> bytes:
     return bytes(payload)
 
 
-def with_id(payload, id_: int) -> bytes:
+def with_id(payload: BytesLike, id_: int) -> bytes:
     """The payload with its IRHeader ``id`` set to ``id_`` (and its checksum, if it carries
     one, recomputed)."""
     out = bytearray(payload)
@@ -195,7 +197,8 @@ def _header_bytes(label, id_: int) -> bytes:
     return IR_HEADER.pack(vec.size, 0.0, id_, 0) + vec.tobytes()
 
 
-def pack_classification(label, image: bytes, id: int = 0, checksum: bool = True) -> bytes:
+def pack_classification(label: Union[float, Sequence[float]], image: bytes, id: int = 0,
+                        checksum: bool = True) -> bytes:
     """Payload of a classification record: what ``mx.recordio.pack`` writes.
 
     ``label`` is a number or a 1-D vector (``flag`` then holds its length and the
@@ -223,8 +226,9 @@ def pack_segmentation(image: bytes, mask: bytes, id: int = 0, checksum: bool = T
     return _seal(bytearray(body), checksum)
 
 
-def unpack(payload, *, segmentation: Optional[bool] = None, verify: bool = True,
-           path: Optional[str] = None, key=None, offset: Optional[int] = None) -> Record:
+def unpack(payload: BytesLike, *, segmentation: Optional[bool] = None, verify: bool = True,
+           path: Optional[str] = None, key: Any = None,
+           offset: Optional[int] = None) -> Record:
     """Split a payload into header fields, image bytes and (for segmentation) mask bytes.
 
     ``segmentation=None`` detects the kind from the trailer. With ``verify``, a payload
@@ -289,15 +293,15 @@ def _header_size(buf) -> Optional[Tuple[int, int]]:
 
 
 try:  # the JPEG decoder of record (see _decode_jpeg_strict); a declared dependency
-    import simplejpeg as _sj
+    import simplejpeg as sj
 except ImportError:  # pragma: no cover - a broken install; OpenCV then decodes every JPEG
-    _sj = None
+    sj = None
 
 
 def has_fast_jpeg() -> bool:
     """Whether simplejpeg (libjpeg-turbo, the JPEG decoder of record) is installed; without it
     OpenCV decodes every JPEG."""
-    return _sj is not None
+    return sj is not None
 
 
 #: libjpeg-turbo's words for a JPEG that is valid but of a variant it does not decode (as
@@ -320,10 +324,10 @@ def _decode_jpeg_strict(buf, flag: int, what: str):
     4:4:1, grey, CMYK); it refuses other sampling factors (3x1, 2x4, 1x3, mixed: "Could not
     determine subsampling level"), which stock libjpeg would read.
     """
-    if _sj is None:
+    if sj is None:
         return None
     try:
-        return _sj.decode_jpeg(bytes(buf), colorspace="RGB" if flag == 1 else "GRAY",
+        return sj.decode_jpeg(bytes(buf), colorspace="RGB" if flag == 1 else "GRAY",
                                strict=True)
     except ValueError as e:
         if any(word in str(e) for word in _UNSUPPORTED):  # valid, but a variant it lacks
@@ -333,7 +337,7 @@ def _decode_jpeg_strict(buf, flag: int, what: str):
         raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
 
 
-def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
+def check_structure(buf: BytesLike, what: str, max_pixels: Optional[int]) -> None:
     """Reject bytes that decoders would silently 'repair' (truncation) or that are too big.
 
     A JPEG's end marker is only looked for when OpenCV will decode it: the strict
@@ -343,7 +347,7 @@ def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
     if n == 0:
         raise DecodeError("%s: empty image data" % what)
     head = bytes(buf[:8])
-    if head.startswith(b"\xff\xd8") and _sj is None:
+    if head.startswith(JPEG_SOI) and sj is None:
         # Entropy-coded data never contains FF D9 (0xFF is always stuffed), so a JPEG cut
         # short has no end-of-image marker after its last start-of-scan.
         data = bytes(buf)
@@ -356,9 +360,9 @@ def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
             raise DecodeError("%s: truncated PNG (no IEND chunk at the end)" % what)
     if max_pixels:
         hw = image_size(buf)
-        if hw is None and head.startswith(b"\xff\xd8") and _sj is not None:
+        if hw is None and head.startswith(JPEG_SOI) and sj is not None:
             try:  # the decoder's own header parser: what it reads is what it allocates
-                hw = _sj.decode_jpeg_header(bytes(buf))[:2]
+                hw = sj.decode_jpeg_header(bytes(buf))[:2]
             except ValueError as e:
                 raise DecodeError("%s: corrupt JPEG header (%s)" % (what, e)) from None
         elif hw is None:
@@ -368,7 +372,7 @@ def _check_structure(buf, what: str, max_pixels: Optional[int]) -> None:
                               "if this image is genuine" % (what, hw[1], hw[0], max_pixels))
 
 
-def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,
+def decode_image(buf: BytesLike, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,
                  what: str = "image") -> np.ndarray:
     """Decode image bytes to an HWC uint8 numpy array, RGB for ``flag=1``, HW1 grey for 0.
 
@@ -390,22 +394,23 @@ def decode_image(buf, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_
         elif flag == 0 and img.shape[2] == 3:
             img = cv2.cvtColor(np.ascontiguousarray(img), cv2.COLOR_RGB2GRAY)[:, :, None]
         return img
-    _check_structure(buf, what, max_pixels)
-    if bytes(buf[:2]) == b"\xff\xd8":
-        img = _decode_jpeg_strict(buf, flag, what)
-        if img is not None:
-            return img if img.ndim == 3 else img[:, :, None]
+    check_structure(buf, what, max_pixels)
+    if bytes(buf[:2]) == JPEG_SOI:
+        jpeg = _decode_jpeg_strict(buf, flag, what)
+        if jpeg is not None:
+            return jpeg if jpeg.ndim == 3 else jpeg[:, :, None]
     arr = np.frombuffer(buf, dtype=np.uint8)
-    img = cv2.imdecode(arr, (cv2.IMREAD_COLOR if flag == 1 else cv2.IMREAD_GRAYSCALE)
-                       | cv2.IMREAD_IGNORE_ORIENTATION)  # as mx.image.imdecode does
-    if img is None:
+    pixels = cv2.imdecode(arr, (cv2.IMREAD_COLOR if flag == 1 else cv2.IMREAD_GRAYSCALE)
+                          | cv2.IMREAD_IGNORE_ORIENTATION)  # as mx.image.imdecode does
+    if pixels is None:
         raise DecodeError("%s: %d bytes are not a decodable image" % (what, len(arr)))
     if flag == 1:
-        return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-    return img[:, :, None]
+        return cv2.cvtColor(pixels, cv2.COLOR_BGR2RGB)
+    return pixels[:, :, None]
 
 
-def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS, what: str = "mask",
+def decode_mask(buf: BytesLike, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,
+                what: str = "mask",
                 rows: Optional[Tuple[int, int]] = None) -> np.ndarray:
     """Decode mask bytes to an HW uint8/uint16 array: a run-length mask (``GDRL``, written
     by default), a single-channel index PNG, or a raw / compressed raw array.
@@ -426,14 +431,14 @@ def decode_mask(buf, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS, what: st
     if not bytes(buf[:8]).startswith(PNG_SIGNATURE):
         raise DecodeError("%s: masks are stored as run-length masks or PNG, these bytes are "
                           "neither" % what)
-    _check_structure(buf, what, max_pixels)
-    m = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
-    if m is None:
+    check_structure(buf, what, max_pixels)
+    png = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    if png is None:
         raise DecodeError("%s: %d bytes are not a decodable PNG" % (what, len(buf)))
-    if m.ndim != 2:
+    if png.ndim != 2:
         raise DecodeError("%s: expected a single-channel index PNG, got shape %s"
-                          % (what, m.shape))
-    return take_rows(m, rows, what)
+                          % (what, png.shape))
+    return take_rows(png, rows, what)
 
 
 def encode_mask(mask: np.ndarray, compression: int = 3) -> bytes:

@@ -46,6 +46,7 @@ import cv2
 import numpy as np
 
 from . import codec
+from .headers import JPEG_SOI
 from ..errors import DecodeError
 
 try:  # the optional C extension (setup.py); absent: whole-image decodes, the same pixels
@@ -64,7 +65,6 @@ _ENV = "GLUON_DATA_REGION_DECODE"
 _SCALED_ENV = "GLUON_DATA_DECODE_SCALED"
 #: libjpeg's DCT-domain scale factors 1/d tried, largest first.
 _DENOMS = (8, 4, 2)
-_JPEG_SOI = b"\xff\xd8"
 #: Frame types the region decoder is given: baseline, extended and progressive Huffman
 #: (SOF0-SOF2). Lossless (SOF3), hierarchical and arithmetic-coded frames are not.
 _REGION_SOF = frozenset((0xC0, 0xC1, 0xC2))
@@ -78,7 +78,7 @@ def region_decoding() -> bool:
     the decoder of record (simplejpeg) is installed, and ``GLUON_DATA_REGION_DECODE`` is not
     ``0`` (read at each call, so a DataLoader worker follows the environment it was started
     with)."""
-    return (_jpegregion is not None and codec._sj is not None
+    return (_jpegregion is not None and codec.sj is not None
             and os.environ.get(_ENV, "1").strip() != "0")
 
 
@@ -126,7 +126,7 @@ def region_decoder() -> str:
         return "full decode + crop (the gluon_data.format._jpegregion extension is not built)"
     v = _jpegregion.LIBJPEG_TURBO_VERSION
     name = "libjpeg-turbo %d.%d.%d" % (v // 1000000, v // 1000 % 1000, v % 1000)
-    if codec._sj is None:  # pragma: no cover - a broken install
+    if codec.sj is None:  # pragma: no cover - a broken install
         return "full decode + crop (simplejpeg is not installed; extension built with %s)" % name
     if not region_decoding():
         return "full decode + crop (%s=0; extension built with %s)" % (_ENV, name)
@@ -152,7 +152,7 @@ def _region(buf, box, flag: int, max_pixels: Optional[int], what: str) -> Option
     y0, x0, y1, x1 = _check_box(box, hw, what)
     if (y1 - y0) * (x1 - x0) > REGION_MAX_FRACTION * hw[0] * hw[1]:
         return None
-    codec._check_structure(buf, what, max_pixels)  # empty, pixel cap: as decode_image
+    codec.check_structure(buf, what, max_pixels)  # empty, pixel cap: as decode_image
     try:  # (a box outside the size libjpeg reads is a ValueError too: the headers disagree)
         out = _jpegregion.decode(buf, y0, x0, y1, x1, flag)
     except ValueError as e:
@@ -182,7 +182,7 @@ def _scaled(buf, box, flag: int, shrink_to, max_pixels: Optional[int],
     d = _denom((y1 - y0, x1 - x0), (oh, ow))
     if d == 1:
         return None
-    codec._check_structure(buf, what, max_pixels)
+    codec.check_structure(buf, what, max_pixels)
     sh, sw = -(-frame.height // d), -(-frame.width // d)
     # the scaled rows/columns the bilinear taps touch: one beyond the box each side
     sy0, sx0 = max(0, y0 // d - 1), max(0, x0 // d - 1)
@@ -223,11 +223,11 @@ def decode_region(buf, box, flag: int = 1, *,
     """
     if flag not in (0, 1):
         raise ValueError("flag must be 0 (grey) or 1 (colour), got %r" % (flag,))
-    if shrink_to is not None and bytes(buf[:2]) == _JPEG_SOI and scaled_decoding():
+    if shrink_to is not None and bytes(buf[:2]) == JPEG_SOI and scaled_decoding():
         img = _scaled(buf, box, flag, shrink_to, max_pixels, what)
         if img is not None:
             return img
-    if bytes(buf[:2]) == _JPEG_SOI and region_decoding():
+    if bytes(buf[:2]) == JPEG_SOI and region_decoding():
         img = _region(buf, box, flag, max_pixels, what)
         if img is not None:
             return img

@@ -21,6 +21,7 @@ import zlib
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from ..errors import FormatError
+from ..storage.fsutil import LMDB_DATA
 
 __all__ = ["load_document", "parse_json", "check_document", "KINDS", "Spec", "F", "Doc"]
 
@@ -376,7 +377,7 @@ register("receipt", Doc("shard upload receipt", RECEIPT_FIELDS,
 
 
 def _lmdb_commit_after(doc: dict, where) -> None:
-    if "data.mdb" not in doc["files"]:
+    if LMDB_DATA not in doc["files"]:
         raise FormatError("LMDB commit document field 'files' lacks \"data.mdb\" (the size "
                           "and SHA-256 of data.mdb)", where)
     for s, m in doc["splits"].items():

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple, Union
 
-__all__ = ["PNG_SIGNATURE", "JpegFrame", "jpeg_frame", "image_size"]
+__all__ = ["PNG_SIGNATURE", "JPEG_SOI", "BytesLike", "JpegFrame", "jpeg_frame", "image_size"]
+
+#: What the codec reads bytes from: a record's payload or a view into a read buffer.
+BytesLike = Union[bytes, bytearray, memoryview]
 
 #: The first bytes of every PNG file.
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: The first bytes of every JPEG file: the start-of-image marker (SOI).
+JPEG_SOI = b"\xff\xd8"
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
@@ -29,7 +34,7 @@ class JpegFrame(NamedTuple):
     sampling: Tuple[Tuple[int, int], ...]
 
 
-def jpeg_frame(buf) -> Optional[JpegFrame]:
+def jpeg_frame(buf: BytesLike) -> Optional[JpegFrame]:
     """The frame header of a JPEG, read without decoding.
 
     The segments are walked up to the frame header however far it lies (a large comment or
@@ -55,7 +60,7 @@ def jpeg_frame(buf) -> Optional[JpegFrame]:
     JpegFrame(marker=192, precision=8, height=5, width=7, sampling=((2, 2), (1, 1), (1, 1)))
     """
     b = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
-    if bytes(b[:2]) != b"\xff\xd8":
+    if bytes(b[:2]) != JPEG_SOI:
         return None
     i, n = 2, len(b)
     while i + 4 <= n:
@@ -84,7 +89,7 @@ def jpeg_frame(buf) -> Optional[JpegFrame]:
     return None
 
 
-def image_size(buf) -> Optional[Tuple[int, int]]:
+def image_size(buf: BytesLike) -> Optional[Tuple[int, int]]:
     """``(height, width)`` read from a PNG or JPEG header without decoding, else ``None``
     (a JPEG's from :func:`jpeg_frame`)."""
     b = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf

@@ -1,12 +1,17 @@
 """The names of the objects a dataset at a URI is made of (FORMAT.md section 8)."""
 from __future__ import annotations
 
+from ..storage.fsutil import LMDB_DATA
+
 __all__ = ["UPLOAD_MARKER", "LMDB_DATA", "LMDB_COMMIT", "LMDB_MARKER", "LMDB_FORMAT",
-           "sibling_uri"]
+           "MANIFEST_SUFFIX", "sibling_uri"]
 
 UPLOAD_MARKER = ".uploading.json"  # PREFIX.uploading.json: an upload is in progress
 
-LMDB_DATA = "data.mdb"  # the one file of a published environment (no lock.mdb: FORMAT.md §5)
+# LMDB_DATA (storage.fsutil): the one file of a published environment (no lock.mdb: FORMAT.md §5)
+
+#: PREFIX.shards.json: a sharded dataset's manifest (FORMAT.md section 7)
+MANIFEST_SUFFIX = ".shards.json"
 
 LMDB_COMMIT = "meta.json"        # NAME.lmdb/meta.json: the commit document (FORMAT.md §8)
 LMDB_MARKER = "uploading.json"   # NAME.lmdb/uploading.json: an upload in progress

@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional, Tuple
 import numpy as np
 
 from ..errors import DecodeError
-from .headers import image_size
+from .headers import BytesLike, image_size
 from .rawarray import is_raw, raw_shape
 
 try:  # built by setup.py where a C compiler is present; numpy decodes the same bytes without
@@ -56,7 +56,7 @@ class RleHeader(NamedTuple):
     values_at: int    # byte offset of the run values
 
 
-def is_rle(buf) -> bool:
+def is_rle(buf: BytesLike) -> bool:
     return bytes(buf[:4]) == RLE_MAGIC
 
 
@@ -122,7 +122,7 @@ def rle_bytes(shape, dtype, block_rows: int, lengths, values, offsets) -> bytes:
                      np.asarray(values, dt).tobytes()))
 
 
-def rle_header(buf, what: str = "mask", max_pixels: Optional[int] = None) -> RleHeader:
+def rle_header(buf: BytesLike, what: str = "mask", max_pixels: Optional[int] = None) -> RleHeader:
     """Read and check a run-length mask's header and sizes (nothing decoded)."""
     n = len(buf)
     if n < _HEAD.size:
@@ -159,7 +159,7 @@ def rle_header(buf, what: str = "mask", max_pixels: Optional[int] = None) -> Rle
     return RleHeader(dt, brows, h, w, runs, blocks, lengths_at, values_at)
 
 
-def decode_rle(buf, what: str = "mask", max_pixels: Optional[int] = None,
+def decode_rle(buf: BytesLike, what: str = "mask", max_pixels: Optional[int] = None,
                rows: Optional[Tuple[int, int]] = None) -> np.ndarray:
     """Decode a run-length mask to an HW uint8/uint16 array; with ``rows=(y0, y1)`` only
     the blocks those rows lie in are expanded, and rows ``y0:y1`` (full width) returned.
@@ -232,7 +232,7 @@ def take_rows(m: np.ndarray, rows: Optional[Tuple[int, int]], what: str) -> np.n
     return m[y0:y1]
 
 
-def mask_size(buf, what: str = "mask") -> Optional[Tuple[int, int]]:
+def mask_size(buf: BytesLike, what: str = "mask") -> Optional[Tuple[int, int]]:
     """``(height, width)`` of stored mask bytes from their header alone (run-length, PNG or
     raw); ``None`` when the header is not one of those (``decode_mask`` then says why)."""
     if is_rle(buf):

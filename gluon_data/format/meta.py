@@ -10,7 +10,7 @@ import os
 from typing import Any, Dict, Optional
 
 from .documents import CHECKSUM_FIELD, check_document, content_crc32, load_document
-from ..storage.fileio import read_regular
+from ..storage.fileio import read_input
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "SUPPORTED_VERSIONS", "TASKS",
            "meta_path", "read_meta", "check_meta", "dumps_meta", "ids_are_keys",
@@ -75,7 +75,7 @@ def read_meta(rec_path: str) -> Optional[Dict[str, Any]]:
     """Metadata of a ``.rec``, or ``None`` when there is none (a stock MXNet file)."""
     path = meta_path(rec_path)
     try:  # the input-kind rule first: a FIFO or device here is refused, never opened
-        raw = read_regular(path)
+        raw = read_input(path)
     except FileNotFoundError:
         return None
     return load_document(raw, "meta", path)

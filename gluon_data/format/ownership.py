@@ -12,9 +12,11 @@ from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
 from ..errors import FormatError, OutputError
 from .codec import RECORDIO_MAGIC
-from .headers import PNG_SIGNATURE
+from .headers import JPEG_SOI, PNG_SIGNATURE
+from .layout import MANIFEST_SUFFIX
 from .documents import KINDS as DOCUMENTS, NUMBER, Doc, F, load_document, parse_json, register
-from ..storage.fsutil import holds_only_lmdb
+from ..storage.fileio import FILE_ID, path_stamp
+from ..storage.fsutil import LMDB_DATA, holds_only_lmdb
 from ..storage.remotefs import is_uri
 
 __all__ = ["check_replaceable", "is_ours", "register_sniffer", "KINDS", "classify_location",
@@ -47,7 +49,6 @@ LOCATIONS = dict(KINDS, **{
     "file": "a file that is not a dataset",
     "missing": "nothing: no such file or folder",
 })
-_MANIFEST_SUFFIX = ".shards.json"  # gluon_data.stores.shards.MANIFEST_SUFFIX (shards imports us)
 
 
 def _head(path: str, n: int) -> bytes:
@@ -171,7 +172,7 @@ def _ownership(path: str, kind: str) -> Ownership:
     if stat.S_ISLNK(st.st_mode):
         return Ownership(False, "a symbolic link")
     if kind == "lmdb":
-        if not holds_only_lmdb(path) or not os.path.isfile(os.path.join(path, "data.mdb")):
+        if not holds_only_lmdb(path) or not os.path.isfile(os.path.join(path, LMDB_DATA)):
             return Ownership(False, "not a directory holding only data.mdb (and lock.mdb)")
         sniff = _SNIFFERS.get("lmdb")  # registered by gluon_data.stores.lmdbio (reads __meta__)
         if sniff is None:  # the module that could tell is not loaded: never assume ours
@@ -195,7 +196,7 @@ def _ownership(path: str, kind: str) -> Ownership:
         if kind == "png":
             return Ownership(_head(path, 8) == PNG_SIGNATURE)
         h = _head(path, 12)  # "image"
-        return Ownership(h.startswith((PNG_SIGNATURE, b"\xff\xd8\xff", b"BM", b"II*\x00",
+        return Ownership(h.startswith((PNG_SIGNATURE, JPEG_SOI + b"\xff", b"BM", b"II*\x00",
                                        b"MM\x00*")) or (h[:4] == b"RIFF" and h[8:12] == b"WEBP"))
     except OSError as e:
         return Ownership(False, "unreadable (%s)" % e)
@@ -216,9 +217,9 @@ def classify_location(location) -> str:
         return "missing"
     real = os.path.realpath(location)
     if os.path.isdir(real):
-        return "lmdb" if os.path.isfile(os.path.join(real, "data.mdb")) else "folder"
+        return "lmdb" if os.path.isfile(os.path.join(real, LMDB_DATA)) else "folder"
     name = location.rstrip("/")
-    if name.endswith(_MANIFEST_SUFFIX):
+    if name.endswith(MANIFEST_SUFFIX):
         return "manifest"
     for kind in ("rec", "gdx"):  # (their magic: a few bytes read)
         if is_ours(real, kind):
@@ -257,11 +258,7 @@ def _claims(path: str, kind: str) -> bool:
 
 def _identity(path: str):
     """``(st_dev, st_ino)`` of what ``path`` leads to, or None where nothing is."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+    return path_stamp(path, FILE_ID)
 
 
 def check_disjoint(writes: Iterable[str], reads: Iterable[str]) -> None:

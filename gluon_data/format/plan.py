@@ -26,20 +26,20 @@ import os
 import time
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..storage.fileio import path_stamp
+
 __all__ = ["plan_digest", "part_digest", "conversion_id", "source_head", "changed_files",
            "PlanDigest"]
+
+
+_PLAN_STAMP = ("size", "mtime_ns", "ino", "ctime_ns")  # its order: digests already recorded
 
 
 def _stamp(path: Optional[str]) -> Optional[List[int]]:
     """``[size, mtime_ns, inode, ctime_ns]`` of ``path`` (``None`` for no path or a file that
     is gone): what one ``stat`` tells of a file's content without reading it."""
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+    stamp = None if path is None else path_stamp(path, _PLAN_STAMP)
+    return None if stamp is None else list(stamp)
 
 
 def _changed_ns(st: List[int]) -> int:

@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from ..errors import DecodeError
+from .headers import BytesLike
 
-__all__ = ["RAW_MAGIC", "RAWZ_MAGIC", "encode_raw", "is_raw", "raw_shape"]
+__all__ = ["RAW_MAGIC", "RAWZ_MAGIC", "RAW_HEAD", "encode_raw", "decode_raw", "is_raw", "raw_shape"]
 
 RAW_MAGIC = b"GDRW"
 #: A raw array whose data is one zlib stream (masks: 3x faster to decode than PNG, 7x faster
 #: to encode, as small).
 RAWZ_MAGIC = b"GDRZ"
-_RAW_HEAD = struct.Struct("<4sBB")
-_RAW_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2")}
+RAW_HEAD = struct.Struct("<4sBB")
+_RAW_DTYPES: Dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2")}
 _RAW_CODES = {v: k for k, v in _RAW_DTYPES.items()}
 
 
@@ -33,26 +34,26 @@ def encode_raw(array: np.ndarray, compress: Optional[int] = None) -> bytes:
     magic = RAW_MAGIC
     if compress is not None:
         magic, data = RAWZ_MAGIC, zlib.compress(data, compress)
-    return (_RAW_HEAD.pack(magic, _RAW_CODES[dt], a.ndim)
+    return (RAW_HEAD.pack(magic, _RAW_CODES[dt], a.ndim)
             + struct.pack("<%dI" % a.ndim, *a.shape) + data)
 
 
-def is_raw(buf) -> bool:
+def is_raw(buf: BytesLike) -> bool:
     return bytes(buf[:4]) in (RAW_MAGIC, RAWZ_MAGIC)
 
 
-def _decode_raw(buf, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
+def decode_raw(buf: BytesLike, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
     mv = memoryview(buf)
-    if len(mv) < _RAW_HEAD.size:
+    if len(mv) < RAW_HEAD.size:
         raise DecodeError("%s: truncated raw-array header" % what)
-    magic, code, ndim = _RAW_HEAD.unpack_from(mv, 0)
+    magic, code, ndim = RAW_HEAD.unpack_from(mv, 0)
     if code not in _RAW_DTYPES or not 1 <= ndim <= 3:
         raise DecodeError("%s: invalid raw-array header (dtype code %d, ndim %d)"
                           % (what, code, ndim))
-    off = _RAW_HEAD.size + 4 * ndim
+    off = RAW_HEAD.size + 4 * ndim
     if len(mv) < off:
         raise DecodeError("%s: truncated raw-array shape" % what)
-    shape = struct.unpack_from("<%dI" % ndim, mv, _RAW_HEAD.size)
+    shape = struct.unpack_from("<%dI" % ndim, mv, RAW_HEAD.size)
     dt = _RAW_DTYPES[code]
     need = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if ndim == 3 and not 1 <= shape[2] <= 4:
@@ -79,12 +80,12 @@ def _decode_raw(buf, what: str, max_pixels: Optional[int] = None) -> np.ndarray:
     return np.frombuffer(mv, dtype=dt, offset=off).reshape(shape)
 
 
-def raw_shape(buf) -> Optional[Tuple[int, ...]]:
+def raw_shape(buf: BytesLike) -> Optional[Tuple[int, ...]]:
     """The shape a raw array's header states (``None``: not a whole header); not checked."""
     mv = memoryview(buf)
-    if len(mv) < _RAW_HEAD.size:
+    if len(mv) < RAW_HEAD.size:
         return None
     ndim = mv[5]
-    if not 1 <= ndim <= 3 or len(mv) < _RAW_HEAD.size + 4 * ndim:
+    if not 1 <= ndim <= 3 or len(mv) < RAW_HEAD.size + 4 * ndim:
         return None
-    return struct.unpack_from("<%dI" % ndim, mv, _RAW_HEAD.size)
+    return struct.unpack_from("<%dI" % ndim, mv, RAW_HEAD.size)

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..storage.cache import Cache
 from ..errors import CacheError, FormatError, OutputError
-from ..storage.fileio import open_or_explain, open_regular, require_regular
-from ..storage.fsutil import atomic_write, map_readonly, open_new
+from ..storage.fileio import open_or_explain, open_regular, require_regular, stat_stamp
+from ..storage.fsutil import OutputLock, atomic_write, map_readonly, open_new
 from ..format.ownership import check_replaceable
 
 __all__ = ["read_index", "idx_path_for", "write_binary_index", "binary_index_problem",
@@ -182,10 +182,19 @@ def _binary_index_parts(keys: np.ndarray, offsets: np.ndarray, text: bytes,
     return head + struct.pack("<Q", zlib.crc32(head)), body
 
 
-def write_binary_index(idx_path: str) -> str:
+def write_binary_index(idx_path: str, lock_held: bool = False) -> str:
     """Write ``idx_path + '.gdx'`` from the ``.idx`` (atomically); returns its path. Our
     converters do this for every ``.rec`` they write; run it once on a stock im2rec index
-    to have it open as fast (without it, a big index is parsed once into the user cache)."""
+    to have it open as fast (without it, a big index is parsed once into the user cache).
+
+    It takes the output lock of the ``.rec`` the index belongs to
+    (:class:`~gluon_data.storage.fsutil.OutputLock`), so it never writes beside a conversion
+    or a salvage at work on that ``.rec`` (:class:`~gluon_data.errors.ConversionError`
+    naming it); ``lock_held``: the caller is that writer and holds the lock already."""
+    if not lock_held:
+        rec = idx_path[:-len(".idx")] + ".rec" if idx_path.endswith(".idx") else idx_path
+        with OutputLock([rec]):
+            return write_binary_index(idx_path, lock_held=True)
     text, mtime_ns = _read_stamped(idx_path)
     keys, offsets = parse_index(text, idx_path)
     out = idx_path + BINARY_INDEX_SUFFIX
@@ -511,6 +520,6 @@ def _parse_index_int64(raw: bytes, idx_path: str) -> Tuple[np.ndarray, np.ndarra
 
 
 
-def file_stamp(st: os.stat_result) -> Tuple[int, int, int, int]:
+def file_stamp(st: os.stat_result) -> Tuple[int, ...]:
     """``(device, inode, size, mtime_ns)``: what changes when a file is replaced or rewritten."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return stat_stamp(st, ("dev", "ino", "size", "mtime_ns"))

@@ -27,10 +27,11 @@ from typing import Callable, Optional
 
 from .fastpath import numpy_classification_transform, numpy_image_transform
 from ..arrays.base import open_location
+from ..format.codec import DEFAULT_MAX_PIXELS as _DEFAULT_MAX_PIXELS
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..stores.base import is_uri, open_store
 from ..stores.recipe_layout import RecipeLayout
-from .taskdatasets import (_DEFAULT_MAX_PIXELS, MODES, ClassificationDataset,  # noqa: F401
+from .taskdatasets import (MODES, ClassificationDataset,  # noqa: F401
                            SegmentationDataset, default_joint_transform)
 
 __all__ = ["ClassificationDataset", "SegmentationDataset",

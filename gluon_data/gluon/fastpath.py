@@ -23,7 +23,7 @@ from ..arrays.tensorize import ImageCropNormalize, ToTensorNormalize
 __all__ = ["numpy_image_transform", "numpy_classification_transform"]
 
 
-def _as_ndarray(x: np.ndarray, dtype) -> mx.nd.NDArray:
+def as_ndarray(x: np.ndarray, dtype) -> mx.nd.NDArray:
     """A CPU NDArray over ``x`` without copying it (``x`` is ours and never touched again)."""
     x = np.ascontiguousarray(x, dtype=dtype)
     if not x.flags.writeable or x.dtype.str[1:] not in ("u1", "i4", "f4"):
@@ -39,11 +39,11 @@ def numpy_image_transform(transform) -> Optional[ToTensorNormalize]:
     ToTensorNormalize` (the same values to float32 rounding) instead of two NDArray operators
     per sample, which cost more than decoding the JPEG in a DataLoader worker.
     """
-    fast = _tensor_only(transform)
+    fast = tensor_only(transform)
     return None if fast is None else fast.tensor
 
 
-def _tensor_only(transform) -> Optional[ImageCropNormalize]:
+def tensor_only(transform) -> Optional[ImageCropNormalize]:
     fast = numpy_classification_transform(transform)
     return None if fast is None or fast.crop is not None or fast.flip else fast
 

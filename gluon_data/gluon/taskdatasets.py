@@ -34,7 +34,7 @@ from ..arrays.datasets import MODES, default_joint_transform
 from ..arrays.tensorize import OUTPUTS, ImageCropNormalize
 from ..format import codec
 from ..stores.base import RecordStore
-from .fastpath import _as_ndarray, _tensor_only, numpy_classification_transform
+from .fastpath import as_ndarray, tensor_only, numpy_classification_transform
 
 __all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "OUTPUTS",
            "default_joint_transform"]
@@ -48,7 +48,7 @@ _CLASS_FOR = {("rec", "classification"): "ImageRecordDataset",
 
 
 class _NDArrays:
-    """The output hooks of :class:`gluon_data.arrays.base._StoreDataset`, for Gluon: samples
+    """The output hooks of :class:`gluon_data.arrays.base.StoreDataset`, for Gluon: samples
     as CPU NDArrays, the fast paths' outputs over pooled buffers (no copy)."""
 
     def _task_class(self, task: str) -> str:
@@ -61,7 +61,7 @@ class _NDArrays:
         return buffers.samples.wrap(buf)
 
     def _out(self, x: np.ndarray, dtype) -> mx.nd.NDArray:
-        return _as_ndarray(x, dtype)
+        return as_ndarray(x, dtype)
 
 
 class ClassificationDataset(_NDArrays, A.ClassificationDataset, mx.gluon.data.Dataset):
@@ -114,7 +114,7 @@ class ClassificationDataset(_NDArrays, A.ClassificationDataset, mx.gluon.data.Da
     def _first_fallback(self, img: np.ndarray):
         """Mean/std not fitting the image's channels: the Gluon transform runs (and fails
         as Gluon fails)."""
-        return self._fast_source(_as_ndarray(img, np.uint8))
+        return self._fast_source(as_ndarray(img, np.uint8))
 
     def transform_first(self, fn, lazy: bool = True):
         """Gluon's ``transform_first``; a recognised image transform (``RandomResizedCrop`` /
@@ -221,4 +221,4 @@ class SegmentationDataset(_NDArrays, A.SegmentationDataset, mx.gluon.data.Datase
     def _image_fast_path(self, transform):
         """In a mode, a Gluon ``ToTensor`` (+ ``Normalize``) image transform runs as numpy
         (the same values, :func:`~gluon_data.gluon.fastpath.numpy_image_transform`)."""
-        return _tensor_only(transform), transform
+        return tensor_only(transform), transform

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice
-from typing import Iterable, Iterator
+from typing import Any, Iterator, Protocol, Sequence, Union
+
+import numpy as np
 
 from ..errors import GluonDataError
 from ..stores.base import will_need
@@ -18,7 +20,7 @@ from ..stores.base import will_need
 __all__ = ["HintAhead", "hint"]
 
 
-def hint(target, indices) -> None:
+def hint(target: Any, indices: Union[np.ndarray, Sequence[int]]) -> None:
     """Hand ``indices`` to ``target``'s ``will_need`` (a store or a dataset; one without is
     left alone). A hint that fails (a damaged or replaced file, a position that is no key)
     is dropped: the read of the record, in whichever process reads it, raises the typed
@@ -28,6 +30,14 @@ def hint(target, indices) -> None:
             will_need(target, indices)
         except (GluonDataError, OSError, LookupError):
             pass
+
+
+class SizedIterable(Protocol):
+    """What :class:`HintAhead` drives: a sampler or a list, iterated and sized."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator: ...
 
 
 class HintAhead:
@@ -66,7 +76,7 @@ class HintAhead:
     read [4]
     """
 
-    def __init__(self, source: Iterable, target, ahead: int = 0, *, window: int = 1,
+    def __init__(self, source: "SizedIterable", target: Any, ahead: int = 0, *, window: int = 1,
                  single: bool = False):
         self.source, self.target = source, target
         self.ahead, self.window = max(0, int(ahead)), max(1, int(window))

@@ -17,14 +17,15 @@ Examples
 from __future__ import annotations
 
 import operator
-from typing import List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["epoch_order", "block_order"]
+__all__ = ["epoch_order", "block_order", "checked_count", "range_pieces", "range_positions",
+           "merged_ranges"]
 
 
-def _count(name: str, value, minimum: int) -> int:
+def checked_count(name: str, value: Any, minimum: int) -> int:
     """``value`` as an int >= ``minimum``, or a ValueError naming the parameter."""
     try:
         number = operator.index(value)
@@ -58,8 +59,8 @@ def block_order(part_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool 
     arguments (never of the number of replicas), from its own stream
     (``SeedSequence([seed, epoch], spawn_key=(2,))``); ``shuffle=False``: ``arange``, the
     parts in store order."""
-    sizes = np.asarray([_count("part size", n, 0) for n in part_sizes], dtype=np.int64)
-    per_block = _count("parts_per_block", parts_per_block, 1)
+    sizes = np.asarray([checked_count("part size", n, 0) for n in part_sizes], dtype=np.int64)
+    per_block = checked_count("parts_per_block", parts_per_block, 1)
     nparts, total = len(sizes), int(sizes.sum())
     firsts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
     rng = None
@@ -79,7 +80,7 @@ def block_order(part_sizes: Sequence[int], seed: int, epoch: int, shuffle: bool 
     return order[np.lexsort((rng.random(total), block_of))], bounds
 
 
-def _pieces(ranges, lo: int, hi: int) -> List[Tuple[int, int]]:
+def range_pieces(ranges: Sequence[Sequence[int]], lo: int, hi: int) -> List[Tuple[int, int]]:
     """The ranges of order positions that items ``lo:hi`` of ``ranges`` laid end to end are."""
     out, base = [], 0
     for a, b in ranges:
@@ -92,13 +93,13 @@ def _pieces(ranges, lo: int, hi: int) -> List[Tuple[int, int]]:
     return out
 
 
-def _positions(ranges, lo: int, hi: int) -> np.ndarray:
+def range_positions(ranges: Sequence[Sequence[int]], lo: int, hi: int) -> np.ndarray:
     """Items ``lo:hi`` of ``ranges`` laid end to end, as an array of order positions."""
-    got = [np.arange(a, b, dtype=np.int64) for a, b in _pieces(ranges, lo, hi)]
+    got = [np.arange(a, b, dtype=np.int64) for a, b in range_pieces(ranges, lo, hi)]
     return np.concatenate(got) if got else np.zeros(0, np.int64)
 
 
-def _merged(ranges) -> List[List[int]]:
+def merged_ranges(ranges: Sequence[Sequence[int]]) -> List[List[int]]:
     out: List[List[int]] = []
     for a, b in ranges:
         if out and out[-1][1] == a:

@@ -2,7 +2,9 @@
 of :class:`gluon_data.DistributedSampler`: ``part_sizes=store.parts()``.)"""
 from __future__ import annotations
 
-from .hints import HintAhead
+from typing import Any
+
+from .hints import HintAhead, SizedIterable
 from .sampler import BlockShuffleSampler  # noqa: F401  (here before it joined the sampler)
 
 
@@ -23,7 +25,7 @@ class PrefetchSampler:
     >>> loader = DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=4)  # doctest: +SKIP
     """
 
-    def __init__(self, sampler, store, lookahead: int = 256):
+    def __init__(self, sampler: SizedIterable, store: Any, lookahead: int = 256):
         self.sampler, self.store, self.lookahead = sampler, store, max(1, int(lookahead))
 
     def set_epoch(self, epoch: int) -> None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import sys
 import operator
 import warnings
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import (Any, Dict, Iterator, List, Optional, Sequence, SupportsIndex, Tuple,
+                    cast)
 
 import numpy as np
 
-from .orders import _count, _merged, _pieces, _positions, block_order, epoch_order
+from .orders import (block_order, checked_count, epoch_order, merged_ranges, range_pieces,
+                     range_positions)
 
 __all__ = ["SampleKey", "split_key", "sample_rng", "epoch_order", "block_order",
            "DistributedSampler", "DistributedBatchSampler", "BlockShuffleSampler"]
@@ -46,6 +48,9 @@ class SampleKey(int):
     >>> np.arange(100).reshape(10, 10)[key].tolist()[:3]
     [70, 71, 72]
     """
+
+    epoch: int
+    pad: bool
 
     def __new__(cls, index, epoch: int = 0, pad: bool = False) -> "SampleKey":
         self = super().__new__(cls, operator.index(index))
@@ -75,7 +80,7 @@ class SampleKey(int):
         return "SampleKey(index=%d, epoch=%d, pad=%r)" % (int(self), self.epoch, self.pad)
 
 
-def split_key(idx) -> Tuple[int, Optional[int]]:
+def split_key(idx: SupportsIndex) -> Tuple[int, Optional[int]]:
     """``(index, epoch)`` of a :class:`SampleKey`, or ``(idx, None)`` for a plain integer."""
     if isinstance(idx, SampleKey):
         return int(idx.index), int(idx.epoch)
@@ -180,24 +185,24 @@ class DistributedSampler:
                  shuffle: bool = True, seed: int = 0, batch_size: int = 1,
                  drop_last: bool = False, keys: bool = True,
                  part_sizes: Optional[Sequence[int]] = None, parts_per_block: int = 1):
-        self.length = _count("length", length, 0)
-        self.num_replicas = _count("num_replicas", num_replicas, 1)
-        self.rank = _count("rank", rank, 0)
+        self.length = checked_count("length", length, 0)
+        self.num_replicas = checked_count("num_replicas", num_replicas, 1)
+        self.rank = checked_count("rank", rank, 0)
         if self.rank >= self.num_replicas:
             raise ValueError("rank must be in [0, num_replicas=%d), got %d"
                              % (self.num_replicas, self.rank))
-        self.batch_size = _count("batch_size", batch_size, 1)
-        self.seed = _count("seed", seed, -(1 << 63))
+        self.batch_size = checked_count("batch_size", batch_size, 1)
+        self.seed = checked_count("seed", seed, -(1 << 63))
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.keys = bool(keys)
         self.epoch = 0
         self.consumed = 0
         self._order: Optional[Tuple[int, np.ndarray]] = None
-        self.parts_per_block = _count("parts_per_block", parts_per_block, 1)
+        self.parts_per_block = checked_count("parts_per_block", parts_per_block, 1)
         self.part_sizes: Optional[List[int]] = None
         if part_sizes is not None:
-            self.part_sizes = [_count("part size", n, 0) for n in part_sizes]
+            self.part_sizes = [checked_count("part size", n, 0) for n in part_sizes]
             if sum(self.part_sizes) != self.length:
                 raise ValueError("part_sizes sum to %d records, but length is %d"
                                  % (sum(self.part_sizes), self.length))
@@ -205,7 +210,7 @@ class DistributedSampler:
 
     # -- constructors -----------------------------------------------------------------------
     @classmethod
-    def from_kvstore(cls, kv, length: int, **options) -> "DistributedSampler":
+    def from_kvstore(cls, kv: Any, length: int, **options: Any) -> "DistributedSampler":
         """The sampler of this worker of an MXNet kvstore job (``kv.num_workers``,
         ``kv.rank``; 1 and 0 for ``local``/``device`` stores). ``options`` as for the class.
 
@@ -216,7 +221,7 @@ class DistributedSampler:
         return cls(length, num_replicas=kv.num_workers, rank=kv.rank, **options)
 
     @classmethod
-    def from_horovod(cls, length: int, **options) -> "DistributedSampler":
+    def from_horovod(cls, length: int, **options: Any) -> "DistributedSampler":
         """The sampler of this Horovod rank (``hvd.size()``, ``hvd.rank()``), from the Horovod
         binding the training script imported and initialised (``horovod.mxnet``,
         ``horovod.torch`` or ``horovod.tensorflow``; call ``hvd.init()`` first). Nothing is
@@ -238,7 +243,7 @@ class DistributedSampler:
         """Start epoch ``epoch``. A new epoch starts at its first sample; the epoch a state
         was loaded for keeps the loaded position (so ``for e in range(start, n):
         sampler.set_epoch(e)`` resumes)."""
-        epoch = _count("epoch", epoch, 0)
+        epoch = checked_count("epoch", epoch, 0)
         if epoch != self.epoch:
             self.epoch, self.consumed = epoch, 0
             self._remaining = [[0, self.length]]
@@ -250,15 +255,16 @@ class DistributedSampler:
         ``consumed`` counts global samples: ``batches_done * num_replicas * batch_size`` more
         than at the start of the pass (capped at ``length``; a finished pass counts as the
         whole epoch consumed, dropped samples included)."""
-        batches_done = _count("batches_done", batches_done, 0)
+        batches_done = checked_count("batches_done", batches_done, 0)
         total = self.num_batches
         if batches_done > total:
             raise ValueError("batches_done=%d, but this pass has only %d batches per rank"
                              % (batches_done, total))
         consumed = (self.length if batches_done == total else
                     self.consumed + batches_done * self.num_replicas * self.batch_size)
-        state = {"version": _STATE_VERSION, "epoch": self.epoch, "consumed": consumed,
-                 "length": self.length, "seed": self.seed, "shuffle": self.shuffle}
+        state: Dict[str, Any] = {
+            "version": _STATE_VERSION, "epoch": self.epoch, "consumed": consumed,
+            "length": self.length, "seed": self.seed, "shuffle": self.shuffle}
         if self.part_sizes is not None:
             left = [] if batches_done == total else self._left_after(batches_done)
             state.update(part_sizes=list(self.part_sizes), parts_per_block=self.parts_per_block,
@@ -271,10 +277,10 @@ class DistributedSampler:
         starts, counts, _ = self._runs()
         done, left = batches_done * self.batch_size, []
         for a, m in zip(starts.tolist(), counts.tolist()):
-            left += _pieces(self._remaining, a + min(done, m), a + m)
-        left += _pieces(self._remaining, int(starts[-1] + counts[-1]),
+            left += range_pieces(self._remaining, a + min(done, m), a + m)
+        left += range_pieces(self._remaining, int(starts[-1] + counts[-1]),
                         self.length - self.consumed)
-        return _merged(left)
+        return merged_ranges(left)
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (from :meth:`state_dict`, possibly of a job with another
@@ -298,14 +304,14 @@ class DistributedSampler:
                     "sampler state is for %s=%r but this sampler has %s=%r: the sample "
                     "order would differ, so the run could not continue with exactly the "
                     "unseen samples" % (name, state.get(name), name, want))
-        consumed = _count("consumed", state["consumed"], 0)
+        consumed = checked_count("consumed", state["consumed"], 0)
         if consumed > self.length:
             raise ValueError("sampler state consumed %d samples of a dataset of %d"
                              % (consumed, self.length))
         remaining = [[0, self.length]]
         if self.part_sizes is not None:
             remaining = self._check_remaining(state.get("remaining"), consumed)
-        self.epoch = _count("epoch", state["epoch"], 0)
+        self.epoch = checked_count("epoch", state["epoch"], 0)
         self.consumed = consumed
         self._remaining = remaining
 
@@ -370,11 +376,11 @@ class DistributedSampler:
     def _block_positions(self) -> Tuple[np.ndarray, np.ndarray]:
         starts, counts, n = self._runs()
         a, m = int(starts[self.rank]), int(counts[self.rank])
-        real = _positions(self._remaining, a, a + m)
+        real = range_positions(self._remaining, a, a + m)
         pad = n - m
         if pad:  # the rank's own samples backwards (before its run: a rank with none)
             left = self.length - self.consumed
-            source = real if m else _positions(self._remaining, max(0, left - pad), left)
+            source = real if m else range_positions(self._remaining, max(0, left - pad), left)
             real = np.concatenate([real, source[::-1][np.arange(pad) % len(source)]])
         return self.order()[real], np.arange(n) >= m
 
@@ -476,12 +482,12 @@ class BlockShuffleSampler(DistributedSampler):
         warnings.warn("BlockShuffleSampler is deprecated: use gluon_data.DistributedSampler("
                       "sum(part_sizes), part_sizes=part_sizes, parts_per_block=k), which is "
                       "also rank-aware and resumable", DeprecationWarning, stacklevel=2)
-        sizes = [_count("part size", n, 0) for n in part_sizes]
+        sizes = [checked_count("part size", n, 0) for n in part_sizes]
         super().__init__(sum(sizes), shuffle=shuffle, seed=seed, part_sizes=sizes,
                          parts_per_block=parts_per_block)
 
     def blocks(self) -> List[np.ndarray]:
         """This epoch's order, block by block (arrays of record indexes)."""
-        order, bounds = block_order(self.part_sizes, self.seed, self.epoch, self.shuffle,
-                                    self.parts_per_block)
+        order, bounds = block_order(cast(List[int], self.part_sizes), self.seed, self.epoch,
+                                    self.shuffle, self.parts_per_block)
         return [order[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]

@@ -11,15 +11,17 @@ The rules in full: :mod:`gluon_data.arrays.transforms`. This module imports no M
 """
 from __future__ import annotations
 
-import os
 import threading
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import numpy as np
 
+from ..storage.perprocess import PerProcess, ProcessMark
 from .sampler import sample_rng
 
 __all__ = ["sample_context", "SeededRandom", "RandomTransform"]
+
+T = TypeVar("T")
 
 _SAMPLE = threading.local()
 
@@ -64,24 +66,22 @@ class SeededRandom:
 
     def __init__(self, seed: Optional[int] = None):
         self.seed = seed
-        self._owner = os.getpid()
-        self._pid = None
-        self._gen = None
+        self._owner = ProcessMark()  # the process drawing the stream seeded with ``seed``
+        self._gen: PerProcess[np.random.Generator] = PerProcess()
         self._lock = threading.Lock()
 
     def generator(self) -> np.random.Generator:
-        pid = os.getpid()
-        if self._pid != pid:
-            if self.seed is None:
-                self._gen = np.random.default_rng()
-            elif pid == self._owner:
-                self._gen = np.random.default_rng(self.seed)
-            else:
-                self._gen = np.random.default_rng([self.seed, pid])
-            self._pid = pid
-        return self._gen
+        """This process's generator of the stream (made on first use in each process)."""
+        return self._gen.get(self._new_generator)
 
-    def draw(self, fn):
+    def _new_generator(self) -> np.random.Generator:
+        if self.seed is None:
+            return np.random.default_rng()
+        if self._owner.here():
+            return np.random.default_rng(self.seed)
+        return np.random.default_rng([self.seed, ProcessMark().pid])  # (this process's id)
+
+    def draw(self, fn: Callable[[np.random.Generator], T]) -> T:
         """Run ``fn(generator)``: the sample's own generator inside a :class:`sample_context`
         (seeded transforms), else this transform's stream under a lock (threads of a
         thread-pool loader share it)."""
@@ -99,7 +99,8 @@ class SeededRandom:
 
     def __setstate__(self, d):
         self.__init__(d["seed"])
-        self._owner = d["_owner"]
+        owner = d["_owner"]  # a process id in older pickles
+        self._owner = owner if isinstance(owner, ProcessMark) else ProcessMark(owner)
 
 
 class RandomTransform:

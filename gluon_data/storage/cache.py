@@ -51,9 +51,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import CacheError
+from .fileio import stat_stamp
 from .fsutil import (CacheLock, atomic_write, default_cache_dir, kind_of, open_new,
                      sha256_file)
-from .staging import Staging, _remove_tree_entry, _tree_bytes
+from .staging import Staging, remove_tree_entry, tree_bytes
 
 __all__ = ["Cache", "parse_size"]
 
@@ -137,7 +138,7 @@ def _lock_key(kind: str, key: str) -> str:
 
 
 def _identity(st: os.stat_result) -> List[int]:
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return list(stat_stamp(st))
 
 
 class Cache:
@@ -350,7 +351,7 @@ class Cache:
                     st = os.lstat(d)
                     if not stat.S_ISDIR(st.st_mode) or st.st_uid != me:
                         continue
-                    size = _tree_bytes(d) if kind == "staging" else 0
+                    size = tree_bytes(d) if kind == "staging" else 0
                     for e in os.scandir(d) if kind != "staging" else ():
                         if e.is_dir(follow_symlinks=False):  # a download in flight
                             size += sum(f.stat(follow_symlinks=False).st_size
@@ -420,7 +421,7 @@ class Cache:
         try:
             if fresh:
                 for e in os.scandir(path):
-                    _remove_tree_entry(e)
+                    remove_tree_entry(e)
             area = Staging(self, key, path, pin)
             area.claim()
         except BaseException:

@@ -10,16 +10,44 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Callable, Optional, Tuple
+import warnings
+from typing import IO, Any, Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..errors import FormatError, ResourceError
 from .perprocess import PerProcess
 
-__all__ = ["open_or_explain", "open_regular", "read_regular", "require_regular", "input_kind",
+__all__ = ["open_or_explain", "open_regular", "read_input", "require_regular", "input_kind",
            "advise_willneed", "ProcessDescriptor",
-           "replaced_error"]
+           "replaced_error", "STAMP_FIELDS", "FILE_ID", "stat_stamp", "path_stamp"]
+
+#: A file's stamp: these fields of its ``stat`` (``st_dev``...), what changes when the file is
+#: replaced or rewritten, read without reading the file. Each caller records a fixed subset,
+#: in a fixed order (its stored stamps compare equal only in that order).
+STAMP_FIELDS = ("dev", "ino", "size", "mtime_ns", "ctime_ns")
+#: Which file it is: the subset a replacement changes and a rewrite in place does not.
+FILE_ID = ("dev", "ino")
+
+
+def stat_stamp(st: os.stat_result, fields: Sequence[str] = STAMP_FIELDS) -> Tuple[int, ...]:
+    """The one way a file's stamp is made: ``fields`` (of :data:`STAMP_FIELDS`) of the stat
+    result ``st``, in that order.
+
+    >>> st = os.stat(os.devnull)
+    >>> stat_stamp(st, FILE_ID) == (st.st_dev, st.st_ino)
+    True
+    """
+    return tuple(getattr(st, "st_" + name) for name in fields)
+
+
+def path_stamp(path: str, fields: Sequence[str] = STAMP_FIELDS) -> Optional[Tuple[int, ...]]:
+    """:func:`stat_stamp` of what ``path`` leads to now (links followed), or ``None`` where
+    nothing is (or it cannot be stat'ed)."""
+    try:
+        return stat_stamp(os.stat(path), fields)
+    except OSError:
+        return None
 
 
 def open_or_explain(path: str, flags: int = os.O_RDONLY, *, directory: bool = False) -> int:
@@ -64,7 +92,7 @@ def open_or_explain(path: str, flags: int = os.O_RDONLY, *, directory: bool = Fa
     return fd
 
 
-def open_regular(path: str, mode: str = "rb", **kwargs):
+def open_regular(path: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
     """A file object reading the input ``path`` (:func:`open_or_explain`'s rule and checks:
     a FIFO, device or socket is refused, never opened nor waited on). ``mode`` is a reading
     mode (``"rb"``, ``"r"``...; ``"r+b"`` opens for reading and writing)."""
@@ -76,10 +104,21 @@ def open_regular(path: str, mode: str = "rb", **kwargs):
         raise
 
 
-def read_regular(path: str) -> bytes:
-    """The bytes of the input ``path``, read under :func:`open_or_explain`'s rule."""
+def read_input(path: str) -> bytes:
+    """The bytes of the input ``path``, read whole under :func:`open_or_explain`'s rule (a
+    source file read with a size cap is
+    :func:`gluon_data.convert.source_files.read_regular`)."""
     with open_regular(path) as f:
         return f.read()
+
+
+def __getattr__(name: str) -> Callable[[str], bytes]:
+    if name == "read_regular":  # its name until it was told apart from the source reader's
+        warnings.warn("gluon_data.storage.fileio.read_regular is now read_input (read_regular "
+                      "is gluon_data.convert.source_files'); the old name will be removed",
+                      DeprecationWarning, stacklevel=2)
+        return read_input
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 class ProcessDescriptor:
@@ -206,7 +245,8 @@ _FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _WILLNEED_CHUNK = 128 << 10
 
 
-def advise_willneed(fd: int, starts, ends) -> None:
+def advise_willneed(fd: int, starts: Union[np.ndarray, Sequence[int]],
+                    ends: Union[np.ndarray, Sequence[int]]) -> None:
     """Start reading the byte ranges ``[starts[k], ends[k])`` of ``fd`` into the page cache
     asynchronously (``posix_fadvise(POSIX_FADV_WILLNEED)``) and return at once: ranges that
     touch are merged, so adjacent records go as one request, and each call asks for at most

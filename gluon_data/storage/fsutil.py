@@ -18,14 +18,18 @@ import hashlib
 import os
 import shutil
 import stat
-from typing import Iterable, List, Tuple
+from typing import IO, Any, Iterable, List, Tuple
 
 from ..errors import CacheError, ConversionError, OutputError
 
 __all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
-           "OutputLock", "holds_only_lmdb"]
+           "OutputLock", "holds_only_lmdb", "LMDB_DATA", "LMDB_LOCK"]
 
-_LMDB_FILES = frozenset(("data.mdb", "lock.mdb"))
+#: LMDB's own files in an environment directory: the data, and the lock file py-lmdb makes
+#: beside it (never published: FORMAT.md section 5). Defined here, the lowest layer naming them.
+LMDB_DATA = "data.mdb"
+LMDB_LOCK = "lock.mdb"
+_LMDB_FILES = frozenset((LMDB_DATA, LMDB_LOCK))
 _LOCK_TAG = b"gluon_data lock"  # the first bytes of every lock file we write
 
 
@@ -39,7 +43,7 @@ def holds_only_lmdb(path: str) -> bool:
         return False
 
 
-def open_new(path: str, mode: str = "wb", **kwargs):
+def open_new(path: str, mode: str = "wb", **kwargs: Any) -> IO[Any]:
     """Open ``path`` for writing as a fresh file, never through a symbolic link.
 
     A stale regular file there (a leftover temporary of ours) is removed first; a link or a
@@ -227,7 +231,7 @@ def exchange_dirs(a: str, b: str) -> bool:
     raise OSError(err, os.strerror(err), a)
 
 
-def map_readonly(fd: int, size: int):
+def map_readonly(fd: int, size: int) -> Any:
     """A read-only, shared mapping of the first ``size`` bytes of ``fd`` as a buffer (for
     ``np.frombuffer``), unmapped when the last object over it is gone, advised for random
     access. Unlike :class:`mmap.mmap` (which keeps a duplicate of the descriptor until

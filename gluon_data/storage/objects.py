@@ -5,7 +5,7 @@ import fcntl
 import hashlib
 import os
 import posixpath
-from typing import Optional
+from typing import Any, Callable, Optional, Tuple
 
 
 from .cache import Cache
@@ -13,6 +13,20 @@ from ..errors import CacheError, ChecksumMismatchError
 from .fsutil import CacheLock, default_cache_dir, open_new
 from .fsutil import fsync_dir as _fsync_dir
 from .remotefs import Remote
+
+__all__ = ["ShardCache", "staging_key"]
+
+
+def staging_key(uri: str) -> str:
+    """The one key of the staging area (:meth:`Cache.staging
+    <gluon_data.storage.cache.Cache.staging>`) of an output at ``uri``: the first 24 hex
+    digits of the SHA-256 of the URI, so every conversion into ``uri`` (and its resume)
+    stages in the same folder.
+
+    >>> staging_key("s3://bucket/train.rec")
+    'eaa04199ec373d853f82d67d'
+    """
+    return hashlib.sha256(uri.encode("utf-8")).hexdigest()[:24]
 
 
 # --------------------------------------------------------------------------- the cache
@@ -64,7 +78,8 @@ class ShardCache(Cache):
         return hashlib.sha256(("%s\0%s\0v2" % (uri, stamp)).encode("utf-8")).hexdigest()[:32]
 
     def fetch(self, remote: Remote, uri: str, size: int, sha256: Optional[str] = None,
-              stamp: str = "", pin: bool = False, check=None, fresh: bool = False):
+              stamp: str = "", pin: bool = False, check: Optional[Callable[[str], Any]] = None,
+              fresh: bool = False) -> Tuple[str, Optional[CacheLock]]:
         """Path of a verified local copy of ``uri`` (downloading it if needed), and a pin:
         a lock keeping the copy from eviction until ``pin.release()`` (``None`` unless
         ``pin``). ``check(path)``, if given, inspects a finished download (a file named like
@@ -103,7 +118,7 @@ class ShardCache(Cache):
             raise
         if not pin:
             held.release()
-            held = None
+            return final, None
         return final, held
 
     def _download(self, remote, uri, size, sha256, entry, final, key, check=None,

@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 __all__ = ["RemoteOptions", "grouped", "take_grouped", "refuse_unknown"]
 
 
-def grouped(cls, value, owner: str, keyword: str):
+def grouped(cls: Any, value: Any, owner: str, keyword: str) -> Any:
     """``value`` as a ``cls`` (a frozen dataclass of options): ``cls`` itself when ``None``
     (its defaults), the object as it is, or one made of a mapping of its fields. Anything
     else, or a mapping with a key that is not a field, is a ``TypeError`` naming ``owner``'s
@@ -33,7 +33,8 @@ def grouped(cls, value, owner: str, keyword: str):
                     % (owner, keyword, cls.__name__, value))
 
 
-def take_grouped(cls, value, owner: str, keyword: str, kwargs: dict, stacklevel: int = 3):
+def take_grouped(cls: Any, value: Any, owner: str, keyword: str, kwargs: dict,
+                 stacklevel: int = 3) -> Any:
     """The ``cls`` of ``owner``'s ``keyword`` (see :func:`grouped`), or of the separate
     keywords it took before ``cls`` grouped them: those are removed from ``kwargs`` and read
     with a ``DeprecationWarning`` that names the new spelling (``stacklevel`` as for

@@ -15,7 +15,7 @@ import os
 import threading
 from typing import Callable, Generic, Optional, Tuple, TypeVar
 
-__all__ = ["PerProcess"]
+__all__ = ["PerProcess", "ProcessMark"]
 
 T = TypeVar("T")
 
@@ -151,3 +151,40 @@ class PerProcess(Generic[T]):
             return "PerProcess(empty)"
         return "PerProcess(%s of process %d)" % (
             "value" if cur[0] == os.getpid() else "inherited value", cur[0])
+
+
+class ProcessMark:
+    """Which process made something: the one other per-process fact, for what must know
+    after a pickle whether it is back in the process that made it (a seeded stream that the
+    making process draws as ``seed`` and every other process as ``(seed, pid)``; the command
+    line's SIGTERM handler, which raises only in the process that installed it).
+
+    Unlike a :class:`PerProcess` value, a mark travels with a pickle (it is a process id, no
+    handle). No module compares ``os.getpid()`` itself: it asks a holder or a mark.
+
+    >>> mark = ProcessMark()
+    >>> mark.here(), ProcessMark(mark.pid + 1).here()
+    (True, False)
+    """
+
+    __slots__ = ("pid",)
+
+    def __init__(self, pid: Optional[int] = None):
+        #: the process id of the process it marks (this one by default)
+        self.pid: int = os.getpid() if pid is None else pid
+
+    def here(self) -> bool:
+        """Whether the calling process is the marked one."""
+        return self.pid == os.getpid()
+
+    def __reduce__(self):
+        return ProcessMark, (self.pid,)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProcessMark) and other.pid == self.pid
+
+    def __hash__(self) -> int:
+        return hash(self.pid)
+
+    def __repr__(self) -> str:
+        return "ProcessMark(%d%s)" % (self.pid, ", this process" if self.here() else "")

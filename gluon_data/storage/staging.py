@@ -12,7 +12,7 @@ from .fsutil import CacheLock
 __all__ = ["Staging"]
 
 
-def _tree_bytes(top: str) -> int:
+def tree_bytes(top: str) -> int:
     """Bytes of the regular files under ``top`` (links not followed)."""
     size, stack = 0, [top]
     while stack:
@@ -24,7 +24,7 @@ def _tree_bytes(top: str) -> int:
     return size
 
 
-def _remove_tree_entry(e: "os.DirEntry") -> None:
+def remove_tree_entry(e: "os.DirEntry") -> None:
     """Remove one entry of a staging area: a folder with what it holds (links inside it are
     removed, never followed), or a file or link."""
     if e.is_dir(follow_symlinks=False):
@@ -65,7 +65,7 @@ class Staging:
 
     def usage(self) -> int:
         """Bytes the area holds now."""
-        return _tree_bytes(self.path)
+        return tree_bytes(self.path)
 
     def remove(self) -> None:
         """Delete the area and what it holds (the work it staged is done)."""

@@ -20,7 +20,11 @@ Built in: :class:`~gluon_data.stores.recordio.RecordFile` (a local ``.rec``; ``s
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
+
+if TYPE_CHECKING:  # annotations only: numpy is imported where it is used
+    import numpy as np
 
 from ..storage.remotefs import is_uri
 from ..errors import FormatError
@@ -105,7 +109,8 @@ class RecordStore(Protocol):
         :meth:`identity`."""
 
 
-def will_need(store, indices, *, wait: bool = False) -> None:
+def will_need(store: RecordStore, indices: Union[np.ndarray, Sequence[int]], *,
+              wait: bool = False) -> None:
     """Tell ``store`` that the records at positions ``indices`` are about to be read: its
     ``will_need(indices)`` starts fetching them asynchronously where it has one (see the
     notes of :class:`RecordStore`); other stores are left alone. Never raises for a
@@ -131,7 +136,7 @@ def will_need(store, indices, *, wait: bool = False) -> None:
             hint(indices)
 
 
-def valid_positions(indices, n: int):
+def valid_positions(indices: Union[np.ndarray, Sequence[int]], n: int) -> np.ndarray:
     """The ints (or :class:`~gluon_data.sampling.sampler.SampleKey`) of ``indices`` that are positions
     ``0 <= i < n`` of a store of ``n`` records, as an ``int64`` numpy array (for
     ``will_need``: the others are the later read's to report)."""
@@ -167,7 +172,7 @@ def register_reader(predicate: Callable[[str], bool], reader: Callable[..., byte
     _READERS.append((predicate, reader))
 
 
-def read_bytes(location: str, **options) -> bytes:
+def read_bytes(location: str, **options: Any) -> bytes:
     """The bytes of the small document at ``location`` (a manifest): a local file, or an
     object read by the backend registered for it with the store ``options`` (the remote
     backend takes ``storage_options``, ``retries``, ``backoff`` and ignores the rest)."""
@@ -179,7 +184,7 @@ def read_bytes(location: str, **options) -> bytes:
         return f.read()
 
 
-def open_store(location: str, split: Optional[str] = None, **options) -> RecordStore:
+def open_store(location: str, split: Optional[str] = None, **options: Any) -> RecordStore:
     """Open the store at ``location`` (a path or a URI) for ``split``.
 
     Parameters

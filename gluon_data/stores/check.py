@@ -11,6 +11,7 @@ import numpy as np
 from ..format import codec
 from ..errors import GluonDataError
 from ..storage.fileio import require_regular
+from ..storage.fsutil import LMDB_DATA
 from .lmdbio import names_lmdb
 from ..format.meta import ids_are_keys, meta_path, read_meta, wrong_record
 from .recordio import BINARY_INDEX_SUFFIX, RecordFile, binary_index_problem, idx_path_for
@@ -208,7 +209,7 @@ def check_local(path: str, deep: bool = False, split: Optional[str] = None,
     if isinstance(result, BaseException):
         report.add(result, path)
     else:
-        report.problems.append({"where": os.path.join(path, "data.mdb"), "key": None,
+        report.problems.append({"where": os.path.join(path, LMDB_DATA), "key": None,
                                 "offset": None, "reason": "LMDB crashed while reading the file "
                                 "(exit code %s): data.mdb is damaged" % exitcode})
     return report

@@ -31,7 +31,9 @@ import numpy as np
 
 from ..format import codec
 from ..errors import FormatError, SourceError
-from .lmdbio import ProcessEnv, _from_older_pickle, register_layout, shared_env
+from ..storage.fileio import FILE_ID, stat_stamp
+from ..storage.fsutil import LMDB_DATA
+from .lmdbio import ProcessEnv, from_older_pickle, register_layout, shared_env
 from .lmdb_env import env_stamp
 
 __all__ = ["raw_lmdb_items", "caffe_lmdb_items", "datum_class", "LEGACY_LAYOUTS",
@@ -213,10 +215,10 @@ class _LegacyStore:
 
     def _stamp(self) -> str:
         try:
-            st = os.stat(os.path.join(self.path, "data.mdb"))
+            st = os.stat(os.path.join(self.path, LMDB_DATA))
         except OSError as e:
             raise FormatError("cannot stat data.mdb (%s)" % e.strerror, self.path) from None
-        return "-/%d:%d" % (st.st_dev, st.st_ino)
+        return "-/%d:%d" % stat_stamp(st, FILE_ID)
 
     def identity(self) -> str:
         """Device and inode of ``data.mdb`` when opened (legacy layouts carry no id)."""
@@ -246,7 +248,7 @@ class _LegacyStore:
             yield self.read(i)
 
     def __setstate__(self, state):  # (a ProcessEnv pickles unresolved: checks on first read)
-        state = _from_older_pickle(state)
+        state = from_older_pickle(state)
         state.pop("_checked", None)  # the dev:ino check of older versions: ProcessEnv's now
         self.__dict__.update(state)
 

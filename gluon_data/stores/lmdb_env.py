@@ -10,7 +10,8 @@ from typing import Dict, Optional, Tuple
 import lmdb
 
 from ..errors import CorruptRecordError, FormatError
-from ..storage.fileio import open_or_explain, replaced_error
+from ..storage.fileio import FILE_ID, open_or_explain, path_stamp, replaced_error, stat_stamp
+from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
 from .lmdb_pages import MAX_DBS as _MAX_DBS
 from .lmdb_pages import check_data_file as _check_data_file
@@ -84,7 +85,7 @@ def _open_env(envs: dict, path: str) -> lmdb.Environment:
     inode or mapped by LMDB through its path, and the path looked at again: if it names
     another file by then, the map may be of either, so it is opened again (a republish in
     between). Called with the table's lock held."""
-    data = os.path.join(path, "data.mdb")
+    data = os.path.join(path, LMDB_DATA)
     for _ in range(3):
         if not os.path.isfile(data):
             _check_data_file(path)  # raises: "not an LMDB environment ..."
@@ -92,7 +93,7 @@ def _open_env(envs: dict, path: str) -> lmdb.Environment:
         env = None
         try:
             st = os.fstat(fd)
-            key = (st.st_dev, st.st_ino)
+            key = stat_stamp(st, FILE_ID)
             env = _cached(envs, key)
             if env is not None:
                 return env  # the file is open already (found through another path)
@@ -121,19 +122,15 @@ def _open_env(envs: dict, path: str) -> lmdb.Environment:
                       "the dataset once its publisher is done", path)
 
 
-def _names(data: str) -> Optional[Tuple[int, int]]:
+def _names(data: str) -> Optional[Tuple[int, ...]]:
     """``(device, inode)`` of the file the path ``data`` names now (``None``: none)."""
-    try:
-        st = os.stat(data)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+    return path_stamp(data, FILE_ID)
 
 
 def shared_env(path: str) -> lmdb.Environment:
     """The process's read-only environment of the ``data.mdb`` that ``path`` names now
     (opened on first use; one per file, whatever path reaches it)."""
-    file = _names(os.path.join(path, "data.mdb"))
+    file = _names(os.path.join(path, LMDB_DATA))
     envs = _ENVS.get(dict)  # (a forked child's first call closes what it inherited)
     with _ENVS.lock():
         env = _cached(envs, file)
@@ -190,7 +187,7 @@ def env_stamp(env: lmdb.Environment) -> Tuple[int, int, int, int, int]:
 
 
 _STAMP_FIELDS = "device:inode:size:mtime:txnid"
-_REPLACED = "its records are not the ones this dataset was opened on"
+REPLACED = "its records are not the ones this dataset was opened on"
 
 
 class ProcessEnv:
@@ -225,7 +222,7 @@ class ProcessEnv:
         now = env_stamp(env)
         if now != tuple(self.bound):
             raise replaced_error(self.path, self.bound, now, fields=_STAMP_FIELDS,
-                                 consequence=_REPLACED)
+                                 consequence=REPLACED)
         return env, {}, list(_state_of(st)) + [now[4], _main_records(env)]
 
     def _check(self, env: lmdb.Environment, resolved: Optional[list]) -> None:
@@ -256,7 +253,7 @@ class ProcessEnv:
                 resolved[:4] = list(now) + [txnid]
                 return
         raise replaced_error(self.path, tuple(resolved[:3]), now, fields="size:mtime:ctime",
-                             consequence=_REPLACED)
+                             consequence=REPLACED)
 
     def get(self, db_name: Optional[str] = None):
         """``(env, db)`` for this process; ``db`` is the named sub-database (or main)."""

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import CorruptRecordError, FormatError
 from ..storage.fileio import ProcessDescriptor, advise_willneed, replaced_error
+from ..storage.fsutil import LMDB_DATA
 from ..format.recindex import file_stamp
 from .base import valid_positions
 
@@ -82,7 +83,7 @@ def check_data_file(path: str, fd: Optional[int] = None) -> int:
     if not os.path.isdir(path):
         raise FormatError("not an LMDB environment: %s" % ("no such directory"
                           if not os.path.exists(path) else "not a directory"), path)
-    data = os.path.join(path, "data.mdb")
+    data = os.path.join(path, LMDB_DATA)
     if fd is None and not os.path.isfile(data):
         raise FormatError("not an LMDB environment: no data.mdb in it", path)
     size = os.path.getsize(data) if fd is None else os.fstat(fd).st_size
@@ -122,7 +123,7 @@ def direct_reads_refused(path: str, pages: Optional[bool] = None) -> Optional[st
     if sys.byteorder != "little":
         return "big-endian host"
     try:
-        head = _read_head(os.path.join(path, "data.mdb"))
+        head = _read_head(os.path.join(path, LMDB_DATA))
     except OSError as e:
         return "data.mdb unreadable (%s)" % e.strerror
     psize = struct.unpack_from("<I", head, _META_PSIZE_AT)[0] if len(head) >= 44 else 0
@@ -296,7 +297,7 @@ class PageReader:
 
     def _init_process(self) -> None:
         self._locations: Optional[_ValueLocations] = None
-        self._file = ProcessDescriptor(os.path.join(self.path, "data.mdb"),
+        self._file = ProcessDescriptor(os.path.join(self.path, LMDB_DATA),
                                        _Opened(self.path, self.stamp))
         self._scratch = threading.local()
 

@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 import lmdb
 
 from ..errors import OutputError
-from ..storage.fsutil import exchange_dirs, fsync_dir, remove_partial_dir
+from ..storage.fsutil import LMDB_DATA, LMDB_LOCK, exchange_dirs, fsync_dir, remove_partial_dir
 from ..format.ownership import check_replaceable
 from .lmdb_pages import MAX_DBS, META_DB, record_key
 from ..format.meta import dumps_meta
@@ -61,7 +61,7 @@ class LMDBWriter:
     def read_progress(cls, path: str) -> Optional[bytes]:
         """The progress document of an interrupted write of ``path``, if there is one."""
         tmp = os.fspath(path).rstrip("/") + cls.PARTIAL
-        if not os.path.isfile(os.path.join(tmp, "data.mdb")):
+        if not os.path.isfile(os.path.join(tmp, LMDB_DATA)):
             return None
         env = lmdb.open(tmp, readonly=True, lock=False, max_dbs=MAX_DBS, subdir=True)
         try:
@@ -105,7 +105,7 @@ class LMDBWriter:
         self.env.sync(True)
         self.env.close()
         try:  # readers run lock-free; a published dataset is just data.mdb
-            os.remove(os.path.join(self.tmp, "lock.mdb"))
+            os.remove(os.path.join(self.tmp, LMDB_LOCK))
         except FileNotFoundError:
             pass
         self._replace_final()

@@ -33,11 +33,12 @@ import numpy as np
 
 from ..format.documents import load_document
 from ..errors import CorruptRecordError, FormatError
+from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
 from ..format.ownership import register_sniffer
 from .lmdb_pages import META_DB, PageReader, direct_reads_refused, record_key
-from .lmdb_env import (_ENVS, _REPLACED, _STAMP_FIELDS, ProcessEnv, _forget_guard,  # noqa: F401
-                       check_mapped, env_stamp, shared_env)  # (importable from here, as before)
+from .lmdb_env import (REPLACED, ProcessEnv,  # noqa: F401  (importable from here, as before)
+                       check_mapped, env_stamp, shared_env)
 from .lmdb_writer import LMDBWriter  # noqa: F401  (gluon_data.stores.lmdbio.LMDBWriter)
 from .base import is_uri, register_opener
 
@@ -46,7 +47,7 @@ __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
 
 def is_lmdb(path: str) -> bool:
     """Whether ``path`` is an LMDB environment directory (holds a ``data.mdb``)."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "data.mdb"))
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, LMDB_DATA))
 
 
 def names_lmdb(path: str) -> bool:
@@ -89,14 +90,14 @@ _SCAN_CHECK_EVERY = 64
 
 def _check_entries(path: str, split: str, n: int) -> None:
     """Refuse an entry count that ``data.mdb`` cannot hold (before anything is sized by it)."""
-    size = os.path.getsize(os.path.join(path, "data.mdb"))
+    size = os.path.getsize(os.path.join(path, LMDB_DATA))
     if n > size // _MIN_ENTRY_BYTES:
         raise FormatError("split %r claims %d records, but data.mdb (%d bytes) holds at most "
                           "%d: the file is damaged" % (split, n, size, size // _MIN_ENTRY_BYTES),
                           path)
 
 
-def _from_older_pickle(state: dict) -> dict:
+def from_older_pickle(state: dict) -> dict:
     """A store's state as pickled by a version that kept ``_checked_pid``: its per-process
     check (``_checked``) starts afresh instead (shared with the legacy stores)."""
     if "_checked_pid" not in state:
@@ -203,7 +204,7 @@ class LMDBFile:
             if now != self._identity.rsplit("/", 1)[-1]:
                 raise FormatError("the file was replaced or rewritten after this dataset was "
                                   "opened (identity %s, now %s): %s; open the dataset again"
-                                  % (self._identity, now, _REPLACED), self.path)
+                                  % (self._identity, now, REPLACED), self.path)
         if self._pages is not None:
             self._pages.open()
         return True
@@ -298,7 +299,7 @@ class LMDBFile:
             self._pages.close(self._env)
 
     def __setstate__(self, state):  # (a PerProcess pickles empty: a copy checks on first read)
-        self.__dict__.update(_from_older_pickle(state))
+        self.__dict__.update(from_older_pickle(state))
         self.__dict__.setdefault("_bound", None)  # pickled by an older version
 
     def __repr__(self):

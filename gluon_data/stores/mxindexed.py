@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format.recindex import parse_index
-from .mxrecordio import MissingKeyError, MXRecordIO, _write_all
+from .mxrecordio import MissingKeyError, MXRecordIO, write_all
 
 __all__ = ["MXIndexedRecordIO"]
 
@@ -150,7 +150,7 @@ class MXIndexedRecordIO(MXRecordIO):
 
     def _flush_index(self) -> None:
         if self._ibuf:
-            _write_all(self._fidx, "".join(self._ibuf).encode("utf-8"))
+            write_all(self._fidx, "".join(self._ibuf).encode("utf-8"))
             self._ibuf = []
 
     def _offset(self, idx, what: str) -> int:

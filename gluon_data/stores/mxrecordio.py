@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 
 from ..errors import CorruptRecordError, FormatError, GluonDataError
 from ..format import codec
-from ..storage.fileio import ProcessDescriptor, require_regular
+from ..storage.fileio import FILE_ID, ProcessDescriptor, require_regular, stat_stamp
 from ..storage.perprocess import PerProcess
 
 __all__ = ["MXRecordIO", "MissingKeyError", "as_bytes"]
@@ -76,7 +76,7 @@ def _pread_full(fd: int, n: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-def _write_all(f, data) -> None:
+def write_all(f, data) -> None:
     mv = memoryview(data)
     while mv:
         mv = mv[f.write(mv):]
@@ -168,8 +168,8 @@ class MXRecordIO:
         pickled reader must not read a replacement through the old index)."""
         st = os.fstat(fd)
         if self._stamp is None:
-            self._stamp = (st.st_dev, st.st_ino)
-        elif self._stamp != (st.st_dev, st.st_ino):
+            self._stamp = stat_stamp(st, FILE_ID)
+        elif self._stamp != stat_stamp(st, FILE_ID):
             raise FormatError("the file was replaced after the reader opened it; open a new "
                               "reader to read the new file", self.uri)
 
@@ -284,7 +284,7 @@ class MXRecordIO:
 
     def _flush(self) -> None:
         if self._wbuf:
-            _write_all(self._out, self._wbuf)
+            write_all(self._out, self._wbuf)
             self._wbuf = bytearray()
 
     def tell(self):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from typing import Iterator, Optional, Tuple
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from ..format.recindex import (  # noqa: F401  (the index names stay importable 
     read_index, write_binary_index)
 from .recwriter import RecordWriter
 from .base import is_uri, register_opener, valid_positions
+from .recscan import scan_payloads
 
 __all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for", "advise_willneed"]
 
@@ -72,7 +73,7 @@ class RecordFile:
     split = None
 
     def __init__(self, path: str, idx_path: Optional[str] = None, *,
-                 expected_count: Optional[int] = None, meta=_UNREAD):
+                 expected_count: Optional[int] = None, meta: Any = _UNREAD) -> None:
         self.path = os.fspath(path)
         self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
         if not os.path.exists(self.path):
@@ -359,7 +360,7 @@ class RecordFile:
         """Payload of the record at position ``i`` (index order), unframed."""
         return bytes(self.view(i))
 
-    def view(self, i: int):
+    def view(self, i: int) -> Union[bytes, memoryview]:
         """Like :meth:`read`, but the payload may be a ``memoryview`` into a per-thread
         buffer (shared by every RecordFile) that the thread's next ``view`` of any file
         overwrites: parse it (or copy it) before that."""
@@ -373,7 +374,7 @@ class RecordFile:
             return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start)[0]
         return self._read_large(i, start)
 
-    def will_need(self, indices, wait: bool = False) -> None:
+    def will_need(self, indices: Union[np.ndarray, Sequence[int]], wait: bool = False) -> None:
         """Start fetching the records at positions ``indices`` (the batch about to be read)
         into the page cache and return at once (see :func:`advise_willneed`): the device
         then serves them together instead of one synchronous read at a time, and each
@@ -426,53 +427,16 @@ class RecordFile:
         for payload in self.scan():
             yield bytes(payload)
 
-    def scan(self, chunk_bytes: int = 1 << 20) -> Iterator[memoryview]:
+    def scan(self, chunk_bytes: int = 1 << 20) -> Iterator[Union[memoryview, bytes]]:
         """Every payload in index order, zero-copy: each is a ``memoryview`` into a chunk
         buffer, valid until the next one is produced (copy it to keep it).
 
         Where consecutive records lie back to back in the file (any file written in index
         order, ours and im2rec's alike) they are fetched ``chunk_bytes`` at a time, so a
-        scan costs about what ``cat`` costs; scattered records are read one by one.
+        scan costs about what ``cat`` costs; scattered records are read one by one
+        (:func:`~gluon_data.stores.recscan.scan_payloads`).
         """
-        buf = bytearray(chunk_bytes)
-        mv = memoryview(buf)
-        offsets, ends, file_end = self._off, self._endv, self.file_size
-        frame, magic_word = codec.FRAME_HEADER.unpack_from, codec.RECORDIO_MAGIC
-        mask = codec.LENGTH_MASK
-        n = len(self)
-        i = 0
-        while i < n:
-            start = offsets[i]
-            end = ends[i] if ends is not None else offsets[i + 1] if i + 1 < n else file_end
-            if end - start > chunk_bytes:  # a copy: the shared scratch is not ours to lend
-                yield memoryview(self.read(i))
-                i += 1
-                continue
-            sequential = i + 1 < n and offsets[i + 1] == end
-            lo = start
-            hi = start + self._readinto(mv[:chunk_bytes if sequential else end - start], start)
-            # every record lying wholly in this chunk; a multi-part or damaged one goes
-            # through unframe(), which reassembles it or names what is wrong
-            while True:
-                r = start - lo
-                if end - start >= 8 and end <= hi:
-                    magic, lrec = frame(mv, r)
-                    size = lrec & mask
-                    if magic == magic_word and not lrec >> 29 and r + 8 + size <= end - lo:
-                        yield mv[r + 8:r + 8 + size]
-                    else:
-                        yield codec.unframe(mv[:end - lo], r, path=self.path, key=self.key(i),
-                                            base_offset=lo, copy=False)[0]
-                else:
-                    yield codec.unframe(mv[:hi - lo], r, path=self.path, key=self.key(i),
-                                        base_offset=lo, copy=False)[0]
-                i += 1
-                if i >= n:
-                    break
-                start = offsets[i]
-                end = ends[i] if ends is not None else offsets[i + 1] if i + 1 < n else file_end
-                if start < lo or end > hi:
-                    break
+        return scan_payloads(self, chunk_bytes)
 
     def __repr__(self):
         return "RecordFile(%r, %d records)" % (self.path, len(self))

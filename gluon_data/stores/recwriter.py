@@ -149,7 +149,7 @@ class RecordWriter:
                 os.replace(tmp, final)
         if os.path.exists(idx_path) and not os.path.exists(idx_path + BINARY_INDEX_SUFFIX):
             try:
-                write_binary_index(idx_path)
+                write_binary_index(idx_path, lock_held=True)  # (the conversion's lock)
             except (OSError, FormatError):  # an optimisation only: the .idx is what counts
                 pass
         fsync_dir(os.path.dirname(os.path.abspath(path)))

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 from ..format.documents import load_document
 from ..storage.cache import parse_size as cache_parse_size
 from ..errors import FormatError, GluonDataError
-from ..storage.fsutil import atomic_write, sha256_file
+from ..storage.fsutil import LMDB_DATA, LMDB_LOCK, atomic_write, sha256_file
+from ..format.layout import MANIFEST_SUFFIX
 from ..format.ownership import classify_location
 from .lmdbio import is_lmdb, read_lmdb_meta
 from ..format.meta import dumps_meta, meta_path, read_meta
@@ -30,7 +31,6 @@ __all__ = ["plan_ranges", "parse_size", "shard_name",
            "MANIFEST_SUFFIX", "MANIFEST_FORMAT", "MANIFEST_VERSION", "shard_files",
            "read_shard_meta", "load_manifest", "write_manifest"]
 
-MANIFEST_SUFFIX = ".shards.json"
 MANIFEST_FORMAT = "gluon_data-shards"
 MANIFEST_VERSION = 1
 
@@ -59,7 +59,7 @@ def shard_name(prefix: str, index: int, count: int, container: str = "rec") -> s
     return "%s-%05d-of-%05d.%s" % (prefix, index, count, container)
 
 
-def parse_size(text) -> int:
+def parse_size(text: Union[int, str]) -> int:
     """A shard size: ``"1GB"`` -> 10**9, ``"512MiB"`` -> 512 * 2**20, ``"4096"`` -> 4096 bytes
     (:func:`gluon_data.storage.cache.parse_size`, the one size parser), which must be
     positive."""
@@ -114,7 +114,7 @@ def shard_files(path: str, container: str) -> List[str]:
     """The files one shard at ``path`` is made of: a RecordIO shard's ``.rec``, ``.idx`` and
     ``.meta.json`` (the ``.rec`` first), an LMDB shard's ``data.mdb``."""
     if container == "lmdb":
-        return [os.path.join(path, "data.mdb")]
+        return [os.path.join(path, LMDB_DATA)]
     return [path, idx_path_for(path), meta_path(path)]
 
 
@@ -135,7 +135,7 @@ def dataset_files(*locations: str, container: Optional[str] = None) -> List[str]
         if kind in ("uri", "missing") or is_uri(loc):
             continue
         if kind == "lmdb":
-            out += [loc, os.path.join(loc, "data.mdb"), os.path.join(loc, "lock.mdb")]
+            out += [loc, os.path.join(loc, LMDB_DATA), os.path.join(loc, LMDB_LOCK)]
         elif kind == "rec":
             idx = idx_path_for(loc)
             out += [loc, idx, idx + BINARY_INDEX_SUFFIX, meta_path(loc)]
@@ -168,7 +168,7 @@ def shard_summary(path: str, container: str, split: str) -> dict:
     if container == "lmdb":
         stored = dict(meta)
         return {"name": os.path.basename(path), "records": meta["num_records"],
-                "bytes": os.path.getsize(os.path.join(path, "data.mdb")), "idx_sha256": None,
+                "bytes": os.path.getsize(os.path.join(path, LMDB_DATA)), "idx_sha256": None,
                 "meta_sha256": hashlib.sha256(dumps_meta(stored)).hexdigest(), "meta": meta}
     rec, idx, mp = shard_files(path, container)
     return {"name": os.path.basename(path), "records": meta["num_records"],

@@ -13,11 +13,12 @@ import os
 import warnings
 from bisect import bisect_right
 from functools import partial
-from typing import Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..errors import FormatError, GluonDataError
+from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
 from .recordio import idx_path_for
 from .shards import is_manifest, load_manifest, shard_mismatch
@@ -37,7 +38,7 @@ class ShardRouter:
     _n: int
     _identity: str
 
-    def shard(self, s: int):  # pragma: no cover - defined by subclasses
+    def shard(self, s: int) -> Any:  # pragma: no cover - defined by subclasses
         raise NotImplementedError
 
     def locate(self, i: int) -> Tuple[int, int]:
@@ -67,7 +68,7 @@ class ShardRouter:
     def read(self, i: int) -> bytes:
         return bytes(self.view(i))
 
-    def view(self, i: int):
+    def view(self, i: int) -> Union[bytes, memoryview]:
         s, j = self.locate(i)
         return self.shard(s).view(j)
 
@@ -123,7 +124,7 @@ class ShardedStore(ShardRouter):
 
     def __init__(self, location: str, split: Optional[str] = None, *,
                  max_open_shards: Optional[int] = None, prefetch_shards: Optional[int] = None,
-                 **options):
+                 **options: Any) -> None:
         self.location = os.fspath(location)
         self._options = dict(options)
         remote = is_uri(self.location)
@@ -181,7 +182,7 @@ class ShardedStore(ShardRouter):
     def _label(self, s: int) -> str:
         return "shard %d of %d (%s)" % (s, len(self.paths), self.paths[s])
 
-    def shard(self, s: int):
+    def shard(self, s: int) -> Any:
         """The store of shard ``s`` (what :func:`~gluon_data.stores.base.open_store` gives for its
         location), opened on first use; with ``max_open_shards``, the least recently opened
         one beyond it is closed."""
@@ -220,7 +221,7 @@ class ShardedStore(ShardRouter):
         entry, files = self.manifest["shards"][s], self.manifest.get("files") or {}
         name = entry["name"]
         if self.container == "lmdb":
-            sums = {"data.mdb": files.get(name + "/data.mdb") or {"bytes": entry["bytes"]}}
+            sums = {LMDB_DATA: files.get(name + "/" + LMDB_DATA) or {"bytes": entry["bytes"]}}
         else:
             idx = os.path.basename(idx_path_for(name))
             sums = {name: files.get(name) or {"bytes": entry["bytes"]},
@@ -282,7 +283,7 @@ class ShardedStore(ShardRouter):
                 wanted = wanted[:self.prefetch_shards]
         return [(s, (pos[which == s] - starts[s]).tolist()) for s in wanted]
 
-    def will_need(self, indices, wait: bool = False) -> None:
+    def will_need(self, indices: Union[np.ndarray, Sequence[int]], wait: bool = False) -> None:
         """Hand each shard the positions of ``indices`` that fall in it (see
         :func:`gluon_data.stores.base.will_need`): a local shard advises the kernel, a remote one
         starts downloading its object in the background (at most ``prefetch_shards`` beyond
@@ -294,7 +295,7 @@ class ShardedStore(ShardRouter):
             for f, local in hinted:
                 will_need(f, local, wait=True)
 
-    def prefetch(self, indices) -> list:
+    def prefetch(self, indices: Union[np.ndarray, Sequence[int]]) -> list:
         """Deprecated: ``will_need(indices, wait=True)`` waits for the downloads. Returns the
         futures of the remote shards' downloads the hint started or found in flight (empty
         for local shards)."""
@@ -323,7 +324,7 @@ class ShardedStore(ShardRouter):
                     f.close()
             self._order.clear()
 
-    def view(self, i: int):
+    def view(self, i: int) -> Union[bytes, memoryview]:
         if isinstance(i, int) and 0 <= i < self._n:  # the hot path, inlined: ~0.3 us
             starts = self._starts
             s = bisect_right(starts, i) - 1

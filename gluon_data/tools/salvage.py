@@ -17,7 +17,7 @@ from typing import List, Tuple
 from ..format import codec
 from .._callable import callable_module
 from ..errors import FormatError, GluonDataError, OutputError
-from ..storage.fileio import open_or_explain, open_regular, read_regular, require_regular
+from ..storage.fileio import open_or_explain, open_regular, read_input, require_regular
 from ..storage.fsutil import OutputLock, atomic_write, fsync_dir
 from ..format.ownership import LOCATIONS, check_disjoint, check_replaceable, classify_location, is_ours
 from ..format.meta import dumps_meta, meta_path, read_meta
@@ -130,14 +130,14 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
         _cut_damaged_tail(rec_path, report)
     text = "".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)).encode("ascii")
     if os.path.exists(idx_path):
-        atomic_write(idx_path + ".bak", read_regular(idx_path))
+        atomic_write(idx_path + ".bak", read_input(idx_path))
     atomic_write(idx_path, text)
     if offsets:  # the binary copy readers map instead of the text (a stale one is ignored)
-        write_binary_index(idx_path)
+        write_binary_index(idx_path, lock_held=True)  # (under salvage's lock)
     elif os.path.lexists(gdx) and is_ours(gdx, "gdx"):
         os.remove(gdx)
     if meta is not None and meta["num_records"] != len(offsets):
-        atomic_write(mp + ".bak", read_regular(mp))
+        atomic_write(mp + ".bak", read_input(mp))
         meta = dict(meta, num_records=len(offsets),
                     salvaged={"records_before": meta["num_records"],
                               "damaged_ranges": [list(r) for r in report.damaged]})

@@ -13,7 +13,7 @@ from ...errors import OutputError, RemoteError, RemoteNotFoundError
 from ...format.meta import dumps_meta, meta_path
 from ...format.ownership import Ownership, exists_refusal, location_ownership
 from ...storage.remotefs import Remote
-from ...format.layout import LMDB_COMMIT, LMDB_MARKER, UPLOAD_MARKER, sibling_uri
+from ...format.layout import LMDB_COMMIT, LMDB_MARKER, MANIFEST_SUFFIX, UPLOAD_MARKER, sibling_uri
 
 _NOT_OURS = ("exists and is not a dataset written by gluon-data (%s); --overwrite only "
              "replaces gluon-data's own outputs, so it was left untouched: remove it or choose "
@@ -29,8 +29,8 @@ def _commit_names(uri: str):
     uri = uri.rstrip("/")
     if uri.endswith(".lmdb"):
         return uri + "/" + LMDB_COMMIT, uri + "/" + LMDB_MARKER
-    if uri.endswith(".shards.json"):
-        return uri, uri[:-len(".shards.json")] + UPLOAD_MARKER
+    if uri.endswith(MANIFEST_SUFFIX):
+        return uri, uri[:-len(MANIFEST_SUFFIX)] + UPLOAD_MARKER
     return meta_path(uri), os.path.splitext(uri)[0] + UPLOAD_MARKER
 
 
@@ -39,7 +39,7 @@ def _commit_kind(commit: str) -> str:
     ``commit`` (a URI :func:`_commit_names` gave)."""
     if commit.endswith(".lmdb/" + LMDB_COMMIT):
         return "lmdb_commit"
-    return "manifest" if commit.endswith(".shards.json") else "meta"
+    return "manifest" if commit.endswith(MANIFEST_SUFFIX) else "meta"
 
 
 def _remote_ownership(remote: "Remote", commit: str, marker: str) -> Ownership:

@@ -13,7 +13,7 @@ from ...storage.remotefs import CHUNK_BYTES, RangesIgnoredError, Remote
 
 
 # --------------------------------------------------------------------------- reading
-class _RangedRecordFile(RecordFile):
+class RangedRecordFile(RecordFile):
     """A :class:`RecordFile` whose data bytes come from ranged GETs of a remote ``.rec``:
     one GET per record read, growing read-ahead (up to :data:`CHUNK_BYTES`) while reads
     are sequential, as in ``verify``'s scan.
@@ -100,8 +100,13 @@ class _RangedRecordFile(RecordFile):
         return len(data)
 
 
-def _load_index(local_idx: str, uri: str):
+def load_remote_index(local_idx: str, uri: str):
     try:
         return read_index(local_idx)
     except FormatError as e:  # name the object, not the cache file
         raise FormatError(e.reason, uri, e.key, e.offset) from None
+
+
+# the old layout's names (gluon_data.remote._RangedRecordFile, ._load_index: gluon_data/_moved.py)
+_RangedRecordFile = RangedRecordFile
+_load_index = load_remote_index

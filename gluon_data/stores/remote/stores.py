@@ -26,7 +26,7 @@ from ...storage.perprocess import PerProcess
 from ...storage.remotefs import Remote
 from ...format.layout import LMDB_COMMIT, LMDB_DATA
 from ...storage.objects import ShardCache
-from .ranged import _RangedRecordFile, _load_index
+from .ranged import RangedRecordFile, load_remote_index
 
 _stamp = stamp  # (the names these had)
 _names_remote_lmdb = names_remote_lmdb
@@ -254,8 +254,8 @@ class RemoteStore(_ReadsLocalCopy):
             if self.reads == "ranged" and self.container == "rec":
                 idx_local, pin = self.fetch(self.idx_location, pin=True)
                 pins.append(pin)
-                keys, offsets = _load_index(idx_local, self.idx_location)
-                return _RangedRecordFile(self.location, self._remote, self.file_size, keys,
+                keys, offsets = load_remote_index(idx_local, self.idx_location)
+                return RangedRecordFile(self.location, self._remote, self.file_size, keys,
                                          offsets, self._d.records, self.idx_location,
                                          whole=self._fetch_pinned), pins
             local = {}
