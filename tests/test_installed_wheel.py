@@ -178,6 +178,7 @@ def test_sdist_carries_the_tree_and_the_wheel_only_the_package(installed):
     assert tops == {PACKAGE}, "the wheel installs more than the package: %s" % sorted(tops)
     missing = _source_files() - set(names)
     assert not missing, "not in the wheel: %s" % sorted(missing)
+    assert PACKAGE + "/py.typed" in names, "the wheel does not ship its annotations (py.typed)"
 
 
 def _can_build_extension() -> bool:
