@@ -21,8 +21,9 @@ import numpy as np
 
 from ..format import codec
 from ..format.decode import region_exact
+from ..format.headers import JPEG_SOI
 from .plan import SamplePlan, image_output, replay
-from .tensorize import _np
+from .tensorize import to_numpy
 
 __all__ = ["DeviceStage", "BACKENDS", "select_backend", "device_decodable", "GPU_EXTRA"]
 
@@ -104,7 +105,7 @@ def device_decodable(buf) -> bool:
     progressive, grey or a standard chroma layout: :func:`gluon_data.format.decode.
     region_exact`). Lossless frames and the sampling factors the decoder of record refuses
     go to the CPU path, which reads or refuses them as every read does."""
-    return bytes(buf[:2]) == b"\xff\xd8" and region_exact(codec.jpeg_frame(bytes(buf)))
+    return bytes(buf[:2]) == JPEG_SOI and region_exact(codec.jpeg_frame(bytes(buf)))
 
 
 class DeviceStage:
@@ -209,8 +210,8 @@ class DeviceStage:
             img = decoded.get(j)
             if img is None or tuple(img.shape[:2]) != tuple(codec.image_size(plan.image)):
                 image, target = replay(self.dataset, plan)  # the CPU's pixels, or its error
-                images.append(torch.from_numpy(np.ascontiguousarray(_np(image))).to(dev))
-                targets.append(_np(target) if hasattr(target, "asnumpy") else target)
+                images.append(torch.from_numpy(np.ascontiguousarray(to_numpy(image))).to(dev))
+                targets.append(to_numpy(target) if hasattr(target, "asnumpy") else target)
                 self.counts["cpu"] += 1
                 continue
             images.append(apply_geometry(img, plan, self._layout))
@@ -228,8 +229,8 @@ def _targets(torch, targets, dev):
 
 
 def _stack_numpy(samples):
-    images = np.stack([_np(s[0]) for s in samples])  # (a Gluon dataset's are NDArrays)
-    second = [_np(s[1]) if hasattr(s[1], "asnumpy") else s[1] for s in samples]
+    images = np.stack([to_numpy(s[0]) for s in samples])  # (a Gluon dataset's are NDArrays)
+    second = [to_numpy(s[1]) if hasattr(s[1], "asnumpy") else s[1] for s in samples]
     if isinstance(second[0], np.ndarray) and second[0].ndim == 2:
         return images, np.stack(second)
     if isinstance(second[0], str):  # mode="test": the names

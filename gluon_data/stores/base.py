@@ -26,6 +26,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequ
 if TYPE_CHECKING:  # annotations only: numpy is imported where it is used
     import numpy as np
 
+from ..storage.fsutil import LMDB_DATA, LMDB_LOCK
 from ..storage.remotefs import is_uri
 from ..errors import FormatError
 
@@ -217,7 +218,7 @@ def store_splits(location: str) -> List[Optional[str]]:
 _PARTS = ((".idx.gdx", "the binary index"), (".idx", "the index"),
           (".meta.json", "the metadata"), (".resume.json", "a conversion's checkpoint"))
 #: The files of an LMDB environment: ``(name, what it is)``.
-_LMDB_PARTS = (("data.mdb", "the LMDB data file"), ("lock.mdb", "the LMDB lock file"))
+_LMDB_PARTS = ((LMDB_DATA, "the LMDB data file"), (LMDB_LOCK, "the LMDB lock file"))
 
 
 def dataset_part(location) -> Optional[Tuple[str, str]]:
@@ -234,7 +235,7 @@ def dataset_part(location) -> Optional[Tuple[str, str]]:
             return what, location[:-len(suffix)] + ".rec"
     folder, name = os.path.split(location)
     for part, what in _LMDB_PARTS:
-        if name == part and os.path.isfile(os.path.join(folder or ".", "data.mdb")):
+        if name == part and os.path.isfile(os.path.join(folder or ".", LMDB_DATA)):
             return what, folder or "."
     return None
 

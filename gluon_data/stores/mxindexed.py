@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ..errors import FormatError
-from ..format.recindex import parse_index
+from ..format.textindex import parse_index
 from .mxrecordio import MissingKeyError, MXRecordIO, write_all
 
 __all__ = ["MXIndexedRecordIO"]
