@@ -17,22 +17,14 @@ from .sources import Item, Source, open_source
 from .copy import copy_dataset, import_lmdb
 from .encode import EncodeOptions, _work
 from .loop import SplitJobs, drive, start_encoders
+from .done import output_unit
 from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,
-                      _metadata, _split_fields, outputs_for)
+                      _metadata, _split_fields, done_record, outputs_for)
 from .options import ConvertOptions
 from .planning import encode_options, is_dataset, plan_splits, resolve_classes, take_problems
 from .resume import _plan_digest
 
 __all__ = ["convert_local"]
-
-
-
-
-
-
-
-
-
 
 def convert_local(source: str, output: str, layout: Optional[str],
                   options: ConvertOptions) -> ConversionReport:
@@ -128,13 +120,16 @@ def _drive_args(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions, o
                            partial(_item_name, items) if seg else (lambda pos: None))
               for s, items in plan.items()}
 
+    whole = _plan_digest(src, plan, opts, options)
+
     def finish_meta(s, w, st, digest):
         meta = _metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
                          options)
         meta.update(_split_fields(src, s, digest, w, st, plan[s]))
+        meta["done"] = done_record(output_unit(report.outputs[s], s), whole, w)
         return meta
 
-    return splits, finish_meta, _plan_digest(src, plan, opts, options)
+    return splits, finish_meta, whole
 
 
 def _from(jobs: list, start: int) -> list:

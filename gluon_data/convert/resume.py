@@ -21,7 +21,8 @@ from .sources import Item, Source
 from ..tools.stats import RunningStats
 from .encode import EncodeOptions
 from .outputs import ConversionReport, Outputs
-from .done import Done, is_done, read_record, write_record
+from .done import (Done, is_done, local_look, output_unit, read_record, record_in,
+                   why_not_done, write_record)
 
 __all__ = []
 
@@ -154,8 +155,13 @@ class _Checkpoint:
 def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root: str,
                      options: dict) -> Optional[ConversionReport]:
     """With ``resume``: finish a publish that a crash interrupted, or recognise outputs that
-    are already complete (same source ``root`` and options); else ``None`` (convert as
-    usual)."""
+    are already complete by the one rule of "done" (:func:`~gluon_data.convert.done.
+    why_not_done`: each split's metadata holds the done record of this plan's digest, and
+    its ``.rec`` and ``.idx`` have the recorded sizes and SHA-256, read once each); else
+    ``None`` (convert as usual). A finished output of this plan that is not provably done
+    (damaged since, or written by the previous release, whose metadata records no digests)
+    is removed here and redone; one of another plan (other inputs or options, or the source
+    changed since) is refused, naming it. ``root`` and ``options`` are in the digest."""
     outputs = report.outputs
     if state is not None and state.get("publishing"):
         ckpt.outputs.complete_publish(outputs)
@@ -165,11 +171,22 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root:
     metas = ckpt.outputs.published_meta(ckpt.output, outputs)
     if metas is None:
         return None
+    redo = False
     for split, meta in metas.items():
-        made = meta.get("created_by", {})
-        if made.get("options") != options or made.get("source") != os.path.abspath(root):
-            return None
-        _check_unchanged_since(ckpt.digest, outputs[split])
+        path = outputs[split]
+        record = record_in(meta, path, lambda d: None, what="done record of the output")
+        unit = output_unit(path, split)
+        if record is not None and (record.unit != unit or record.digest != str(ckpt.digest)):
+            _check_unchanged_since(ckpt.digest, path)
+            raise ConversionError("this output was made from other inputs or options, or "
+                                  "from the source as it was before it changed; rerun with "
+                                  "--overwrite to convert the current files", path)
+        folder = os.path.dirname(os.path.abspath(path))
+        redo = redo or why_not_done(record, unit, ckpt.digest, local_look(folder)) is not None
+    if redo:  # ours, of this plan, not provably complete: written again
+        for path in dict.fromkeys(outputs.values()):
+            ckpt.outputs.discard(path)
+        return None
     for split, meta in metas.items():
         report.written[split] = meta["num_records"]
         report.bytes_written += ckpt.outputs.bytes_on_disk(outputs[split])
