@@ -7,19 +7,19 @@ import os
 import posixpath
 import shutil
 import time
-from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..format import codec
 from ..format.documents import load_document
-from ..errors import ConversionError, FormatError, RemoteNotFoundError
+from ..errors import ConversionError, RemoteNotFoundError
 from ..storage.fsutil import sha256_file
 from ..stores.lmdbio import LMDBFile, read_lmdb_meta
 from ..format.meta import dumps_meta, meta_path
 from ..stores.recordio import idx_path_for
-from ..stores.shards import load_manifest, manifest_path, prefix_of, read_manifest, shard_files
+from ..stores.shards import manifest_path, prefix_of, read_manifest, shard_files
 from ..tools.verify import verify
-from ..stores.remote.commit import Commit, existing_sizes, put_object
+from ..stores.remote.commit import (Commit, existing_objects, existing_sizes, object_look,
+                                    put_object)
 from ..format.layout import LMDB_DATA, LMDB_FORMAT, sibling_uri
 from ..storage.remotefs import Remote
 from ..storage.cache import Cache
@@ -119,23 +119,22 @@ def upload_dataset(local: Sequence[str], uri: str, *,
         u, doc, triples = _upload_plan(p, uri)
         plan.append((p, Commit(remote, u), doc, {t: (f, sha) for f, t, sha in triples}))
     todo = [(c, doc, objects) for _, c, doc, objects in plan
-            if not (resume and c.complete(partial(_same, doc, objects)))]
+            if not (resume and _complete(remote, c, doc, objects))]
     for c, _, objects in todo:  # refuse before anything is changed
         c.refuse(existing_sizes(remote, list(objects) + [c.commit]), overwrite,
                  lambda target: resume and target in done)
     for c, _, _ in todo:
         c.begin()
     for c, doc, objects in todo:
-        up = existing_sizes(remote, [t for t, (_, sha) in objects.items()
-                             if is_done(done.get(t), t, sha)])
+        look = object_look(remote, str, existing_objects(remote, [t for t in objects
+                                                                  if t in done]))
         for target, (path, sha) in objects.items():
-            size = os.path.getsize(path)
-            if up.get(target) != size or not is_done(done.get(target), target, sha, up):
-                put_object(remote, path, target)
-                _record(journal, done, target, sha, size)
+            if not is_done(done.get(target), target, sha, look):  # the one rule
+                _record(journal, done, target, sha, put_object(remote, path, target))
         c.end(doc, _sizes(objects))
         blob = dumps_meta(doc)
-        _record(journal, done, c.commit, hashlib.sha256(blob).hexdigest(), len(blob))
+        _record(journal, done, c.commit, hashlib.sha256(blob).hexdigest(),
+                {"bytes": len(blob)})
     return {p: c.uri for p, c, _, _ in plan}
 
 
@@ -143,26 +142,39 @@ def _sizes(objects: Dict[str, Tuple[str, str]]) -> Dict[str, int]:
     return {t: os.path.getsize(f) for t, (f, _) in objects.items()}
 
 
-def _same(doc: dict, objects: Dict[str, Tuple[str, str]], blob: bytes):
-    """The objects (``{uri: size}``) of a complete upload of ``doc`` if ``blob``, the commit
-    document found, is ``doc`` (for :meth:`Commit.complete`); else ``None``."""
-    return _sizes(objects) if blob == dumps_meta(doc) else None
+def _complete(remote: Remote, c: Commit, doc: dict,
+              objects: Dict[str, Tuple[str, str]]) -> bool:
+    """Whether an earlier upload of ``doc`` is complete, by the one rule of "done": the
+    commit document found is ``doc`` (its SHA-256 is the digest), and every object it
+    describes has the size and SHA-256 of the local file (each read once to tell)."""
+    blob = c.committed()
+    if blob is None:
+        return False
+    record = Done(c.uri, hashlib.sha256(blob).hexdigest(),
+                  {t: {"bytes": os.path.getsize(f), "sha256": sha}
+                   for t, (f, sha) in objects.items()})
+    look = object_look(remote, str, existing_objects(remote, list(objects)))
+    if not is_done(record, c.uri, hashlib.sha256(dumps_meta(doc)).hexdigest(), look):
+        return False
+    c.settle()
+    return True
 
 
 def _record(journal: Optional[str], done: Dict[str, Done], target: str, sha: str,
-            size: int) -> None:
+            facts: dict) -> None:
     """Record in the upload journal that ``target`` is done under ``sha`` (the SHA-256 of
-    the ``size`` bytes uploaded)."""
-    done[target] = Done(target, sha, {target: {"bytes": size, "sha256": sha}})
+    what was uploaded), with what the store reported of it (``facts``: its size, and its
+    ETag where it reports one)."""
+    done[target] = Done(target, sha, {target: dict(facts, sha256=sha)})
     if journal:
         write_record(journal, records_doc(done))
 
 
 def _legacy_journal(doc: Dict[str, str]) -> Dict[str, Done]:
     """A journal of the previous release (``{uri: SHA-256}``, checked as kind ``journal``):
-    the same records, without the sizes (the objects found are compared with the local
-    files' instead)."""
-    return {t: Done(t, sha) for t, sha in doc.items()}
+    the same records, without sizes or ETags (each object found is read once to compare
+    its SHA-256)."""
+    return {t: Done(t, sha, {t: {"sha256": sha}}) for t, sha in doc.items()}
 
 
 class ShardUploader:
@@ -215,7 +227,6 @@ class ShardUploader:
                  cache_dir: Optional[str] = None):
         self.uri, self.remote, self.staging, self.cache_dir = uri, remote, staging, cache_dir
         self.overwrite, self.resume = overwrite, resume
-        self.complete: set = set()  # (client) manifests already uploaded for this plan
 
     def shard_uri(self, name: str) -> str:
         return sibling_uri(self.uri, name)
@@ -251,9 +262,6 @@ class ShardUploader:
         todo = []
         for p in plans:
             c = self._commit(p)
-            if self.resume and c.complete(partial(self._needs, p)):
-                self.complete.add(c.uri)  # complete already: the tasks find every receipt
-                continue
             targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
             present = existing_sizes(self.remote, targets)
             c.refuse(present, self.overwrite, lambda target, c=c: self.resume and c.ours())
@@ -265,20 +273,6 @@ class ShardUploader:
                     receipt = self.receipt_uri(os.path.basename(j.path))
                     if receipt in present:
                         self.remote.rm(receipt)
-
-    def _needs(self, p: dict, blob: bytes) -> Optional[Dict[str, Optional[int]]]:
-        """The objects a complete upload of plan ``p`` has (``{uri: size, or None}``), if
-        the manifest ``blob`` is of this plan; else ``None``."""
-        uri = self._commit(p).commit
-        try:
-            doc = load_manifest(uri, blob)[0]
-        except FormatError:
-            return None  # not one whole: this run writes it
-        if (doc.get("plan") or {}).get("digest") != p["digest"]:
-            return None
-        sizes: Dict[str, Optional[int]] = {u: None for j in p["jobs"] for u in self._objects(j)}
-        sizes.update((self.shard_uri(n), f["bytes"]) for n, f in doc.get("files", {}).items())
-        return sizes
 
     def finish(self, report) -> Dict[str, str]:
         """After every task: each split's manifest (the local one, plus ``files``: size and
@@ -294,8 +288,6 @@ class ShardUploader:
                 data = e["name"] + "/" + LMDB_DATA if doc["container"] == "lmdb" else e["name"]
                 doc["files"][data] = e["files"][data]
             out[split] = c.uri
-            if c.uri in self.complete and self.remote.cat(c.commit) == dumps_meta(doc):
-                continue  # resumed a complete upload of this plan: nothing to send
             c.end(doc, {self.shard_uri(n): f["bytes"] for e in entries
                         for n, f in e["files"].items()})
         return out
@@ -320,10 +312,10 @@ class ShardUploader:
 
         record = read_record(blob, "receipt", uri, legacy=legacy, what="upload receipt",
                              keep=doc)
-        found = existing_sizes(self.remote, [self.shard_uri(rel) for rel in record.outputs])
-        found = {rel: found.get(self.shard_uri(rel)) for rel in record.outputs}
+        found = existing_objects(self.remote, [self.shard_uri(rel) for rel in record.outputs])
         if not record.outputs or not is_done(record, shard_unit(job.index, job.count),
-                                             job.digest, found):
+                                             job.digest,
+                                             object_look(self.remote, self.shard_uri, found)):
             return None
         return dict(doc["entry"], files=doc["files"], reused=True)
 
@@ -349,8 +341,8 @@ class ShardUploader:
             for path in shard_files(local, job.container):
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
                 files[rel] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
-            for rel in files:
-                put_object(self.remote, os.path.join(folder, rel), self.shard_uri(rel))
+            stored = {rel: put_object(self.remote, os.path.join(folder, rel),
+                                      self.shard_uri(rel)) for rel in files}
             entry = {k: summary[k] for k in ("name", "records", "bytes", "idx_sha256",
                                              "meta_sha256", "meta")}
             receipt = {"writer": "gluon_data", "format_version": 1,
@@ -358,7 +350,8 @@ class ShardUploader:
                                  "plan_digest": job.digest},  # (the previous release's)
                        "files": files, "entry": entry,
                        "done": Done(shard_unit(job.index, job.count), job.digest,
-                                    files).doc()}
+                                    {rel: dict(stored[rel], **f)
+                                     for rel, f in files.items()}).doc()}
             self.remote.pipe(self.receipt_uri(name), dumps_meta(receipt))
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the staged copy, uploaded or not
