@@ -107,7 +107,7 @@ def import_lmdb(source: str, output: str, layout: str,
         meta = _metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
                          options)
         meta["conversion_id"] = _conversion_id(digest, s, w, st)
-        meta["done"] = done_record(output_unit(report.outputs[s], s), whole, w)
+        meta["done"] = done_record(output_unit(s), whole, w)
         return meta
 
     return drive(output, outputs, {split: SplitJobs(n, jobs)},
@@ -221,7 +221,7 @@ def _copy_split(f, meta: dict, w, outputs) -> None:
     """Copy the records of one split, ``f``, into writer ``w``, each payload verified and
     kept byte for byte under its key; then finish ``w`` with the split's metadata."""
     keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
-    meta = {k: v for k, v in meta.items() if k not in CONTAINER_KEYS}
+    meta = {k: v for k, v in meta.items() if k not in CONTAINER_KEYS + ("done",)}
     task_seg = meta["task"] == "segmentation"
     # ours, but written before header ids were always the keys (an LMDB from a .lst
     # without record_keys, or items skipped): the header ids are the true keys

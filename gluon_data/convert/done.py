@@ -95,9 +95,10 @@ class Done:
         return cls(doc["unit"], doc["digest"], doc["outputs"])
 
 
-def output_unit(path: str, split: str) -> str:
-    """The unit name of split ``split`` of a local, unsharded conversion into ``path``."""
-    return "split %s of the conversion to %s" % (split, os.path.basename(os.fspath(path)))
+def output_unit(split: str) -> str:
+    """The unit name of split ``split`` of a local, unsharded conversion (not its output's
+    name: equal conversions write equal metadata wherever they write it)."""
+    return "split %s of the conversion" % split
 
 
 def shard_unit(index: int, count: int) -> str:
@@ -163,11 +164,13 @@ def file_facts(path: str) -> Optional[dict]:
         return None
 
 
-def local_look(folder: str) -> Look:
-    """The ``look`` of :func:`why_not_done` for outputs named relative to ``folder``: size
-    first, the SHA-256 (one read of the file) only when the size is the recorded one."""
+def local_look(stem: str) -> Look:
+    """The ``look`` of :func:`why_not_done` for the files of a local output, named in its
+    record by their suffix (``.rec``, ``.idx``) after ``stem`` (the output's path without
+    ``.rec``): size first, the SHA-256 (one read of the file) only when the size is the
+    recorded one."""
     def look(name: str, want: Mapping) -> Optional[dict]:
-        path = os.path.join(folder, name)
+        path = stem + name
         try:
             size = os.path.getsize(path)
         except OSError:

@@ -8,6 +8,7 @@ step, and the class docstring's parameters are written from the same texts."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import textwrap
@@ -19,7 +20,8 @@ from ..format import codec
 from ..storage.fileio import open_regular
 from .sources import DEFAULT_MAX_FILE_BYTES
 
-__all__ = ["ConvertOptions", "Flag", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS",
+__all__ = ["ConvertOptions", "Flag", "LAYOUT_FIELDS", "SEGMENTATION_FIELDS",
+           "check_layout_options", "checkpoint_every_default", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS",
            "GROUPS", "cli_fields", "flag_name", "parse_shape", "read_classes"]
 
 #: The help sections of ``gluon-data convert`` other than its main one: title -> description.
@@ -314,6 +316,37 @@ def _only(options: ConvertOptions, reads, what: str) -> None:
             for n in extra)))
 
 
+#: Options only some source layouts read: an option set for another layout is refused.
+LAYOUT_FIELDS = {"images_dir": ("pairs",), "masks_dir": ("pairs",), "lst_root": ("lst",)}
+#: Options only a segmentation source (masks) reads.
+SEGMENTATION_FIELDS = ("mask_encoding", "ignore_label")
+
+
+def check_layout_options(options: ConvertOptions, layout: str, task: str) -> None:
+    """Refuse an option the source ``layout`` (of ``task``) does not read, set away from
+    its default (``images_dir`` for an ``imagefolder``, ``mask_encoding`` for a
+    classification source...): it would be silently ignored."""
+    ignored = {n for n, layouts in LAYOUT_FIELDS.items() if layout not in layouts}
+    if task != "segmentation":
+        ignored.update(SEGMENTATION_FIELDS)
+    _only(options, set(options.names()) - ignored,
+          "the %s layout (a %s source)" % (layout, task))
+
+
+def checkpoint_every_default(options: ConvertOptions) -> ConvertOptions:
+    """``options`` with ``checkpoint_every`` from ``$GLUON_DATA_CHECKPOINT_EVERY`` when it
+    is not set (a tuning knob of the tests; read only where checkpoints are taken, so the
+    environment never sets an option on a conversion that takes none)."""
+    every = os.environ.get("GLUON_DATA_CHECKPOINT_EVERY")
+    if options.checkpoint_every is not None or not every:
+        return options
+    try:
+        return options.replace(checkpoint_every=int(every))
+    except ValueError:
+        raise ValueError("GLUON_DATA_CHECKPOINT_EVERY must be a whole number of records, "
+                         "got %r" % every) from None
+
+
 def cli_fields() -> List[Tuple[dataclasses.Field, Flag]]:
     """The fields ``gluon-data convert`` has a flag for, with their :class:`Flag`, in the
     class's order."""
@@ -353,3 +386,19 @@ def _document_fields(cls) -> None:
 
 
 _document_fields(ConvertOptions)
+
+
+def _strict_init(init):
+    """``ConvertOptions(bogus=1)``: a ``TypeError`` naming the unknown option(s) and listing
+    the valid ones (the dataclass's own says only "unexpected keyword argument")."""
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        unknown = sorted(set(kwargs) - set(ConvertOptions.names()))
+        if unknown:
+            raise TypeError("unknown conversion option(s) %s; valid: %s"
+                            % (", ".join(unknown), ", ".join(ConvertOptions.names())))
+        init(self, *args, **kwargs)
+    return __init__
+
+
+ConvertOptions.__init__ = _strict_init(ConvertOptions.__init__)

@@ -437,13 +437,14 @@ def _conversion_id(digest: str, split: str, writer, st: "RunningStats") -> str:
 
 def done_record(unit: str, digest: str, writer) -> dict:
     """The done record (:mod:`gluon_data.convert.done`) of what ``writer`` wrote, taken
-    before its ``finish``: a RecordIO output's ``.rec`` and ``.idx`` with their sizes and
-    SHA-256 (made durable, then read once here); an LMDB split's none (the environment's
-    integrity is its own transactions)."""
+    before its ``finish``: a RecordIO output's ``.rec`` and ``.idx`` (named by their
+    suffixes, so equal conversions write equal metadata under any name) with their sizes
+    and SHA-256 (made durable, then read once here); an LMDB split's none (the
+    environment's integrity is its own transactions)."""
     idx = getattr(writer, "idx_path", None)
     files = {}
     if idx is not None:
         writer.sync()
-        for final in (writer.path, idx):
-            files[os.path.basename(final)] = file_facts(final + RecordWriter.PARTIAL)
+        for suffix, final in ((".rec", writer.path), (".idx", idx)):
+            files[suffix] = file_facts(final + RecordWriter.PARTIAL)
     return Done(unit, str(digest), files).doc()

@@ -175,14 +175,14 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root:
     for split, meta in metas.items():
         path = outputs[split]
         record = record_in(meta, path, lambda d: None, what="done record of the output")
-        unit = output_unit(path, split)
+        unit = output_unit(split)
         if record is not None and (record.unit != unit or record.digest != str(ckpt.digest)):
             _check_unchanged_since(ckpt.digest, path)
             raise ConversionError("this output was made from other inputs or options, or "
                                   "from the source as it was before it changed; rerun with "
                                   "--overwrite to convert the current files", path)
-        folder = os.path.dirname(os.path.abspath(path))
-        redo = redo or why_not_done(record, unit, ckpt.digest, local_look(folder)) is not None
+        stem = os.path.splitext(path)[0]
+        redo = redo or why_not_done(record, unit, ckpt.digest, local_look(stem)) is not None
     if redo:  # ours, of this plan, not provably complete: written again
         for path in dict.fromkeys(outputs.values()):
             ckpt.outputs.discard(path)

@@ -84,7 +84,7 @@ def _finished(job: ShardJob) -> Optional[dict]:
     record = record_in(info, job.path, what="shard metadata's done record")
     if any(not os.path.exists(p) for p in shard_files(job.path, job.container)) or \
             why_not_done(record, shard_unit(job.index, job.count), job.digest,
-                         local_look(os.path.dirname(job.path))) is not None:
+                         local_look(os.path.splitext(job.path)[0])) is not None:
         return None
     return dict(shard_summary(job.path, job.container, job.split), reused=True)
 
@@ -203,8 +203,9 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
 
 
 #: Metadata keys a copied shard (and its manifest) does not take from the source: the
-#: container's own (:data:`gluon_data.format.meta.CONTAINER_KEYS`) and ``shard``.
-_NOT_COPIED = CONTAINER_KEYS + ("shard",)
+#: container's own (:data:`gluon_data.format.meta.CONTAINER_KEYS`), ``shard`` and ``done``
+#: (the done record of the source's own files).
+_NOT_COPIED = CONTAINER_KEYS + ("shard", "done")
 
 
 def _where(source: str) -> str:
