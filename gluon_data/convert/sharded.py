@@ -46,7 +46,9 @@ def _shard_plan(container: str, split: str):
     """``recorded(path)`` of :func:`~gluon_data.format.ownership.check_replaceable` for a
     shard: the names-only plan digest its metadata records (older shards: their digest)."""
     def recorded(path: str) -> Optional[str]:
-        info = (read_shard_meta(path, container, split) or {}).get("shard") or {}
+        meta = read_meta(path) if container == "rec" else read_shard_meta(path, container,
+                                                                           split)
+        info = (meta or {}).get("shard") or {}
         return info.get("plan", info.get("plan_digest"))
     return recorded
 

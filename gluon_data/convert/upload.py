@@ -118,14 +118,18 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     for p in local:
         u, doc, triples = _upload_plan(p, uri)
         plan.append((p, Commit(remote, u), doc, {t: (f, sha) for f, t, sha in triples}))
-    todo = [(c, doc, objects) for _, c, doc, objects in plan
-            if not (resume and _complete(remote, c, doc, objects))]
-    for c, _, objects in todo:  # refuse before anything is changed
+    todo = []  # (Commit, document, objects, whether the commit found is this upload's)
+    for _, c, doc, objects in plan:
+        found = c.committed() if resume else None
+        ours = found is not None and found == dumps_meta(doc)
+        if not (ours and _complete(remote, c, found, objects)):
+            todo.append((c, doc, objects, ours))
+    for c, _, objects, ours in todo:  # refuse before anything is changed
         c.refuse(existing_sizes(remote, list(objects) + [c.commit]), overwrite,
-                 lambda target: resume and target in done)
-    for c, _, _ in todo:
+                 lambda target, ours=ours: resume and (ours or target in done))
+    for c, _, _, _ in todo:
         c.begin()
-    for c, doc, objects in todo:
+    for c, doc, objects, _ in todo:
         look = object_look(remote, str, existing_objects(remote, [t for t in objects
                                                                   if t in done]))
         for target, (path, sha) in objects.items():
@@ -142,19 +146,16 @@ def _sizes(objects: Dict[str, Tuple[str, str]]) -> Dict[str, int]:
     return {t: os.path.getsize(f) for t, (f, _) in objects.items()}
 
 
-def _complete(remote: Remote, c: Commit, doc: dict,
+def _complete(remote: Remote, c: Commit, blob: bytes,
               objects: Dict[str, Tuple[str, str]]) -> bool:
-    """Whether an earlier upload of ``doc`` is complete, by the one rule of "done": the
-    commit document found is ``doc`` (its SHA-256 is the digest), and every object it
-    describes has the size and SHA-256 of the local file (each read once to tell)."""
-    blob = c.committed()
-    if blob is None:
-        return False
-    record = Done(c.uri, hashlib.sha256(blob).hexdigest(),
-                  {t: {"bytes": os.path.getsize(f), "sha256": sha}
-                   for t, (f, sha) in objects.items()})
+    """Whether the earlier upload committed by ``blob`` (this upload's commit document) is
+    complete, by the one rule of "done": every object it describes has the size and SHA-256
+    of the local file (each read once to tell)."""
+    digest = hashlib.sha256(blob).hexdigest()
+    record = Done(c.uri, digest, {t: {"bytes": os.path.getsize(f), "sha256": sha}
+                                  for t, (f, sha) in objects.items()})
     look = object_look(remote, str, existing_objects(remote, list(objects)))
-    if not is_done(record, c.uri, hashlib.sha256(dumps_meta(doc)).hexdigest(), look):
+    if not is_done(record, c.uri, digest, look):
         return False
     c.settle()
     return True
