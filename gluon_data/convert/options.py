@@ -20,7 +20,8 @@ from ..format import codec
 from ..storage.fileio import open_regular
 from .sources import DEFAULT_MAX_FILE_BYTES
 
-__all__ = ["ConvertOptions", "Flag", "LAYOUT_FIELDS", "SEGMENTATION_FIELDS",
+__all__ = ["ConvertOptions", "Flag", "LAYOUT_FIELDS", "SEGMENTATION_FIELDS", "SHARDED_READS",
+           "LOCAL_READS", "reads_of",
            "check_layout_options", "checkpoint_every_default", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS",
            "GROUPS", "cli_fields", "flag_name", "parse_shape", "read_classes"]
 
@@ -292,6 +293,28 @@ SHARD_FIELDS = ("shards", "shard_size", "shard_items", "engine", "scheduler", "t
 REMOTE_FIELDS = ("storage_options", "cache_dir", "remote_retries")
 #: The options only a legacy LMDB import reads.
 LEGACY_FIELDS = ("image_shape", "mask_shape", "channels_first", "bgr")
+#: The options a sharded conversion reads (``resume`` included: a rerun, with it or without,
+#: keeps the shards the one rule of "done" proves finished and redoes the rest).
+SHARDED_READS = frozenset((
+    "shards", "shard_size", "shard_items", "engine", "scheduler", "workers", "format", "split",
+    "val_ratio", "shuffle", "seed", "encoding", "quality", "resize", "mask_encoding",
+    "on_error", "classes", "num_classes", "ignore_label", "images_dir", "masks_dir",
+    "lst_root", "max_pixels", "follow_symlinks", "max_file_bytes", "overwrite", "progress",
+    "resume", "task_retries", "source_options", "forward_credentials"))
+#: What a local, unsharded conversion of a source layout or a dataset reads: everything but
+#: the shard, object-storage and legacy-import options.
+LOCAL_READS = frozenset(f.name for f in dataclasses.fields(ConvertOptions)) - set(
+    SHARD_FIELDS) - set(REMOTE_FIELDS) - set(LEGACY_FIELDS)
+
+
+def reads_of(layout: Optional[str], sharded: bool, uri: bool) -> frozenset:
+    """The options one kind of conversion reads: sharded or not (a legacy LMDB import,
+    ``layout`` ``raw-lmdb``/``caffe-lmdb``, reads its own), into object storage or not."""
+    reads = SHARDED_READS if sharded else LOCAL_READS | (
+        set(LEGACY_FIELDS) if layout in ("raw-lmdb", "caffe-lmdb") else set())
+    if uri:
+        reads = reads | set(REMOTE_FIELDS) | {"forward_credentials"}
+    return frozenset(reads)
 
 
 def _deprecated_retries(overrides: dict, meaning: str) -> dict:

@@ -33,12 +33,12 @@ from ..stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, is_manifest, man
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
 from .copy import _stock_meta
-from .options import ConvertOptions, _deprecated_retries, _only
+from .options import SHARDED_READS, ConvertOptions, _deprecated_retries, _only
 from .planning import check_values, plan_source, take_problems
 from .outputs import ConversionReport, _metadata, _split_fields, output_format
 from .shard_task import (ShardJob, _NOT_COPIED, _check_not_source, _where, write_shard)
 
-__all__ = ["convert_sharded", "write_shard", "ShardJob"]
+__all__ = ["convert_sharded", "sharded_conversion", "write_shard", "ShardJob"]
 
 
 # --------------------------------------------------------------------------- conversion
@@ -114,23 +114,14 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None,
         ``outputs`` maps each split to its manifest; ``shards`` lists per-shard entries.
     """
     o = ConvertOptions.merge(options, _deprecated_retries(overrides, "task_retries"))
-    _only(o, _READS, "a sharded conversion")
-    return _convert_sharded(source, output, layout, o, sink)
+    _only(o, SHARDED_READS, "a sharded conversion")
+    return sharded_conversion(source, output, layout, o, sink)
 
 
-#: The options a sharded conversion reads (``resume`` included: a rerun, with it or
-#: without, keeps the shards the one rule of "done" proves finished and redoes the rest).
-_READS = frozenset(("shards", "shard_size", "shard_items", "engine", "scheduler", "workers",
-                    "format", "split", "val_ratio", "shuffle", "seed", "encoding", "quality",
-                    "resize", "mask_encoding", "on_error", "classes", "num_classes",
-                    "ignore_label", "images_dir", "masks_dir", "lst_root", "max_pixels",
-                    "follow_symlinks", "max_file_bytes", "overwrite", "progress", "resume",
-                    "task_retries", "source_options", "forward_credentials"))
-
-
-def _convert_sharded(source: str, output: str, layout: Optional[str], o: ConvertOptions,
-                     sink=None):
-    """:func:`convert_sharded` once its options are merged and checked."""
+def sharded_conversion(source: str, output: str, layout: Optional[str], o: ConvertOptions,
+                       sink=None):
+    """:func:`convert_sharded` once its options are merged and checked (by
+    :func:`gluon_data.convert` or :func:`convert_sharded`)."""
     shard_size, given = _checked_options(o)
     cut = partial(plan_ranges, shards=o.shards, shard_size=shard_size,
                   shard_items=o.shard_items) if given else None
