@@ -1,26 +1,32 @@
-"""The one resume rule: a unit of work is done when a record says it was done under the
-digest this run derives for it, and what it produced is still there.
+"""The one rule of "done": a unit of work is done when a record says it was done under the
+digest this run derives for it, and what it produced is still what the record says: sizes
+*and* digests of the bytes.
 
 A *done record* (:class:`Done`) is ``{"unit": W, "digest": D, "outputs": {name: {"bytes": n,
-"sha256": s}}}``: unit ``W`` (a conversion's checkpoint, ``shard 3 of 8``, an object's URI)
-was done under digest ``D`` (a plan's or a part's digest from :mod:`gluon_data.format.plan`,
-or the SHA-256 of an uploaded object's content) and produced ``outputs`` with these sizes
-(and sums, where known). Every resume of the package reads and writes it the same way:
+"sha256": s, "etag": e}}}``: unit ``W`` (a split of a local conversion, ``shard 3 of 8``, an
+object's URI) was done under digest ``D`` (a plan's or a part's digest from
+:mod:`gluon_data.format.plan`, or the SHA-256 of an uploaded object's content) and produced
+``outputs`` with these sizes and digests of their bytes, taken when the unit finished (the
+SHA-256; for an object in storage also the ETag the store reported). Every conversion kind
+reads and writes it the same way:
 
-* the unsharded conversion's checkpoint (``OUTPUT.resume.json``, an LMDB's progress key:
-  :mod:`gluon_data.convert.resume`), field ``done``;
+* each split's metadata of a local conversion (field ``done``: its ``.rec`` and ``.idx``;
+  :func:`gluon_data.convert.outputs.done_record`, checked on ``--resume`` by
+  :mod:`gluon_data.convert.resume`), and its checkpoint while it runs (``OUTPUT.resume.json``,
+  an LMDB's progress key);
 * each shard's metadata (``shard.done``: :mod:`gluon_data.convert.shard_task`);
 * each shard's upload receipt (``PREFIX-SSSSS-of-NNNNN.upload.json``, field ``done``:
   :class:`gluon_data.convert.upload.ShardUploader`);
 * the upload journal (``upload.json`` in the staging area: one record per object, keyed by
   the SHA-256 of what was uploaded: :func:`gluon_data.convert.upload.upload_dataset`).
 
-:func:`read_record` validates a document through :func:`gluon_data.format.documents.load_document`
-and refuses one that cannot be read with a :class:`~gluon_data.errors.ConversionError` naming
-the file and saying to restart without resuming (never a silent redo or skip);
-:func:`is_done` is the one check; :func:`write_record` the one atomic write. Documents the
-previous release wrote (no ``done`` field) are read through each kind's ``legacy`` reading,
-which derives the same record from the fields they carry.
+:func:`why_not_done` is the one check (:func:`is_done` its yes/no): an output recorded
+without a digest (the previous release's records) is not provably done, so it is redone;
+``look`` callables (:func:`local_look`, :func:`gluon_data.stores.remote.commit.object_look`)
+bring what each output is now. :func:`read_record` validates a document through
+:func:`gluon_data.format.documents.load_document` and refuses one that cannot be read with a
+:class:`~gluon_data.errors.ConversionError` naming the file and saying to restart without
+resuming (never a silent redo or skip); :func:`write_record` is the one atomic write.
 """
 from __future__ import annotations
 

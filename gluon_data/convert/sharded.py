@@ -4,8 +4,8 @@ A source layout (encoded through the converter's per-item code, :func:`~.encode.
 dataset (its records copied, checksums verified) is planned into shards; each shard is one
 task, a pure function of (plan, shard number, options) run by :mod:`gluon_data.convert.engines`,
 which writes it with the converter's writers and publishes it by rename; the manifest
-(:mod:`gluon_data.stores.shards`) is written last. A rerun skips shards whose metadata carries the
-plan's digest. :func:`convert_sharded` is importable from :mod:`gluon_data.stores.shards` too.
+(:mod:`gluon_data.stores.shards`) is written last. A rerun keeps the shards the one rule of
+"done" proves finished (:mod:`gluon_data.convert.done`) and redoes the rest. :func:`convert_sharded` is importable from :mod:`gluon_data.stores.shards` too.
 """
 from __future__ import annotations
 
@@ -147,9 +147,7 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
     _check_targets(plans, container, source, o.overwrite)
     if sink is not None:
         sink.prepare(plans, container)
-    results = _run_shards(plans, sink, engine=o.engine, workers=o.workers,
-                          scheduler=o.scheduler, retries=o.task_retries, progress=o.progress,
-                          shared=_shared_paths(source, root, output, sink, o.engine))
+    results = _run_shards(plans, sink, o, _shared_paths(source, root, output, sink, o.engine))
     for p in plans:
         _write_split_manifest(p, [results[j.path] for j in p["jobs"]], container, report,
                               copying)
@@ -285,20 +283,20 @@ def _job_items(job: ShardJob) -> int:
     return len(job.items) if job.items is not None else job.copy_from[3] - job.copy_from[2]
 
 
-def _run_shards(plans: List[dict], sink, *, engine: str, workers: int,
-                scheduler: Optional[str], retries: int, shared: list,
-                progress: bool) -> Dict[str, dict]:
-    """Run every shard task on ``engine``; each shard's manifest entry, by shard path."""
+def _run_shards(plans: List[dict], sink, o: ConvertOptions, shared: list) -> Dict[str, dict]:
+    """Run every shard task on ``o.engine`` (``o.workers``, ``o.scheduler``,
+    ``o.task_retries``); each shard's manifest entry, by shard path."""
+    engine = o.engine
     jobs = [j for p in plans for j in p["jobs"]]
     bar = progress_bar(sum(map(_job_items, jobs)), "convert %d shards" % len(jobs),
-                       enabled=progress)
+                       enabled=o.progress)
     results: Dict[str, dict] = {}
     nbytes = 0
     try:
         keys = ["gluon-data-%s-%s" % (os.path.basename(j.path), j.digest[:16]) for j in jobs]
         task = write_shard if sink is None else partial(sink.write_shard, write=write_shard)
-        for i, res in run_tasks(task, jobs, engine=engine, workers=workers,
-                                scheduler=scheduler, retries=retries, keys=keys,
+        for i, res in run_tasks(task, jobs, engine=engine, workers=o.workers,
+                                scheduler=o.scheduler, retries=o.task_retries, keys=keys,
                                 shared_paths=shared):
             if sink is None and engine == "dask":
                 _check_shard_here(jobs[i], res)
