@@ -208,10 +208,11 @@ class ConvertOptions:
     workers: int = _option(1, "encoding processes (with shards: the local engine's processes)",
                            Flag(type=int, default=_cpu_count))
     resume: bool = _option(
-        False, "continue an interrupted conversion or import (.rec or .lmdb output) from its "
-               "last checkpoint, or an interrupted upload to a URI without sending again what "
-               "is up (with --shards, finished shards are kept on any rerun); the result "
-               "equals an uninterrupted run")
+        False, "continue an interrupted conversion of any kind (.rec, .lmdb, shards, an "
+               "upload to a URI) from its last checkpoint, keeping only what is provably done "
+               "(sizes and digests as recorded; a damaged finished output is redone) and "
+               "redoing the rest (with --shards, a rerun does so with or without it); the "
+               "result equals an uninterrupted run")
     # The command reads $GLUON_DATA_CHECKPOINT_EVERY (a tuning knob of the tests, no flag).
     checkpoint_every: Optional[int] = _option(
         None, "records between checkpoints (default: by time and bytes)", None)
