@@ -10,6 +10,7 @@ which writes it with the converter's writers and publishes it by rename; the man
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import types
@@ -273,10 +274,12 @@ def _check_targets(plans: List[dict], container: str, source: str, overwrite: bo
             else:
                 rec, idx, mp = shard_files(j.path, container)
                 files = [(rec, "rec"), (idx, "idx"), (mp, "meta")]
+            once = functools.lru_cache(maxsize=None)(  # the shard's metadata read once
+                partial(_shard_plan(container, j.split), j.path))
+            recorded = lambda _, once=once: once()  # noqa: E731 (of the shard, any file)
             for path, kind in files:
                 check_replaceable(path, kind, overwrite, plan=str(p["names"]),
-                                  recorded=lambda _, j=j: _shard_plan(container, j.split)(
-                                      j.path))
+                                  recorded=recorded)
 
 
 def _job_items(job: ShardJob) -> int:
