@@ -216,3 +216,13 @@ def test_a_same_size_idx_rewritten_in_storage_is_sent_again_on_resume(s3, src, t
     assert fs.cat(idx) == good
     if shards:  # the other shards are proved done by their ETags: not sent again
         assert "c-00000-of-00003.rec" not in puts and "c-00002-of-00003.idx" not in puts
+
+
+def test_a_copy_of_a_dataset_refuses_an_encoding_option(src, tmp_path):
+    rec = str(tmp_path / "c.rec")
+    convert(src, rec, "imagefolder")
+    with pytest.raises(ValueError, match="copy of a converted dataset.*takes no encoding"):
+        convert(rec, str(tmp_path / "c.lmdb"), encoding="jpg")
+    assert not os.path.exists(str(tmp_path / "c.lmdb"))
+    assert len(open_store(convert(rec, str(tmp_path / "c.lmdb"), workers=2).outputs[
+        "train"])) == 9

@@ -21,7 +21,7 @@ from ..storage.fileio import open_regular
 from .sources import DEFAULT_MAX_FILE_BYTES
 
 __all__ = ["ConvertOptions", "Flag", "LAYOUT_FIELDS", "SEGMENTATION_FIELDS", "SHARDED_READS",
-           "LOCAL_READS", "reads_of",
+           "LOCAL_READS", "COPY_READS", "reads_of",
            "check_layout_options", "checkpoint_every_default", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS",
            "GROUPS", "cli_fields", "flag_name", "parse_shape", "read_classes"]
 
@@ -308,11 +308,21 @@ LOCAL_READS = frozenset(f.name for f in dataclasses.fields(ConvertOptions)) - se
     SHARD_FIELDS) - set(REMOTE_FIELDS) - set(LEGACY_FIELDS)
 
 
-def reads_of(layout: Optional[str], sharded: bool, uri: bool) -> frozenset:
-    """The options one kind of conversion reads: sharded or not (a legacy LMDB import,
-    ``layout`` ``raw-lmdb``/``caffe-lmdb``, reads its own), into object storage or not."""
-    reads = SHARDED_READS if sharded else LOCAL_READS | (
-        set(LEGACY_FIELDS) if layout in ("raw-lmdb", "caffe-lmdb") else set())
+#: What an unsharded copy of a converted dataset (rec <-> lmdb) reads: records are copied
+#: byte for byte, so no option of encoding or of a source layout applies (``workers``,
+#: ``resume`` and ``checkpoint_every``: accepted, the copy runs in one pass).
+COPY_READS = frozenset(("split", "format", "overwrite", "progress", "source_options",
+                        "workers", "resume", "checkpoint_every"))
+
+
+def reads_of(layout: Optional[str], sharded: bool, uri: bool,
+             copying: bool = False) -> frozenset:
+    """The options one kind of conversion reads: sharded or not, a copy of a converted
+    dataset (``copying``) or not (a legacy LMDB import, ``layout`` ``raw-lmdb``/
+    ``caffe-lmdb``, reads its own), into object storage or not."""
+    legacy = layout in ("raw-lmdb", "caffe-lmdb")
+    reads = SHARDED_READS if sharded else COPY_READS if copying and not legacy else \
+        LOCAL_READS | (set(LEGACY_FIELDS) if legacy else set())
     if uri:
         reads = reads | set(REMOTE_FIELDS) | {"forward_credentials"}
     return frozenset(reads)

@@ -16,6 +16,7 @@ from ..storage.remotefs import Remote
 from .upload import ShardUploader, upload_dataset
 from ..stores.shards import is_manifest
 from .local import convert_local
+from .planning import is_dataset
 from .options import ConvertOptions, _deprecated_retries, _only, reads_of
 from .sharded import sharded_conversion
 
@@ -52,7 +53,8 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
     """
     o = ConvertOptions.merge(options, _deprecated_retries(overrides, "remote_retries"))
     sharded = is_manifest(os.fspath(source)) or o.sharded
-    _only(o, reads_of(layout, sharded, True), "a conversion into object storage")
+    _only(o, reads_of(layout, sharded, True, not sharded and is_dataset(os.fspath(source))),
+          "a conversion into object storage")
     return uri_conversion(source, output, layout, o, sharded)
 
 
