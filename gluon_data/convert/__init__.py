@@ -2,17 +2,27 @@
 copy a dataset between containers; import the legacy LMDB layouts.
 
 The package reads as the data flow, each module one concern, imports pointing one way
-(each module imports only those below it; ``outputs`` at the bottom):
+(each module imports only those below it):
 
 ========================  ==================================================================
-``sharded``               :func:`convert_sharded`: one task per shard, a manifest per split
-``driver``                :func:`convert`: a source planned into splits
+``driver``                :func:`convert`: the one merge of the options and the one dispatch
+``to_uri``                into object storage: staged, then uploaded (``upload``)
+``upload``                uploads and shard uploads by the one commit protocol
+``sharded``               sharded conversions: one task per shard, a manifest per split
+``shard_task``            one shard task (written, or kept by the one rule of "done")
+``engines``               where shard tasks and encoders run (process pool, Dask)
+``local``                 the local, unsharded conversion of a source layout
 ``copy``                  :func:`copy_dataset` (rec <-> lmdb) and :func:`import_lmdb`
-``loop``                  :func:`drive`, the loop every conversion runs
+``loop``                  :func:`drive`, the loop every planned conversion runs
 ``resume``                the plan digest and checkpoints (``--resume``)
-``encode``                per-item work in the worker processes (:func:`encode_item`)
+``planning``              a source opened and planned under one :class:`ConvertOptions`
 ``outputs``               :class:`ConversionReport`, output names, the writers of each
                           container (:class:`Outputs`), option checks, metadata
+``done``                  the one rule of "done" (done records: sizes and digests)
+``encode``                per-item work in the worker processes (:func:`encode_item`)
+``options``               :class:`ConvertOptions` and which options each conversion reads
+``sources``               source layouts (``source_files``: reading their files)
+``sample``, ``demo``      small generated datasets, the demo
 ========================  ==================================================================
 
 The running statistics are :class:`gluon_data.tools.stats.RunningStats`. Everything is
