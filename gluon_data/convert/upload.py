@@ -93,10 +93,12 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     no dataset (while the marker exists, an error saying an upload is in progress) or a
     complete one. With ``resume``, objects the ``journal`` (a local JSON file of done records,
     :mod:`gluon_data.convert.done`: each object's URI done under the SHA-256 of what was
-    uploaded, with its size) records as uploaded with the same SHA-256 and found with the
-    same size are not sent again, and an identical complete dataset (every object there with
-    its size) is left alone. A journal of the previous release (``{uri: SHA-256}``) is read
-    the same way; one that cannot be read raises :class:`~gluon_data.errors.ConversionError`
+    uploaded, with its size and the ETag the store reported) records as uploaded with the
+    same SHA-256 are not sent again while the one rule of "done" finds them unchanged (same
+    size and ETag), and an identical complete dataset (every object there with the size and
+    SHA-256 its commit document records, each read once to tell) is left alone. A journal of
+    the previous release (``{uri: SHA-256}``) is read the same way (each object read once to
+    compare its SHA-256); one that cannot be read raises :class:`~gluon_data.errors.ConversionError`
     naming it (restart without ``resume``).
 
     Raises
@@ -186,13 +188,14 @@ class ShardUploader:
 
     Each task (:meth:`write_shard`) writes its shard into a staging folder local to the machine
     running it, verifies it, uploads its objects, then its receipt
-    (``PREFIX-SSSSS-of-NNNNN.upload.json``: the plan digest, each object's size and SHA-256,
-    the manifest entry), deletes the staged copy and returns the manifest entry. A shard whose
+    (``PREFIX-SSSSS-of-NNNNN.upload.json``: the plan digest, each object's size, SHA-256 and
+    ETag, the manifest entry), deletes the staged copy and returns the manifest entry. A shard whose
     receipt carries the shard's plan digest (``job.digest``: its items' names and each file's
     stamp: size, mtime, inode and ctime, see :mod:`gluon_data.format.plan`) and whose objects
-    have the recorded sizes is kept (a rerun with ``resume``, or Dask retrying a task that
-    died after uploading); a shard
-    of a source file changed since is written and uploaded again. Each split's manifest is
+    have the recorded sizes and ETags (the one rule of "done", :mod:`gluon_data.convert.done`)
+    is kept (a rerun with ``resume``, or Dask retrying a task that died after uploading); a
+    shard of a source file changed since, or with an object rewritten in place, is written and
+    uploaded again. Each split's manifest is
     uploaded by the one protocol of :class:`~gluon_data.stores.remote.commit.Commit`, the tasks
     putting its objects: the client calls :meth:`prepare` before any task (refusals, the
     upload marker, old commit documents removed) and :meth:`finish` after all (each
@@ -297,7 +300,8 @@ class ShardUploader:
     def _uploaded(self, job) -> Optional[dict]:
         """The manifest entry of ``job``'s shard if its receipt's done record says the shard
         is done under its digest (same items, same file stamps) and its objects have the
-        sizes the record gives; else ``None``. A receipt that cannot be read raises
+        sizes and ETags the record gives (no ETag recorded: their SHA-256, each read once);
+        else ``None``. A receipt that cannot be read raises
         :class:`ConversionError` naming it (:func:`~gluon_data.convert.done.read_record`)."""
         name = os.path.basename(job.path)
         uri = self.receipt_uri(name)
