@@ -221,7 +221,9 @@ def _copy_split(f, meta: dict, w, outputs) -> None:
     """Copy the records of one split, ``f``, into writer ``w``, each payload verified and
     kept byte for byte under its key; then finish ``w`` with the split's metadata."""
     keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
-    meta = {k: v for k, v in meta.items() if k not in CONTAINER_KEYS + ("done",)}
+    # (``done`` is kept: a copy of the same records is the same bytes, which its digests
+    # prove, and anything else fails them)
+    meta = {k: v for k, v in meta.items() if k not in CONTAINER_KEYS}
     task_seg = meta["task"] == "segmentation"
     # ours, but written before header ids were always the keys (an LMDB from a .lst
     # without record_keys, or items skipped): the header ids are the true keys

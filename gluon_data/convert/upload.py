@@ -11,12 +11,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..format import codec
 from ..format.documents import load_document
-from ..errors import ConversionError, RemoteNotFoundError
+from ..errors import ConversionError, FormatError, RemoteNotFoundError
 from ..storage.fsutil import sha256_file
 from ..stores.lmdbio import LMDBFile, read_lmdb_meta
 from ..format.meta import dumps_meta, meta_path
 from ..stores.recordio import idx_path_for
-from ..stores.shards import manifest_path, prefix_of, read_manifest, shard_files
+from ..stores.shards import load_manifest, manifest_path, prefix_of, read_manifest, shard_files
 from ..tools.verify import verify
 from ..stores.remote.commit import (Commit, existing_objects, existing_sizes, object_look,
                                     put_object)
@@ -231,6 +231,7 @@ class ShardUploader:
                  cache_dir: Optional[str] = None):
         self.uri, self.remote, self.staging, self.cache_dir = uri, remote, staging, cache_dir
         self.overwrite, self.resume = overwrite, resume
+        self.complete: set = set()  # (client) manifests already uploaded for this plan
 
     def shard_uri(self, name: str) -> str:
         return sibling_uri(self.uri, name)
@@ -266,6 +267,9 @@ class ShardUploader:
         todo = []
         for p in plans:
             c = self._commit(p)
+            if self.resume and self._complete(p, c):
+                self.complete.add(c.uri)  # complete already: the tasks find every receipt
+                continue
             targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
             present = existing_sizes(self.remote, targets)
             c.refuse(present, self.overwrite, lambda target, c=c: self.resume and c.ours())
@@ -277,6 +281,24 @@ class ShardUploader:
                     receipt = self.receipt_uri(os.path.basename(j.path))
                     if receipt in present:
                         self.remote.rm(receipt)
+
+    def _complete(self, p: dict, c: Commit) -> bool:
+        """Whether an earlier upload of plan ``p`` is complete, by the one rule of "done": its
+        manifest is committed with this plan's digest, and every shard is proved uploaded by
+        its receipt (:meth:`_uploaded`: sizes and ETags)."""
+        blob = c.committed()
+        if blob is None:
+            return False
+        try:
+            doc = load_manifest(c.commit, blob)[0]
+        except FormatError:
+            return False  # not one whole: this run writes it
+        made = Done(c.uri, str((doc.get("plan") or {}).get("digest")))
+        if not is_done(made, c.uri, p["digest"]) or \
+                any(self._uploaded(j) is None for j in p["jobs"]):
+            return False
+        c.settle()
+        return True
 
     def finish(self, report) -> Dict[str, str]:
         """After every task: each split's manifest (the local one, plus ``files``: size and
@@ -292,6 +314,8 @@ class ShardUploader:
                 data = e["name"] + "/" + LMDB_DATA if doc["container"] == "lmdb" else e["name"]
                 doc["files"][data] = e["files"][data]
             out[split] = c.uri
+            if c.uri in self.complete and self.remote.cat(c.commit) == dumps_meta(doc):
+                continue  # resumed a complete upload of this plan: nothing to send
             c.end(doc, {self.shard_uri(n): f["bytes"] for e in entries
                         for n, f in e["files"].items()})
         return out
