@@ -71,14 +71,21 @@ class _Checkpoint:
         return state
 
     def _written_unchanged(self, state: dict) -> bool:
-        """Same plan, and every item already written reads files whose stamps (size, mtime,
-        inode, ctime) are as they were then: files of items not yet written may change (a
-        corrupt image fixed after the run stopped on it), those already written may not."""
+        """Same plan, and each split's written prefix is done by the one rule of "done"
+        (:func:`~gluon_data.convert.done.is_done`): its record (the stamps the checkpoint
+        took of the files of the items written: size, mtime, inode, ctime) under the digest
+        of those files' stamps now. Files of items not yet written may change (a corrupt
+        image fixed after the run stopped on it), those already written may not."""
         names = getattr(self.digest, "names", None)
         if names is None or state.get("names") != names or state.get("publishing"):
             return False
-        return all(isinstance(sp, dict) and sp.get("stamps") == self.digest.prefix(s, sp["done"])
-                   for s, sp in state["splits"].items())
+        for s, sp in state["splits"].items():
+            if not isinstance(sp, dict) or not isinstance(sp.get("stamps"), str):
+                return False
+            unit = "the first %s items of split %s" % (sp["done"], s)
+            if not is_done(Done(unit, sp["stamps"]), unit, self.digest.prefix(s, sp["done"])):
+                return False
+        return True
 
     def _mismatch(self, state: dict) -> str:
         """Why a checkpoint is not this conversion's: other inputs or options, or the same
