@@ -226,3 +226,24 @@ def test_a_copy_of_a_dataset_refuses_an_encoding_option(src, tmp_path):
     assert not os.path.exists(str(tmp_path / "c.lmdb"))
     assert len(open_store(convert(rec, str(tmp_path / "c.lmdb"), workers=2).outputs[
         "train"])) == 9
+
+
+def test_the_command_resumes_a_sharded_conversion(src, tmp_path):
+    """--resume means the same for every conversion kind: a sharded conversion accepts it
+    (what the interrupted command's message tells the user to run)."""
+    import subprocess
+    import sys
+    out = str(tmp_path / "s.rec")
+    cmd = [sys.executable, "-m", "gluon_data", "convert", src, out, "--layout", "imagefolder",
+           "--shards", "3", "--quiet", "--workers", "1"]
+    import gluon_data  # the subprocess runs the package under test
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(gluon_data.__file__)))
+    env.pop("GLUON_DATA_CHECKPOINT_EVERY", None)
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120,
+                   cwd=str(tmp_path))
+    _idx_loses_a_line(out[:-4] + "-00002-of-00003.rec")
+    p = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("kept (already done)") == 2 and "written" in p.stdout
+    assert verify(str(tmp_path / "s.shards.json")).ok
