@@ -247,3 +247,21 @@ def test_the_command_resumes_a_sharded_conversion(src, tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("kept (already done)") == 2 and "written" in p.stdout
     assert verify(str(tmp_path / "s.shards.json")).ok
+
+
+@pytest.mark.parametrize("name,home", [("convert_sharded", "sharded"),
+                                       ("convert_to_uri", "to_uri"), ("copy_dataset", "copy"),
+                                       ("import_lmdb", "copy"), ("convert_local", "local")])
+def test_the_internal_conversion_functions_warn_and_still_work(name, home):
+    """convert() is the one public entry; the functions it dispatches to still import from
+    gluon_data.convert, with a DeprecationWarning naming where the name lives."""
+    import importlib
+    import warnings
+    package = importlib.import_module("gluon_data.convert")
+    assert name not in package.__all__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(package, name)
+    (w,) = [c for c in caught if issubclass(c.category, DeprecationWarning)]
+    assert "gluon_data.convert." + home in str(w.message)
+    assert value is getattr(importlib.import_module("gluon_data.convert." + home), name)
