@@ -13,7 +13,7 @@ import os
 import pytest
 
 from gluon_data.convert import convert
-from gluon_data.convert.done import Done, is_done, read_records
+from gluon_data.convert.done import Done, is_done, read_records, why_not_done
 from gluon_data.convert.sample import make_imagefolder
 from gluon_data.convert.sharded import convert_sharded
 from gluon_data.errors import ConversionError
@@ -34,13 +34,29 @@ def _rec_bytes(path):
 
 
 # ------------------------------------------------------------------------- the record
-def test_is_done_needs_the_unit_the_digest_and_the_recorded_sizes():
-    r = Done("shard 1 of 4", "d1", {"a.rec": {"bytes": 10}})
-    assert is_done(r, "shard 1 of 4", "d1") and is_done(r, "shard 1 of 4", "d1", {"a.rec": 10})
+def test_is_done_needs_the_unit_the_digest_the_recorded_sizes_and_digests():
+    sha = "ab" * 32
+    r = Done("shard 1 of 4", "d1", {"a.rec": {"bytes": 10, "sha256": sha}})
+
+    def now(facts):
+        return lambda name, want: facts.get(name)
+
+    assert is_done(r, "shard 1 of 4", "d1")
+    assert is_done(r, "shard 1 of 4", "d1", now({"a.rec": {"bytes": 10, "sha256": sha}}))
     assert not is_done(r, "shard 2 of 4", "d1")
     assert not is_done(r, "shard 1 of 4", "d2")
-    assert not is_done(r, "shard 1 of 4", "d1", {"a.rec": 9})
-    assert not is_done(r, "shard 1 of 4", "d1", {"a.rec": None})  # gone
+    assert not is_done(r, "shard 1 of 4", "d1", now({"a.rec": {"bytes": 9, "sha256": sha}}))
+    assert not is_done(r, "shard 1 of 4", "d1", now({}))  # gone
+    # same size, other bytes: not done
+    assert "other bytes" in why_not_done(r, "shard 1 of 4", "d1",
+                                         now({"a.rec": {"bytes": 10, "sha256": "cd" * 32}}))
+    # an ETag recorded at upload is a digest of the object's bytes too
+    e = Done("u", "d", {"o": {"bytes": 3, "etag": "x1"}})
+    assert is_done(e, "u", "d", now({"o": {"bytes": 3, "etag": "x1"}}))
+    assert not is_done(e, "u", "d", now({"o": {"bytes": 3, "etag": "x2"}}))
+    # a record without a digest (the previous release's) is not provably done
+    old = Done("u", "d", {"o": {"bytes": 3}})
+    assert "without a digest" in why_not_done(old, "u", "d", now({"o": {"bytes": 3}}))
     assert not is_done(None, "shard 1 of 4", "d1")
 
 
@@ -127,20 +143,29 @@ def test_a_shard_rerun_keeps_finished_shards_by_their_record(src, tmp_path):
     with open(_shard_meta(out, 1)) as f:
         meta = json.load(f)
     rec = out[:-4] + "-00001-of-00003.rec"
-    assert meta["shard"]["done"] == {"unit": "shard 1 of 3",
-                                     "digest": meta["shard"]["plan_digest"],
-                                     "outputs": {os.path.basename(rec):
-                                                 {"bytes": os.path.getsize(rec)}}}
-    # the previous release's metadata (no done record): still recognised as finished
-    del meta["shard"]["done"]
-    with open(_shard_meta(out, 1), "wb") as f:
-        f.write(dumps_meta(meta))
+    idx = rec[:-4] + ".idx"
+    assert meta["shard"]["done"] == {
+        "unit": "shard 1 of 3", "digest": meta["shard"]["plan_digest"],
+        "outputs": {p[-4:]: {"bytes": os.path.getsize(p), "sha256": _sha256(p)}
+                    for p in (rec, idx)}}
     # an interrupted shard: its files gone; the rerun writes it alone
     os.remove(out[:-4] + "-00002-of-00003.rec")
     again = convert_sharded(src, out, "imagefolder", shards=3)
     assert [e["reused"] for e in again.shards] == [True, True, False]
     assert [s.read(i) for s in [open_store(again.outputs["train"])] for i in range(9)] == \
         [s.read(i) for s in [open_store(first.outputs["train"])] for i in range(9)]
+    # the previous release's metadata (no done record, no digests): not provably
+    # complete, so it is redone
+    del meta["shard"]["done"]
+    with open(_shard_meta(out, 1), "wb") as f:
+        f.write(dumps_meta(meta))
+    third = convert_sharded(src, out, "imagefolder", shards=3)
+    assert [e["reused"] for e in third.shards] == [True, False, True]
+
+
+def _sha256(path):
+    import hashlib
+    return hashlib.sha256(_rec_bytes(path)).hexdigest()
 
 
 def test_a_shard_of_another_size_than_recorded_is_rewritten(src, tmp_path):
@@ -293,7 +318,9 @@ def test_receipts_of_the_previous_release_resume(s3, src, tmp_path):
         doc = json.loads(fs.cat(receipt))
         assert doc["done"]["unit"] == "shard %d of 3" % k
         assert doc["done"]["digest"] == doc["shard"]["plan_digest"]
-        assert doc["done"]["outputs"] == doc["files"]
+        assert {n: {k: f[k] for k in ("bytes", "sha256")}
+                for n, f in doc["done"]["outputs"].items()} == doc["files"]
+        assert all("etag" in f for f in doc["done"]["outputs"].values())
         if k == 0:
             del doc["done"]  # what the previous release wrote
             fs.pipe(receipt, dumps_meta(doc))

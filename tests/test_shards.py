@@ -89,7 +89,8 @@ def test_sharded_store_equals_the_single_file(voc_rec, voc_shards):
     with open(voc_rec[:-4] + ".meta.json") as f:
         single = json.load(f)
     assert store.meta["conversion_id"] != single["conversion_id"]
-    stamps = dict(conversion_id=None, meta_crc32=None)  # the id, and the CRC covering it
+    stamps = dict(conversion_id=None, meta_crc32=None,  # the id, and the CRC covering it
+                  done=None)  # (a single file records its files; the shards, in theirs)
     assert dict(store.meta, **stamps) == dict(single, **stamps)
     assert store.meta["item_names"] == single["item_names"]
     clone = pickle.loads(pickle.dumps(store))
@@ -162,7 +163,7 @@ def test_rerun_skips_done_shards_and_redoes_a_killed_one(folder_root, tmp_path):
     assert os.stat(str(out / "c-00000-of-00003.rec")).st_mtime_ns == before
     same_tree(str(ref), str(out))
     # another plan over the same names is refused, not silently mixed in
-    with pytest.raises(FileExistsError, match="another plan"):
+    with pytest.raises(FileExistsError, match="not written by this plan"):
         convert_sharded(folder_root, str(out / "c.rec"), "imagefolder", shards=2)
 
 

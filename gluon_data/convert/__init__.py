@@ -2,23 +2,34 @@
 copy a dataset between containers; import the legacy LMDB layouts.
 
 The package reads as the data flow, each module one concern, imports pointing one way
-(each module imports only those below it; ``outputs`` at the bottom):
+(each module imports only those below it):
 
 ========================  ==================================================================
-``sharded``               :func:`convert_sharded`: one task per shard, a manifest per split
-``driver``                :func:`convert`: a source planned into splits
-``copy``                  :func:`copy_dataset` (rec <-> lmdb) and :func:`import_lmdb`
-``loop``                  :func:`drive`, the loop every conversion runs
+``driver``                :func:`convert`: the one merge of the options and the one dispatch
+``to_uri``                into object storage: staged, then uploaded (``upload``)
+``upload``                uploads and shard uploads by the one commit protocol
+``sharded``               sharded conversions: one task per shard, a manifest per split
+``shard_task``            one shard task (written, or kept by the one rule of "done")
+``engines``               where shard tasks and encoders run (process pool, Dask)
+``local``                 the local, unsharded conversion of a source layout
+``copy``                  copies of a dataset (rec <-> lmdb) and legacy LMDB imports
+``loop``                  :func:`drive`, the loop every planned conversion runs
 ``resume``                the plan digest and checkpoints (``--resume``)
-``encode``                per-item work in the worker processes (:func:`encode_item`)
+``planning``              a source opened and planned under one :class:`ConvertOptions`
 ``outputs``               :class:`ConversionReport`, output names, the writers of each
                           container (:class:`Outputs`), option checks, metadata
+``done``                  the one rule of "done" (done records: sizes and digests)
+``encode``                per-item work in the worker processes (:func:`encode_item`)
+``options``               :class:`ConvertOptions` and which options each conversion reads
+``sources``               source layouts (``source_files``: reading their files)
+``sample``, ``demo``      small generated datasets, the demo
 ========================  ==================================================================
 
 The running statistics are :class:`gluon_data.tools.stats.RunningStats`. Everything is
 importable from ``gluon_data.convert`` as before the split (on first use).
 """
 import importlib
+import warnings
 
 from .._callable import callable_module
 
@@ -28,9 +39,9 @@ from .._callable import callable_module
 _EXPORTS = {
     "_start_pool": ".engines", "_stop_pool": ".engines", "_worker_init": ".engines",
     "_Stats": ("..tools.stats", "RunningStats"),
-    "_stock_meta": ".copy", "copy_dataset": ".copy", "import_lmdb": ".copy",
+    "_stock_meta": ".copy",
     "_plan": (".planning", "plan_splits"), "convert": ".driver", "is_dataset": ".planning",
-    "ConvertOptions": ".options", "convert_to_uri": ".to_uri", "convert_local": ".local",
+    "ConvertOptions": ".options",
     "SplitJobs": ".loop", "drive": ".loop",
     **{n: ".encode" for n in (
         "_PASSTHROUGH_FORMATS", "EncodeOptions", "_check_pixels", "_decode_like_reader",
@@ -44,13 +55,24 @@ _EXPORTS = {
         "output_format", "output_paths", "outputs_for")},
     **{n: ".resume" for n in ("_Checkpoint", "_import_digest", "_plan_digest",
                               "_resume_finished")},
-    **{n: ".sharded" for n in ("ShardJob", "convert_sharded", "write_shard")},
+    **{n: ".sharded" for n in ("ShardJob", "write_shard")},
 }
 
-__all__ = ["convert", "ConvertOptions", "convert_to_uri", "copy_dataset", "import_lmdb",
+__all__ = ["convert", "ConvertOptions",
            "ConversionReport", "EncodeOptions", "encode_item", "ENCODINGS", "FORMATS",
            "output_paths", "output_format", "open_writers", "outputs_for", "Outputs", "drive",
-           "SplitJobs", "is_dataset", "convert_sharded"]
+           "SplitJobs", "is_dataset"]
+
+#: The conversion functions beside :func:`convert` that are internal now: still importable
+#: from here, with a ``DeprecationWarning`` saying what to call instead and where the name
+#: itself can still be imported from.
+_INTERNAL = {
+    "convert_sharded": ("shards=N (or shard_size=, shard_items=)", ".sharded"),
+    "convert_to_uri": ("an output at a URI (s3://...)", ".to_uri"),
+    "copy_dataset": ("a converted dataset as the source (.rec, .lmdb)", ".copy"),
+    "import_lmdb": ("layout='raw-lmdb' or 'caffe-lmdb'", ".copy"),
+    "convert_local": ("a local output", ".local"),
+}
 
 
 _SUBMODULES = ("copy", "driver", "encode", "local", "loop", "options", "outputs", "planning",
@@ -58,6 +80,13 @@ _SUBMODULES = ("copy", "driver", "encode", "local", "loop", "options", "outputs"
 
 
 def __getattr__(name):
+    if name in _INTERNAL:
+        how, home = _INTERNAL[name]
+        warnings.warn("gluon_data.convert.%s is internal now: call gluon_data.convert() with "
+                      "%s, which decides the conversion (the name is importable from "
+                      "gluon_data.convert%s for now)" % (name, how, home),
+                      DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(home, __name__), name)
     where = _EXPORTS.get(name)
     if where is None and name in _SUBMODULES:  # ``gluon_data.convert.loop``, as before
         where = ("." + name, None)
@@ -71,7 +100,7 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES) | set(_INTERNAL))
 
 
 callable_module(__name__)  # from gluon_data import convert: the function, even once the module is loaded

@@ -24,8 +24,10 @@ from ..stores.base import is_uri, open_store
 from .options import ConvertOptions, _only
 from .encode import EncodeOptions, _legacy_work
 from .loop import SplitJobs, drive
+from .done import output_unit
 from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,
-                      _conversion_id, _fail, _metadata, _output_lock, outputs_for)
+                      _conversion_id, _fail, _metadata, _output_lock, done_record,
+                      outputs_for)
 from .resume import _import_digest
 
 __all__ = ["copy_dataset", "import_lmdb"]
@@ -99,15 +101,18 @@ def import_lmdb(source: str, output: str, layout: str,
     def jobs(start):  # records are read (and parsed) here, encoded in the workers
         return itertools.islice(enumerate(read()[1]), start, None)
 
+    whole = _import_digest(source, layout, split, n, opts, options)
+
     def finish_meta(s, w, st, digest):
         meta = _metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
                          options)
         meta["conversion_id"] = _conversion_id(digest, s, w, st)
+        meta["done"] = done_record(output_unit(s), whole, w)
         return meta
 
     return drive(output, outputs, {split: SplitJobs(n, jobs)},
                  partial(_legacy_work, opts=opts, raw_as=raw_as),
-                 digest=_import_digest(source, layout, split, n, opts, options), root=source,
+                 digest=whole, root=source,
                  options=options, report=report, finish_meta=finish_meta, source=source,
                  run=o, verb="import", t0=t0)
 
@@ -216,6 +221,8 @@ def _copy_split(f, meta: dict, w, outputs) -> None:
     """Copy the records of one split, ``f``, into writer ``w``, each payload verified and
     kept byte for byte under its key; then finish ``w`` with the split's metadata."""
     keys = meta.get("record_keys")  # non-dense .idx keys kept by a rec -> lmdb copy
+    # (``done`` is kept: a copy of the same records is the same bytes, which its digests
+    # prove, and anything else fails them)
     meta = {k: v for k, v in meta.items() if k not in CONTAINER_KEYS}
     task_seg = meta["task"] == "segmentation"
     # ours, but written before header ids were always the keys (an LMDB from a .lst

@@ -1,26 +1,32 @@
-"""The one resume rule: a unit of work is done when a record says it was done under the
-digest this run derives for it, and what it produced is still there.
+"""The one rule of "done": a unit of work is done when a record says it was done under the
+digest this run derives for it, and what it produced is still what the record says: sizes
+*and* digests of the bytes.
 
 A *done record* (:class:`Done`) is ``{"unit": W, "digest": D, "outputs": {name: {"bytes": n,
-"sha256": s}}}``: unit ``W`` (a conversion's checkpoint, ``shard 3 of 8``, an object's URI)
-was done under digest ``D`` (a plan's or a part's digest from :mod:`gluon_data.format.plan`,
-or the SHA-256 of an uploaded object's content) and produced ``outputs`` with these sizes
-(and sums, where known). Every resume of the package reads and writes it the same way:
+"sha256": s, "etag": e}}}``: unit ``W`` (a split of a local conversion, ``shard 3 of 8``, an
+object's URI) was done under digest ``D`` (a plan's or a part's digest from
+:mod:`gluon_data.format.plan`, or the SHA-256 of an uploaded object's content) and produced
+``outputs`` with these sizes and digests of their bytes, taken when the unit finished (the
+SHA-256; for an object in storage also the ETag the store reported). Every conversion kind
+reads and writes it the same way:
 
-* the unsharded conversion's checkpoint (``OUTPUT.resume.json``, an LMDB's progress key:
-  :mod:`gluon_data.convert.resume`), field ``done``;
+* each split's metadata of a local conversion (field ``done``: its ``.rec`` and ``.idx``;
+  :func:`gluon_data.convert.outputs.done_record`, checked on ``--resume`` by
+  :mod:`gluon_data.convert.resume`), and its checkpoint while it runs (``OUTPUT.resume.json``,
+  an LMDB's progress key);
 * each shard's metadata (``shard.done``: :mod:`gluon_data.convert.shard_task`);
 * each shard's upload receipt (``PREFIX-SSSSS-of-NNNNN.upload.json``, field ``done``:
   :class:`gluon_data.convert.upload.ShardUploader`);
 * the upload journal (``upload.json`` in the staging area: one record per object, keyed by
   the SHA-256 of what was uploaded: :func:`gluon_data.convert.upload.upload_dataset`).
 
-:func:`read_record` validates a document through :func:`gluon_data.format.documents.load_document`
-and refuses one that cannot be read with a :class:`~gluon_data.errors.ConversionError` naming
-the file and saying to restart without resuming (never a silent redo or skip);
-:func:`is_done` is the one check; :func:`write_record` the one atomic write. Documents the
-previous release wrote (no ``done`` field) are read through each kind's ``legacy`` reading,
-which derives the same record from the fields they carry.
+:func:`why_not_done` is the one check (:func:`is_done` its yes/no): an output recorded
+without a digest (the previous release's records) is not provably done, so it is redone;
+``look`` callables (:func:`local_look`, :func:`gluon_data.stores.remote.commit.object_look`)
+bring what each output is now. :func:`read_record` validates a document through
+:func:`gluon_data.format.documents.load_document` and refuses one that cannot be read with a
+:class:`~gluon_data.errors.ConversionError` naming the file and saying to restart without
+resuming (never a silent redo or skip); :func:`write_record` is the one atomic write.
 """
 from __future__ import annotations
 
@@ -33,17 +39,25 @@ from ..errors import ConversionError, FormatError
 from ..format.documents import (COUNT, SHA256, STR, Doc, F, check_document, load_document,
                                 map_of, obj, parse_json, register)
 from ..format.ownership import check_replaceable
-from ..storage.fsutil import atomic_write, fsync_dir
+from ..storage.fsutil import atomic_write, fsync_dir, sha256_file
 
-__all__ = ["Done", "is_done", "read_record", "record_in", "read_records", "records_doc",
+__all__ = ["Done", "is_done", "why_not_done", "file_facts", "local_look", "DIGESTS", "read_record", "record_in", "read_records", "records_doc",
            "write_record",
-           "shard_unit", "DONE_FORMAT"]
+           "shard_unit", "output_unit", "DONE_FORMAT"]
 
 #: The ``format`` marker of a document holding done records only (the upload journal).
 DONE_FORMAT = "gluon_data-done"
 
-_OUTPUT = obj("an object with \"bytes\" (and \"sha256\")", bytes=F(COUNT, True, False),
-              sha256=F(SHA256))
+_OUTPUT = obj("an object with \"bytes\" (and \"sha256\" or \"etag\")",
+              bytes=F(COUNT, True, False), sha256=F(SHA256), etag=F(STR))
+
+#: The digests of an output's bytes a done record may hold: its SHA-256, or the ETag its
+#: object store reported when it was written (a rewrite changes it).
+DIGESTS = ("sha256", "etag")
+
+#: ``look(name, recorded) -> {"bytes": n, "sha256" or "etag": ...} or None``: what an output
+#: is now (see :func:`why_not_done`).
+Look = Callable[[str, Mapping], Optional[dict]]
 _FIELDS = {"unit": F(STR, True, False), "digest": F(STR, True, False),
            "outputs": F(map_of(_OUTPUT, "an object of {\"bytes\", \"sha256\"} per output"),
                         True, False)}
@@ -63,8 +77,10 @@ class Done:
     Examples
     --------
     >>> r = Done("shard 1 of 4", "ab12", {"c-00001-of-00004.rec": {"bytes": 10}})
-    >>> is_done(r, "shard 1 of 4", "ab12", {"c-00001-of-00004.rec": 10})
+    >>> is_done(r, "shard 1 of 4", "ab12")
     True
+    >>> is_done(r, "shard 1 of 4", "ab12", lambda name, want: {"bytes": 10})  # no digest
+    False
     >>> is_done(r, "shard 1 of 4", "cd34")
     False
     """
@@ -85,23 +101,90 @@ class Done:
         return cls(doc["unit"], doc["digest"], doc["outputs"])
 
 
+def output_unit(split: str) -> str:
+    """The unit name of split ``split`` of a local, unsharded conversion (not its output's
+    name: equal conversions write equal metadata wherever they write it)."""
+    return "split %s of the conversion" % split
+
+
 def shard_unit(index: int, count: int) -> str:
     """The unit name of shard ``index`` of ``count``."""
     return "shard %d of %d" % (index, count)
 
 
 def is_done(record: Optional[Done], unit: str, digest: str,
-            found: Optional[Mapping[str, Optional[int]]] = None) -> bool:
-    """Whether ``record`` says ``unit`` is done under ``digest``; with ``found`` (``{output:
-    size now, or None when missing}``), also that every output it records that ``found``
-    names has the recorded size."""
-    if record is None or record.unit != unit or record.digest != str(digest):
-        return False
-    if found is not None:
-        for name, out in record.outputs.items():
-            if name in found and found[name] != out["bytes"]:
-                return False
-    return True
+            look: Optional[Look] = None) -> bool:
+    """Whether ``record`` proves ``unit`` done under ``digest``: :func:`why_not_done` found
+    nothing against it."""
+    return why_not_done(record, unit, digest, look) is None
+
+
+def why_not_done(record: Optional[Done], unit: str, digest: str,
+                 look: Optional[Look] = None) -> Optional[str]:
+    """The one rule of "done": ``None`` when ``record`` says ``unit`` was done under
+    ``digest`` and, with ``look``, every output it records is what it records; else why not.
+
+    ``look(name, recorded)`` says what output ``name`` is now (``{"bytes": n, "sha256": s}``,
+    or ``"etag"`` in place of ``"sha256"`` for an object whose store reports one; ``None``
+    when it is missing); :func:`local_look` and the remote one of
+    :mod:`gluon_data.stores.remote.commit` are the two. An output counts only if its size
+    *and* a digest of its bytes (SHA-256, or the store's ETag taken when it was written)
+    equal the record's: an output recorded without a digest (a record of the previous
+    release) is not provably done. A record with no outputs (an LMDB environment, whose
+    integrity is its own transactions) is done by its unit and digest alone."""
+    if record is None:
+        return "no done record"
+    if record.unit != unit:
+        return "its done record is of %s, not %s" % (record.unit, unit)
+    if record.digest != str(digest):
+        return ("its done record was made from other inputs or options, or from the source "
+                "as it was before it changed")
+    if look is None:
+        return None
+    for name, want in sorted(record.outputs.items()):
+        if not any(k in want for k in DIGESTS):
+            return ("%s was recorded without a digest of its bytes (by an earlier version), "
+                    "so it cannot be proved complete" % name)
+        have = look(name, want)
+        if have is None:
+            return "%s is missing" % name
+        if "bytes" in want and have.get("bytes") != want["bytes"]:
+            return "%s has %s bytes, its done record says %d" % (name, have.get("bytes"),
+                                                                 want["bytes"])
+        common = [k for k in DIGESTS if k in want and have.get(k) is not None]
+        if not common:
+            return "%s: no digest of its bytes could be taken to compare" % name
+        if any(have[k] != want[k] for k in common):
+            return ("%s has the recorded size but other bytes than its done record's "
+                    "digest (damaged or rewritten)" % name)
+    return None
+
+
+def file_facts(path: str) -> Optional[dict]:
+    """What the done rule records of the file at ``path``: ``{"bytes": n, "sha256": s}``
+    (``None`` when it is missing). Reads the file once."""
+    try:
+        size = os.path.getsize(path)
+        return {"bytes": size, "sha256": sha256_file(path)}
+    except FileNotFoundError:
+        return None
+
+
+def local_look(stem: str) -> Look:
+    """The ``look`` of :func:`why_not_done` for the files of a local output, named in its
+    record by their suffix (``.rec``, ``.idx``) after ``stem`` (the output's path without
+    ``.rec``): size first, the SHA-256 (one read of the file) only when the size is the
+    recorded one."""
+    def look(name: str, want: Mapping) -> Optional[dict]:
+        path = stem + name
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return None
+        if size != want.get("bytes") or "sha256" not in want:
+            return {"bytes": size}
+        return {"bytes": size, "sha256": sha256_file(path)}
+    return look
 
 
 def _unreadable(e: FormatError, what: str, where) -> ConversionError:

@@ -11,16 +11,13 @@ from ..storage.remotefs import is_uri
 from ..stores.shards import is_manifest
 from .local import convert_local
 from .loop import SplitJobs, drive  # noqa: F401  (importable from here, as before)
-from .options import LEGACY_FIELDS, REMOTE_FIELDS, SHARD_FIELDS, ConvertOptions, _only
+from .options import ConvertOptions, _only, reads_of
 from .outputs import ConversionReport
-from .sharded import convert_sharded
-from .to_uri import convert_to_uri
+from .planning import is_dataset
+from .sharded import sharded_conversion
+from .to_uri import uri_conversion
 
 __all__ = ["convert"]
-
-#: What a local, unsharded conversion reads: everything but the shard and object-storage
-#: options.
-_LOCAL_READS = frozenset(ConvertOptions.names()) - set(SHARD_FIELDS) - set(REMOTE_FIELDS)
 
 
 def convert(source: str, output: str, layout: Optional[str] = None,
@@ -128,15 +125,20 @@ def convert(source: str, output: str, layout: Optional[str] = None,
     >>> print(report)                                                                 # doctest: +SKIP
     wrote 1464 records to voc_train.rec
     """
-    o = ConvertOptions.merge(options, overrides)
+    o = ConvertOptions.merge(options, overrides)  # the one merge
     source, output = os.fspath(source), os.fspath(output)
-    if is_uri(output):
-        return convert_to_uri(source, output, layout, o)
-    if o.sharded or is_manifest(source):
-        return convert_sharded(source, output, layout, o)
-    reads = _LOCAL_READS if layout in ("raw-lmdb", "caffe-lmdb") else \
-        _LOCAL_READS - set(LEGACY_FIELDS)
-    _only(o, reads, "a conversion into a local, unsharded output (shard tasks need shards, "
-                    "shard_size or shard_items: --shards, --shard-size, --shard-items; object "
-                    "storage an s3:// output)")
+    # the one dispatch: which conversion runs, and so which options it reads
+    sharded, uri = o.sharded or is_manifest(source), is_uri(output)
+    copying = not sharded and is_dataset(source)
+    _only(o, reads_of(layout, sharded, uri, copying),
+          "a conversion into object storage" if uri else "a sharded conversion" if sharded
+          else "a copy of a converted dataset (its records are copied byte for byte)"
+          if copying and layout not in ("raw-lmdb", "caffe-lmdb")
+          else "a conversion into a local, unsharded output (shard tasks need shards, "
+               "shard_size or shard_items: --shards, --shard-size, --shard-items; object "
+               "storage an s3:// output)")
+    if uri:
+        return uri_conversion(source, output, layout, o, sharded)
+    if sharded:
+        return sharded_conversion(source, output, layout, o)
     return convert_local(source, output, layout, o)

@@ -8,6 +8,7 @@ step, and the class docstring's parameters are written from the same texts."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import textwrap
@@ -19,7 +20,9 @@ from ..format import codec
 from ..storage.fileio import open_regular
 from .sources import DEFAULT_MAX_FILE_BYTES
 
-__all__ = ["ConvertOptions", "Flag", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS",
+__all__ = ["ConvertOptions", "Flag", "LAYOUT_FIELDS", "SEGMENTATION_FIELDS", "SHARDED_READS",
+           "LOCAL_READS", "COPY_READS", "reads_of",
+           "check_layout_options", "checkpoint_every_default", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS",
            "GROUPS", "cli_fields", "flag_name", "parse_shape", "read_classes"]
 
 #: The help sections of ``gluon-data convert`` other than its main one: title -> description.
@@ -206,10 +209,11 @@ class ConvertOptions:
     workers: int = _option(1, "encoding processes (with shards: the local engine's processes)",
                            Flag(type=int, default=_cpu_count))
     resume: bool = _option(
-        False, "continue an interrupted conversion or import (.rec or .lmdb output) from its "
-               "last checkpoint, or an interrupted upload to a URI without sending again what "
-               "is up (with --shards, finished shards are kept on any rerun); the result "
-               "equals an uninterrupted run")
+        False, "continue an interrupted conversion of any kind (.rec, .lmdb, shards, an "
+               "upload to a URI) from its last checkpoint, keeping only what is provably done "
+               "(sizes and digests as recorded; a damaged finished output is redone) and "
+               "redoing the rest (with --shards, a rerun does so with or without it); the "
+               "result equals an uninterrupted run")
     # The command reads $GLUON_DATA_CHECKPOINT_EVERY (a tuning knob of the tests, no flag).
     checkpoint_every: Optional[int] = _option(
         None, "records between checkpoints (default: by time and bytes)", None)
@@ -291,6 +295,38 @@ SHARD_FIELDS = ("shards", "shard_size", "shard_items", "engine", "scheduler", "t
 REMOTE_FIELDS = ("storage_options", "cache_dir", "remote_retries")
 #: The options only a legacy LMDB import reads.
 LEGACY_FIELDS = ("image_shape", "mask_shape", "channels_first", "bgr")
+#: The options a sharded conversion reads (``resume`` included: a rerun, with it or without,
+#: keeps the shards the one rule of "done" proves finished and redoes the rest).
+SHARDED_READS = frozenset((
+    "shards", "shard_size", "shard_items", "engine", "scheduler", "workers", "format", "split",
+    "val_ratio", "shuffle", "seed", "encoding", "quality", "resize", "mask_encoding",
+    "on_error", "classes", "num_classes", "ignore_label", "images_dir", "masks_dir",
+    "lst_root", "max_pixels", "follow_symlinks", "max_file_bytes", "overwrite", "progress",
+    "resume", "task_retries", "source_options", "forward_credentials"))
+#: What a local, unsharded conversion of a source layout or a dataset reads: everything but
+#: the shard, object-storage and legacy-import options.
+LOCAL_READS = frozenset(f.name for f in dataclasses.fields(ConvertOptions)) - set(
+    SHARD_FIELDS) - set(REMOTE_FIELDS) - set(LEGACY_FIELDS)
+
+
+#: What an unsharded copy of a converted dataset (rec <-> lmdb) reads: records are copied
+#: byte for byte, so no option of encoding or of a source layout applies (``workers``,
+#: ``resume`` and ``checkpoint_every``: accepted, the copy runs in one pass).
+COPY_READS = frozenset(("split", "format", "overwrite", "progress", "source_options",
+                        "workers", "resume", "checkpoint_every"))
+
+
+def reads_of(layout: Optional[str], sharded: bool, uri: bool,
+             copying: bool = False) -> frozenset:
+    """The options one kind of conversion reads: sharded or not, a copy of a converted
+    dataset (``copying``) or not (a legacy LMDB import, ``layout`` ``raw-lmdb``/
+    ``caffe-lmdb``, reads its own), into object storage or not."""
+    legacy = layout in ("raw-lmdb", "caffe-lmdb")
+    reads = SHARDED_READS if sharded else COPY_READS if copying and not legacy else \
+        LOCAL_READS | (set(LEGACY_FIELDS) if legacy else set())
+    if uri:
+        reads = reads | set(REMOTE_FIELDS) | {"forward_credentials"}
+    return frozenset(reads)
 
 
 def _deprecated_retries(overrides: dict, meaning: str) -> dict:
@@ -313,6 +349,37 @@ def _only(options: ConvertOptions, reads, what: str) -> None:
             "%s (%sset to %r)" % (n, "" if flag_name(n) is None else flag_name(n) + ", ",
                                   getattr(options, n))
             for n in extra)))
+
+
+#: Options only some source layouts read: an option set for another layout is refused.
+LAYOUT_FIELDS = {"images_dir": ("pairs",), "masks_dir": ("pairs",), "lst_root": ("lst",)}
+#: Options only a segmentation source (masks) reads.
+SEGMENTATION_FIELDS = ("mask_encoding", "ignore_label")
+
+
+def check_layout_options(options: ConvertOptions, layout: str, task: str) -> None:
+    """Refuse an option the source ``layout`` (of ``task``) does not read, set away from
+    its default (``images_dir`` for an ``imagefolder``, ``mask_encoding`` for a
+    classification source...): it would be silently ignored."""
+    ignored = {n for n, layouts in LAYOUT_FIELDS.items() if layout not in layouts}
+    if task != "segmentation":
+        ignored.update(SEGMENTATION_FIELDS)
+    _only(options, set(options.names()) - ignored,
+          "the %s layout (a %s source)" % (layout, task))
+
+
+def checkpoint_every_default(options: ConvertOptions) -> ConvertOptions:
+    """``options`` with ``checkpoint_every`` from ``$GLUON_DATA_CHECKPOINT_EVERY`` when it
+    is not set (a tuning knob of the tests; read only where checkpoints are taken, so the
+    environment never sets an option on a conversion that takes none)."""
+    every = os.environ.get("GLUON_DATA_CHECKPOINT_EVERY")
+    if options.checkpoint_every is not None or not every:
+        return options
+    try:
+        return options.replace(checkpoint_every=int(every))
+    except ValueError:
+        raise ValueError("GLUON_DATA_CHECKPOINT_EVERY must be a whole number of records, "
+                         "got %r" % every) from None
 
 
 def cli_fields() -> List[Tuple[dataclasses.Field, Flag]]:
@@ -354,3 +421,19 @@ def _document_fields(cls) -> None:
 
 
 _document_fields(ConvertOptions)
+
+
+def _strict_init(init):
+    """``ConvertOptions(bogus=1)``: a ``TypeError`` naming the unknown option(s) and listing
+    the valid ones (the dataclass's own says only "unexpected keyword argument")."""
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        unknown = sorted(set(kwargs) - set(ConvertOptions.names()))
+        if unknown:
+            raise TypeError("unknown conversion option(s) %s; valid: %s"
+                            % (", ".join(unknown), ", ".join(ConvertOptions.names())))
+        init(self, *args, **kwargs)
+    return __init__
+
+
+ConvertOptions.__init__ = _strict_init(ConvertOptions.__init__)

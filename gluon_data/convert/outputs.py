@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -21,15 +22,18 @@ from .._version import __version__
 from ..errors import ConversionError, GluonDataError
 from ..storage.fsutil import OutputLock
 from ..stores.lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
-from ..format.meta import FORMAT_NAME, FORMAT_VERSION, read_meta
+from ..format.meta import FORMAT_NAME, FORMAT_VERSION, meta_path, read_meta
+from ..format.ownership import check_replaceable
+from ..format.recindex import BINARY_INDEX_SUFFIX, idx_path_for
 from ..format.plan import conversion_id
 from ..stores.recordio import RecordWriter
 from ..stores.shards import is_manifest
 from .sources import Item, Source, voc_palette
 from ..tools.stats import RunningStats
 from .encode import EncodeOptions
+from .done import Done, file_facts
 
-__all__ = ["ConversionReport", "ENCODINGS", "FORMATS", "Outputs", "outputs_for", "output_format",
+__all__ = ["done_record", "ConversionReport", "ENCODINGS", "FORMATS", "Outputs", "outputs_for", "output_format",
            "output_paths", "open_writers"]
 
 ENCODINGS = ("passthrough", "jpg", "png", "raw")
@@ -117,6 +121,11 @@ class Outputs:
         missing or unreadable."""
         raise NotImplementedError
 
+    def discard(self, path: str) -> None:
+        """Remove the published output ``path`` (only what is ours: a file that is not is
+        refused with :class:`~gluon_data.errors.OutputError`, never removed), to be redone."""
+        raise NotImplementedError
+
     def bytes_on_disk(self, path: str) -> int:
         return 0
 
@@ -167,6 +176,16 @@ class _RecordIOOutputs(Outputs):
     def bytes_on_disk(self, path):
         return os.path.getsize(path)
 
+    def discard(self, path):
+        idx = idx_path_for(path)
+        files = ((path, "rec"), (idx, "idx"), (meta_path(path), "meta"),
+                 (idx + BINARY_INDEX_SUFFIX, "gdx"))
+        for p, kind in files:
+            check_replaceable(p, kind, True)
+        for p, _ in files:
+            if os.path.lexists(p):
+                os.remove(p)
+
 
 class _LMDBOutputs(Outputs):
     name = "lmdb"
@@ -192,6 +211,10 @@ class _LMDBOutputs(Outputs):
         if metas is None or any(metas.get(s) is None for s in paths):
             return None
         return {s: metas[s] for s in paths}
+
+    def discard(self, path):
+        check_replaceable(path, "lmdb", True)
+        shutil.rmtree(path)
 
     def copy_meta(self, meta, keys):
         if keys != list(range(len(keys))):  # non-dense .idx keys: the LMDB keys are positions
@@ -413,3 +436,18 @@ def _split_fields(src: Source, split: str, digest: str, writer, st: "RunningStat
 def _conversion_id(digest: str, split: str, writer, st: "RunningStats") -> str:
     """:func:`gluon_data.format.plan.conversion_id` of what ``writer`` wrote."""
     return conversion_id(digest, split, writer.count, writer.bytes_written, st.state())
+
+
+def done_record(unit: str, digest: str, writer) -> dict:
+    """The done record (:mod:`gluon_data.convert.done`) of what ``writer`` wrote, taken
+    before its ``finish``: a RecordIO output's ``.rec`` and ``.idx`` (named by their
+    suffixes, so equal conversions write equal metadata under any name) with their sizes
+    and SHA-256 (made durable, then read once here); an LMDB split's none (the
+    environment's integrity is its own transactions)."""
+    idx = getattr(writer, "idx_path", None)
+    files = {}
+    if idx is not None:
+        writer.sync()
+        for suffix, final in ((".rec", writer.path), (".idx", idx)):
+            files[suffix] = file_facts(final + RecordWriter.PARTIAL)
+    return Done(unit, str(digest), files).doc()

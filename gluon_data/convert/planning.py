@@ -7,14 +7,19 @@ import os
 import random
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import ConversionError
+from dataclasses import dataclass
+
+from ..errors import ConversionError, SourceError
+from ..format import codec
 from ..stores.base import is_uri
 from ..stores.lmdbio import is_lmdb, names_lmdb
 from .encode import EncodeOptions
-from .outputs import ConversionReport
-from .sources import Item, Source
+from .options import ConvertOptions, check_layout_options
+from .outputs import ConversionReport, _check_choices, _check_options
+from .sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source
 
-__all__ = ["plan_splits", "resolve_classes", "take_problems", "encode_options", "is_dataset"]
+__all__ = ["plan_splits", "resolve_classes", "take_problems", "encode_options", "is_dataset",
+           "Planned", "plan_source", "check_values"]
 
 
 def plan_splits(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict[str, List[Item]]:
@@ -62,24 +67,76 @@ def take_problems(src: Source, on_error: str, report: ConversionReport) -> None:
             raise ConversionError(reason, f)
         report.skipped.append({"file": f, "reason": reason})
 
-def encode_options(src: Source, num_classes: Optional[int], *, encoding: str, quality: int,
-                   resize: int, ignore_label: int, max_pixels: int, mask_encoding: str,
-                   max_file_bytes: int, shuffle: bool, seed: int, val_ratio: float,
-                   on_error: str):
-    """``(EncodeOptions, options)``: how each item of ``src`` is encoded, and the options
-    recorded in the metadata and the plan digest."""
-    opts = EncodeOptions(task=src.task, encoding=encoding, quality=quality, resize=resize,
+def encode_options(src: Source, num_classes: Optional[int], o: ConvertOptions):
+    """``(EncodeOptions, options)``: how each item of ``src`` is encoded under the
+    conversion's options ``o``, and the options recorded in the metadata and the plan
+    digest."""
+    max_pixels = codec.DEFAULT_MAX_PIXELS if o.max_pixels is None else o.max_pixels
+    max_file_bytes = DEFAULT_MAX_FILE_BYTES if o.max_file_bytes is None else o.max_file_bytes
+    opts = EncodeOptions(task=src.task, encoding=o.encoding, quality=o.quality,
+                         resize=o.resize,
                          num_classes=num_classes if src.task == "segmentation" else None,
-                         ignore_label=ignore_label, max_pixels=max_pixels,
-                         mask_lut=src.mask_lut, mask_encoding=mask_encoding,
+                         ignore_label=o.ignore_label, max_pixels=max_pixels,
+                         mask_lut=src.mask_lut, mask_encoding=o.mask_encoding,
                          max_file_bytes=max_file_bytes)
-    options = dict(encoding=encoding, quality=quality, resize=resize, shuffle=shuffle,
-                   seed=seed, val_ratio=val_ratio, on_error=on_error)
-    if mask_encoding != "zraw" and src.task == "segmentation":
+    options = dict(encoding=o.encoding, quality=o.quality, resize=o.resize,
+                   shuffle=o.shuffle, seed=o.seed, val_ratio=o.val_ratio,
+                   on_error=o.on_error)
+    if o.mask_encoding != "zraw" and src.task == "segmentation":
         # in the digest, so a resume never mixes mask kinds; zraw (the only kind before
         # others existed) is left out, so the digests of those conversions are unchanged
-        options["mask_encoding"] = mask_encoding
+        options["mask_encoding"] = o.mask_encoding
     return opts, options
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A source layout opened and planned under one :class:`ConvertOptions`: the source,
+    its classes, its items per split, and how each is encoded (``opts``) with the options
+    the metadata and the plan digest record (``options``)."""
+
+    src: Source
+    classes: Optional[List[str]]
+    num_classes: Optional[int]
+    plan: Dict[str, List[Item]]
+    opts: EncodeOptions
+    options: dict
+
+
+def check_values(o: ConvertOptions) -> None:
+    """The option values every conversion of a source layout checks before any work."""
+    _check_choices(o.encoding, o.on_error)
+    if o.mask_encoding not in codec.MASK_ENCODINGS:
+        raise ValueError("unknown mask_encoding %r; valid: %s"
+                         % (o.mask_encoding, ", ".join(codec.MASK_ENCODINGS)))
+    _check_options(quality=o.quality, resize=o.resize, workers=o.workers,
+                   max_pixels=codec.DEFAULT_MAX_PIXELS if o.max_pixels is None
+                   else o.max_pixels,
+                   max_file_bytes=DEFAULT_MAX_FILE_BYTES if o.max_file_bytes is None
+                   else o.max_file_bytes,
+                   checkpoint_every=o.checkpoint_every, ignore_label=o.ignore_label,
+                   num_classes=o.num_classes)
+
+
+def plan_source(source: str, layout: Optional[str], o: ConvertOptions) -> Planned:
+    """Open the source layout at ``source`` (a :class:`ConversionError` when it cannot be
+    read), refuse an option its layout does not read
+    (:func:`~gluon_data.convert.options.check_layout_options`), resolve its classes, split
+    its items and say how each is encoded: the one planning of local and sharded
+    conversions alike."""
+    try:
+        src = open_source(source, layout, split=o.split, images_dir=o.images_dir,
+                          masks_dir=o.masks_dir, lst_root=o.lst_root,
+                          follow_symlinks=o.follow_symlinks)
+    except SourceError as e:
+        raise ConversionError("cannot read source: %s" % e.reason, e.path or source) \
+            from None
+    check_layout_options(o, src.layout, src.task)
+    classes, num_classes = resolve_classes(src, o.classes, o.num_classes)
+    plan = plan_splits(src, o.val_ratio, o.shuffle, o.seed)
+    opts, options = encode_options(src, num_classes, o)
+    return Planned(src, classes, num_classes, plan, opts, options)
+
 
 def is_dataset(source: str) -> bool:
     """Whether ``source`` is a converted dataset (a ``.rec`` or an LMDB of ours, local or at

@@ -21,7 +21,8 @@ from .sources import Item, Source
 from ..tools.stats import RunningStats
 from .encode import EncodeOptions
 from .outputs import ConversionReport, Outputs
-from .done import Done, is_done, read_record, write_record
+from .done import (Done, is_done, local_look, output_unit, read_record, record_in,
+                   why_not_done, write_record)
 
 __all__ = []
 
@@ -70,14 +71,21 @@ class _Checkpoint:
         return state
 
     def _written_unchanged(self, state: dict) -> bool:
-        """Same plan, and every item already written reads files whose stamps (size, mtime,
-        inode, ctime) are as they were then: files of items not yet written may change (a
-        corrupt image fixed after the run stopped on it), those already written may not."""
+        """Same plan, and each split's written prefix is done by the one rule of "done"
+        (:func:`~gluon_data.convert.done.is_done`): its record (the stamps the checkpoint
+        took of the files of the items written: size, mtime, inode, ctime) under the digest
+        of those files' stamps now. Files of items not yet written may change (a corrupt
+        image fixed after the run stopped on it), those already written may not."""
         names = getattr(self.digest, "names", None)
         if names is None or state.get("names") != names or state.get("publishing"):
             return False
-        return all(isinstance(sp, dict) and sp.get("stamps") == self.digest.prefix(s, sp["done"])
-                   for s, sp in state["splits"].items())
+        for s, sp in state["splits"].items():
+            if not isinstance(sp, dict) or not isinstance(sp.get("stamps"), str):
+                return False
+            unit = "the first %s items of split %s" % (sp["done"], s)
+            if not is_done(Done(unit, sp["stamps"]), unit, self.digest.prefix(s, sp["done"])):
+                return False
+        return True
 
     def _mismatch(self, state: dict) -> str:
         """Why a checkpoint is not this conversion's: other inputs or options, or the same
@@ -154,8 +162,13 @@ class _Checkpoint:
 def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root: str,
                      options: dict) -> Optional[ConversionReport]:
     """With ``resume``: finish a publish that a crash interrupted, or recognise outputs that
-    are already complete (same source ``root`` and options); else ``None`` (convert as
-    usual)."""
+    are already complete by the one rule of "done" (:func:`~gluon_data.convert.done.
+    why_not_done`: each split's metadata holds the done record of this plan's digest, and
+    its ``.rec`` and ``.idx`` have the recorded sizes and SHA-256, read once each); else
+    ``None`` (convert as usual). A finished output of this plan that is not provably done
+    (damaged since, or written by the previous release, whose metadata records no digests)
+    is removed here and redone; one of another plan (other inputs or options, or the source
+    changed since) is refused, naming it. ``root`` and ``options`` are in the digest."""
     outputs = report.outputs
     if state is not None and state.get("publishing"):
         ckpt.outputs.complete_publish(outputs)
@@ -165,11 +178,22 @@ def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root:
     metas = ckpt.outputs.published_meta(ckpt.output, outputs)
     if metas is None:
         return None
+    redo = False
     for split, meta in metas.items():
-        made = meta.get("created_by", {})
-        if made.get("options") != options or made.get("source") != os.path.abspath(root):
-            return None
-        _check_unchanged_since(ckpt.digest, outputs[split])
+        path = outputs[split]
+        record = record_in(meta, path, lambda d: None, what="done record of the output")
+        unit = output_unit(split)
+        if record is not None and (record.unit != unit or record.digest != str(ckpt.digest)):
+            _check_unchanged_since(ckpt.digest, path)
+            raise ConversionError("this output was made from other inputs or options, or "
+                                  "from the source as it was before it changed; rerun with "
+                                  "--overwrite to convert the current files", path)
+        stem = os.path.splitext(path)[0]
+        redo = redo or why_not_done(record, unit, ckpt.digest, local_look(stem)) is not None
+    if redo:  # ours, of this plan, not provably complete: written again
+        for path in dict.fromkeys(outputs.values()):
+            ckpt.outputs.discard(path)
+        return None
     for split, meta in metas.items():
         report.written[split] = meta["num_records"]
         report.bytes_written += ckpt.outputs.bytes_on_disk(outputs[split])

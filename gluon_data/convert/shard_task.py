@@ -22,9 +22,9 @@ from ..stores.shards import (dataset_files, is_manifest, manifest_path, read_sha
                              shard_files, shard_summary)
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
-from .done import Done, is_done, record_in, shard_unit
+from .done import local_look, record_in, shard_unit, why_not_done
 from .encode import _work
-from .outputs import _fail, _metadata, _split_fields, open_writers
+from .outputs import _fail, _metadata, _split_fields, done_record, open_writers
 
 __all__ = ["write_shard", "ShardJob"]
 
@@ -64,42 +64,29 @@ def _check_not_source(plans: List[dict], container: str, source: str) -> None:
                    dataset_files(source))
 
 
-def _legacy_record(info: dict) -> Done:
-    """The done record of a shard's metadata written by the previous release (``shard``:
-    index, count and the shard's digest, no ``done``): the same facts, no output sizes."""
-    return Done(shard_unit(info["index"], info["count"]), info["plan_digest"])
-
-
 def _finished(job: ShardJob) -> Optional[dict]:
     """The summary of a shard this plan already published from the same state of its items,
-    else ``None``: by the one resume rule (:func:`~gluon_data.convert.done.is_done`), the
-    ``done`` record in the shard's metadata must name this shard and ``job.digest`` (its
-    items' stamps: size, mtime, inode, ctime), and its ``.rec`` have the recorded size. A
-    shard of a changed source, of a version that recorded no digest, or with no readable
-    metadata, is rewritten (the client refused, before any task, to replace one that is not
-    of this plan: :func:`gluon_data.convert.sharded._check_target`); a shard whose metadata
-    holds an invalid record is refused (:class:`ConversionError` naming it)."""
+    else ``None``: by the one rule of "done" (:func:`~gluon_data.convert.done.why_not_done`),
+    the ``done`` record in the shard's metadata must name this shard and ``job.digest`` (its
+    items' stamps: size, mtime, inode, ctime), and its ``.rec`` and ``.idx`` have the
+    recorded sizes and SHA-256 (read once each). A shard of a changed source, damaged, of the
+    previous release (its metadata records no digests: not provably complete), or with no
+    readable metadata, is rewritten (the client refused, before any task, to replace one
+    that is not of this plan: :func:`gluon_data.convert.sharded._check_targets`); a shard
+    whose metadata holds an invalid record is refused (:class:`ConversionError` naming it)."""
     try:
         meta = read_shard_meta(job.path, job.container, job.split)
     except (GluonDataError, OSError):
         return None
     info = (meta or {}).get("shard")
-    if not info:
+    if not info or "done" not in info:
         return None
-    record = record_in(info, job.path, _legacy_record, what="shard metadata's done record")
-    files = shard_files(job.path, job.container)
-    found = {os.path.basename(p): _size(p) for p in files}
-    if not is_done(record, shard_unit(job.index, job.count), job.digest, found) \
-            or None in found.values():
+    record = record_in(info, job.path, what="shard metadata's done record")
+    if any(not os.path.exists(p) for p in shard_files(job.path, job.container)) or \
+            why_not_done(record, shard_unit(job.index, job.count), job.digest,
+                         local_look(os.path.splitext(job.path)[0])) is not None:
         return None
     return dict(shard_summary(job.path, job.container, job.split), reused=True)
-
-
-def _size(path: str) -> Optional[int]:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return None
 
 
 def _open_writer(job: ShardJob):
@@ -155,9 +142,7 @@ def _write_shard_locked(job: ShardJob) -> dict:
                                       [i for _, i in job.items]))
             shard_info.update(items=[job.items[0][0], job.items[-1][0] + 1],
                               stats=st.state())
-        shard_info["done"] = Done(shard_unit(job.index, job.count), job.digest, {
-            os.path.basename(job.path): {"bytes": w.bytes_written}}
-            if job.container == "rec" else {}).doc()
+        shard_info["done"] = done_record(shard_unit(job.index, job.count), job.digest, w)
         meta["shard"] = shard_info
         if job.container == "lmdb" and written_keys != list(range(len(written_keys))):
             meta["record_keys"] = written_keys  # LMDB keys are positions: keep the .idx keys
@@ -218,8 +203,9 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
 
 
 #: Metadata keys a copied shard (and its manifest) does not take from the source: the
-#: container's own (:data:`gluon_data.format.meta.CONTAINER_KEYS`) and ``shard``.
-_NOT_COPIED = CONTAINER_KEYS + ("shard",)
+#: container's own (:data:`gluon_data.format.meta.CONTAINER_KEYS`), ``shard`` and ``done``
+#: (the done record of the source's own files).
+_NOT_COPIED = CONTAINER_KEYS + ("shard", "done")
 
 
 def _where(source: str) -> str:

@@ -4,60 +4,60 @@ A source layout (encoded through the converter's per-item code, :func:`~.encode.
 dataset (its records copied, checksums verified) is planned into shards; each shard is one
 task, a pure function of (plan, shard number, options) run by :mod:`gluon_data.convert.engines`,
 which writes it with the converter's writers and publishes it by rename; the manifest
-(:mod:`gluon_data.stores.shards`) is written last. A rerun skips shards whose metadata carries the
-plan's digest. :func:`convert_sharded` is importable from :mod:`gluon_data.stores.shards` too.
+(:mod:`gluon_data.stores.shards`) is written last. A rerun keeps the shards the one rule of
+"done" proves finished (:mod:`gluon_data.convert.done`) and redoes the rest. :func:`convert_sharded` is importable from :mod:`gluon_data.stores.shards` too.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 import types
 from functools import partial
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..format import codec
 from ..storage.credentials import forward_options
 from .engines import SHARED_PATH_RULE, run_tasks
-from ..errors import ConversionError, GluonDataError, WorkerPathError
+from ..errors import ConversionError, WorkerPathError
 from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..format.meta import read_meta
-from ..format.ownership import exists_refusal
+from ..format.ownership import check_replaceable
 from ..format.plan import part_digest, plan_digest, source_head
 from ..tools.progress import progress_bar
 from ..stores.recordio import RecordFile
 from ..stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, is_manifest, manifest_path,
                              parse_size, plan_ranges, prefix_of, read_manifest, read_shard_meta,
                              shard_files, shard_name, write_manifest)
-from .sources import DEFAULT_MAX_FILE_BYTES, open_source
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
 from .copy import _stock_meta
-from .options import ConvertOptions, _deprecated_retries, _only
-from .planning import encode_options, plan_splits, resolve_classes, take_problems
-from .outputs import (ConversionReport, _check_choices, _check_options, _metadata, _split_fields,
-                      output_format)
+from .options import SHARDED_READS, ConvertOptions, _deprecated_retries, _only
+from .planning import check_values, plan_source, take_problems
+from .outputs import ConversionReport, _metadata, _split_fields, output_format
 from .shard_task import (ShardJob, _NOT_COPIED, _check_not_source, _where, write_shard)
 
-__all__ = ["convert_sharded", "write_shard", "ShardJob"]
+__all__ = ["convert_sharded", "sharded_conversion", "write_shard", "ShardJob"]
 
 
 # --------------------------------------------------------------------------- conversion
-def _check_target(path: str, container: str, split: str, names: str,
-                  overwrite: bool) -> None:
-    """Refuse to replace ``path`` unless it is a shard of this plan (``names``: the plan's
-    names-only digest; the shard may be of another state of the source, then it is redone)."""
-    if overwrite or not os.path.exists(path):
-        return
-    try:
-        meta = read_shard_meta(path, container, split)
-    except (GluonDataError, OSError):
-        meta = None
-    info = (meta or {}).get("shard") or {}
-    if info.get("plan", info.get("plan_digest")) != names:  # older shards: names only
-        raise exists_refusal(path, " and was not written by this plan")
+def _shard_plan(container: str, split: str):
+    """``recorded(path)`` of :func:`~gluon_data.format.ownership.check_replaceable` for a
+    shard: the names-only plan digest its metadata records (older shards: their digest)."""
+    def recorded(path: str) -> Optional[str]:
+        meta = read_meta(path) if container == "rec" else read_shard_meta(path, container,
+                                                                           split)
+        info = (meta or {}).get("shard") or {}
+        return info.get("plan", info.get("plan_digest"))
+    return recorded
+
+
+def _manifest_plan(path: str) -> Optional[str]:
+    """The names-only plan digest a manifest records (older ones: their digest)."""
+    made = read_manifest(path)["plan"]
+    return made.get("names", made["digest"])
 
 
 def _item_size(item) -> int:
@@ -115,50 +115,26 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None,
         ``outputs`` maps each split to its manifest; ``shards`` lists per-shard entries.
     """
     o = ConvertOptions.merge(options, _deprecated_retries(overrides, "task_retries"))
-    _only(o, _READS, "a sharded conversion")
-    return _convert_sharded(source, output, layout, sink=sink, retries=o.task_retries,
-                            **o.pick(_READS - {"task_retries"}))
+    _only(o, SHARDED_READS, "a sharded conversion")
+    return sharded_conversion(source, output, layout, o, sink)
 
 
-#: The options a sharded conversion reads.
-_READS = frozenset(("shards", "shard_size", "shard_items", "engine", "scheduler", "workers",
-                    "format", "split", "val_ratio", "shuffle", "seed", "encoding", "quality",
-                    "resize", "mask_encoding", "on_error", "classes", "num_classes",
-                    "ignore_label", "images_dir", "masks_dir", "lst_root", "max_pixels",
-                    "follow_symlinks", "max_file_bytes", "overwrite", "progress",
-                    "task_retries", "source_options", "forward_credentials"))
-
-
-def _convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
-                    shards: Optional[int] = None, shard_size=None,
-                    shard_items: Optional[int] = None, engine: str = "local",
-                    scheduler: Optional[str] = None, workers: int = 1,
-                    format: Optional[str] = None, split: Optional[str] = None,
-                    val_ratio: float = 0.0, shuffle: bool = False, seed: int = 0,
-                    encoding: str = "passthrough", quality: int = 95, resize: int = 0,
-                    mask_encoding: str = "rle", on_error: str = "fail",
-                    classes: Optional[Sequence[str]] = None,
-                    num_classes: Optional[int] = None, ignore_label: int = 255,
-                    images_dir: str = "images", masks_dir: str = "masks",
-                    lst_root: Optional[str] = None, max_pixels: Optional[int] = None,
-                    follow_symlinks: bool = False, max_file_bytes: Optional[int] = None,
-                    overwrite: bool = False, progress: bool = False, retries: int = 2,
-                    source_options: Optional[dict] = None, sink=None,
-                    forward_credentials: bool = False):
-    """:func:`convert_sharded` with each option a keyword."""
-    shard_size, given, max_pixels, max_file_bytes = _checked_options(
-        shards, shard_size, shard_items, encoding=encoding, on_error=on_error,
-        quality=quality, resize=resize, workers=workers, max_pixels=max_pixels,
-        max_file_bytes=max_file_bytes, ignore_label=ignore_label, num_classes=num_classes)
-    cut = partial(plan_ranges, shards=shards, shard_size=shard_size,
-                  shard_items=shard_items) if given else None
+def sharded_conversion(source: str, output: str, layout: Optional[str], o: ConvertOptions,
+                       sink=None):
+    """:func:`convert_sharded` once its options are merged and checked (by
+    :func:`gluon_data.convert` or :func:`convert_sharded`)."""
+    shard_size, given = _checked_options(o)
+    cut = partial(plan_ranges, shards=o.shards, shard_size=shard_size,
+                  shard_items=o.shard_items) if given else None
     # paths resolve here, on the client: a Dask worker runs in its own working directory
     source, output = (_where(os.fspath(x)) for x in (source, output))
-    lst_root = None if lst_root is None else os.path.abspath(lst_root)
-    if forward_credentials and is_uri(source):
+    if o.lst_root is not None:
+        o = o.replace(lst_root=os.path.abspath(o.lst_root))
+    source_options = o.source_options
+    if o.forward_credentials and is_uri(source):
         source_options = dict(source_options or {}, storage_options=forward_options(
             source, (source_options or {}).get("storage_options")))
-    container = format or ("lmdb" if output.rstrip("/").endswith(".lmdb") else "rec")
+    container = o.format or ("lmdb" if output.rstrip("/").endswith(".lmdb") else "rec")
     output_format(output, container)  # validates the name
     prefix = prefix_of(output)
     t0 = time.perf_counter()
@@ -166,20 +142,13 @@ def _convert_sharded(source: str, output: str, layout: Optional[str] = None, *,
     report.shards = []  # type: ignore[attr-defined]
     copying = (is_manifest(source) or source.endswith(".rec") or is_lmdb(source)
                or (is_uri(source) and source.rstrip("/").endswith(".lmdb")))
-    plans, root = (_plan_copy(source, split, source_options, prefix, container, cut),
-                   source) if copying else _plan_encoding(
-            source, layout, prefix, container, cut, report, split=split,
-            images_dir=images_dir, masks_dir=masks_dir, lst_root=lst_root,
-            follow_symlinks=follow_symlinks, classes=classes, num_classes=num_classes,
-            val_ratio=val_ratio, shuffle=shuffle, seed=seed, on_error=on_error,
-            encoding=encoding, quality=quality, resize=resize, ignore_label=ignore_label,
-            max_pixels=max_pixels, mask_encoding=mask_encoding, max_file_bytes=max_file_bytes)
-    _check_targets(plans, container, source, overwrite)
+    plans, root = (_plan_copy(source, o.split, source_options, prefix, container, cut),
+                   source) if copying else _plan_encoding(source, layout, prefix, container,
+                                                          cut, report, o)
+    _check_targets(plans, container, source, o.overwrite)
     if sink is not None:
         sink.prepare(plans, container)
-    results = _run_shards(plans, sink, engine=engine, workers=workers, scheduler=scheduler,
-                          retries=retries, progress=progress,
-                          shared=_shared_paths(source, root, output, sink, engine))
+    results = _run_shards(plans, sink, o, _shared_paths(source, root, output, sink, o.engine))
     for p in plans:
         _write_split_manifest(p, [results[j.path] for j in p["jobs"]], container, report,
                               copying)
@@ -200,38 +169,26 @@ def _shared_paths(source: str, root: str, output: str, sink, engine: str) -> lis
 
 
 def _plan_encoding(source: str, layout: Optional[str], prefix: str, container: str, cut,
-                   report: ConversionReport, *, split, images_dir, masks_dir, lst_root,
-                   follow_symlinks, classes, num_classes, val_ratio, shuffle, seed, on_error,
-                   **encode) -> Tuple[List[dict], str]:
+                   report: ConversionReport, o: ConvertOptions) -> Tuple[List[dict], str]:
     """The shard plans of a source encoded through the per-item code, and its root: the
-    source opened and planned, its problems taken into ``report``, the options checked."""
-    src = _open_encode_source(source, layout, split=split, images_dir=images_dir,
-                              masks_dir=masks_dir, lst_root=lst_root,
-                              follow_symlinks=follow_symlinks)
-    classes, num_classes = resolve_classes(src, classes, num_classes)
-    plan = plan_splits(src, val_ratio, shuffle, seed)
-    take_problems(src, on_error, report)
-    opts, options = encode_options(src, num_classes, shuffle=shuffle, seed=seed,
-                                   val_ratio=val_ratio, on_error=on_error, **encode)
-    return (_plan_encode(src, plan, source, prefix, container, cut,
-                         (opts, classes, num_classes, options, on_error)),
-            os.path.abspath(src.root))
+    source opened and planned (:func:`~.planning.plan_source`, as a local conversion's),
+    its problems taken into ``report``."""
+    planned = plan_source(source, layout, o)
+    take_problems(planned.src, o.on_error, report)
+    return (_plan_encode(planned.src, planned.plan, source, prefix, container, cut,
+                         (planned.opts, planned.classes, planned.num_classes,
+                          planned.options, o.on_error)),
+            os.path.abspath(planned.src.root))
 
 
-def _checked_options(shards, shard_size, shard_items, *, encoding: str, on_error: str,
-                     max_pixels: Optional[int], max_file_bytes: Optional[int], **numbers):
-    """The checked options: ``(shard_size in bytes, whether the shards are given, max_pixels,
-    max_file_bytes)`` (the last two: their defaults when ``None``)."""
-    if isinstance(shard_size, str):
-        shard_size = parse_size(shard_size)
-    given = sum(x is not None for x in (shards, shard_size, shard_items))
+def _checked_options(o: ConvertOptions):
+    """The checked options: ``(shard_size in bytes, whether the shards are given)``."""
+    shard_size = parse_size(o.shard_size) if isinstance(o.shard_size, str) else o.shard_size
+    given = sum(x is not None for x in (o.shards, shard_size, o.shard_items))
     if given > 1:
         raise ValueError("give only one of --shards, --shard-size, --shard-items")
-    _check_choices(encoding, on_error)
-    max_pixels = codec.DEFAULT_MAX_PIXELS if max_pixels is None else max_pixels
-    max_file_bytes = DEFAULT_MAX_FILE_BYTES if max_file_bytes is None else max_file_bytes
-    _check_options(max_pixels=max_pixels, max_file_bytes=max_file_bytes, **numbers)
-    return shard_size, bool(given), max_pixels, max_file_bytes
+    check_values(o)
+    return shard_size, bool(given)
 
 
 def _plan_copy(source: str, split: Optional[str], source_options: Optional[dict],
@@ -263,15 +220,6 @@ def _plan_copy(source: str, split: Optional[str], source_options: Optional[dict]
                       "plan": {"source": _where(source), "kind": "copy",
                                "ranges": ranges, "names": names}})
     return plans
-
-
-def _open_encode_source(source: str, layout: Optional[str], **kw):
-    """The source layout to encode; a :class:`ConversionError` when it cannot be read."""
-    try:
-        return open_source(source, layout, **kw)
-    except GluonDataError as e:
-        raise ConversionError("cannot read source: %s" % e.reason, e.path or source) \
-            from None
 
 
 def _plan_encode(src, plan: Dict[str, list], source: str, prefix: str, container: str,
@@ -311,41 +259,47 @@ def _plan_encode(src, plan: Dict[str, list], source: str, prefix: str, container
 
 
 def _check_targets(plans: List[dict], container: str, source: str, overwrite: bool) -> None:
-    """Before any work: no output shares a file with the source, and none replaces what
-    this plan did not write (a manifest of another plan, a shard not of this one)."""
+    """Before any work: no output shares a file with the source, and none replaces what is
+    not this plan's (by the one rule of :func:`~gluon_data.format.ownership.
+    check_replaceable`): without ``overwrite`` only a manifest and shards of this plan;
+    with it, only gluon-data's own (a plain file, foreign JSON or a cut or edited manifest
+    is refused even then)."""
     _check_not_source(plans, container, source)
     for p in plans:
-        mp = manifest_path(p["prefix"])
-        if not overwrite and os.path.exists(mp):
-            try:  # this plan's, of this or another state of the source
-                made = read_manifest(mp)["plan"]
-                same = made.get("names", made["digest"]) == p["names"]
-            except (GluonDataError, KeyError, OSError):
-                same = False
-            if not same:
-                raise exists_refusal(mp, " and was made by another plan")
+        check_replaceable(manifest_path(p["prefix"]), "manifest", overwrite,
+                          plan=str(p["names"]), recorded=_manifest_plan)
         for j in p["jobs"]:
-            _check_target(j.path, container, j.split, p["names"], overwrite)
+            if container == "lmdb":
+                files = [(j.path, "lmdb")]
+            else:
+                rec, idx, mp = shard_files(j.path, container)
+                files = [(rec, "rec"), (idx, "idx"), (mp, "meta")]
+            once = functools.lru_cache(maxsize=None)(  # the shard's metadata read once
+                partial(_shard_plan(container, j.split), j.path))
+            recorded = lambda _, once=once: once()  # noqa: E731 (of the shard, any file)
+            for path, kind in files:
+                check_replaceable(path, kind, overwrite, plan=str(p["names"]),
+                                  recorded=recorded)
 
 
 def _job_items(job: ShardJob) -> int:
     return len(job.items) if job.items is not None else job.copy_from[3] - job.copy_from[2]
 
 
-def _run_shards(plans: List[dict], sink, *, engine: str, workers: int,
-                scheduler: Optional[str], retries: int, shared: list,
-                progress: bool) -> Dict[str, dict]:
-    """Run every shard task on ``engine``; each shard's manifest entry, by shard path."""
+def _run_shards(plans: List[dict], sink, o: ConvertOptions, shared: list) -> Dict[str, dict]:
+    """Run every shard task on ``o.engine`` (``o.workers``, ``o.scheduler``,
+    ``o.task_retries``); each shard's manifest entry, by shard path."""
+    engine = o.engine
     jobs = [j for p in plans for j in p["jobs"]]
     bar = progress_bar(sum(map(_job_items, jobs)), "convert %d shards" % len(jobs),
-                       enabled=progress)
+                       enabled=o.progress)
     results: Dict[str, dict] = {}
     nbytes = 0
     try:
         keys = ["gluon-data-%s-%s" % (os.path.basename(j.path), j.digest[:16]) for j in jobs]
         task = write_shard if sink is None else partial(sink.write_shard, write=write_shard)
-        for i, res in run_tasks(task, jobs, engine=engine, workers=workers,
-                                scheduler=scheduler, retries=retries, keys=keys,
+        for i, res in run_tasks(task, jobs, engine=engine, workers=o.workers,
+                                scheduler=o.scheduler, retries=o.task_retries, keys=keys,
                                 shared_paths=shared):
             if sink is None and engine == "dask":
                 _check_shard_here(jobs[i], res)

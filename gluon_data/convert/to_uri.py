@@ -16,8 +16,9 @@ from ..storage.remotefs import Remote
 from .upload import ShardUploader, upload_dataset
 from ..stores.shards import is_manifest
 from .local import convert_local
-from .options import ConvertOptions, _deprecated_retries
-from .sharded import convert_sharded
+from .planning import is_dataset
+from .options import ConvertOptions, _deprecated_retries, _only, reads_of
+from .sharded import sharded_conversion
 
 
 def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
@@ -51,6 +52,16 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
     ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
     o = ConvertOptions.merge(options, _deprecated_retries(overrides, "remote_retries"))
+    sharded = is_manifest(os.fspath(source)) or o.sharded
+    _only(o, reads_of(layout, sharded, True, not sharded and is_dataset(os.fspath(source))),
+          "a conversion into object storage")
+    return uri_conversion(source, output, layout, o, sharded)
+
+
+def uri_conversion(source: str, output: str, layout: Optional[str], o: ConvertOptions,
+                   sharded: bool):
+    """:func:`convert_to_uri` once its options are merged and checked and the conversion
+    kind decided (by :func:`gluon_data.convert`): ``sharded``, or one staged dataset."""
     output = os.fspath(output).rstrip("/")
     storage_options, overwrite, resume = o.storage_options, o.overwrite, o.resume
     if o.forward_credentials:  # this machine's credentials, for the tasks (in memory only)
@@ -61,7 +72,6 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
     if not resume and remote.exists(output):
         Commit(remote, output).refuse([output], overwrite)
     cache = Cache(o.cache_dir)
-    sharded = is_manifest(os.fspath(source)) or o.sharded
     if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)
         probe_writable(remote, output)
     # pinned while this runs; a fresh conversion (no resume) starts from an empty area
@@ -86,9 +96,9 @@ def _convert_staged(source, output: str, layout, o: ConvertOptions, area: Stagin
         sink = ShardUploader(output, remote, cache_dir=None if o.engine == "dask" else
                              area.cache.cache_dir, overwrite=overwrite, resume=resume)
         try:  # shards resume from their receipts: the client's staging is never kept
-            report = convert_sharded(source, local, layout,
-                                     staged.replace(resume=False, checkpoint_every=None),
-                                     sink=sink)
+            report = sharded_conversion(source, local, layout,
+                                        staged.replace(resume=False, checkpoint_every=None),
+                                        sink)
             report.outputs = sink.finish(report)
         finally:
             area.remove()

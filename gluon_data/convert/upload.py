@@ -7,7 +7,6 @@ import os
 import posixpath
 import shutil
 import time
-from functools import partial
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..format import codec
@@ -19,7 +18,8 @@ from ..format.meta import dumps_meta, meta_path
 from ..stores.recordio import idx_path_for
 from ..stores.shards import load_manifest, manifest_path, prefix_of, read_manifest, shard_files
 from ..tools.verify import verify
-from ..stores.remote.commit import Commit, existing_sizes, put_object
+from ..stores.remote.commit import (Commit, existing_objects, existing_sizes, object_look,
+                                    put_object)
 from ..format.layout import LMDB_DATA, LMDB_FORMAT, MANIFEST_SUFFIX, sibling_uri
 from ..storage.remotefs import Remote
 from ..storage.cache import Cache
@@ -94,10 +94,12 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     no dataset (while the marker exists, an error saying an upload is in progress) or a
     complete one. With ``resume``, objects the ``journal`` (a local JSON file of done records,
     :mod:`gluon_data.convert.done`: each object's URI done under the SHA-256 of what was
-    uploaded, with its size) records as uploaded with the same SHA-256 and found with the
-    same size are not sent again, and an identical complete dataset (every object there with
-    its size) is left alone. A journal of the previous release (``{uri: SHA-256}``) is read
-    the same way; one that cannot be read raises :class:`~gluon_data.errors.ConversionError`
+    uploaded, with its size and the ETag the store reported) records as uploaded with the
+    same SHA-256 are not sent again while the one rule of "done" finds them unchanged (same
+    size and ETag), and an identical complete dataset (every object there with the size and
+    SHA-256 its commit document records, each read once to tell) is left alone. A journal of
+    the previous release (``{uri: SHA-256}``) is read the same way (each object read once to
+    compare its SHA-256); one that cannot be read raises :class:`~gluon_data.errors.ConversionError`
     naming it (restart without ``resume``).
 
     Raises
@@ -119,24 +121,27 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     for p in local:
         u, doc, triples = _upload_plan(p, uri)
         plan.append((p, Commit(remote, u), doc, {t: (f, sha) for f, t, sha in triples}))
-    todo = [(c, doc, objects) for _, c, doc, objects in plan
-            if not (resume and c.complete(partial(_same, doc, objects)))]
-    for c, _, objects in todo:  # refuse before anything is changed
+    todo = []  # (Commit, document, objects, whether the commit found is this upload's)
+    for _, c, doc, objects in plan:
+        found = c.committed() if resume else None
+        ours = found is not None and found == dumps_meta(doc)
+        if not (ours and _complete(remote, c, found, objects)):
+            todo.append((c, doc, objects, ours))
+    for c, _, objects, ours in todo:  # refuse before anything is changed
         c.refuse(existing_sizes(remote, list(objects) + [c.commit]), overwrite,
-                 lambda target: resume and target in done)
-    for c, _, _ in todo:
+                 lambda target, ours=ours: resume and (ours or target in done))
+    for c, _, _, _ in todo:
         c.begin()
-    for c, doc, objects in todo:
-        up = existing_sizes(remote, [t for t, (_, sha) in objects.items()
-                             if is_done(done.get(t), t, sha)])
+    for c, doc, objects, _ in todo:
+        look = object_look(remote, str, existing_objects(remote, [t for t in objects
+                                                                  if t in done]))
         for target, (path, sha) in objects.items():
-            size = os.path.getsize(path)
-            if up.get(target) != size or not is_done(done.get(target), target, sha, up):
-                put_object(remote, path, target)
-                _record(journal, done, target, sha, size)
+            if not is_done(done.get(target), target, sha, look):  # the one rule
+                _record(journal, done, target, sha, put_object(remote, path, target))
         c.end(doc, _sizes(objects))
         blob = dumps_meta(doc)
-        _record(journal, done, c.commit, hashlib.sha256(blob).hexdigest(), len(blob))
+        _record(journal, done, c.commit, hashlib.sha256(blob).hexdigest(),
+                {"bytes": len(blob)})
     return {p: c.uri for p, c, _, _ in plan}
 
 
@@ -144,26 +149,36 @@ def _sizes(objects: Dict[str, Tuple[str, str]]) -> Dict[str, int]:
     return {t: os.path.getsize(f) for t, (f, _) in objects.items()}
 
 
-def _same(doc: dict, objects: Dict[str, Tuple[str, str]], blob: bytes):
-    """The objects (``{uri: size}``) of a complete upload of ``doc`` if ``blob``, the commit
-    document found, is ``doc`` (for :meth:`Commit.complete`); else ``None``."""
-    return _sizes(objects) if blob == dumps_meta(doc) else None
+def _complete(remote: Remote, c: Commit, blob: bytes,
+              objects: Dict[str, Tuple[str, str]]) -> bool:
+    """Whether the earlier upload committed by ``blob`` (this upload's commit document) is
+    complete, by the one rule of "done": every object it describes has the size and SHA-256
+    of the local file (each read once to tell)."""
+    digest = hashlib.sha256(blob).hexdigest()
+    record = Done(c.uri, digest, {t: {"bytes": os.path.getsize(f), "sha256": sha}
+                                  for t, (f, sha) in objects.items()})
+    look = object_look(remote, str, existing_objects(remote, list(objects)))
+    if not is_done(record, c.uri, digest, look):
+        return False
+    c.settle()
+    return True
 
 
 def _record(journal: Optional[str], done: Dict[str, Done], target: str, sha: str,
-            size: int) -> None:
+            facts: dict) -> None:
     """Record in the upload journal that ``target`` is done under ``sha`` (the SHA-256 of
-    the ``size`` bytes uploaded)."""
-    done[target] = Done(target, sha, {target: {"bytes": size, "sha256": sha}})
+    what was uploaded), with what the store reported of it (``facts``: its size, and its
+    ETag where it reports one)."""
+    done[target] = Done(target, sha, {target: dict(facts, sha256=sha)})
     if journal:
         write_record(journal, records_doc(done))
 
 
 def _legacy_journal(doc: Dict[str, str]) -> Dict[str, Done]:
     """A journal of the previous release (``{uri: SHA-256}``, checked as kind ``journal``):
-    the same records, without the sizes (the objects found are compared with the local
-    files' instead)."""
-    return {t: Done(t, sha) for t, sha in doc.items()}
+    the same records, without sizes or ETags (each object found is read once to compare
+    its SHA-256)."""
+    return {t: Done(t, sha, {t: {"sha256": sha}}) for t, sha in doc.items()}
 
 
 class ShardUploader:
@@ -174,13 +189,14 @@ class ShardUploader:
 
     Each task (:meth:`write_shard`) writes its shard into a staging folder local to the machine
     running it, verifies it, uploads its objects, then its receipt
-    (``PREFIX-SSSSS-of-NNNNN.upload.json``: the plan digest, each object's size and SHA-256,
-    the manifest entry), deletes the staged copy and returns the manifest entry. A shard whose
+    (``PREFIX-SSSSS-of-NNNNN.upload.json``: the plan digest, each object's size, SHA-256 and
+    ETag, the manifest entry), deletes the staged copy and returns the manifest entry. A shard whose
     receipt carries the shard's plan digest (``job.digest``: its items' names and each file's
     stamp: size, mtime, inode and ctime, see :mod:`gluon_data.format.plan`) and whose objects
-    have the recorded sizes is kept (a rerun with ``resume``, or Dask retrying a task that
-    died after uploading); a shard
-    of a source file changed since is written and uploaded again. Each split's manifest is
+    have the recorded sizes and ETags (the one rule of "done", :mod:`gluon_data.convert.done`)
+    is kept (a rerun with ``resume``, or Dask retrying a task that died after uploading); a
+    shard of a source file changed since, or with an object rewritten in place, is written and
+    uploaded again. Each split's manifest is
     uploaded by the one protocol of :class:`~gluon_data.stores.remote.commit.Commit`, the tasks
     putting its objects: the client calls :meth:`prepare` before any task (refusals, the
     upload marker, old commit documents removed) and :meth:`finish` after all (each
@@ -252,7 +268,7 @@ class ShardUploader:
         todo = []
         for p in plans:
             c = self._commit(p)
-            if self.resume and c.complete(partial(self._needs, p)):
+            if self.resume and self._complete(p, c):
                 self.complete.add(c.uri)  # complete already: the tasks find every receipt
                 continue
             targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
@@ -267,19 +283,23 @@ class ShardUploader:
                     if receipt in present:
                         self.remote.rm(receipt)
 
-    def _needs(self, p: dict, blob: bytes) -> Optional[Dict[str, Optional[int]]]:
-        """The objects a complete upload of plan ``p`` has (``{uri: size, or None}``), if
-        the manifest ``blob`` is of this plan; else ``None``."""
-        uri = self._commit(p).commit
+    def _complete(self, p: dict, c: Commit) -> bool:
+        """Whether an earlier upload of plan ``p`` is complete, by the one rule of "done": its
+        manifest is committed with this plan's digest, and every shard is proved uploaded by
+        its receipt (:meth:`_uploaded`: sizes and ETags)."""
+        blob = c.committed()
+        if blob is None:
+            return False
         try:
-            doc = load_manifest(uri, blob)[0]
+            doc = load_manifest(c.commit, blob)[0]
         except FormatError:
-            return None  # not one whole: this run writes it
-        if (doc.get("plan") or {}).get("digest") != p["digest"]:
-            return None
-        sizes: Dict[str, Optional[int]] = {u: None for j in p["jobs"] for u in self._objects(j)}
-        sizes.update((self.shard_uri(n), f["bytes"]) for n, f in doc.get("files", {}).items())
-        return sizes
+            return False  # not one whole: this run writes it
+        made = Done(c.uri, str((doc.get("plan") or {}).get("digest")))
+        if not is_done(made, c.uri, p["digest"]) or \
+                any(self._uploaded(j) is None for j in p["jobs"]):
+            return False
+        c.settle()
+        return True
 
     def finish(self, report) -> Dict[str, str]:
         """After every task: each split's manifest (the local one, plus ``files``: size and
@@ -305,7 +325,8 @@ class ShardUploader:
     def _uploaded(self, job) -> Optional[dict]:
         """The manifest entry of ``job``'s shard if its receipt's done record says the shard
         is done under its digest (same items, same file stamps) and its objects have the
-        sizes the record gives; else ``None``. A receipt that cannot be read raises
+        sizes and ETags the record gives (no ETag recorded: their SHA-256, each read once);
+        else ``None``. A receipt that cannot be read raises
         :class:`ConversionError` naming it (:func:`~gluon_data.convert.done.read_record`)."""
         name = os.path.basename(job.path)
         uri = self.receipt_uri(name)
@@ -321,10 +342,10 @@ class ShardUploader:
 
         record = read_record(blob, "receipt", uri, legacy=legacy, what="upload receipt",
                              keep=doc)
-        found = existing_sizes(self.remote, [self.shard_uri(rel) for rel in record.outputs])
-        found = {rel: found.get(self.shard_uri(rel)) for rel in record.outputs}
+        found = existing_objects(self.remote, [self.shard_uri(rel) for rel in record.outputs])
         if not record.outputs or not is_done(record, shard_unit(job.index, job.count),
-                                             job.digest, found):
+                                             job.digest,
+                                             object_look(self.remote, self.shard_uri, found)):
             return None
         return dict(doc["entry"], files=doc["files"], reused=True)
 
@@ -350,8 +371,8 @@ class ShardUploader:
             for path in shard_files(local, job.container):
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
                 files[rel] = {"bytes": os.path.getsize(path), "sha256": sha256_file(path)}
-            for rel in files:
-                put_object(self.remote, os.path.join(folder, rel), self.shard_uri(rel))
+            stored = {rel: put_object(self.remote, os.path.join(folder, rel),
+                                      self.shard_uri(rel)) for rel in files}
             entry = {k: summary[k] for k in ("name", "records", "bytes", "idx_sha256",
                                              "meta_sha256", "meta")}
             receipt = {"writer": "gluon_data", "format_version": 1,
@@ -359,7 +380,8 @@ class ShardUploader:
                                  "plan_digest": job.digest},  # (the previous release's)
                        "files": files, "entry": entry,
                        "done": Done(shard_unit(job.index, job.count), job.digest,
-                                    files).doc()}
+                                    {rel: dict(stored[rel], **f)
+                                     for rel, f in files.items()}).doc()}
             self.remote.pipe(self.receipt_uri(name), dumps_meta(receipt))
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the staged copy, uploaded or not

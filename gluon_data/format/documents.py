@@ -270,6 +270,7 @@ META_FIELDS: Dict[str, F] = {
     "item_names": F(list_of(STR, "a list of strings")),
     "masks": F(BOOL),
     "files": F(_FILES),
+    "done": F(OBJ),
     "shard": F(obj("an object with \"index\", \"count\" and \"plan_digest\"",
                    index=F(COUNT, True, False), count=F(COUNT, True, False),
                    plan_digest=F(STR, True, False), plan=F(STR),

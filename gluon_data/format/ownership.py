@@ -10,7 +10,7 @@ import os
 import stat
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
-from ..errors import FormatError, OutputError
+from ..errors import FormatError, GluonDataError, OutputError
 from .codec import RECORDIO_MAGIC
 from .headers import JPEG_SOI, PNG_SIGNATURE
 from .layout import MANIFEST_SUFFIX
@@ -305,8 +305,16 @@ def exists_refusal(path: str, detail: str = "", option: str = OVERWRITE_OPTION
 
 
 def check_replaceable(path: str, kind: str, overwrite: bool, *,
-                      option: str = OVERWRITE_OPTION) -> None:
-    """Refuse to replace ``path`` unless that is safe; do nothing if it does not exist.
+                      option: str = OVERWRITE_OPTION, plan: Optional[str] = None,
+                      recorded: Optional[Callable[[str], Optional[str]]] = None) -> None:
+    """Refuse to replace ``path`` unless that is safe; do nothing if it does not exist. The
+    one rule of "is this ours / of this plan" for every output a command writes.
+
+    ``plan`` (with ``recorded(path)``: the plan the output at ``path`` records, ``None``
+    where it records none or cannot be read): an output of ours that records this ``plan``
+    is this plan's own to replace (a rerun finishing or redoing it), without ``overwrite``.
+    Anything else needs ``overwrite``, and even then only our own output of ``kind`` is
+    replaced (its content checked: a damaged or edited document is not recognisably ours).
 
     Raises
     ------
@@ -314,7 +322,7 @@ def check_replaceable(path: str, kind: str, overwrite: bool, *,
         ``path`` is a symbolic link (never replaced nor written through), or it exists and
         is not gluon_data's own output of ``kind`` (``overwrite`` does not cover it).
     FileExistsError
-        ``path`` is ours but ``overwrite`` is false.
+        ``path`` is ours (or not) but of no plan given here, and ``overwrite`` is false.
     """
     path = os.fspath(path)
     if not os.path.lexists(path):
@@ -323,12 +331,28 @@ def check_replaceable(path: str, kind: str, overwrite: bool, *,
         raise OutputError("is a symbolic link (to %s); gluon-data never replaces a link nor "
                           "writes through one: give the real path, or remove the link"
                           % os.readlink(path), path)
+    verdict = None
+    if plan is not None:
+        verdict = _ownership(path, kind)
+        if verdict.ours and _recorded(recorded, path) == plan:
+            return
     if not overwrite:
-        raise exists_refusal(path, option=option)
-    verdict = _ownership(path, kind)
+        raise exists_refusal(path, " and was not written by this plan" if plan is not None
+                             else "", option=option)
+    verdict = verdict or _ownership(path, kind)
     if not verdict.ours:
         raise OutputError("exists and is not %s written by gluon-data%s; --overwrite only "
                           "replaces gluon-data's own outputs, so it was left untouched: move "
                           "it away or choose another output name"
                           % (KINDS[kind], " (%s)" % verdict.reason if verdict.reason else ""),
                           path)
+
+
+def _recorded(recorded: Optional[Callable[[str], Optional[str]]], path: str) -> Optional[str]:
+    """The plan ``recorded(path)`` says the output records; ``None`` when it cannot tell."""
+    if recorded is None:
+        return None
+    try:
+        return recorded(path)
+    except (GluonDataError, OSError, KeyError, TypeError, AttributeError):
+        return None

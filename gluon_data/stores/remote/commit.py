@@ -2,6 +2,7 @@
 marker, the objects, the commit document last; and the checks made before anything is written."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -12,7 +13,7 @@ from typing import Callable, Dict, Iterable, Optional
 from ...errors import OutputError, RemoteError, RemoteNotFoundError
 from ...format.meta import dumps_meta, meta_path
 from ...format.ownership import Ownership, exists_refusal, location_ownership
-from ...storage.remotefs import Remote
+from ...storage.remotefs import RangesIgnoredError, Remote
 from ...format.layout import LMDB_COMMIT, LMDB_MARKER, MANIFEST_SUFFIX, UPLOAD_MARKER, sibling_uri
 
 _NOT_OURS = ("exists and is not a dataset written by gluon-data (%s); --overwrite only "
@@ -62,18 +63,29 @@ def _remote_is_ours(remote: "Remote", commit: str, marker: str) -> bool:
     return _remote_ownership(remote, commit, marker).ours
 
 
-def existing_sizes(remote: "Remote", uris: Iterable[str]) -> Dict[str, int]:
-    """``{uri: size}`` of those of ``uris`` that exist: one HEAD each, or one listing of a
-    folder asked about more than a few of its objects."""
+def _facts(info: dict) -> dict:
+    """``{"bytes": n, "etag": e}`` of an object's listing or HEAD (no ``etag`` where the
+    store reports none)."""
+    out = {"bytes": int(info.get("size") or 0)}
+    etag = info.get("ETag") or info.get("etag")
+    if etag:
+        out["etag"] = str(etag).strip('"')
+    return out
+
+
+def existing_objects(remote: "Remote", uris: Iterable[str]) -> Dict[str, dict]:
+    """``{uri: {"bytes": n, "etag": e}}`` of those of ``uris`` that exist (``etag`` where
+    the store reports one): one HEAD each, or one listing of a folder asked about more than
+    a few of its objects."""
     folders: Dict[str, list] = {}
     for u in dict.fromkeys(uris):
         folders.setdefault(u.rsplit("/", 1)[0], []).append(u)
-    out: Dict[str, int] = {}
+    out: Dict[str, dict] = {}
     for folder, wanted in sorted(folders.items()):
         if len(wanted) <= _HEADS_PER_FOLDER:
             for u in wanted:
                 try:
-                    out[u] = int(remote.info(u)["size"])
+                    out[u] = _facts(remote.info(u))
                 except RemoteNotFoundError:
                     pass
             continue
@@ -82,21 +94,68 @@ def existing_sizes(remote: "Remote", uris: Iterable[str]) -> Dict[str, int]:
                 p, detail=True, refresh=True, **kw))
         except RemoteNotFoundError:
             continue
-        sizes = {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+        found = {e["name"].rstrip("/").rsplit("/", 1)[-1]: _facts(e)
                  for e in entries if e.get("type") != "directory"}
-        out.update((u, sizes[u.rsplit("/", 1)[-1]]) for u in wanted
-                   if u.rsplit("/", 1)[-1] in sizes)
+        out.update((u, found[u.rsplit("/", 1)[-1]]) for u in wanted
+                   if u.rsplit("/", 1)[-1] in found)
     return out
 
 
-def put_object(remote: "Remote", local: str, uri: str) -> None:
-    """Upload one object of a dataset, then check the storage kept it whole (its size)."""
+def existing_sizes(remote: "Remote", uris: Iterable[str]) -> Dict[str, int]:
+    """``{uri: size}`` of those of ``uris`` that exist (:func:`existing_objects`)."""
+    return {u: f["bytes"] for u, f in existing_objects(remote, uris).items()}
+
+
+def object_sha256(remote: "Remote", uri: str, size: int) -> str:
+    """The SHA-256 of the object at ``uri`` (``size`` bytes), read once, in ranges."""
+    h = hashlib.sha256()
+    if size <= _HASH_CHUNK:
+        h.update(remote.cat(uri))
+        return h.hexdigest()
+    try:
+        for start in range(0, size, _HASH_CHUNK):
+            h.update(remote.cat(uri, start, min(size, start + _HASH_CHUNK)))
+    except RangesIgnoredError:
+        h = hashlib.sha256(remote.cat(uri))
+    return h.hexdigest()
+
+
+_HASH_CHUNK = 16 << 20
+
+
+def object_look(remote: "Remote", uri_of: Callable[[str], str],
+                found: Dict[str, dict]) -> Callable[[str, dict], Optional[dict]]:
+    """What the one rule of "done" (``look`` of :func:`gluon_data.convert.done.why_not_done`)
+    learns of the object named ``name`` (its URI ``uri_of(name)``; ``found``: what
+    :func:`existing_objects` gave): its size, its ETag where one was recorded and the store
+    reports one, else the SHA-256 of its bytes (read once)."""
+    def look(name: str, want: dict) -> Optional[dict]:
+        uri = uri_of(name)
+        have = found.get(uri)
+        if have is None:
+            return None
+        out = {"bytes": have["bytes"]}
+        if "bytes" in want and have["bytes"] != want["bytes"]:
+            return out
+        if "etag" in want and "etag" in have:
+            out["etag"] = have["etag"]
+        elif "sha256" in want:
+            out["sha256"] = object_sha256(remote, uri, have["bytes"])
+        return out
+    return look
+
+
+def put_object(remote: "Remote", local: str, uri: str) -> dict:
+    """Upload one object of a dataset, then check the storage kept it whole (its size).
+    Returns what the store reports of it (``{"bytes": n, "etag": e}``, ``etag`` where it
+    reports one): a done record holds it."""
     nbytes = os.path.getsize(local)
     remote.put_file(local, uri)
-    size = int(remote.info(uri)["size"])
-    if size != nbytes:
+    facts = _facts(remote.info(uri))
+    if facts["bytes"] != nbytes:
         raise RemoteError("uploaded %d bytes but the object has %d: the storage did not keep "
-                          "the upload whole" % (nbytes, size), uri)
+                          "the upload whole" % (nbytes, facts["bytes"]), uri)
+    return facts
 
 
 class Commit:
@@ -114,8 +173,9 @@ class Commit:
        marker removed.
 
     A reader therefore sees no dataset while the marker exists without a commit document, and
-    a complete one once the commit document exists. :meth:`complete` tells a finished earlier
-    upload (left alone by a resumed one). Picklable.
+    a complete one once the commit document exists. :meth:`committed` reads the commit
+    document a finished earlier upload left (whether that upload is complete is the one
+    rule of "done"'s to say, in :mod:`gluon_data.convert.upload`). Picklable.
     """
 
     def __init__(self, remote: "Remote", uri: str):
@@ -149,24 +209,20 @@ class Commit:
             if not verdict.ours:
                 raise OutputError(_NOT_OURS % verdict.why, target)
 
-    def complete(self, needs: Callable[[bytes], Optional[Dict[str, Optional[int]]]]) -> bool:
-        """Whether an earlier upload of this dataset is complete: its commit document exists,
-        ``needs(its bytes)`` accepts it (returning ``{object uri: size, or None for any}``)
-        and every object needed exists with that size. A marker left beside it (the upload
-        stopped after committing) is removed."""
+    def committed(self) -> Optional[bytes]:
+        """The commit document's bytes, or ``None`` where there is none (whether the upload
+        it commits is complete is the one rule of "done"'s to say:
+        :func:`gluon_data.convert.upload.upload_dataset`)."""
         try:
-            blob = self.remote.cat(self.commit)
+            return self.remote.cat(self.commit)
         except RemoteNotFoundError:
-            return False
-        sizes = needs(blob)
-        if sizes is None:
-            return False
-        found = existing_sizes(self.remote, list(sizes) + [self.marker])
-        if any(u not in found or n not in (None, found[u]) for u, n in sizes.items()):
-            return False
-        if self.marker in found:
+            return None
+
+    def settle(self) -> None:
+        """A complete earlier upload left alone: remove a marker left beside its commit
+        document (the upload stopped after committing)."""
+        if self.marker in existing_sizes(self.remote, [self.marker]):
             self.remote.rm(self.marker)
-        return True
 
     def begin(self) -> None:
         """The upload marker, then the old commit document removed: no commit document may

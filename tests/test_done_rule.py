@@ -1,0 +1,267 @@
+"""The one rule of "done" and the one "is this ours / of this plan", end to end.
+
+A finished output counts as done only if its files are what its done record says: sizes and
+SHA-256 (an object in storage: its ETag, or its bytes read once). ``--resume`` on a damaged
+finished ``.rec`` redoes it; a sharded rerun redoes a damaged shard; a resumed upload sends
+again an object rewritten in place with the same size. ``--overwrite`` replaces only what is
+ours, for every output a conversion writes (the manifest included). Real conversions, real
+files, moto's S3 server (tests/s3_server.py) for object storage."""
+import json
+import os
+
+import pytest
+
+from gluon_data.convert import ConvertOptions, convert
+from gluon_data.convert.sample import make_imagefolder
+from gluon_data.errors import OutputError
+from gluon_data.format.meta import dumps_meta, meta_path
+from gluon_data.stores.base import open_store
+from gluon_data.tools.verify import verify
+
+
+@pytest.fixture
+def src(tmp_path):
+    return make_imagefolder(str(tmp_path / "folder"), per_class=3)
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _idx_loses_a_line(rec):
+    idx = rec[:-4] + ".idx"
+    with open(idx) as f:
+        lines = f.readlines()
+    with open(idx, "w") as f:
+        f.writelines(lines[:-1])
+
+
+def _rec_cut(rec):
+    os.truncate(rec, os.path.getsize(rec) - 50)
+
+
+def _idx_deleted(rec):
+    os.remove(rec[:-4] + ".idx")
+
+
+def _last_record_flipped(rec):
+    with open(rec, "r+b") as f:
+        f.seek(os.path.getsize(rec) - 10)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 1]))
+
+
+DAMAGES = [_idx_loses_a_line, _rec_cut, _idx_deleted, _last_record_flipped]
+
+
+# ------------------------------------------------------------------------- local --resume
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda f: f.__name__.strip("_"))
+def test_resume_redoes_a_finished_but_damaged_rec(src, tmp_path, damage):
+    out = str(tmp_path / "c.rec")
+    convert(src, out, "imagefolder")
+    good = [_read(out), _read(out[:-4] + ".idx"), _read(meta_path(out))]
+    damage(out)
+    assert not verify(out).ok
+    report = convert(src, out, "imagefolder", resume=True)
+    assert report.written == {"train": 9}
+    assert verify(out).ok
+    assert [_read(out), _read(out[:-4] + ".idx"), _read(meta_path(out))] == good
+
+
+def test_resume_keeps_a_finished_output_that_is_what_its_record_says(src, tmp_path):
+    out = str(tmp_path / "c.rec")
+    convert(src, out, "imagefolder")
+    meta = json.loads(_read(meta_path(out)))
+    assert meta["done"]["unit"] == "split train of the conversion"
+    assert sorted(meta["done"]["outputs"]) == [".idx", ".rec"]
+    assert all(len(f["sha256"]) == 64 for f in meta["done"]["outputs"].values())
+    stamp = os.stat(out).st_mtime_ns
+    convert(src, out, "imagefolder", resume=True)
+    assert os.stat(out).st_mtime_ns == stamp  # recognised, not rewritten
+
+
+def test_resume_redoes_an_output_of_the_previous_release(src, tmp_path):
+    """Metadata without a done record (the previous release's) is not provably complete:
+    the output is redone (never taken as done on its sizes alone)."""
+    out = str(tmp_path / "c.rec")
+    convert(src, out, "imagefolder")
+    meta = json.loads(_read(meta_path(out)))
+    del meta["done"]
+    with open(meta_path(out), "wb") as f:
+        f.write(dumps_meta(meta))
+    _last_record_flipped(out)
+    convert(src, out, "imagefolder", resume=True)
+    assert verify(out).ok and "done" in json.loads(_read(meta_path(out)))
+
+
+# ------------------------------------------------------------------------- sharded
+def test_a_sharded_rerun_redoes_a_shard_whose_idx_lost_a_line(src, tmp_path):
+    out = str(tmp_path / "s.rec")
+    first = convert(src, out, "imagefolder", shards=3)
+    shard = out[:-4] + "-00001-of-00003.rec"
+    good = _read(shard[:-4] + ".idx")
+    _idx_loses_a_line(shard)
+    again = convert(src, out, "imagefolder", shards=3, resume=True)  # --resume: accepted
+    assert [e["reused"] for e in again.shards] == [True, False, True]
+    assert _read(shard[:-4] + ".idx") == good
+    assert verify(again.outputs["train"]).ok
+    assert [open_store(again.outputs["train"]).read(i) for i in range(9)] == \
+        [open_store(first.outputs["train"]).read(i) for i in range(9)]
+
+
+def _manifest_cases(manifest):
+    good = _read(manifest)
+    doc = json.loads(good)
+    edited = dict(doc, num_records=doc["num_records"] + 1)  # its checksum no longer holds
+    return {"plain text": b"my notes\n", "foreign json": b'{"hello": "world"}',
+            "cut manifest": good[:len(good) // 2],
+            "edited manifest": json.dumps(edited).encode()}
+
+
+@pytest.mark.parametrize("case", ["plain text", "foreign json", "cut manifest",
+                                  "edited manifest"])
+def test_overwrite_refuses_a_manifest_that_is_not_ours(src, tmp_path, case):
+    out = str(tmp_path / "s.rec")
+    manifest = str(tmp_path / "s.shards.json")
+    convert(src, out, "imagefolder", shards=3)
+    content = _manifest_cases(manifest)[case]
+    with open(manifest, "wb") as f:
+        f.write(content)
+    with pytest.raises(OutputError, match="not a shard manifest") as e:
+        convert(src, out, "imagefolder", shards=3, overwrite=True)
+    assert e.value.path == manifest
+    assert _read(manifest) == content  # left untouched
+
+
+def test_overwrite_refuses_a_shard_file_that_is_not_ours(src, tmp_path):
+    out = str(tmp_path / "s.rec")
+    idx = str(tmp_path / "s-00002-of-00003.idx")
+    with open(idx, "w") as f:
+        f.write("not an index: my notes\n")
+    with pytest.raises(OutputError, match="RecordIO index") as e:
+        convert(src, out, "imagefolder", shards=3, overwrite=True)
+    assert e.value.path == idx and not os.path.exists(str(tmp_path / "s.shards.json"))
+
+
+def test_overwrite_replaces_a_manifest_of_ours_of_another_plan(src, tmp_path):
+    out = str(tmp_path / "s.rec")
+    convert(src, out, "imagefolder", shards=3)
+    with pytest.raises(FileExistsError, match="not written by this plan"):
+        convert(src, out, "imagefolder", shards=2)
+    report = convert(src, out, "imagefolder", shards=2, overwrite=True)
+    assert len(report.shards) == 2 and verify(report.outputs["train"]).ok
+
+
+# ------------------------------------------------------------------------- options
+def test_an_unknown_option_lists_the_valid_ones():
+    with pytest.raises(TypeError, match="unknown conversion option.*bogus.*valid: split"):
+        ConvertOptions(bogus=1)
+
+
+@pytest.mark.parametrize("option", [dict(masks_dir="m"), dict(images_dir="i"),
+                                    dict(lst_root="."), dict(mask_encoding="png"),
+                                    dict(ignore_label=0)])
+@pytest.mark.parametrize("shards", [None, 2])
+def test_an_option_the_layout_ignores_is_refused(src, tmp_path, option, shards):
+    (name,) = option
+    with pytest.raises(ValueError, match="imagefolder layout.*takes no %s" % name):
+        convert(src, str(tmp_path / "c.rec"), "imagefolder", shards=shards, **option)
+    assert os.listdir(str(tmp_path)) == ["folder"]
+
+
+def test_the_environment_checkpoint_default_never_fails_a_sharded_conversion(
+        src, tmp_path, monkeypatch):
+    monkeypatch.setenv("GLUON_DATA_CHECKPOINT_EVERY", "2")
+    report = convert(src, str(tmp_path / "s.rec"), "imagefolder", shards=2)
+    assert len(report.shards) == 2
+    assert convert(src, str(tmp_path / "c.rec"), "imagefolder").written == {"train": 9}
+
+
+# ------------------------------------------------------------------------- object storage
+@pytest.fixture(scope="module")
+def s3():
+    pytest.importorskip("moto.server")
+    from s3_server import BUCKET, _options, moto_s3
+    from gluon_data.storage.remotefs import filesystem
+    with moto_s3() as server:
+        opts = _options(server)
+        fs, _ = filesystem("s3://%s" % BUCKET, opts)
+        yield server, opts, fs, "s3://%s/rule" % BUCKET
+
+
+def _same_size_rewrite(fs, uri):
+    data = bytearray(fs.cat(uri))
+    data[-2] = ord("9") if data[-2] != ord("9") else ord("8")
+    fs.pipe(uri, bytes(data))
+
+
+@pytest.mark.parametrize("shards", [None, 3])
+def test_a_same_size_idx_rewritten_in_storage_is_sent_again_on_resume(s3, src, tmp_path,
+                                                                      shards):
+    from gluon_data.convert.to_uri import convert_to_uri
+    server, opts, fs, base = s3
+    out = base + "/s%s/c.rec" % shards
+    idx = out[:-4] + ("-00001-of-00003.idx" if shards else ".idx")
+    kw = dict(storage_options=opts, cache_dir=str(tmp_path / "cache"), shards=shards)
+    convert_to_uri(src, out, "imagefolder", **kw)
+    good = fs.cat(idx)
+    _same_size_rewrite(fs, idx)
+    assert fs.cat(idx) != good and len(fs.cat(idx)) == len(good)
+    server.log.clear()
+    convert_to_uri(src, out, "imagefolder", resume=True, **kw)
+    puts = {e[1].rsplit("/", 1)[-1] for e in server.log if e[0] == "PUT"}
+    assert idx.rsplit("/", 1)[-1] in puts
+    assert fs.cat(idx) == good
+    if shards:  # the other shards are proved done by their ETags: not sent again
+        assert "c-00000-of-00003.rec" not in puts and "c-00002-of-00003.idx" not in puts
+
+
+def test_a_copy_of_a_dataset_refuses_an_encoding_option(src, tmp_path):
+    rec = str(tmp_path / "c.rec")
+    convert(src, rec, "imagefolder")
+    with pytest.raises(ValueError, match="copy of a converted dataset.*takes no encoding"):
+        convert(rec, str(tmp_path / "c.lmdb"), encoding="jpg")
+    assert not os.path.exists(str(tmp_path / "c.lmdb"))
+    assert len(open_store(convert(rec, str(tmp_path / "c.lmdb"), workers=2).outputs[
+        "train"])) == 9
+
+
+def test_the_command_resumes_a_sharded_conversion(src, tmp_path):
+    """--resume means the same for every conversion kind: a sharded conversion accepts it
+    (what the interrupted command's message tells the user to run)."""
+    import subprocess
+    import sys
+    out = str(tmp_path / "s.rec")
+    cmd = [sys.executable, "-m", "gluon_data", "convert", src, out, "--layout", "imagefolder",
+           "--shards", "3", "--quiet", "--workers", "1"]
+    import gluon_data  # the subprocess runs the package under test
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(gluon_data.__file__)))
+    env.pop("GLUON_DATA_CHECKPOINT_EVERY", None)
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=120,
+                   cwd=str(tmp_path))
+    _idx_loses_a_line(out[:-4] + "-00002-of-00003.rec")
+    p = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("kept (already done)") == 2 and "written" in p.stdout
+    assert verify(str(tmp_path / "s.shards.json")).ok
+
+
+@pytest.mark.parametrize("name,home", [("convert_sharded", "sharded"),
+                                       ("convert_to_uri", "to_uri"), ("copy_dataset", "copy"),
+                                       ("import_lmdb", "copy"), ("convert_local", "local")])
+def test_the_internal_conversion_functions_warn_and_still_work(name, home):
+    """convert() is the one public entry; the functions it dispatches to still import from
+    gluon_data.convert, with a DeprecationWarning naming where the name lives."""
+    import importlib
+    import warnings
+    package = importlib.import_module("gluon_data.convert")
+    assert name not in package.__all__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(package, name)
+    (w,) = [c for c in caught if issubclass(c.category, DeprecationWarning)]
+    assert "gluon_data.convert." + home in str(w.message)
+    assert value is getattr(importlib.import_module("gluon_data.convert." + home), name)
