@@ -179,6 +179,31 @@ def test_the_environment_checkpoint_default_never_fails_a_sharded_conversion(
     assert convert(src, str(tmp_path / "c.rec"), "imagefolder").written == {"train": 9}
 
 
+
+def test_the_environment_checkpoint_default_never_fails_a_sharded_command(src, tmp_path,
+                                                                            monkeypatch):
+    """The command too: the variable applies where checkpoints are taken, and is blamed on
+    no option the user did not pass."""
+    from gluon_data.cli import main
+    monkeypatch.setenv("GLUON_DATA_CHECKPOINT_EVERY", "2")
+    out = str(tmp_path / "s.rec")
+    assert main(["convert", src, out, "--layout", "imagefolder", "--shards", "2",
+                 "--quiet", "--workers", "1"]) == 0
+    assert verify(str(tmp_path / "s.shards.json")).ok
+
+
+def test_a_storage_option_for_local_paths_is_refused(src, tmp_path, capsys):
+    """--storage-option configures a SOURCE or OUTPUT at a URI: with both local it would be
+    dropped silently, so the command refuses it and writes nothing."""
+    from gluon_data.cli import main
+    before = sorted(os.listdir(str(tmp_path)))
+    rc = main(["convert", src, str(tmp_path / "o.rec"), "--layout", "imagefolder",
+               "--storage-option", "anon=true", "--quiet"])
+    assert rc != 0
+    assert "--storage-option applies to a SOURCE or OUTPUT at a URI" in capsys.readouterr().err
+    assert sorted(os.listdir(str(tmp_path))) == before
+
+
 # ------------------------------------------------------------------------- object storage
 @pytest.fixture(scope="module")
 def s3():

@@ -49,14 +49,16 @@ def _source_options(a) -> Optional[dict]:
 def convert_options(a):
     """The :class:`~gluon_data.convert.options.ConvertOptions` of ``gluon-data convert``: each
     flag's value under its field's name (read through its
-    :class:`~gluon_data.convert.options.Flag`), and the fields the command fills itself:
-    the storage options of ``--storage-option`` for a SOURCE or OUTPUT at a URI, and
-    ``checkpoint_every`` from ``$GLUON_DATA_CHECKPOINT_EVERY``."""
-    every = os.environ.get("GLUON_DATA_CHECKPOINT_EVERY")  # unset: by time and bytes
+    :class:`~gluon_data.convert.options.Flag`), and the storage options of
+    ``--storage-option`` for a SOURCE or OUTPUT at a URI (refused where both are local: it
+    would configure nothing). ``$GLUON_DATA_CHECKPOINT_EVERY`` is read by the library, where
+    checkpoints are taken."""
+    if getattr(a, "storage_option", None) and not (is_uri(a.source) or is_uri(a.output)):
+        raise ValueError("--storage-option applies to a SOURCE or OUTPUT at a URI (s3://...); "
+                         "both are local here, so it would be ignored")
     named = {field.name: flag.read(getattr(a, field.name)) if flag.read
              else getattr(a, field.name) for field, flag in cli_fields()}
-    named.update(checkpoint_every=int(every) if every else None,
-                 source_options=_source_options(a), **_remote(a))
+    named.update(source_options=_source_options(a), **_remote(a))
     return ConvertOptions(**named)
 
 
