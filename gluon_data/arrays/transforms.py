@@ -5,6 +5,11 @@ integer — and returns numpy arrays. Geometry is applied to both (images biline
 nearest neighbour with pixel-centre sampling, as PIL does); photometric changes touch the image
 only. Padding fills masks with the ignore value, never with a class.
 
+Masks are resized by our own index map (:func:`nearest_index`, integer arithmetic, then numpy
+indexing), not by OpenCV: OpenCV 4 and 5 pick different source pixels for some sizes, and a
+mask must not depend on the installed stack. The map is OpenCV 4's ``INTER_NEAREST_EXACT``
+map, so the masks are the ones OpenCV 4.x gave, on every stack.
+
 Randomness: each random transform draws its parameters first (two-phase, as tensorpack's
 imgaug does) from its own generator, never from the global ``random``/``numpy`` state that
 DataLoader workers inherit identically through ``fork``.
@@ -40,14 +45,41 @@ import numpy as np
 from ..format.codec import DEFAULT_MAX_PIXELS
 from ..errors import DecodeError
 from ..sampling.seeding import SeededRandom, RandomTransform, sample_context
-from .tensorize import ImageCropNormalize, ToTensorNormalize, _hwc, _np
+from .tensorize import ImageCropNormalize, ToTensorNormalize, _hwc, _np, to_chw_uint8
 
-__all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
+__all__ = ["nearest_index", "resize_mask", "Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
            "RandomRotation",
            "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
            "ToTensorNormalize", "SeededRandom", "ImageCropNormalize", "sample_context"]
 
-_MASK_INTERP = getattr(cv2, "INTER_NEAREST_EXACT", cv2.INTER_NEAREST)
+
+def nearest_index(dst: int, src: int) -> np.ndarray:
+    """The source index of each of ``dst`` output positions when ``src`` positions are
+    resized to ``dst`` by nearest neighbour with pixel-centre sampling: OpenCV 4's
+    ``INTER_NEAREST_EXACT`` map (16-bit fixed point, integer arithmetic only), so the same
+    indices on every machine, whatever OpenCV is installed.
+
+    >>> nearest_index(4, 2).tolist(), nearest_index(3, 6).tolist()
+    ([0, 0, 1, 1], [1, 3, 5])
+    """
+    dst, src = int(dst), int(src)
+    if dst <= 0 or src <= 0:
+        raise ValueError("sizes must be positive, got %d -> %d" % (src, dst))
+    step = ((src << 16) + dst // 2) // dst
+    start = step // 2 - src % 2
+    return np.minimum((start + np.arange(dst, dtype=np.int64) * step) >> 16, src - 1)
+
+
+def resize_mask(mask: np.ndarray, ow: int, oh: int, flip: bool = False) -> np.ndarray:
+    """``mask`` (HxW) resized to ``oh`` x ``ow`` by :func:`nearest_index` (mirrored
+    left-right with ``flip``, in the same copy), in its own dtype."""
+    rows = nearest_index(oh, mask.shape[0])
+    cols = nearest_index(ow, mask.shape[1])
+    if flip:
+        cols = cols[::-1]
+    if len(rows) == mask.shape[0] and not flip and len(cols) == mask.shape[1]:
+        return np.ascontiguousarray(mask)
+    return mask[rows][:, cols]
 
 
 def _check_derived(h: int, w: int, oh: int, ow: int, max_pixels: Optional[int],
@@ -62,8 +94,7 @@ def _check_derived(h: int, w: int, oh: int, ow: int, max_pixels: Optional[int],
 
 def _resize_pair(img, mask, ow: int, oh: int):
     img = _hwc(cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR))
-    m = cv2.resize(mask, (ow, oh), interpolation=_MASK_INTERP)
-    return img, m
+    return img, resize_mask(mask, ow, oh)
 
 
 def _mask_for_cv(mask: np.ndarray) -> Tuple[np.ndarray, np.dtype]:
@@ -293,24 +324,76 @@ class RandomScaleCrop(RandomTransform):
         (ya, xa, yb, xb), params = self.plan(*mask.shape)
         return self.apply(img[ya:yb, xa:xb], mask[ya:yb, xa:xb], params)
 
-    def apply(self, img, mask, params):
+    def apply(self, img, mask, params, image_out: Optional[np.ndarray] = None,
+              mask_out: Optional[np.ndarray] = None, mask_map: Optional[np.ndarray] = None):
         """Phase two: the output from the source region :meth:`plan` named (image and mask
-        cut to its box) and its ``params``."""
+        cut to its box) and its ``params``: the box resized once to the part of the crop
+        inside the scaled image, mirrored in the same pass, padded, blurred.
+
+        ``image_out``, a CxHxW uint8 buffer of the crop's size, gets the image channels-first
+        (no HxWxC result is made); ``mask_out``, an HxW buffer of the crop's size, gets the
+        mask in its dtype, each stored value looked up in ``mask_map`` (a 256-entry table,
+        for uint8 masks) where given, else cast. Returns ``(image, mask)``: the buffers where
+        given. The same values either way."""
         flip, vh, vw, blur, sigma = params
+        out_i = self._apply_image(_np(img), flip, vh, vw, blur, sigma, image_out)
+        return out_i, self._apply_mask(_np(mask), flip, vh, vw, mask_out, mask_map)
+
+    def _fill(self, channels: int) -> list:
+        fill = self.image_fill
+        return list(fill) if np.ndim(fill) else [fill] * channels
+
+    def _apply_image(self, img, flip, vh, vw, blur, sigma, image_out):
         ch, cw = self.size
-        m, dt = _mask_for_cv(mask)
-        if not _fits(self.mask_fill, m.dtype):
-            m, dt = m.astype(np.int32), np.dtype(np.int32)
-        part_i, part_m = _resize_pair(img, m, vw, vh)
+        c = img.shape[2] if img.ndim == 3 else 1
+        padded = (vh, vw) != (ch, cw)
+        if image_out is not None and not (padded and blur):  # channels-first, no HxWxC pad
+            part = _hwc(cv2.resize(img, (vw, vh), interpolation=cv2.INTER_LINEAR))
+            if flip:
+                cv2.flip(part, 1, dst=part)
+            if blur:  # (not padded: the blur sees the same pixels)
+                part = _hwc(cv2.GaussianBlur(part, (0, 0), sigmaX=sigma))
+            to_chw_uint8(part, image_out[:, :vh, :vw])
+            for k, value in enumerate(self._fill(c)):
+                image_out[k, vh:] = value
+                image_out[k, :vh, vw:] = value
+            return image_out
+        out = np.empty((ch, cw, c), img.dtype) if padded else None
+        part = _hwc(cv2.resize(img, (vw, vh), interpolation=cv2.INTER_LINEAR,
+                               dst=None if out is None else out[:vh, :vw]))
         if flip:
-            part_i, part_m = _hwc(cv2.flip(part_i, 1)), cv2.flip(part_m, 1)
-        if (vh, vw) == (ch, cw):
-            out_i, out_m = np.ascontiguousarray(part_i), np.ascontiguousarray(part_m)
+            cv2.flip(part, 1, dst=part)
+        if padded:
+            if not np.shares_memory(part, out):
+                out[:vh, :vw] = part
+            out[vh:] = self.image_fill
+            out[:vh, vw:] = self.image_fill
         else:
-            out_i, out_m = _pad_to(part_i, part_m, ch, cw, self.image_fill, self.mask_fill)
+            out = np.ascontiguousarray(part)
         if blur:
-            out_i = _hwc(cv2.GaussianBlur(out_i, (0, 0), sigmaX=sigma))
-        return out_i, out_m.astype(dt, copy=False)
+            out = _hwc(cv2.GaussianBlur(out, (0, 0), sigmaX=sigma))
+        return out if image_out is None else to_chw_uint8(out, image_out)
+
+    def _apply_mask(self, m, flip, vh, vw, mask_out, mask_map):
+        ch, cw = self.size
+        fill = self.mask_fill
+        if mask_out is None:
+            dt = m.dtype
+            if not _fits(fill, dt):
+                dt = np.dtype(np.int32)
+            mask_out = np.empty((ch, cw), dt)
+        part = resize_mask(m, vw, vh, flip)  # mirrored in the same copy
+        dst = mask_out[:vh, :vw]
+        if mask_map is not None:
+            got = cv2.LUT(part, mask_map, dst=dst)
+            if not np.shares_memory(got, mask_out):
+                dst[...] = got
+            fill = mask_map[fill]
+        else:
+            np.copyto(dst, part, casting="unsafe")
+        mask_out[vh:] = fill
+        mask_out[:vh, vw:] = fill
+        return mask_out
 
     def __repr__(self):
         return "RandomScaleCrop(base_size=%d, crop_size=%s, scale=%s, flip=%g, blur=%g)" % (
@@ -434,7 +517,7 @@ class ResizeShort:
             if m.dtype == np.uint8:  # PIL's nearest, as gluoncv (OpenCV's rounds otherwise
                 m = np.asarray(Image.fromarray(m).resize((ow, oh), Image.NEAREST))  # rarely)
             else:
-                m = cv2.resize(m, (ow, oh), interpolation=_MASK_INTERP)
+                m = resize_mask(m, ow, oh)
         else:
             img, m = _resize_pair(img, m, ow, oh)
         return img, m.astype(dt, copy=False)

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 from .fastpath import numpy_classification_transform, numpy_image_transform
 from ..arrays.base import open_location
+from ..arrays.datasets import remote_options
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..stores.base import is_uri, open_store
 from ..stores.recipe_layout import RecipeLayout
@@ -37,14 +38,6 @@ __all__ = ["ClassificationDataset", "SegmentationDataset",
            "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
            "SegmentationLMDBDataset", "RecipeLMDBDataset", "CaffeLMDBDataset",
            "open_segmentation", "numpy_image_transform", "numpy_classification_transform"]
-
-
-def _remote(owner: str, remote, deprecated: dict) -> RemoteOptions:
-    """A view's ``remote=``, or the separate keywords it took before (deprecated, the warning
-    pointing at the caller's line); any other keyword is Python's ``TypeError``."""
-    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
-    refuse_unknown(owner, deprecated)
-    return remote
 
 
 def _local_only(cls: str, path) -> None:
@@ -100,7 +93,7 @@ class ImageRecordDataset(ClassificationDataset):
                  max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None,
                  remote: Optional[RemoteOptions] = None, **deprecated):
         store = open_location("ImageRecordDataset", filename,
-                              remote=_remote("ImageRecordDataset", remote, deprecated))
+                              remote=remote_options("ImageRecordDataset", remote, deprecated))
         super().__init__(store, flag, transform, seed=seed, verify=verify,
                          max_pixels=max_pixels, output=output)
 
@@ -134,7 +127,7 @@ class ImageLMDBDataset(ClassificationDataset):
                  *, split: str = "train", seed: Optional[int] = None, verify: bool = True,
                  max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None,
                  remote: Optional[RemoteOptions] = None, **deprecated):
-        remote = _remote("ImageLMDBDataset", remote, deprecated)
+        remote = remote_options("ImageLMDBDataset", remote, deprecated)
         if isinstance(flag, str):  # the old ImageLMDBDataset(path, split, flag)
             split, flag = _legacy_split("ImageLMDBDataset", flag, None)
             flag, transform = (1, transform) if callable(transform) or transform is None \
@@ -211,7 +204,7 @@ class SegmentationRecordDataset(SegmentationDataset):
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
                  **deprecated):
         store = open_location("SegmentationRecordDataset", filename,
-                              remote=_remote("SegmentationRecordDataset", remote, deprecated))
+                              remote=remote_options("SegmentationRecordDataset", remote, deprecated))
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
@@ -251,7 +244,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
                  **deprecated):
-        remote = _remote("SegmentationLMDBDataset", remote, deprecated)
+        remote = remote_options("SegmentationLMDBDataset", remote, deprecated)
         if isinstance(transform, str):
             (split, transform) = _legacy_split("SegmentationLMDBDataset", transform, None)
         store = open_location("SegmentationLMDBDataset", path, split, remote=remote)
