@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import copy
 import errno
+import multiprocessing
 import os
 import threading
 from typing import Callable, List, Optional, Tuple
 
+import cv2
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, FormatError
@@ -33,10 +35,35 @@ from ..format import codec
 from ..format.meta import ids_are_keys, wrong_record
 from ..sampling.sampler import split_key
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
+from ..storage.perprocess import PerProcess
 from ..stores.base import RecordStore, is_uri, open_store, will_need
 from . import transforms as T
 
-__all__ = ["as_store", "open_location", "container_of"]
+__all__ = ["as_store", "open_location", "container_of", "in_worker"]
+
+# The process that imported this module (a forked child inherits the holder, never the mark).
+_HOME: PerProcess = PerProcess()
+_HOME.set(True)
+# Whether this process is a worker, decided (and OpenCV set up) on its first read.
+_SETUP: PerProcess = PerProcess()
+
+
+def in_worker() -> bool:
+    """Whether this process is a loader's worker: started by :mod:`multiprocessing` (a
+    Gluon or PyTorch ``DataLoader`` worker, a ``Pool`` process, spawned or forked) or forked
+    from the process that imported gluon_data."""
+    return multiprocessing.parent_process() is not None or not _HOME.mine()
+
+
+def _setup_process() -> bool:
+    """Once per process, on a dataset's first read: in a worker (:func:`in_worker`) OpenCV
+    runs single-threaded, so N workers do not each start a thread pool of their own that
+    competes with the others and with the training process. The main process keeps what
+    its user set."""
+    worker = in_worker()
+    if worker:
+        cv2.setNumThreads(1)
+    return worker
 
 
 def container_of(store) -> str:
@@ -220,6 +247,7 @@ class _StoreDataset:
         return T.sample_context(epoch, i)
 
     def _record(self, i: int):
+        _SETUP.get(_setup_process)
         key, offset = self._file.key(i), self._file.offset(i)
         payload = self._file.view(i)  # parsed (and image/mask copied out) before the next read
         rec = codec.unpack(payload, segmentation=self._task == "segmentation",
