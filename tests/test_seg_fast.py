@@ -168,6 +168,7 @@ def test_mask_dtype_refuses_a_label_it_cannot_hold(tmp_path):
 POOL_THREADS = r"""
 import json, multiprocessing, os, sys
 import cv2
+import numpy as np
 from gluon_data.arrays import SegmentationDataset
 
 
@@ -179,6 +180,9 @@ def threads_in(item):
 
 if __name__ == "__main__":
     cv2.setNumThreads(3)
+    big = np.zeros((1500, 1500, 3), np.uint8)
+    for _ in range(3):  # the main process's OpenCV pool is running when the workers fork
+        cv2.GaussianBlur(cv2.resize(big, (2500, 2500)), (0, 0), 2.0)
     ds = SegmentationDataset(sys.argv[1], mode="train", seed=1, base_size=50, crop_size=40)
     ds[0]
     got = {"main": cv2.getNumThreads()}  # the main process keeps what its user set
@@ -201,7 +205,7 @@ def test_pool_workers_run_opencv_single_threaded_and_the_main_process_is_left(se
     script = tmp_path / "pool_threads.py"
     script.write_text(POOL_THREADS)
     got = _threads_report(subprocess.run([sys.executable, str(script), seg_rec],
-                                         capture_output=True, text=True, timeout=300))
+                                         capture_output=True, text=True, timeout=180))
     assert got["main"] == 3 and got["main after"] == 3, got
     for method in ("fork", "spawn"):
         assert {n for n, _ in got[method]} == {1}, got
@@ -211,6 +215,7 @@ def test_pool_workers_run_opencv_single_threaded_and_the_main_process_is_left(se
 TORCH_THREADS = r"""
 import json, os, sys
 import cv2
+import numpy as np
 import torch
 from gluon_data.arrays import SegmentationDataset
 
@@ -224,10 +229,15 @@ class Probe(torch.utils.data.Dataset):
         return cv2.getNumThreads(), len(os.listdir("/proc/self/task"))
 
 cv2.setNumThreads(2)
+big = np.zeros((1500, 1500, 3), np.uint8)
+for _ in range(3):  # the main process's OpenCV pool is running when the workers fork
+    cv2.GaussianBlur(cv2.resize(big, (2500, 2500)), (0, 0), 2.0)
 ds = SegmentationDataset(sys.argv[1], mode="train", seed=0, base_size=50, crop_size=40)
 ds[0]
-loader = torch.utils.data.DataLoader(Probe(ds), batch_size=None, num_workers=2)
-got = [(int(n), int(t)) for n, t in loader]
+got = []
+for epoch in range(2):  # workers forked twice
+    loader = torch.utils.data.DataLoader(Probe(ds), batch_size=None, num_workers=2)
+    got += [(int(n), int(t)) for n, t in loader]
 print("THREADS " + json.dumps({"main": cv2.getNumThreads(), "workers": got}))
 """
 
@@ -241,7 +251,7 @@ def test_torch_workers_run_opencv_single_threaded(seg_rec):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (torch_path, os.environ.get("PYTHONPATH")) if p))
     run = subprocess.run([sys.executable, "-c", TORCH_THREADS, seg_rec], env=env,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=180)
     got = _threads_report(run)
     assert got["main"] == 2
     assert {n for n, _ in got["workers"]} == {1}, got
