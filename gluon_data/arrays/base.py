@@ -39,7 +39,11 @@ from ..storage.perprocess import PerProcess
 from ..stores.base import RecordStore, is_uri, open_store, will_need
 from . import transforms as T
 
-__all__ = ["as_store", "open_location", "container_of", "in_worker"]
+__all__ = ["as_store", "open_location", "container_of", "in_worker", "remote_options",
+           "MASK_DTYPES"]
+
+#: The mask dtypes a :class:`SegmentationDataset` returns (``mask_dtype``); int32 by default.
+MASK_DTYPES = ("uint8", "int16", "int32")
 
 # The process that imported this module (a forked child inherits the holder, never the mark).
 _HOME: PerProcess = PerProcess()
@@ -136,6 +140,33 @@ def as_store(cls: str, source, split: Optional[str] = None, *,
         raise FileNotFoundError(errno.ENOENT, "%s: no dataset at this path"
                                 % cls, os.fspath(source))
     return open_location(cls, source, split, remote=remote)
+
+
+def remote_options(owner: str, remote, deprecated: dict) -> RemoteOptions:
+    """The ``remote=`` of a dataset (or a dataset view) named ``owner``, or the separate
+    keywords it took before (deprecated, the warning pointing at the caller's line: this is
+    called from the dataset's ``__init__``); any other keyword is Python's ``TypeError``."""
+    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
+    refuse_unknown(owner, deprecated)
+    return remote
+
+
+def _mask_dtype(name, ignore_value, ignore_label, num_classes, filename) -> np.dtype:
+    """The checked ``mask_dtype`` of a segmentation dataset (one of :data:`MASK_DTYPES`)."""
+    if name not in MASK_DTYPES:
+        raise ValueError("unknown mask_dtype %r; valid: %s" % (name, ", ".join(MASK_DTYPES)))
+    dtype = np.dtype(name)
+    info = np.iinfo(dtype)
+    returned = ignore_label if ignore_value is None else ignore_value
+    if returned is not None and not info.min <= returned <= info.max:
+        raise ValueError("mask_dtype=%r cannot hold the ignore value %d: give ignore_value=%s "
+                         "(or ignore_value=None, the stored %s), or a wider mask_dtype"
+                         % (name, returned, ignore_label if ignore_label is not None and
+                            info.min <= ignore_label <= info.max else info.max, ignore_label))
+    if num_classes is not None and int(num_classes) - 1 > info.max:
+        raise ValueError("%s records %d classes, more than mask_dtype=%r holds; use 'int32'"
+                         % (filename, int(num_classes), name))
+    return dtype
 
 
 class _StoreDataset:

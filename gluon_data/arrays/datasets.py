@@ -24,9 +24,11 @@ from ..format import codec
 from ..format.decode import decode_region
 from ..stores.base import RecordStore
 from . import transforms as T
-from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
-from .base import _StoreDataset, as_store
-from .tensorize import ImageCropNormalize, ToTensorNormalize, _uint8_image, _uint8_output
+from ..storage.options import RemoteOptions
+from .base import MASK_DTYPES, _StoreDataset, _mask_dtype, as_store, remote_options
+from .tensorize import (ImageCropNormalize, ToTensorNormalize, _crop_normalize, _uint8_image,
+                        _uint8_output)
+from .transforms import default_joint_transform
 
 __all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "MASK_DTYPES",
            "default_joint_transform", "remote_options"]
@@ -36,34 +38,6 @@ _DEFAULT_MAX_PIXELS = codec.DEFAULT_MAX_PIXELS
 #: The modes of :class:`SegmentationDataset`, gluoncv's.
 MODES = ("train", "val", "testval", "test")
 
-#: The mask dtypes a :class:`SegmentationDataset` returns (``mask_dtype``); int32 by default.
-MASK_DTYPES = ("uint8", "int16", "int32")
-
-
-def _crop_normalize(transform, seed: Optional[int], uint8: bool) -> ImageCropNormalize:
-    """A new :class:`ImageCropNormalize` doing what ``transform`` (one, or a
-    :class:`ToTensorNormalize`) does, drawing with ``seed`` (the transform's own when
-    ``None``), CxHxW uint8 with ``uint8`` (then a ``Normalize`` is a ``ValueError``)."""
-    if isinstance(transform, ToTensorNormalize):
-        crop, flip, tensor, own = None, False, transform, None
-    elif isinstance(transform, ImageCropNormalize):
-        crop, flip, tensor, own = transform.crop, transform.flip, transform.tensor, \
-            transform.rng.seed
-    else:
-        raise TypeError("image_transform must be an ImageCropNormalize or a ToTensorNormalize "
-                        "(gluon_data.arrays.tensorize), got %r; run other image transforms "
-                        "in transform(image, label)" % (transform,))
-    return ImageCropNormalize(crop, flip, tensor.mean, tensor.std,
-                              seed=own if seed is None else seed, uint8=uint8)
-
-
-def remote_options(owner: str, remote, deprecated: dict) -> RemoteOptions:
-    """The ``remote=`` of a dataset (or a dataset view) named ``owner``, or the separate
-    keywords it took before (deprecated, the warning pointing at the caller's line: this is
-    called from the dataset's ``__init__``); any other keyword is Python's ``TypeError``."""
-    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
-    refuse_unknown(owner, deprecated)
-    return remote
 
 
 class ClassificationDataset(_StoreDataset):
@@ -200,42 +174,6 @@ class ClassificationDataset(_StoreDataset):
         if self._transform is not None:
             return self._transform(img, rec.label)
         return img, rec.label
-
-
-def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
-                            seed: Optional[int] = None,
-                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS):
-    """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
-    (train: mirror, random scale, pad + random crop, blur, fused into one
-    :class:`~gluon_data.arrays.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
-    bilinear filter, as gluoncv, + centre crop),
-    except that padded mask pixels get ``mask_fill`` (the ignore value) instead of class 0."""
-    if mode == "train":
-        return T.RandomScaleCrop(base_size, crop_size, image_fill=0, mask_fill=mask_fill,
-                                 seed=seed)
-    if mode == "val":
-        return T.Compose([T.ResizeShort(crop_size, pil=True,  # gluoncv's exact values
-                                        max_pixels=max_pixels),
-                          T.CenterCrop(crop_size, 0, mask_fill)])
-    return None
-
-
-def _mask_dtype(name, ignore_value, ignore_label, num_classes, filename) -> np.dtype:
-    """The checked ``mask_dtype`` of a segmentation dataset (see :data:`MASK_DTYPES`)."""
-    if name not in MASK_DTYPES:
-        raise ValueError("unknown mask_dtype %r; valid: %s" % (name, ", ".join(MASK_DTYPES)))
-    dtype = np.dtype(name)
-    info = np.iinfo(dtype)
-    returned = ignore_label if ignore_value is None else ignore_value
-    if returned is not None and not info.min <= returned <= info.max:
-        raise ValueError("mask_dtype=%r cannot hold the ignore value %d: give ignore_value=%s "
-                         "(or ignore_value=None, the stored %s), or a wider mask_dtype"
-                         % (name, returned, ignore_label if ignore_label is not None and
-                            info.min <= ignore_label <= info.max else info.max, ignore_label))
-    if num_classes is not None and int(num_classes) - 1 > info.max:
-        raise ValueError("%s records %d classes, more than mask_dtype=%r holds; use 'int32'"
-                         % (filename, int(num_classes), name))
-    return dtype
 
 
 class SegmentationDataset(_StoreDataset):
