@@ -255,3 +255,14 @@ def test_torch_workers_run_opencv_single_threaded(seg_rec):
     got = _threads_report(run)
     assert got["main"] == 2
     assert {n for n, _ in got["workers"]} == {1}, got
+
+
+def test_gluon_views_take_mask_dtype(seg_rec):
+    G = pytest.importorskip("gluon_data.gluon.datasets", reason="MXNet is not installed here")
+    ours = SegmentationDataset(seg_rec, mode="train", seed=2, base_size=50, crop_size=40,
+                               mask_dtype="uint8", ignore_value=255)
+    view = G.SegmentationRecordDataset(seg_rec, mode="train", seed=2, base_size=50,
+                                       crop_size=40, mask_dtype="uint8", ignore_value=255)
+    for i in range(4):
+        mask = view[i][1]
+        assert mask.dtype == np.uint8 and np.array_equal(mask.asnumpy(), ours[i][1])

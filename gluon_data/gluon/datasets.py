@@ -174,7 +174,7 @@ class SegmentationRecordDataset(SegmentationDataset):
     filename : str
         Path or URI of the ``.rec``; ``.idx`` and ``.meta.json`` lie beside it.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
-        As for :class:`SegmentationDataset`.
+        As for :class:`SegmentationDataset`; so is ``mask_dtype``.
     output : {None, 'uint8'}
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
@@ -202,13 +202,13 @@ class SegmentationRecordDataset(SegmentationDataset):
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
+                 mask_dtype: str = "int32", **deprecated):
         store = open_location("SegmentationRecordDataset", filename,
                               remote=remote_options("SegmentationRecordDataset", remote, deprecated))
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
-                         max_pixels=max_pixels, output=output)
+                         max_pixels=max_pixels, output=output, mask_dtype=mask_dtype)
 
 
 class SegmentationLMDBDataset(SegmentationDataset):
@@ -220,7 +220,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
     path : str
         The ``NAME.lmdb`` directory written by ``gluon-data convert``, or its URI.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
-        As for :class:`SegmentationDataset`.
+        As for :class:`SegmentationDataset`; so is ``mask_dtype``.
     output : {None, 'uint8'}
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
@@ -243,7 +243,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
+                 mask_dtype: str = "int32", **deprecated):
         remote = remote_options("SegmentationLMDBDataset", remote, deprecated)
         if isinstance(transform, str):
             (split, transform) = _legacy_split("SegmentationLMDBDataset", transform, None)
@@ -251,7 +251,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
-                         max_pixels=max_pixels, output=output)
+                         max_pixels=max_pixels, output=output, mask_dtype=mask_dtype)
 
 
 class RecipeLMDBDataset(SegmentationDataset):
@@ -266,7 +266,7 @@ class RecipeLMDBDataset(SegmentationDataset):
     path : str
         The LMDB directory with ``<split>_data`` / ``<split>_label`` sub-databases.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
-        As for :class:`SegmentationDataset`.
+        As for :class:`SegmentationDataset`; so is ``mask_dtype``.
     output : {None, 'uint8'}
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
@@ -294,7 +294,7 @@ class RecipeLMDBDataset(SegmentationDataset):
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 output: Optional[str] = None, **deprecated):
+                 output: Optional[str] = None, mask_dtype: str = "int32", **deprecated):
         layout = take_grouped(RecipeLayout, layout, "RecipeLMDBDataset", "layout", deprecated)
         refuse_unknown("RecipeLMDBDataset", deprecated)
         if isinstance(transform, str):
@@ -303,7 +303,8 @@ class RecipeLMDBDataset(SegmentationDataset):
         store = open_store(path, split, layout="raw-lmdb", **layout.store_options())
         super().__init__(store, transform, ignore_value, mode=mode, base_size=base_size,
                          crop_size=crop_size, joint_transform=joint_transform, seed=seed,
-                         verify=verify, max_pixels=max_pixels, output=output)
+                         verify=verify, max_pixels=max_pixels, output=output,
+                         mask_dtype=mask_dtype)
 
 
 def open_segmentation(path: str, split: Optional[str] = None, *,
