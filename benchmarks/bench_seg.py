@@ -176,6 +176,7 @@ def budget_bench(workdir: str, n: int = 200, workers: int = 2, rounds: int = 3, 
 
 
 if __name__ == "__main__":  # python benchmarks/bench_seg.py [--large] [--mask-dtype uint8]
+    # (the reading budget alone; the full comparison is gluon-data bench --only segmentation)
     import argparse
     ap = argparse.ArgumentParser(description=budget_bench.__doc__.split("\n")[0])
     ap.add_argument("--workdir", default="bench-data")
@@ -185,5 +186,7 @@ if __name__ == "__main__":  # python benchmarks/bench_seg.py [--large] [--mask-d
     ap.add_argument("--large", action="store_true")
     ap.add_argument("--mask-dtype", default=None)
     a = ap.parse_args()
-    budget_bench(a.workdir, a.images, a.workers, a.rounds, a.large,
-                 **({"mask_dtype": a.mask_dtype} if a.mask_dtype else {}))
+    options = {"mask_dtype": a.mask_dtype} if a.mask_dtype else {}
+    if a.mask_dtype == "uint8":
+        options["ignore_value"] = 255  # uint8 cannot hold -1
+    budget_bench(a.workdir, a.images, a.workers, a.rounds, a.large, **options)

@@ -80,6 +80,17 @@ def test_resize_mask_mirrors_in_the_same_copy():
     assert plain.tolist() == m[T.nearest_index(4, 5)][:, T.nearest_index(11, 7)].tolist()
     mirrored = T.resize_mask(m[:, 1:6], 9, 3, flip=True)
     assert mirrored.tolist() == T.resize_mask(m[:, 1:6], 9, 3)[:, ::-1].tolist()
+    rng = np.random.default_rng(1)
+    big = rng.integers(0, 300, (90, 120))
+    for dtype in (np.uint8, np.int64):  # OpenCV 4 resizes uint8; numpy indexes int64
+        src = big.astype(dtype)[3:, 5:]
+        for oh, ow in ((40, 50), (150, 170), (40, 170), (150, 20)):
+            for flip in (False, True):
+                cols = T.nearest_index(ow, src.shape[1])
+                want = src[T.nearest_index(oh, src.shape[0])][:, cols[::-1] if flip else cols]
+                got = T.resize_mask(src, ow, oh, flip)
+                assert got.dtype == dtype and got.flags["C_CONTIGUOUS"]
+                assert np.array_equal(got, want), (dtype, oh, ow, flip)
 
 
 def test_train_samples_are_the_same_on_both_stacks(seg_rec):
@@ -258,7 +269,10 @@ def test_torch_workers_run_opencv_single_threaded(seg_rec):
 
 
 def test_gluon_views_take_mask_dtype(seg_rec):
-    G = pytest.importorskip("gluon_data.gluon.datasets", reason="MXNet is not installed here")
+    try:
+        import gluon_data.gluon.datasets as G
+    except ImportError:
+        pytest.skip("MXNet is not installed here (the Gluon layer needs it)")
     ours = SegmentationDataset(seg_rec, mode="train", seed=2, base_size=50, crop_size=40,
                                mask_dtype="uint8", ignore_value=255)
     view = G.SegmentationRecordDataset(seg_rec, mode="train", seed=2, base_size=50,
