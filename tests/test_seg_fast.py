@@ -18,7 +18,6 @@ from gluon_data import convert
 from gluon_data.arrays import SegmentationDataset
 from gluon_data.arrays import transforms as T
 from gluon_data.convert.sample import make_voc
-from gluon_data.errors import DecodeError
 
 #: digests of ``train`` samples (image and mask bytes, shapes, dtypes) of a dataset
 DIGEST = r"""

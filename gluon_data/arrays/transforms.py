@@ -47,7 +47,8 @@ from ..sampling.seeding import SeededRandom, RandomTransform, sample_context
 from .scalecrop import RandomScaleCrop, nearest_index, resize_mask
 from .tensorize import ImageCropNormalize, ToTensorNormalize, _hwc, _np
 
-__all__ = ["nearest_index", "resize_mask", "default_joint_transform", "Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
+__all__ = ["nearest_index", "resize_mask", "default_joint_transform", "Compose",
+           "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
            "RandomRotation",
            "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
            "ToTensorNormalize", "SeededRandom", "ImageCropNormalize", "sample_context"]

@@ -204,7 +204,8 @@ class SegmentationRecordDataset(SegmentationDataset):
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
                  mask_dtype: str = "int32", **deprecated):
         store = open_location("SegmentationRecordDataset", filename,
-                              remote=remote_options("SegmentationRecordDataset", remote, deprecated))
+                              remote=remote_options("SegmentationRecordDataset", remote,
+                                                    deprecated))
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
