@@ -185,8 +185,8 @@ class RandomScaleCrop(RandomTransform):
             part = _hwc(cv2.resize(img, (vw, vh), interpolation=cv2.INTER_LINEAR))
             if flip:
                 cv2.flip(part, 1, dst=part)
-            if blur:  # (not padded: the blur sees the same pixels); in place
-                cv2.GaussianBlur(part, (0, 0), sigmaX=sigma, dst=part)
+            if blur:  # (not padded: the blur sees the same pixels)
+                part = _hwc(cv2.GaussianBlur(part, (0, 0), sigmaX=sigma))
             to_chw_uint8(part, image_out[:, :vh, :vw])
             for k, value in enumerate(self._fill(c)):
                 image_out[k, vh:] = value
@@ -204,8 +204,8 @@ class RandomScaleCrop(RandomTransform):
             out[:vh, vw:] = self.image_fill
         else:
             out = np.ascontiguousarray(part)
-        if blur:  # in place
-            cv2.GaussianBlur(out, (0, 0), sigmaX=sigma, dst=out)
+        if blur:
+            out = _hwc(cv2.GaussianBlur(out, (0, 0), sigmaX=sigma))
         return out if image_out is None else to_chw_uint8(out, image_out)
 
     def _apply_mask(self, m, flip, vh, vw, mask_out, mask_map):
