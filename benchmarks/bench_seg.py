@@ -99,3 +99,90 @@ def seg_bench(workdir: str, n: int = 400, workers: int = 2, rounds: int = 4,
     for k, v in ratios.items():
         say("%-64s %8.2f" % (k, v))
     return {"rates": rates, "cpu_ms": cpu, "ratios": ratios}
+
+
+def _dataset_share(ds, k, workers, barrier, done):  # pragma: no cover - forked child
+    idx = list(range(k, len(ds), workers))
+    for i in idx[:4]:  # warm: libraries, threads
+        ds[i]
+    barrier.wait()
+    c0 = time.process_time()
+    for i in idx:
+        ds[i]
+    done.put((len(idx), time.process_time() - c0))
+
+
+def budget_bench(workdir: str, n: int = 200, workers: int = 2, rounds: int = 3, large=False,
+                 out=sys.stdout, **options) -> dict:
+    """The reading budget of framework-free segmentation ``train`` (no DataLoader, no MXNet):
+    ``arrays.SegmentationDataset(mode='train', output='uint8', **options)`` at VOC size
+    (``base_size=520, crop_size=480``) or, with ``large``, on 2048x1024 frames
+    (``base_size=1024, crop_size=768``), against the decode limit of the same items (JPEG +
+    PNG mask, the fastest decoders on the files), in interleaved rounds (best of each): the
+    CPU per item in 1 process, and items/s of ``workers`` forked processes. Returns
+    ``{"rates", "cpu_ms", "ratios"}``."""
+    from gluon_data.arrays import SegmentationDataset
+    from gluon_data.convert import convert
+
+    def say(*a):
+        print(*a, file=out, flush=True)
+
+    os.makedirs(workdir, exist_ok=True)
+    if large:
+        from bench_large import large_root, make_large  # (the large set's maker, on demand)
+        voc, kw = make_large(large_root(workdir, n), n), dict(base_size=1024, crop_size=768)
+    else:
+        voc, kw = make_dataset(workdir, n), dict(base_size=520, crop_size=480)
+    rec = os.path.join(os.path.dirname(voc), "budget.rec")
+    if not os.path.exists(rec):
+        convert(voc, rec, "voc", split="train")
+    jpg_dir, png_dir = os.path.join(voc, "JPEGImages"), os.path.join(voc, "SegmentationClass")
+    pairs = [(open(os.path.join(jpg_dir, f), "rb").read(),
+              open(os.path.join(png_dir, f[:-4] + ".png"), "rb").read())
+             for f in sorted(os.listdir(jpg_dir))]
+    ds = SegmentationDataset(rec, mode="train", seed=0, output="uint8", **kw, **options)
+    say("decode limit: the fastest decoders on these files: %s" % decode_limit_decoders(pairs))
+    rates, cpu = {}, {}
+
+    def best(key, rate, cpu_per_item):
+        rates[key] = max(rates.get(key, 0.0), rate)
+        cpu[key] = min(cpu.get(key, float("inf")), cpu_per_item * 1e3)
+
+    for i in range(min(8, len(ds))):
+        ds[i]
+    for _ in range(rounds):
+        c0, t0 = time.process_time(), time.perf_counter()
+        seen = _decode_pairs(pairs)
+        best("limit 1", seen / (time.perf_counter() - t0), (time.process_time() - c0) / seen)
+        c0, t0 = time.process_time(), time.perf_counter()
+        for i in range(len(ds)):
+            ds[i]
+        best("ours 1", len(ds) / (time.perf_counter() - t0), (time.process_time() - c0) / len(ds))
+        t = []
+        best("limit N", _forked_decode_rate(pairs, workers, t), t[0])
+        t = []
+        best("ours N", _forked_rate(_dataset_share, (ds,), workers, t), t[0])
+    for k in ("limit 1", "ours 1", "limit N", "ours N"):
+        say("%-10s %8.0f items/s %8.3f CPU ms/item" % (k, rates[k], cpu[k]))
+    ratios = {"1 process: limit CPU / ours CPU per item": cpu["limit 1"] / cpu["ours 1"],
+              "%d processes: ours / limit items/s" % workers: rates["ours N"] / rates["limit N"]}
+    for k, v in ratios.items():
+        say("%-44s %6.2f" % (k, v))
+    return {"rates": rates, "cpu_ms": cpu, "ratios": ratios}
+
+
+if __name__ == "__main__":  # python benchmarks/bench_seg.py [--large] [--mask-dtype uint8]
+    # (the reading budget alone; the full comparison is gluon-data bench --only segmentation)
+    import argparse
+    ap = argparse.ArgumentParser(description=budget_bench.__doc__.split("\n")[0])
+    ap.add_argument("--workdir", default="bench-data")
+    ap.add_argument("--images", type=int, default=200)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--large", action="store_true")
+    ap.add_argument("--mask-dtype", default=None)
+    a = ap.parse_args()
+    options = {"mask_dtype": a.mask_dtype} if a.mask_dtype else {}
+    if a.mask_dtype == "uint8":
+        options["ignore_value"] = 255  # uint8 cannot hold -1
+    budget_bench(a.workdir, a.images, a.workers, a.rounds, a.large, **options)

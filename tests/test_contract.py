@@ -482,17 +482,17 @@ def spawn_pool():
 
 
 # ------------------------------------------------------------------ helpers
-def _np(x):
+def to_numpy(x):
     return x.asnumpy() if hasattr(x, "asnumpy") else np.asarray(x)
 
 
 def _seg_batch(samples):
     """Picklable batchify keeping every sample as numpy (the batch order is the sampler's)."""
-    return [(_np(a), _np(b)) for a, b in samples]
+    return [(to_numpy(a), to_numpy(b)) for a, b in samples]
 
 
 def _cls_batch(samples):
-    return [(_np(a), float(np.asarray(b).ravel()[0])) for a, b in samples]
+    return [(to_numpy(a), float(np.asarray(b).ravel()[0])) for a, b in samples]
 
 
 def _through(ds, batches, batchify, **loader):
@@ -505,7 +505,7 @@ def _through(ds, batches, batchify, **loader):
 
 def _sums(args):
     ds, idx = args
-    return [int(_np(ds[i][0]).astype(np.int64).sum()) for i in idx]
+    return [int(to_numpy(ds[i][0]).astype(np.int64).sum()) for i in idx]
 
 
 # ------------------------------------------------------------------ the contract: any task
@@ -579,7 +579,7 @@ def _copy_store(case, tmp_path):
 def _check_replaced(case, tmp_path):
     where, swap = _copy_store(case, tmp_path)
     ds = case.open(where)
-    first = [_np(ds[i][0]).tobytes() for i in range(len(ds))]
+    first = [to_numpy(ds[i][0]).tobytes() for i in range(len(ds))]
     blob = pickle.dumps(ds)
     other_node = {} if case.origin is None else {"store": {"cache_dir": str(tmp_path / "c2")}}
     unread = pickle.dumps(case.open(where, **other_node))  # nothing read (nor cached) yet
@@ -590,7 +590,7 @@ def _check_replaced(case, tmp_path):
         # that must download the replaced object says it was replaced. (A sharded store
         # re-reads its manifest when unpickled and refuses a changed one, as a local one.)
         clone = pickle.loads(blob)
-        assert [_np(clone[i][0]).tobytes() for i in range(len(clone))] == first
+        assert [to_numpy(clone[i][0]).tobytes() for i in range(len(clone))] == first
         with pytest.raises(FormatError) as e:
             pickle.loads(unread)[0]
     else:
@@ -628,7 +628,7 @@ def _check_damaged(case, tmp_path):
     home = os.path.dirname(ds.store.location.rstrip("/"))
     assert e.value.path is not None and home in e.value.path, e.value
     assert "record" in str(e.value) or e.value.key is not None, e.value
-    assert _np(ds[0][0]).ndim == 3 and _np(ds[2][0]).ndim == 3
+    assert to_numpy(ds[0][0]).ndim == 3 and to_numpy(ds[2][0]).ndim == 3
 
 
 def test_seg_damaged_record_is_a_typed_error_naming_the_store(seg, tmp_path):
@@ -679,7 +679,7 @@ def _check_will_need(case, batchify, tmp_path):
         with pytest.raises(GluonDataError) as e:
             _hinted_loader(bad, [[2, 1, 0]], batchify, **loader)
         assert e.value.path is not None and home in e.value.path, (loader, e.value)
-    assert _np(bad[2][0]).ndim == 3
+    assert to_numpy(bad[2][0]).ndim == 3
 
 
 def test_seg_will_need_then_read_gives_the_single_reads_bytes(seg, tmp_path):
@@ -789,7 +789,7 @@ def test_seg_typed_errors(seg):
     ds = seg.make()
     with pytest.raises(IndexError):
         ds[len(ds)]
-    assert _np(ds[-1][0]).shape == _np(ds[len(ds) - 1][0]).shape
+    assert to_numpy(ds[-1][0]).shape == to_numpy(ds[len(ds) - 1][0]).shape
     with pytest.raises(ValueError, match="unknown mode"):
         seg.make(mode="nope")
 
@@ -922,7 +922,7 @@ def test_classification_fast_path_repeats_per_sample(store, request):
     for got in results[1:]:
         assert got == results[0]
     other = case.make(seed=5).transform_first(recipe)
-    assert [_np(other[SampleKey(i, 3)][0]).tobytes() for i in range(n)] != \
+    assert [to_numpy(other[SampleKey(i, 3)][0]).tobytes() for i in range(n)] != \
         [results[0][i] for i in range(n)]
 
 

@@ -2,7 +2,8 @@
 
 :class:`SegmentationDataset` and :class:`ClassificationDataset` (:mod:`.datasets`) return the
 samples of the Gluon datasets as numpy arrays and import no MXNet; :mod:`.transforms` holds the
-seeded joint (image, mask) transforms, :mod:`.tensorize` the numpy ``ToTensor`` / ``Normalize``
+seeded joint (image, mask) transforms (the fused ``train`` one and the mask resampling in
+:mod:`.scalecrop`), :mod:`.tensorize` the numpy ``ToTensor`` / ``Normalize``
 / crop fast paths.
 """
 from .datasets import MODES, ClassificationDataset, SegmentationDataset

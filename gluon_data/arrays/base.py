@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import copy
 import errno
+import multiprocessing
 import os
 import threading
-from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Callable, List, Optional, Tuple
 
+import cv2
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, FormatError
@@ -33,21 +35,68 @@ from ..format import codec
 from ..format.meta import ids_are_keys, wrong_record
 from ..sampling.sampler import split_key
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
+from ..storage.perprocess import PerProcess
 from ..stores.base import RecordStore, is_uri, open_store, will_need
 from . import transforms as T
 
-__all__ = ["as_store", "open_location", "container_of"]
+__all__ = ["as_store", "open_location", "container_of", "in_worker", "remote_options",
+           "MASK_DTYPES"]
 
-D = TypeVar("D", bound="StoreDataset")
+#: The mask dtypes a :class:`SegmentationDataset` returns (``mask_dtype``); int32 by default.
+MASK_DTYPES = ("uint8", "int16", "int32")
+
+# The process that imported this module (a forked child inherits the holder, never the mark).
+_HOME: PerProcess = PerProcess()
+_HOME.set(True)
+# Whether this process is a worker, decided (and OpenCV set up) on its first read.
+_SETUP: PerProcess = PerProcess()
 
 
-def container_of(store: RecordStore) -> str:
+def in_worker() -> bool:
+    """Whether this process is a loader's worker: started by :mod:`multiprocessing` (a
+    Gluon or PyTorch ``DataLoader`` worker, a ``Pool`` process, spawned or forked) or forked
+    from the process that imported gluon_data."""
+    return multiprocessing.parent_process() is not None or not _HOME.mine()
+
+
+def _setup_process() -> bool:
+    """Once per process, on a dataset's first read: in a worker (:func:`in_worker`) OpenCV
+    runs single-threaded, so N workers do not each start a thread pool of their own that
+    competes with the others and with the training process. The main process keeps what
+    its user set; it only stops its OpenCV pool around each ``fork`` (and restores its
+    setting in the parent at once), because a child must not reconfigure a pool whose
+    threads it did not inherit (OpenCV then waits forever on their condition variables)."""
+    worker = in_worker()
+    if worker:
+        cv2.setNumThreads(1)
+    elif hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+    return worker
+
+
+_FORKING: List[int] = []  # the parent's OpenCV thread setting while a fork is under way
+
+
+def _before_fork() -> None:
+    if _HOME.mine() and multiprocessing.parent_process() is None:
+        threads = cv2.getNumThreads()
+        if threads != 1:
+            _FORKING.append(threads)
+            cv2.setNumThreads(1)  # the pool's threads stopped: the child inherits none
+
+
+def _after_fork_in_parent() -> None:
+    if _FORKING:
+        cv2.setNumThreads(_FORKING.pop())
+
+
+def container_of(store) -> str:
     """``'lmdb'`` for a store of one split of an LMDB environment, ``'rec'`` otherwise."""
     return "lmdb" if store.split is not None else "rec"
 
 
-def open_location(cls: str, location: str, split: Optional[str] = None, *,
-                  remote: Optional[RemoteOptions] = None, **deprecated: Any) -> RecordStore:
+def open_location(cls: str, location, split: Optional[str] = None, *,
+                  remote: Optional[RemoteOptions] = None, **deprecated) -> RecordStore:
     """``open_store(location, split)`` for the dataset class named ``cls``, with the
     :class:`~gluon_data.storage.options.RemoteOptions` that were given (or a dict of them;
     the old ``storage_options=``, ``cache_dir=``, ``cache_limit=`` still work, deprecated);
@@ -65,8 +114,8 @@ def open_location(cls: str, location: str, split: Optional[str] = None, *,
     return open_store(location, split, **given)
 
 
-def as_store(cls: str, source: Union[str, RecordStore], split: Optional[str] = None, *,
-             remote: Optional[RemoteOptions] = None, **deprecated: Any) -> RecordStore:
+def as_store(cls: str, source, split: Optional[str] = None, *,
+             remote: Optional[RemoteOptions] = None, **deprecated) -> RecordStore:
     """The store a dataset named ``cls`` reads: ``source`` itself when it is a
     :class:`~gluon_data.stores.base.RecordStore` (then ``split`` and the remote options are a
     ``ValueError``: the store is open already), else :func:`open_location` of the path or
@@ -91,6 +140,33 @@ def as_store(cls: str, source: Union[str, RecordStore], split: Optional[str] = N
         raise FileNotFoundError(errno.ENOENT, "%s: no dataset at this path"
                                 % cls, os.fspath(source))
     return open_location(cls, source, split, remote=remote)
+
+
+def remote_options(owner: str, remote, deprecated: dict) -> RemoteOptions:
+    """The ``remote=`` of a dataset (or a dataset view) named ``owner``, or the separate
+    keywords it took before (deprecated, the warning pointing at the caller's line: this is
+    called from the dataset's ``__init__``); any other keyword is Python's ``TypeError``."""
+    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
+    refuse_unknown(owner, deprecated)
+    return remote
+
+
+def check_mask_dtype(name, ignore_value, ignore_label, num_classes, filename) -> np.dtype:
+    """The checked ``mask_dtype`` of a segmentation dataset (one of :data:`MASK_DTYPES`)."""
+    if name not in MASK_DTYPES:
+        raise ValueError("unknown mask_dtype %r; valid: %s" % (name, ", ".join(MASK_DTYPES)))
+    dtype = np.dtype(name)
+    info = np.iinfo(dtype)
+    returned = ignore_label if ignore_value is None else ignore_value
+    if returned is not None and not info.min <= returned <= info.max:
+        raise ValueError("mask_dtype=%r cannot hold the ignore value %d: give ignore_value=%s "
+                         "(or ignore_value=None, the stored %s), or a wider mask_dtype"
+                         % (name, returned, ignore_label if ignore_label is not None and
+                            info.min <= ignore_label <= info.max else info.max, ignore_label))
+    if num_classes is not None and int(num_classes) - 1 > info.max:
+        raise ValueError("%s records %d classes, more than mask_dtype=%r holds; use 'int32'"
+                         % (filename, int(num_classes), name))
+    return dtype
 
 
 class StoreDataset:
@@ -162,7 +238,7 @@ class StoreDataset:
     def __len__(self) -> int:
         return len(self._file) if self._positions is None else len(self._positions)
 
-    def shard(self: D, num_shards: int, index: int) -> D:
+    def shard(self, num_shards: int, index: int):
         """Gluon's ``shard`` (the ``index``-th of ``num_shards`` contiguous parts), as a dataset
         of this same type with its options, fast paths and attributes. Random draws still use
         each sample's index in the whole store, so a sample is the same in any shard layout."""
@@ -194,7 +270,7 @@ class StoreDataset:
             raise IndexError("index %d out of range for %d records" % (int(idx), n))
         return (i if self._positions is None else int(self._positions[i])), epoch
 
-    def will_need(self, indices: Union[np.ndarray, Sequence[int]]) -> None:
+    def will_need(self, indices) -> None:
         """Start fetching the records of the samples ``indices`` (ints or
         :class:`~gluon_data.sampling.sampler.SampleKey`, e.g. the batch about to be read) from the
         device asynchronously, where the store can (:func:`gluon_data.stores.base.will_need`);
@@ -222,6 +298,7 @@ class StoreDataset:
         return T.sample_context(epoch, i)
 
     def _record(self, i: int):
+        _SETUP.get(_setup_process)
         key, offset = self._file.key(i), self._file.offset(i)
         payload = self._file.view(i)  # parsed (and image/mask copied out) before the next read
         rec = codec.unpack(payload, segmentation=self._task == "segmentation",

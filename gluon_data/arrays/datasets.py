@@ -15,7 +15,7 @@ handle across ``fork`` or pickling, so any loader's worker processes (PyTorch's
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Union
+from typing import Callable, List, Optional
 
 import numpy as np
 
@@ -24,41 +24,20 @@ from ..format import codec
 from ..format.decode import decode_region
 from ..stores.base import RecordStore
 from . import transforms as T
-from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
-from .base import StoreDataset, as_store
-from .tensorize import ImageCropNormalize, ToTensorNormalize, uint8_image, uint8_output
+from ..storage.options import RemoteOptions
+from .base import MASK_DTYPES, StoreDataset, check_mask_dtype, as_store, remote_options
+from .tensorize import (ImageCropNormalize, ToTensorNormalize, crop_normalize, uint8_image,
+                        uint8_output)
+from .transforms import default_joint_transform
 
-__all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "default_joint_transform"]
+__all__ = ["ClassificationDataset", "SegmentationDataset", "MODES", "MASK_DTYPES",
+           "default_joint_transform", "remote_options"]
 
 _DEFAULT_MAX_PIXELS = codec.DEFAULT_MAX_PIXELS
 
 #: The modes of :class:`SegmentationDataset`, gluoncv's.
 MODES = ("train", "val", "testval", "test")
 
-
-def _crop_normalize(transform, seed: Optional[int], uint8: bool) -> ImageCropNormalize:
-    """A new :class:`ImageCropNormalize` doing what ``transform`` (one, or a
-    :class:`ToTensorNormalize`) does, drawing with ``seed`` (the transform's own when
-    ``None``), CxHxW uint8 with ``uint8`` (then a ``Normalize`` is a ``ValueError``)."""
-    if isinstance(transform, ToTensorNormalize):
-        crop, flip, tensor, own = None, False, transform, None
-    elif isinstance(transform, ImageCropNormalize):
-        crop, flip, tensor, own = transform.crop, transform.flip, transform.tensor, \
-            transform.rng.seed
-    else:
-        raise TypeError("image_transform must be an ImageCropNormalize or a ToTensorNormalize "
-                        "(gluon_data.arrays.tensorize), got %r; run other image transforms "
-                        "in transform(image, label)" % (transform,))
-    return ImageCropNormalize(crop, flip, tensor.mean, tensor.std,
-                              seed=own if seed is None else seed, uint8=uint8)
-
-
-def _remote(owner: str, remote, deprecated: dict) -> RemoteOptions:
-    """A dataset's ``remote=``, or the separate keywords it took before (deprecated); any
-    other keyword is Python's ``TypeError``."""
-    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
-    refuse_unknown(owner, deprecated)
-    return remote
 
 
 class ClassificationDataset(StoreDataset):
@@ -125,15 +104,13 @@ class ClassificationDataset(StoreDataset):
     _fast_first = None  # the numpy crop/flip/tensor the image goes through first
     _fast_source = None  # what the caller gave for it
 
-    def __init__(self, source: Union[str, RecordStore], flag: int = 1,
-                 transform: Optional[Callable] = None, *,
-                 split: Optional[str] = None, image_transform: Optional[Callable] = None,
-                 seed: Optional[int] = None,
+    def __init__(self, source, flag: int = 1, transform: Optional[Callable] = None, *,
+                 split: Optional[str] = None, image_transform=None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated: Any) -> None:
+                 **deprecated):
         store = as_store(type(self).__name__, source, split,
-                         remote=_remote(type(self).__name__, remote, deprecated))
+                         remote=remote_options(type(self).__name__, remote, deprecated))
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
         if flag not in (0, 1):
             raise ValueError("flag must be 0 or 1, got %r" % (flag,))
@@ -147,7 +124,7 @@ class ClassificationDataset(StoreDataset):
                                  "%s instead" % (transform, self._first_option))
             self._fast_first = uint8_output(output, "train", None, None)[0]
         if image_transform is not None:
-            self._fast_first = _crop_normalize(image_transform, seed, output is not None)
+            self._fast_first = crop_normalize(image_transform, seed, output is not None)
             self._fast_source = image_transform
 
     @property
@@ -199,25 +176,6 @@ class ClassificationDataset(StoreDataset):
         return img, rec.label
 
 
-def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
-                            seed: Optional[int] = None,
-                            max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS
-                            ) -> Optional[Callable]:
-    """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
-    (train: mirror, random scale, pad + random crop, blur, fused into one
-    :class:`~gluon_data.arrays.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
-    bilinear filter, as gluoncv, + centre crop),
-    except that padded mask pixels get ``mask_fill`` (the ignore value) instead of class 0."""
-    if mode == "train":
-        return T.RandomScaleCrop(base_size, crop_size, image_fill=0, mask_fill=mask_fill,
-                                 seed=seed)
-    if mode == "val":
-        return T.Compose([T.ResizeShort(crop_size, pil=True,  # gluoncv's exact values
-                                        max_pixels=max_pixels),
-                          T.CenterCrop(crop_size, 0, mask_fill)])
-    return None
-
-
 class SegmentationDataset(StoreDataset):
     """Image and mask pairs as numpy arrays, from any segmentation record store.
 
@@ -266,6 +224,11 @@ class SegmentationDataset(StoreDataset):
         consumer normalises). An image ``transform`` then runs on the HxWxC uint8 image and
         must return one (a ``ToTensorNormalize(0, 1)`` alone means the CxHxW layout; a
         normalising one is a ``ValueError``).
+    mask_dtype : {'int32', 'uint8', 'int16'}, default 'int32'
+        The dtype of the returned masks (:data:`MASK_DTYPES`). ``'uint8'`` moves one byte per
+        label instead of four (convert on the GPU); it cannot hold the default
+        ``ignore_value=-1``, so give ``ignore_value=255`` or ``None`` with it (a
+        ``ValueError`` says so), and a dataset recording more than 256 classes is refused.
     remote : RemoteOptions or dict, optional
         A dataset in object storage: its fsspec ``storage_options``, and the ``cache_dir``
         and ``cache_limit`` of its download (:class:`~gluon_data.storage.options.RemoteOptions`,
@@ -276,7 +239,8 @@ class SegmentationDataset(StoreDataset):
     -------
     (numpy.ndarray, numpy.ndarray)
         ``uint8`` HxWx3 RGB image (or what ``transform`` makes of it; CxHxW uint8 with
-        ``output='uint8'``) and ``int32`` HxW mask; ``(image, name)`` in ``test`` mode.
+        ``output='uint8'``) and HxW mask (``int32``, or ``mask_dtype``); ``(image, name)`` in
+        ``test`` mode.
 
     Examples
     --------
@@ -297,14 +261,14 @@ class SegmentationDataset(StoreDataset):
 
     _task = "segmentation"
 
-    def __init__(self, source: Union[str, RecordStore], transform: Optional[Callable] = None,
+    def __init__(self, source, transform: Optional[Callable] = None,
                  ignore_value: Optional[int] = -1, *, split: Optional[str] = None,
                  mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated: Any) -> None:
-        remote = _remote(type(self).__name__, remote, deprecated)
+                 mask_dtype: str = "int32", **deprecated):
+        remote = remote_options(type(self).__name__, remote, deprecated)
         if mode is not None and mode not in MODES:
             raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
         if mode in ("train", "val"):
@@ -326,6 +290,9 @@ class SegmentationDataset(StoreDataset):
         self._ignore_value = ignore_value
         stored = self.meta.get("ignore_label", 255)
         self.ignore_label = None if stored is None else int(stored)
+        self._tables = {}  # mask_dtype -> the stored-value table of uint8 masks
+        self.mask_dtype = check_mask_dtype(mask_dtype, ignore_value, self.ignore_label,
+                                      self.meta.get("num_classes"), self.filename)
         self.mode, self.base_size, self.crop_size = mode, base_size, crop_size
         self._builtin_joint = joint_transform is None and mode in ("train", "val")
         fill = self.ignore_label if self.ignore_label is not None else (
@@ -376,7 +343,7 @@ class SegmentationDataset(StoreDataset):
     def palette(self) -> List[List[int]]:
         return self.meta.get("palette") or []
 
-    def name(self, idx: int) -> str:
+    def name(self, idx) -> str:
         """The source name of sample ``idx``, what ``mode='test'`` returns with the image:
         the image's file name as gluoncv returns it (``2007_000033.jpg``), recorded at
         conversion; ``"record N"`` for datasets converted before names were recorded."""
@@ -404,7 +371,10 @@ class SegmentationDataset(StoreDataset):
     def _train_region(self, i: int, epoch: Optional[int]):
         """The built-in ``train`` transform in two phases: its crop drawn from the image's
         header size, then only the image region the crop reads decoded (the mask as stored,
-        cut to the same box). The same samples as a full decode, for less decoding."""
+        cut to the same box). The same samples as a full decode, for less decoding.
+        Returns ``(image, labels, final)``: the labels in ``mask_dtype``, and the image
+        written channels-first already (``final``) under ``output='uint8'`` without an image
+        transform."""
         rec, key, offset = self._record(i)
         mhw, mask = codec.mask_size(rec.mask), None
         if mhw is None:  # not a header we read: decode it all (decode_mask says what is wrong)
@@ -428,12 +398,49 @@ class SegmentationDataset(StoreDataset):
         part = (img[y0:y1, x0:x1] if img is not None else  # params[1:3]: the size it becomes
                 self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1,
                              shrink_to=params[1:3]))
-        return self._joint.apply(part, mask[:, x0:x1], params)
+        size = self._joint.size
+        table = self._mask_table(mask.dtype)
+        if table is None:  # labels made from the stored mask afterwards
+            img, mask = self._joint.apply(part, mask[:, x0:x1], params)
+            return img, self._emit(self._labels(mask, self._buffer(mask.shape,
+                                                                   self.mask_dtype), i)), False
+        chw = self._tensorize is not None and self._tensorize.uint8 and self._transform is None
+        img, mask = self._joint.apply(
+            part, mask[:, x0:x1], params, mask_map=table,
+            image_out=self._buffer((part.shape[2],) + size, np.uint8) if chw else None,
+            mask_out=self._buffer(size, self.mask_dtype))
+        return (self._emit(img) if chw else img), self._emit(mask), chw
 
-    def _labels(self, mask: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
-        """Stored mask -> int32 labels with the ignore value mapped (into ``out``)."""
+    def _mask_table(self, stored: np.dtype) -> Optional[np.ndarray]:
+        """The stored-value -> label table the built-in ``train`` transform writes uint8
+        masks through (the ignore value mapped, in ``mask_dtype``); ``None`` for other
+        masks, or where the padding value is not a stored value."""
+        fill = self._joint.mask_fill
+        if stored != np.uint8 or not 0 <= fill <= 255:
+            return None
+        table = self._tables.get(self.mask_dtype)
+        if table is None:
+            table = self._labels(np.arange(256, dtype=np.uint8).reshape(1, 256),
+                                 np.empty((1, 256), self.mask_dtype), checked=False)[0]
+            self._tables[self.mask_dtype] = table
+        return table
+
+    def _labels(self, mask: np.ndarray, out: Optional[np.ndarray] = None, i: int = 0,
+                checked: bool = True):
+        """Stored mask -> labels of ``mask_dtype`` with the ignore value mapped (into
+        ``out``); a label the dtype cannot hold is a :class:`~gluon_data.errors.DecodeError`
+        naming record ``i`` (with ``checked``)."""
         if out is None:
-            out = np.empty(mask.shape, np.int32)
+            out = np.empty(mask.shape, self.mask_dtype)
+        if (checked and mask.dtype.itemsize >= out.dtype.itemsize and mask.size
+                and not np.can_cast(mask.dtype, out.dtype)):
+            top, most = int(mask.max()), np.iinfo(out.dtype).max
+            if top > most and self.ignore_label is not None:  # the ignore label is mapped
+                rest = mask[mask != self.ignore_label]
+                top = int(rest.max()) if rest.size else 0
+            if top > most:
+                raise DecodeError("label %d does not fit mask_dtype=%r" % (top, out.dtype.name),
+                                  self.filename, self._file.key(i), self._file.offset(i))
         np.copyto(out, mask, casting="unsafe")
         if (self._ignore_value is not None and self.ignore_label is not None
                 and self._ignore_value != self.ignore_label):
@@ -459,20 +466,24 @@ class SegmentationDataset(StoreDataset):
         if self._builtin_joint:  # works on the stored mask, padding with the stored ignore
             try:
                 if two_phase:
-                    img, mask = self._train_region(i, epoch)
+                    img, mask, final = self._train_region(i, epoch)
+                    if final:
+                        return img, mask
                 else:
                     with self._sample(i, epoch):
                         img, mask = self._joint(img, mask)
             except DecodeError as e:  # a derived size over max_pixels: name the record
                 raise DecodeError(e.reason, self.filename, self._file.key(i),
                                   self._file.offset(i)) from None
-            mask = self._emit(self._labels(mask, self._buffer(mask.shape, np.int32)))
+            if not two_phase:
+                mask = self._emit(self._labels(mask, self._buffer(mask.shape,
+                                                                  self.mask_dtype), i))
         else:
-            mask = self._labels(mask)
+            mask = self._labels(mask, None, i)
             if self._joint is not None:
                 with self._sample(i, epoch):
                     img, mask = self._joint(img, mask)
-            mask = self._out(mask, np.int32)
+            mask = self._out(mask, self.mask_dtype)
         if self.mode is not None:
             return self._image_out(img), mask
         img = self._out(img, np.uint8)

@@ -292,3 +292,20 @@ def uint8_image(x: Any) -> np.ndarray:
                          "converting and normalising belong in the consumer "
                          "(gluon_data.InputNormalize)" % (arr.dtype, arr.shape))
     return arr
+
+
+def crop_normalize(transform, seed: Optional[int], uint8: bool) -> ImageCropNormalize:
+    """A new :class:`ImageCropNormalize` doing what ``transform`` (one, or a
+    :class:`ToTensorNormalize`) does, drawing with ``seed`` (the transform's own when
+    ``None``), CxHxW uint8 with ``uint8`` (then a ``Normalize`` is a ``ValueError``)."""
+    if isinstance(transform, ToTensorNormalize):
+        crop, flip, tensor, own = None, False, transform, None
+    elif isinstance(transform, ImageCropNormalize):
+        crop, flip, tensor, own = transform.crop, transform.flip, transform.tensor, \
+            transform.rng.seed
+    else:
+        raise TypeError("image_transform must be an ImageCropNormalize or a ToTensorNormalize "
+                        "(gluon_data.arrays.tensorize), got %r; run other image transforms "
+                        "in transform(image, label)" % (transform,))
+    return ImageCropNormalize(crop, flip, tensor.mean, tensor.std,
+                              seed=own if seed is None else seed, uint8=uint8)

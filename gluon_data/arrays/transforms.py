@@ -5,6 +5,10 @@ integer — and returns numpy arrays. Geometry is applied to both (images biline
 nearest neighbour with pixel-centre sampling, as PIL does); photometric changes touch the image
 only. Padding fills masks with the ignore value, never with a class.
 
+Masks are resized by our own index map (:func:`nearest_index`, in
+:mod:`gluon_data.arrays.scalecrop` with the fused ``train`` transform :class:`RandomScaleCrop`),
+not by OpenCV, so they are the same on every stack.
+
 Randomness: each random transform draws its parameters first (two-phase, as tensorpack's
 imgaug does) from its own generator, never from the global ``random``/``numpy`` state that
 DataLoader workers inherit identically through ``fork``.
@@ -40,17 +44,14 @@ import numpy as np
 from ..format.codec import DEFAULT_MAX_PIXELS
 from ..errors import DecodeError
 from ..sampling.seeding import SeededRandom, RandomTransform, sample_context
+from .scalecrop import RandomScaleCrop, nearest_index, resize_mask
 from .tensorize import ImageCropNormalize, ToTensorNormalize, as_hwc, to_numpy
 
-__all__ = ["Compose", "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
+__all__ = ["nearest_index", "resize_mask", "default_joint_transform", "Compose",
+           "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
            "RandomRotation",
            "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
            "ToTensorNormalize", "SeededRandom", "ImageCropNormalize", "sample_context"]
-
-#: An image fill value: one for every channel, or one per channel.
-Fill = Union[float, Sequence[float]]
-
-_MASK_INTERP = getattr(cv2, "INTER_NEAREST_EXACT", cv2.INTER_NEAREST)
 
 
 def _check_derived(h: int, w: int, oh: int, ow: int, max_pixels: Optional[int],
@@ -65,8 +66,7 @@ def _check_derived(h: int, w: int, oh: int, ow: int, max_pixels: Optional[int],
 
 def _resize_pair(img, mask, ow: int, oh: int):
     img = as_hwc(cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR))
-    m = cv2.resize(mask, (ow, oh), interpolation=_MASK_INTERP)
-    return img, m
+    return img, resize_mask(mask, ow, oh)
 
 
 def _mask_for_cv(mask: np.ndarray) -> Tuple[np.ndarray, np.dtype]:
@@ -131,7 +131,7 @@ class RandomScale(RandomTransform):
     ``[int(scale[0] * base_size), int(scale[1] * base_size)]``, aspect ratio kept."""
 
     def __init__(self, base_size: int, scale: Tuple[float, float] = (0.5, 2.0),
-                 seed: Optional[int] = None) -> None:
+                 seed: Optional[int] = None):
         super().__init__(seed)
         if base_size <= 0:
             raise ValueError("base_size must be positive, got %r" % base_size)
@@ -181,9 +181,8 @@ class RandomCrop(RandomTransform):
         Padding value of the mask: the ignore value, so padding never trains a class.
     """
 
-    def __init__(self, crop_size: Union[int, Tuple[int, int]], image_fill: Fill = 0,
-                 mask_fill: int = -1,
-                 seed: Optional[int] = None) -> None:
+    def __init__(self, crop_size: Union[int, Tuple[int, int]], image_fill=0, mask_fill: int = -1,
+                 seed: Optional[int] = None):
         super().__init__(seed)
         self.size = (crop_size, crop_size) if np.isscalar(crop_size) else tuple(crop_size)
         if min(self.size) <= 0:
@@ -203,134 +202,14 @@ class RandomCrop(RandomTransform):
         return "RandomCrop(%s, mask_fill=%d)" % (self.size, self.mask_fill)
 
 
-def _fits(value, dtype) -> bool:
-    info = np.iinfo(dtype) if np.issubdtype(dtype, np.integer) else np.finfo(dtype)
-    return info.min <= value <= info.max
-
-
-class RandomScaleCrop(RandomTransform):
-    """gluoncv's whole ``train`` augmentation in one pass, computing only the crop's pixels.
-
-    The same distribution as ``Compose([RandomHorizontalFlip(flip), RandomScale(base_size,
-    scale), RandomCrop(crop_size, image_fill, mask_fill), RandomGaussianBlur(blur,
-    max_sigma)])`` (the default ``train`` transform of the segmentation datasets), but instead
-    of resizing the whole image to the drawn scale and then cutting a crop out of it, it
-    resizes just the source region the crop covers, mirrors only the crop and pads only
-    what lies outside the scaled image (bottom/right, as gluoncv does). With ``base_size=400``
-    and ``crop_size=320`` that is about a third of the pixels a scale-then-crop pipeline
-    resizes, and no full-size flip or pad copies.
-
-    All parameters are drawn first, in one call, from the transform's own generator (so a
-    ``seed`` repeats exactly; see the module docstring for workers). Image and mask use the
-    same source region and output size (bilinear / nearest with pixel-centre sampling), so
-    they stay aligned; the drawn scale is kept to within one source pixel across the crop.
-
-    Parameters
-    ----------
-    base_size : int
-        The long side is drawn from ``[int(scale[0] * base_size), int(scale[1] * base_size)]``.
-    crop_size : int or (h, w)
-    scale : (float, float), default (0.5, 2.0)
-    flip : float, default 0.5
-        Probability of mirroring left-right.
-    blur : float, default 0.5
-        Probability of a Gaussian blur of the crop, sigma drawn from ``[0, max_sigma)``.
-    image_fill, mask_fill
-        Padding values; ``mask_fill`` should be the ignore value so padding trains nothing.
-    """
-
-    def __init__(self, base_size: int, crop_size: Union[int, Tuple[int, int]],
-                 scale: Tuple[float, float] = (0.5, 2.0), flip: float = 0.5, blur: float = 0.5,
-                 max_sigma: float = 1.0, image_fill: Fill = 0, mask_fill: int = -1,
-                 seed: Optional[int] = None) -> None:
-        super().__init__(seed)
-        if base_size <= 0:
-            raise ValueError("base_size must be positive, got %r" % base_size)
-        self.size = (crop_size, crop_size) if np.isscalar(crop_size) else tuple(crop_size)
-        if min(self.size) <= 0:
-            raise ValueError("crop_size must be positive, got %r" % (crop_size,))
-        self.base_size, self.scale = base_size, tuple(scale)
-        self.flip, self.blur, self.max_sigma = flip, blur, max_sigma
-        self.image_fill, self.mask_fill = image_fill, mask_fill
-
-    def _draw(self, g, h: int, w: int):
-        lo, hi = int(self.base_size * self.scale[0]), int(self.base_size * self.scale[1])
-        flip = g.random() < self.flip
-        long_size = int(g.integers(lo, hi + 1))
-        if h > w:
-            oh, ow = long_size, int(1.0 * w * long_size / h + 0.5)
-        else:
-            ow, oh = long_size, int(1.0 * h * long_size / w + 0.5)
-        oh, ow = max(oh, 1), max(ow, 1)
-        ch, cw = self.size
-        y1 = int(g.integers(0, max(oh - ch, 0) + 1))
-        x1 = int(g.integers(0, max(ow - cw, 0) + 1))
-        blur = g.random() < self.blur
-        sigma = g.random() * self.max_sigma
-        return flip, oh, ow, y1, x1, blur and sigma > 0.05, sigma
-
-    @staticmethod
-    def _span(start: int, length: int, scaled: int, src: int) -> Tuple[int, int]:
-        """Source pixels ``[a, b)`` covering scaled pixels ``[start, start + length)``."""
-        if length >= scaled:
-            return 0, src
-        f = src / scaled
-        a = min(int(round(start * f)), src - 1)
-        return a, min(src, max(a + 1, int(round((start + length) * f))))
-
-    def plan(self, h: int, w: int) -> Tuple[Tuple[int, int, int, int], tuple]:
-        """Phase one: draw the sample's parameters for an ``h`` x ``w`` source (the JPEG
-        header's size is enough) and return ``(box, params)``, ``box = (y0, x0, y1, x1)`` the
-        source pixels the crop reads. Phase two, :meth:`apply`, needs only those pixels, so a
-        dataset decodes just that region (:func:`gluon_data.format.decode.decode_region`)."""
-        flip, oh, ow, y1, x1, blur, sigma = self.rng.draw(lambda g: self._draw(g, h, w))
-        ch, cw = self.size
-        vh, vw = min(ch, oh - y1), min(cw, ow - x1)   # the part of the crop inside the image
-        if flip:  # mirror the crop window, then the pixels in it
-            x1 = ow - x1 - vw
-        ya, yb = self._span(y1, vh, oh, h)
-        xa, xb = self._span(x1, vw, ow, w)
-        return (ya, xa, yb, xb), (flip, vh, vw, blur, sigma)
-
-    def __call__(self, img, mask):
-        img, mask = to_numpy(img), to_numpy(mask)
-        (ya, xa, yb, xb), params = self.plan(*mask.shape)
-        return self.apply(img[ya:yb, xa:xb], mask[ya:yb, xa:xb], params)
-
-    def apply(self, img: np.ndarray, mask: np.ndarray,
-              params: tuple) -> Tuple[np.ndarray, np.ndarray]:
-        """Phase two: the output from the source region :meth:`plan` named (image and mask
-        cut to its box) and its ``params``."""
-        flip, vh, vw, blur, sigma = params
-        ch, cw = self.size
-        m, dt = _mask_for_cv(mask)
-        if not _fits(self.mask_fill, m.dtype):
-            m, dt = m.astype(np.int32), np.dtype(np.int32)
-        part_i, part_m = _resize_pair(img, m, vw, vh)
-        if flip:
-            part_i, part_m = as_hwc(cv2.flip(part_i, 1)), cv2.flip(part_m, 1)
-        if (vh, vw) == (ch, cw):
-            out_i, out_m = np.ascontiguousarray(part_i), np.ascontiguousarray(part_m)
-        else:
-            out_i, out_m = _pad_to(part_i, part_m, ch, cw, self.image_fill, self.mask_fill)
-        if blur:
-            out_i = as_hwc(cv2.GaussianBlur(out_i, (0, 0), sigmaX=sigma))
-        return out_i, out_m.astype(dt, copy=False)
-
-    def __repr__(self):
-        return "RandomScaleCrop(base_size=%d, crop_size=%s, scale=%s, flip=%g, blur=%g)" % (
-            self.base_size, self.size, self.scale, self.flip, self.blur)
-
-
 class RandomRotation(RandomTransform):
     """Rotate by an angle drawn from ``[-degrees, degrees]`` with probability ``p``.
 
     Corners uncovered by the rotation get ``image_fill`` and ``mask_fill`` (ignore).
     """
 
-    def __init__(self, degrees: float = 10.0, p: float = 1.0, image_fill: Fill = 0,
-                 mask_fill: int = -1,
-                 seed: Optional[int] = None) -> None:
+    def __init__(self, degrees: float = 10.0, p: float = 1.0, image_fill=0, mask_fill: int = -1,
+                 seed: Optional[int] = None):
         super().__init__(seed)
         self.degrees, self.p, self.image_fill, self.mask_fill = degrees, p, image_fill, mask_fill
 
@@ -358,7 +237,7 @@ class ColorJitter(RandomTransform):
     """Random brightness, contrast and saturation (image only), factors in ``[1-x, 1+x]``."""
 
     def __init__(self, brightness: float = 0.0, contrast: float = 0.0, saturation: float = 0.0,
-                 seed: Optional[int] = None) -> None:
+                 seed: Optional[int] = None):
         super().__init__(seed)
         self.brightness, self.contrast, self.saturation = brightness, contrast, saturation
 
@@ -440,7 +319,7 @@ class ResizeShort:
             if m.dtype == np.uint8:  # PIL's nearest, as gluoncv (OpenCV's rounds otherwise
                 m = np.asarray(Image.fromarray(m).resize((ow, oh), Image.NEAREST))  # rarely)
             else:
-                m = cv2.resize(m, (ow, oh), interpolation=_MASK_INTERP)
+                m = resize_mask(m, ow, oh)
         else:
             img, m = _resize_pair(img, m, ow, oh)
         return img, m.astype(dt, copy=False)
@@ -464,7 +343,7 @@ class Resize:
 class CenterCrop:
     """Crop the centre ``size`` square (offsets rounded as gluoncv does); pads if smaller."""
 
-    def __init__(self, size: int, image_fill: Fill = 0, mask_fill: int = -1) -> None:
+    def __init__(self, size: int, image_fill=0, mask_fill: int = -1):
         self.size, self.image_fill, self.mask_fill = size, image_fill, mask_fill
 
     def __call__(self, img, mask):
@@ -477,3 +356,21 @@ class CenterCrop:
 
     def __repr__(self):
         return "CenterCrop(%d)" % self.size
+
+
+def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
+                            seed: Optional[int] = None,
+                            max_pixels: Optional[int] = DEFAULT_MAX_PIXELS):
+    """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
+    (train: mirror, random scale, pad + random crop, blur, fused into one
+    :class:`~gluon_data.arrays.transforms.RandomScaleCrop`; val: short-side resize with Pillow's
+    bilinear filter, as gluoncv, + centre crop),
+    except that padded mask pixels get ``mask_fill`` (the ignore value) instead of class 0."""
+    if mode == "train":
+        return RandomScaleCrop(base_size, crop_size, image_fill=0, mask_fill=mask_fill,
+                                 seed=seed)
+    if mode == "val":
+        return Compose([ResizeShort(crop_size, pil=True,  # gluoncv's exact values
+                                        max_pixels=max_pixels),
+                          CenterCrop(crop_size, 0, mask_fill)])
+    return None

@@ -28,6 +28,7 @@ from typing import Callable, Optional
 from .fastpath import numpy_classification_transform, numpy_image_transform
 from ..arrays.base import open_location
 from ..format.codec import DEFAULT_MAX_PIXELS as _DEFAULT_MAX_PIXELS
+from ..arrays.datasets import remote_options
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..stores.base import is_uri, open_store
 from ..stores.recipe_layout import RecipeLayout
@@ -38,14 +39,6 @@ __all__ = ["ClassificationDataset", "SegmentationDataset",
            "ImageRecordDataset", "SegmentationRecordDataset", "ImageLMDBDataset",
            "SegmentationLMDBDataset", "RecipeLMDBDataset", "CaffeLMDBDataset",
            "open_segmentation", "numpy_image_transform", "numpy_classification_transform"]
-
-
-def _remote(owner: str, remote, deprecated: dict) -> RemoteOptions:
-    """A view's ``remote=``, or the separate keywords it took before (deprecated, the warning
-    pointing at the caller's line); any other keyword is Python's ``TypeError``."""
-    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
-    refuse_unknown(owner, deprecated)
-    return remote
 
 
 def _local_only(cls: str, path) -> None:
@@ -101,7 +94,7 @@ class ImageRecordDataset(ClassificationDataset):
                  max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None,
                  remote: Optional[RemoteOptions] = None, **deprecated):
         store = open_location("ImageRecordDataset", filename,
-                              remote=_remote("ImageRecordDataset", remote, deprecated))
+                              remote=remote_options("ImageRecordDataset", remote, deprecated))
         super().__init__(store, flag, transform, seed=seed, verify=verify,
                          max_pixels=max_pixels, output=output)
 
@@ -135,7 +128,7 @@ class ImageLMDBDataset(ClassificationDataset):
                  *, split: str = "train", seed: Optional[int] = None, verify: bool = True,
                  max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None,
                  remote: Optional[RemoteOptions] = None, **deprecated):
-        remote = _remote("ImageLMDBDataset", remote, deprecated)
+        remote = remote_options("ImageLMDBDataset", remote, deprecated)
         if isinstance(flag, str):  # the old ImageLMDBDataset(path, split, flag)
             split, flag = _legacy_split("ImageLMDBDataset", flag, None)
             flag, transform = (1, transform) if callable(transform) or transform is None \
@@ -182,7 +175,7 @@ class SegmentationRecordDataset(SegmentationDataset):
     filename : str
         Path or URI of the ``.rec``; ``.idx`` and ``.meta.json`` lie beside it.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
-        As for :class:`SegmentationDataset`.
+        As for :class:`SegmentationDataset`; so is ``mask_dtype``.
     output : {None, 'uint8'}
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
@@ -210,13 +203,14 @@ class SegmentationRecordDataset(SegmentationDataset):
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
+                 mask_dtype: str = "int32", **deprecated):
         store = open_location("SegmentationRecordDataset", filename,
-                              remote=_remote("SegmentationRecordDataset", remote, deprecated))
+                              remote=remote_options("SegmentationRecordDataset", remote,
+                                                    deprecated))
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
-                         max_pixels=max_pixels, output=output)
+                         max_pixels=max_pixels, output=output, mask_dtype=mask_dtype)
 
 
 class SegmentationLMDBDataset(SegmentationDataset):
@@ -228,7 +222,7 @@ class SegmentationLMDBDataset(SegmentationDataset):
     path : str
         The ``NAME.lmdb`` directory written by ``gluon-data convert``, or its URI.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
-        As for :class:`SegmentationDataset`.
+        As for :class:`SegmentationDataset`; so is ``mask_dtype``.
     output : {None, 'uint8'}
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
@@ -251,15 +245,15 @@ class SegmentationLMDBDataset(SegmentationDataset):
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
-        remote = _remote("SegmentationLMDBDataset", remote, deprecated)
+                 mask_dtype: str = "int32", **deprecated):
+        remote = remote_options("SegmentationLMDBDataset", remote, deprecated)
         if isinstance(transform, str):
             (split, transform) = _legacy_split("SegmentationLMDBDataset", transform, None)
         store = open_location("SegmentationLMDBDataset", path, split, remote=remote)
         super().__init__(store, transform, ignore_value, mode=mode,
                          base_size=base_size, crop_size=crop_size,
                          joint_transform=joint_transform, seed=seed, verify=verify,
-                         max_pixels=max_pixels, output=output)
+                         max_pixels=max_pixels, output=output, mask_dtype=mask_dtype)
 
 
 class RecipeLMDBDataset(SegmentationDataset):
@@ -274,7 +268,7 @@ class RecipeLMDBDataset(SegmentationDataset):
     path : str
         The LMDB directory with ``<split>_data`` / ``<split>_label`` sub-databases.
     transform, ignore_value, mode, base_size, crop_size, joint_transform, seed, verify, max_pixels
-        As for :class:`SegmentationDataset`.
+        As for :class:`SegmentationDataset`; so is ``mask_dtype``.
     output : {None, 'uint8'}
         As for :class:`SegmentationDataset`: CxHxW uint8 images, for
         :class:`gluon_data.InputNormalize` in the consumer.
@@ -302,7 +296,7 @@ class RecipeLMDBDataset(SegmentationDataset):
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 output: Optional[str] = None, **deprecated):
+                 output: Optional[str] = None, mask_dtype: str = "int32", **deprecated):
         layout = take_grouped(RecipeLayout, layout, "RecipeLMDBDataset", "layout", deprecated)
         refuse_unknown("RecipeLMDBDataset", deprecated)
         if isinstance(transform, str):
@@ -311,7 +305,8 @@ class RecipeLMDBDataset(SegmentationDataset):
         store = open_store(path, split, layout="raw-lmdb", **layout.store_options())
         super().__init__(store, transform, ignore_value, mode=mode, base_size=base_size,
                          crop_size=crop_size, joint_transform=joint_transform, seed=seed,
-                         verify=verify, max_pixels=max_pixels, output=output)
+                         verify=verify, max_pixels=max_pixels, output=output,
+                         mask_dtype=mask_dtype)
 
 
 def open_segmentation(path: str, split: Optional[str] = None, *,

@@ -186,12 +186,14 @@ class SegmentationDataset(_NDArrays, A.SegmentationDataset, mx.gluon.data.Datase
         image ``transform`` then runs on the HxWxC uint8 image and must return one (a Gluon
         ``ToTensor`` alone means the CxHxW layout; a ``Normalize`` is a ``ValueError``).
         ``None``: what ``transform`` makes.
+    mask_dtype : {'int32', 'uint8', 'int16'}, default 'int32'
+        The masks' dtype, as for :class:`gluon_data.arrays.SegmentationDataset`.
 
     Returns
     -------
     (NDArray, NDArray)
         ``uint8`` HxWx3 RGB image (or what ``transform`` makes of it; CxHxW uint8 with
-        ``output='uint8'``) and ``int32`` HxW mask.
+        ``output='uint8'``) and HxW mask (``int32``, or ``mask_dtype``).
 
     Examples
     --------
@@ -213,10 +215,11 @@ class SegmentationDataset(_NDArrays, A.SegmentationDataset, mx.gluon.data.Datase
                  base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 output: Optional[str] = None):
+                 output: Optional[str] = None, mask_dtype: str = "int32"):
         super().__init__(store, transform, ignore_value, mode=mode, base_size=base_size,
                          crop_size=crop_size, joint_transform=joint_transform, seed=seed,
-                         verify=verify, max_pixels=max_pixels, output=output)
+                         verify=verify, max_pixels=max_pixels, output=output,
+                         mask_dtype=mask_dtype)
 
     def _image_fast_path(self, transform):
         """In a mode, a Gluon ``ToTensor`` (+ ``Normalize``) image transform runs as numpy
