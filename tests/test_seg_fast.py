@@ -193,8 +193,8 @@ if __name__ == "__main__":
     big = np.zeros((1500, 1500, 3), np.uint8)
     for _ in range(3):  # the main process's OpenCV pool is running when the workers fork
         cv2.GaussianBlur(cv2.resize(big, (2500, 2500)), (0, 0), 2.0)
+    # (no read here: the workers are forked from a process that never read a sample)
     ds = SegmentationDataset(sys.argv[1], mode="train", seed=1, base_size=50, crop_size=40)
-    ds[0]
     got = {"main": cv2.getNumThreads()}  # the main process keeps what its user set
     for method in ("fork", "spawn"):
         with multiprocessing.get_context(method).Pool(2) as pool:

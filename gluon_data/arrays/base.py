@@ -63,31 +63,14 @@ def _setup_process() -> bool:
     """Once per process, on a dataset's first read: in a worker (:func:`in_worker`) OpenCV
     runs single-threaded, so N workers do not each start a thread pool of their own that
     competes with the others and with the training process. The main process keeps what
-    its user set; it only stops its OpenCV pool around each ``fork`` (and restores its
-    setting in the parent at once), because a child must not reconfigure a pool whose
-    threads it did not inherit (OpenCV then waits forever on their condition variables)."""
+    its user set. ``setNumThreads(0)`` (sequential, no pool) and not ``1``: a forked child
+    that reconfigures a pool whose threads it did not inherit waits forever on their
+    condition variables (OpenCV 4 and 5), and the parent's pool is often running when a
+    loader forks its workers."""
     worker = in_worker()
     if worker:
-        cv2.setNumThreads(1)
-    elif hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+        cv2.setNumThreads(0)
     return worker
-
-
-_FORKING: List[int] = []  # the parent's OpenCV thread setting while a fork is under way
-
-
-def _before_fork() -> None:
-    if _HOME.mine() and multiprocessing.parent_process() is None:
-        threads = cv2.getNumThreads()
-        if threads != 1:
-            _FORKING.append(threads)
-            cv2.setNumThreads(1)  # the pool's threads stopped: the child inherits none
-
-
-def _after_fork_in_parent() -> None:
-    if _FORKING:
-        cv2.setNumThreads(_FORKING.pop())
 
 
 def container_of(store) -> str:
