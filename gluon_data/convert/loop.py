@@ -58,11 +58,11 @@ def _chunksize(count: int, workers: int) -> int:
 
 
 def start_encoders(workers: int, preload=None):
-    """The pool of a conversion of ``workers`` encoders: ``workers`` spawned processes, or
-    None for one encoder (this process). ``preload``: the work function, loaded by each
-    worker as it starts (see ``_worker_init``)."""
-    # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state the
-    # parent's threads left it and can deadlock in its first OpenCV call
+    """The pool of a conversion of ``workers`` encoders: ``workers`` processes, or None for
+    one encoder (this process). ``preload``: the work function, loaded as the workers start
+    (see ``_start_pool``)."""
+    # never a fork of this process: a forked child inherits OpenCV's thread pool in whatever
+    # state the parent's threads left it and can deadlock in its first OpenCV call
     return _start_pool(workers, preload) if workers > 1 else None
 
 
