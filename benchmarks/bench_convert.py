@@ -4,7 +4,7 @@
 On the same VOC-like pairs (``bench.make_dataset``): ``convert`` pass-through and re-encode
 with 1 and N workers, their fixed cost (10 pairs), the N-process decode floor of the same
 files (the bytes in memory, forked processes timed from a barrier), the parent process's own
-CPU per item with N workers when it only orders and writes (``resource.getrusage`` of this
+CPU per item with N workers, where it only orders and writes (``resource.getrusage`` of this
 process, children excluded, the whole ``convert`` call: planning, pool start, publish) and
 from it the workers it can serve, im2rec re-encoding at N
 threads, and ``convert_sharded`` on a Dask ``LocalCluster`` of 1 and 2 single-threaded worker
@@ -24,7 +24,6 @@ import time
 
 from gluon_data.cli import load_bench
 from gluon_data.convert import convert, convert_sharded
-from gluon_data.convert import loop
 
 __all__ = ["run_convert_bench"]
 
@@ -39,20 +38,6 @@ def _self_cpu() -> float:
     """CPU seconds of this process (all its threads), its children excluded."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def _parent_only(voc: str, rec: str, n: int, workers: int) -> tuple:
-    """``(items/s, parent CPU ms per item)`` of a pass-through conversion with ``workers``
-    workers where the parent never encodes (only orders, indexes and writes)."""
-    old = loop.ENCODE_WHILE_POOL_STARTS
-    loop.ENCODE_WHILE_POOL_STARTS = False
-    try:
-        c0 = _self_cpu()
-        seconds = _timed(lambda: convert(voc, rec, "voc", split="train", workers=workers,
-                                         overwrite=True))
-        return n / seconds, (_self_cpu() - c0) / n * 1e3
-    finally:
-        loop.ENCODE_WHILE_POOL_STARTS = old
 
 
 def _dask_rate(voc: str, out: str, n: int, workers: int, shards: int) -> tuple:
@@ -116,13 +101,11 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
             best(rates, "decode floor, %d processes" % w, _decode_floor(voc, w))
         for mode, kw in (("pass-through", {}), ("re-encode", dict(encoding="jpg", quality=90))):
             for w in (1, workers):
+                c0 = _self_cpu()
                 best(rates, "convert %s, %d workers" % (mode, w), n / _timed(lambda: convert(
                     voc, rec, "voc", split="train", workers=w, overwrite=True, **kw)))
-        if workers > 1:
-            rate, ms = _parent_only(voc, rec, n, workers)
-            best(rates, "convert pass-through, %d workers, parent never encodes" % workers,
-                 rate)
-            best(seconds, MAIN_CPU % workers, ms, low=True)
+                if w > 1 and not kw:
+                    best(seconds, MAIN_CPU % w, (_self_cpu() - c0) / n * 1e3, low=True)
         for w in (1, workers):
             best(seconds, "convert 10 pairs, %d workers (s)" % w, _timed(lambda: convert(
                 small, rec, "voc", split="train", workers=w, overwrite=True)), low=True)
@@ -145,7 +128,7 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
 
 
 #: The row of the parent's CPU per item (milliseconds) with N workers.
-MAIN_CPU = "parent CPU per item, %d workers, never encoding (ms)"
+MAIN_CPU = "parent CPU per item, pass-through, %d workers (ms)"
 
 
 def _scaled(rates: dict, n: int):
@@ -187,9 +170,6 @@ def _report(bench, say, rates: dict, seconds: dict, workers: int) -> dict:
          "dask convert_sharded, 2 worker processes", "dask convert_sharded, 1 worker processes",
          1.7),
     ]
-    ratios.insert(5, ("convert %d workers: parent only orders / also encodes" % n,
-                      "convert pass-through, %d workers, parent never encodes" % n,
-                      "convert pass-through, %d workers" % n, None))
     table = bench._ratio_table(ratios, rates, say)
     ms = seconds.get(MAIN_CPU % n)
     if ms and "convert pass-through, 1 workers" in rates:

@@ -254,10 +254,9 @@ def test_full_run_conversion_step(tmp_path):
         "convert re-encode, 1 workers", "convert re-encode, 2 workers",
         "decode floor, 1 processes", "decode floor, 2 processes",
         "im2rec re-encode, 2 threads", "dask convert_sharded, 1 worker processes",
-        "dask convert_sharded, 2 worker processes",
-        "convert pass-through, 2 workers, parent never encodes"}
+        "dask convert_sharded, 2 worker processes"}
     assert all(v > 0 and math.isfinite(v) for v in rates.values())
-    assert len(table) == 11 and all(v > 0 for v in table.values())
+    assert len(table) == 10 and all(v > 0 for v in table.values())
     assert table.targets["parent CPU per converted item (ms)"] == (0.1, True)
     assert "workers the parent can serve (1-worker time / its CPU)" in table
     assert {name: table.targets[name][0] for name in table if table.targets[name][0]} == {
@@ -273,7 +272,7 @@ def test_full_run_conversion_step(tmp_path):
     text = out.getvalue()  # bench_convert.py's own table, fixed costs included
     assert "convert pass-through: 2 / 1 workers" in text
     assert "convert 10 pairs, 2 workers (s)" in text
-    assert "parent CPU per item, 2 workers, never encoding (ms)" in text
+    assert "parent CPU per item, pass-through, 2 workers (ms)" in text
     assert "dask LocalCluster start-up, 2 workers (s)" in text
 
 

@@ -7,7 +7,6 @@ import shutil
 import pytest
 
 from gluon_data import convert
-from gluon_data.convert import loop
 from gluon_data.convert.sample import make_voc
 from gluon_data.errors import OutputError
 from gluon_data.format import codec
@@ -33,13 +32,9 @@ def _segment_dirs(folder):
     return [f for f in os.listdir(folder) if ".segments" in f]
 
 
-@pytest.mark.parametrize("starts", [True, False])
-def test_rec_output_is_the_same_bytes_for_any_worker_count(voc40, tmp_path, monkeypatch,
-                                                           starts):
-    """1 (this process writes each payload), 2 and 3 workers (segments appended), with the
-    parent encoding while the pool starts or not: the same .rec, .idx and metadata; no
-    segment is left."""
-    monkeypatch.setattr(loop, "ENCODE_WHILE_POOL_STARTS", starts)
+def test_rec_output_is_the_same_bytes_for_any_worker_count(voc40, tmp_path):
+    """1 (this process writes each payload), 2 and 3 workers (segments appended): the same
+    .rec, .idx and metadata; no segment is left."""
     outs = {}
     for w in (1, 2, 3):
         out = outs[w] = str(tmp_path / ("w%d" % w) / "voc.rec")

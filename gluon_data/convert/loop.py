@@ -66,11 +66,6 @@ def start_encoders(workers: int, preload=None):
     return _start_pool(workers, preload) if workers > 1 else None
 
 
-#: Whether this process encodes chunks itself until the pool's first chunk comes back (the
-#: workers' start-up spent encoding here); after that it only orders and writes.
-ENCODE_WHILE_POOL_STARTS = True
-
-
 def _encode_chunk(fn, jobs: list, segment: Optional[str]):
     """A worker's task: ``fn`` over ``jobs``, as ``(segment, results)``. With ``segment``
     (a path the writer gave), the framed records of the items that encoded are written
@@ -104,43 +99,24 @@ def _results(pool, fn, jobs, workers: int, count: int, segments):
 
 def _in_order(pool, size: int, fn, it, chunk: int, segments):
     """Chunks of ``chunk`` jobs handed to the pool's ``size`` workers (two per worker in
-    flight), their results yielded in job order. Until the first chunk comes back (the
-    workers still start: about a third of a second of CPU each), this process encodes the
-    next chunk not yet handed out itself instead of waiting; after that it only orders and
-    writes, so it is never the bottleneck of many workers. Every item is ``fn`` of the same
-    job wherever it ran: the output is the same."""
-    pending: collections.deque = collections.deque()  # in job order: AsyncResult or tuple
-    sent, more, started, n = 0, True, False, 0
-
-    def take() -> list:
-        nonlocal more
-        c = list(itertools.islice(it, chunk)) if more else []
-        more = len(c) == chunk
-        return c
-
+    flight), their results yielded in job order. This process only orders and writes: it
+    encodes nothing, so it is not the bottleneck of many workers (encoding here while the
+    pool started, as it once did, cost more than it gave once workers start from a
+    forkserver). Every item is ``fn`` of the same job wherever it ran: the output is the
+    same."""
+    pending: collections.deque = collections.deque()  # AsyncResult, in job order
+    more, n = True, 0
     while True:
-        while more and sent < 2 * size:
-            c = take()
+        while more and len(pending) < 2 * size:
+            c = list(itertools.islice(it, chunk))
+            more = len(c) == chunk
             if c:
                 seg = segments(n) if segments is not None else None
                 n += 1
                 pending.append(pool.apply_async(_encode_chunk, (fn, c, seg)))
-                sent += 1
         if not pending:
             return
-        head = pending.popleft()
-        if isinstance(head, tuple):
-            yield head
-            continue
-        started = started or not ENCODE_WHILE_POOL_STARTS or head.ready()
-        if more and not started and len(pending) < 4 * size + 2:
-            pending.appendleft(head)
-            c = take()
-            if c:
-                pending.append((None, [fn(j) for j in c]))
-            continue
-        sent -= 1
-        yield head.get()
+        yield pending.popleft().get()
 
 
 #: Without ``checkpoint_every``, a checkpoint (an fsync of everything written, then the
