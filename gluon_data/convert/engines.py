@@ -111,7 +111,7 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
     jobs : sequence
         Picklable arguments, one task each.
     engine : {'local', 'dask'}
-        ``local``: a pool of ``workers`` processes (in this process when
+        ``local``: a pool of ``workers`` spawned processes (in this process when
         ``workers <= 1``). ``dask``: ``dask.distributed.Client(scheduler)``, or a
         ``LocalCluster`` of ``workers`` single-threaded worker processes when no
         ``scheduler`` is given.
@@ -153,7 +153,7 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
         for i, job in enumerate(jobs):
             yield i, fn(job)
         return
-    # the converter's own pool: forkserver or spawn, workers ignore Ctrl-C, bounded teardown
+    # the converter's own pool: spawned, workers ignore Ctrl-C, bounded teardown
     with worker_pool(min(workers, len(jobs))) as pool:
         for i, res in pool.imap_unordered(_indexed, [(fn, i, j) for i, j in enumerate(jobs)]):
             yield i, res
@@ -179,35 +179,18 @@ def _worker_init(preload=None):
 
 
 def _start_pool(workers: int, preload=None):
-    """A pool (:data:`START_METHOD`) whose workers never see SIGINT, not even while they start: the signal is
+    """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
     blocked while they are created (a blocked signal stays blocked across fork and exec), so
     an interrupt during start-up waits in the parent and is raised there right after.
     ``preload``: a picklable object (the task function) each worker loads as it starts."""
-    ctx = multiprocessing.get_context(START_METHOD)
-    if START_METHOD == "forkserver" and preload is not None:
-        # the server imports the encoder once (and the main script, as spawn would, for
-        # tasks defined there); each worker is a fork of it
-        ctx.set_forkserver_preload(["__main__", _module_of(preload)])
+    ctx = multiprocessing.get_context("spawn")
     with sigint_blocked():
         return ctx.Pool(workers, initializer=_worker_init, initargs=(preload,))
 
 
-#: How pool workers start: "forkserver" where the system has it (a fresh, single-threaded
-#: server process imports the encoder once, each worker is a fork of it: a worker's start
-#: costs milliseconds, not the ~0.35 s of CPU of importing numpy, OpenCV and Pillow), else
-#: "spawn". Never a fork of the caller, whose OpenCV threads could deadlock the child.
-START_METHOD = ("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
-                else "spawn")
-
-
-def _module_of(obj) -> str:
-    """The module defining ``obj`` (a function, or a ``functools.partial`` of one)."""
-    return getattr(getattr(obj, "func", obj), "__module__", None) or "gluon_data"
-
-
 @contextlib.contextmanager
 def worker_pool(workers: int):
-    """The converter's pool of ``workers`` processes (:func:`_start_pool`) for a
+    """The converter's pool of ``workers`` spawned processes (:func:`_start_pool`) for a
     block: closed and joined when the block ends, stopped within a bounded time
     (:func:`_stop_pool`) when it raises or is abandoned (Ctrl-C, a generator not run out)."""
     pool = _start_pool(workers)

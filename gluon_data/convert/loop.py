@@ -58,11 +58,11 @@ def _chunksize(count: int, workers: int) -> int:
 
 
 def start_encoders(workers: int, preload=None):
-    """The pool of a conversion of ``workers`` encoders: ``workers`` processes, or None for
-    one encoder (this process). ``preload``: the work function, loaded as the workers start
-    (see ``_start_pool``)."""
-    # never a fork of this process: a forked child inherits OpenCV's thread pool in whatever
-    # state the parent's threads left it and can deadlock in its first OpenCV call
+    """The pool of a conversion of ``workers`` encoders: ``workers`` spawned processes, or
+    None for one encoder (this process). ``preload``: the work function, loaded by each
+    worker as it starts (see ``_worker_init``)."""
+    # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state the
+    # parent's threads left it and can deadlock in its first OpenCV call
     return _start_pool(workers, preload) if workers > 1 else None
 
 
@@ -100,9 +100,7 @@ def _results(pool, fn, jobs, workers: int, count: int, segments):
 def _in_order(pool, size: int, fn, it, chunk: int, segments):
     """Chunks of ``chunk`` jobs handed to the pool's ``size`` workers (two per worker in
     flight), their results yielded in job order. This process only orders and writes: it
-    encodes nothing, so it is not the bottleneck of many workers (encoding here while the
-    pool started, as it once did, cost more than it gave once workers start from a
-    forkserver). Every item is ``fn`` of the same job wherever it ran: the output is the
+    encodes nothing, so it is not the bottleneck of many workers. Every item is ``fn`` of the same job wherever it ran: the output is the
     same."""
     pending: collections.deque = collections.deque()  # AsyncResult, in job order
     more, n = True, 0
