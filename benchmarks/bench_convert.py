@@ -3,7 +3,10 @@
 
 On the same VOC-like pairs (``bench.make_dataset``): ``convert`` pass-through and re-encode
 with 1 and N workers, their fixed cost (10 pairs), the N-process decode floor of the same
-files (the bytes in memory, forked processes timed from a barrier), im2rec re-encoding at N
+files (the bytes in memory, forked processes timed from a barrier), the parent process's own
+CPU per item with N workers, where it only orders and writes (``resource.getrusage`` of this
+process, children excluded, the whole ``convert`` call: planning, pool start, publish) and
+from it the workers it can serve, im2rec re-encoding at N
 threads, and ``convert_sharded`` on a Dask ``LocalCluster`` of 1 and 2 single-threaded worker
 processes (each cluster started before its clock, its start-up printed apart). Prints the
 rates and the ratio rows with their targets; the machine may be shared, so compare ratios
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -28,6 +32,12 @@ def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def _self_cpu() -> float:
+    """CPU seconds of this process (all its threads), its children excluded."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def _dask_rate(voc: str, out: str, n: int, workers: int, shards: int) -> tuple:
@@ -91,8 +101,11 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
             best(rates, "decode floor, %d processes" % w, _decode_floor(voc, w))
         for mode, kw in (("pass-through", {}), ("re-encode", dict(encoding="jpg", quality=90))):
             for w in (1, workers):
+                c0 = _self_cpu()
                 best(rates, "convert %s, %d workers" % (mode, w), n / _timed(lambda: convert(
                     voc, rec, "voc", split="train", workers=w, overwrite=True, **kw)))
+                if w > 1 and not kw:
+                    best(seconds, MAIN_CPU % w, (_self_cpu() - c0) / n * 1e3, low=True)
         for w in (1, workers):
             best(seconds, "convert 10 pairs, %d workers (s)" % w, _timed(lambda: convert(
                 small, rec, "voc", split="train", workers=w, overwrite=True)), low=True)
@@ -112,6 +125,10 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
                 seconds["dask LocalCluster start-up, %d workers (s)" % w] = _dask_rate(
                     dvoc, os.path.join(workdir, "dask-out", "d.rec"), dask_n, w, shards)
     return _report(bench, say, rates, seconds, workers)
+
+
+#: The row of the parent's CPU per item (milliseconds) with N workers.
+MAIN_CPU = "parent CPU per item, pass-through, %d workers (ms)"
 
 
 def _scaled(rates: dict, n: int):
@@ -154,6 +171,14 @@ def _report(bench, say, rates: dict, seconds: dict, workers: int) -> dict:
          1.7),
     ]
     table = bench._ratio_table(ratios, rates, say)
+    ms = seconds.get(MAIN_CPU % n)
+    if ms and "convert pass-through, 1 workers" in rates:
+        # the issue's row: the parent is not the bottleneck below 64 workers
+        bench._ratio_row(table, say, "parent CPU per converted item (ms)", ms, 0.1,
+                         lower=True)
+        # one worker spends 1 / rate per item; the parent keeps up with that many of them
+        bench._ratio_row(table, say, "workers the parent can serve (1-worker time / its CPU)",
+                         1e3 / rates["convert pass-through, 1 workers"] / ms, None)
     return {"rates": rates, "ratios": table, "seconds": seconds}
 
 

@@ -256,7 +256,9 @@ def test_full_run_conversion_step(tmp_path):
         "im2rec re-encode, 2 threads", "dask convert_sharded, 1 worker processes",
         "dask convert_sharded, 2 worker processes"}
     assert all(v > 0 and math.isfinite(v) for v in rates.values())
-    assert len(table) == 8 and all(v > 0 for v in table.values())
+    assert len(table) == 10 and all(v > 0 for v in table.values())
+    assert table.targets["parent CPU per converted item (ms)"] == (0.1, True)
+    assert "workers the parent can serve (1-worker time / its CPU)" in table
     assert {name: table.targets[name][0] for name in table if table.targets[name][0]} == {
         "convert pass-through: 2 / 1 workers": 1.8,
         "convert pass-through 2 workers / decode floor 2": 0.8,
@@ -265,10 +267,12 @@ def test_full_run_conversion_step(tmp_path):
         "convert 2/1 scaling / decode floor 2/1 scaling": 0.9,
         "convert re-encode: 2 / 1 workers": 1.8,
         "convert re-encode 2 workers / im2rec 2 threads": 1.0,
-        "dask convert_sharded: 2 / 1 worker processes": 1.7}
+        "dask convert_sharded: 2 / 1 worker processes": 1.7,
+        "parent CPU per converted item (ms)": 0.1}
     text = out.getvalue()  # bench_convert.py's own table, fixed costs included
     assert "convert pass-through: 2 / 1 workers" in text
     assert "convert 10 pairs, 2 workers (s)" in text
+    assert "parent CPU per item, pass-through, 2 workers (ms)" in text
     assert "dask LocalCluster start-up, 2 workers (s)" in text
 
 

@@ -5,7 +5,6 @@ import multiprocessing
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -149,8 +148,8 @@ def test_pool_workers_exit_without_the_interpreter_teardown(tmp_path):
 def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, tmp_path,
                                                                      monkeypatch):
     """The pool is started before the listing (its imports overlap the planning), one process
-    fewer than the encoders asked for (this process is the last); a listing that fails stops
-    it: no worker is left behind."""
+    per encoder asked for (this process orders and writes); a listing that fails stops it:
+    no worker is left behind."""
     seen = []
     real = local.open_source
 
@@ -160,43 +159,35 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
     monkeypatch.setattr(local, "open_source", listing)
     out = str(tmp_path / "o.rec")
     rep = convert(voc150, out, "voc", split="trainval", workers=3)
-    assert seen == [2] and rep.written["trainval"] == 150
+    assert seen == [3] and rep.written["trainval"] == 150
     with pytest.raises(ConversionError, match="not a VOC folder"):
         convert(str(tmp_path), str(tmp_path / "p.rec"), "voc", workers=3)
-    assert seen == [2, 2] and multiprocessing.active_children() == []
+    assert seen == [3, 3] and multiprocessing.active_children() == []
     assert not os.path.exists(str(tmp_path / "p.rec"))
 
 
-def _where(arg):
-    """``(job, pid)``; a pool worker first waits (at most a minute) for ``marker``, which only
-    the parent's own encoding creates: the run finishes early only if the parent encoded."""
-    job, parent, marker = arg
-    if os.getpid() == parent:
-        open(marker, "a").close()
-    else:
-        for _ in range(600):
-            if os.path.exists(marker):
-                break
-            time.sleep(0.1)
+def _where(job):
+    """``(job, pid)``: where a job ran."""
     return job, os.getpid()
 
 
-def test_the_parent_encodes_the_chunks_the_workers_have_not_reached(tmp_path):
-    """With a pool, the parent is one more encoder: while the next chunk in order is not back
-    it encodes the next chunk not yet handed out; the results still come in job order."""
-    marker, parent = str(tmp_path / "parent-encoded"), os.getpid()
+def test_the_parent_only_orders_the_workers_chunks(tmp_path):
+    """With a pool, every job runs in a worker, none in the parent (which orders and writes
+    only, so it serves many workers); the results come in job order, each chunk as
+    ``(segment, results)``."""
     pool = loop.start_encoders(2)
     try:
-        assert len(pool._pool) == 1
-        out = list(loop._results(pool, _where, [(i, parent, marker) for i in range(40)], 2, 40))
+        assert len(pool._pool) == 2
+        chunks = list(loop._results(pool, _where, list(range(40)), 2, 40, None))
         pool.close()
         pool.join()
     except BaseException:
         pool.terminate()
         raise
+    out = [r for seg, c in chunks for r in c]
+    assert {seg for seg, _ in chunks} == {None}
     assert [j for j, _ in out] == list(range(40))
-    pids = {p for _, p in out}
-    assert parent in pids and len(pids) == 2, pids
+    assert os.getpid() not in {p for _, p in out}
 
 
 def test_a_worker_loads_the_preloaded_encoder_as_it_starts():

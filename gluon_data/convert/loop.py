@@ -4,13 +4,16 @@ ordered writer per split behind the shared writer interface (:mod:`.outputs`), c
 and resume (:mod:`.resume`), a progress bar and the :class:`ConversionReport`.
 
 One writer in the parent appends records in source order, so the output is deterministic
-for the same inputs and seed whatever the number of workers. Nothing appears under the
+for the same inputs and seed whatever the number of workers. Workers write the framed
+records of a ``.rec`` themselves (segments the writer appends by a kernel copy); the parent
+only plans, orders and writes the index, so it serves many workers. Nothing appears under the
 output's final name unless the whole conversion succeeded.
 """
 from __future__ import annotations
 
 import collections
 import itertools
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Optional
@@ -18,6 +21,7 @@ from typing import Callable, Dict, Iterable, Optional
 from ..format import codec
 from .engines import _start_pool, _stop_pool
 from ..errors import ConversionError
+from ..storage.fsutil import open_new
 from ..tools.progress import progress_bar
 from ..tools.stats import RunningStats
 from .options import ConvertOptions
@@ -54,62 +58,63 @@ def _chunksize(count: int, workers: int) -> int:
 
 
 def start_encoders(workers: int, preload=None):
-    """The pool of a conversion of ``workers`` encoders: ``workers - 1`` spawned processes,
-    this process being the last one (:func:`_results`); None for one encoder. ``preload``:
-    the work function, loaded by each worker as it starts (see ``_worker_init``)."""
+    """The pool of a conversion of ``workers`` encoders: ``workers`` spawned processes, or
+    None for one encoder (this process). ``preload``: the work function, loaded by each
+    worker as it starts (see ``_worker_init``)."""
     # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state the
     # parent's threads left it and can deadlock in its first OpenCV call
-    return _start_pool(workers - 1, preload) if workers > 1 else None
+    return _start_pool(workers, preload) if workers > 1 else None
 
 
-def _results(pool, fn, jobs, workers: int, count: int):
-    """``fn`` over ``jobs`` in order: in this process alone, or with the pool of
-    :func:`start_encoders` (``workers - 1`` processes) and this process as one more encoder
-    (:func:`_in_order`); jobs are taken lazily, so an iterator (records read from a legacy
-    LMDB) is read a few chunks ahead only and memory stays bounded."""
+def _encode_chunk(fn, jobs: list, segment: Optional[str]):
+    """A worker's task: ``fn`` over ``jobs``, as ``(segment, results)``. With ``segment``
+    (a path the writer gave), the framed records of the items that encoded are written
+    there, in order, and each result carries the framed size in place of the payload; the
+    segment is None when no item encoded."""
+    results = [fn(j) for j in jobs]
+    if segment is None or all(r[3] is not None for r in results):
+        return None, results
+    out = []
+    with open_new(segment, "wb") as f:
+        for pos, payload, info, err in results:
+            if err is None:
+                data = b"".join(codec.frame(payload))
+                f.write(data)
+                payload = len(data)
+            out.append((pos, payload, info, err))
+    return segment, out
+
+
+def _results(pool, fn, jobs, workers: int, count: int, segments):
+    """``fn`` over ``jobs`` in order, in chunks ``(segment, results)`` (see
+    :func:`_encode_chunk`): in this process alone (no segments), or in the pool of
+    :func:`start_encoders` (:func:`_in_order`), which writes segments where ``segments``
+    (the writer's ``segment_path``) is given. Jobs are taken lazily, so an iterator
+    (records read from a legacy LMDB) is read a few chunks ahead only and memory stays
+    bounded."""
     if pool is None:
-        return map(fn, jobs)
-    return _in_order(pool, max(1, workers - 1), fn, jobs, _chunksize(count, workers))
+        return ((None, [fn(j)]) for j in jobs)
+    return _in_order(pool, workers, fn, iter(jobs), _chunksize(count, workers), segments)
 
 
-def _in_order(pool, size: int, fn, jobs, chunk: int):
-    """``fn`` over ``jobs`` in order, chunks of ``chunk`` jobs handed to the pool's ``size``
-    workers (two per worker in flight). Whenever the next chunk in order is not back yet,
-    this process encodes the next chunk not yet handed out itself instead of waiting (at most
-    ``4 * size + 2`` chunks ahead of the one written): the parent is one of the encoders, so
-    a conversion of N encoders runs N busy processes, and the workers' start-up is spent
-    encoding here. Every item is ``fn`` of the same job wherever it ran: the output is the
+def _in_order(pool, size: int, fn, it, chunk: int, segments):
+    """Chunks of ``chunk`` jobs handed to the pool's ``size`` workers (two per worker in
+    flight), their results yielded in job order. This process only orders and writes: it
+    encodes nothing, so it is not the bottleneck of many workers. Every item is ``fn`` of the same job wherever it ran: the output is the
     same."""
-    it = iter(jobs)
-    pending: collections.deque = collections.deque()  # in job order: AsyncResult or list
-    sent, more = 0, True
-
-    def take() -> list:
-        nonlocal more
-        c = list(itertools.islice(it, chunk)) if more else []
-        more = len(c) == chunk
-        return c
-
+    pending: collections.deque = collections.deque()  # AsyncResult, in job order
+    more, n = True, 0
     while True:
-        while more and sent < 2 * size:
-            c = take()
+        while more and len(pending) < 2 * size:
+            c = list(itertools.islice(it, chunk))
+            more = len(c) == chunk
             if c:
-                pending.append(pool.map_async(fn, c, chunksize=len(c)))
-                sent += 1
+                seg = segments(n) if segments is not None else None
+                n += 1
+                pending.append(pool.apply_async(_encode_chunk, (fn, c, seg)))
         if not pending:
             return
-        head = pending.popleft()
-        if isinstance(head, list):
-            yield from head
-            continue
-        if more and not head.ready() and len(pending) < 4 * size + 2:
-            pending.appendleft(head)
-            c = take()
-            if c:
-                pending.append([fn(j) for j in c])
-            continue
-        sent -= 1
-        yield from head.get()
+        yield pending.popleft().get()
 
 
 #: Without ``checkpoint_every``, a checkpoint (an fsync of everything written, then the
@@ -160,32 +165,85 @@ def _open_writers(outputs: Outputs, output: str, splits, overwrite: bool, state,
 def _write_split(s: str, plan: SplitJobs, w, st: RunningStats, results, *, ckpt,
                  cadence: _Cadence, report: ConversionReport, on_error: str, bar,
                  last: bool) -> None:
-    """Write one split's results in order, checkpointing as ``cadence`` says; the split's
-    end is checkpointed too unless it is the ``last`` (the publish that follows records
-    that everything is on disk)."""
-    for pos, payload, info, err in results:
-        bar.update(1)
-        if err is not None:
-            if on_error == "fail":
-                raise ConversionError(err[1], err[0])
-            report.skipped.append({"file": err[0], "reason": err[1]})
-        else:
-            own = plan.key(pos)
-            key = own if own is not None else w.count
-            if own is None and pos != key:  # items were skipped before it:
-                payload = codec.with_id(payload, key)  # header id = the key
-            w.write(key, payload)
-            st.add(info)
-            name = plan.name(pos)
-            if name is not None:  # gluoncv's mode='test' returns it
-                st.names.append(name)
-        if cadence.due(pos, len(payload) if err is None else 0) and pos + 1 < plan.count:
-            ckpt.save(s, pos + 1, w, st, report.skipped)
-            cadence.taken()
+    """Write one split's chunks of results in order (:class:`_Appender`), checkpointing as
+    ``cadence`` says; the split's end is checkpointed too unless it is the ``last`` (the
+    publish that follows records that everything is on disk)."""
+    for segment, chunk in results:
+        with _Appender(w, segment) as out:
+            for pos, payload, info, err in chunk:
+                if err is not None:
+                    if on_error == "fail":
+                        raise ConversionError(err[1], err[0])
+                    report.skipped.append({"file": err[0], "reason": err[1]})
+                else:
+                    out.add(plan.key(pos), pos, payload)
+                    st.add(info)
+                    name = plan.name(pos)
+                    if name is not None:  # gluoncv's mode='test' returns it
+                        st.names.append(name)
+                if cadence.due(pos, out.size(payload) if err is None else 0) \
+                        and pos + 1 < plan.count:
+                    out.flush()
+                    ckpt.save(s, pos + 1, w, st, report.skipped)
+                    cadence.taken()
+        bar.update(len(chunk))
     if not last:
         ckpt.save(s, plan.count, w, st, report.skipped)
         cadence.taken()
     report.written[s] = w.count
+
+
+class _Appender:
+    """One chunk's records into writer ``w``: payloads written one by one, or, from a
+    ``segment`` (:func:`_encode_chunk`), runs of framed records appended by the writer in
+    one kernel copy each (:meth:`flush`: before a checkpoint, and at the end). A record
+    without its own key takes the next position; when items were skipped before it, its
+    header id is rewritten to that key (read back from the segment)."""
+
+    def __init__(self, w, segment: Optional[str]):
+        self.w, self.segment = w, segment
+        self.fd = os.open(segment, os.O_RDONLY) if segment is not None else None
+        self.offset = 0  # of the first record of the run not appended yet
+        self.run: list = []  # (key, framed size) not appended yet
+        self.nbytes = 0
+
+    def size(self, payload) -> int:
+        return payload if self.fd is not None else len(payload)
+
+    def add(self, own: Optional[int], pos: int, payload) -> None:
+        key = own if own is not None else self.w.count + len(self.run)
+        if self.fd is None:
+            if own is None and pos != key:  # items were skipped before it:
+                payload = codec.with_id(payload, key)  # header id = the key
+            self.w.write(key, payload)
+        elif own is None and pos != key:
+            self.flush()
+            record, _ = codec.unframe(os.pread(self.fd, payload, self.offset),
+                                      path=self.segment)
+            self.w.write(key, codec.with_id(record, key))
+            self.offset += payload
+        else:
+            self.run.append((key, payload))
+            self.nbytes += payload
+
+    def flush(self) -> None:
+        if self.run:
+            self.w.append_segment(self.fd, self.offset, self.run)
+            self.offset += self.nbytes
+            self.run, self.nbytes = [], 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                self.flush()
+        finally:
+            if self.fd is not None:
+                os.close(self.fd)
+                os.remove(self.segment)
+        return False
 
 
 def _publish(writers: Dict[str, object], stats: Dict[str, RunningStats], ckpt,
@@ -260,8 +318,10 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
                 stats[s] = st = RunningStats.from_state(done["stats"]) if done else RunningStats()
                 start = done["done"] if done else 0
                 bar.update(start)
-                _write_split(s, plan, writers[s], st,
-                             _results(pool, fn, plan.jobs(start), workers, plan.count - start),
+                w = writers[s]
+                _write_split(s, plan, w, st,
+                             _results(pool, fn, plan.jobs(start), workers, plan.count - start,
+                                      w.segment_path if w.takes_segments else None),
                              ckpt=ckpt, cadence=cadence, report=report, on_error=on_error,
                              bar=bar, last=k == len(splits) - 1)
             if pool is not None:  # all results are in: the workers exit while this publishes

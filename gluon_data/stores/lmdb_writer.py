@@ -12,10 +12,12 @@ from typing import List, Optional, Tuple
 import lmdb
 
 from ..errors import OutputError
+from ..format import codec
 from ..storage.fsutil import LMDB_DATA, LMDB_LOCK, exchange_dirs, fsync_dir, remove_partial_dir
 from ..format.ownership import check_replaceable
 from .lmdb_pages import MAX_DBS, META_DB, record_key
 from ..format.meta import dumps_meta
+from .recwriter import SEGMENT_SUFFIX, remove_segments
 
 __all__ = ["LMDBWriter"]
 
@@ -44,6 +46,8 @@ class LMDBWriter:
             raise OutputError("cannot resume: the partial LMDB environment is not a directory "
                               "(a link?); rerun without --resume", self.tmp)
         os.makedirs(self.tmp, exist_ok=True)
+        self.segments = self.path + ".segments" + self.PARTIAL  # of conversion workers
+        remove_segments(self.segments)  # a crashed run's
         self.env = lmdb.open(self.tmp, map_size=map_size, max_dbs=MAX_DBS, subdir=True,
                              sync=False, metasync=False, writemap=False)
         self.env.set_mapsize(max(map_size, self.env.info()["map_size"]))
@@ -82,8 +86,9 @@ class LMDBWriter:
         while True:
             try:
                 with self.env.begin(write=True, db=db) as txn:
-                    for k, v in batch:
-                        txn.put(k, v, db=db)
+                    # one call for the batch: the same puts in the same order as one
+                    # put each (so the same file), without a Python call per record
+                    txn.cursor(db=db).putmulti(batch)
                     if pdb is not None:
                         txn.put(b"state", progress, db=pdb)
                 return
@@ -104,6 +109,7 @@ class LMDBWriter:
                 pass
         self.env.sync(True)
         self.env.close()
+        remove_segments(self.segments)
         try:  # readers run lock-free; a published dataset is just data.mdb
             os.remove(os.path.join(self.tmp, LMDB_LOCK))
         except FileNotFoundError:
@@ -121,6 +127,7 @@ class LMDBWriter:
             self.env.close()
         except lmdb.Error:
             pass
+        remove_segments(self.segments)
         self._state = "suspended"
 
     def _replace_final(self) -> None:
@@ -153,6 +160,7 @@ class LMDBWriter:
             self.env.close()
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
+            remove_segments(self.segments)
             self._state = "aborted"
 
 
@@ -191,6 +199,33 @@ class _SplitWriter:
             self._batch = []
 
     keeps_progress = True  # a conversion's checkpoint commits with the records
+    takes_segments = True  # conversion workers write framed records into segments
+
+    def segment_path(self, n: int) -> str:
+        """Where segment ``n`` of this split is written (see
+        :meth:`~gluon_data.stores.recwriter.RecordWriter.segment_path`)."""
+        if not os.path.isdir(self.parent.segments):
+            os.mkdir(self.parent.segments)
+        return os.path.join(self.parent.segments, "%s-%08d%s" % (self.name, n, SEGMENT_SUFFIX))
+
+    def append_segment(self, fd: int, offset: int, entries) -> None:
+        """Put the framed records of open file ``fd`` from ``offset``, one per ``(key,
+        nbytes)`` of ``entries`` (keys ignored, as in :meth:`write`): the segment is read in
+        one call, the records are put in batches by this (the one writing) process."""
+        total = sum(n for _, n in entries)
+        buf = bytearray(total)
+        view, got = memoryview(buf), 0
+        while got < total:
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n == 0:
+                raise OutputError("a segment ended %d bytes before the records it announced"
+                                  % (total - got), self.parent.segments)
+            got += n
+        pos = 0
+        for _, nbytes in entries:
+            payload, _ = codec.unframe(buf, pos, path=self.parent.segments, copy=False)
+            self.write(0, payload)
+            pos += nbytes
 
     def sync(self) -> Tuple[int, int]:
         """``(count, bytes)``, the argument ``resume`` takes to continue from here; the

@@ -1,10 +1,17 @@
 """Writing a ``.rec``/``.idx`` pair: :class:`RecordWriter`, the same bytes as
 ``mx.recordio.MXIndexedRecordIO`` under temporary names, published by rename only when
-complete (with the binary index beside it)."""
+complete (with the binary index beside it).
+
+Records come one at a time (:meth:`RecordWriter.write`) or as *segments*: files of framed
+records that conversion workers write beside the output (:meth:`RecordWriter.segment_path`)
+and the writer appends by a kernel copy (:meth:`RecordWriter.append_segment`), so the
+process that orders the records never touches their bytes."""
 from __future__ import annotations
 
+import errno
 import os
-from typing import Optional, Tuple
+import shutil
+from typing import List, Optional, Sequence, Tuple
 
 from ..format import codec
 from ..errors import FormatError, OutputError
@@ -54,6 +61,8 @@ class RecordWriter:
                                                      and not data_exists))
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._tmp = [p + self.PARTIAL for p in self._finals]
+        self._segments = self._tmp[0] + ".segments"
+        remove_segments(self._segments)  # a crashed run's
         self._keys = set()
         if resume is None:
             self._rec = open_new(self._tmp[0], "wb")
@@ -70,7 +79,7 @@ class RecordWriter:
                     raise FormatError("cannot resume: %s has %d bytes, its checkpoint promises "
                                       "%d; rerun without --resume" % (p, have, n), p)
                 os.truncate(p, n)  # drop whatever was written after the checkpoint
-            self._rec = open(self._tmp[0], "ab")
+            self._rec = open(self._tmp[0], "r+b")  # not "ab": records go by offset
             self._idx = open(self._tmp[1], "a", encoding="ascii", newline="\n")
             self._pos, self._idx_bytes, self.count = rec_bytes, idx_bytes, count
             if count:
@@ -88,13 +97,48 @@ class RecordWriter:
         self._keys.add(key)
         data = b"".join(codec.frame(payload))
         offset = self._pos
-        self._rec.write(data)
+        _pwrite_all(self._rec.fileno(), data, offset)
         line = "%d\t%d\n" % (key, offset)
         self._idx.write(line)
         self._pos += len(data)
         self._idx_bytes += len(line)
         self.count += 1
         return offset
+
+    takes_segments = True  # conversion workers may write segments (see the module's doc)
+
+    def segment_path(self, n: int) -> str:
+        """Where segment ``n`` of this output is written: a file in a folder beside the
+        partial ``.rec`` (same filesystem, so the append is a kernel copy), removed with the
+        partial files."""
+        if not os.path.isdir(self._segments):
+            os.mkdir(self._segments)
+        return os.path.join(self._segments, "%08d%s" % (n, SEGMENT_SUFFIX))
+
+    def append_segment(self, fd: int, offset: int, entries: Sequence[Tuple[int, int]]) -> None:
+        """Append records already framed (:func:`~gluon_data.format.codec.frame`): the
+        ``sum(nbytes)`` bytes of open file ``fd`` from ``offset``, one record per ``(key,
+        nbytes)`` of ``entries`` in order, copied by the kernel
+        (``os.copy_file_range``; a read and write where it is missing). The same bytes and
+        index as :meth:`write` of each record."""
+        if self._state != "open":
+            raise RuntimeError("RecordWriter is %s" % self._state)
+        lines: List[str] = []
+        pos = self._pos
+        for key, nbytes in entries:
+            key = int(key)
+            if key in self._keys:
+                raise FormatError("record key %d is used twice: every record needs its own "
+                                  "key" % key, self.path, key)
+            self._keys.add(key)
+            lines.append("%d\t%d\n" % (key, pos))
+            pos += nbytes
+        _copy_range(fd, self._rec.fileno(), offset, pos - self._pos, self._pos, self.path)
+        text = "".join(lines)
+        self._idx.write(text)
+        self._pos = pos
+        self._idx_bytes += len(text)
+        self.count += len(lines)
 
     keeps_progress = False  # a conversion's checkpoint goes to a file beside the output
 
@@ -116,6 +160,7 @@ class RecordWriter:
             f.flush()
             os.fsync(f.fileno())
             f.close()
+        remove_segments(self._segments)
         if meta is not None:
             # Not fsutil.atomic_write: the .rec, .idx and metadata are published together
             # (complete_publish renames all three, metadata last, and finishes a publish a
@@ -162,6 +207,7 @@ class RecordWriter:
                 f.close()
             except OSError:  # a full disk fails the last flush: the checkpoint predates it
                 pass
+        remove_segments(self._segments)
         self._state = "suspended"
 
     def abort(self) -> None:
@@ -176,6 +222,7 @@ class RecordWriter:
                 os.remove(p)
             except FileNotFoundError:
                 pass
+        remove_segments(self._segments)
         self._state = "aborted"
 
     def __enter__(self):
@@ -185,3 +232,58 @@ class RecordWriter:
         if exc_type is not None and self._state in ("open", "finished"):
             self.abort()
         return False
+
+
+#: The name ending of a segment file (:meth:`RecordWriter.segment_path`).
+SEGMENT_SUFFIX = ".seg"
+
+
+def remove_segments(folder: str) -> None:
+    """Remove a writer's segment folder, only if it holds nothing but segment files (ours);
+    anything else there is an :class:`OutputError`, and is left untouched."""
+    if not os.path.lexists(folder):
+        return
+    if os.path.islink(folder) or not os.path.isdir(folder) or any(
+            not (e.name.endswith(SEGMENT_SUFFIX) and e.is_file(follow_symlinks=False))
+            for e in os.scandir(folder)):
+        raise OutputError("is in the way of the segment folder gluon-data writes (it holds "
+                          "other files, or is a link or a file); it was left untouched: "
+                          "remove it", folder)
+    shutil.rmtree(folder)
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+#: copy_file_range's refusals that mean "not here" (another filesystem on an old kernel,
+#: a filesystem without it): the bytes are then read and written
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM}
+
+
+def _copy_range(src: int, dst: int, offset: int, count: int, dst_offset: int,
+                path: str) -> None:
+    """Copy ``count`` bytes of ``src`` from ``offset`` to ``dst`` at ``dst_offset``."""
+    kernel = hasattr(os, "copy_file_range")
+    while count > 0:
+        n = 0
+        if kernel:
+            try:
+                n = os.copy_file_range(src, dst, count, offset, dst_offset)
+            except OSError as e:
+                if e.errno not in _NO_KERNEL_COPY:
+                    raise
+                kernel = False
+                continue
+        else:
+            data = os.pread(src, min(count, 16 << 20), offset)
+            if data:
+                _pwrite_all(dst, data, dst_offset)
+            n = len(data)
+        if n == 0:
+            raise FormatError("a segment ended %d bytes before the records it announced"
+                              % count, path)
+        offset, dst_offset, count = offset + n, dst_offset + n, count - n
