@@ -151,12 +151,12 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
     per encoder asked for (this process orders and writes); a listing that fails stops it:
     no worker is left behind."""
     seen = []
-    real = local.open_source
+    real = local.plan_source
 
     def listing(*a, **k):
         seen.append(len(multiprocessing.active_children()))
         return real(*a, **k)
-    monkeypatch.setattr(local, "open_source", listing)
+    monkeypatch.setattr(local, "plan_source", listing)
     out = str(tmp_path / "o.rec")
     rep = convert(voc150, out, "voc", split="trainval", workers=3)
     assert seen == [3] and rep.written["trainval"] == 150

@@ -231,11 +231,11 @@ class ProcessEnv:
         if g is None:
             return
         st = os.fstat(g[0])  # (the hot path of every read: fields compared one by one)
+        if st.st_size < g[1]:
+            check_mapped(env, st)  # raises (a shrink is named as such, before any rewrite)
         if resolved is not None and (st.st_mtime_ns != resolved[1] or st.st_ctime_ns
                                      != resolved[2] or st.st_size != resolved[0]):
             self._changed(env, st, resolved)
-        if st.st_size < g[1]:
-            check_mapped(env, st)  # raises
 
     def _changed(self, env: lmdb.Environment, st: os.stat_result, resolved: list) -> None:
         """``data.mdb`` is not as it was when resolved (size, mtime or ctime: a rewrite whose
