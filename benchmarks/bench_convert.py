@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How conversion scales, in one run: ``python benchmarks/bench_convert.py [--images N]``.
 
-On the same VOC-like pairs (``bench.make_dataset``): ``convert`` pass-through and re-encode
+On the same VOC-like pairs (``bench_common.make_dataset``): ``convert`` pass-through and re-encode
 with 1 and N workers, their fixed cost (10 pairs), the N-process decode floor of the same
 files (the bytes in memory, forked processes timed from a barrier), the parent process's own
 CPU per item with N workers, where it only orders and writes (``resource.getrusage`` of this
@@ -22,8 +22,10 @@ import subprocess
 import sys
 import time
 
-from gluon_data.cli import load_bench
 from gluon_data.convert import convert, convert_sharded
+
+import bench_cls
+import bench_common
 
 __all__ = ["run_convert_bench"]
 
@@ -56,20 +58,22 @@ def _dask_rate(voc: str, out: str, n: int, workers: int, shards: int) -> tuple:
 
 _FLOOR = """
 import os, sys
-from gluon_data.cli import load_bench
+sys.path.insert(0, sys.argv[3])
+from bench_common import _forked_decode_rate
 voc, w = sys.argv[1], int(sys.argv[2])
 jpgs = sorted(os.listdir(os.path.join(voc, "JPEGImages")))
 pairs = [(open(os.path.join(voc, "JPEGImages", f), "rb").read(),
           open(os.path.join(voc, "SegmentationClass", f[:-4] + ".png"), "rb").read())
          for f in jpgs]
-print(load_bench()._forked_decode_rate(pairs, w))
+print(_forked_decode_rate(pairs, w))
 """
 
 
 def _decode_floor(voc: str, workers: int) -> float:
-    """``bench._forked_decode_rate`` of the dataset's pairs, run from a fresh process: one
+    """``bench_common._forked_decode_rate`` of the dataset's pairs, run from a fresh process: one
     forked from this one after OpenCV ran its threads here can deadlock."""
-    res = subprocess.run([sys.executable, "-c", _FLOOR, voc, str(workers)], check=True,
+    res = subprocess.run([sys.executable, "-c", _FLOOR, voc, str(workers),
+                          os.path.dirname(os.path.abspath(__file__))], check=True,
                          capture_output=True, text=True, timeout=900)
     return float(res.stdout.split()[-1])
 
@@ -80,14 +84,13 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
     ``dask_items``: images of the Dask rows (-1: ``n``; 0: no Dask rows). ``repeat``: the
     floor and conversion rows are measured that many times, interleaved, and the best of each
     kept (on a shared machine the best is the least disturbed)."""
-    bench = load_bench()
 
     def say(*a):
         print(*a, file=out, flush=True)
 
     os.makedirs(workdir, exist_ok=True)
-    voc = bench.make_dataset(workdir, n)
-    small = bench.make_dataset(os.path.join(workdir, "small"), 10, seed=1)
+    voc = bench_common.make_dataset(workdir, n)
+    small = bench_common.make_dataset(os.path.join(workdir, "small"), 10, seed=1)
     rec = os.path.join(workdir, "conv.rec")
     rates, seconds = {}, {}
     say("conversion scaling: %d VOC-like pairs, 1 and %d workers%s"
@@ -111,20 +114,20 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
                 small, rec, "voc", split="train", workers=w, overwrite=True)), low=True)
     jpgs = sorted(os.listdir(os.path.join(voc, "JPEGImages")))
     prefix = os.path.join(workdir, "im2rec", "reenc")
-    shutil.copy(bench._stock_lst(os.path.dirname(prefix),
+    shutil.copy(bench_cls._stock_lst(os.path.dirname(prefix),
                                  [os.path.join(voc, "JPEGImages", f) for f in jpgs]),
                 prefix + ".lst")
     rates["im2rec re-encode, %d threads" % workers] = n / _timed(
-        lambda: bench._im2rec(voc, prefix, "re-encode", workers))
+        lambda: bench_cls._im2rec(voc, prefix, "re-encode", workers))
     dask_n = n if dask_items < 0 else dask_items
     if dask_n:
-        dvoc = voc if dask_n == n else bench.make_dataset(os.path.join(workdir, "dask"),
+        dvoc = voc if dask_n == n else bench_common.make_dataset(os.path.join(workdir, "dask"),
                                                           dask_n)
         for w in (1, 2):
             rates["dask convert_sharded, %d worker processes" % w], \
                 seconds["dask LocalCluster start-up, %d workers (s)" % w] = _dask_rate(
                     dvoc, os.path.join(workdir, "dask-out", "d.rec"), dask_n, w, shards)
-    return _report(bench, say, rates, seconds, workers)
+    return _report(say, rates, seconds, workers)
 
 
 #: The row of the parent's CPU per item (milliseconds) with N workers.
@@ -142,7 +145,7 @@ def _scaled(rates: dict, n: int):
     return rates[need[0]] * rates[need[2]] / rates[need[1]]
 
 
-def _report(bench, say, rates: dict, seconds: dict, workers: int) -> dict:
+def _report(say, rates: dict, seconds: dict, workers: int) -> dict:
     say("")
     say("%-56s %12s" % ("measurement (items/s; seconds where marked)", "value"))
     for k, v in list(rates.items()) + list(seconds.items()):
@@ -170,14 +173,14 @@ def _report(bench, say, rates: dict, seconds: dict, workers: int) -> dict:
          "dask convert_sharded, 2 worker processes", "dask convert_sharded, 1 worker processes",
          1.7),
     ]
-    table = bench._ratio_table(ratios, rates, say)
+    table = bench_common._ratio_table(ratios, rates, say)
     ms = seconds.get(MAIN_CPU % n)
     if ms and "convert pass-through, 1 workers" in rates:
         # the issue's row: the parent is not the bottleneck below 64 workers
-        bench._ratio_row(table, say, "parent CPU per converted item (ms)", ms, 0.1,
+        bench_common._ratio_row(table, say, "parent CPU per converted item (ms)", ms, 0.1,
                          lower=True)
         # one worker spends 1 / rate per item; the parent keeps up with that many of them
-        bench._ratio_row(table, say, "workers the parent can serve (1-worker time / its CPU)",
+        bench_common._ratio_row(table, say, "workers the parent can serve (1-worker time / its CPU)",
                          1e3 / rates["convert pass-through, 1 workers"] / ms, None)
     return {"rates": rates, "ratios": table, "seconds": seconds}
 

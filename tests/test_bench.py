@@ -383,9 +383,7 @@ def test_the_harness_does_not_import_the_cli_that_loads_it():
         # a load by module name counts too (also inside the scripts the harness runs)
         found += ["%s: by name" % name for s in ("gluon_data.cli", "load_bench")
                   if s in text]
-    # bench_convert.py is being reworked on another branch; its two lines move to
-    # ``bench_common`` / ``bench_cls`` imports there
-    assert not [f for f in found if not f.startswith("bench_convert.py:")], found
+    assert not found, found
 
 
 @pytest.mark.slow
