@@ -37,12 +37,11 @@ The rules (``tests/test_structure.py`` asserts them):
    marker) is written as a literal in one module, its home (docstrings aside);
 7. at most ``PRIVATE_NAMES_MAX`` (25) private names are used by a module other than their
    home (counted as rule 5 counts a use, inside a package too; a C extension such as
-   ``format/_maskrle`` is a module, not a name); until the conversion package's lazy table
-   stops re-exporting its private names the count is held at ``PRIVATE_NAMES_CEILING``,
-   which may only fall;
+   ``format/_maskrle`` is a module, not a name); the count is held at
+   ``PRIVATE_NAMES_CEILING``, which may only fall;
 8. no module is over ``MODULE_LINES_MAX`` (500) lines and no function takes more than
    ``PARAMS_MAX`` (14) parameters, private ones included (``PARAMS_LEFT``, the ones still
-   above, may only shrink);
+   above, is empty and stays so);
 9. no module but ``storage/perprocess.py`` reads the process id to tell processes apart
    (``GETPID_USERS``: the few that write it into a name or a lock file).
 """
@@ -369,9 +368,9 @@ CONSTANTS = {
 #: At most this many private names of ours may be used by a module other than their own
 #: (rule 7; ``private_names``).
 PRIVATE_NAMES_MAX = 25
-#: The count today: every one left is a ``gluon_data.convert`` name, most of them entries of
-#: ``convert/__init__.py``'s lazy table; it may only fall, to ``PRIVATE_NAMES_MAX``.
-PRIVATE_NAMES_CEILING = 35
+#: The count today: none (a helper another module uses is public in its home, the
+#: conversion package's lazy table names public names only); it may only fall.
+PRIVATE_NAMES_CEILING = 0
 #: The modules that call ``os.getpid()`` (rule 9): the per-process rule, and the two that
 #: write the pid into what they make (a lock file's holder, a temporary file's name).
 GETPID_USERS = {
@@ -385,12 +384,7 @@ MODULE_LINES_MAX = 500
 #: ``**kwargs`` not counted, private functions counted).
 PARAMS_MAX = 14
 #: Functions still over ``PARAMS_MAX``, with why; the list may only shrink.
-PARAMS_LEFT = {
-    # the sharded conversion's options, unpacked from ConvertOptions: to take the object
-    PACKAGE + ".convert.sharded:_convert_sharded",
-    PACKAGE + ".convert.sharded:_plan_encoding",
-    PACKAGE + ".convert.local:_open_and_plan",
-}
+PARAMS_LEFT = set()
 
 
 def constant_literals():
@@ -574,9 +568,8 @@ def _print_private():
     print("alias-table entries naming private names (the old layout's, counted apart): %d"
           % len(alias_entries()))
     names = private_names(uses)
-    print("private names used outside their module: %d (at most %d; held at %d until the "
-          "conversion's lazy table drops its own)" % (len(names), PRIVATE_NAMES_MAX,
-                                                       PRIVATE_NAMES_CEILING))
+    print("private names used outside their module: %d (at most %d; held at %d)"
+          % (len(names), PRIVATE_NAMES_MAX, PRIVATE_NAMES_CEILING))
 
 
 def main():

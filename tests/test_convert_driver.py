@@ -12,7 +12,8 @@ from gluon_data import SegmentationRecordDataset
 from gluon_data.format import codec
 from gluon_data import convert
 from gluon_data.cli import main
-from gluon_data.convert import ConversionReport, _stock_meta, import_lmdb, outputs_for
+from gluon_data.convert import ConversionReport, import_lmdb, outputs_for
+from gluon_data.convert.copy import stock_meta
 from gluon_data.stores.lmdbio import LMDBFile
 from gluon_data.format.meta import read_meta
 from gluon_data.stores.base import open_store
@@ -44,7 +45,7 @@ def test_writers_share_one_interface(tmp_path, name):
     w = outputs.open(out, ["train"], overwrite=False, positions={"train": list(pos)})["train"]
     assert w.count == 2
     w.write(2, payloads[2])
-    w.finish(dict(_stock_meta(out, 3), checksum="crc32-id2"))
+    w.finish(dict(stock_meta(out, 3), checksum="crc32-id2"))
     w.publish()
     st = open_store(out, "train")
     assert [bytes(st.read(i)) for i in range(len(st))] == payloads
@@ -73,9 +74,9 @@ def test_legacy_import_resumes_after_a_kill(tmp_path, name):
     import_lmdb(src, ref, "raw-lmdb", **kw)
     code = ("import importlib, os, signal\n"
             "c = importlib.import_module('gluon_data.convert')\n"
-            "real = c._Checkpoint.save\n"
+            "real = c.resume.Checkpoint.save\n"
             "def save(self, *a):\n    real(self, *a)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "c._Checkpoint.save = save\n"
+            "c.resume.Checkpoint.save = save\n"
             "c.import_lmdb(%r, %r, 'raw-lmdb', image_shape=(24, 32, 3), encoding='png', "
             "checkpoint_every=4)\n" % (src, out))
     p = subprocess.run([sys.executable, "-c", code], timeout=120)

@@ -12,7 +12,7 @@ from gluon_data import convert
 from gluon_data.convert import sources
 from gluon_data.errors import ConversionError
 from gluon_data.convert import encode, local, loop, resume
-from gluon_data.convert.engines import _start_pool
+from gluon_data.convert.engines import start_pool
 from gluon_data.convert.sample import make_voc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,12 +26,12 @@ def voc150(tmp_path_factory):
 
 def _saves(monkeypatch):
     done = []
-    real = resume._Checkpoint.save
+    real = resume.Checkpoint.save
 
     def save(self, split, n, *a):
         done.append(n)
         return real(self, split, n, *a)
-    monkeypatch.setattr(resume._Checkpoint, "save", save)
+    monkeypatch.setattr(resume.Checkpoint, "save", save)
     return done
 
 
@@ -69,7 +69,7 @@ def _python_ok(code: str) -> None:
 
 
 def test_a_worker_imports_the_encoder_not_the_writers():
-    """A worker unpickles ``encode._work``: that loads the encoder and what it reads with,
+    """A worker unpickles ``encode.encode_job``: that loads the encoder and what it reads with,
     not the loop, the writers, the copy and sharded drivers (their import was most of a
     worker's start-up); every name is still importable from the package."""
     code = ("import sys, gluon_data.convert.encode, gluon_data.convert.engines\n"
@@ -81,9 +81,10 @@ def test_a_worker_imports_the_encoder_not_the_writers():
             "'gluon_data.storage', 'gluon_data.storage.fileio', 'gluon_data.storage.perprocess', "
             "'gluon_data.format.masks', 'gluon_data.format._maskrle', 'gluon_data.format.rawarray'))\n"
             "assert not heavy, heavy\n"
-            "from gluon_data.convert import convert, convert_sharded, drive, _Checkpoint\n"
+            "from gluon_data.convert import convert, convert_sharded, drive, Outputs\n"
             "import gluon_data.convert as c\n"
-            "assert c.convert is convert and c._Stats.__name__ == 'RunningStats'\n"
+            "assert c.convert is convert and c.Outputs is Outputs\n"
+            "assert c.resume.Checkpoint.__name__ == 'Checkpoint'\n"
             "assert set(c.__all__) <= set(dir(c))\n")
     _python_ok(code)
 
@@ -132,7 +133,7 @@ def _keep_until_exit(path):
 def test_pool_workers_exit_without_the_interpreter_teardown(tmp_path):
     """A pool worker, done with its tasks, exits at once (status 0) instead of tearing down
     numpy, OpenCV and Pillow first, which took longer than converting hundreds of items."""
-    pool = _start_pool(1)
+    pool = start_pool(1)
     try:
         pid = pool.apply(_keep_until_exit, (str(tmp_path / "marker"),))
         procs = list(pool._pool)
@@ -193,7 +194,7 @@ def test_the_parent_only_orders_the_workers_chunks(tmp_path):
 def test_a_worker_loads_the_preloaded_encoder_as_it_starts():
     """``preload``: the worker imported the work function's module while it started, before
     any task (here a builtin, which loads nothing of ours)."""
-    pool = _start_pool(1, preload=encode._work)
+    pool = start_pool(1, preload=encode.encode_job)
     try:
         mods = pool.apply(eval, ("sorted(__import__('sys').modules)",))
         pool.close()

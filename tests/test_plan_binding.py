@@ -102,9 +102,9 @@ def test_sharded_rerun_redoes_only_the_shard_of_the_changed_image(tmp_path, how)
 def _killed_after_first_checkpoint(src, out):
     code = ("import importlib, os, signal\n"
             "c = importlib.import_module('gluon_data.convert')\n"
-            "real = c._Checkpoint.save\n"
+            "real = c.resume.Checkpoint.save\n"
             "def save(self, *a):\n    real(self, *a)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "c._Checkpoint.save = save\n"
+            "c.resume.Checkpoint.save = save\n"
             "c.convert(%r, %r, 'voc', split='trainval', checkpoint_every=4)\n" % (src, out))
     p = subprocess.run([sys.executable, "-c", code], timeout=120,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))

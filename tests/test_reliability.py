@@ -125,9 +125,9 @@ def test_resume_refuses_a_checkpoint_of_other_options(big_voc, tmp_path):
     out = str(tmp_path / "o.rec")
     code = ("import importlib, os, signal\nfrom gluon_data import convert\n"
             "c = importlib.import_module('gluon_data.convert')\n"
-            "real = c._Checkpoint.save\n"
+            "real = c.resume.Checkpoint.save\n"
             "def save(self, *a):\n    real(self, *a)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "c._Checkpoint.save = save\n"
+            "c.resume.Checkpoint.save = save\n"
             "convert(%r, %r, 'voc', split='train', checkpoint_every=8)\n" % (big_voc, out))
     p = subprocess.run([sys.executable, "-c", code])
     assert p.returncode == -signal.SIGKILL and os.path.exists(out + ".resume.json")

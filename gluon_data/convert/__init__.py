@@ -5,28 +5,30 @@ The package reads as the data flow, each module one concern, imports pointing on
 (each module imports only those below it):
 
 ========================  ==================================================================
+``demo``                  ``gluon-data demo``: a generated sample packed and read back
 ``driver``                :func:`convert`: the one merge of the options and the one dispatch
 ``to_uri``                into object storage: staged, then uploaded (``upload``)
 ``upload``                uploads and shard uploads by the one commit protocol
 ``sharded``               sharded conversions: one task per shard, a manifest per split
 ``shard_task``            one shard task (written, or kept by the one rule of "done")
-``engines``               where shard tasks and encoders run (process pool, Dask)
 ``local``                 the local, unsharded conversion of a source layout
 ``copy``                  copies of a dataset (rec <-> lmdb) and legacy LMDB imports
 ``loop``                  :func:`drive`, the loop every planned conversion runs
-``resume``                the plan digest and checkpoints (``--resume``)
+``engines``               where shard tasks and encoders run (process pool, Dask)
 ``planning``              a source opened and planned under one :class:`ConvertOptions`
-``outputs``               :class:`ConversionReport`, output names, the writers of each
-                          container (:class:`Outputs`), option checks, metadata
+``resume``                the plan digest and checkpoints (``--resume``)
+``outputs``               the report, output names, writers, option checks and metadata
 ``done``                  the one rule of "done" (done records: sizes and digests)
 ``encode``                per-item work in the worker processes (:func:`encode_item`)
 ``options``               :class:`ConvertOptions` and which options each conversion reads
-``sources``               source layouts (``source_files``: reading their files)
-``sample``, ``demo``      small generated datasets, the demo
+``sample``                small synthetic datasets in real layouts, for demos and tests
+``sources``               source layouts: a folder (or an im2rec ``.lst``) listed as items
+``source_files``          what a source may read: paths confined to its root, sizes bounded
 ========================  ==================================================================
 
-The running statistics are :class:`gluon_data.tools.stats.RunningStats`. Everything is
-importable from ``gluon_data.convert`` as before the split (on first use).
+The running statistics are :class:`gluon_data.tools.stats.RunningStats`. The public names
+of ``__all__`` import from ``gluon_data.convert`` (on first use); a module's helpers that other
+modules of the package use are public in that module (``gluon_data.convert.outputs``, ...).
 """
 import importlib
 import warnings
@@ -34,28 +36,18 @@ import warnings
 from .._callable import callable_module
 
 # Names are imported on first use (PEP 562, as the top-level package does): a worker process
-# that only encodes items (it unpickles ``encode._work``) imports ``encode`` and what it needs,
-# not the writers, the copy and sharded drivers and their containers.
+# that only encodes items (it unpickles ``encode.encode_job``) imports ``encode`` and what it
+# needs, not the writers, the copy and sharded drivers and their containers. Only public
+# names: a module's helpers are imported from that module.
 _EXPORTS = {
-    "_start_pool": ".engines", "_stop_pool": ".engines", "_worker_init": ".engines",
-    "_Stats": ("..tools.stats", "RunningStats"),
-    "_stock_meta": ".copy",
-    "_plan": (".planning", "plan_splits"), "convert": ".driver", "is_dataset": ".planning",
-    "ConvertOptions": ".options",
+    "convert": ".driver", "is_dataset": ".planning", "ConvertOptions": ".options",
     "SplitJobs": ".loop", "drive": ".loop",
     **{n: ".encode" for n in (
-        "_PASSTHROUGH_FORMATS", "EncodeOptions", "_check_pixels", "_decode_like_reader",
-        "_encode_pixels", "_legacy_work", "_mask_indices", "_open_strict", "_pixel_stats",
-        "_read_bytes", "_reads_back", "_resize_short", "_work", "encode_item", "encode_legacy",
-        "image_part", "mask_part")},
+        "EncodeOptions", "encode_item", "encode_legacy", "image_part", "mask_part")},
     **{n: ".outputs" for n in (
-        "ENCODINGS", "FORMATS", "ConversionReport", "Outputs", "_check_choices",
-        "_check_options", "_check_output", "_check_range", "_conversion_id", "_fail",
-        "_free_space", "_metadata", "_output_lock", "_split_fields", "open_writers",
+        "ENCODINGS", "FORMATS", "ConversionReport", "Outputs", "open_writers",
         "output_format", "output_paths", "outputs_for")},
-    **{n: ".resume" for n in ("_Checkpoint", "_import_digest", "_plan_digest",
-                              "_resume_finished")},
-    **{n: ".sharded" for n in ("ShardJob", "write_shard")},
+    **{n: ".shard_task" for n in ("ShardJob", "write_shard")},
 }
 
 __all__ = ["convert", "ConvertOptions",

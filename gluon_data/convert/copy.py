@@ -21,16 +21,16 @@ from ..stores.recordio import RecordFile
 from ..stores.shards import dataset_files
 from .sources import Source
 from ..stores.base import is_uri, open_store
-from .options import ConvertOptions, _only
-from .encode import EncodeOptions, _legacy_work
+from .options import ConvertOptions, refuse_unread
+from .encode import EncodeOptions, encode_legacy_job
 from .loop import SplitJobs, drive
 from .done import output_unit
-from .outputs import (ConversionReport, _check_choices, _check_options, _check_output,
-                      _conversion_id, _fail, _metadata, _output_lock, done_record,
-                      outputs_for)
-from .resume import _import_digest
+from .outputs import (ConversionReport, check_choices, check_options, check_output,
+                      done_record, fail_conversion, output_lock, outputs_for, split_metadata,
+                      writer_conversion_id)
+from .resume import import_digest
 
-__all__ = ["copy_dataset", "import_lmdb"]
+__all__ = ["copy_dataset", "import_lmdb", "stock_meta"]
 
 
 #: The options a legacy LMDB import reads.
@@ -55,17 +55,17 @@ def import_lmdb(source: str, output: str, layout: str,
     ...             image_shape=(256, 256, 3))                                  # doctest: +SKIP
     """
     o = ConvertOptions.merge(options, overrides)
-    _only(o, _IMPORT_READS, "a legacy LMDB import")
+    refuse_unread(o, _IMPORT_READS, "a legacy LMDB import")
     split, image_shape, mask_shape = o.split, o.image_shape, o.mask_shape
     channels_first, bgr, encoding, quality = o.channels_first, o.bgr, o.encoding, o.quality
     classes, num_classes, ignore_label = o.classes, o.num_classes, o.ignore_label
     format, on_error, max_pixels, workers = o.format, o.on_error, o.max_pixels, o.workers
     checkpoint_every = o.checkpoint_every
-    _check_choices(encoding, on_error)
-    _check_options(quality=quality, max_pixels=max_pixels, ignore_label=ignore_label,
+    check_choices(encoding, on_error)
+    check_options(quality=quality, max_pixels=max_pixels, ignore_label=ignore_label,
                    num_classes=num_classes, workers=workers, checkpoint_every=checkpoint_every)
     outputs = outputs_for(output, format)
-    _check_output(output, outputs.name)
+    check_output(output, outputs.name)
     source = os.fspath(source)
     t0 = time.perf_counter()
     split = split or "train"
@@ -101,24 +101,24 @@ def import_lmdb(source: str, output: str, layout: str,
     def jobs(start):  # records are read (and parsed) here, encoded in the workers
         return itertools.islice(enumerate(read()[1]), start, None)
 
-    whole = _import_digest(source, layout, split, n, opts, options)
+    whole = import_digest(source, layout, split, n, opts, options)
 
     def finish_meta(s, w, st, digest):
-        meta = _metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
-                         options)
-        meta["conversion_id"] = _conversion_id(digest, s, w, st)
+        meta = split_metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
+                              options)
+        meta["conversion_id"] = writer_conversion_id(digest, s, w, st)
         meta["done"] = done_record(output_unit(s), whole, w)
         return meta
 
     return drive(output, outputs, {split: SplitJobs(n, jobs)},
-                 partial(_legacy_work, opts=opts, raw_as=raw_as),
+                 partial(encode_legacy_job, opts=opts, raw_as=raw_as),
                  digest=whole, root=source,
                  options=options, report=report, finish_meta=finish_meta, source=source,
                  run=o, verb="import", t0=t0)
 
 
 
-def _stock_meta(path: str, count: int) -> dict:
+def stock_meta(path: str, count: int) -> dict:
     return {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "task": "classification",
             "split": "train", "num_records": count, "checksum": None,
             "image_encoding": "passthrough", "classes": None, "num_classes": None,
@@ -136,7 +136,7 @@ def _uri_sources(source: str, split: Optional[str],
     first = open_store(source, **options)
     names = getattr(first, "splits", None)  # an LMDB holds several
     if names is None:
-        meta = first.meta or _stock_meta(source, len(first))
+        meta = first.meta or stock_meta(source, len(first))
         return {meta.get("split") or "train": (first, meta)}
     out = {}
     for s in (split.split(",") if split else names):
@@ -169,7 +169,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
         raise ValueError("copy_dataset writes a local output, not %s: use "
                          "gluon_data.convert.to_uri.convert_to_uri (CLI: gluon-data convert SRC URI)"
                          % output)
-    _check_output(output, outputs.name)
+    check_output(output, outputs.name)
     t0 = time.perf_counter()
     sources = _open_sources(source, split, source_options)
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(sources)))
@@ -178,7 +178,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
     writers: Dict[str, object] = {}
     lock = None
     try:
-        lock = _output_lock(output, list(sources), outputs.name)
+        lock = output_lock(output, list(sources), outputs.name)
         writers = outputs.open(output, list(sources), overwrite)
         for s, (f, meta) in sources.items():
             w = writers[s]
@@ -188,7 +188,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
         for w in writers.values():
             w.publish()
     except BaseException as e:
-        _fail(e, writers, output)
+        fail_conversion(e, writers, output)
     finally:
         if lock is not None:
             lock.release()
@@ -212,7 +212,7 @@ def _open_sources(source: str, split: Optional[str],
     else:
         meta = read_meta(source)
         f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
-        meta = meta or _stock_meta(source, len(f))
+        meta = meta or stock_meta(source, len(f))
         sources[meta.get("split") or "train"] = (f, meta)
     return sources
 

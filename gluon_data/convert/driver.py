@@ -11,7 +11,7 @@ from ..storage.remotefs import is_uri
 from ..stores.shards import is_manifest
 from .local import convert_local
 from .loop import SplitJobs, drive  # noqa: F401  (importable from here, as before)
-from .options import ConvertOptions, _only, reads_of
+from .options import ConvertOptions, refuse_unread, reads_of
 from .outputs import ConversionReport
 from .planning import is_dataset
 from .sharded import sharded_conversion
@@ -130,13 +130,13 @@ def convert(source: str, output: str, layout: Optional[str] = None,
     # the one dispatch: which conversion runs, and so which options it reads
     sharded, uri = o.sharded or is_manifest(source), is_uri(output)
     copying = not sharded and is_dataset(source)
-    _only(o, reads_of(layout, sharded, uri, copying),
-          "a conversion into object storage" if uri else "a sharded conversion" if sharded
-          else "a copy of a converted dataset (its records are copied byte for byte)"
-          if copying and layout not in ("raw-lmdb", "caffe-lmdb")
-          else "a conversion into a local, unsharded output (shard tasks need shards, "
-               "shard_size or shard_items: --shards, --shard-size, --shard-items; object "
-               "storage an s3:// output)")
+    refuse_unread(o, reads_of(layout, sharded, uri, copying),
+                  "a conversion into object storage" if uri else "a sharded conversion" if sharded
+                  else "a copy of a converted dataset (its records are copied byte for byte)"
+                  if copying and layout not in ("raw-lmdb", "caffe-lmdb")
+                  else "a conversion into a local, unsharded output (shard tasks need shards, "
+                       "shard_size or shard_items: --shards, --shard-size, --shard-items; object "
+                       "storage an s3:// output)")
     if uri:
         return uri_conversion(source, output, layout, o, sharded)
     if sharded:

@@ -4,7 +4,7 @@ of a legacy LMDB) into a record payload, in a worker process.
 Images are decoded strictly with Pillow (a truncated file is an error, not a grey half),
 masks are turned into class indices (palette PNGs through their indices, never their
 colours), sizes and class ids are checked, and what is stored is decoded once more by the
-reader's own decoder, so what converts also reads. :func:`_work` and :func:`_worker_init`
+reader's own decoder, so what converts also reads. :func:`encode_job` and :func:`_worker_init`
 are what the driver's spawned pool runs (found by this module's path).
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from ..format.headers import JPEG_SOI
 from ..errors import DecodeError, GluonDataError, SourceError
 from .sources import DEFAULT_MAX_FILE_BYTES, Item, read_regular
 
-__all__ = ["EncodeOptions", "encode_item", "encode_legacy", "image_part", "mask_part"]
+__all__ = ["EncodeOptions", "encode_item", "encode_legacy", "image_part", "mask_part", "encode_job",
+           "encode_legacy_job"]
 
 _PASSTHROUGH_FORMATS = ("JPEG", "PNG")
 
@@ -350,7 +351,7 @@ def encode_legacy(where: str, image, extra, record_id: int, opts: EncodeOptions,
                                    id=record_id), info
 
 
-def _work(job, opts: EncodeOptions):
+def encode_job(job, opts: EncodeOptions):
     pos, item = job
     record_id = item.key if item.key is not None else pos
     try:
@@ -365,8 +366,8 @@ def _work(job, opts: EncodeOptions):
     return pos, payload, info, None
 
 
-def _legacy_work(job, opts: EncodeOptions, raw_as: str):
-    """:func:`_work` for a legacy LMDB record ``(where, image, extra)``."""
+def encode_legacy_job(job, opts: EncodeOptions, raw_as: str):
+    """:func:`encode_job` for a legacy LMDB record ``(where, image, extra)``."""
     pos, (where, image, extra) = job
     try:
         payload, info = encode_legacy(where, image, extra, pos, opts, raw_as)

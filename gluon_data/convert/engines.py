@@ -20,7 +20,8 @@ from typing import Callable, Iterator, Optional, Sequence, Tuple
 from .. import _version
 from ..errors import ConversionError, WorkerPathError
 
-__all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE"]
+__all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE", "start_pool",
+           "stop_pool"]
 
 #: What a path given to a cluster conversion must be (the README's cluster checklist).
 SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
@@ -178,7 +179,7 @@ def _worker_init(preload=None):
     atexit.register(os._exit, 0)
 
 
-def _start_pool(workers: int, preload=None):
+def start_pool(workers: int, preload=None):
     """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
     blocked while they are created (a blocked signal stays blocked across fork and exec), so
     an interrupt during start-up waits in the parent and is raised there right after.
@@ -190,20 +191,20 @@ def _start_pool(workers: int, preload=None):
 
 @contextlib.contextmanager
 def worker_pool(workers: int):
-    """The converter's pool of ``workers`` spawned processes (:func:`_start_pool`) for a
+    """The converter's pool of ``workers`` spawned processes (:func:`start_pool`) for a
     block: closed and joined when the block ends, stopped within a bounded time
-    (:func:`_stop_pool`) when it raises or is abandoned (Ctrl-C, a generator not run out)."""
-    pool = _start_pool(workers)
+    (:func:`stop_pool`) when it raises or is abandoned (Ctrl-C, a generator not run out)."""
+    pool = start_pool(workers)
     try:
         yield pool
     except BaseException:
-        _stop_pool(pool)
+        stop_pool(pool)
         raise
     pool.close()
     pool.join()
 
 
-def _stop_pool(pool, timeout: float = 5.0) -> None:
+def stop_pool(pool, timeout: float = 5.0) -> None:
     """Terminate a pool within ``timeout`` seconds whatever state it is in, reaping every
     worker: ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a
     worker killed from outside while it held a queue lock), the workers are killed."""

@@ -8,20 +8,20 @@ import time
 from functools import partial
 from typing import List, Optional
 
-from .engines import _stop_pool
+from .engines import stop_pool
 from ..errors import ConversionError
 from ..format.ownership import check_disjoint
 from ..stores.shards import dataset_files
 from .sources import Item
 from .copy import copy_dataset, import_lmdb
-from .encode import _work
+from .encode import encode_job
 from .loop import SplitJobs, drive, start_encoders
 from .done import output_unit
-from .outputs import (ConversionReport, _check_output, _metadata, _split_fields, done_record,
+from .outputs import (ConversionReport, check_output, split_metadata, split_fields, done_record,
                       outputs_for)
 from .options import ConvertOptions, checkpoint_every_default
 from .planning import Planned, check_values, is_dataset, plan_source, take_problems
-from .resume import _plan_digest
+from .resume import source_plan_digest
 
 __all__ = ["convert_local"]
 
@@ -34,7 +34,7 @@ def convert_local(source: str, output: str, layout: Optional[str],
     o = checkpoint_every_default(options)
     check_values(o)
     outputs = outputs_for(output, o.format)
-    _check_output(output, outputs.name)
+    check_output(output, outputs.name)
     source = os.fspath(source)
     if layout in ("raw-lmdb", "caffe-lmdb"):
         return import_lmdb(source, output, layout, o.replace(format=outputs.name))
@@ -45,15 +45,15 @@ def convert_local(source: str, output: str, layout: Optional[str],
     t0 = time.perf_counter()
     # the workers start (import the encoder) while the source is listed and stamped; drive
     # owns the pool
-    pool = start_encoders(o.workers, _work)
+    pool = start_encoders(o.workers, encode_job)
     try:
         planned, report = _open_and_plan(source, layout, output, outputs, o)
         splits, meta, digest = _drive_args(planned, report)
     except BaseException:
         if pool is not None:
-            _stop_pool(pool)
+            stop_pool(pool)
         raise
-    return drive(output, outputs, splits, partial(_work, opts=planned.opts), digest=digest,
+    return drive(output, outputs, splits, partial(encode_job, opts=planned.opts), digest=digest,
                  root=planned.src.root, options=planned.options, report=report,
                  finish_meta=meta, source=source, run=o, t0=t0, pool=pool)
 
@@ -84,12 +84,12 @@ def _drive_args(planned: Planned, report: ConversionReport):
                            partial(_item_key, items),
                            partial(_item_name, items) if seg else (lambda pos: None))
               for s, items in plan.items()}
-    whole = _plan_digest(src, plan, opts, options)
+    whole = source_plan_digest(src, plan, opts, options)
 
     def finish_meta(s, w, st, digest):
-        meta = _metadata(src, s, w.count, st, opts, planned.classes, planned.num_classes,
-                         report.skipped, options)
-        meta.update(_split_fields(src, s, digest, w, st, plan[s]))
+        meta = split_metadata(src, s, w.count, st, opts, planned.classes, planned.num_classes,
+                              report.skipped, options)
+        meta.update(split_fields(src, s, digest, w, st, plan[s]))
         meta["done"] = done_record(output_unit(s), whole, w)
         return meta
 

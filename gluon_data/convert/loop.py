@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Optional
 
 from ..format import codec
-from .engines import _start_pool, _stop_pool
+from .engines import start_pool, stop_pool
 from ..errors import ConversionError
 from ..storage.fsutil import open_new
 from ..tools.progress import progress_bar
 from ..tools.stats import RunningStats
 from .options import ConvertOptions
-from .outputs import ConversionReport, Outputs, _fail, _output_lock
-from .resume import _Checkpoint, _resume_finished
+from .outputs import ConversionReport, Outputs, fail_conversion, output_lock
+from .resume import Checkpoint, resume_finished
 
 __all__ = ["drive", "SplitJobs", "start_encoders"]
 
@@ -63,7 +63,7 @@ def start_encoders(workers: int, preload=None):
     worker as it starts (see ``_worker_init``)."""
     # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state the
     # parent's threads left it and can deadlock in its first OpenCV call
-    return _start_pool(workers, preload) if workers > 1 else None
+    return start_pool(workers, preload) if workers > 1 else None
 
 
 def _encode_chunk(fn, jobs: list, segment: Optional[str]):
@@ -278,8 +278,8 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
     stats, digest)`` gives each split's metadata, then every split is published. ``digest``
     identifies the conversion (a checkpoint of another one is refused); with ``resume``,
     outputs already complete (same ``root`` and ``options``) are recognised. Failure: see
-    :func:`~gluon_data.convert.outputs._fail`. ``pool``: the workers' pool already started
-    (while the caller planned), this run's to close or stop. ``run``: the conversion's
+    :func:`~gluon_data.convert.outputs.fail_conversion`. ``pool``: the workers' pool already
+    started (while the caller planned), this run's to close or stop. ``run``: the conversion's
     options (``workers``, ``overwrite``, ``on_error``, ``resume``, ``checkpoint_every``,
     ``progress`` are read)."""
     workers, overwrite, on_error = run.workers, run.overwrite, run.on_error
@@ -288,18 +288,18 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
     writers: Dict[str, object] = {}
     stats: Dict[str, RunningStats] = {}
     try:  # one writer per output at a time, from the first look at the checkpoint to publish
-        lock = _output_lock(output, list(splits), outputs.name)
+        lock = output_lock(output, list(splits), outputs.name)
     except BaseException:
         if pool is not None:
-            _stop_pool(pool)
+            stop_pool(pool)
         raise
     try:
-        ckpt = _Checkpoint(output, digest, outputs)
+        ckpt = Checkpoint(output, digest, outputs)
         state = ckpt.load() if resume else None
         if not resume:
             ckpt.remove()
         if resume:
-            done = _resume_finished(state, ckpt, report, root, options)
+            done = resume_finished(state, ckpt, report, root, options)
             if done is not None:
                 done.seconds = time.perf_counter() - t0
                 return done
@@ -332,12 +332,12 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
                 pool = None
         except BaseException as e:
             if pool is not None:  # stop the workers first: they may still read the source
-                _stop_pool(pool)
+                stop_pool(pool)
                 pool = None
-            _fail(e, writers, output, ckpt)
+            fail_conversion(e, writers, output, ckpt)
         finally:
             if pool is not None:
-                _stop_pool(pool)
+                stop_pool(pool)
                 pool = None
             if bar is not None:
                 bar.close()
@@ -345,5 +345,5 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
         return report
     finally:
         if pool is not None:  # a finished resume, a checkpoint that could not be read
-            _stop_pool(pool)
+            stop_pool(pool)
         lock.release()

@@ -23,7 +23,8 @@ from .sources import DEFAULT_MAX_FILE_BYTES
 __all__ = ["ConvertOptions", "Flag", "LAYOUT_FIELDS", "SEGMENTATION_FIELDS", "SHARDED_READS",
            "LOCAL_READS", "COPY_READS", "reads_of",
            "check_layout_options", "checkpoint_every_default", "SHARD_FIELDS", "REMOTE_FIELDS", "LEGACY_FIELDS",
-           "GROUPS", "cli_fields", "flag_name", "parse_shape", "read_classes"]
+           "GROUPS", "cli_fields", "flag_name", "parse_shape", "read_classes", "refuse_unread",
+           "deprecated_retries"]
 
 #: The help sections of ``gluon-data convert`` other than its main one: title -> description.
 GROUPS = {"sharding": "write N self-contained shards plus a manifest "
@@ -329,7 +330,7 @@ def reads_of(layout: Optional[str], sharded: bool, uri: bool,
     return frozenset(reads)
 
 
-def _deprecated_retries(overrides: dict, meaning: str) -> dict:
+def deprecated_retries(overrides: dict, meaning: str) -> dict:
     """The old ``retries=`` keyword of ``convert_sharded`` / ``convert_to_uri``, renamed."""
     if "retries" in overrides:
         warnings.warn("retries= is now %s=" % meaning, DeprecationWarning, stacklevel=3)
@@ -338,7 +339,7 @@ def _deprecated_retries(overrides: dict, meaning: str) -> dict:
     return overrides
 
 
-def _only(options: ConvertOptions, reads, what: str) -> None:
+def refuse_unread(options: ConvertOptions, reads, what: str) -> None:
     """Refuse an option ``what`` does not read, set away from its default: it would be
     silently ignored."""
     default = ConvertOptions()
@@ -364,8 +365,8 @@ def check_layout_options(options: ConvertOptions, layout: str, task: str) -> Non
     ignored = {n for n, layouts in LAYOUT_FIELDS.items() if layout not in layouts}
     if task != "segmentation":
         ignored.update(SEGMENTATION_FIELDS)
-    _only(options, set(options.names()) - ignored,
-          "the %s layout (a %s source)" % (layout, task))
+    refuse_unread(options, set(options.names()) - ignored,
+                  "the %s layout (a %s source)" % (layout, task))
 
 
 def checkpoint_every_default(options: ConvertOptions) -> ConvertOptions:

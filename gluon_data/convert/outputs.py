@@ -1,6 +1,7 @@
 """What a conversion writes: the report, output names and containers, option checks,
-metadata, and the clean-up of a failed run (the lowest layer of :mod:`gluon_data.convert`:
-every other part imports from here, nothing here imports them back).
+metadata, output locks and the clean-up of a failed run. The loop, copies, planning, resume
+and shard tasks import from here; it imports only ``done``, ``encode`` and ``sources`` of the
+conversion package, which sit below it.
 
 Each container is one :class:`Outputs` object: the driver and the copy code open, resume,
 checkpoint and publish writers through it, and the writers share one interface
@@ -34,7 +35,8 @@ from .encode import EncodeOptions
 from .done import Done, file_facts
 
 __all__ = ["done_record", "ConversionReport", "ENCODINGS", "FORMATS", "Outputs", "outputs_for", "output_format",
-           "output_paths", "open_writers"]
+           "output_paths", "open_writers", "output_lock", "fail_conversion", "check_options",
+           "check_output", "check_choices", "split_metadata", "split_fields", "writer_conversion_id"]
 
 ENCODINGS = ("passthrough", "jpg", "png", "raw")
 
@@ -262,14 +264,15 @@ def _free_space(path: str) -> str:
         return "free space unknown"
 
 
-def _output_lock(output: str, splits: Sequence[str], fmt: str) -> OutputLock:
+def output_lock(output: str, splits: Sequence[str], fmt: str) -> OutputLock:
     """Hold the exclusive lock of every path a conversion to ``output`` writes (the output
     itself names the checkpoint); a second conversion to any of them fails at once."""
     paths = output_paths(os.fspath(output), list(splits), fmt)
     return OutputLock([os.fspath(output)] + list(paths.values())).acquire()
 
 
-def _fail(exc: BaseException, writers, output: str, ckpt: "Optional[object]" = None) -> None:
+def fail_conversion(exc: BaseException, writers, output: str,
+                    ckpt: "Optional[object]" = None) -> None:
     """Clean up after a failed or interrupted conversion, then re-raise (an I/O or LMDB
     error as one :class:`ConversionError` naming the output).
 
@@ -315,8 +318,8 @@ def _check_range(name: str, value, lo, hi=None, what: str = "") -> None:
                             value))
 
 
-def _check_options(*, quality=95, resize=0, workers=1, max_pixels=1, max_file_bytes=1,
-                   checkpoint_every=1, ignore_label=255, num_classes=None) -> None:
+def check_options(*, quality=95, resize=0, workers=1, max_pixels=1, max_file_bytes=1,
+                  checkpoint_every=1, ignore_label=255, num_classes=None) -> None:
     """Refuse option values that cannot work, before anything is read or written."""
     _check_range("quality", quality, 0, 100, "a JPEG quality 0..100")
     _check_range("resize", resize, 0, what="0 (keep the size) or a positive short side")
@@ -330,7 +333,7 @@ def _check_options(*, quality=95, resize=0, workers=1, max_pixels=1, max_file_by
         _check_range("num_classes", num_classes, 1)
 
 
-def _check_output(output, fmt: str) -> str:
+def check_output(output, fmt: str) -> str:
     """Refuse an output that cannot be written (empty name, a directory where a ``.rec``
     goes, a file where an LMDB directory goes, a missing or read-only folder) with one
     clear error, before any work is done."""
@@ -367,7 +370,7 @@ def _check_output(output, fmt: str) -> str:
     return output
 
 
-def _check_choices(encoding: str, on_error: str) -> None:
+def check_choices(encoding: str, on_error: str) -> None:
     if encoding not in ENCODINGS:
         raise ValueError("unknown encoding %r; valid: %s" % (encoding, ", ".join(ENCODINGS)))
     if on_error not in ("fail", "skip"):
@@ -376,8 +379,8 @@ def _check_choices(encoding: str, on_error: str) -> None:
 
 
 
-def _metadata(src: Source, split: str, count: int, st: RunningStats, opts: EncodeOptions,
-              classes, num_classes, skipped, options) -> dict:
+def split_metadata(src: Source, split: str, count: int, st: RunningStats, opts: EncodeOptions,
+                   classes, num_classes, skipped, options) -> dict:
     meta = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -420,12 +423,12 @@ def _metadata(src: Source, split: str, count: int, st: RunningStats, opts: Encod
     return meta
 
 
-def _split_fields(src: Source, split: str, digest: str, writer, st: "RunningStats",
-                  items: Sequence[Item]) -> dict:
+def split_fields(src: Source, split: str, digest: str, writer, st: "RunningStats",
+                 items: Sequence[Item]) -> dict:
     """Metadata fields of a split as written: its ``conversion_id``, and for segmentation
     the ``item_names`` (gluoncv's mode='test' returns them) and ``masks: false`` when no
     item has a mask (e.g. VOC test)."""
-    out = {"conversion_id": _conversion_id(digest, split, writer, st)}
+    out = {"conversion_id": writer_conversion_id(digest, split, writer, st)}
     if src.task == "segmentation":
         out["item_names"] = list(st.names)
         if all(i.mask is None for i in items):
@@ -433,7 +436,7 @@ def _split_fields(src: Source, split: str, digest: str, writer, st: "RunningStat
     return out
 
 
-def _conversion_id(digest: str, split: str, writer, st: "RunningStats") -> str:
+def writer_conversion_id(digest: str, split: str, writer, st: "RunningStats") -> str:
     """:func:`gluon_data.format.plan.conversion_id` of what ``writer`` wrote."""
     return conversion_id(digest, split, writer.count, writer.bytes_written, st.state())
 

@@ -15,7 +15,7 @@ from ..stores.base import is_uri
 from ..stores.lmdbio import is_lmdb, names_lmdb
 from .encode import EncodeOptions
 from .options import ConvertOptions, check_layout_options
-from .outputs import ConversionReport, _check_choices, _check_options
+from .outputs import ConversionReport, check_choices, check_options
 from .sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source
 
 __all__ = ["plan_splits", "resolve_classes", "take_problems", "encode_options", "is_dataset",
@@ -105,17 +105,17 @@ class Planned:
 
 def check_values(o: ConvertOptions) -> None:
     """The option values every conversion of a source layout checks before any work."""
-    _check_choices(o.encoding, o.on_error)
+    check_choices(o.encoding, o.on_error)
     if o.mask_encoding not in codec.MASK_ENCODINGS:
         raise ValueError("unknown mask_encoding %r; valid: %s"
                          % (o.mask_encoding, ", ".join(codec.MASK_ENCODINGS)))
-    _check_options(quality=o.quality, resize=o.resize, workers=o.workers,
-                   max_pixels=codec.DEFAULT_MAX_PIXELS if o.max_pixels is None
-                   else o.max_pixels,
-                   max_file_bytes=DEFAULT_MAX_FILE_BYTES if o.max_file_bytes is None
-                   else o.max_file_bytes,
-                   checkpoint_every=o.checkpoint_every, ignore_label=o.ignore_label,
-                   num_classes=o.num_classes)
+    check_options(quality=o.quality, resize=o.resize, workers=o.workers,
+                  max_pixels=codec.DEFAULT_MAX_PIXELS if o.max_pixels is None
+                  else o.max_pixels,
+                  max_file_bytes=DEFAULT_MAX_FILE_BYTES if o.max_file_bytes is None
+                  else o.max_file_bytes,
+                  checkpoint_every=o.checkpoint_every, ignore_label=o.ignore_label,
+                  num_classes=o.num_classes)
 
 
 def plan_source(source: str, layout: Optional[str], o: ConvertOptions) -> Planned:

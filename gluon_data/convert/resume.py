@@ -24,18 +24,18 @@ from .outputs import ConversionReport, Outputs
 from .done import (Done, is_done, local_look, output_unit, read_record, record_in,
                    why_not_done, write_record)
 
-__all__ = []
+__all__ = ["Checkpoint", "source_plan_digest", "resume_finished", "import_digest"]
 
 
-def _plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,
-                 options: dict) -> PlanDigest:
+def source_plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOptions,
+                       options: dict) -> PlanDigest:
     """Identity of a conversion (:func:`gluon_data.format.plan.plan_digest`): a checkpoint only
     resumes the same inputs (names and each file's stamp: size, mtime, inode, ctime) and
     options."""
     return plan_digest(source_head(src, opts, options), plan, src.root)
 
 
-class _Checkpoint:
+class Checkpoint:
     """Resume state: per split, items done, writer position and statistics.
 
     RecordIO: ``OUTPUT.resume.json``, replaced atomically after the partial files were
@@ -159,8 +159,8 @@ class _Checkpoint:
                 pass
 
 
-def _resume_finished(state, ckpt: "_Checkpoint", report: ConversionReport, root: str,
-                     options: dict) -> Optional[ConversionReport]:
+def resume_finished(state, ckpt: "Checkpoint", report: ConversionReport, root: str,
+                    options: dict) -> Optional[ConversionReport]:
     """With ``resume``: finish a publish that a crash interrupted, or recognise outputs that
     are already complete by the one rule of "done" (:func:`~gluon_data.convert.done.
     why_not_done`: each split's metadata holds the done record of this plan's digest, and
@@ -216,8 +216,8 @@ def _check_unchanged_since(digest, output: str) -> None:
                               "current files" % (n, ", ".join(some)), output)
 
 
-def _import_digest(source: str, layout: str, split: str, count: int, opts: EncodeOptions,
-                   options: dict) -> PlanDigest:
+def import_digest(source: str, layout: str, split: str, count: int, opts: EncodeOptions,
+                  options: dict) -> PlanDigest:
     """Identity of a legacy LMDB import: its source (and the stamp of its
     ``data.mdb``), layout, split, record count and options."""
     mdb = os.path.join(source, LMDB_DATA) if os.path.isdir(source) else source

@@ -23,10 +23,10 @@ from ..stores.shards import (dataset_files, is_manifest, manifest_path, read_sha
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
 from .done import local_look, record_in, shard_unit, why_not_done
-from .encode import _work
-from .outputs import _fail, _metadata, _split_fields, done_record, open_writers
+from .encode import encode_job
+from .outputs import fail_conversion, split_metadata, split_fields, done_record, open_writers
 
-__all__ = ["write_shard", "ShardJob"]
+__all__ = ["write_shard", "ShardJob", "check_not_source", "source_location", "NOT_COPIED"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class ShardJob:
     plan: Optional[str] = None  # the split plan's names-only digest (``digest``: this shard's)
 
 
-def _check_not_source(plans: List[dict], container: str, source: str) -> None:
+def check_not_source(plans: List[dict], container: str, source: str) -> None:
     """Refuse a sharded output that would write or replace a file of its ``source`` (its
     manifests, its shards' files), before any task runs."""
     shards = dataset_files(*(j.path for p in plans for j in p["jobs"]), container=container)
@@ -125,7 +125,7 @@ def _write_shard_locked(job: ShardJob) -> dict:
         else:
             st, skipped = _Stats(), []
             for pos, item in job.items:
-                _, payload, info, err = _work((pos, item), job.opts)
+                _, payload, info, err = encode_job((pos, item), job.opts)
                 if err is not None:
                     if job.on_error == "fail":
                         raise ConversionError("%s, item %d (%s): %s"
@@ -136,10 +136,10 @@ def _write_shard_locked(job: ShardJob) -> dict:
                 st.add(info)
                 if job.src.task == "segmentation":  # as convert(): mode='test' returns it
                     st.names.append(os.path.basename(item.image))
-            meta = _metadata(job.src, job.split, w.count, st, job.opts, job.classes,
-                             job.num_classes, skipped, job.options)
-            meta.update(_split_fields(job.src, job.split, _shard_digest(job), w, st,
-                                      [i for _, i in job.items]))
+            meta = split_metadata(job.src, job.split, w.count, st, job.opts, job.classes,
+                                  job.num_classes, skipped, job.options)
+            meta.update(split_fields(job.src, job.split, _shard_digest(job), w, st,
+                        [i for _, i in job.items]))
             shard_info.update(items=[job.items[0][0], job.items[-1][0] + 1],
                               stats=st.state())
         shard_info["done"] = done_record(shard_unit(job.index, job.count), job.digest, w)
@@ -149,7 +149,7 @@ def _write_shard_locked(job: ShardJob) -> dict:
         w.finish(meta)
         w.publish()
     except BaseException as e:
-        _fail(e, writers, job.path)
+        fail_conversion(e, writers, job.path)
     out = shard_summary(job.path, job.container, job.split)
     out.update(reused=False, seconds=time.perf_counter() - t0)
     return out
@@ -192,7 +192,7 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
                                   e.path or location) from None
         w.write(keys[i] if keys is not None else store.key(i), payload)
     meta = {k: v for k, v in job.source_meta.items()
-            if k not in _NOT_COPIED}
+            if k not in NOT_COPIED}
     meta["num_records"] = end - start
     if meta.get("item_names") is not None:  # position i of this shard is start + i
         meta["item_names"] = meta["item_names"][start:end]
@@ -205,10 +205,10 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
 #: Metadata keys a copied shard (and its manifest) does not take from the source: the
 #: container's own (:data:`gluon_data.format.meta.CONTAINER_KEYS`), ``shard`` and ``done``
 #: (the done record of the source's own files).
-_NOT_COPIED = CONTAINER_KEYS + ("shard", "done")
+NOT_COPIED = CONTAINER_KEYS + ("shard", "done")
 
 
-def _where(source: str) -> str:
+def source_location(source: str) -> str:
     """How a plan names its source: a URI as given, a path made absolute."""
     return source if is_uri(source) else os.path.abspath(source)
 

@@ -1,11 +1,17 @@
 """Sharded conversion: a plan, one task per shard, a manifest per split.
 
-A source layout (encoded through the converter's per-item code, :func:`~.encode._work`) or a
-dataset (its records copied, checksums verified) is planned into shards; each shard is one
-task, a pure function of (plan, shard number, options) run by :mod:`gluon_data.convert.engines`,
-which writes it with the converter's writers and publishes it by rename; the manifest
-(:mod:`gluon_data.stores.shards`) is written last. A rerun keeps the shards the one rule of
-"done" proves finished (:mod:`gluon_data.convert.done`) and redoes the rest. :func:`convert_sharded` is importable from :mod:`gluon_data.stores.shards` too.
+A source layout (encoded through the converter's per-item code,
+:func:`~.encode.encode_job`) or a dataset (its records copied, checksums verified) is
+planned into shards; each shard is one task, a pure function of (plan, shard number,
+options) run by :mod:`gluon_data.convert.engines`, which writes it with the converter's
+writers and publishes it by rename; the manifest (:mod:`gluon_data.stores.shards`) is
+written last. A rerun keeps the shards the one rule of "done" proves finished
+(:mod:`gluon_data.convert.done`) and redoes the rest.
+
+:func:`sharded_conversion` is internal: :func:`gluon_data.convert.convert` runs it for
+``shards=N`` (or ``shard_size=``, ``shard_items=``). The old entry :func:`convert_sharded`
+still imports from ``gluon_data.convert`` (and the old ``gluon_data.shards``), with a
+``DeprecationWarning``.
 """
 from __future__ import annotations
 
@@ -33,11 +39,11 @@ from ..stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, is_manifest, man
                              shard_files, shard_name, write_manifest)
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
-from .copy import _stock_meta
-from .options import SHARDED_READS, ConvertOptions, _deprecated_retries, _only
+from .copy import stock_meta
+from .options import SHARDED_READS, ConvertOptions, deprecated_retries, refuse_unread
 from .planning import check_values, plan_source, take_problems
-from .outputs import ConversionReport, _metadata, _split_fields, output_format
-from .shard_task import (ShardJob, _NOT_COPIED, _check_not_source, _where, write_shard)
+from .outputs import ConversionReport, split_metadata, split_fields, output_format
+from .shard_task import (ShardJob, NOT_COPIED, check_not_source, source_location, write_shard)
 
 __all__ = ["convert_sharded", "sharded_conversion", "write_shard", "ShardJob"]
 
@@ -114,8 +120,8 @@ def convert_sharded(source: str, output: str, layout: Optional[str] = None,
     ConversionReport
         ``outputs`` maps each split to its manifest; ``shards`` lists per-shard entries.
     """
-    o = ConvertOptions.merge(options, _deprecated_retries(overrides, "task_retries"))
-    _only(o, SHARDED_READS, "a sharded conversion")
+    o = ConvertOptions.merge(options, deprecated_retries(overrides, "task_retries"))
+    refuse_unread(o, SHARDED_READS, "a sharded conversion")
     return sharded_conversion(source, output, layout, o, sink)
 
 
@@ -127,7 +133,7 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
     cut = partial(plan_ranges, shards=o.shards, shard_size=shard_size,
                   shard_items=o.shard_items) if given else None
     # paths resolve here, on the client: a Dask worker runs in its own working directory
-    source, output = (_where(os.fspath(x)) for x in (source, output))
+    source, output = (source_location(os.fspath(x)) for x in (source, output))
     if o.lst_root is not None:
         o = o.replace(lst_root=os.path.abspath(o.lst_root))
     source_options = o.source_options
@@ -204,7 +210,7 @@ def _plan_copy(source: str, split: Optional[str], source_options: Optional[dict]
             raise ValueError("re-sharding %s needs --shards, --shard-size or "
                              "--shard-items" % source)
         spfx = prefix if len(found) == 1 else "%s_%s" % (prefix, s)
-        head = {"copy": _where(source), "split": s, "ranges": ranges,
+        head = {"copy": source_location(source), "split": s, "ranges": ranges,
                 "container": container, "meta": meta}
         names = plan_digest(head)
         digest = plan_digest(head, {s: _stamped_files(source)})
@@ -217,7 +223,7 @@ def _plan_copy(source: str, split: Optional[str], source_options: Optional[dict]
         plans.append({"prefix": spfx, "jobs": jobs, "digest": digest, "meta": meta,
                       "names": names, "split": meta.get("split") or "train",
                       "ranges": ranges,
-                      "plan": {"source": _where(source), "kind": "copy",
+                      "plan": {"source": source_location(source), "kind": "copy",
                                "ranges": ranges, "names": names}})
     return plans
 
@@ -264,7 +270,7 @@ def _check_targets(plans: List[dict], container: str, source: str, overwrite: bo
     check_replaceable`): without ``overwrite`` only a manifest and shards of this plan;
     with it, only gluon-data's own (a plain file, foreign JSON or a cut or edited manifest
     is refused even then)."""
-    _check_not_source(plans, container, source)
+    check_not_source(plans, container, source)
     for p in plans:
         check_replaceable(manifest_path(p["prefix"]), "manifest", overwrite,
                           plan=str(p["names"]), recorded=_manifest_plan)
@@ -351,9 +357,9 @@ def _check_shard_here(job: ShardJob, entry: dict) -> None:
 
 def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
     """The whole split's metadata: the copy source's, or recomputed by the converter's own
-    :func:`~gluon_data.convert._metadata` from the shards' merged statistics."""
+    :func:`~gluon_data.convert.outputs.split_metadata` from the shards' merged statistics."""
     if "merge" not in p:
-        meta = {k: v for k, v in p["meta"].items() if k not in _NOT_COPIED}
+        meta = {k: v for k, v in p["meta"].items() if k not in NOT_COPIED}
         meta["num_records"] = sum(e["records"] for e in entries)
         return meta
     stub, opts, classes, num_classes, options = p["merge"]
@@ -363,10 +369,11 @@ def _merged_meta(p: dict, entries: List[dict], problems: list) -> dict:
         st.merge(_Stats.from_state(e["meta"]["shard"]["stats"]))
         skipped.extend(e["meta"].get("skipped", []))
     count = sum(e["records"] for e in entries)
-    meta = _metadata(stub, p["split"], count, st, opts, classes, num_classes, skipped, options)
+    meta = split_metadata(stub, p["split"], count, st, opts, classes, num_classes, skipped,
+                          options)
     written = types.SimpleNamespace(count=count, bytes_written=sum(e["bytes"] for e in entries))
-    meta.update(_split_fields(stub, p["split"], p["names"], written, st,
-                              [i for j in p["jobs"] for _, i in j.items]))
+    meta.update(split_fields(stub, p["split"], p["names"], written, st,
+                [i for j in p["jobs"] for _, i in j.items]))
     return meta
 
 
@@ -396,7 +403,7 @@ def _copy_sources(source: str, split: Optional[str], options: Optional[dict] = N
         return
     meta = read_meta(source)
     f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
-    meta = meta or _stock_meta(source, len(f))
+    meta = meta or stock_meta(source, len(f))
     sizes = f.extent_sizes().tolist()
     yield None, None, meta, None, sizes
 
@@ -426,5 +433,5 @@ def _uri_copy_sources(source: str, split: Optional[str], options: dict):
             yield s, s, f.meta, None, [len(f.read(i)) for i in range(len(f))]
         return
     f = first.record_file()  # a .rec: downloaded whole (with its .idx) into the cache
-    meta = first.meta or _stock_meta(source, len(first))
+    meta = first.meta or stock_meta(source, len(first))
     yield None, None, meta, None, f.extent_sizes().tolist()

@@ -17,7 +17,7 @@ from .upload import ShardUploader, upload_dataset
 from ..stores.shards import is_manifest
 from .local import convert_local
 from .planning import is_dataset
-from .options import ConvertOptions, _deprecated_retries, _only, reads_of
+from .options import ConvertOptions, deprecated_retries, refuse_unread, reads_of
 from .sharded import sharded_conversion
 
 
@@ -51,10 +51,10 @@ def convert_to_uri(source: str, output: str, layout: Optional[str] = None,
     >>> convert_to_uri("VOCdevkit", "s3://bucket/voc.rec", layout="voc",
     ...                storage_options={"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
     """
-    o = ConvertOptions.merge(options, _deprecated_retries(overrides, "remote_retries"))
+    o = ConvertOptions.merge(options, deprecated_retries(overrides, "remote_retries"))
     sharded = is_manifest(os.fspath(source)) or o.sharded
-    _only(o, reads_of(layout, sharded, True, not sharded and is_dataset(os.fspath(source))),
-          "a conversion into object storage")
+    copying = not sharded and is_dataset(os.fspath(source))
+    refuse_unread(o, reads_of(layout, sharded, True, copying), "a conversion into object storage")
     return uri_conversion(source, output, layout, o, sharded)
 
 
