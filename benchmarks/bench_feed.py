@@ -246,7 +246,7 @@ def datasets(workdir: str, n: int, which=None) -> dict:
     if "mask_dtype" in inspect.signature(SegmentationDataset).parameters:  # the real option
         sets["ours, mask_dtype='uint8'"] = (SegmentationDataset(
             rec, mode="train", base_size=BASE, crop_size=CROP, seed=0, output="uint8",
-            mask_dtype="uint8"), None)
+            mask_dtype="uint8", ignore_value=255), None)  # (uint8 cannot hold -1)
     return {k: v for k, v in sets.items() if which is None or k in which}
 
 
