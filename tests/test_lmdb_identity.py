@@ -367,3 +367,28 @@ def test_a_legacy_store_is_bound_as_an_lmdb_file_is(tmp_path):
         store.read(0)
     assert e.value.path == src
     assert RecipeLMDBStore(src, "train", image_shape=(24, 32, 3)).read(0) != first
+
+
+def test_a_legacy_layouts_samples_are_never_copied_to_bind_it(tmp_path):
+    """A Caffe LMDB keeps its samples in the main database: binding a reader to the file
+    snapshots the main database's records only where they are sub-databases (a few), so
+    opening one copies none of the dataset (here 200 x 64 KiB) into every process."""
+    import tracemalloc
+    import lmdb
+    from gluon_data.stores.lmdb_env import ProcessEnv, env_stamp, shared_env
+    path = str(tmp_path / "caffe")
+    env = lmdb.open(path, map_size=64 << 20)
+    with env.begin(write=True) as txn:
+        for i in range(200):
+            txn.put(b"%08d_x.jpg" % i, bytes([i % 251]) * (64 << 10))
+    env.close()
+    handle = ProcessEnv(path, env_stamp(shared_env(path)))
+    tracemalloc.start()
+    try:
+        got, _ = handle.get()
+        with got.begin() as txn:
+            assert txn.get(b"00000007_x.jpg")[:1] == bytes([7])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (2 << 20), peak  # the samples are 12.5 MiB

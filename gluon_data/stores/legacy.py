@@ -224,13 +224,6 @@ class _LegacyStore:
         """Device and inode of ``data.mdb`` when opened (legacy layouts carry no id)."""
         return self._identity
 
-    def _init_env(self, path: str) -> None:
-        """Bound, as an :class:`~gluon_data.stores.lmdbio.LMDBFile` is, to the environment
-        as opened (:class:`ProcessEnv`: checked at the first read in each process, then at
-        every read)."""
-        self.path = os.fspath(path)
-        self._identity = self._stamp()
-        self._env = ProcessEnv(self.path, env_stamp(shared_env(self.path)))
     def __len__(self) -> int:
         return self._n
 

@@ -163,16 +163,19 @@ def _state_of(st: os.stat_result) -> Tuple[int, int, int]:
     return st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
-def _main_records(env: lmdb.Environment) -> Dict[bytes, bytes]:
-    """The records of the main database: each sub-database's name and descriptor (its root
-    page, depth and counts, which any commit to it changes)."""
+def _main_records(env: lmdb.Environment) -> Optional[Dict[bytes, bytes]]:
+    """The records of the main database where they are sub-databases (ours: each one's name
+    and descriptor -- its root page, depth and counts, which any commit to it changes), at
+    most ``MAX_DBS`` of them; ``None`` where the main database holds more (a legacy layout
+    keeps its samples there: no snapshot is taken, so nothing of the dataset is copied)."""
     try:
+        if env.stat()["entries"] > _MAX_DBS:
+            return None
         with env.begin() as txn:
             return {bytes(k): bytes(v) for k, v in txn.cursor()}
     except lmdb.MapResizedError:  # another process grew the map: adopt its size
         env.set_mapsize(0)
-        with env.begin() as txn:
-            return {bytes(k): bytes(v) for k, v in txn.cursor()}
+        return _main_records(env)
 
 
 def env_stamp(env: lmdb.Environment) -> Tuple[int, int, int, int, int]:
@@ -241,14 +244,15 @@ class ProcessEnv:
         """``data.mdb`` is not as it was when resolved (size, mtime or ctime: a rewrite whose
         mtime was set back still has a new ctime). Refused, unless the file was only unlinked
         (a republished path: its old file, which no path reaches, stays readable), or LMDB
-        committed to it since and every sub-database that existed is as it was."""
+        committed to it since and every sub-database that existed is as it was (where the
+        main database holds sub-databases only: a commit to a legacy layout is refused)."""
         now = _state_of(st)
         if now[:2] == tuple(resolved[:2]) and st.st_nlink == 0:
             resolved[2] = now[2]
             return
         txnid = env.info()["last_txnid"]
-        if txnid > resolved[3]:
-            records = _main_records(env)
+        if txnid > resolved[3] and resolved[4] is not None:  # (no snapshot: refused)
+            records = _main_records(env) or {}
             if all(records.get(k) == v for k, v in resolved[4].items()):
                 resolved[:4] = list(now) + [txnid]
                 return
