@@ -13,7 +13,7 @@ import pytest
 
 from gluon_data.convert import ConvertOptions, convert
 from gluon_data.convert.sample import make_imagefolder
-from gluon_data.errors import OutputError
+from gluon_data.errors import GluonDataError, OutputError
 from gluon_data.format.meta import dumps_meta, meta_path
 from gluon_data.stores.base import open_store
 from gluon_data.tools.verify import verify
@@ -94,6 +94,35 @@ def test_resume_redoes_an_output_of_the_previous_release(src, tmp_path):
     _last_record_flipped(out)
     convert(src, out, "imagefolder", resume=True)
     assert verify(out).ok and "done" in json.loads(_read(meta_path(out)))
+
+
+def test_resume_never_replaces_a_previous_release_output_of_another_source(tmp_path):
+    """The previous release's metadata records no done record: --resume redoes it only
+    when it says it was made from this source with these options; one made from another
+    source is refused as any existing output is, and stays as it was."""
+    a = make_imagefolder(str(tmp_path / "a"), per_class=3)
+    b = make_imagefolder(str(tmp_path / "b"), per_class=2)
+    out = str(tmp_path / "c.rec")
+    convert(a, out, "imagefolder")
+    meta = json.loads(_read(meta_path(out)))
+    del meta["done"]
+    with open(meta_path(out), "wb") as f:
+        f.write(dumps_meta(meta))
+    before = [_read(out), _read(out[:-4] + ".idx"), _read(meta_path(out))]
+    with pytest.raises((FileExistsError, GluonDataError), match="already exists|other inputs"):
+        convert(b, out, "imagefolder", resume=True)
+    assert [_read(out), _read(out[:-4] + ".idx"), _read(meta_path(out))] == before
+
+
+def test_resume_recognises_a_finished_output_not_named_rec(src, tmp_path):
+    """The done record names the files by kind: an output called o.data (index o.idx) is
+    recognised on --resume, not converted again."""
+    out = str(tmp_path / "o.data")
+    convert(src, out, "imagefolder")
+    stamp = os.stat(out).st_mtime_ns
+    convert(src, out, "imagefolder", resume=True)
+    assert os.stat(out).st_mtime_ns == stamp
+    assert verify(out).ok
 
 
 # ------------------------------------------------------------------------- sharded

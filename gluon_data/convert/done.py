@@ -39,6 +39,7 @@ from ..errors import ConversionError, FormatError
 from ..format.documents import (COUNT, SHA256, STR, Doc, F, check_document, load_document,
                                 map_of, obj, parse_json, register)
 from ..format.ownership import check_replaceable
+from ..format.recindex import idx_path_for
 from ..storage.fsutil import atomic_write, fsync_dir, sha256_file
 
 __all__ = ["Done", "is_done", "why_not_done", "file_facts", "local_look", "DIGESTS", "read_record", "record_in", "read_records", "records_doc",
@@ -170,20 +171,25 @@ def file_facts(path: str) -> Optional[dict]:
         return None
 
 
-def local_look(stem: str) -> Look:
-    """The ``look`` of :func:`why_not_done` for the files of a local output, named in its
-    record by their suffix (``.rec``, ``.idx``) after ``stem`` (the output's path without
-    ``.rec``): size first, the SHA-256 (one read of the file) only when the size is the
-    recorded one."""
+def local_look(path: str) -> Look:
+    """The ``look`` of :func:`why_not_done` for the files of a local ``.rec`` output at
+    ``path``, named in its record by their suffix: ``.rec`` is ``path`` itself (whatever its
+    name ends with) and ``.idx`` its index beside it (:func:`~gluon_data.format.recindex.
+    idx_path_for`). Size first, the SHA-256 (one read of the file) only when the size is
+    the recorded one."""
+    files = {".rec": path, ".idx": idx_path_for(path)}
+
     def look(name: str, want: Mapping) -> Optional[dict]:
-        path = stem + name
+        file = files.get(name)
+        if file is None:
+            return None
         try:
-            size = os.path.getsize(path)
+            size = os.path.getsize(file)
         except OSError:
             return None
         if size != want.get("bytes") or "sha256" not in want:
             return {"bytes": size}
-        return {"bytes": size, "sha256": sha256_file(path)}
+        return {"bytes": size, "sha256": sha256_file(file)}
     return look
 
 

@@ -183,13 +183,15 @@ def resume_finished(state, ckpt: "Checkpoint", report: ConversionReport, root: s
         path = outputs[split]
         record = record_in(meta, path, lambda d: None, what="done record of the output")
         unit = output_unit(split)
+        if record is None and not _made_by(meta, root, options):
+            return None  # the previous release's output of another source or options: the
+            # conversion then refuses it as any existing output (only --overwrite replaces it)
         if record is not None and (record.unit != unit or record.digest != str(ckpt.digest)):
             _check_unchanged_since(ckpt.digest, path)
             raise ConversionError("this output was made from other inputs or options, or "
                                   "from the source as it was before it changed; rerun with "
                                   "--overwrite to convert the current files", path)
-        stem = os.path.splitext(path)[0]
-        redo = redo or why_not_done(record, unit, ckpt.digest, local_look(stem)) is not None
+        redo = redo or why_not_done(record, unit, ckpt.digest, local_look(path)) is not None
     if redo:  # ours, of this plan, not provably complete: written again
         for path in dict.fromkeys(outputs.values()):
             ckpt.outputs.discard(path)
@@ -199,6 +201,13 @@ def resume_finished(state, ckpt: "Checkpoint", report: ConversionReport, root: s
         report.bytes_written += ckpt.outputs.bytes_on_disk(outputs[split])
     report.skipped[:] = next(iter(metas.values())).get("skipped", [])
     return report
+
+
+def _made_by(meta: dict, root: str, options: dict) -> bool:
+    """Whether metadata that records no done record (the previous release's) says it was
+    made from ``root`` with ``options``: only then is it this plan's, to be redone."""
+    made = meta.get("created_by") or {}
+    return made.get("options") == options and made.get("source") == os.path.abspath(root)
 
 
 def _check_unchanged_since(digest, output: str) -> None:

@@ -84,7 +84,7 @@ def _finished(job: ShardJob) -> Optional[dict]:
     record = record_in(info, job.path, what="shard metadata's done record")
     if any(not os.path.exists(p) for p in shard_files(job.path, job.container)) or \
             why_not_done(record, shard_unit(job.index, job.count), job.digest,
-                         local_look(os.path.splitext(job.path)[0])) is not None:
+                         local_look(job.path)) is not None:
         return None
     return dict(shard_summary(job.path, job.container, job.split), reused=True)
 
