@@ -279,3 +279,39 @@ def test_gluon_views_take_mask_dtype(seg_rec):
     for i in range(4):
         mask = view[i][1]
         assert mask.dtype == np.uint8 and np.array_equal(mask.asnumpy(), ours[i][1])
+
+
+TRAINER_THREADS = r"""
+import json, multiprocessing, sys
+import cv2
+
+
+def trainer(path, q):
+    # a training process started by multiprocessing (as torch.multiprocessing.spawn starts
+    # one per GPU): it makes its own dataset, so it is that dataset's main process
+    from gluon_data.arrays import SegmentationDataset
+    cv2.setNumThreads(3)
+    ds = SegmentationDataset(path, mode="train", seed=0, base_size=50, crop_size=40)
+    ds[0]
+    q.put(cv2.getNumThreads())
+
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=trainer, args=(sys.argv[1], q))
+    p.start()
+    got = q.get(timeout=120)
+    p.join(60)
+    print("THREADS " + json.dumps({"trainer": got}))
+"""
+
+
+def test_a_trainer_started_by_multiprocessing_keeps_its_opencv_setting(seg_rec, tmp_path):
+    """Only a copy of a dataset read in another process is a worker's: a process started by
+    multiprocessing that makes its own dataset keeps the OpenCV setting its user chose."""
+    script = tmp_path / "trainer_threads.py"
+    script.write_text(TRAINER_THREADS)
+    got = _threads_report(subprocess.run([sys.executable, str(script), seg_rec],
+                                         capture_output=True, text=True, timeout=180))
+    assert got == {"trainer": 3}, got

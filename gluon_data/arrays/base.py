@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import errno
-import multiprocessing
 import os
 import threading
 from typing import Callable, List, Optional, Tuple
@@ -35,7 +34,7 @@ from ..format import codec
 from ..format.meta import ids_are_keys, wrong_record
 from ..sampling.sampler import split_key
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
-from ..storage.perprocess import PerProcess
+from ..storage.perprocess import PerProcess, ProcessMark
 from ..stores.base import RecordStore, is_uri, open_store, will_need
 from . import transforms as T
 
@@ -45,21 +44,20 @@ __all__ = ["as_store", "open_location", "container_of", "in_worker", "remote_opt
 #: The mask dtypes a :class:`SegmentationDataset` returns (``mask_dtype``); int32 by default.
 MASK_DTYPES = ("uint8", "int16", "int32")
 
-# The process that imported this module (a forked child inherits the holder, never the mark).
-_HOME: PerProcess = PerProcess()
-_HOME.set(True)
-# Whether this process is a worker, decided (and OpenCV set up) on its first read.
+# Whether this process is a loader's worker, decided (and OpenCV set up) on its first read.
 _SETUP: PerProcess = PerProcess()
 
 
-def in_worker() -> bool:
-    """Whether this process is a loader's worker: started by :mod:`multiprocessing` (a
-    Gluon or PyTorch ``DataLoader`` worker, a ``Pool`` process, spawned or forked) or forked
-    from the process that imported gluon_data."""
-    return multiprocessing.parent_process() is not None or not _HOME.mine()
+def in_worker(made_in: ProcessMark) -> bool:
+    """Whether this process is a loader's worker for a dataset made in ``made_in``: any
+    process other than the one that made it (a Gluon or PyTorch ``DataLoader`` worker, a
+    ``Pool`` process, forked or spawned, reads a copy). A training process started by
+    :mod:`multiprocessing` (``torch.multiprocessing.spawn``) that makes its own dataset is
+    that dataset's main process."""
+    return not made_in.here()
 
 
-def _setup_process() -> bool:
+def _setup_process(made_in: ProcessMark) -> bool:
     """Once per process, on a dataset's first read: in a worker (:func:`in_worker`) OpenCV
     runs single-threaded, so N workers do not each start a thread pool of their own that
     competes with the others and with the training process. The main process keeps what
@@ -67,7 +65,7 @@ def _setup_process() -> bool:
     that reconfigures a pool whose threads it did not inherit waits forever on their
     condition variables (OpenCV 4 and 5), and the parent's pool is often running when a
     loader forks its workers."""
-    worker = in_worker()
+    worker = in_worker(made_in)
     if worker:
         cv2.setNumThreads(0)
     return worker
@@ -164,6 +162,7 @@ class StoreDataset:
             raise TypeError("expected a record store (see gluon_data.stores.base.open_store), "
                             "got %r" % (store,))
         self._file = store
+        self._made_in = ProcessMark()  # (travels with a pickle: a worker's copy knows it)
         self.filename = store.location
         self.meta = store.meta
         if self.meta is None and self._task == "segmentation":
@@ -281,7 +280,7 @@ class StoreDataset:
         return T.sample_context(epoch, i)
 
     def _record(self, i: int):
-        _SETUP.get(_setup_process)
+        _SETUP.get(lambda: _setup_process(self._made_in))
         key, offset = self._file.key(i), self._file.offset(i)
         payload = self._file.view(i)  # parsed (and image/mask copied out) before the next read
         rec = codec.unpack(payload, segmentation=self._task == "segmentation",
@@ -309,6 +308,7 @@ class StoreDataset:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.__dict__.setdefault("_made_in", ProcessMark(0))  # (an older pickle: a copy)
         self._passes_lock = threading.Lock()
 
     def __repr__(self) -> str:
