@@ -70,6 +70,12 @@ def test_nearest_index_is_opencv_4s_exact_map():
         assert idx.min() >= 0 and idx.max() <= src - 1 and (np.diff(idx) >= 0).all()
     with pytest.raises(ValueError):
         T.nearest_index(0, 5)
+    if cv2.__version__.startswith("4."):  # where OpenCV resizes masks itself (same map)
+        for _ in range(300):
+            src, dst = (int(v) for v in rng.integers(1, 700, 2))
+            row = np.arange(src, dtype=np.uint16)[None, :]
+            got = cv2.resize(row, (dst, 1), interpolation=cv2.INTER_NEAREST_EXACT)[0]
+            assert got.tolist() == T.nearest_index(dst, src).tolist(), (src, dst)
 
 
 def test_resize_mask_mirrors_in_the_same_copy():
