@@ -5,7 +5,8 @@ complete (with the binary index beside it).
 Records come one at a time (:meth:`RecordWriter.write`) or as *segments*: files of framed
 records that conversion workers write beside the output (:meth:`RecordWriter.segment_path`)
 and the writer appends by a kernel copy (:meth:`RecordWriter.append_segment`), so the
-process that orders the records never touches their bytes."""
+process that orders the records does not handle their bytes (except to renumber the records
+that follow a skipped item)."""
 from __future__ import annotations
 
 import errno
