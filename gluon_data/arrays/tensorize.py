@@ -294,7 +294,8 @@ def uint8_image(x: Any) -> np.ndarray:
     return arr
 
 
-def crop_normalize(transform, seed: Optional[int], uint8: bool) -> ImageCropNormalize:
+def crop_normalize(transform: Union[ImageCropNormalize, ToTensorNormalize],
+                   seed: Optional[int], uint8: bool) -> ImageCropNormalize:
     """A new :class:`ImageCropNormalize` doing what ``transform`` (one, or a
     :class:`ToTensorNormalize`) does, drawing with ``seed`` (the transform's own when
     ``None``), CxHxW uint8 with ``uint8`` (then a ``Normalize`` is a ``ValueError``)."""
