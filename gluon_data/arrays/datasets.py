@@ -23,7 +23,6 @@ import numpy as np
 from ..errors import CorruptRecordError, DecodeError
 from ..format import codec
 from ..format.decode import decode_region
-from ..sampling.sampler import SampleKey
 from ..stores.base import RecordStore
 from . import transforms as T
 from ..storage.options import RemoteOptions
@@ -103,17 +102,15 @@ class ClassificationDataset(StoreDataset):
 
     _task = "classification"
     _first_option = "image_transform"  # what takes the crop/flip recipe (errors name it)
-    #: the numpy crop/flip/tensor the image goes through first
-    _fast_first: Optional[ImageCropNormalize] = None
+    _fast_first: Optional[ImageCropNormalize] = None  # the numpy crop/flip/tensor, first
     _fast_source: Any = None  # what the caller gave for it
 
-    def __init__(self, source: Union[RecordStore, str, os.PathLike], flag: int = 1,
+    def __init__(self, source: Union[RecordStore, str, os.PathLike[str]], flag: int = 1,
                  transform: Optional[Callable] = None, *, split: Optional[str] = None,
                  image_transform: Union[ImageCropNormalize, ToTensorNormalize, None] = None,
-                 seed: Optional[int] = None,
-                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated: Any) -> None:
+                 seed: Optional[int] = None, verify: bool = True,
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None,
+                 remote: Optional[RemoteOptions] = None, **deprecated: Any) -> None:
         store = as_store(type(self).__name__, source, split,
                          remote=remote_options(type(self).__name__, remote, deprecated))
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
@@ -147,8 +144,7 @@ class ClassificationDataset(StoreDataset):
         """The fast path's crop in two phases: drawn from the header's image size, then only
         its box decoded (:func:`~gluon_data.format.decode.decode_region`; the same pixels as a full
         decode, so the same tensor). ``None`` where it does not apply."""
-        fast = cast(ImageCropNormalize, self._fast_first)  # set: this is its path
-        # (a JPEG or PNG decodes to 3 channels, or 1 with flag 0)
+        fast = cast(ImageCropNormalize, self._fast_first)  # (JPEG/PNG: 3 channels, 1 with flag 0)
         if fast.crop is None or fast.tensor.channels not in (1, 3 if self._flag else 1):
             return None  # mean/std not fitting the channels: the fallback runs
         hw = codec.image_size(rec.image)
@@ -270,7 +266,7 @@ class SegmentationDataset(StoreDataset):
     _tensorize: Optional[ImageCropNormalize]
     _transform: Optional[Callable]
 
-    def __init__(self, source: Union[RecordStore, str, os.PathLike],
+    def __init__(self, source: Union[RecordStore, str, os.PathLike[str]],
                  transform: Optional[Callable] = None, ignore_value: Optional[int] = -1, *,
                  split: Optional[str] = None,
                  mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
@@ -300,8 +296,7 @@ class SegmentationDataset(StoreDataset):
         self._ignore_value = ignore_value
         stored = self.meta.get("ignore_label", 255)
         self.ignore_label = None if stored is None else int(stored)
-        # mask_dtype -> the stored-value table of uint8 masks
-        self._tables: Dict[np.dtype, np.ndarray] = {}
+        self._tables: Dict[np.dtype, np.ndarray] = {}  # mask_dtype -> uint8 masks' table
         self.mask_dtype = check_mask_dtype(mask_dtype, ignore_value, self.ignore_label,
                                       self.meta.get("num_classes"), self.filename)
         self.mode, self.base_size, self.crop_size = mode, base_size, crop_size
@@ -354,7 +349,7 @@ class SegmentationDataset(StoreDataset):
     def palette(self) -> List[List[int]]:
         return self.meta.get("palette") or []
 
-    def name(self, idx: Union[int, SampleKey]) -> str:
+    def name(self, idx: int) -> str:
         """The source name of sample ``idx``, what ``mode='test'`` returns with the image:
         the image's file name as gluoncv returns it (``2007_000033.jpg``), recorded at
         conversion; ``"record N"`` for datasets converted before names were recorded."""
