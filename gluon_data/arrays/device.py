@@ -14,7 +14,7 @@ decoder fails on goes through the CPU path, alone, with the CPU's pixels (or its
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 
 import cv2
 import numpy as np
@@ -210,13 +210,14 @@ class DeviceStage:
         images, targets = [], []
         for j, plan in enumerate(plans):
             img = decoded.get(j)
-            if img is None or tuple(img.shape[:2]) != tuple(codec.image_size(plan.image)):
+            if img is None or tuple(img.shape[:2]) != tuple(
+                    cast(Tuple[int, int], codec.image_size(plan.image))):  # a planned image's
                 image, target = replay(self.dataset, plan)  # the CPU's pixels, or its error
                 images.append(torch.from_numpy(np.ascontiguousarray(to_numpy(image))).to(dev))
                 targets.append(to_numpy(target) if hasattr(target, "asnumpy") else target)
                 self.counts["cpu"] += 1
                 continue
-            images.append(apply_geometry(img, plan, self._layout))
+            images.append(apply_geometry(img, plan, cast(Tuple, self._layout)))  # (wanted)
             targets.append(plan.mask if plan.mask is not None else plan.label)
             self.counts["device"] += 1
         return torch.stack(images), _targets(torch, targets, dev)
