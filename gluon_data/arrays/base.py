@@ -24,7 +24,7 @@ import copy
 import errno
 import os
 import threading
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple, TypeVar, Union, cast
 
 import cv2
 import numpy as np
@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import CorruptRecordError, DecodeError, FormatError
 from ..format import codec
 from ..format.meta import ids_are_keys, wrong_record
-from ..sampling.sampler import split_key
+from ..sampling.sampler import SampleKey, split_key
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..storage.perprocess import PerProcess, ProcessMark
 from ..stores.base import RecordStore, is_uri, open_store, will_need
@@ -43,6 +43,9 @@ __all__ = ["as_store", "open_location", "container_of", "in_worker", "remote_opt
 
 #: The mask dtypes a :class:`SegmentationDataset` returns (``mask_dtype``); int32 by default.
 MASK_DTYPES = ("uint8", "int16", "int32")
+
+#: a dataset of :meth:`StoreDataset.shard`'s own type
+_D = TypeVar("_D", bound="StoreDataset")
 
 # Whether this process is a loader's worker, decided (and OpenCV set up) on its first read.
 _SETUP: PerProcess = PerProcess()
@@ -71,19 +74,21 @@ def _setup_process(made_in: ProcessMark) -> bool:
     return worker
 
 
-def container_of(store) -> str:
+def container_of(store: RecordStore) -> str:
     """``'lmdb'`` for a store of one split of an LMDB environment, ``'rec'`` otherwise."""
     return "lmdb" if store.split is not None else "rec"
 
 
-def open_location(cls: str, location, split: Optional[str] = None, *,
-                  remote: Optional[RemoteOptions] = None, **deprecated) -> RecordStore:
+def open_location(cls: str, location: Union[str, "os.PathLike[str]"],
+                  split: Optional[str] = None, *, remote: Optional[RemoteOptions] = None,
+                  **deprecated: Any) -> RecordStore:
     """``open_store(location, split)`` for the dataset class named ``cls``, with the
     :class:`~gluon_data.storage.options.RemoteOptions` that were given (or a dict of them;
     the old ``storage_options=``, ``cache_dir=``, ``cache_limit=`` still work, deprecated);
     for a local ``location`` any of them is a ``ValueError`` naming it (an empty
     ``storage_options`` configures nothing and counts as not given, as in pandas)."""
-    remote = take_grouped(RemoteOptions, remote, "open_location", "remote", deprecated)
+    remote = cast(RemoteOptions, take_grouped(RemoteOptions, remote, "open_location", "remote",
+                                              deprecated))
     refuse_unknown("open_location", deprecated)
     given = remote.given()
     if given and not is_uri(location):
@@ -95,8 +100,9 @@ def open_location(cls: str, location, split: Optional[str] = None, *,
     return open_store(location, split, **given)
 
 
-def as_store(cls: str, source, split: Optional[str] = None, *,
-             remote: Optional[RemoteOptions] = None, **deprecated) -> RecordStore:
+def as_store(cls: str, source: Union[RecordStore, str, "os.PathLike[str]"],
+             split: Optional[str] = None, *, remote: Optional[RemoteOptions] = None,
+             **deprecated: Any) -> RecordStore:
     """The store a dataset named ``cls`` reads: ``source`` itself when it is a
     :class:`~gluon_data.stores.base.RecordStore` (then ``split`` and the remote options are a
     ``ValueError``: the store is open already), else :func:`open_location` of the path or
@@ -123,16 +129,19 @@ def as_store(cls: str, source, split: Optional[str] = None, *,
     return open_location(cls, source, split, remote=remote)
 
 
-def remote_options(owner: str, remote, deprecated: dict) -> RemoteOptions:
+def remote_options(owner: str, remote: Union[RemoteOptions, dict, None],
+                   deprecated: dict) -> RemoteOptions:
     """The ``remote=`` of a dataset (or a dataset view) named ``owner``, or the separate
     keywords it took before (deprecated, the warning pointing at the caller's line: this is
     called from the dataset's ``__init__``); any other keyword is Python's ``TypeError``."""
-    remote = take_grouped(RemoteOptions, remote, owner, "remote", deprecated, stacklevel=4)
+    remote = cast(RemoteOptions, take_grouped(RemoteOptions, remote, owner, "remote", deprecated,
+                                              stacklevel=4))
     refuse_unknown(owner, deprecated)
     return remote
 
 
-def check_mask_dtype(name, ignore_value, ignore_label, num_classes, filename) -> np.dtype:
+def check_mask_dtype(name: str, ignore_value: Optional[int], ignore_label: Optional[int],
+                     num_classes: Optional[int], filename: str) -> np.dtype:
     """The checked ``mask_dtype`` of a segmentation dataset (one of :data:`MASK_DTYPES`)."""
     if name not in MASK_DTYPES:
         raise ValueError("unknown mask_dtype %r; valid: %s" % (name, ", ".join(MASK_DTYPES)))
@@ -175,7 +184,7 @@ class StoreDataset:
                               % (self.meta["task"], self._task_class(self.meta["task"])),
                               self.filename)
         self._verify = verify
-        self._checksummed = bool(self.meta) and self.meta.get("checksum") == "crc32-id2"
+        self._checksummed = bool(self.meta and self.meta.get("checksum") == "crc32-id2")
         self._ids_are_keys = ids_are_keys(self.meta, container_of(store))
         self._max_pixels = max_pixels
         self.seed = seed
@@ -220,7 +229,7 @@ class StoreDataset:
     def __len__(self) -> int:
         return len(self._file) if self._positions is None else len(self._positions)
 
-    def shard(self, num_shards: int, index: int):
+    def shard(self: _D, num_shards: int, index: int) -> _D:
         """Gluon's ``shard`` (the ``index``-th of ``num_shards`` contiguous parts), as a dataset
         of this same type with its options, fast paths and attributes. Random draws still use
         each sample's index in the whole store, so a sample is the same in any shard layout."""
@@ -252,7 +261,7 @@ class StoreDataset:
             raise IndexError("index %d out of range for %d records" % (int(idx), n))
         return (i if self._positions is None else int(self._positions[i])), epoch
 
-    def will_need(self, indices) -> None:
+    def will_need(self, indices: Iterable[Union[int, SampleKey]]) -> None:
         """Start fetching the records of the samples ``indices`` (ints or
         :class:`~gluon_data.sampling.sampler.SampleKey`, e.g. the batch about to be read) from the
         device asynchronously, where the store can (:func:`gluon_data.stores.base.will_need`);

@@ -15,7 +15,8 @@ handle across ``fork`` or pickling, so any loader's worker processes (PyTorch's
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+import os
+from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import numpy as np
 
@@ -101,14 +102,15 @@ class ClassificationDataset(StoreDataset):
 
     _task = "classification"
     _first_option = "image_transform"  # what takes the crop/flip recipe (errors name it)
-    _fast_first = None  # the numpy crop/flip/tensor the image goes through first
-    _fast_source = None  # what the caller gave for it
+    _fast_first: Optional[ImageCropNormalize] = None  # the numpy crop/flip/tensor, first
+    _fast_source: Any = None  # what the caller gave for it
 
-    def __init__(self, source, flag: int = 1, transform: Optional[Callable] = None, *,
-                 split: Optional[str] = None, image_transform=None, seed: Optional[int] = None,
-                 verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
-                 output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 **deprecated):
+    def __init__(self, source: Union[RecordStore, str, os.PathLike[str]], flag: int = 1,
+                 transform: Optional[Callable] = None, *, split: Optional[str] = None,
+                 image_transform: Union[ImageCropNormalize, ToTensorNormalize, None] = None,
+                 seed: Optional[int] = None, verify: bool = True,
+                 max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS, output: Optional[str] = None,
+                 remote: Optional[RemoteOptions] = None, **deprecated: Any) -> None:
         store = as_store(type(self).__name__, source, split,
                          remote=remote_options(type(self).__name__, remote, deprecated))
         super().__init__(store, seed=seed, verify=verify, max_pixels=max_pixels)
@@ -136,13 +138,13 @@ class ClassificationDataset(StoreDataset):
     def _first_fallback(self, img: np.ndarray):
         """The image when the fast path's mean/std do not fit its channels: the transform
         as given (here its numpy form, which raises saying so)."""
-        return self._fast_first(img)
+        return cast(ImageCropNormalize, self._fast_first)(img)
 
     def _crop_first(self, rec, key, offset, i: int, epoch):
         """The fast path's crop in two phases: drawn from the header's image size, then only
         its box decoded (:func:`~gluon_data.format.decode.decode_region`; the same pixels as a full
         decode, so the same tensor). ``None`` where it does not apply."""
-        fast = self._fast_first  # (a JPEG or PNG decodes to 3 channels, or 1 with flag 0)
+        fast = cast(ImageCropNormalize, self._fast_first)  # (JPEG/PNG: 3 channels, 1 with flag 0)
         if fast.crop is None or fast.tensor.channels not in (1, 3 if self._flag else 1):
             return None  # mean/std not fitting the channels: the fallback runs
         hw = codec.image_size(rec.image)
@@ -260,14 +262,18 @@ class SegmentationDataset(StoreDataset):
     """
 
     _task = "segmentation"
+    meta: Dict[str, Any]  # a segmentation store has metadata (checked on opening)
+    _tensorize: Optional[ImageCropNormalize]
+    _transform: Optional[Callable]
 
-    def __init__(self, source, transform: Optional[Callable] = None,
-                 ignore_value: Optional[int] = -1, *, split: Optional[str] = None,
+    def __init__(self, source: Union[RecordStore, str, os.PathLike[str]],
+                 transform: Optional[Callable] = None, ignore_value: Optional[int] = -1, *,
+                 split: Optional[str] = None,
                  mode: Optional[str] = None, base_size: int = 520, crop_size: int = 480,
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, remote: Optional[RemoteOptions] = None,
-                 mask_dtype: str = "int32", **deprecated):
+                 mask_dtype: str = "int32", **deprecated: Any) -> None:
         remote = remote_options(type(self).__name__, remote, deprecated)
         if mode is not None and mode not in MODES:
             raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
@@ -290,7 +296,7 @@ class SegmentationDataset(StoreDataset):
         self._ignore_value = ignore_value
         stored = self.meta.get("ignore_label", 255)
         self.ignore_label = None if stored is None else int(stored)
-        self._tables = {}  # mask_dtype -> the stored-value table of uint8 masks
+        self._tables: Dict[np.dtype, np.ndarray] = {}  # mask_dtype -> uint8 masks' table
         self.mask_dtype = check_mask_dtype(mask_dtype, ignore_value, self.ignore_label,
                                       self.meta.get("num_classes"), self.filename)
         self.mode, self.base_size, self.crop_size = mode, base_size, crop_size
@@ -343,7 +349,7 @@ class SegmentationDataset(StoreDataset):
     def palette(self) -> List[List[int]]:
         return self.meta.get("palette") or []
 
-    def name(self, idx) -> str:
+    def name(self, idx: int) -> str:
         """The source name of sample ``idx``, what ``mode='test'`` returns with the image:
         the image's file name as gluoncv returns it (``2007_000033.jpg``), recorded at
         conversion; ``"record N"`` for datasets converted before names were recorded."""
@@ -375,6 +381,7 @@ class SegmentationDataset(StoreDataset):
         Returns ``(image, labels, final)``: the labels in ``mask_dtype``, and the image
         written channels-first already (``final``) under ``output='uint8'`` without an image
         transform."""
+        joint = cast(T.RandomScaleCrop, self._joint)  # the built-in train transform
         rec, key, offset = self._record(i)
         mhw, mask = codec.mask_size(rec.mask), None
         if mhw is None:  # not a header we read: decode it all (decode_mask says what is wrong)
@@ -389,7 +396,7 @@ class SegmentationDataset(StoreDataset):
                                      % (mhw[1], mhw[0], hw[1], hw[0]),
                                      self.filename, key, offset)
         with self._sample(i, epoch):
-            box, params = self._joint.plan(*hw)
+            box, params = joint.plan(*hw)
         y0, x0, y1, x1 = box
         if mask is None:  # a run-length mask expands only the row blocks of the box
             mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask", rows=(y0, y1))
@@ -398,14 +405,14 @@ class SegmentationDataset(StoreDataset):
         part = (img[y0:y1, x0:x1] if img is not None else  # params[1:3]: the size it becomes
                 self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1,
                              shrink_to=params[1:3]))
-        size = self._joint.size
+        size = joint.size
         table = self._mask_table(mask.dtype)
         if table is None:  # labels made from the stored mask afterwards
-            img, mask = self._joint.apply(part, mask[:, x0:x1], params)
+            img, mask = joint.apply(part, mask[:, x0:x1], params)
             return img, self._emit(self._labels(mask, self._buffer(mask.shape,
                                                                    self.mask_dtype), i)), False
         chw = self._tensorize is not None and self._tensorize.uint8 and self._transform is None
-        img, mask = self._joint.apply(
+        img, mask = joint.apply(
             part, mask[:, x0:x1], params, mask_map=table,
             image_out=self._buffer((part.shape[2],) + size, np.uint8) if chw else None,
             mask_out=self._buffer(size, self.mask_dtype))
@@ -415,7 +422,7 @@ class SegmentationDataset(StoreDataset):
         """The stored-value -> label table the built-in ``train`` transform writes uint8
         masks through (the ignore value mapped, in ``mask_dtype``); ``None`` for other
         masks, or where the padding value is not a stored value."""
-        fill = self._joint.mask_fill
+        fill = cast(T.RandomScaleCrop, self._joint).mask_fill  # the built-in train
         if stored != np.uint8 or not 0 <= fill <= 255:
             return None
         table = self._tables.get(self.mask_dtype)

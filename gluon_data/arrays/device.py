@@ -14,14 +14,15 @@ decoder fails on goes through the CPU path, alone, with the CPU's pixels (or its
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 
 import cv2
 import numpy as np
 
 from ..format import codec
 from ..format.decode import region_exact
-from ..format.headers import JPEG_SOI
+from ..format.headers import JPEG_SOI, BytesLike
+from .datasets import ClassificationDataset, SegmentationDataset
 from .plan import SamplePlan, image_output, replay
 from .tensorize import to_numpy
 
@@ -99,7 +100,7 @@ def select_backend(backend: Optional[str] = None) -> str:
     return "cpu"
 
 
-def device_decodable(buf) -> bool:
+def device_decodable(buf: BytesLike) -> bool:
     """Whether nvJPEG may decode these bytes for the stage: a JPEG the decoder of record reads
     and a second libjpeg-turbo reads identically (8-bit Huffman, baseline/extended/
     progressive, grey or a standard chroma layout: :func:`gluon_data.format.decode.
@@ -139,13 +140,14 @@ class DeviceStage:
     ((4, 32, 32, 3), dtype('int32'))
     """
 
-    def __init__(self, dataset, backend: Optional[str] = None, device: int = 0):
+    def __init__(self, dataset: Union[SegmentationDataset, ClassificationDataset],
+                 backend: Optional[str] = None, device: int = 0) -> None:
         self.dataset = dataset
         self.backend = select_backend(backend)
         self.device = int(device)
         self._where = "cuda:%d" % self.device  # the torch device of the GPU path
         self._layout = image_output(dataset)
-        self._decoder = None
+        self._decoder: Any = None  # nvImageCodec's, made on first use
         #: Samples made on the device and on the CPU path (per item), since construction.
         self.counts = {"device": 0, "cpu": 0}
 
@@ -208,13 +210,14 @@ class DeviceStage:
         images, targets = [], []
         for j, plan in enumerate(plans):
             img = decoded.get(j)
-            if img is None or tuple(img.shape[:2]) != tuple(codec.image_size(plan.image)):
+            if img is None or tuple(img.shape[:2]) != tuple(
+                    cast(Tuple[int, int], codec.image_size(plan.image))):  # a planned image's
                 image, target = replay(self.dataset, plan)  # the CPU's pixels, or its error
                 images.append(torch.from_numpy(np.ascontiguousarray(to_numpy(image))).to(dev))
                 targets.append(to_numpy(target) if hasattr(target, "asnumpy") else target)
                 self.counts["cpu"] += 1
                 continue
-            images.append(apply_geometry(img, plan, self._layout))
+            images.append(apply_geometry(img, plan, cast(Tuple, self._layout)))  # (wanted)
             targets.append(plan.mask if plan.mask is not None else plan.label)
             self.counts["device"] += 1
         return torch.stack(images), _targets(torch, targets, dev)
@@ -319,7 +322,7 @@ def _val(torch, x, plan: SamplePlan):
     return x[:, y1:y1 + size, x1:x1 + size]
 
 
-def apply_geometry(img, plan: SamplePlan, layout):
+def apply_geometry(img: Any, plan: SamplePlan, layout: Tuple) -> Any:
     """One decoded HxWx3 uint8 tensor (any torch device) -> the sample's image, laid out as
     ``layout`` (:func:`~gluon_data.arrays.plan.image_output`)."""
     torch = _torch()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, Iterable, List, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -78,12 +78,13 @@ class SamplePlan:
         return self.record.image
 
     @property
-    def label(self):
+    def label(self) -> Union[float, np.ndarray]:
         """The record's label (a classification sample's target)."""
         return self.record.label
 
 
-def image_output(dataset) -> Optional[Tuple]:
+def image_output(dataset: Union[SegmentationDataset, ClassificationDataset]
+                 ) -> Optional[Tuple]:
     """How ``dataset`` lays out a finished image, where a batch stage can make it itself:
     ``("hwc",)`` uint8 HxWxC, ``("chw",)`` uint8 CxHxW, ``("tensor", mean, std)`` float32
     CxHxW as ``ToTensor`` + ``Normalize``; ``None`` where an arbitrary image transform runs
@@ -121,13 +122,14 @@ def _seg_train(ds: SegmentationDataset, rec, key, offset, i: int, epoch: int):
         raise CorruptRecordError("mask is %dx%d but image is %dx%d" % (mhw[1], mhw[0], hw[1],
                                                                        hw[0]),
                                  ds.filename, key, offset)
+    joint = cast(T.RandomScaleCrop, ds._joint)  # the built-in train transform
     with ds._sample(i, epoch):
-        box, params = ds._joint.plan(*hw)
+        box, params = joint.plan(*hw)
     y0, x0, y1, x1 = box
     mask = ds._decode(codec.decode_mask, rec.mask, key, offset, "mask", rows=(y0, y1))
-    _, mask = ds._joint.apply(np.zeros((y1 - y0, x1 - x0, 1), np.uint8), mask[:, x0:x1],
+    _, mask = joint.apply(np.zeros((y1 - y0, x1 - x0, 1), np.uint8), mask[:, x0:x1],
                               params)
-    return (box, params, ds._joint.size, ds._joint.image_fill), ds._labels(mask)
+    return (box, params, joint.size, joint.image_fill), ds._labels(mask)
 
 
 def _seg_val(ds: SegmentationDataset, rec, key, offset, i: int, epoch: int):
@@ -180,7 +182,8 @@ def _classification(ds: ClassificationDataset, rec, i: int, epoch: int):
     return "crop", (box, flip, size, interp), None
 
 
-def plan_sample(dataset, idx) -> SamplePlan:
+def plan_sample(dataset: Union[SegmentationDataset, ClassificationDataset],
+                idx: Union[int, SampleKey]) -> SamplePlan:
     """The :class:`SamplePlan` of ``dataset[idx]`` (an int or a
     :class:`~gluon_data.sampling.sampler.SampleKey`): the record read and checked, the
     geometry drawn from ``(seed, epoch, index)`` as ``dataset[idx]`` draws it, the mask
@@ -198,13 +201,14 @@ def plan_sample(dataset, idx) -> SamplePlan:
     return SamplePlan(i, epoch, key, offset, rec, kind, geometry, mask)
 
 
-def replay(dataset, plan: SamplePlan):
+def replay(dataset: Union[SegmentationDataset, ClassificationDataset], plan: SamplePlan
+           ) -> Any:
     """``dataset[SampleKey(plan.index, plan.epoch)]`` made from the plan's record (no
     second read): the dataset's own ``__getitem__`` on a shallow copy whose record read
     returns the plan's, so the sample is the dataset's, value for value."""
     view = copy.copy(dataset)
     view._positions = None  # the plan holds store positions
-    view._record = lambda i: (plan.record, plan.key, plan.offset)
+    view._record = lambda i: (plan.record, plan.key, plan.offset)  # type: ignore[method-assign]
     return view[SampleKey(plan.index, epoch=plan.epoch)]
 
 
@@ -227,7 +231,7 @@ class PlanDataset:
     (True, 'val')
     """
 
-    def __init__(self, dataset):
+    def __init__(self, dataset: Union[SegmentationDataset, ClassificationDataset]) -> None:
         if not isinstance(dataset, (SegmentationDataset, ClassificationDataset)):
             raise TypeError("PlanDataset needs a gluon_data SegmentationDataset or "
                             "ClassificationDataset, got %r" % (dataset,))
@@ -243,7 +247,7 @@ class PlanDataset:
         return "PlanDataset(%r)" % (self.dataset,)
 
 
-def collate_plans(plans) -> List[SamplePlan]:
+def collate_plans(plans: Iterable[SamplePlan]) -> List[SamplePlan]:
     """A loader's collate function for :class:`PlanDataset`: the batch's plans as a list
     (the stage decodes them in the consumer's process)."""
     return list(plans)

@@ -9,7 +9,7 @@ importable from :mod:`gluon_data.arrays.transforms`.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union, cast
 
 import cv2
 import numpy as np
@@ -102,8 +102,9 @@ class RandomScaleCrop(RandomTransform):
 
     def __init__(self, base_size: int, crop_size: Union[int, Tuple[int, int]],
                  scale: Tuple[float, float] = (0.5, 2.0), flip: float = 0.5, blur: float = 0.5,
-                 max_sigma: float = 1.0, image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+                 max_sigma: float = 1.0, image_fill: Union[float, Sequence[float]] = 0,
+                 mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         if base_size <= 0:
             raise ValueError("base_size must be positive, got %r" % base_size)
@@ -139,7 +140,8 @@ class RandomScaleCrop(RandomTransform):
         a = min(int(round(start * f)), src - 1)
         return a, min(src, max(a + 1, int(round((start + length) * f))))
 
-    def plan(self, h: int, w: int):
+    def plan(self, h: int, w: int
+             ) -> Tuple[Tuple[int, int, int, int], Tuple[bool, int, int, bool, float]]:
         """Phase one: draw the sample's parameters for an ``h`` x ``w`` source (the JPEG
         header's size is enough) and return ``(box, params)``, ``box = (y0, x0, y1, x1)`` the
         source pixels the crop reads. Phase two, :meth:`apply`, needs only those pixels, so a
@@ -158,8 +160,10 @@ class RandomScaleCrop(RandomTransform):
         (ya, xa, yb, xb), params = self.plan(*mask.shape)
         return self.apply(img[ya:yb, xa:xb], mask[ya:yb, xa:xb], params)
 
-    def apply(self, img, mask, params, image_out: Optional[np.ndarray] = None,
-              mask_out: Optional[np.ndarray] = None, mask_map: Optional[np.ndarray] = None):
+    def apply(self, img: np.ndarray, mask: np.ndarray,
+              params: Tuple[bool, int, int, bool, float],
+              image_out: Optional[np.ndarray] = None, mask_out: Optional[np.ndarray] = None,
+              mask_map: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
         """Phase two: the output from the source region :meth:`plan` named (image and mask
         cut to its box) and its ``params``: the box resized once to the part of the crop
         inside the scaled image, mirrored in the same pass, padded, blurred.
@@ -175,7 +179,7 @@ class RandomScaleCrop(RandomTransform):
 
     def _fill(self, channels: int) -> list:
         fill = self.image_fill
-        return list(fill) if np.ndim(fill) else [fill] * channels
+        return list(cast(Sequence[float], fill)) if np.ndim(fill) else [fill] * channels
 
     def _apply_image(self, img, flip, vh, vw, blur, sigma, image_out):
         ch, cw = self.size

@@ -10,7 +10,7 @@ importable from :mod:`gluon_data.arrays.transforms`. This module imports no MXNe
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union, cast
 
 import cv2
 import numpy as np
@@ -200,7 +200,7 @@ class ImageCropNormalize(RandomTransform):
         ``lo + (hi - lo) * g.random()`` is ``g.uniform(lo, hi)``'s own arithmetic on the same
         draw, and ``math.sqrt`` rounds as ``np.sqrt`` does (both IEEE-exact): the same boxes,
         without numpy's per-call overhead on scalars (a fifth of the draw's time)."""
-        a_lo, a_span, r_lo, r_span = self._bounds
+        a_lo, a_span, r_lo, r_span = cast(Tuple[float, float, float, float], self._bounds)
         src_area = h * w
         for _ in range(10):
             target_area = (a_lo + a_span * g.random()) * src_area
@@ -294,7 +294,8 @@ def uint8_image(x: Any) -> np.ndarray:
     return arr
 
 
-def crop_normalize(transform, seed: Optional[int], uint8: bool) -> ImageCropNormalize:
+def crop_normalize(transform: Union[ImageCropNormalize, ToTensorNormalize],
+                   seed: Optional[int], uint8: bool) -> ImageCropNormalize:
     """A new :class:`ImageCropNormalize` doing what ``transform`` (one, or a
     :class:`ToTensorNormalize`) does, drawing with ``seed`` (the transform's own when
     ``None``), CxHxW uint8 with ``uint8`` (then a ``Normalize`` is a ``ValueError``)."""

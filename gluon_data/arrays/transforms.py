@@ -36,7 +36,7 @@ The machinery (:class:`sample_context`, :class:`SeededRandom`) lives in
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
@@ -181,8 +181,9 @@ class RandomCrop(RandomTransform):
         Padding value of the mask: the ignore value, so padding never trains a class.
     """
 
-    def __init__(self, crop_size: Union[int, Tuple[int, int]], image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+    def __init__(self, crop_size: Union[int, Tuple[int, int]],
+                 image_fill: Union[float, Sequence[float]] = 0, mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         self.size = (crop_size, crop_size) if np.isscalar(crop_size) else tuple(crop_size)
         if min(self.size) <= 0:
@@ -208,8 +209,9 @@ class RandomRotation(RandomTransform):
     Corners uncovered by the rotation get ``image_fill`` and ``mask_fill`` (ignore).
     """
 
-    def __init__(self, degrees: float = 10.0, p: float = 1.0, image_fill=0, mask_fill: int = -1,
-                 seed: Optional[int] = None):
+    def __init__(self, degrees: float = 10.0, p: float = 1.0,
+                 image_fill: Union[float, Sequence[float]] = 0, mask_fill: int = -1,
+                 seed: Optional[int] = None) -> None:
         super().__init__(seed)
         self.degrees, self.p, self.image_fill, self.mask_fill = degrees, p, image_fill, mask_fill
 
@@ -343,7 +345,8 @@ class Resize:
 class CenterCrop:
     """Crop the centre ``size`` square (offsets rounded as gluoncv does); pads if smaller."""
 
-    def __init__(self, size: int, image_fill=0, mask_fill: int = -1):
+    def __init__(self, size: int, image_fill: Union[float, Sequence[float]] = 0,
+                 mask_fill: int = -1) -> None:
         self.size, self.image_fill, self.mask_fill = size, image_fill, mask_fill
 
     def __call__(self, img, mask):
@@ -360,7 +363,8 @@ class CenterCrop:
 
 def default_joint_transform(mode: str, base_size: int, crop_size: int, mask_fill: int,
                             seed: Optional[int] = None,
-                            max_pixels: Optional[int] = DEFAULT_MAX_PIXELS):
+                            max_pixels: Optional[int] = DEFAULT_MAX_PIXELS
+                            ) -> Optional[Callable]:
     """The joint transform gluoncv's ``SegmentationDataset`` applies in ``mode``
     (train: mirror, random scale, pad + random crop, blur, fused into one
     :class:`~gluon_data.arrays.transforms.RandomScaleCrop`; val: short-side resize with Pillow's

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import warnings
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
@@ -28,7 +28,7 @@ from .retry import (BACKOFF, CONNECT_TIMEOUT, MIN_RATE, READ_TIMEOUT, RETRIES,  
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def is_uri(location: str) -> bool:
+def is_uri(location: Union[str, "os.PathLike[str]"]) -> bool:
     """Whether ``location`` names a remote object (``scheme://...``) rather than a path."""
     return _URI.match(os.fspath(location)) is not None
 

@@ -185,7 +185,8 @@ def read_bytes(location: str, **options: Any) -> bytes:
         return f.read()
 
 
-def open_store(location: str, split: Optional[str] = None, **options: Any) -> RecordStore:
+def open_store(location: Union[str, "os.PathLike[str]"], split: Optional[str] = None,
+               **options: Any) -> RecordStore:
     """Open the store at ``location`` (a path or a URI) for ``split``.
 
     Parameters

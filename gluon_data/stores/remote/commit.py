@@ -66,7 +66,7 @@ def _remote_is_ours(remote: "Remote", commit: str, marker: str) -> bool:
 def _facts(info: dict) -> dict:
     """``{"bytes": n, "etag": e}`` of an object's listing or HEAD (no ``etag`` where the
     store reports none)."""
-    out = {"bytes": int(info.get("size") or 0)}
+    out: Dict[str, object] = {"bytes": int(info.get("size") or 0)}
     etag = info.get("ETag") or info.get("etag")
     if etag:
         out["etag"] = str(etag).strip('"')
