@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 from multiprocessing import resource_tracker
-from typing import Callable, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 from .. import _version
 from ..errors import ConversionError, WorkerPathError
@@ -179,7 +179,7 @@ def _worker_init(preload=None):
     atexit.register(os._exit, 0)
 
 
-def start_pool(workers: int, preload=None):
+def start_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> Any:
     """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
     blocked while they are created (a blocked signal stays blocked across fork and exec), so
     an interrupt during start-up waits in the parent and is raised there right after.
@@ -204,7 +204,7 @@ def worker_pool(workers: int):
     pool.join()
 
 
-def stop_pool(pool, timeout: float = 5.0) -> None:
+def stop_pool(pool: Any, timeout: float = 5.0) -> None:
     """Terminate a pool within ``timeout`` seconds whatever state it is in, reaping every
     worker: ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a
     worker killed from outside while it held a queue lock), the workers are killed."""

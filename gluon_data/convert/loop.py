@@ -16,7 +16,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
 from ..format import codec
 from .engines import start_pool, stop_pool
@@ -57,7 +57,7 @@ def _chunksize(count: int, workers: int) -> int:
     return max(1, min(16, count // (8 * workers)))
 
 
-def start_encoders(workers: int, preload=None):
+def start_encoders(workers: int, preload: Optional[Callable[..., Any]] = None) -> Any:
     """The pool of a conversion of ``workers`` encoders: ``workers`` spawned processes, or
     None for one encoder (this process). ``preload``: the work function, loaded by each
     worker as it starts (see ``_worker_init``)."""

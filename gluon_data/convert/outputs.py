@@ -15,7 +15,7 @@ import math
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -271,7 +271,7 @@ def output_lock(output: str, splits: Sequence[str], fmt: str) -> OutputLock:
     return OutputLock([os.fspath(output)] + list(paths.values())).acquire()
 
 
-def fail_conversion(exc: BaseException, writers, output: str,
+def fail_conversion(exc: BaseException, writers: Any, output: str,
                     ckpt: "Optional[object]" = None) -> None:
     """Clean up after a failed or interrupted conversion, then re-raise (an I/O or LMDB
     error as one :class:`ConversionError` naming the output).
@@ -333,7 +333,7 @@ def check_options(*, quality=95, resize=0, workers=1, max_pixels=1, max_file_byt
         _check_range("num_classes", num_classes, 1)
 
 
-def check_output(output, fmt: str) -> str:
+def check_output(output: str, fmt: str) -> str:
     """Refuse an output that cannot be written (empty name, a directory where a ``.rec``
     goes, a file where an LMDB directory goes, a missing or read-only folder) with one
     clear error, before any work is done."""
@@ -423,7 +423,7 @@ def split_metadata(src: Source, split: str, count: int, st: RunningStats, opts: 
     return meta
 
 
-def split_fields(src: Source, split: str, digest: str, writer, st: "RunningStats",
+def split_fields(src: Source, split: str, digest: str, writer: Any, st: "RunningStats",
                  items: Sequence[Item]) -> dict:
     """Metadata fields of a split as written: its ``conversion_id``, and for segmentation
     the ``item_names`` (gluoncv's mode='test' returns them) and ``masks: false`` when no
@@ -436,12 +436,12 @@ def split_fields(src: Source, split: str, digest: str, writer, st: "RunningStats
     return out
 
 
-def writer_conversion_id(digest: str, split: str, writer, st: "RunningStats") -> str:
+def writer_conversion_id(digest: str, split: str, writer: Any, st: "RunningStats") -> str:
     """:func:`gluon_data.format.plan.conversion_id` of what ``writer`` wrote."""
     return conversion_id(digest, split, writer.count, writer.bytes_written, st.state())
 
 
-def done_record(unit: str, digest: str, writer) -> dict:
+def done_record(unit: str, digest: str, writer: Any) -> dict:
     """The done record (:mod:`gluon_data.convert.done`) of what ``writer`` wrote, taken
     before its ``finish``: a RecordIO output's ``.rec`` and ``.idx`` (named by their
     suffixes, so equal conversions write equal metadata under any name) with their sizes

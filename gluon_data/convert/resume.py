@@ -159,8 +159,8 @@ class Checkpoint:
                 pass
 
 
-def resume_finished(state, ckpt: "Checkpoint", report: ConversionReport, root: str,
-                    options: dict) -> Optional[ConversionReport]:
+def resume_finished(state: Optional[dict], ckpt: "Checkpoint", report: ConversionReport,
+                    root: str, options: dict) -> Optional[ConversionReport]:
     """With ``resume``: finish a publish that a crash interrupted, or recognise outputs that
     are already complete by the one rule of "done" (:func:`~gluon_data.convert.done.
     why_not_done`: each split's metadata holds the done record of this plan's digest, and
