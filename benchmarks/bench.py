@@ -224,14 +224,6 @@ def after_decode_rates(rec: str, workers: int, quick: bool, out=sys.stdout) -> T
                                         limit=0 if quick else 600, out=out)
 
 
-def _gpu_note() -> str:
-    import mxnet as mx
-    gpus = mx.context.num_gpus()
-    if not gpus:
-        return "skipped: no GPU (MXNet sees none), so the GPU comparison was not run"
-    return "skipped: %d GPU(s) present, but this harness has no GPU comparison yet" % gpus
-
-
 def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
               quick: bool = False, dali_python: Optional[str] = None,
               index_records: Optional[int] = None, epochs: int = 3,
@@ -292,7 +284,10 @@ def run_bench(workdir: str, n: int = 2000, workers: int = 2, out=sys.stdout,
     if scale:
         with _step(seconds, "scale: %d records in 8 workers" % scale, say):
             scaled = scale_costs(workdir, scale)
-    notes["GPU"] = _gpu_note()
+    with _step(seconds, "gpu", say):  # the batch stage on a CUDA device; skipped with its reason
+        gpu_rows = _sibling("bench_gpu").run_gpu(rec, stock_rec, None, say=say)
+    notes["GPU"] = ("measured: the gpu rows" if gpu_rows
+                    else _sibling("bench_gpu").gpu_skip_reason())
     table = _report(say, workers, results, cpu, index, rss, scaled, scale,
                     conv_table=conv_table, slow=slow, notes=notes, seconds=seconds,
                     region=region, decoding=decoding, large=large)
@@ -427,7 +422,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-workers", type=int, default=None,
                    help="--only cores: the largest worker count [default: this machine's CPUs]")
     p.add_argument("--only", choices=("all", "scale", "segmentation", "reads",
-                                      "classification", "large", "cores"), default="all",
+                                      "classification", "large", "cores", "gpu"), default="all",
                    help="run only some rows: 'scale' is the scale step (--scale records); "
                         "'segmentation' is train against the decode limit, with CPU per item "
                         "(400 images unless --num-images is given; ~1-2 min); 'reads' is the "
@@ -442,7 +437,10 @@ def main(argv=None) -> int:
                         "convert, segmentation train in torch's and Gluon's DataLoader against a "
                         "plain file loader, and a GPU model fed by ours where CUDA is present; "
                         "writes <workdir>-cores/cores.json and cores.png (480 images unless "
-                        "--num-images is given), to size a machine")
+                        "--num-images is given), to size a machine; 'gpu' is the batch "
+                        "stage on a CUDA device against the CPU pipeline and the "
+                        "classification recipe fed by each against GPU-resident data "
+                        "(skipped, with the reason, where there is no CUDA device)")
     p.add_argument("--reads-only", action="store_const", dest="only", const="reads",
                    help="the same as --only reads")
     a = p.parse_args(argv)
@@ -453,6 +451,18 @@ def main(argv=None) -> int:
         return 0
     if a.only == "scale":
         run_scale(a.workdir, a.scale)
+        return 0
+    if a.only == "gpu":
+        gpu = _sibling("bench_gpu")
+        reason = gpu.gpu_skip_reason()
+        if reason is not None:  # said before any data is made
+            print("gpu: " + reason)
+            return 0
+        workdir = a.workdir + ("-quick" if a.quick else "")
+        voc = make_dataset(workdir, 200 if a.quick else a.num_images)
+        conversion_rates(workdir, voc, 200 if a.quick else a.num_images, a.workers, True,
+                         sys.stdout)  # writes voc.rec and cls/stock.rec
+        gpu.run_gpu(os.path.join(workdir, "voc.rec"), os.path.join(workdir, "cls", "stock.rec"))
         return 0
     if a.only == "segmentation":
         n = a.num_images if given else 400

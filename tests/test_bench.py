@@ -457,3 +457,16 @@ def test_feed_reproduction_small(tmp_path):
     assert rows["ours, uint8 masks"]["batch bytes"] == rows["files"]["batch bytes"] \
         == 16 * 4 * 480 * 480
     assert all(name in out.getvalue() for name in which)
+
+
+def test_only_gpu_says_why_it_is_skipped_here(tmp_path, capsys):
+    """``gluon-data bench --only gpu`` without a CUDA device (or PyTorch): the reason, before
+    any data is made, and exit 0."""
+    from gluon_data.cli import load_bench
+    bench = load_bench()
+    reason = bench._sibling("bench_gpu").gpu_skip_reason()
+    if reason is None:
+        pytest.skip("a CUDA device and a GPU backend are present: the step measures")
+    assert bench.main(["--only", "gpu", "--workdir", str(tmp_path / "g")]) == 0
+    assert capsys.readouterr().out.strip() == "gpu: " + reason
+    assert not os.path.exists(str(tmp_path / "g"))

@@ -51,7 +51,8 @@ class SamplePlan:
     geometry : tuple
         The drawn parameters of ``kind``.
     mask : numpy.ndarray, optional
-        The sample's int32 mask, finished (segmentation, kinds ``train`` and ``val``).
+        The sample's finished mask, of the dataset's ``mask_dtype`` (segmentation, kinds
+        ``train`` and ``val``): give ``mask_dtype="uint8"`` so a plan carries 1 byte a label.
 
     Examples
     --------
