@@ -140,6 +140,16 @@ def moto_s3(bucket=BUCKET):
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def s3_session(prefix):
+    """:func:`moto_s3` with what a test module needs of it: ``(server, storage options, an
+    s3fs file system, "s3://BUCKET/prefix")``."""
+    with moto_s3() as server:
+        opts = _options(server)
+        fs, _ = filesystem("s3://%s" % BUCKET, opts)
+        yield server, opts, fs, "s3://%s/%s" % (BUCKET, prefix)
+
+
 def _options(server):
     return {"endpoint_url": server.url,
             "config_kwargs": {"connect_timeout": 2, "read_timeout": 10,

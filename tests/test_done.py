@@ -260,12 +260,9 @@ def test_staging_refuses_a_folder_others_can_write(tmp_path):
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto.server")
-    from s3_server import BUCKET, _options, moto_s3
-    from gluon_data.storage.remotefs import filesystem
-    with moto_s3() as server:
-        opts = _options(server)
-        fs, _ = filesystem("s3://%s" % BUCKET, opts)
-        yield server, opts, fs, "s3://%s/done" % BUCKET
+    from s3_server import s3_session  # framework-free (test_remote is Gluon's)
+    with s3_session("done") as session:
+        yield session
 
 
 def _staging(cache):

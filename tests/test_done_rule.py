@@ -237,12 +237,9 @@ def test_a_storage_option_for_local_paths_is_refused(src, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto.server")
-    from s3_server import BUCKET, _options, moto_s3
-    from gluon_data.storage.remotefs import filesystem
-    with moto_s3() as server:
-        opts = _options(server)
-        fs, _ = filesystem("s3://%s" % BUCKET, opts)
-        yield server, opts, fs, "s3://%s/rule" % BUCKET
+    from s3_server import s3_session  # framework-free (test_remote is Gluon's)
+    with s3_session("rule") as session:
+        yield session
 
 
 def _same_size_rewrite(fs, uri):

@@ -264,12 +264,9 @@ def test_a_damaged_upload_journal_is_a_conversion_error_naming_it(src, tmp_path)
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto.server")
-    from s3_server import BUCKET, _options, moto_s3  # framework-free (test_remote is Gluon's)
-    from gluon_data.storage.remotefs import filesystem
-    with moto_s3() as server:
-        opts = _options(server)
-        fs, _ = filesystem("s3://%s" % BUCKET, opts)
-        yield server, opts, fs, "s3://%s/manifest" % BUCKET
+    from s3_server import s3_session  # framework-free (test_remote is Gluon's)
+    with s3_session("manifest") as session:
+        yield session
 
 
 def test_a_remote_manifest_gets_the_same_checks(s3, sharded, tmp_path):
