@@ -76,6 +76,7 @@ def test_a_worker_imports_the_encoder_not_the_writers():
             "heavy = sorted(m for m in sys.modules if m.startswith('gluon_data.') and m not in "
             "('gluon_data.convert', 'gluon_data.convert.encode', 'gluon_data.format.codec', "
             "'gluon_data.errors', 'gluon_data.convert.sources', 'gluon_data.convert.engines', "
+            "'gluon_data.convert.workers', "
             "'gluon_data._callable', 'gluon_data._moved', 'gluon_data._version', "
             "'gluon_data.format', 'gluon_data.format.headers', 'gluon_data.convert.source_files', "
             "'gluon_data.storage', 'gluon_data.storage.fileio', 'gluon_data.storage.perprocess', "
@@ -178,7 +179,7 @@ def test_the_parent_only_orders_the_workers_chunks(tmp_path):
     ``(segment, results)``."""
     pool = loop.start_encoders(2)
     try:
-        assert len(pool._pool) == 2
+        assert len(pool.processes) == 2
         chunks = list(loop._results(pool, _where, list(range(40)), 2, 40, None))
         pool.close()
         pool.join()

@@ -24,7 +24,7 @@ from ..stores.base import is_uri, open_store
 from .options import ConvertOptions, refuse_unread
 from .encode import EncodeOptions, encode_legacy_job
 from .loop import SplitJobs, drive
-from .done import output_unit
+from .done import file_facts, output_unit
 from .outputs import (ConversionReport, check_choices, check_options, check_output,
                       done_record, fail_conversion, output_lock, outputs_for, split_metadata,
                       writer_conversion_id)
@@ -103,11 +103,11 @@ def import_lmdb(source: str, output: str, layout: str,
 
     whole = import_digest(source, layout, split, n, opts, options)
 
-    def finish_meta(s, w, st, digest):
+    def finish_meta(s, w, st, digest, facts=file_facts):
         meta = split_metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
                               options)
         meta["conversion_id"] = writer_conversion_id(digest, s, w, st)
-        meta["done"] = done_record(output_unit(s), whole, w)
+        meta["done"] = done_record(output_unit(s), whole, w, facts)
         return meta
 
     return drive(output, outputs, {split: SplitJobs(n, jobs)},

@@ -4,8 +4,9 @@ of a legacy LMDB) into a record payload, in a worker process.
 Images are decoded strictly with Pillow (a truncated file is an error, not a grey half),
 masks are turned into class indices (palette PNGs through their indices, never their
 colours), sizes and class ids are checked, and what is stored is decoded once more by the
-reader's own decoder, so what converts also reads. :func:`encode_job` and :func:`_worker_init`
-are what the driver's spawned pool runs (found by this module's path).
+reader's own decoder, so what converts also reads. :func:`encode_job` and
+:func:`~gluon_data.convert.engines.worker_init` are what the driver's spawned pool runs
+(found by this module's path).
 """
 from __future__ import annotations
 

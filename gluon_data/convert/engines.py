@@ -19,9 +19,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 from .. import _version
 from ..errors import ConversionError, WorkerPathError
+from .workers import EncoderPool
 
 __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE", "start_pool",
-           "stop_pool"]
+           "stop_pool", "worker_init", "start_encoder_pool"]
 
 #: What a path given to a cluster conversion must be (the README's cluster checklist).
 SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
@@ -160,7 +161,7 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
             yield i, res
 
 
-def _worker_init(preload=None):
+def worker_init(preload: Any = None) -> None:
     """A pool worker's start. ``preload``: any picklable object, e.g. the task function, whose
     module (and what it imports) was loaded when the worker unpickled this call's arguments,
     so those imports are done while the parent still plans, not when the first task comes."""
@@ -186,7 +187,15 @@ def start_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> An
     ``preload``: a picklable object (the task function) each worker loads as it starts."""
     ctx = multiprocessing.get_context("spawn")
     with sigint_blocked():
-        return ctx.Pool(workers, initializer=_worker_init, initargs=(preload,))
+        return ctx.Pool(workers, initializer=worker_init, initargs=(preload,))
+
+
+def start_encoder_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> EncoderPool:
+    """A conversion's :class:`~gluon_data.convert.workers.EncoderPool` of ``workers``
+    spawned processes, started as :func:`start_pool` starts its workers (SIGINT blocked
+    meanwhile, :func:`worker_init` in each)."""
+    with sigint_blocked():
+        return EncoderPool(workers, worker_init, preload)
 
 
 @contextlib.contextmanager
@@ -208,6 +217,9 @@ def stop_pool(pool: Any, timeout: float = 5.0) -> None:
     """Terminate a pool within ``timeout`` seconds whatever state it is in, reaping every
     worker: ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a
     worker killed from outside while it held a queue lock), the workers are killed."""
+    if isinstance(pool, EncoderPool):
+        pool.terminate(timeout)
+        return
     procs = list(getattr(pool, "_pool", []))
     t = threading.Thread(target=pool.terminate, name="gluon-data-pool-stop", daemon=True)
     t.start()

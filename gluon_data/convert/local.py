@@ -16,7 +16,7 @@ from .sources import Item
 from .copy import copy_dataset, import_lmdb
 from .encode import encode_job
 from .loop import SplitJobs, drive, start_encoders
-from .done import output_unit
+from .done import file_facts, output_unit
 from .outputs import (ConversionReport, check_output, split_metadata, split_fields, done_record,
                       outputs_for)
 from .options import ConvertOptions, checkpoint_every_default
@@ -86,11 +86,11 @@ def _drive_args(planned: Planned, report: ConversionReport):
               for s, items in plan.items()}
     whole = source_plan_digest(src, plan, opts, options)
 
-    def finish_meta(s, w, st, digest):
+    def finish_meta(s, w, st, digest, facts=file_facts):
         meta = split_metadata(src, s, w.count, st, opts, planned.classes, planned.num_classes,
                               report.skipped, options)
         meta.update(split_fields(src, s, digest, w, st, plan[s]))
-        meta["done"] = done_record(output_unit(s), whole, w)
+        meta["done"] = done_record(output_unit(s), whole, w, facts)
         return meta
 
     return splits, finish_meta, whole

@@ -5,8 +5,9 @@ and resume (:mod:`.resume`), a progress bar and the :class:`ConversionReport`.
 
 One writer in the parent appends records in source order, so the output is deterministic
 for the same inputs and seed whatever the number of workers. Workers write the framed
-records of a ``.rec`` themselves (segments the writer appends by a kernel copy); the parent
-only plans, orders and writes the index, so it serves many workers. Nothing appears under the
+records of a ``.rec`` themselves (segments), and copy them into the output at the offsets the
+parent reserved for them (:class:`_Copies`), and they take the output's digests at the end:
+the parent only plans, orders and writes the index, so it serves many workers. Nothing appears under the
 output's final name unless the whole conversion succeeded.
 """
 from __future__ import annotations
@@ -16,12 +17,14 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, cast
 
 from ..format import codec
-from .engines import start_pool, stop_pool
+from .engines import start_encoder_pool, stop_pool
 from ..errors import ConversionError
 from ..storage.fsutil import open_new
+from ..stores.recwriter import copy_segment
+from .done import file_facts
 from ..tools.progress import progress_bar
 from ..tools.stats import RunningStats
 from .options import ConvertOptions
@@ -60,17 +63,19 @@ def _chunksize(count: int, workers: int) -> int:
 def start_encoders(workers: int, preload: Optional[Callable[..., Any]] = None) -> Any:
     """The pool of a conversion of ``workers`` encoders: ``workers`` spawned processes, or
     None for one encoder (this process). ``preload``: the work function, loaded by each
-    worker as it starts (see ``_worker_init``)."""
+    worker as it starts (see :func:`~.engines.worker_init`)."""
     # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state the
     # parent's threads left it and can deadlock in its first OpenCV call
-    return start_pool(workers, preload) if workers > 1 else None
+    return start_encoder_pool(workers, preload) if workers > 1 else None
 
 
-def _encode_chunk(fn, jobs: list, segment: Optional[str]):
+def _encode_chunk(fn, jobs: list, segment: Optional[str], copies: Sequence = ()):
     """A worker's task: ``fn`` over ``jobs``, as ``(segment, results)``. With ``segment``
     (a path the writer gave), the framed records of the items that encoded are written
     there, in order, and each result carries the framed size in place of the payload; the
-    segment is None when no item encoded."""
+    segment is None when no item encoded. ``copies``: earlier segments to copy into the
+    output first (:class:`_Copies`)."""
+    _copy_segments(copies)
     results = [fn(j) for j in jobs]
     if segment is None or all(r[3] is not None for r in results):
         return None, results
@@ -85,7 +90,50 @@ def _encode_chunk(fn, jobs: list, segment: Optional[str]):
     return segment, out
 
 
-def _results(pool, fn, jobs, workers: int, count: int, segments):
+def _copy_segments(copies: Sequence) -> None:
+    """A worker's task (also run first by :func:`_encode_chunk`): each ``(segment, dest,
+    runs)`` of ``copies`` copied into its output (:func:`~gluon_data.stores.recwriter.copy_segment`)."""
+    for segment, dest, runs in copies:
+        copy_segment(segment, dest, runs)
+
+
+class _Copies:
+    """The segment copies of a conversion, made by its workers, not by the parent.
+
+    The parent reserves each chunk's place in the output (``reserve_segment``) and queues
+    its copy (:meth:`add`); the next chunk handed to a worker carries the queued copies
+    (:meth:`take`), which it makes before encoding. :meth:`settle` sees every queued copy
+    made (the rest sent to the workers as tasks of their own) before the output is synced:
+    a checkpoint, the end of a split, the digests."""
+
+    def __init__(self, pool, size: int):
+        self.pool, self.size = pool, size
+        self.queued: list = []
+        self.carried: list = []  # the tickets of tasks carrying copies
+
+    def add(self, segment: str, dest: str, runs: list) -> None:
+        self.queued.append((segment, dest, runs))
+
+    def take(self) -> list:
+        taken, self.queued = self.queued, []
+        return taken
+
+    def carry(self, result) -> None:
+        self.carried = [r for r in self.carried if not r.ready()]
+        self.carried.append(result)
+
+    def settle(self) -> None:
+        """Return once every copy queued so far is made (or raise the worker's error)."""
+        jobs = self.take()
+        step = max(1, -(-len(jobs) // self.size))
+        self.carried.extend(self.pool.submit(_copy_segments, jobs[k:k + step])
+                            for k in range(0, len(jobs), step))
+        for r in self.carried:
+            r.get()
+        self.carried = []
+
+
+def _results(pool, fn, jobs, workers: int, count: int, segments, copies=None):
     """``fn`` over ``jobs`` in order, in chunks ``(segment, results)`` (see
     :func:`_encode_chunk`): in this process alone (no segments), or in the pool of
     :func:`start_encoders` (:func:`_in_order`), which writes segments where ``segments``
@@ -94,15 +142,16 @@ def _results(pool, fn, jobs, workers: int, count: int, segments):
     bounded."""
     if pool is None:
         return ((None, [fn(j)]) for j in jobs)
-    return _in_order(pool, workers, fn, iter(jobs), _chunksize(count, workers), segments)
+    return _in_order(pool, workers, fn, iter(jobs), _chunksize(count, workers), segments,
+                     copies)
 
 
-def _in_order(pool, size: int, fn, it, chunk: int, segments):
+def _in_order(pool, size: int, fn, it, chunk: int, segments, copies=None):
     """Chunks of ``chunk`` jobs handed to the pool's ``size`` workers (two per worker in
     flight), their results yielded in job order. This process only orders and writes: it
     encodes nothing, so it is not the bottleneck of many workers. Every item is ``fn`` of the same job wherever it ran: the output is the
     same."""
-    pending: collections.deque = collections.deque()  # AsyncResult, in job order
+    pending: collections.deque = collections.deque()  # tickets, in job order
     more, n = True, 0
     while True:
         while more and len(pending) < 2 * size:
@@ -111,7 +160,10 @@ def _in_order(pool, size: int, fn, it, chunk: int, segments):
             if c:
                 seg = segments(n) if segments is not None else None
                 n += 1
-                pending.append(pool.apply_async(_encode_chunk, (fn, c, seg)))
+                carried = copies.take() if copies is not None else []
+                pending.append(pool.submit(_encode_chunk, fn, c, seg, carried))
+                if carried:
+                    copies.carry(pending[-1])
         if not pending:
             return
         yield pending.popleft().get()
@@ -164,12 +216,13 @@ def _open_writers(outputs: Outputs, output: str, splits, overwrite: bool, state,
 
 def _write_split(s: str, plan: SplitJobs, w, st: RunningStats, results, *, ckpt,
                  cadence: _Cadence, report: ConversionReport, on_error: str, bar,
-                 last: bool) -> None:
+                 last: bool, copies: Optional[_Copies] = None) -> None:
     """Write one split's chunks of results in order (:class:`_Appender`), checkpointing as
     ``cadence`` says; the split's end is checkpointed too unless it is the ``last`` (the
-    publish that follows records that everything is on disk)."""
+    publish that follows records that everything is on disk). ``copies``: the workers copy
+    the segments into ``w`` (:class:`_Copies`), settled before each checkpoint."""
     for segment, chunk in results:
-        with _Appender(w, segment) as out:
+        with _Appender(w, segment, copies) as out:
             for pos, payload, info, err in chunk:
                 if err is not None:
                     if on_error == "fail":
@@ -184,9 +237,14 @@ def _write_split(s: str, plan: SplitJobs, w, st: RunningStats, results, *, ckpt,
                 if cadence.due(pos, out.size(payload) if err is None else 0) \
                         and pos + 1 < plan.count:
                     out.flush()
+                    out.hand_over()
+                    if copies is not None:
+                        copies.settle()
                     ckpt.save(s, pos + 1, w, st, report.skipped)
                     cadence.taken()
         bar.update(len(chunk))
+    if copies is not None:
+        copies.settle()
     if not last:
         ckpt.save(s, plan.count, w, st, report.skipped)
         cadence.taken()
@@ -196,16 +254,21 @@ def _write_split(s: str, plan: SplitJobs, w, st: RunningStats, results, *, ckpt,
 class _Appender:
     """One chunk's records into writer ``w``: payloads written one by one, or, from a
     ``segment`` (:func:`_encode_chunk`), runs of framed records appended by the writer in
-    one kernel copy each (:meth:`flush`: before a checkpoint, and at the end). A record
-    without its own key takes the next position; when items were skipped before it, its
-    header id is rewritten to that key (read back from the segment)."""
+    one kernel copy each (:meth:`flush`: before a checkpoint, and at the end). With
+    ``copies`` and a writer that reserves places (a ``.rec``), the runs are only indexed here
+    and the segment is copied by a worker (:class:`_Copies`). A record without its own key
+    takes the next position; when items were skipped before it, its header id is rewritten
+    to that key (read back from the segment)."""
 
-    def __init__(self, w, segment: Optional[str]):
+    def __init__(self, w, segment: Optional[str], copies: Optional[_Copies] = None):
         self.w, self.segment = w, segment
         self.fd = os.open(segment, os.O_RDONLY) if segment is not None else None
         self.offset = 0  # of the first record of the run not appended yet
         self.run: list = []  # (key, framed size) not appended yet
         self.nbytes = 0
+        reserves = segment is not None and hasattr(w, "reserve_segment")
+        self.copies = copies if reserves else None
+        self.runs: list = []  # (offset, nbytes, offset in the output): reserved, not copied
 
     def size(self, payload) -> int:
         return payload if self.fd is not None else len(payload)
@@ -228,27 +291,43 @@ class _Appender:
 
     def flush(self) -> None:
         if self.run:
-            self.w.append_segment(self.fd, self.offset, self.run)
+            if self.copies is not None:
+                self.runs.append((self.offset, self.nbytes, self.w.reserve_segment(self.run)))
+            else:
+                self.w.append_segment(self.fd, self.offset, self.run)
             self.offset += self.nbytes
             self.run, self.nbytes = [], 0
+
+    def hand_over(self) -> None:
+        """Before a checkpoint inside the chunk: the runs reserved so far copied here."""
+        if self.runs:
+            self.w.fill(self.fd, self.runs)
+            self.runs = []
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        keep = False
         try:
             if exc_type is None:
                 self.flush()
+                if self.runs and self.copies is not None:  # a worker copies, then removes it
+                    self.copies.add(cast(str, self.segment), self.w.partial_path, self.runs)
+                    keep = True
         finally:
             if self.fd is not None:
                 os.close(self.fd)
-                os.remove(self.segment)
+                if not keep:
+                    os.remove(cast(str, self.segment))
         return False
 
 
 def _publish(writers: Dict[str, object], stats: Dict[str, RunningStats], ckpt,
-             report: ConversionReport, finish_meta, source: str, verb: str) -> None:
-    """Check the splits, finish each writer with its metadata and publish them all."""
+             report: ConversionReport, finish_meta, source: str, verb: str,
+             facts: Callable[[str], Optional[dict]] = file_facts) -> None:
+    """Check the splits, finish each writer with its metadata (``facts``: what the done
+    record takes of each file) and publish them all."""
     if report.total_written == 0:
         raise ConversionError("no item could be %s (%d skipped)"
                               % ("imported" if verb == "import" else "converted",
@@ -258,7 +337,8 @@ def _publish(writers: Dict[str, object], stats: Dict[str, RunningStats], ckpt,
             raise ConversionError("split %r would be empty" % s, source)
         # conversion_id: from the plan's names (equal files give equal ids wherever
         # the source was copied to), its content enters through what was written
-        w.finish(finish_meta(s, w, stats[s], getattr(ckpt.digest, "names", ckpt.digest)))
+        w.finish(finish_meta(s, w, stats[s], getattr(ckpt.digest, "names", ckpt.digest),
+                             facts))
         report.bytes_written += w.bytes_written
     ckpt.mark_publishing()
     for w in writers.values():
@@ -266,9 +346,21 @@ def _publish(writers: Dict[str, object], stats: Dict[str, RunningStats], ckpt,
     ckpt.remove()
 
 
+def _facts_by(pool, writers: Dict[str, Any]) -> Callable[[str], Optional[dict]]:
+    """:func:`~gluon_data.convert.done.file_facts` of every writer's partial ``.rec`` and
+    ``.idx`` (made durable first), taken by the pool's workers in parallel while this
+    process finishes: the digests are the one pass over the output's bytes."""
+    taken = {}
+    for w in writers.values():
+        if hasattr(w, "partial_files"):
+            w.sync()
+            taken.update((p, pool.submit(file_facts, p)) for p in w.partial_files)
+    return lambda path: taken[path].get() if path in taken else file_facts(path)
+
+
 def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
           digest: str, root: str, options: dict, report: ConversionReport,
-          finish_meta: Callable[[str, object, RunningStats, str], dict], source: str,
+          finish_meta: Callable[..., dict], source: str,
           run: ConvertOptions, verb: str = "convert", t0: Optional[float] = None,
           pool=None) -> ConversionReport:
     """Run a planned conversion into ``output``: ``fn((pos, item))`` gives ``(pos, payload,
@@ -313,6 +405,7 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
             writers = _open_writers(outputs, output, splits, overwrite, state, report)
             bar = progress_bar(sum(s.count for s in splits.values()), verb, enabled=progress)
             cadence = _Cadence(checkpoint_every)
+            copies = _Copies(pool, workers) if pool is not None else None
             for k, (s, plan) in enumerate(splits.items()):
                 done = state["splits"].get(s) if state is not None else None
                 stats[s] = st = RunningStats.from_state(done["stats"]) if done else RunningStats()
@@ -321,12 +414,14 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
                 w = writers[s]
                 _write_split(s, plan, w, st,
                              _results(pool, fn, plan.jobs(start), workers, plan.count - start,
-                                      w.segment_path if w.takes_segments else None),
+                                      w.segment_path if w.takes_segments else None, copies),
                              ckpt=ckpt, cadence=cadence, report=report, on_error=on_error,
-                             bar=bar, last=k == len(splits) - 1)
-            if pool is not None:  # all results are in: the workers exit while this publishes
+                             bar=bar, last=k == len(splits) - 1, copies=copies)
+            facts: Callable[[str], Optional[dict]] = file_facts
+            if pool is not None:  # all results are in: the workers digest the outputs, exit
+                facts = _facts_by(pool, writers)
                 pool.close()
-            _publish(writers, stats, ckpt, report, finish_meta, source, verb)
+            _publish(writers, stats, ckpt, report, finish_meta, source, verb, facts)
             if pool is not None:
                 pool.join()
                 pool = None

@@ -15,7 +15,7 @@ import math
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -441,16 +441,18 @@ def writer_conversion_id(digest: str, split: str, writer: Any, st: "RunningStats
     return conversion_id(digest, split, writer.count, writer.bytes_written, st.state())
 
 
-def done_record(unit: str, digest: str, writer: Any) -> dict:
+def done_record(unit: str, digest: str, writer: Any,
+                facts: Callable[[str], Optional[dict]] = file_facts) -> dict:
     """The done record (:mod:`gluon_data.convert.done`) of what ``writer`` wrote, taken
     before its ``finish``: a RecordIO output's ``.rec`` and ``.idx`` (named by their
     suffixes, so equal conversions write equal metadata under any name) with their sizes
-    and SHA-256 (made durable, then read once here); an LMDB split's none (the
-    environment's integrity is its own transactions)."""
+    and SHA-256 (made durable, then read once: by ``facts``, which may be digests a
+    conversion's workers took); an LMDB split's none (the environment's integrity is its own
+    transactions)."""
     idx = getattr(writer, "idx_path", None)
     files = {}
     if idx is not None:
         writer.sync()
         for suffix, final in ((".rec", writer.path), (".idx", idx)):
-            files[suffix] = file_facts(final + RecordWriter.PARTIAL)
+            files[suffix] = facts(final + RecordWriter.PARTIAL)
     return Done(unit, str(digest), files).doc()

@@ -43,9 +43,14 @@ def _inside(root: str, path: str, dirs: Optional[dict] = None) -> bool:
     return real == root_real or real.startswith(root_real + os.sep)
 
 
-def _lexically_inside(root: str, path: str) -> bool:
-    root_abs = os.path.normpath(os.path.abspath(root))
-    p = os.path.normpath(os.path.abspath(path))
+def _lexically_inside(root: str, path: str, dirs: Optional[dict] = None) -> bool:
+    key = ("lexical", root)  # (beside the folders ``dirs`` resolves: the root, normalised)
+    root_abs = dirs.get(key) if dirs is not None else None
+    if root_abs is None:
+        root_abs = os.path.abspath(root)
+        if dirs is not None:
+            dirs[key] = root_abs
+    p = os.path.abspath(path)  # (normalised too)
     return p == root_abs or p.startswith(root_abs.rstrip(os.sep) + os.sep)
 
 
@@ -59,7 +64,7 @@ def confine(root: str, path: str, follow_symlinks: bool = False,
     is refused unless ``follow_symlinks`` (trees that link to shared storage on purpose).
     ``dirs``: a dict shared by the calls of one listing, so each folder is resolved once.
     """
-    if not _lexically_inside(root, path):
+    if not _lexically_inside(root, path, dirs):
         return "path leaves the image root %s" % root
     if not follow_symlinks and not _inside(root, path, dirs):
         return ("symlink leaves the source root %s (points to %s); pass --follow-symlinks "

@@ -53,11 +53,30 @@ def _paths(item) -> Tuple[Optional[str], ...]:
     return (item,) if isinstance(item, str) else (item.image, item.mask)
 
 
-def _entry(item, root: Optional[str], stamps: bool) -> list:
+def _relative(path: str, prefix: Optional[str], root: Optional[str]) -> str:
+    """``os.path.relpath(path, root)``; ``prefix``: ``root`` + separator where ``root`` is
+    spelled normalised, so a path spelled under it plainly (no ``.``/``..`` component, no
+    doubled separator) is cut without the two ``abspath`` calls (the same result)."""
+    if prefix is not None and path.startswith(prefix):
+        rest = path[len(prefix):]
+        probe = os.sep + rest + os.sep
+        if rest and os.sep + "." not in probe and os.sep * 2 not in probe:
+            return rest
+    return os.path.relpath(path, root)
+
+
+def _root_prefix(root: Optional[str]) -> Optional[str]:
+    if not root:
+        return None
+    plain = root.rstrip(os.sep)
+    return plain + os.sep if plain and os.path.normpath(plain) == plain else None
+
+
+def _entry(item, root: Optional[str], stamps: bool, prefix: Optional[str] = None) -> list:
     if isinstance(item, str):  # a file read whole (a dataset being copied)
         entry = [os.path.abspath(item)]
     else:  # relative: the same source spelled relative or absolute has the same digest
-        entry = [item.name] + [None if p is None else os.path.relpath(p, root)
+        entry = [item.name] + [None if p is None else _relative(p, prefix, root)
                                for p in (item.image, item.mask)] + [item.label, item.key]
     if stamps:
         entry += [_stamp(p) for p in _paths(item)]
@@ -98,7 +117,9 @@ def plan_digest(head: dict, plan: Optional[Mapping[str, Sequence]] = None,
     doc = dict(head)
     out_files: List[Tuple[str, Optional[List[int]]]] = []
     if plan is not None:
-        doc["plan"] = {s: [_entry(i, root, stamps) for i in items] for s, items in plan.items()}
+        prefix = _root_prefix(root)
+        doc["plan"] = {s: [_entry(i, root, stamps, prefix) for i in items]
+                       for s, items in plan.items()}
     out = PlanDigest(_sha256(doc))
     out.taken_ns, out.names, out.files, out.stamped = taken, str(out), out_files, {}
     if plan is not None and stamps:  # the same entries without their stamps

@@ -6,7 +6,9 @@ Records come one at a time (:meth:`RecordWriter.write`) or as *segments*: files 
 records that conversion workers write beside the output (:meth:`RecordWriter.segment_path`)
 and the writer appends by a kernel copy (:meth:`RecordWriter.append_segment`), so the
 process that orders the records does not handle their bytes (except to renumber the records
-that follow a skipped item)."""
+that follow a skipped item). It need not copy them either: :meth:`RecordWriter.reserve_segment`
+indexes the records and gives the offset their bytes go to, and a worker copies them there
+(:func:`copy_segment`)."""
 from __future__ import annotations
 
 import errno
@@ -21,7 +23,7 @@ from ..format.ownership import check_replaceable
 from ..format.meta import dumps_meta, meta_path
 from ..format.recindex import BINARY_INDEX_SUFFIX, idx_path_for, read_index, write_binary_index
 
-__all__ = ["RecordWriter"]
+__all__ = ["RecordWriter", "copy_segment"]
 
 
 class RecordWriter:
@@ -122,10 +124,24 @@ class RecordWriter:
         nbytes)`` of ``entries`` in order, copied by the kernel
         (``os.copy_file_range``; a read and write where it is missing). The same bytes and
         index as :meth:`write` of each record."""
+        start = self.reserve_segment(entries)
+        self.fill(fd, [(offset, self._pos - start, start)])
+
+    def fill(self, fd: int, runs: Sequence[Tuple[int, int, int]]) -> None:
+        """Copy runs ``(offset, nbytes, dest_offset)`` of open file ``fd`` into the places
+        :meth:`reserve_segment` gave (what :func:`copy_segment` does in another process)."""
+        for offset, nbytes, dest_offset in runs:
+            _copy_range(fd, self._rec.fileno(), offset, nbytes, dest_offset, self.path)
+
+    def reserve_segment(self, entries: Sequence[Tuple[int, int]]) -> int:
+        """Index records already framed, one per ``(key, nbytes)`` of ``entries`` in order,
+        as :meth:`append_segment` does, without their bytes: returns the offset in
+        :attr:`partial_path` where those ``sum(nbytes)`` bytes go. Whoever holds them copies
+        them there (:func:`copy_segment`) before the writer is synced or finished."""
         if self._state != "open":
             raise RuntimeError("RecordWriter is %s" % self._state)
         lines: List[str] = []
-        pos = self._pos
+        start = pos = self._pos
         for key, nbytes in entries:
             key = int(key)
             if key in self._keys:
@@ -134,12 +150,22 @@ class RecordWriter:
             self._keys.add(key)
             lines.append("%d\t%d\n" % (key, pos))
             pos += nbytes
-        _copy_range(fd, self._rec.fileno(), offset, pos - self._pos, self._pos, self.path)
         text = "".join(lines)
         self._idx.write(text)
         self._pos = pos
         self._idx_bytes += len(text)
         self.count += len(lines)
+        return start
+
+    @property
+    def partial_path(self) -> str:
+        """The ``.rec`` being written (its final name + :attr:`PARTIAL`)."""
+        return self._tmp[0]
+
+    @property
+    def partial_files(self) -> Tuple[str, str]:
+        """The ``.rec`` and ``.idx`` being written, under their partial names."""
+        return self._tmp[0], self._tmp[1]
 
     keeps_progress = False  # a conversion's checkpoint goes to a file beside the output
 
@@ -288,3 +314,21 @@ def _copy_range(src: int, dst: int, offset: int, count: int, dst_offset: int,
             raise FormatError("a segment ended %d bytes before the records it announced"
                               % count, path)
         offset, dst_offset, count = offset + n, dst_offset + n, count - n
+
+
+def copy_segment(segment: str, dest: str, runs: Sequence[Tuple[int, int, int]]) -> None:
+    """Copy runs ``(offset, nbytes, dest_offset)`` of the ``segment`` file into ``dest`` (a
+    writer's :attr:`RecordWriter.partial_path`, at the offsets
+    :meth:`RecordWriter.reserve_segment` gave), then remove the segment. Any process may
+    run it: conversion workers copy the segments of earlier chunks while they encode."""
+    src = os.open(segment, os.O_RDONLY)
+    try:
+        dst = os.open(dest, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            for offset, nbytes, dest_offset in runs:
+                _copy_range(src, dst, offset, nbytes, dest_offset, segment)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    os.remove(segment)

@@ -1,0 +1,187 @@
+"""The encoders of a local conversion: spawned worker processes fed by the parent's main
+thread alone (:class:`EncoderPool`).
+
+``multiprocessing.Pool`` runs three threads in the parent to feed its workers, and one of
+them wakes whenever a result is waiting to be read: with results coming every few
+milliseconds it spins, and on a 2-core machine its CPU and the GIL it takes were about half
+of what the parent spent per converted item. Here each worker has its own pipe, the parent
+hands a task to a worker only when that worker is idle (waiting for one), and reads results
+when it waits for one: no thread, no spinning, and no pipe that can fill both ways (a worker
+never has a task queued behind the one it runs, so the parent's send is always read at once).
+A worker that dies (killed, out of memory) is a :class:`~gluon_data.errors.ConversionError`
+naming its exit code, not a wait that never ends.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import multiprocessing
+from multiprocessing.connection import wait
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, cast
+
+from ..errors import ConversionError
+
+__all__ = ["EncoderPool", "Ticket"]
+
+
+def _serve(conn, init: Callable[[Any], None], preload: Any) -> None:  # pragma: no cover
+    """A worker's life (in the spawned process): ``init(preload)``, then tasks
+    ``(fn, args)`` from ``conn`` until ``None``, each answered ``(True, result)`` or
+    ``(False, exception)``."""
+    init(preload)
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if task is None:
+            return
+        fn, args = task
+        try:
+            out: Tuple[bool, Any] = (True, fn(*args))
+        except BaseException as e:  # sent back, raised in the parent
+            out = (False, e)
+        try:
+            conn.send(out)
+        except Exception as e:  # an unpicklable result or exception
+            conn.send((False, ConversionError("a conversion worker could not send its result "
+                                              "back: %s: %s" % (type(e).__name__, e))))
+
+
+class Ticket:
+    """A task given to an :class:`EncoderPool`: :meth:`get` waits for its result (or raises
+    the exception the task raised), :meth:`ready` says whether it is in."""
+
+    def __init__(self, pool: "EncoderPool", tid: int):
+        self.pool, self.tid = pool, tid
+        self._outcome: Optional[Tuple[bool, Any]] = None
+
+    def ready(self) -> bool:
+        if self._outcome is None:
+            self.pool.collect(0)
+        return self._outcome is not None or self.tid in self.pool.results
+
+    def get(self) -> Any:
+        if self._outcome is None:  # taken from the pool: it keeps no result read
+            self._outcome = self.pool.take(self.tid)
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+
+class EncoderPool:
+    """``workers`` spawned processes, each started by ``init(preload)`` (SIGINT ignored,
+    OpenCV single-threaded: ``engines.worker_init``), running the tasks :meth:`submit`
+    gives them, in the order given, as workers become idle.
+
+    The parent's main thread does everything: :meth:`submit` queues (never blocks), and
+    waiting for a result (:meth:`Ticket.get`) reads the results that came in and hands
+    queued tasks to the workers that became idle."""
+
+    def __init__(self, workers: int, init: Callable[[Any], None], preload: Any = None):
+        ctx = multiprocessing.get_context("spawn")
+        self._conns: List[Any] = []
+        self._procs: List[Any] = []
+        self.results: Dict[int, Tuple[bool, Any]] = {}
+        self._queued: Deque[Tuple[int, Callable, tuple]] = collections.deque()
+        self._running: Dict[int, Optional[int]] = {}  # worker -> its task (None: idle)
+        self._ids = itertools.count()
+        self._closed = False
+        for k in range(workers):
+            parent, child = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_serve, args=(child, init, preload), daemon=True,
+                            name="gluon-data-encoder-%d" % k)
+            p.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(p)
+            self._running[k] = None
+
+    @property
+    def processes(self) -> List[Any]:
+        return list(self._procs)
+
+    def submit(self, fn: Callable, *args) -> Ticket:
+        """Queue ``fn(*args)`` for the next idle worker."""
+        if self._closed:
+            raise RuntimeError("the encoder pool is closed")
+        tid = next(self._ids)
+        self._queued.append((tid, fn, args))
+        self._dispatch()
+        return Ticket(self, tid)
+
+    def _dispatch(self) -> None:
+        for k, task in self._running.items():
+            if not self._queued:
+                return
+            if task is None:
+                tid, fn, args = self._queued.popleft()
+                self._conns[k].send((fn, args))
+                self._running[k] = tid
+
+    def collect(self, timeout: Optional[float]) -> None:
+        """Read the results that are in (waiting up to ``timeout`` seconds for one) and
+        give the idle workers queued tasks; a worker that died with a task is a
+        :class:`ConversionError`."""
+        busy = [k for k, t in self._running.items() if t is not None]
+        if not busy:
+            return
+        ready = set(wait([self._conns[k] for k in busy]
+                         + [self._procs[k].sentinel for k in busy], timeout))
+        for k in busy:
+            conn = self._conns[k]
+            ended = self._procs[k].sentinel in ready
+            if conn in ready or conn.poll():
+                try:
+                    self.results[cast(int, self._running[k])] = conn.recv()
+                except EOFError:  # it died (mid-send, or before): its exit code says how
+                    ended = True
+                else:
+                    self._running[k] = None
+                    continue
+            if ended:
+                self._procs[k].join(1.0)
+                raise ConversionError("a conversion worker process (pid %s) ended with exit "
+                                      "code %s while converting; the conversion stopped"
+                                      % (self._procs[k].pid, self._procs[k].exitcode))
+        self._dispatch()
+
+    def take(self, tid: int) -> Tuple[bool, Any]:
+        """``(ok, value)`` of task ``tid``, waiting for it; the pool forgets it then
+        (:class:`Ticket` keeps it)."""
+        while tid not in self.results:
+            if tid not in self._running.values() and all(q[0] != tid for q in self._queued):
+                raise RuntimeError("task %d is not in this pool, or was taken" % tid)
+            self.collect(None)
+        return self.results.pop(tid)
+
+    def close(self) -> None:
+        """No more tasks: the workers exit once those queued are done (see :meth:`join`)."""
+        self._closed = True
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Run what is queued to the end, then let every worker exit and reap it."""
+        while self._queued or any(t is not None for t in self._running.values()):
+            self.collect(None)
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except OSError:  # (a worker gone already: reaped below)
+                pass
+        for p in self._procs:
+            p.join(timeout)
+
+    def terminate(self, timeout: float = 5.0) -> None:
+        """Stop every worker now (SIGTERM, then SIGKILL after ``timeout``) and reap it."""
+        self._closed = True
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self._procs:
+            p.join(timeout)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout)
+        for conn in self._conns:
+            conn.close()

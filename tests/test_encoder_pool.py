@@ -1,0 +1,101 @@
+"""The conversion's own worker pool (:class:`gluon_data.convert.workers.EncoderPool`): tasks
+run in spawned workers, fed by the parent's main thread alone, results in the order asked,
+a task's exception raised where its result is read, a worker that dies a
+:class:`ConversionError`, and the workers' segment copies (:class:`loop._Copies`) leave the
+same bytes as the parent's own copies."""
+import os
+import threading
+import time
+
+import pytest
+
+from gluon_data import convert
+from gluon_data.convert import loop
+from gluon_data.convert.engines import start_encoder_pool, stop_pool
+from gluon_data.convert.sample import make_voc
+from gluon_data.errors import ConversionError
+from gluon_data.stores.recwriter import RecordWriter
+
+from conftest import same_output_bytes
+
+
+@pytest.fixture(scope="module")
+def voc40(tmp_path_factory):
+    return make_voc(str(tmp_path_factory.mktemp("voc40") / "VOC2012"), num_images=40,
+                    size_range=(16, 32), seed=5)
+
+
+@pytest.fixture
+def pool():
+    p = start_encoder_pool(2)
+    yield p
+    stop_pool(p)
+
+
+def _exit_now(code):  # a task that kills its worker
+    os._exit(code)
+
+
+def test_results_come_back_in_order_from_workers_with_no_thread_in_the_parent(pool):
+    before = threading.active_count()
+    tickets = [pool.submit(os.getpid) for _ in range(10)] + [pool.submit(divmod, 7, 2)]
+    assert threading.active_count() == before  # fed by this thread: no handler threads
+    pids = [t.get() for t in tickets[:-1]]
+    assert tickets[-1].get() == (3, 1)
+    assert os.getpid() not in pids and len(set(pids)) <= 2
+    assert pool.results == {}  # a result read is not kept by the pool
+    assert tickets[0].get() == pids[0]  # (the ticket keeps it)
+
+
+def test_a_task_error_is_raised_where_its_result_is_read(pool):
+    bad, good = pool.submit(int, "x"), pool.submit(abs, -3)
+    assert good.get() == 3
+    with pytest.raises(ValueError, match="invalid literal"):
+        bad.get()
+
+
+def test_a_worker_that_dies_is_a_conversion_error_not_a_hang(pool):
+    t0 = time.monotonic()
+    dead = pool.submit(_exit_now, 7)
+    with pytest.raises(ConversionError, match="exit code 7"):
+        dead.get()
+    assert time.monotonic() - t0 < 60
+
+
+def test_close_and_join_run_what_is_queued_then_reap_every_worker():
+    p = start_encoder_pool(2)
+    try:
+        tickets = [p.submit(abs, -i) for i in range(6)]
+        p.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            p.submit(abs, 1)
+        p.join(30)
+        assert [t.get() for t in tickets] == list(range(6))
+        assert all(not w.is_alive() and w.exitcode == 0 for w in p.processes)
+    finally:
+        stop_pool(p)
+
+
+@pytest.mark.parametrize("every", [5, 16])
+def test_checkpoints_inside_a_workers_chunk_leave_the_same_bytes(voc40, tmp_path, every):
+    """A checkpoint falls inside a chunk (5) or on its end (16): the copies reserved so far
+    are made before it, and the output is the one a single process writes."""
+    ref = str(tmp_path / "ref" / "voc.rec")
+    convert(voc40, ref, "voc", split="trainval", workers=1)
+    out = str(tmp_path / "w" / "voc.rec")
+    convert(voc40, out, "voc", split="trainval", workers=2, checkpoint_every=every)
+    stem = lambda p: p[:-4]  # noqa: E731
+    for a, b in ((ref, out), (stem(ref) + ".idx", stem(out) + ".idx"),
+                 (stem(ref) + ".meta.json", stem(out) + ".meta.json")):
+        assert same_output_bytes(a, b), a
+    assert not [f for f in os.listdir(os.path.dirname(out)) if ".segments" in f]
+
+
+def test_the_workers_copy_the_segments_not_the_parent(voc40, tmp_path, monkeypatch):
+    """With a pool, the parent reserves each chunk's place and never copies a segment of
+    a ``.rec`` itself (without a checkpoint inside a chunk)."""
+    copied = []
+    monkeypatch.setattr(RecordWriter, "fill", lambda self, fd, runs: copied.append(runs))
+    out = str(tmp_path / "voc.rec")
+    rep = convert(voc40, out, "voc", split="trainval", workers=2)
+    assert rep.written["trainval"] == 40 and copied == []
