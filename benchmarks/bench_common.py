@@ -12,6 +12,8 @@ from unittest import mock
 
 import numpy as np
 
+from gluon_data.storage.perprocess import reuse_freed_memory
+
 
 def make_dataset(root: str, n: int, seed: int = 0) -> str:
     """VOC layout with ``n`` JPEG photos (300-500 px) and palette masks; every split lists
@@ -96,6 +98,7 @@ def _decode_pairs(pairs):
 
 
 def _decode_share(pairs, k, workers, barrier, done):  # pragma: no cover - forked child
+    reuse_freed_memory()  # the allocator policy our workers run with: the limit at its best
     chunk = pairs[k::workers]
     _decode_pairs(chunk[:1])  # libraries loaded, threads set, before the start signal
     barrier.wait()

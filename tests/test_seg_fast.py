@@ -321,3 +321,48 @@ def test_a_trainer_started_by_multiprocessing_keeps_its_opencv_setting(seg_rec, 
     got = _threads_report(subprocess.run([sys.executable, str(script), seg_rec],
                                          capture_output=True, text=True, timeout=180))
     assert got == {"trainer": 3}, got
+
+
+#: page faults per sample in a spawned pool worker reading VOC-size ``train`` samples
+POOL_FAULTS = r"""
+import json, multiprocessing, resource, sys
+from gluon_data.arrays import SegmentationDataset
+
+
+def faults(ds):
+    for i in range(len(ds)):  # warm: the buffers of every size seen once
+        ds[i]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for i in range(len(ds)):
+        ds[i]
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / len(ds)
+
+
+if __name__ == "__main__":
+    ds = SegmentationDataset(sys.argv[1], mode="train", seed=1, base_size=520, crop_size=480,
+                             output="uint8")
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print("FAULTS " + json.dumps(pool.apply_async(faults, (ds,)).get(timeout=240)))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator (Linux)")
+def test_a_workers_allocator_reuses_the_pages_of_freed_samples(tmp_path):
+    """In a worker the sample buffers (about a megabyte each, of varying sizes) reuse freed
+    pages: a few page faults per sample, where glibc's default policy maps and faults most
+    of them in again (``GLUON_DATA_WORKER_MALLOC=0`` keeps that policy)."""
+    voc = make_voc(str(tmp_path / "VOC2012"), num_images=16, size_range=(300, 500), seed=2,
+                   photo=True)
+    rec = str(tmp_path / "big.rec")
+    convert(voc, rec, "voc", split="train")
+    script = tmp_path / "pool_faults.py"
+    script.write_text(POOL_FAULTS)
+    got = {}
+    for setting in ("1", "0"):
+        run = subprocess.run([sys.executable, str(script), rec], capture_output=True,
+                             text=True, timeout=300,
+                             env=dict(os.environ, GLUON_DATA_WORKER_MALLOC=setting))
+        assert run.returncode == 0, run.stderr[-3000:]
+        got[setting] = json.loads([x for x in run.stdout.splitlines()
+                                   if x.startswith("FAULTS ")][0][7:])
+    assert got["1"] < 20 and got["0"] > 4 * got["1"], got

@@ -34,7 +34,7 @@ from ..format import codec
 from ..format.meta import ids_are_keys, wrong_record
 from ..sampling.sampler import SampleKey, split_key
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
-from ..storage.perprocess import PerProcess, ProcessMark
+from ..storage.perprocess import PerProcess, ProcessMark, reuse_freed_memory
 from ..stores.base import RecordStore, is_uri, open_store, will_need
 from . import transforms as T
 
@@ -67,10 +67,12 @@ def _setup_process(made_in: ProcessMark) -> bool:
     its user set. ``setNumThreads(0)`` (sequential, no pool) and not ``1``: a forked child
     that reconfigures a pool whose threads it did not inherit waits forever on their
     condition variables (OpenCV 4 and 5), and the parent's pool is often running when a
-    loader forks its workers."""
+    loader forks its workers. Its allocator keeps the pages of freed sample buffers for the
+    next sample (:func:`~gluon_data.storage.perprocess.reuse_freed_memory`)."""
     worker = in_worker(made_in)
     if worker:
         cv2.setNumThreads(0)
+        reuse_freed_memory()  # the per-sample buffers reuse their pages (no page faults)
     return worker
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 from .. import _version
 from ..errors import ConversionError, WorkerPathError
+from ..storage.perprocess import reuse_freed_memory
 from .workers import EncoderPool
 
 __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE", "start_pool",
@@ -167,6 +168,7 @@ def worker_init(preload: Any = None) -> None:
     so those imports are done while the parent still plans, not when the first task comes."""
     import cv2  # in the worker only (as _dask_worker_init)
     cv2.setNumThreads(1)  # one process per core already; safe in a fresh (spawned) process
+    reuse_freed_memory()  # decoded images' pages reused, not faulted in per item
     # Ctrl-C reaches the whole process group: only the parent acts on it (it stops the pool).
     # A worker killed by it mid-task could die holding the task queue's lock, and the
     # parent's Pool.terminate() would then wait for that lock forever.
