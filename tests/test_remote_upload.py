@@ -18,6 +18,7 @@ from gluon_data.format.meta import dumps_meta  # noqa: E402
 from gluon_data.storage.remotefs import Remote  # noqa: E402
 from gluon_data.stores.remote.commit import Commit  # noqa: E402
 from gluon_data.convert.to_uri import convert_to_uri
+from gluon_data.convert.upload import ShardUploader  # noqa: E402
 from gluon_data.storage.remotefs import filesystem  # noqa: E402
 from gluon_data.convert.sample import make_imagefolder  # noqa: E402
 from gluon_data.stores.base import open_store  # noqa: E402
@@ -227,3 +228,20 @@ def test_the_converter_imports_the_uploader_not_the_other_way_round():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_staging_folder_is_a_cache_whose_staging_area_holds_the_shards(tmp_path):
+    """``ShardUploader(staging=X)`` (deprecated) stages through the one cache, rooted at X:
+    the shards go to X's staging area ``shards``, pinned and counted like every entry."""
+    with pytest.warns(DeprecationWarning, match="cache_dir"):
+        sink = ShardUploader("s3://bucket/voc.rec", Remote(), staging=str(tmp_path / "mine"))
+    assert sink.cache_dir == str(tmp_path / "mine")
+    root, area = sink._stage_area()
+    try:
+        assert root.startswith(os.path.join(str(tmp_path / "mine"), "staging", "shards") + os.sep)
+        assert area.path == os.path.dirname(root)
+    finally:
+        area.release()
+    with pytest.raises(ValueError, match="not both"):
+        ShardUploader("s3://bucket/voc.rec", Remote(), staging=str(tmp_path),
+                      cache_dir=str(tmp_path))

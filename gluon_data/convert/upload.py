@@ -7,6 +7,7 @@ import os
 import posixpath
 import shutil
 import time
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..format import codec
@@ -209,14 +210,15 @@ class ShardUploader:
         The output URI the conversion was given (its folder receives the shards).
     remote : Remote
         Storage options and retry policy.
-    staging : str, optional
-        A folder of your own for the staged shards (outside the cache). Default: the
-        staging area ``shards`` of the cache (:meth:`~gluon_data.storage.cache.Cache.staging`,
-        ``staging/shards/<hash of uri>/``) of the machine running the task, pinned while the
-        task writes and uploads, counted toward that cache's ``cache_limit``.
     cache_dir : str, optional
-        That cache's folder; default the machine's own (``$GLUON_DATA_CACHE_DIR`` there,
-        else ``~/.cache/gluon_data``).
+        The cache whose staging area ``shards`` holds the staged shards
+        (:meth:`~gluon_data.storage.cache.Cache.staging`, ``staging/shards/<hash of uri>/``),
+        pinned while a task writes and uploads, counted toward that cache's ``cache_limit``;
+        default the machine's own (``$GLUON_DATA_CACHE_DIR`` there, else
+        ``~/.cache/gluon_data``).
+    staging : str, optional
+        Deprecated: the same as ``cache_dir`` (staged shards go through a cache's staging
+        area, never into a folder of their own); it warns.
     overwrite, resume : bool
         As for :func:`convert_to_uri`.
 
@@ -230,7 +232,14 @@ class ShardUploader:
     def __init__(self, uri: str, remote: "Remote", staging: Optional[str] = None,
                  overwrite: bool = False, resume: bool = False,
                  cache_dir: Optional[str] = None):
-        self.uri, self.remote, self.staging, self.cache_dir = uri, remote, staging, cache_dir
+        if staging is not None:
+            if cache_dir is not None:
+                raise ValueError("give cache_dir or staging (deprecated), not both")
+            warnings.warn("ShardUploader(staging=...) is deprecated: pass cache_dir=...; the "
+                          "shards are staged in that cache's staging area", DeprecationWarning,
+                          stacklevel=2)
+            cache_dir = staging
+        self.uri, self.remote, self.cache_dir = uri, remote, cache_dir
         self.overwrite, self.resume = overwrite, resume
         self.complete: set = set()  # (client) manifests already uploaded for this plan
 
@@ -240,13 +249,10 @@ class ShardUploader:
     def receipt_uri(self, name: str) -> str:
         return self.shard_uri(prefix_of(name) + RECEIPT_SUFFIX)
 
-    def _stage_area(self) -> Tuple[str, Optional[Staging]]:
-        """``(folder for this upload's shards, the pinned staging area or None)``."""
-        sub = staging_key(self.uri)
-        if self.staging is not None:
-            return os.path.join(os.path.abspath(self.staging), sub), None
+    def _stage_area(self) -> Tuple[str, Staging]:
+        """``(folder for this upload's shards, the pinned staging area)``."""
         area = Cache(self.cache_dir).staging("shards")
-        return os.path.join(area.path, sub), area
+        return os.path.join(area.path, staging_key(self.uri)), area
 
     # -- client side -----------------------------------------------------------------------
     def _objects(self, job) -> List[str]:
@@ -365,8 +371,7 @@ class ShardUploader:
             local = os.path.join(folder, name)
             summary = write(dataclasses.replace(job, path=local))
             _verify_shard(local, job)
-            if area is not None:
-                area.claim()  # the staged shard counted: entries not in use make room
+            area.claim()  # the staged shard counted: entries not in use make room
             files = {}
             for path in shard_files(local, job.container):
                 rel = os.path.relpath(path, folder).replace(os.sep, "/")
@@ -385,8 +390,7 @@ class ShardUploader:
             self.remote.pipe(self.receipt_uri(name), dumps_meta(receipt))
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the staged copy, uploaded or not
-            if area is not None:
-                area.release()
+            area.release()
         return dict(entry, files=files, reused=False, seconds=time.perf_counter() - t0)
 
 
