@@ -99,3 +99,15 @@ def test_the_workers_copy_the_segments_not_the_parent(voc40, tmp_path, monkeypat
     out = str(tmp_path / "voc.rec")
     rep = convert(voc40, out, "voc", split="trainval", workers=2)
     assert rep.written["trainval"] == 40 and copied == []
+
+
+def test_a_worker_dead_while_idle_is_a_conversion_error_at_the_next_task(pool):
+    first = pool.submit(os.getpid)
+    pid = first.get()
+    for w in pool.processes:
+        if w.pid == pid:
+            w.kill()
+            w.join(30)
+    with pytest.raises(ConversionError, match="exit code"):
+        for _ in range(4):  # the dead worker is handed one of them (or its death is seen)
+            pool.submit(abs, -1).get()

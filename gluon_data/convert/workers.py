@@ -117,7 +117,14 @@ class EncoderPool:
                 return
             if task is None:
                 tid, fn, args = self._queued.popleft()
-                self._conns[k].send((fn, args))
+                try:
+                    self._conns[k].send((fn, args))
+                except OSError:  # (BrokenPipeError) it died idle: at its start, or killed
+                    self._procs[k].join(1.0)
+                    raise ConversionError("a conversion worker process (pid %s) ended with "
+                                          "exit code %s before its task; the conversion "
+                                          "stopped" % (self._procs[k].pid,
+                                                       self._procs[k].exitcode)) from None
                 self._running[k] = tid
 
     def collect(self, timeout: Optional[float]) -> None:
