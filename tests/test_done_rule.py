@@ -45,6 +45,14 @@ def _idx_deleted(rec):
     os.remove(rec[:-4] + ".idx")
 
 
+def _as_previous_release(out):
+    """Metadata as the previous release wrote it: no done record."""
+    meta = json.loads(_read(meta_path(out)))
+    del meta["done"]
+    with open(meta_path(out), "wb") as f:
+        f.write(dumps_meta(meta))
+
+
 def _last_record_flipped(rec):
     with open(rec, "r+b") as f:
         f.seek(os.path.getsize(rec) - 10)
@@ -87,10 +95,7 @@ def test_resume_redoes_an_output_of_the_previous_release(src, tmp_path):
     the output is redone (never taken as done on its sizes alone)."""
     out = str(tmp_path / "c.rec")
     convert(src, out, "imagefolder")
-    meta = json.loads(_read(meta_path(out)))
-    del meta["done"]
-    with open(meta_path(out), "wb") as f:
-        f.write(dumps_meta(meta))
+    _as_previous_release(out)
     _last_record_flipped(out)
     convert(src, out, "imagefolder", resume=True)
     assert verify(out).ok and "done" in json.loads(_read(meta_path(out)))
@@ -104,10 +109,7 @@ def test_resume_never_replaces_a_previous_release_output_of_another_source(tmp_p
     b = make_imagefolder(str(tmp_path / "b"), per_class=2)
     out = str(tmp_path / "c.rec")
     convert(a, out, "imagefolder")
-    meta = json.loads(_read(meta_path(out)))
-    del meta["done"]
-    with open(meta_path(out), "wb") as f:
-        f.write(dumps_meta(meta))
+    _as_previous_release(out)
     before = [_read(out), _read(out[:-4] + ".idx"), _read(meta_path(out))]
     with pytest.raises((FileExistsError, GluonDataError), match="already exists|other inputs"):
         convert(b, out, "imagefolder", resume=True)

@@ -22,8 +22,8 @@ from ..errors import ConversionError, WorkerPathError
 from ..storage.perprocess import reuse_freed_memory
 from .workers import EncoderPool
 
-__all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE", "start_pool",
-           "stop_pool", "worker_init", "start_encoder_pool"]
+__all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE",
+           "start_pool", "stop_pool", "worker_init", "start_encoder_pool"]
 
 #: What a path given to a cluster conversion must be (the README's cluster checklist).
 SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
@@ -192,7 +192,8 @@ def start_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> An
         return ctx.Pool(workers, initializer=worker_init, initargs=(preload,))
 
 
-def start_encoder_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> EncoderPool:
+def start_encoder_pool(workers: int,
+                       preload: Optional[Callable[..., Any]] = None) -> EncoderPool:
     """A conversion's :class:`~gluon_data.convert.workers.EncoderPool` of ``workers``
     spawned processes, started as :func:`start_pool` starts its workers (SIGINT blocked
     meanwhile, :func:`worker_init` in each)."""

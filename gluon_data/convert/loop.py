@@ -5,10 +5,10 @@ and resume (:mod:`.resume`), a progress bar and the :class:`ConversionReport`.
 
 One writer in the parent appends records in source order, so the output is deterministic
 for the same inputs and seed whatever the number of workers. Workers write the framed
-records of a ``.rec`` themselves (segments), and copy them into the output at the offsets the
-parent reserved for them (:class:`_Copies`), and they take the output's digests at the end:
-the parent only plans, orders and writes the index, so it serves many workers. Nothing appears under the
-output's final name unless the whole conversion succeeded.
+records of a ``.rec`` themselves (segments), copy them into the output at the offsets the
+parent reserved for them (:class:`_Copies`), and take the output's digests at the end: the
+parent only plans, orders and writes the index, so it serves many workers. Nothing appears
+under the output's final name unless the whole conversion succeeded.
 """
 from __future__ import annotations
 
@@ -92,7 +92,8 @@ def _encode_chunk(fn, jobs: list, segment: Optional[str], copies: Sequence = ())
 
 def _copy_segments(copies: Sequence) -> None:
     """A worker's task (also run first by :func:`_encode_chunk`): each ``(segment, dest,
-    runs)`` of ``copies`` copied into its output (:func:`~gluon_data.stores.recwriter.copy_segment`)."""
+    runs)`` of ``copies`` copied into its output
+    (:func:`~gluon_data.stores.recwriter.copy_segment`)."""
     for segment, dest, runs in copies:
         copy_segment(segment, dest, runs)
 
@@ -149,8 +150,8 @@ def _results(pool, fn, jobs, workers: int, count: int, segments, copies=None):
 def _in_order(pool, size: int, fn, it, chunk: int, segments, copies=None):
     """Chunks of ``chunk`` jobs handed to the pool's ``size`` workers (two per worker in
     flight), their results yielded in job order. This process only orders and writes: it
-    encodes nothing, so it is not the bottleneck of many workers. Every item is ``fn`` of the same job wherever it ran: the output is the
-    same."""
+    encodes nothing, so it is not the bottleneck of many workers. Every item is ``fn`` of
+    the same job wherever it ran: the output is the same."""
     pending: collections.deque = collections.deque()  # tickets, in job order
     more, n = True, 0
     while True:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..storage.fsutil import LMDB_DATA
 
 __all__ = ["UPLOAD_MARKER", "LMDB_DATA", "LMDB_COMMIT", "LMDB_MARKER", "LMDB_FORMAT",
-           "MANIFEST_SUFFIX", "sibling_uri"]
+           "MANIFEST_SUFFIX", "SEGMENT_SUFFIX", "sibling_uri"]
 
 UPLOAD_MARKER = ".uploading.json"  # PREFIX.uploading.json: an upload is in progress
 
@@ -12,6 +12,8 @@ UPLOAD_MARKER = ".uploading.json"  # PREFIX.uploading.json: an upload is in prog
 
 #: PREFIX.shards.json: a sharded dataset's manifest (FORMAT.md section 7)
 MANIFEST_SUFFIX = ".shards.json"
+#: The name ending of a conversion worker's segment file (framed records a writer appends).
+SEGMENT_SUFFIX = ".seg"
 
 LMDB_COMMIT = "meta.json"        # NAME.lmdb/meta.json: the commit document (FORMAT.md §8)
 LMDB_MARKER = "uploading.json"   # NAME.lmdb/uploading.json: an upload in progress

@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterable, NamedTuple, Optional
 from ..errors import FormatError, GluonDataError, OutputError
 from .codec import RECORDIO_MAGIC
 from .headers import JPEG_SOI, PNG_SIGNATURE
-from .layout import MANIFEST_SUFFIX
+from .layout import MANIFEST_SUFFIX, SEGMENT_SUFFIX
 from .documents import KINDS as DOCUMENTS, NUMBER, Doc, F, load_document, parse_json, register
 from ..storage.fileio import FILE_ID, path_stamp
 from ..storage.fsutil import LMDB_DATA, holds_only_lmdb
@@ -37,6 +37,7 @@ KINDS = {
     "image": "an image file (PNG, JPEG, BMP, TIFF, WebP)",
     "checkpoint": "a gluon_data resume checkpoint (.resume.json)",
     "manifest": "a shard manifest (.shards.json)",
+    "segments": "a gluon_data segment folder (a directory holding only .seg files)",
 }
 
 #: What :func:`classify_location` can find at a location, in the words of error messages.
@@ -181,6 +182,13 @@ def _ownership(path: str, kind: str) -> Ownership:
             return Ownership(bool(sniff(path)))
         except Exception as e:  # FormatError, lmdb.Error, OSError...: not a dataset of ours
             return Ownership(False, getattr(e, "reason", None) or str(e))
+    if kind == "segments":  # a writer's folder of segment files, nothing else
+        if not stat.S_ISDIR(st.st_mode):
+            return Ownership(False, "not a directory")
+        with os.scandir(path) as entries:
+            other = [e.name for e in entries if not (e.name.endswith(SEGMENT_SUFFIX)
+                                                     and e.is_file(follow_symlinks=False))]
+        return Ownership(not other, "it holds %s" % other[0] if other else "")
     if not stat.S_ISREG(st.st_mode):
         return Ownership(False, "not a regular file")
     try:

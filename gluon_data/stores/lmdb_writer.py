@@ -17,7 +17,7 @@ from ..storage.fsutil import LMDB_DATA, LMDB_LOCK, exchange_dirs, fsync_dir, rem
 from ..format.ownership import check_replaceable
 from .lmdb_pages import MAX_DBS, META_DB, record_key
 from ..format.meta import dumps_meta
-from .recwriter import SEGMENT_SUFFIX, remove_segments
+from .recwriter import remove_segments, segment_file
 
 __all__ = ["LMDBWriter"]
 
@@ -204,9 +204,7 @@ class _SplitWriter:
     def segment_path(self, n: int) -> str:
         """Where segment ``n`` of this split is written (see
         :meth:`~gluon_data.stores.recwriter.RecordWriter.segment_path`)."""
-        if not os.path.isdir(self.parent.segments):
-            os.mkdir(self.parent.segments)
-        return os.path.join(self.parent.segments, "%s-%08d%s" % (self.name, n, SEGMENT_SUFFIX))
+        return segment_file(self.parent.segments, "%s-%08d" % (self.name, n))
 
     def append_segment(self, fd: int, offset: int, entries) -> None:
         """Put the framed records of open file ``fd`` from ``offset``, one per ``(key,

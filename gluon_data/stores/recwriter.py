@@ -20,10 +20,11 @@ from ..format import codec
 from ..errors import FormatError, OutputError
 from ..storage.fsutil import fsync_dir, open_new
 from ..format.ownership import check_replaceable
+from ..format.layout import SEGMENT_SUFFIX
 from ..format.meta import dumps_meta, meta_path
 from ..format.recindex import BINARY_INDEX_SUFFIX, idx_path_for, read_index, write_binary_index
 
-__all__ = ["RecordWriter", "copy_segment"]
+__all__ = ["RecordWriter", "copy_segment", "segment_file", "remove_segments"]
 
 
 class RecordWriter:
@@ -114,9 +115,7 @@ class RecordWriter:
         """Where segment ``n`` of this output is written: a file in a folder beside the
         partial ``.rec`` (same filesystem, so the append is a kernel copy), removed with the
         partial files."""
-        if not os.path.isdir(self._segments):
-            os.mkdir(self._segments)
-        return os.path.join(self._segments, "%08d%s" % (n, SEGMENT_SUFFIX))
+        return segment_file(self._segments, "%08d" % n)
 
     def append_segment(self, fd: int, offset: int, entries: Sequence[Tuple[int, int]]) -> None:
         """Append records already framed (:func:`~gluon_data.format.codec.frame`): the
@@ -130,8 +129,7 @@ class RecordWriter:
     def fill(self, fd: int, runs: Sequence[Tuple[int, int, int]]) -> None:
         """Copy runs ``(offset, nbytes, dest_offset)`` of open file ``fd`` into the places
         :meth:`reserve_segment` gave (what :func:`copy_segment` does in another process)."""
-        for offset, nbytes, dest_offset in runs:
-            _copy_range(fd, self._rec.fileno(), offset, nbytes, dest_offset, self.path)
+        _copy_runs(fd, self._rec.fileno(), runs, self.path)
 
     def reserve_segment(self, entries: Sequence[Tuple[int, int]]) -> int:
         """Index records already framed, one per ``(key, nbytes)`` of ``entries`` in order,
@@ -261,22 +259,20 @@ class RecordWriter:
         return False
 
 
-#: The name ending of a segment file (:meth:`RecordWriter.segment_path`).
-SEGMENT_SUFFIX = ".seg"
+def segment_file(folder: str, stem: str) -> str:
+    """The path of segment ``stem`` in a writer's segment ``folder``, made on first use."""
+    if not os.path.isdir(folder):
+        os.mkdir(folder)
+    return os.path.join(folder, stem + SEGMENT_SUFFIX)
 
 
 def remove_segments(folder: str) -> None:
-    """Remove a writer's segment folder, only if it holds nothing but segment files (ours);
+    """Remove a writer's segment folder, only if it is ours (a directory holding nothing but
+    segment files: the one rule of :func:`~gluon_data.format.ownership.check_replaceable`);
     anything else there is an :class:`OutputError`, and is left untouched."""
-    if not os.path.lexists(folder):
-        return
-    if os.path.islink(folder) or not os.path.isdir(folder) or any(
-            not (e.name.endswith(SEGMENT_SUFFIX) and e.is_file(follow_symlinks=False))
-            for e in os.scandir(folder)):
-        raise OutputError("is in the way of the segment folder gluon-data writes (it holds "
-                          "other files, or is a link or a file); it was left untouched: "
-                          "remove it", folder)
-    shutil.rmtree(folder)
+    check_replaceable(folder, "segments", True)
+    if os.path.lexists(folder):
+        shutil.rmtree(folder)
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:
@@ -289,6 +285,12 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
 #: copy_file_range's refusals that mean "not here" (another filesystem on an old kernel,
 #: a filesystem without it): the bytes are then read and written
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM}
+
+
+def _copy_runs(src: int, dst: int, runs: Sequence[Tuple[int, int, int]], path: str) -> None:
+    """Copy runs ``(offset, nbytes, dst_offset)`` of ``src`` into ``dst``."""
+    for offset, nbytes, dst_offset in runs:
+        _copy_range(src, dst, offset, nbytes, dst_offset, path)
 
 
 def _copy_range(src: int, dst: int, offset: int, count: int, dst_offset: int,
@@ -325,8 +327,7 @@ def copy_segment(segment: str, dest: str, runs: Sequence[Tuple[int, int, int]]) 
     try:
         dst = os.open(dest, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
         try:
-            for offset, nbytes, dest_offset in runs:
-                _copy_range(src, dst, offset, nbytes, dest_offset, segment)
+            _copy_runs(src, dst, runs, segment)
         finally:
             os.close(dst)
     finally:
