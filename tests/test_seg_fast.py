@@ -98,6 +98,28 @@ def test_resize_mask_mirrors_in_the_same_copy():
                 assert np.array_equal(got, want), (dtype, oh, ow, flip)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32])
+def test_map_values_is_a_table_lookup(dtype):
+    rng = np.random.default_rng(4)
+    src = rng.integers(0, 256, (37, 53), dtype=np.uint8)
+    src[::5, ::3] = 255
+    identity = np.arange(256).astype(dtype)
+    ignore = identity.copy()
+    ignore[255] = 0 if dtype == np.uint8 else -1  # the ignore label mapped
+    two = ignore.copy()
+    two[0] = 9                                      # and one more entry: still a cast
+    absent = identity.copy()
+    absent[254] = 3                                 # an entry src never holds
+    src[src == 254] = 253
+    scattered = rng.permutation(256).astype(dtype)  # any table: cv2.LUT
+    for table in (identity, ignore, two, absent, scattered):
+        want = table[src]
+        out = np.full((40, 60), 77, dtype)
+        got = T.map_values(src, table, out[2:39, 4:57])  # a strided window of a buffer
+        assert np.array_equal(got, want) and np.shares_memory(got, out)
+        assert (out[:2] == 77).all() and (out[:, :4] == 77).all() and (out[:, 57:] == 77).all()
+
+
 def test_train_samples_are_the_same_on_both_stacks(seg_rec):
     other = os.environ.get("GLUON_DATA_MXNET_PYTHON")
     if not other or os.path.realpath(other) == os.path.realpath(sys.executable):

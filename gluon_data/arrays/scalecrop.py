@@ -17,7 +17,7 @@ import numpy as np
 from ..sampling.seeding import RandomTransform
 from .tensorize import as_hwc, to_numpy, to_chw_uint8
 
-__all__ = ["RandomScaleCrop", "nearest_index", "resize_mask"]
+__all__ = ["RandomScaleCrop", "nearest_index", "resize_mask", "map_values"]
 
 
 def nearest_index(dst: int, src: int) -> np.ndarray:
@@ -62,6 +62,38 @@ def resize_mask(mask: np.ndarray, ow: int, oh: int, flip: bool = False) -> np.nd
         return np.ascontiguousarray(mask[rows][:, cols])
     # columns first, on the transpose: the result comes out C-ordered
     return mask.T[cols][:, rows].T
+
+
+_BYTES = np.arange(256)
+#: A table that differs from the identity in at most this many entries is applied as a cast
+#: plus one masked write per entry (each a compare over the mask): cheaper than ``cv2.LUT``
+#: into a 16- or 32-bit table, which has no vector path (0.42 ms against 0.11 ms for a
+#: 480x480 mask, one entry, on the benchmark machine).
+_FEW_CHANGED = 2
+
+
+def map_values(src: np.ndarray, table: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """``dst[...] = table[src]`` for a uint8 ``src`` and a 256-entry ``table`` of ``dst``'s
+    dtype; returns ``dst``. A table that is the identity but for a few entries (the ignore
+    label mapped: what the segmentation datasets pass) is a cast and a masked write per
+    entry, present in ``src`` or not; any other, ``cv2.LUT``. The same values either way.
+
+    >>> table = np.arange(256, dtype=np.int32); table[255] = -1
+    >>> map_values(np.array([[0, 255, 7]], np.uint8), table, np.empty((1, 3), np.int32))
+    array([[ 0, -1,  7]], dtype=int32)
+    """
+    changed = np.flatnonzero(table != _BYTES)
+    if changed.size > _FEW_CHANGED:
+        got = cv2.LUT(src, table, dst=dst)
+        if not np.shares_memory(got, dst):
+            dst[...] = got
+        return dst
+    np.copyto(dst, src, casting="unsafe")
+    for v in changed.tolist():
+        hit = src == v
+        if hit.any():
+            np.copyto(dst, table[v], where=hit)
+    return dst
 
 
 def _fits(value, dtype) -> bool:
@@ -223,9 +255,7 @@ class RandomScaleCrop(RandomTransform):
         part = resize_mask(m, vw, vh, flip)  # mirrored in the same copy
         dst = mask_out[:vh, :vw]
         if mask_map is not None:
-            got = cv2.LUT(part, mask_map, dst=dst)
-            if not np.shares_memory(got, mask_out):
-                dst[...] = got
+            map_values(part, mask_map, dst)
             fill = mask_map[fill]
         else:
             np.copyto(dst, part, casting="unsafe")

@@ -44,10 +44,10 @@ import numpy as np
 from ..format.codec import DEFAULT_MAX_PIXELS
 from ..errors import DecodeError
 from ..sampling.seeding import SeededRandom, RandomTransform, sample_context
-from .scalecrop import RandomScaleCrop, nearest_index, resize_mask
+from .scalecrop import RandomScaleCrop, map_values, nearest_index, resize_mask
 from .tensorize import ImageCropNormalize, ToTensorNormalize, as_hwc, to_numpy
 
-__all__ = ["nearest_index", "resize_mask", "default_joint_transform", "Compose",
+__all__ = ["nearest_index", "resize_mask", "map_values", "default_joint_transform", "Compose",
            "RandomHorizontalFlip", "RandomScale", "RandomCrop", "RandomScaleCrop",
            "RandomRotation",
            "ColorJitter", "RandomGaussianBlur", "ResizeShort", "Resize", "CenterCrop",
