@@ -12,6 +12,7 @@ import pytest
 from gluon_data import convert
 from gluon_data.convert import loop
 from gluon_data.convert.engines import start_encoder_pool, stop_pool
+from gluon_data.convert.workers import EncoderPool
 from gluon_data.convert.sample import make_voc
 from gluon_data.errors import ConversionError
 from gluon_data.stores.recwriter import RecordWriter
@@ -34,6 +35,10 @@ def pool():
 
 def _exit_now(code):  # a task that kills its worker
     os._exit(code)
+
+
+def _start_fails(preload):  # a worker start that fails (an import error, say)
+    raise ImportError("no module named %r" % preload)
 
 
 def test_results_come_back_in_order_from_workers_with_no_thread_in_the_parent(pool):
@@ -111,3 +116,17 @@ def test_a_worker_dead_while_idle_is_a_conversion_error_at_the_next_task(pool):
     with pytest.raises(ConversionError, match="exit code"):
         for _ in range(4):  # the dead worker is handed one of them (or its death is seen)
             pool.submit(abs, -1).get()
+
+
+def test_a_worker_that_fails_to_start_is_a_conversion_error_whenever_it_is_seen():
+    # tasks sent before the worker died lie unread in its pipe: reading back then fails
+    # with a reset connection, which is the same dead worker
+    pool = EncoderPool(2, _start_fails, "codec_of_the_future")
+    try:
+        tickets = [pool.submit(abs, -k) for k in range(6)]
+        with pytest.raises(ConversionError, match="exit code 1"):
+            for t in tickets:
+                t.get()
+    finally:
+        stop_pool(pool)
+    assert all(not w.is_alive() for w in pool.processes)

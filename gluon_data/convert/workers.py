@@ -142,8 +142,8 @@ class EncoderPool:
             if conn in ready or conn.poll():
                 try:
                     self.results[cast(int, self._running[k])] = conn.recv()
-                except EOFError:  # it died (mid-send, or before): its exit code says how
-                    ended = True
+                except (EOFError, OSError):  # it died (mid-send, or before: a task it
+                    ended = True                 # never read resets the pipe); see its exit
                 else:
                     self._running[k] = None
                     continue
