@@ -1,4 +1,5 @@
-"""The one alias table: where each module and name of the old flat layout lives now.
+"""The one alias table: where each module and name of the old flat layout (and each module
+moved since) lives now.
 
 ``import gluon_data.codec`` (or ``from gluon_data.remote import convert_to_uri``) keeps working:
 the package root resolves the old name through this table, with a ``DeprecationWarning`` that
@@ -60,6 +61,8 @@ MOVED_MODULES = {
     'gluon_data.sources': 'gluon_data.convert.sources',
     'gluon_data.stats': 'gluon_data.tools.stats',
     'gluon_data.store': 'gluon_data.stores.base',
+    'gluon_data.stores.mxindexed': 'gluon_data.mx_recordio.indexed',
+    'gluon_data.stores.mxrecordio': 'gluon_data.mx_recordio.sequential',
     'gluon_data.storedataset': 'gluon_data.arrays.base',
     'gluon_data.taskdatasets': 'gluon_data.gluon.taskdatasets',
     'gluon_data.tensorize': 'gluon_data.arrays.tensorize',

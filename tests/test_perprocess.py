@@ -179,7 +179,7 @@ def test_stores_reopen_their_handles_after_a_fork(voc_rec, voc_lmdb):
 def test_a_forked_writer_refuses_to_write_and_never_flushes_its_parents_data(tmp_path):
     """The writer of MXRecordIO belongs to the process that opened it (``owner``): a forked
     copy may not write, and closing it writes nothing of the parent's buffer."""
-    from gluon_data.stores.mxrecordio import MXRecordIO
+    from gluon_data.mx_recordio import MXRecordIO
     path = str(tmp_path / "w.rec")
     w = MXRecordIO(path, "w")
     w.write(b"parent")

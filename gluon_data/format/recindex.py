@@ -8,7 +8,7 @@ parsed -- one copy in the page cache for every process -- while it still describ
 (:func:`index_cache_path`) and mapped from there. :func:`binary_index_problem` says why a
 ``.gdx`` is ignored. :class:`~gluon_data.stores.recordio.RecordFile` opens its index here
 (:func:`load_index`, an :class:`Index` with the facts of :func:`index_facts`);
-:class:`~gluon_data.stores.mxindexed.MXIndexedRecordIO` parses its text (:func:`parse_index`,
+:class:`~gluon_data.mx_recordio.MXIndexedRecordIO` parses its text (:func:`parse_index`,
 from :mod:`gluon_data.format.textindex`).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 :func:`parse_index`, strict (a line that is not two integers is a :class:`FormatError`
 naming it) and exact (a value the vectorised int64 parser would saturate is read again as a
 Python int, never clamped). :mod:`gluon_data.format.recindex` reads and caches indexes
-through it; :class:`~gluon_data.stores.mxindexed.MXIndexedRecordIO` parses with it.
+through it; :class:`~gluon_data.mx_recordio.MXIndexedRecordIO` parses with it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""``MXIndexedRecordIO``: stock MXNet's indexed RecordIO (a ``.rec`` with its ``key<TAB>offset``
-``.idx``) over :class:`~gluon_data.stores.mxrecordio.MXRecordIO`: ``read_idx`` is one ``pread``
-at the indexed offset, safe from many threads and in forked workers. Imported by users as
-:mod:`gluon_data.mx_recordio`.
+"""``MXIndexedRecordIO``: stock MXNet's indexed RecordIO (a ``.rec`` with its
+``key<TAB>offset`` ``.idx``) over :class:`~gluon_data.mx_recordio.sequential.MXRecordIO`:
+``read_idx`` is one ``pread`` at the indexed offset, safe from many threads and in forked
+workers. Imported by users as :mod:`gluon_data.mx_recordio`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..format.textindex import parse_index
-from .mxrecordio import MissingKeyError, MXRecordIO, write_all
+from .sequential import MissingKeyError, MXRecordIO, write_all
 
 __all__ = ["MXIndexedRecordIO"]
 

@@ -56,11 +56,11 @@ from collections import namedtuple
 import cv2
 import numpy as np
 
-from .errors import DecodeError
-from .format import codec
-from .format.headers import JPEG_SOI
-from .stores.mxindexed import MXIndexedRecordIO
-from .stores.mxrecordio import MissingKeyError, MXRecordIO, as_bytes
+from ..errors import DecodeError
+from ..format import codec
+from ..format.headers import JPEG_SOI
+from .indexed import MXIndexedRecordIO
+from .sequential import MissingKeyError, MXRecordIO, as_bytes
 
 __all__ = ["MXRecordIO", "MXIndexedRecordIO", "IRHeader", "pack", "unpack", "pack_img",
            "unpack_img", "MissingKeyError"]
