@@ -8,7 +8,7 @@ import itertools
 import os
 import time
 from functools import partial
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, cast
 
 from .._version import __version__
 from ..format import codec
@@ -93,19 +93,19 @@ def import_lmdb(source: str, output: str, layout: str,
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), [split]))
     check_disjoint(dataset_files(*report.outputs.values(), container=outputs.name),
                    dataset_files(source))
-    options = dict(encoding=encoding, quality=quality,
-                   image_shape=list(image_shape) if image_shape is not None else None,
-                   mask_shape=list(mask_shape) if mask_shape is not None else None,
-                   channels_first=channels_first, bgr=bgr)
+    import_options = dict(encoding=encoding, quality=quality,
+                          image_shape=list(image_shape) if image_shape is not None else None,
+                          mask_shape=list(mask_shape) if mask_shape is not None else None,
+                          channels_first=channels_first, bgr=bgr)
 
     def jobs(start):  # records are read (and parsed) here, encoded in the workers
         return itertools.islice(enumerate(read()[1]), start, None)
 
-    whole = import_digest(source, layout, split, n, opts, options)
+    whole = import_digest(source, layout, split, n, opts, import_options)
 
     def finish_meta(s, w, st, digest, facts=file_facts):
         meta = split_metadata(src, s, w.count, st, opts, classes, num_classes, report.skipped,
-                              options)
+                              import_options)
         meta["conversion_id"] = writer_conversion_id(digest, s, w, st)
         meta["done"] = done_record(output_unit(s), whole, w, facts)
         return meta
@@ -113,7 +113,7 @@ def import_lmdb(source: str, output: str, layout: str,
     return drive(output, outputs, {split: SplitJobs(n, jobs)},
                  partial(encode_legacy_job, opts=opts, raw_as=raw_as),
                  digest=whole, root=source,
-                 options=options, report=report, finish_meta=finish_meta, source=source,
+                 options=import_options, report=report, finish_meta=finish_meta, source=source,
                  run=o, verb="import", t0=t0)
 
 
@@ -138,10 +138,10 @@ def _uri_sources(source: str, split: Optional[str],
     if names is None:
         meta = first.meta or stock_meta(source, len(first))
         return {meta.get("split") or "train": (first, meta)}
-    out = {}
+    out: Dict[str, Tuple[object, dict]] = {}
     for s in (split.split(",") if split else names):
         f = first if s == first.split else open_store(source, s, **options)
-        out[s] = (f, f.meta)
+        out[s] = (f, cast(dict, f.meta))  # an LMDB split's metadata: always there
     return out
 
 
@@ -175,7 +175,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(sources)))
     check_disjoint(dataset_files(*report.outputs.values(), container=outputs.name),
                    dataset_files(source))
-    writers: Dict[str, object] = {}
+    writers: Dict[str, Any] = {}
     lock = None
     try:
         lock = output_lock(output, list(sources), outputs.name)
@@ -211,9 +211,9 @@ def _open_sources(source: str, split: Optional[str],
             sources[s] = (f, f.meta)
     else:
         meta = read_meta(source)
-        f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
-        meta = meta or stock_meta(source, len(f))
-        sources[meta.get("split") or "train"] = (f, meta)
+        rec = RecordFile(source, expected_count=meta["num_records"] if meta else None)
+        meta = meta or stock_meta(source, len(rec))
+        sources[meta.get("split") or "train"] = (rec, meta)
     return sources
 
 

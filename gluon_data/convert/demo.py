@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -75,7 +75,7 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
     path = pack_sample(workdir, num_images, workers, say)
     ds = SegmentationDataset(path)
     say("3. reading %r (numpy arrays, no MXNet) in %s" % (ds, _describe_reader(workers)))
-    result = {"records": len(ds), "epochs": []}
+    result: Dict[str, Any] = {"records": len(ds), "epochs": []}
     rng = np.random.default_rng()
     with (worker_pool(workers) if workers > 0 else contextlib.nullcontext()) as pool:
         for epoch in range(epochs):
@@ -94,9 +94,10 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
                 % (epoch + 1, seen, len(jobs), seen / dt if dt > 0 else float("inf"), pixels))
     img, mask = ds[0]
     present = sorted(set(mask.ravel().tolist()) - {-1})
+    classes = cast(List[str], ds.classes)  # the sample's (VOC's) classes
     say("4. sample 0: image %s %s, mask %s %s, classes %s"
         % (img.shape, img.dtype.name, mask.shape, mask.dtype.name,
-           [ds.classes[i] for i in present]))
+           [classes[i] for i in present]))
     ok = all(e["samples"] == len(ds) for e in result["epochs"])
     say("%s: %d records read %d times through gluon_data.arrays in %s"
         % ("OK" if ok else "MISMATCH", len(ds), epochs, _describe_reader(workers)))

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, Optional, Union
+from typing import Callable, Dict, Mapping, Optional, TypeVar, Union, cast
 
 from ..errors import ConversionError, FormatError
 from ..format.documents import (COUNT, SHA256, STR, Doc, F, check_document, load_document,
@@ -58,7 +58,7 @@ DIGESTS = ("sha256", "etag")
 
 #: ``look(name, recorded) -> {"bytes": n, "sha256" or "etag": ...} or None``: what an output
 #: is now (see :func:`why_not_done`).
-Look = Callable[[str, Mapping], Optional[dict]]
+Look = Callable[[str, dict], Optional[dict]]
 _FIELDS = {"unit": F(STR, True, False), "digest": F(STR, True, False),
            "outputs": F(map_of(_OUTPUT, "an object of {\"bytes\", \"sha256\"} per output"),
                         True, False)}
@@ -208,7 +208,8 @@ def read_record(source: Union[str, bytes], kind: str, where: Optional[str] = Non
     field). A document that cannot be read, or whose record is not valid, raises
     :class:`ConversionError` naming the file (``what`` it is): it is never taken as done,
     nor silently redone. ``keep``: filled with the document read."""
-    where = where if where is not None else os.fspath(source)
+    # without ``where``, ``source`` is a path (bytes come with ``where``, as documented)
+    where = where if where is not None else cast(str, os.fspath(source))
     try:
         doc = load_document(source, kind, where)
     except FormatError as e:
@@ -218,8 +219,12 @@ def read_record(source: Union[str, bytes], kind: str, where: Optional[str] = Non
     return record_in(doc, where, legacy, what)
 
 
-def record_in(doc: dict, where, legacy: Optional[Callable[[dict], Done]] = None,
-              what: str = "resume record") -> Done:
+#: What ``legacy`` of :func:`record_in` gives: a :class:`Done` (or ``None``: none found).
+_Legacy = TypeVar("_Legacy", bound=Optional[Done])
+
+
+def record_in(doc: dict, where, legacy: Optional[Callable[[dict], _Legacy]] = None,
+              what: str = "resume record") -> Union[Done, _Legacy]:
     """The :class:`Done` held in field ``done`` of ``doc`` (a document or part of one,
     already checked as its kind), or ``legacy(doc)`` when it has none; an invalid record
     raises :class:`ConversionError` naming ``where``."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple, Union, cast
 
 import cv2
 import numpy as np
@@ -207,6 +207,8 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     info: dict = {}
     rgb = (_decode_like_reader(data, item.image, opts.max_pixels)
            if opts.encoding == "passthrough" and not opts.resize else None)
+    fmt: Optional[str]
+    reencode: Union[bool, int]
     if rgb is not None:  # a JPEG kept as is, validated by the decoder that will read it
         (h, w), fmt, reencode = rgb.shape[:2], "JPEG", False
     else:
@@ -226,12 +228,13 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
                                 if min(h, w) > opts.resize else cv2.INTER_LINEAR,
                                 opts.max_pixels, item.image)
         data = image_part(rgb, opts, "jpg" if fmt == "JPEG" else "png")
-    oh, ow = (rgb.shape[:2] if reencode else (h, w))
+    oh, ow = (cast(np.ndarray, rgb).shape[:2] if reencode else (h, w))  # set when reencoding
     info["hw"] = (oh, ow)
     _pixel_stats(rgb if rgb is not None else np.asarray(im.convert("RGB")), info)
 
     if opts.task == "classification":
-        return codec.pack_classification(item.label, data, id=record_id,
+        label = cast(Union[float, Sequence[float]], item.label)
+        return codec.pack_classification(label, data, id=record_id,
                                          checksum=opts.checksum), info
     if item.mask is None:  # a split without masks (VOC test): the image alone
         return codec.pack_segmentation(data, b"", id=record_id, checksum=opts.checksum), info
@@ -288,6 +291,8 @@ def mask_part(mask: np.ndarray, opts: EncodeOptions, where: str, info: dict) -> 
         raise ValueError("unknown mask_encoding %r; valid: %s"
                          % (kind, ", ".join(codec.MASK_ENCODINGS)))
     runs = None
+    counts: Optional[np.ndarray]
+    ids: np.ndarray
     if kind == "rle":
         runs = masks.mask_runs(mask)
         counts = np.bincount(runs[1], weights=runs[0]).astype(np.int64)

@@ -186,7 +186,7 @@ class _Cadence:
 
     def __init__(self, every: Optional[int]):
         self.every = every
-        self.since = None
+        self.since: Optional[float] = None
         self.items = self.nbytes = 0
 
     def taken(self) -> None:
@@ -205,7 +205,7 @@ class _Cadence:
 
 
 def _open_writers(outputs: Outputs, output: str, splits, overwrite: bool, state,
-                  report: ConversionReport) -> Dict[str, object]:
+                  report: ConversionReport) -> Dict[str, Any]:
     """The writers: new ones, or (``state``: a checkpoint) reopened where it left them."""
     if state is None:
         return outputs.open(output, list(splits), overwrite)
@@ -324,7 +324,7 @@ class _Appender:
         return False
 
 
-def _publish(writers: Dict[str, object], stats: Dict[str, RunningStats], ckpt,
+def _publish(writers: Dict[str, Any], stats: Dict[str, RunningStats], ckpt,
              report: ConversionReport, finish_meta, source: str, verb: str,
              facts: Callable[[str], Optional[dict]] = file_facts) -> None:
     """Check the splits, finish each writer with its metadata (``facts``: what the done
@@ -351,7 +351,7 @@ def _facts_by(pool, writers: Dict[str, Any]) -> Callable[[str], Optional[dict]]:
     """:func:`~gluon_data.convert.done.file_facts` of every writer's partial ``.rec`` and
     ``.idx`` (made durable first), taken by the pool's workers in parallel while this
     process finishes: the digests are the one pass over the output's bytes."""
-    taken = {}
+    taken: Dict[str, Any] = {}
     for w in writers.values():
         if hasattr(w, "partial_files"):
             w.sync()
@@ -378,7 +378,7 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
     workers, overwrite, on_error = run.workers, run.overwrite, run.on_error
     resume, checkpoint_every, progress = run.resume, run.checkpoint_every, run.progress
     t0 = time.perf_counter() if t0 is None else t0
-    writers: Dict[str, object] = {}
+    writers: Dict[str, Any] = {}
     stats: Dict[str, RunningStats] = {}
     try:  # one writer per output at a time, from the first look at the checkpoint to publish
         lock = output_lock(output, list(splits), outputs.name)

@@ -14,7 +14,7 @@ import re
 import textwrap
 import warnings
 from dataclasses import dataclass
-from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from ..format import codec
 from ..storage.fileio import open_regular
@@ -82,7 +82,7 @@ class Flag:
     negate: bool = False
     help: Optional[str] = None
     group: Optional[str] = None
-    read: Optional[Callable[[object], object]] = None
+    read: Optional[Callable[[Any], object]] = None
 
     def command_default(self, field: dataclasses.Field):
         """The command's default of ``field``: this flag's where it has one (called if
@@ -257,7 +257,7 @@ class ConvertOptions:
 
     @classmethod
     def merge(cls, options: Optional["ConvertOptions"] = None,
-              overrides: Optional[Mapping[str, object]] = None) -> "ConvertOptions":
+              overrides: Optional[Mapping[str, Any]] = None) -> "ConvertOptions":
         """``options`` (or the defaults) with ``overrides`` (keyword arguments) applied.
 
         Raises ``TypeError`` naming an unknown option and listing the valid ones.
@@ -347,7 +347,7 @@ def refuse_unread(options: ConvertOptions, reads, what: str) -> None:
                    if n not in reads and getattr(options, n) != getattr(default, n))
     if extra:
         raise ValueError("%s takes no %s" % (what, ", ".join(
-            "%s (%sset to %r)" % (n, "" if flag_name(n) is None else flag_name(n) + ", ",
+            "%s (%sset to %r)" % (n, "" if flag_name(n) is None else "%s, " % flag_name(n),
                                   getattr(options, n))
             for n in extra)))
 
@@ -404,7 +404,8 @@ def _document_fields(cls) -> None:
     flag, in place of its ``FIELDS`` line: the one text the command's ``--help`` shows too."""
     if cls.__doc__ is None:  # python -OO
         return
-    place = re.search(r"^([ \t]*)FIELDS\n", cls.__doc__, re.M)
+    # the docstring always has its FIELDS line
+    place = cast("re.Match[str]", re.search(r"^([ \t]*)FIELDS\n", cls.__doc__, re.M))
     indent, lines = place.group(1), []  # (Python 3.13 dedents docstrings when compiling)
     for f in dataclasses.fields(cls):
         flag = flag_name(f.name)
@@ -437,4 +438,4 @@ def _strict_init(init):
     return __init__
 
 
-ConvertOptions.__init__ = _strict_init(ConvertOptions.__init__)
+setattr(ConvertOptions, "__init__", _strict_init(ConvertOptions.__init__))

@@ -15,7 +15,7 @@ import math
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
 import numpy as np
 
@@ -100,7 +100,7 @@ class Outputs:
         raise NotImplementedError
 
     def open(self, output: str, splits: Sequence[str], overwrite: bool,
-             positions: Optional[Dict[str, Optional[list]]] = None) -> Dict[str, object]:
+             positions: Optional[Dict[str, Optional[list]]] = None) -> Dict[str, Any]:
         """One writer per split; ``positions`` (a split's ``sync()`` from a checkpoint, or
         None for a split not started) continues an interrupted run. Nothing is visible
         under a final name before ``publish``."""
@@ -272,7 +272,7 @@ def output_lock(output: str, splits: Sequence[str], fmt: str) -> OutputLock:
 
 
 def fail_conversion(exc: BaseException, writers: Any, output: str,
-                    ckpt: "Optional[object]" = None) -> None:
+                    ckpt: Any = None) -> None:
     """Clean up after a failed or interrupted conversion, then re-raise (an I/O or LMDB
     error as one :class:`ConversionError` naming the output).
 
@@ -428,7 +428,7 @@ def split_fields(src: Source, split: str, digest: str, writer: Any, st: "Running
     """Metadata fields of a split as written: its ``conversion_id``, and for segmentation
     the ``item_names`` (gluoncv's mode='test' returns them) and ``masks: false`` when no
     item has a mask (e.g. VOC test)."""
-    out = {"conversion_id": writer_conversion_id(digest, split, writer, st)}
+    out: Dict[str, Any] = {"conversion_id": writer_conversion_id(digest, split, writer, st)}
     if src.task == "segmentation":
         out["item_names"] = list(st.names)
         if all(i.mask is None for i in items):
@@ -450,9 +450,9 @@ def done_record(unit: str, digest: str, writer: Any,
     conversion's workers took); an LMDB split's none (the environment's integrity is its own
     transactions)."""
     idx = getattr(writer, "idx_path", None)
-    files = {}
+    files: Dict[str, dict] = {}
     if idx is not None:
         writer.sync()
-        for suffix, final in ((".rec", writer.path), (".idx", idx)):
-            files[suffix] = facts(final + RecordWriter.PARTIAL)
+        for suffix, final in ((".rec", writer.path), (".idx", idx)):  # synced: both present
+            files[suffix] = cast(dict, facts(final + RecordWriter.PARTIAL))
     return Done(unit, str(digest), files).doc()

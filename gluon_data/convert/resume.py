@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, cast
 
 from ..errors import ConversionError
 from ..storage.fsutil import LMDB_DATA, fsync_dir
@@ -79,11 +79,12 @@ class Checkpoint:
         names = getattr(self.digest, "names", None)
         if names is None or state.get("names") != names or state.get("publishing"):
             return False
+        digest = cast(PlanDigest, self.digest)  # it has names: a PlanDigest
         for s, sp in state["splits"].items():
             if not isinstance(sp, dict) or not isinstance(sp.get("stamps"), str):
                 return False
             unit = "the first %s items of split %s" % (sp["done"], s)
-            if not is_done(Done(unit, sp["stamps"]), unit, self.digest.prefix(s, sp["done"])):
+            if not is_done(Done(unit, sp["stamps"]), unit, digest.prefix(s, sp["done"])):
                 return False
         return True
 
@@ -98,9 +99,10 @@ class Checkpoint:
             return ("this checkpoint was written by a version that did not record the source "
                     "files' sizes and mtimes, so it cannot tell whether they changed; rerun "
                     "without --resume")
+        digest = cast(PlanDigest, self.digest)  # it has names: a PlanDigest
         written = [f for s, sp in state["splits"].items()
-                   for f in self.digest.files_of(s, sp["done"])]
-        n, some = changed_files(written or self.digest.files,
+                   for f in digest.files_of(s, sp["done"])]
+        n, some = changed_files(written or digest.files,
                                 int(state.get("planned_ns") or 0))
         return ("the source changed since this checkpoint was written (%s); resuming would "
                 "mix records of both states: rerun without --resume to convert the current "

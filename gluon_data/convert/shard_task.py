@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 
 from ..format import codec
@@ -23,8 +23,9 @@ from ..stores.shards import (dataset_files, is_manifest, manifest_path, read_sha
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
 from .done import local_look, record_in, shard_unit, why_not_done
-from .encode import encode_job
+from .encode import EncodeOptions, encode_job
 from .outputs import fail_conversion, split_metadata, split_fields, done_record, open_writers
+from .sources import Source
 
 __all__ = ["write_shard", "ShardJob", "check_not_source", "source_location", "NOT_COPIED"]
 
@@ -46,8 +47,8 @@ class ShardJob:
     items: Optional[tuple] = None
     copy_from: Optional[Tuple[str, Optional[str], int, int]] = None
     source_meta: Optional[dict] = None
-    src: object = None        # convert's Source, without its item lists
-    opts: object = None       # convert.EncodeOptions
+    src: Optional[Source] = None  # convert's Source, without its item lists
+    opts: Optional[EncodeOptions] = None
     classes: Optional[list] = None
     num_classes: Optional[int] = None
     options: Optional[dict] = None
@@ -114,7 +115,7 @@ def _write_shard_locked(job: ShardJob) -> dict:
     label = "shard %d of %d (%s)" % (job.index, job.count, os.path.basename(job.path))
     shard_info = {"index": job.index, "count": job.count, "plan_digest": job.digest,
                   "plan": job.plan}
-    writers: Dict[str, object] = {}
+    writers: Dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
         writers = _open_writer(job)
@@ -122,10 +123,12 @@ def _write_shard_locked(job: ShardJob) -> dict:
         written_keys = w.keys
         if job.copy_from is not None:
             meta = _copy_records(job, w, label)
-        else:
+        else:  # an encode job: its items, src and opts are set
+            items = cast(tuple, job.items)
+            src, opts = cast(Source, job.src), cast(EncodeOptions, job.opts)
             st, skipped = _Stats(), []
-            for pos, item in job.items:
-                _, payload, info, err = encode_job((pos, item), job.opts)
+            for pos, item in items:
+                _, payload, info, err = encode_job((pos, item), opts)
                 if err is not None:
                     if job.on_error == "fail":
                         raise ConversionError("%s, item %d (%s): %s"
@@ -134,13 +137,13 @@ def _write_shard_locked(job: ShardJob) -> dict:
                     continue
                 w.write(item.key if item.key is not None else pos, payload)
                 st.add(info)
-                if job.src.task == "segmentation":  # as convert(): mode='test' returns it
+                if src.task == "segmentation":  # as convert(): mode='test' returns it
                     st.names.append(os.path.basename(item.image))
-            meta = split_metadata(job.src, job.split, w.count, st, job.opts, job.classes,
+            meta = split_metadata(src, job.split, w.count, st, opts, job.classes,
                                   job.num_classes, skipped, job.options)
-            meta.update(split_fields(job.src, job.split, _shard_digest(job), w, st,
-                        [i for _, i in job.items]))
-            shard_info.update(items=[job.items[0][0], job.items[-1][0] + 1],
+            meta.update(split_fields(src, job.split, _shard_digest(job), w, st,
+                        [i for _, i in items]))
+            shard_info.update(items=[items[0][0], items[-1][0] + 1],
                               stats=st.state())
         shard_info["done"] = done_record(shard_unit(job.index, job.count), job.digest, w)
         meta["shard"] = shard_info
@@ -178,10 +181,12 @@ class _KeyLog:
 
 def _copy_records(job: ShardJob, w, label: str) -> dict:
     """Copy records ``[start, end)`` of a store byte for byte (checksums verified)."""
-    location, split, start, end = job.copy_from
+    # a copy job: its copy_from and source_meta are set
+    location, split, start, end = cast(Tuple[str, Optional[str], int, int], job.copy_from)
+    source_meta = cast(dict, job.source_meta)
     store = _open_source_store(location, split, job.source_options)
-    seg = job.source_meta["task"] == "segmentation"
-    keys = job.source_meta.get("record_keys")
+    seg = source_meta["task"] == "segmentation"
+    keys = source_meta.get("record_keys")
     for i in range(start, end):
         payload = store.read(i)
         try:
@@ -191,7 +196,7 @@ def _copy_records(job: ShardJob, w, label: str) -> dict:
             raise ConversionError("%s: source record %d: %s" % (label, i, e.reason),
                                   e.path or location) from None
         w.write(keys[i] if keys is not None else store.key(i), payload)
-    meta = {k: v for k, v in job.source_meta.items()
+    meta = {k: v for k, v in source_meta.items()
             if k not in NOT_COPIED}
     meta["num_records"] = end - start
     if meta.get("item_names") is not None:  # position i of this shard is start + i

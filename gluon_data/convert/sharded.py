@@ -21,7 +21,7 @@ import os
 import time
 import types
 from functools import partial
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import numpy as np
 
@@ -289,7 +289,10 @@ def _check_targets(plans: List[dict], container: str, source: str, overwrite: bo
 
 
 def _job_items(job: ShardJob) -> int:
-    return len(job.items) if job.items is not None else job.copy_from[3] - job.copy_from[2]
+    if job.items is not None:
+        return len(job.items)
+    copy_from = cast(tuple, job.copy_from)  # a copy job
+    return copy_from[3] - copy_from[2]
 
 
 def _run_shards(plans: List[dict], sink, o: ConvertOptions, shared: list) -> Dict[str, dict]:
@@ -402,9 +405,9 @@ def _copy_sources(source: str, split: Optional[str], options: Optional[dict] = N
             yield s, s, f.meta, None, [len(f.read(i)) for i in range(len(f))]
         return
     meta = read_meta(source)
-    f = RecordFile(source, expected_count=meta["num_records"] if meta else None)
-    meta = meta or stock_meta(source, len(f))
-    sizes = f.extent_sizes().tolist()
+    rec = RecordFile(source, expected_count=meta["num_records"] if meta else None)
+    meta = meta or stock_meta(source, len(rec))
+    sizes = rec.extent_sizes().tolist()
     yield None, None, meta, None, sizes
 
 
@@ -422,7 +425,7 @@ def _manifest_copy_source(doc: dict):
 
 def _uri_copy_sources(source: str, split: Optional[str], options: dict):
     """:func:`_copy_sources` of a dataset at a URI, read through its remote store."""
-    first = open_store(source, **options)
+    first: Any = open_store(source, **options)  # which store decides what it has
     if is_manifest(source):  # a RemoteShardedStore: the manifest says it all
         yield _manifest_copy_source(first.manifest)
         return

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from .source_files import (DEFAULT_MAX_FILE_BYTES, confine,  # noqa: F401
                            read_regular, read_source_text)
@@ -112,7 +112,8 @@ class Source:
                               self.root)
         relabel = {float(i): float(names.index(c)) for i, c in enumerate(self.classes)}
         for split, items in self.splits.items():
-            self.splits[split] = [replace(item, label=relabel[item.label]) for item in items]
+            self.splits[split] = [replace(item, label=relabel[cast(float, item.label)])
+                                  for item in items]
         self.classes = names
         return names
 
@@ -136,10 +137,11 @@ def _list_files(folder: str, exts: Sequence[str], root: str,
             path = os.path.join(dirpath, fn)
             rel = os.path.relpath(path, folder)
             stem = os.path.splitext(rel)[0] if problems is not None else rel
-            if stem in out:
-                problems.append((path, "shares the stem %r with %s, so which file pairs with "
-                                 "it is ambiguous; rename or remove one of them (%s is the "
-                                 "one kept)" % (stem, out[stem], out[stem])))
+            if stem in out:  # only with problems: without, every key is a distinct path
+                if problems is not None:
+                    problems.append((path, "shares the stem %r with %s, so which file pairs "
+                                     "with it is ambiguous; rename or remove one of them (%s "
+                                     "is the one kept)" % (stem, out[stem], out[stem])))
                 continue
             out[stem] = path
     return out
@@ -187,8 +189,9 @@ def _voc(root: str, split=None, **_) -> Source:
                               % (s, sets, ", ".join(available) or "none"), root)
         ids = [ln.strip() for ln in read_source_text(os.path.join(sets, s + ".txt"), "split file")
                if ln.strip()]
-        masks = [os.path.join(base, "SegmentationClass", i + ".png") for i in ids]
-        if ids and not any(os.path.exists(m) for m in masks):
+        found = [os.path.join(base, "SegmentationClass", i + ".png") for i in ids]
+        masks: Sequence[Optional[str]] = found
+        if ids and not any(os.path.exists(m) for m in found):
             masks = [None] * len(ids)  # a split without masks (VOC test): images only
         splits[s] = [Item(os.path.join("JPEGImages", i + ".jpg"),
                           os.path.join(base, "JPEGImages", i + ".jpg"), m)
@@ -209,8 +212,8 @@ def _imagefolder(root: str, split=None, **_) -> Source:
         raise SourceError("layout 'imagefolder' needs one sub-folder per class; none found", root)
     items = []
     for label, cls in enumerate(classes):
-        for _, path in sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS,
-                                          root).items()):  # every file, a.jpg and a.png alike
+        for _stem, path in sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS,
+                                              root).items()):  # every file, a.jpg and a.png alike
             items.append(Item(os.path.relpath(path, root), path, None, float(label)))
     return Source("imagefolder", root, "classification", {split or "train": items}, classes)
 
@@ -283,7 +286,8 @@ def _ade20k_base(root: str) -> str:
 
 def _ade20k(root: str, split=None, **_) -> Source:
     base = _ade20k_base(root)
-    splits, problems = {}, []
+    splits: Dict[str, List[Item]] = {}
+    problems: List[Tuple[str, str]] = []
     for s, folder in _split_dirs(root, split, {"train": "training", "val": "validation"},
                                  os.path.join(base, "images")).items():
         images = _list_files(os.path.join(base, "images", folder), IMAGE_EXTENSIONS, root,
@@ -391,8 +395,9 @@ def _cityscapes(root: str, split=None, **_) -> Source:
                   mask_lut=tuple(lut), palette=palette)
 
 
-LAYOUTS = {"pairs": _pairs, "voc": _voc, "imagefolder": _imagefolder, "lst": _lst,
-           "ade20k": _ade20k, "cityscapes": _cityscapes}
+LAYOUTS: Dict[str, Callable[..., Source]] = {
+    "pairs": _pairs, "voc": _voc, "imagefolder": _imagefolder, "lst": _lst,
+    "ade20k": _ade20k, "cityscapes": _cityscapes}
 
 
 #: Every layout ``convert`` accepts: the folder layouts above and the LMDB imports.
@@ -467,7 +472,7 @@ def open_source(path: str, layout: Optional[str] = None, *, follow_symlinks: boo
             for f in (item.image, item.mask):
                 why = None if f is None else confine(src.root, f, follow_symlinks, dirs)
                 if why is not None:
-                    src.problems.append((f, why))
+                    src.problems.append((cast(str, f), why))  # why: only of a file
                     break
             else:
                 kept.append(item)

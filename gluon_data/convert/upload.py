@@ -8,7 +8,7 @@ import posixpath
 import shutil
 import time
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ..format import codec
 from ..format.documents import load_document
@@ -126,11 +126,12 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     for _, c, doc, objects in plan:
         found = c.committed() if resume else None
         ours = found is not None and found == dumps_meta(doc)
-        if not (ours and _complete(remote, c, found, objects)):
+        if not (ours and _complete(remote, c, cast(bytes, found), objects)):  # ours: found
             todo.append((c, doc, objects, ours))
     for c, _, objects, ours in todo:  # refuse before anything is changed
-        c.refuse(existing_sizes(remote, list(objects) + [c.commit]), overwrite,
-                 lambda target, ours=ours: resume and (ours or target in done))
+        def resumed(target: str, ours: bool = ours) -> bool:
+            return resume and (ours or target in done)
+        c.refuse(existing_sizes(remote, list(objects) + [c.commit]), overwrite, resumed)
     for c, _, _, _ in todo:
         c.begin()
     for c, doc, objects, _ in todo:
@@ -279,7 +280,10 @@ class ShardUploader:
                 continue
             targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
             present = existing_sizes(self.remote, targets)
-            c.refuse(present, self.overwrite, lambda target, c=c: self.resume and c.ours())
+
+            def resumed(target: str, c: Commit = c) -> bool:
+                return self.resume and c.ours()
+            c.refuse(present, self.overwrite, resumed)
             todo.append((p, c, present))
         for p, c, present in todo:
             c.begin()
@@ -340,7 +344,7 @@ class ShardUploader:
             blob = self.remote.cat(uri)
         except RemoteNotFoundError:
             return None  # not uploaded yet
-        doc = {}
+        doc: dict = {}
 
         def legacy(d: dict) -> Done:  # the previous release's: no done record, same facts
             return Done(shard_unit(d["shard"]["index"], d["shard"]["count"]),

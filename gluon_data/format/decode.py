@@ -50,7 +50,7 @@ from .headers import JPEG_SOI
 from ..errors import DecodeError
 
 try:  # the optional C extension (setup.py); absent: whole-image decodes, the same pixels
-    from . import _jpegregion
+    from . import _jpegregion  # type: ignore[attr-defined]  # C extension, no stub
 except ImportError:  # pragma: no cover - depends on the install
     _jpegregion = None
 
@@ -146,7 +146,7 @@ def _region(buf, box, flag: int, max_pixels: Optional[int], what: str) -> Option
     """The box through the extension, or ``None`` where the full decode is the better (or
     the only exact) way: a JPEG outside :func:`region_exact`, an empty image, a large box."""
     frame = codec.jpeg_frame(buf)
-    if not region_exact(frame) or frame.height * frame.width == 0:
+    if frame is None or not region_exact(frame) or frame.height * frame.width == 0:
         return None
     hw = frame.height, frame.width
     y0, x0, y1, x1 = _check_box(box, hw, what)
@@ -173,7 +173,7 @@ def _scaled(buf, box, flag: int, shrink_to, max_pixels: Optional[int],
     """The box decoded at a DCT scale and resampled to ``shrink_to``, or ``None`` where the
     exact path is taken (a JPEG outside :func:`region_exact`, a shrink under 2x)."""
     frame = codec.jpeg_frame(buf)
-    if not region_exact(frame) or frame.height * frame.width == 0:
+    if frame is None or not region_exact(frame) or frame.height * frame.width == 0:
         return None
     y0, x0, y1, x1 = _check_box(box, (frame.height, frame.width), what)
     oh, ow = (int(v) for v in shrink_to)

@@ -408,5 +408,10 @@ register("checkpoint", Doc("resume checkpoint", {
     "skipped": F(LIST),
     "publishing": F(BOOL)}, after=_checkpoint_after))
 
-register("journal", Doc("upload journal", {}, after=lambda d, w: [
-    _check_value(v, SHA256, "upload journal", k, w, None) for k, v in d.items()]))
+
+def _journal_after(doc: dict, where) -> None:
+    for k, v in doc.items():
+        _check_value(v, SHA256, "upload journal", k, where, None)
+
+
+register("journal", Doc("upload journal", {}, after=_journal_after))

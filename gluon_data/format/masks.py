@@ -11,7 +11,7 @@ before anything is allocated: a record that is cut short, oversized or inconsist
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from .headers import BytesLike, image_size
 from .rawarray import is_raw, raw_shape
 
 try:  # built by setup.py where a C compiler is present; numpy decodes the same bytes without
-    from . import _maskrle as _ext
+    from . import _maskrle as _ext  # type: ignore[attr-defined]  # C extension, no stub
 except ImportError:  # pragma: no cover - depends on the install
     _ext = None
 
@@ -38,7 +38,7 @@ RLE_VERSION = 1
 DEFAULT_BLOCK_ROWS = 16
 #: magic, version, dtype code, block rows, height, width, number of runs
 _HEAD = struct.Struct("<4sBBHIII")
-_DTYPES = {1: np.dtype("u1"), 2: np.dtype("<u2")}
+_DTYPES: Dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("<u2")}
 _CODES = {v: k for k, v in _DTYPES.items()}
 _MAX_RUN = 0xFFFF
 

@@ -280,7 +280,8 @@ def check_disjoint(writes: Iterable[str], reads: Iterable[str]) -> None:
     OutputError
         Naming the output path and the input file it is.
     """
-    inodes, real = {}, {}
+    inodes: Dict[tuple, str] = {}  # (st_dev, st_ino) -> the input path
+    real: Dict[str, str] = {}  # real path -> the input path
     for r in map(os.fspath, reads):
         ident = _identity(r)  # only files that exist are read
         if ident is not None:

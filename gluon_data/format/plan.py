@@ -73,6 +73,7 @@ def _root_prefix(root: Optional[str]) -> Optional[str]:
 
 
 def _entry(item, root: Optional[str], stamps: bool, prefix: Optional[str] = None) -> list:
+    entry: list  # names and paths (str or None), then label, key and stamps
     if isinstance(item, str):  # a file read whole (a dataset being copied)
         entry = [os.path.abspath(item)]
     else:  # relative: the same source spelled relative or absolute has the same digest
@@ -101,7 +102,7 @@ class PlanDigest(str):
 
     def files_of(self, split: str, n: int) -> List[Tuple[str, Optional[List[int]]]]:
         """``(path, stamp)`` of the files the first ``n`` items of ``split`` read."""
-        out = []
+        out: List[Tuple[str, Optional[List[int]]]] = []
         for e in self.stamped.get(split, [])[:n]:
             out.extend((p, st) for p, st in e[1] if p is not None)
         return out
@@ -171,7 +172,8 @@ def changed_files(files: Iterable[Tuple[str, Optional[List[int]]]], since_ns: in
     """How many of ``files`` (``(path, stamp)`` pairs) are gone or were changed after
     ``since_ns`` (written, or their mtime set: the ctime tells), and a description of the
     first ``limit``."""
-    n, out = 0, []
+    n = 0
+    out: List[str] = []
     for path, st in files:
         if st is not None and _changed_ns(st) <= since_ns:
             continue

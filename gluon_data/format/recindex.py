@@ -77,7 +77,7 @@ class Index(NamedTuple):
     offsets: np.ndarray
     flags: Optional[int]
     max_offset: int
-    stamp: Tuple[int, int, int, int]
+    stamp: Tuple[int, ...]  # (device, inode, size, mtime_ns): file_stamp
 
 
 def index_facts(keys: np.ndarray, offsets: np.ndarray) -> Tuple[int, int]:

@@ -52,13 +52,14 @@ from __future__ import annotations
 
 import numbers
 from collections import namedtuple
+from typing import Any, List, Sequence, Tuple, cast
 
 import cv2
 import numpy as np
 
 from ..errors import DecodeError
 from ..format import codec
-from ..format.headers import JPEG_SOI
+from ..format.headers import BytesLike, JPEG_SOI
 from .indexed import MXIndexedRecordIO
 from .sequential import MissingKeyError, MXRecordIO, as_bytes
 
@@ -69,7 +70,8 @@ _IR_FORMAT = codec.IR_HEADER.format
 _IR_SIZE = codec.IR_SIZE
 
 
-IRHeader = namedtuple("HEADER", ["flag", "label", "id", "id2"])
+# stock's type name, kept (reprs and docs say HEADER as stock's do)
+IRHeader = namedtuple("HEADER", ["flag", "label", "id", "id2"])  # type: ignore[name-match]
 """The header of an image record (stock's ``IRHeader``, a namedtuple named ``HEADER``).
 
 Parameters
@@ -85,7 +87,7 @@ id2 : int
 """
 
 
-def pack(header, s):
+def pack(header: Sequence[Any], s: BytesLike) -> bytes:
     """Packs a header and a byte string into an image record, as ``mx.recordio.pack``.
 
     Parameters
@@ -117,7 +119,8 @@ def pack(header, s):
     s = as_bytes(s, "pack()")
     if isinstance(header.label, numbers.Number):
         with np.errstate(over="ignore"):  # as stock's native struct 'f': 1e39 -> inf
-            header = header._replace(flag=0, label=float(np.float32(float(header.label))))
+            number = float(cast(float, header.label))
+            header = header._replace(flag=0, label=float(np.float32(number)))
     else:
         with np.errstate(over="ignore"):
             label = np.asarray(header.label, dtype="<f4")
@@ -126,7 +129,7 @@ def pack(header, s):
     return codec.IR_HEADER.pack(*header) + s
 
 
-def unpack(s):
+def unpack(s: BytesLike) -> Tuple[IRHeader, bytes]:
     """Splits an image record into its header and payload, as ``mx.recordio.unpack``.
 
     Parameters
@@ -171,7 +174,7 @@ def _check_image_bytes(buf: bytes) -> None:
         raise DecodeError("truncated PNG (%d bytes, no IEND chunk at the end)" % len(buf))
 
 
-def unpack_img(s, iscolor=-1):
+def unpack_img(s: BytesLike, iscolor: int = -1) -> Tuple[IRHeader, np.ndarray]:
     """Unpacks an image record into its header and the decoded image, as
     ``mx.recordio.unpack_img``.
 
@@ -203,7 +206,8 @@ def unpack_img(s, iscolor=-1):
     return header, img
 
 
-def pack_img(header, img, quality=95, img_fmt=".jpg"):
+def pack_img(header: Sequence[Any], img: np.ndarray, quality: int = 95,
+             img_fmt: str = ".jpg") -> bytes:
     """Encodes an image with OpenCV and packs it into a record, as ``mx.recordio.pack_img``.
 
     Parameters
@@ -228,7 +232,7 @@ def pack_img(header, img, quality=95, img_fmt=".jpg"):
     >>> out.shape, header.label
     ((4, 4, 3), 1.0)
     """
-    encode_params = None
+    encode_params: List[int] = []  # (OpenCV's default: none)
     if img_fmt.upper() in (".JPG", ".JPEG"):
         encode_params = [cv2.IMWRITE_JPEG_QUALITY, quality]
     elif img_fmt.upper() == ".PNG":

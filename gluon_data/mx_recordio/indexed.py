@@ -6,12 +6,14 @@ workers. Imported by users as :mod:`gluon_data.mx_recordio`.
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 
 from ..errors import FormatError
+from ..format.headers import BytesLike
 from ..format.textindex import parse_index
+from ..storage.fileio import ProcessDescriptor
 from .sequential import MissingKeyError, MXRecordIO, write_all
 
 __all__ = ["MXIndexedRecordIO"]
@@ -55,23 +57,25 @@ class MXIndexedRecordIO(MXRecordIO):
     ([0, 1, 2], b'record_3')
     """
 
-    def __init__(self, idx_path, uri, flag, key_type=int):
+    def __init__(self, idx_path: Union[str, "os.PathLike[str]"],
+                 uri: Union[str, "os.PathLike[str]"], flag: str,
+                 key_type: Callable[[Any], Any] = int) -> None:
         self.idx_path = os.fspath(idx_path)
-        self.idx = {}
-        self.keys = []
+        self.idx: Dict[Any, int] = {}
+        self.keys: List[Any] = []
         self.key_type = key_type
         super().__init__(uri, flag)
 
     def _init_transient(self) -> None:
         super()._init_transient()
-        self._fidx = None
-        self._ibuf = []
+        self._fidx: Optional[BinaryIO] = None
+        self._ibuf: List[str] = []  # index lines not yet written
         self._bounds: Optional[np.ndarray] = None
         self._offsets: Optional[np.ndarray] = None
 
     _TRANSIENT = MXRecordIO._TRANSIENT + ("_fidx", "_ibuf", "_bounds", "_offsets")
 
-    def open(self):
+    def open(self) -> None:
         super().open()
         with self._process_lock():
             self.idx = {}
@@ -120,7 +124,7 @@ class MXIndexedRecordIO(MXRecordIO):
                                   self.idx_path) from None
             self.keys.append(key)
 
-    def close(self):
+    def close(self) -> None:
         """Closes the record file; a writer writes its buffered records and the ``.idx``."""
         if not self.is_open:
             return
@@ -137,7 +141,7 @@ class MXIndexedRecordIO(MXRecordIO):
                     self._fidx.close()
                     self._fidx = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         d = super().__getstate__()
         if self.is_open:  # the copy's open() reads the index again
             d["idx"], d["keys"] = {}, []
@@ -184,7 +188,7 @@ class MXIndexedRecordIO(MXRecordIO):
                 return key
         return None
 
-    def seek(self, idx):
+    def seek(self, idx: Any) -> None:
         """Sets the position of the next :meth:`read` to the record of key ``idx``."""
         self._require_reader("seek")
         self._pos = self._offset(idx, "seek")
@@ -194,7 +198,7 @@ class MXIndexedRecordIO(MXRecordIO):
             self.reset()  # as stock does: a closed reader reopens to seek
         self._require(False, what)
 
-    def tell(self):
+    def tell(self) -> int:
         """The current position: a writer's size so far (the offset the next
         :meth:`write_idx` records), a reader's offset of the next :meth:`read`.
 
@@ -215,7 +219,7 @@ class MXIndexedRecordIO(MXRecordIO):
         """
         return super().tell()
 
-    def read_idx(self, idx):
+    def read_idx(self, idx: Any) -> bytes:
         """Returns the record of key ``idx``.
 
         Safe to call from many threads at once, and in forked or spawned workers: one
@@ -232,12 +236,12 @@ class MXIndexedRecordIO(MXRecordIO):
         """
         self._require_reader("read_idx")
         pos = self._offset(idx, "read_idx")
-        fd = self._fd.fd()
+        fd = cast(ProcessDescriptor, self._fd).fd()  # (a reader: _require_reader said so)
         payload, used, _ = self._read_at(fd, pos, os.fstat(fd).st_size, idx)
         self._pos = pos + used
         return payload
 
-    def write_idx(self, idx, buf):
+    def write_idx(self, idx: Any, buf: BytesLike) -> None:
         """Appends ``buf`` as the record of key ``idx`` (``key_type(idx)``).
 
         Parameters

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional, Tuple
+from typing import Any, BinaryIO, Dict, Optional, Tuple, Union, cast
 
 
 from ..errors import CorruptRecordError, FormatError, GluonDataError
 from ..format import codec
+from ..format.headers import BytesLike
 from ..storage.fileio import FILE_ID, ProcessDescriptor, require_regular, stat_stamp
 from ..storage.perprocess import PerProcess
 
@@ -42,11 +43,11 @@ class MissingKeyError(GluonDataError, KeyError):
         self._message = self.args[0]
         self.args = (key,)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self._message
 
 
-def as_bytes(buf, what: str) -> bytes:
+def as_bytes(buf: Any, what: str) -> bytes:
     """``buf`` as ``bytes``; a ``str`` or a non-buffer (an int would be taken as a size by
     ``bytes()``) is a ``TypeError``."""
     if isinstance(buf, bytes):
@@ -76,7 +77,7 @@ def _pread_full(fd: int, n: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-def write_all(f, data) -> None:
+def write_all(f: Any, data: BytesLike) -> None:
     mv = memoryview(data)
     while mv:
         mv = mv[f.write(mv):]
@@ -112,7 +113,7 @@ class MXRecordIO:
     >>> record.close()
     """
 
-    def __init__(self, uri, flag):
+    def __init__(self, uri: Union[str, "os.PathLike[str]"], flag: str) -> None:
         self.is_open = False
         self.uri = os.fspath(uri)
         self.flag = flag
@@ -124,8 +125,8 @@ class MXRecordIO:
         # opened by this process: holds the flag it was opened with (a forked copy is not)
         self._opened: PerProcess[str] = PerProcess()
         self._fd: Optional[ProcessDescriptor] = None
-        self._stamp: Optional[Tuple[int, int]] = None
-        self._out = None
+        self._stamp: Optional[Tuple[int, ...]] = None
+        self._out: Optional[BinaryIO] = None
         self._wbuf = bytearray()
         self._pos = 0
         self._ahead: Optional[Tuple[int, bytes]] = None
@@ -142,7 +143,7 @@ class MXRecordIO:
         return self._opened.owner if self.is_open else None
 
     # ------------------------------------------------------------------ open / close
-    def open(self):
+    def open(self) -> None:
         """Opens the record file (``'w'``: creates or truncates it)."""
         if self.flag not in ("r", "w"):
             raise ValueError("Invalid flag %s" % self.flag)
@@ -173,7 +174,7 @@ class MXRecordIO:
             raise FormatError("the file was replaced after the reader opened it; open a new "
                               "reader to read the new file", self.uri)
 
-    def close(self):
+    def close(self) -> None:
         """Closes the record file; a writer's buffered records are written first."""
         if not self.is_open:
             return
@@ -186,25 +187,25 @@ class MXRecordIO:
                         if self._opened.mine():  # a forked copy never writes its parent's data
                             self._flush()
                     finally:
-                        self._out.close()
+                        cast(BinaryIO, self._out).close()  # (open for writing: a file)
                         self._out = None
                 else:
-                    self._fd.close()
+                    cast(ProcessDescriptor, self._fd).close()  # (open for reading)
             finally:
                 self.is_open = False
                 self._opened.clear()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "is_open", False):
             self.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "MXRecordIO":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def reset(self):
+    def reset(self) -> None:
         """Resets the pointer to the first record; a writer truncates the file to empty.
 
         Examples
@@ -223,10 +224,10 @@ class MXRecordIO:
         self.close()
         self.open()
 
-    _TRANSIENT = ("_opened", "_fd", "_stamp", "_out", "_wbuf", "_pos", "_ahead",
-                  "_sparse")
+    _TRANSIENT: Tuple[str, ...] = ("_opened", "_fd", "_stamp", "_out", "_wbuf", "_pos",
+                                   "_ahead", "_sparse")
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         """Pickles the path and flag; the copy reopens the file (a reader from its start)."""
         if self.is_open and self.writable:
             raise TypeError("cannot pickle %s %r opened for writing: its copy would reopen the "
@@ -234,7 +235,7 @@ class MXRecordIO:
                             "first" % (type(self).__name__, self.uri))
         return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
 
-    def __setstate__(self, d):
+    def __setstate__(self, d: Dict[str, Any]) -> None:
         d = {k: v for k, v in d.items()
              if k not in ("pid", "_lock", "_lock_pid")}  # (pickled by an older version)
         self.__dict__.update(d)
@@ -258,7 +259,7 @@ class MXRecordIO:
                                % (self.uri, self.pid))
 
     # ------------------------------------------------------------------ writing
-    def write(self, buf):
+    def write(self, buf: BytesLike) -> None:
         """Appends ``buf`` as one record.
 
         Parameters
@@ -287,7 +288,7 @@ class MXRecordIO:
             write_all(self._out, self._wbuf)
             self._wbuf = bytearray()
 
-    def tell(self):
+    def tell(self) -> int:
         """The current position: a writer's size so far (where the next record goes), a
         reader's offset of the next :meth:`read`."""
         if not self.is_open:
@@ -295,7 +296,7 @@ class MXRecordIO:
         return self._pos
 
     # ------------------------------------------------------------------ reading
-    def read(self):
+    def read(self) -> Optional[bytes]:
         """Returns the next record as ``bytes``, or ``None`` at the end of the file.
 
         Raises :class:`~gluon_data.errors.CorruptRecordError` (naming the file and the
@@ -304,7 +305,7 @@ class MXRecordIO:
         self._require(False, "read")
         with self._process_lock():
             pos = self._pos
-            fd = self._fd.fd()
+            fd = cast(ProcessDescriptor, self._fd).fd()  # (a reader: _require said so)
             size = os.fstat(fd).st_size
             if pos == size:
                 return None
@@ -388,6 +389,6 @@ class MXRecordIO:
             self._sparse = True  # the index lists a subset: stop reading up to the next entry
         return payload, used, buf
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<%s %r %r %s>" % (type(self).__name__, self.uri, self.flag,
                                   "open" if self.is_open else "closed")

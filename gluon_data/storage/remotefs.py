@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import warnings
-from typing import Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 from urllib.parse import urlsplit
 
 from ..errors import (ChecksumMismatchError, RemoteConnectionError, RemoteError,
@@ -213,7 +213,7 @@ class Remote:
         checked = RetryPolicy.from_env(retries, backoff, environ={})  # refused now, if bad
         self.retries = checked.retries if retries is not None else None
         self.backoff = checked.backoff if backoff is not None else None
-        self._fs: PerProcess[Dict[tuple, object]] = PerProcess()  # this process's clients
+        self._fs: PerProcess[Dict[tuple, Any]] = PerProcess()  # this process's fsspec clients
 
     def __getstate__(self):
         return {"storage_options": self.storage_options, "retries": self.retries,
@@ -319,7 +319,8 @@ class Remote:
             return data
         try:
             return self.call(uri, "read" if start is None else "ranged read", get,
-                             nbytes=(end - start) if ranged else CHUNK_BYTES)
+                             nbytes=(end - start) if start is not None and end is not None
+                             else CHUNK_BYTES)  # i.e. if ranged
         except RangesIgnoredError as e:
             self._no_ranges(uri, e)
             raise

@@ -47,6 +47,7 @@ def _checked(name: str, value, source: str):
     """``value`` of field ``name`` as the policy holds it (an int or a float), else a
     :class:`ValueError` naming ``source`` (the variable or the option) and the value."""
     want, zero = _WANT[name]
+    out: Optional[float]  # an int for "retries", else a float; None when invalid
     try:
         if name == "retries":
             if isinstance(value, float) and not value.is_integer():

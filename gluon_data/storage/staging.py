@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from typing import Optional
 
 from .fsutil import CacheLock
 
@@ -52,7 +53,8 @@ class Staging:
     """
 
     def __init__(self, cache, key: str, path: str, pin: CacheLock):
-        self.cache, self.key, self.path, self._pin = cache, key, path, pin
+        self.cache, self.key, self.path = cache, key, path
+        self._pin: Optional[CacheLock] = pin  # None once released
 
     def claim(self) -> None:
         """Make room for what the area holds now: least recently used entries not in use are

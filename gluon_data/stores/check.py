@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, cast
 import numpy as np
 from ..format import codec
 from ..errors import GluonDataError
@@ -34,7 +34,8 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def add(self, err: Exception, where: Optional[str] = None, key=None, offset=None) -> None:
+    def add(self, err: BaseException, where: Optional[str] = None, key=None,
+            offset=None) -> None:
         if isinstance(err, GluonDataError):
             self.problems.append({"where": err.path or where, "key": err.key if err.key
                                   is not None else key, "offset": err.offset if err.offset
@@ -80,7 +81,8 @@ def check_records(store, meta, report: VerifyReport, deep: bool, where: str,
             if deep:
                 codec.decode_image(rec.image, 1, what="image")
                 if seg and meta.get("masks", True) is not False:  # (False: images only)
-                    mask = codec.decode_mask(rec.mask, what="mask")
+                    # (a segmentation record has a mask: unpack raises without one)
+                    mask = codec.decode_mask(cast(bytes, rec.mask), what="mask")
                     if ncls is not None:
                         ids = np.unique(mask)
                         bad = [int(x) for x in ids if x >= ncls and x != ignore]
@@ -166,7 +168,7 @@ def _verify_lmdb_isolated(path: str, deep: bool, split: Optional[str]):
         try:
             os.close(r)
             try:
-                result = _verify_lmdb_here(path, deep, split)
+                result: object = _verify_lmdb_here(path, deep, split)
             except BaseException as e:  # noqa: BLE001 - reported to the parent
                 result = e
             try:

@@ -22,7 +22,7 @@ store. This module imports no MXNet.
 """
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple, Union  # noqa: F401
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple, Union  # noqa: F401
 
 import functools
 import os
@@ -200,6 +200,11 @@ class _LegacyStore:
 
     meta: dict
     split: Optional[str]
+    _n: int  # (set by each subclass's __init__)
+
+    if TYPE_CHECKING:
+        def read(self, i: int) -> bytes:
+            """Payload of record ``i`` (each subclass defines it)."""
 
     def _init_env(self, path: str) -> None:
         """Bound, as an :class:`~gluon_data.stores.lmdbio.LMDBFile` is, to the environment

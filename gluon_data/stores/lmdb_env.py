@@ -5,7 +5,7 @@ The LMDB store (:mod:`.lmdbio`) reads through them."""
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, cast
 
 import lmdb
 
@@ -70,7 +70,7 @@ def _close_inherited(envs: Dict[Tuple[str, int, int], lmdb.Environment]) -> None
 _ENVS: PerProcess[Dict[Tuple[str, int, int], lmdb.Environment]] = PerProcess(_close_inherited)
 
 
-def _cached(envs: dict, file: Optional[Tuple[int, int]]) -> Optional[lmdb.Environment]:
+def _cached(envs: dict, file: Optional[Tuple[int, ...]]) -> Optional[lmdb.Environment]:
     """The environment of the file ``(device, inode)`` in ``envs``, if there is one."""
     if file is not None:
         for key, env in envs.items():
@@ -186,7 +186,8 @@ def env_stamp(env: lmdb.Environment) -> Tuple[int, int, int, int, int]:
     g = _GUARDS.get(id(env))
     if g is None:
         raise ValueError("not an environment of shared_env")
-    return file_stamp(os.fstat(g[0])) + (env.info()["last_txnid"],)
+    stamp = file_stamp(os.fstat(g[0])) + (env.info()["last_txnid"],)
+    return cast(Tuple[int, int, int, int, int], stamp)  # (file_stamp: four fields)
 
 
 _STAMP_FIELDS = "device:inode:size:mtime:txnid"
@@ -226,7 +227,8 @@ class ProcessEnv:
         if now != tuple(self.bound):
             raise replaced_error(self.path, self.bound, now, fields=_STAMP_FIELDS,
                                  consequence=REPLACED)
-        return env, {}, list(_state_of(st)) + [now[4], _main_records(env)]
+        # (st is not None: env_stamp raised were there no guard descriptor)
+        return env, {}, list(_state_of(cast(os.stat_result, st))) + [now[4], _main_records(env)]
 
     def _check(self, env: lmdb.Environment, resolved: Optional[list]) -> None:
         """The shrink guard and, for a bound handle, the file unchanged since resolved."""
@@ -272,7 +274,8 @@ class ProcessEnv:
         """``fn(txn)`` in one short read transaction on sub-database ``db_name``; handles a
         map grown by another process, and an LMDB error is a :class:`CorruptRecordError`."""
         env, db = self.get(db_name)
-        self._check(env, self._state.peek()[2])
+        state = cast(Tuple[lmdb.Environment, dict, Optional[list]], self._state.peek())
+        self._check(env, state[2])  # (self.get made this process's state)
         try:
             try:
                 with env.begin(db=db, buffers=buffers) as txn:

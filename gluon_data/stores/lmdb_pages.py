@@ -27,7 +27,7 @@ import os
 import struct
 import sys
 import threading
-from typing import Optional, Tuple
+from typing import Optional, Tuple, cast
 
 import lmdb
 import numpy as np
@@ -315,7 +315,7 @@ class PageReader:
 
     def _fd_size(self) -> Tuple[int, int]:
         """``(descriptor, size of data.mdb when it was opened)`` for this process."""
-        return self._file.get()
+        return cast(Tuple[int, int], self._file.get())  # on_open is _Opened: returns the size
 
     def view(self, i: int) -> Optional[memoryview]:
         """The value of record ``i`` (``0 <= i < n``) read directly, in this thread's

@@ -89,7 +89,7 @@ class LMDBWriter:
                     # one call for the batch: the same puts in the same order as one
                     # put each (so the same file), without a Python call per record
                     txn.cursor(db=db).putmulti(batch)
-                    if pdb is not None:
+                    if pdb is not None and progress is not None:  # (pdb: progress given)
                         txn.put(b"state", progress, db=pdb)
                 return
             except lmdb.MapFullError:

@@ -246,11 +246,11 @@ class LMDBFile:
                 self._env.check()
                 return v
         k = record_key(i)
-        v = self._env.get_value(k, self.split, record=i)
-        if v is None:
+        value = self._env.get_value(k, self.split, record=i)
+        if value is None:
             raise FormatError("record key %r missing from split %r" % (k.decode(), self.split),
                               self.path, i)
-        return v
+        return value
 
     def will_need(self, indices, wait: bool = False) -> None:
         """Start fetching the values of the records at positions ``indices`` (the batch about

@@ -13,7 +13,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from typing import Any, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from ..format.recindex import (  # noqa: F401  (the index names stay importable 
     binary_index_problem, file_stamp, idx_path_for, index_cache_path, index_facts, load_index,
     read_index, write_binary_index)
 from .recwriter import RecordWriter
-from .base import is_uri, register_opener, valid_positions
+from .base import RecordStore, is_uri, register_opener, valid_positions
 from .recscan import scan_payloads
 
 __all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for", "advise_willneed"]
@@ -70,7 +70,7 @@ class RecordFile:
     (True, None, 0)
     """
 
-    split = None
+    split: Optional[str] = None
 
     def __init__(self, path: str, idx_path: Optional[str] = None, *,
                  expected_count: Optional[int] = None, meta: Any = _UNREAD) -> None:
@@ -207,7 +207,7 @@ class RecordFile:
         ``.rec`` when it was opened: ``id/device:inode:size:mtime_ns``."""
         meta = self.meta
         cid = (meta or {}).get("conversion_id") or "-"
-        return "%s/%d:%d:%d:%d" % ((cid,) + self._stamp)
+        return "%s/%s" % (cid, "%d:%d:%d:%d" % self._stamp)
 
     # -- process-local descriptor -----------------------------------------------------
     def _check_opened(self, fd: int) -> None:
@@ -370,8 +370,8 @@ class RecordFile:
             return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start,
                                  copy=False)[0]
         if end - start <= _LARGE_EXTENT:
-            buf = self._pread(end - start, start)
-            return codec.unframe(buf, 0, path=self.path, key=self.key(i), base_offset=start)[0]
+            data = self._pread(end - start, start)
+            return codec.unframe(data, 0, path=self.path, key=self.key(i), base_offset=start)[0]
         return self._read_large(i, start)
 
     def will_need(self, indices: Union[np.ndarray, Sequence[int]], wait: bool = False) -> None:
@@ -451,9 +451,9 @@ def _open_record_file(location: str, split: Optional[str] = None, **options) -> 
         raise FileNotFoundError("record file %s not found" % location)
     _require_regular(location)  # the .rec itself first: a FIFO or device is refused as such
     meta = read_meta(location)
-    if split is not None and (meta or {}).get("split", split) != split:
+    if split is not None and (meta or {}).get("split", split) != split:  # so meta is a dict
         raise ValueError("%s holds split %r, not %r: a .rec holds one split (the LMDB "
-                         "container holds several)" % (location, meta["split"], split))
+                         "container holds several)" % (location, cast(dict, meta)["split"], split))
     f = RecordFile(location, expected_count=meta["num_records"] if meta else None, meta=meta)
     if meta is not None:  # ours: written in index order, so a reordered index is damage
         f.check_order()
@@ -465,7 +465,8 @@ def _names_rec(location: str) -> bool:
         and not location.rstrip("/").endswith(".lmdb")
 
 
-register_opener(_names_rec, _open_record_file, priority=0)
+# (cast: RecordStore declares location and meta settable; RecordFile's are read-only properties)
+register_opener(_names_rec, cast(Callable[..., RecordStore], _open_record_file), priority=0)
 
 
 def _int_view(a: np.ndarray) -> memoryview:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Set, Tuple
 
 from ..format import codec
 from ..errors import FormatError, OutputError
@@ -67,7 +67,7 @@ class RecordWriter:
         self._tmp = [p + self.PARTIAL for p in self._finals]
         self._segments = self._tmp[0] + ".segments"
         remove_segments(self._segments)  # a crashed run's
-        self._keys = set()
+        self._keys: Set[int] = set()
         if resume is None:
             self._rec = open_new(self._tmp[0], "wb")
             self._idx = open_new(self._tmp[1], "w", encoding="ascii", newline="\n")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 
 from ..format.documents import load_document
 from ..storage.cache import parse_size as cache_parse_size
@@ -97,12 +97,13 @@ def plan_ranges(sizes: Sequence[int], shards: Optional[int] = None,
         if shard_items < 1:
             raise ValueError("--shard-items must be >= 1, got %d" % shard_items)
         return [(s, min(s + shard_items, n)) for s in range(0, n, shard_items)]
-    if shard_size < 1:
+    size = cast(int, shard_size)  # (the one given: the check above)
+    if size < 1:
         raise ValueError("--shard-size must be positive")
     out, start, acc = [], 0, 0
     for i, s in enumerate(sizes):
         acc += int(s)
-        if acc >= shard_size:
+        if acc >= size:
             out.append((start, i + 1))
             start, acc = i + 1, 0
     if start < n:
@@ -240,11 +241,13 @@ def write_combined_index(manifest: str, idx_path: str) -> List[str]:
     >>> it = mx.io.ImageRecordIter(path_imgrec=";".join(paths),              # doctest: +SKIP
     ...                            path_imgidx="train.all.idx", shuffle=True, ...)
     """
-    store = open_store(manifest)  # the ShardedStore (gluon_data.stores.shardstore)
+    # the ShardedStore (gluon_data.stores.shardstore, which imports this module)
+    store: Any = open_store(manifest)
     if store.container != "rec":
         raise ValueError("a combined index needs RecordIO shards, %s holds %s"
                          % (manifest, store.container))
-    base, lines = 0, []
+    base = 0
+    lines: List[str] = []
     for s, path in enumerate(store.paths):
         store.shard(s)  # missing or damaged: an error naming the shard
         keys, offsets = read_index(idx_path_for(path))

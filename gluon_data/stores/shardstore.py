@@ -153,7 +153,7 @@ class ShardedStore(ShardRouter):
         self._reset()
 
     def _reset(self) -> None:
-        self._shards: List[object] = [None] * len(self.paths)
+        self._shards: List[Any] = [None] * len(self.paths)  # (each shard's store, once open)
         # this process's open shards, least recently opened first (a forked child's start
         # empty: the parent's open list is not ours)
         self._order: PerProcess[List[int]] = PerProcess()
@@ -250,7 +250,7 @@ class ShardedStore(ShardRouter):
                               % (self._label(s), size, entry["bytes"]), path)
         split = (self.manifest.get("split") or "train") if self.container == "lmdb" else None
         try:
-            f = open_store(path, split, **self._shard_options(s))
+            f: Any = open_store(path, split, **self._shard_options(s))  # (has close())
             wrong = None if remote else shard_mismatch(self.manifest, s, f.meta)
         except GluonDataError as e:
             raise type(e)("%s is damaged: %s" % (self._label(s), e.reason), e.path or path,
@@ -340,7 +340,7 @@ class ShardedStore(ShardRouter):
                                 prefetch_shards=self.prefetch_shards)}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["location"], **state.get("options", {}))
+        type(self).__init__(self, state["location"], **state.get("options", {}))
         if self._identity != state["identity"]:
             raise FormatError("the sharded dataset was replaced after it was opened (its "
                               "manifest changed); open it again", self.location)

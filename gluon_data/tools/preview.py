@@ -28,8 +28,11 @@ def render_preview(image: np.ndarray, mask: np.ndarray, palette: Sequence[Sequen
     overlay = (img.astype(np.float32) * (1 - alpha) + colour * alpha).astype(np.uint8)
     h, w = m.shape
     scale = max(1, int(np.ceil(min_side / max(1, min(h, w)))))
-    left = Image.fromarray(img).resize((w * scale, h * scale), Image.NEAREST)
-    right = Image.fromarray(overlay).resize((w * scale, h * scale), Image.NEAREST)
+    # Image.NEAREST: set at import by Pillow >= 10 (undeclared to mypy); Image.Resampling
+    # is not in Pillow 9.0, which pyproject.toml allows
+    nearest = Image.NEAREST  # type: ignore[attr-defined]
+    left = Image.fromarray(img).resize((w * scale, h * scale), nearest)
+    right = Image.fromarray(overlay).resize((w * scale, h * scale), nearest)
 
     present = [int(c) for c in np.unique(m)]
     font = ImageFont.load_default()

@@ -12,7 +12,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple, cast
 
 from ..format import codec
 from .._callable import callable_module
@@ -49,7 +49,7 @@ class SalvageReport:
     records: int = 0
     damaged: List[Tuple[int, int]] = field(default_factory=list)  # [start, end) byte ranges
     file_size: int = 0
-    tail_moved_to: str = None  # where a damaged tail's bytes were moved
+    tail_moved_to: Optional[str] = None  # where a damaged tail's bytes were moved
 
     def __str__(self):
         lost = sum(e - s for s, e in self.damaged)
@@ -95,7 +95,8 @@ def scan_records(buf, segmentation=None, require_checksum: bool = False):
         yield bad_start, n, None
 
 
-def salvage(rec_path: str, idx_path: str = None, overwrite: bool = False) -> SalvageReport:
+def salvage(rec_path: str, idx_path: Optional[str] = None,
+            overwrite: bool = False) -> SalvageReport:
     """Rebuild ``idx_path`` (default: beside the ``.rec``) from the records found in the file.
 
     An existing index is kept as ``.idx.bak`` (only with ``overwrite``); metadata, if any, is
@@ -181,7 +182,7 @@ def _scan(rec_path: str, seg, require: bool, report: SalvageReport) -> List[int]
                 offsets.append(item[0])
     finally:
         if report.file_size:
-            buf.close()
+            cast(mmap.mmap, buf).close()  # mapped: b"" only for an empty file
     return offsets
 
 

@@ -6,7 +6,7 @@ Counts are gathered once, at conversion (:class:`RunningStats`), and stored in t
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from ..errors import FormatError
 __all__ = ["class_statistics", "format_statistics", "RunningStats"]
 
 
-def class_statistics(meta: dict, path: str = None) -> Dict:
+def class_statistics(meta: dict, path: Optional[str] = None) -> Dict:
     """Per-class pixels, image counts, frequencies and two kinds of class weights.
 
     * ``median_freq`` (Eigen & Fergus): ``median(f) / f_c`` with ``f_c`` = pixels of class
@@ -81,7 +81,7 @@ class RunningStats:
     True
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count = 0
         self.hw_min = [1 << 62, 1 << 62]
         self.hw_max = [0, 0]
@@ -89,7 +89,7 @@ class RunningStats:
         self.class_pixels: Dict[int, int] = {}
         self.class_images: Dict[int, int] = {}
         self.class_image_pixels: Dict[int, int] = {}  # pixels of the images holding the class
-        self.palette = None
+        self.palette: Optional[list] = None
         self.names: List[str] = []  # segmentation: each written item's image file name
         self.n = 0
         self.sum = [0.0, 0.0, 0.0]

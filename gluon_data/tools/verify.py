@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, cast
 
 
 from .._callable import callable_module
@@ -47,14 +47,14 @@ def _verify_uri(path: str, deep: bool, remote: Optional[dict],
     try:
         store = open_store(path, reads="cache" if deep else "ranged", fresh=True,
                            **(remote or {}))
-        if getattr(store, "splits", None) is None:
-            store.check_tail()
+        if getattr(store, "splits", None) is None:  # (remote record stores have check_tail;
+            cast(Any, store).check_tail()  # the RecordStore protocol does not declare it)
     except (GluonDataError, OSError) as e:
         report.add(e, path)
         return report
     if getattr(store, "splits", None) is not None:  # a remote LMDB (RemoteLMDBStore)
         try:
-            local, pin = store.fetch(pin=True)
+            local, pin = cast(Any, store).fetch(pin=True)  # RemoteLMDBStore's own method
         except (GluonDataError, OSError) as e:  # the object as served now is not the dataset
             report.add(e, path)
             return report

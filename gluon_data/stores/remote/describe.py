@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, cast
 
 from ...format.documents import load_document
 from ...errors import ChecksumMismatchError, FormatError, RemoteNotFoundError
@@ -68,9 +68,9 @@ def describe_rec(remote: Remote, location: str, split: Optional[str],
         return Described("rec", location, objects, None, int(described["records"]),
                          int(described["bytes"]))
     meta = _read_meta(remote, location)
-    if split is not None and (meta or {}).get("split", split) != split:
+    if split is not None and (meta or {}).get("split", split) != split:  # so meta is a dict
         raise ValueError("%s holds split %r, not %r: a .rec holds one split"
-                         % (location, meta["split"], split))
+                         % (location, cast(dict, meta)["split"], split))
     info = remote.info(location)
     size = int(info["size"])
     objects = _sized({"files": (meta or {}).get("files") or {}}, location, names)

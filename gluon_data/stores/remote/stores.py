@@ -12,7 +12,7 @@ import os
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple, cast
 
 from ...errors import ChecksumMismatchError, FormatError, RemoteError, TruncatedDownloadError
 from ..lmdbio import read_lmdb_meta
@@ -128,6 +128,11 @@ class RemoteStore(_ReadsLocalCopy):
     >>> payload = store.read(0)      # downloads voc_train.rec/.idx into the cache once  # doctest: +SKIP
     """
 
+    location: str
+    split: Optional[str]
+    splits: List[str]  # (an LMDB's)
+    meta: Optional[dict]
+
     def __init__(self, location: str, split: Optional[str] = None, *,
                  storage_options: Optional[dict] = None, cache_dir: Optional[str] = None,
                  cache_limit=None, reads: str = "cache", retries: Optional[int] = None,
@@ -158,7 +163,7 @@ class RemoteStore(_ReadsLocalCopy):
 
     _PROCESS_LOCAL = ("_cache", "_reader", "_pins", "_pending")
 
-    def _init_local(self):
+    def _init_local(self) -> None:
         self._cache = ShardCache(*self._cache_args)
         self._reader: PerProcess = PerProcess()  # this process's reader of the local copy
         self._pins: list = []  # (guarded by self._pending's lock)
@@ -277,13 +282,16 @@ class RemoteStore(_ReadsLocalCopy):
                               expected_count=self._d.records)
         f = open_store(os.path.dirname(local[self.data_location]), self.split)
         conversion = self._d.conversion
+        # (an LMDBFile: its meta is its split's metadata; _choose_split set the count)
         if len(f) != self._d.records or (conversion is not None
-                                         and f.meta.get("conversion_id") != conversion):
+                                         and cast(dict, f.meta).get("conversion_id")
+                                         != conversion):
             raise FormatError("%s holds %d records of conversion %s in split %r, not the %d "
                               "of conversion %s the dataset was opened with: it was "
                               "replaced; open the dataset again"
-                              % (LMDB_DATA, len(f), f.meta.get("conversion_id"), self.split,
-                                 self._d.records, conversion), self.location)
+                              % (LMDB_DATA, len(f), cast(dict, f.meta).get("conversion_id"),
+                                 self.split, cast(int, self._d.records), conversion),
+                              self.location)
         return f
 
     def _local(self):
