@@ -6,7 +6,11 @@ import importlib.util
 import os
 import sys
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, cast
+
+if TYPE_CHECKING:  # annotations only
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
 
 
 BENCH_MODULE = "gluon_data_bench"
@@ -41,11 +45,13 @@ def load_bench_part(name: str, folder: Optional[str] = None):
 
 
 def _load(key: str, path: str):
-    spec = importlib.util.spec_from_file_location(key, path)
+    # bench_path names an existing file: spec and loader are not None (as before, an
+    # unloadable file fails below with an AttributeError)
+    spec = cast("ModuleSpec", importlib.util.spec_from_file_location(key, path))
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module
     try:
-        spec.loader.exec_module(module)
+        cast("Loader", spec.loader).exec_module(module)
     except BaseException:
         del sys.modules[key]
         raise

@@ -8,7 +8,7 @@ import sys
 import tempfile
 
 import numpy as np
-from typing import Optional
+from typing import Optional, cast
 
 from ..format import codec
 from ..convert.options import ConvertOptions, cli_fields
@@ -110,9 +110,9 @@ def describe(path: str, remote: Optional[dict] = None, split: Optional[str] = No
         splits = [split] if splits != [None] else splits
     if splits != [None]:
         out = {}
-        for s in splits:
+        for s in splits:  # an LMDB's split names; each split's store has its metadata
             st = open_store(path, s, **opts)
-            out[s] = dict(_summary(st.meta), records=len(st))
+            out[cast(str, s)] = dict(_summary(cast(dict, st.meta)), records=len(st))
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) \
             if os.path.isdir(path) else getattr(first, "file_size", None)
         return {"path": path, "container": "lmdb", "bytes": size, "splits": out}
@@ -169,7 +169,10 @@ def cmd_show(a) -> int:
         raise ValueError("--index %d out of range: the dataset has %d records"
                          % (a.index, len(ds)))
     img, mask = ds._arrays(a.index)
-    pic = render_preview(img, mask, ds.palette, ds.classes, ds.ignore_label, alpha=a.alpha)
+    # a converted dataset's ignore label is an int (only the legacy LMDB imports, which
+    # open_store does not open without a layout, may have none)
+    pic = render_preview(img, mask, ds.palette, ds.classes, cast(int, ds.ignore_label),
+                         alpha=a.alpha)
     _save_image(pic, a.out)
     print("wrote %s (record %d of %s: %dx%d, %d classes present)"
           % (a.out, a.index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
@@ -194,8 +197,7 @@ def _save_image(pic, out: str) -> None:
 def cmd_verify(a) -> int:
     from ..tools.verify import verify
     _input(a.path)
-    report = verify(a.path, deep=a.deep, split=a.split, **({"remote": _remote(a)}
-                                                            if _remote(a) else {}))
+    report = verify(a.path, deep=a.deep, split=a.split, remote=_remote(a) or None)
     head, *problems = str(report).splitlines()
     print(head)  # the verdict is the command's output; each problem goes where errors go
     if problems:

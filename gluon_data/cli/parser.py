@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+from typing import cast
 
 from .._version import __version__
 from ..convert.options import GROUPS, cli_fields, flag_name
@@ -108,7 +109,8 @@ def _convert_option_flags(c) -> None:
     :class:`~gluon_data.convert.options.Flag`); the value lands under the field's name."""
     groups = {title: c.add_argument_group(title, text) for title, text in GROUPS.items()}
     for field, flag in cli_fields():
-        where, name = groups[flag.group] if flag.group else c, flag_name(field.name)
+        # cli_fields gives the fields that have a flag: flag_name is never None here
+        where, name = groups[flag.group] if flag.group else c, cast(str, flag_name(field.name))
         kwargs = dict(dest=field.name, help=flag.help or field.metadata["help"],
                       default=flag.command_default(field))
         if field.type == "bool":

@@ -56,7 +56,7 @@ import os
 import threading
 import weakref
 from multiprocessing import reduction
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple, cast
 
 import mxnet as mx
 import numpy as np
@@ -82,12 +82,14 @@ class _Segment:
         self.fd = os.memfd_create("gluon_data-batch", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, _HEADER + capacity)
         self.map = mmap.mmap(self.fd, _HEADER + capacity)
-        self.counts = np.frombuffer(self.map, np.int64, 2)
+        # [sent, returned]; None while close() tries to unmap, and once it has
+        self.counts: Optional[np.ndarray] = np.frombuffer(self.map, np.int64, 2)
         self.local = False   # the worker still holds its own NDArray over the segment
         self.holds = 0       # staged sample slots (and the staging cursor) still alive
 
     def free(self) -> bool:
-        return not self.local and not self.holds and self.counts[0] == self.counts[1]
+        counts = cast(np.ndarray, self.counts)  # open: a closed segment leaves the pool
+        return not self.local and not self.holds and counts[0] == counts[1]
 
     def address(self) -> int:
         """Where the data (after the header) starts in this process."""
@@ -189,12 +191,13 @@ class _Pool:
             seg = cur[0] if cur is not None else None
             ok = seg is not None and cur[1] == len(arrays)
             if ok:
-                base, slot = seg.address(), first.nbytes
+                base, slot = cast(_Segment, seg).address(), first.nbytes  # ok: not None
                 ok = all(a.shape == first.shape and a.dtype == first.dtype
                          and a.ctypes.data == base + k * slot for k, a in enumerate(arrays))
             self.unstage(key)
             if not ok:
                 return None
+            seg = cast(_Segment, seg)  # ok: not None
             seg.local = True
             self.adopted += 1
         n = len(arrays) * first.size
@@ -248,7 +251,7 @@ class SamplePool:
     def __init__(self, max_bytes: int = 256 << 20):
         self.max_bytes = max_bytes
         self.held = 0   # bytes of free buffers kept
-        self._free = {}
+        self._free: Dict[Tuple[Tuple[int, ...], str], List[np.ndarray]] = {}
 
     def take(self, shape, dtype) -> np.ndarray:
         """A writable, C-contiguous, uninitialised buffer.

@@ -23,7 +23,7 @@ download cache's ``cache_dir`` / ``cache_limit``) goes to the remote store
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from .fastpath import numpy_classification_transform, numpy_image_transform
 from ..arrays.base import open_location
@@ -297,7 +297,9 @@ class RecipeLMDBDataset(SegmentationDataset):
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, mask_dtype: str = "int32", **deprecated):
-        layout = take_grouped(RecipeLayout, layout, "RecipeLMDBDataset", "layout", deprecated)
+        # take_grouped gives a RecipeLayout always (its defaults for None)
+        layout = cast(RecipeLayout, take_grouped(RecipeLayout, layout, "RecipeLMDBDataset",
+                                                 "layout", deprecated))
         refuse_unknown("RecipeLMDBDataset", deprecated)
         if isinstance(transform, str):
             (split, transform) = _legacy_split("RecipeLMDBDataset", transform, None)

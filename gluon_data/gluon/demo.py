@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any, Dict, List, cast
 
 import mxnet as mx
 
@@ -24,7 +25,7 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
     say("3. reading %r" % ds)
     loader = mx.gluon.data.DataLoader(ds, batch_size=batch_size, shuffle=True,
                                       num_workers=workers, batchify_fn=SegmentationBatchify())
-    result = {"records": len(ds), "epochs": []}
+    result: Dict[str, Any] = {"records": len(ds), "epochs": []}
     for epoch in range(epochs):
         t0, seen, pixels = time.perf_counter(), 0, 0
         for imgs, masks in loader:
@@ -36,9 +37,10 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
             % (epoch + 1, seen, len(loader), seen / dt, pixels))
     img, mask = ds[0]
     present = sorted(set(mask.asnumpy().ravel().tolist()) - {-1})
+    classes = cast(List[str], ds.classes)  # the sample's (VOC's) classes
     say("4. sample 0: image %s %s, mask %s %s, classes %s"
         % (img.shape, img.dtype.__name__, mask.shape, mask.dtype.__name__,
-           [ds.classes[i] for i in present]))
+           [classes[i] for i in present]))
     ok = all(e["samples"] == len(ds) for e in result["epochs"])
     say("%s: %d records read %d times through DataLoader(num_workers=%d)"
         % ("OK" if ok else "MISMATCH", len(ds), epochs, workers))

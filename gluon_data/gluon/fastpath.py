@@ -77,7 +77,7 @@ def numpy_classification_transform(transform, seed: Optional[int] = None
     leaves = _gluon_leaves(transform)
     if not leaves:
         return None
-    crop = None
+    crop: Optional[tuple] = None  # as ImageCropNormalize takes it: 'random' or 'center'
     if type(leaves[0]) is VT.RandomResizedCrop:
         size, scale, ratio, interp = leaves[0]._args
         crop = ("random", tuple(int(v) for v in size), scale, tuple(ratio), interp)

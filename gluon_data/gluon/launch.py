@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, TextIO
+from typing import IO, Dict, List, NamedTuple, Optional, Sequence, TextIO, cast
 
 __all__ = ["launch_local", "WorkerResult", "free_port"]
 
@@ -105,7 +105,8 @@ class _Reader(threading.Thread):
         self.data = bytearray()
 
     def run(self) -> None:
-        fd, pending = self.proc.stdout.fileno(), b""
+        # every process is started with stdout=PIPE (_Nodes.start): never None
+        fd, pending = cast(IO[bytes], self.proc.stdout).fileno(), b""
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -227,7 +228,7 @@ class _Nodes:
             _kill(p)
         for r in self.readers:
             r.join(5)
-            r.proc.stdout.close()
+            cast(IO[bytes], r.proc.stdout).close()  # stdout=PIPE, see start
 
 
 def _wait(procs, readers, first, deadline, timeout, say) -> None:

@@ -51,6 +51,8 @@ class _NDArrays:
     """The output hooks of :class:`gluon_data.arrays.base.StoreDataset`, for Gluon: samples
     as CPU NDArrays, the fast paths' outputs over pooled buffers (no copy)."""
 
+    _file: RecordStore  # set by StoreDataset.__init__ (the class this is mixed into)
+
     def _task_class(self, task: str) -> str:
         return _CLASS_FOR[container_of(self._file), task]
 
