@@ -12,7 +12,8 @@ import pytest
 from gluon_data import convert
 from gluon_data.convert import loop
 from gluon_data.convert.engines import start_encoder_pool, stop_pool
-from gluon_data.convert.workers import EncoderPool
+from gluon_data.convert.engines import worker_init as engines_worker_init
+from gluon_data.convert.workers import QUEUED_MAX_BYTES, EncoderPool
 from gluon_data.convert.sample import make_voc
 from gluon_data.errors import ConversionError
 from gluon_data.stores.recwriter import RecordWriter
@@ -130,3 +131,69 @@ def test_a_worker_that_fails_to_start_is_a_conversion_error_whenever_it_is_seen(
     finally:
         stop_pool(pool)
     assert all(not w.is_alive() for w in pool.processes)
+
+
+def _wait_for(path):  # a task that runs until the test lets it end
+    for _ in range(6000):
+        if os.path.exists(path):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _touch(path, payload=b""):
+    with open(path, "wb"):
+        pass
+    return len(payload)
+
+
+def _echo(payload):
+    return payload
+
+
+def test_a_worker_starts_its_next_task_without_waiting_for_the_parent(tmp_path):
+    """The next small task waits in the worker's pipe behind the one it runs: it starts as
+    soon as the first ends, while the parent reads nothing."""
+    pool = EncoderPool(1, engines_worker_init)
+    try:
+        go, second = str(tmp_path / "go"), str(tmp_path / "second")
+        first = pool.submit(_wait_for, go)
+        nxt = pool.submit(_touch, second)
+        _touch(go)
+        assert _wait_for(second)  # no get() or collect() in between
+        assert first.get() is True and nxt.get() == 0
+    finally:
+        stop_pool(pool)
+
+
+def test_a_large_task_waits_for_an_idle_worker(tmp_path):
+    """A task too large to lie in the pipe's buffer is not sent behind a running one (the
+    parent's send would block while the worker may be sending a large result)."""
+    pool = EncoderPool(1, engines_worker_init)
+    try:
+        go = str(tmp_path / "go")
+        first = pool.submit(_wait_for, go)
+        big = pool.submit(_touch, str(tmp_path / "big"), b"x" * (QUEUED_MAX_BYTES + 1))
+        small = pool.submit(abs, -2)
+        assert [len(t) for t in pool._running.values()] == [1]  # the big one is not sent
+        _touch(go)
+        assert first.get() is True and big.get() == QUEUED_MAX_BYTES + 1 and small.get() == 2
+    finally:
+        stop_pool(pool)
+
+
+def test_large_tasks_and_results_both_ways_do_not_deadlock():
+    """Tasks and results of 1 MB each, more of them than workers: every send completes."""
+    pool = EncoderPool(2, engines_worker_init)
+    out = []
+    try:
+        t = threading.Thread(target=lambda: out.extend(
+            x.get() for x in [pool.submit(_echo, bytes([k]) * (1 << 20)) for k in range(8)]),
+            daemon=True)
+        t.start()
+        t.join(120)
+        assert not t.is_alive(), "the pool deadlocked"
+    finally:
+        stop_pool(pool)
+    assert [o[:1] for o in out] == [bytes([k]) for k in range(8)]
+    assert all(len(o) == 1 << 20 for o in out)

@@ -4,10 +4,16 @@ thread alone (:class:`EncoderPool`).
 ``multiprocessing.Pool`` runs three threads in the parent to feed its workers, and one of
 them wakes whenever a result is waiting to be read: with results coming every few
 milliseconds it spins, and on a 2-core machine its CPU and the GIL it takes were about half
-of what the parent spent per converted item. Here each worker has its own pipe, the parent
-hands a task to a worker only when that worker is idle (waiting for one), and reads results
-when it waits for one: no thread, no spinning, and no pipe that can fill both ways (a worker
-never has a task queued behind the one it runs, so the parent's send is always read at once).
+of what the parent spent per converted item. Here each worker has its own pipe and the
+parent reads results when it waits for one: no thread, no spinning.
+
+A worker holds up to two tasks, as PyTorch's ``DataLoader`` does (``prefetch_factor=2``):
+the one it runs and the next, waiting in its pipe, so it starts the next as soon as it has
+sent a result instead of idling until the parent, busy writing the results before, reads it
+and answers (a wait that grows with the workers one parent feeds). The pipe cannot fill
+both ways: a task waits in a pipe only when it is at most
+:data:`QUEUED_MAX_BYTES` pickled, so it lies in the socket's buffer and the parent's send
+never blocks; a larger task goes to an idle worker only, which reads it at once.
 A worker that dies (killed, out of memory) is a :class:`~gluon_data.errors.ConversionError`
 naming its exit code, not a wait that never ends.
 """
@@ -17,11 +23,18 @@ import collections
 import itertools
 import multiprocessing
 from multiprocessing.connection import wait
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, cast
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..errors import ConversionError
 
-__all__ = ["EncoderPool", "Ticket"]
+__all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES"]
+
+#: The largest pickled task that may wait in a worker's pipe behind the one it runs: far
+#: below a socket's send buffer (Linux's default is 208 KiB), so sending it never blocks.
+#: A conversion's chunk of 16 jobs pickles to a few KiB; jobs that carry their records
+#: (a legacy LMDB's) can be larger, and wait for an idle worker.
+QUEUED_MAX_BYTES = 32 << 10
 
 
 def _serve(conn, init: Callable[[Any], None], preload: Any) -> None:  # pragma: no cover
@@ -75,17 +88,18 @@ class EncoderPool:
     OpenCV single-threaded: ``engines.worker_init``), running the tasks :meth:`submit`
     gives them, in the order given, as workers become idle.
 
-    The parent's main thread does everything: :meth:`submit` queues (never blocks), and
-    waiting for a result (:meth:`Ticket.get`) reads the results that came in and hands
-    queued tasks to the workers that became idle."""
+    The parent's main thread does everything: :meth:`submit` pickles and queues (never
+    blocks), and waiting for a result (:meth:`Ticket.get`) reads the results that came in and
+    hands queued tasks to the workers: first to the idle ones, then one more, if small, to
+    each worker that runs only one."""
 
     def __init__(self, workers: int, init: Callable[[Any], None], preload: Any = None):
         ctx = multiprocessing.get_context("spawn")
         self._conns: List[Any] = []
         self._procs: List[Any] = []
         self.results: Dict[int, Tuple[bool, Any]] = {}
-        self._queued: Deque[Tuple[int, Callable, tuple]] = collections.deque()
-        self._running: Dict[int, Optional[int]] = {}  # worker -> its task (None: idle)
+        self._queued: Deque[Tuple[int, Any]] = collections.deque()  # (task, its pickle)
+        self._running: Dict[int, Deque[int]] = {}  # worker -> its tasks, in the order sent
         self._ids = itertools.count()
         self._closed = False
         for k in range(workers):
@@ -96,42 +110,47 @@ class EncoderPool:
             child.close()
             self._conns.append(parent)
             self._procs.append(p)
-            self._running[k] = None
+            self._running[k] = collections.deque()
 
     @property
     def processes(self) -> List[Any]:
         return list(self._procs)
 
     def submit(self, fn: Callable, *args) -> Ticket:
-        """Queue ``fn(*args)`` for the next idle worker."""
+        """Queue ``fn(*args)`` for the next worker free to take it (pickled now)."""
         if self._closed:
             raise RuntimeError("the encoder pool is closed")
         tid = next(self._ids)
-        self._queued.append((tid, fn, args))
+        self._queued.append((tid, ForkingPickler.dumps((fn, args))))
         self._dispatch()
         return Ticket(self, tid)
 
     def _dispatch(self) -> None:
-        for k, task in self._running.items():
-            if not self._queued:
-                return
-            if task is None:
-                tid, fn, args = self._queued.popleft()
+        for held in (0, 1):  # the idle workers first, then one waiting task each
+            for k, tasks in self._running.items():
+                if not self._queued:
+                    return
+                if len(tasks) != held:
+                    continue
+                tid, task = self._queued[0]
+                if held and len(task) > QUEUED_MAX_BYTES:
+                    return  # it waits for an idle worker
+                self._queued.popleft()
                 try:
-                    self._conns[k].send((fn, args))
-                except OSError:  # (BrokenPipeError) it died idle: at its start, or killed
+                    self._conns[k].send_bytes(task)
+                except OSError:  # (BrokenPipeError) it died: at its start, or killed
                     self._procs[k].join(1.0)
                     raise ConversionError("a conversion worker process (pid %s) ended with "
                                           "exit code %s before its task; the conversion "
                                           "stopped" % (self._procs[k].pid,
                                                        self._procs[k].exitcode)) from None
-                self._running[k] = tid
+                tasks.append(tid)
 
     def collect(self, timeout: Optional[float]) -> None:
         """Read the results that are in (waiting up to ``timeout`` seconds for one) and
         give the idle workers queued tasks; a worker that died with a task is a
         :class:`ConversionError`."""
-        busy = [k for k, t in self._running.items() if t is not None]
+        busy = [k for k, t in self._running.items() if t]
         if not busy:
             return
         ready = set(wait([self._conns[k] for k in busy]
@@ -139,14 +158,16 @@ class EncoderPool:
         for k in busy:
             conn = self._conns[k]
             ended = self._procs[k].sentinel in ready
-            if conn in ready or conn.poll():
+            while self._running[k] and (conn in ready or conn.poll()):
+                ready.discard(conn)  # (both results of a worker may be in)
                 try:
-                    self.results[cast(int, self._running[k])] = conn.recv()
+                    result = conn.recv()
                 except (EOFError, OSError):  # it died (mid-send, or before: a task it
                     ended = True                 # never read resets the pipe); see its exit
-                else:
-                    self._running[k] = None
-                    continue
+                    break
+                self.results[self._running[k].popleft()] = result
+            if not self._running[k]:
+                continue
             if ended:
                 self._procs[k].join(1.0)
                 raise ConversionError("a conversion worker process (pid %s) ended with exit "
@@ -158,7 +179,8 @@ class EncoderPool:
         """``(ok, value)`` of task ``tid``, waiting for it; the pool forgets it then
         (:class:`Ticket` keeps it)."""
         while tid not in self.results:
-            if tid not in self._running.values() and all(q[0] != tid for q in self._queued):
+            if all(tid not in t for t in self._running.values()) \
+                    and all(q[0] != tid for q in self._queued):
                 raise RuntimeError("task %d is not in this pool, or was taken" % tid)
             self.collect(None)
         return self.results.pop(tid)
@@ -169,7 +191,7 @@ class EncoderPool:
 
     def join(self, timeout: Optional[float] = None) -> None:
         """Run what is queued to the end, then let every worker exit and reap it."""
-        while self._queued or any(t is not None for t in self._running.values()):
+        while self._queued or any(self._running.values()):
             self.collect(None)
         for conn in self._conns:
             try:
