@@ -12,7 +12,6 @@ import pytest
 from gluon_data import convert
 from gluon_data.convert import loop
 from gluon_data.convert.engines import start_encoder_pool, stop_pool
-from gluon_data.convert.engines import worker_init as engines_worker_init
 from gluon_data.convert.workers import QUEUED_MAX_BYTES, EncoderPool
 from gluon_data.convert.sample import make_voc
 from gluon_data.errors import ConversionError
@@ -154,7 +153,7 @@ def _echo(payload):
 def test_a_worker_starts_its_next_task_without_waiting_for_the_parent(tmp_path):
     """The next small task waits in the worker's pipe behind the one it runs: it starts as
     soon as the first ends, while the parent reads nothing."""
-    pool = EncoderPool(1, engines_worker_init)
+    pool = start_encoder_pool(1)
     try:
         go, second = str(tmp_path / "go"), str(tmp_path / "second")
         first = pool.submit(_wait_for, go)
@@ -169,7 +168,7 @@ def test_a_worker_starts_its_next_task_without_waiting_for_the_parent(tmp_path):
 def test_a_large_task_waits_for_an_idle_worker(tmp_path):
     """A task too large to lie in the pipe's buffer is not sent behind a running one (the
     parent's send would block while the worker may be sending a large result)."""
-    pool = EncoderPool(1, engines_worker_init)
+    pool = start_encoder_pool(1)
     try:
         go = str(tmp_path / "go")
         first = pool.submit(_wait_for, go)
@@ -184,7 +183,7 @@ def test_a_large_task_waits_for_an_idle_worker(tmp_path):
 
 def test_large_tasks_and_results_both_ways_do_not_deadlock():
     """Tasks and results of 1 MB each, more of them than workers: every send completes."""
-    pool = EncoderPool(2, engines_worker_init)
+    pool = start_encoder_pool(2)
     out = []
     try:
         t = threading.Thread(target=lambda: out.extend(

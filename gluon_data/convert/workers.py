@@ -86,7 +86,7 @@ class Ticket:
 class EncoderPool:
     """``workers`` spawned processes, each started by ``init(preload)`` (SIGINT ignored,
     OpenCV single-threaded: ``engines.worker_init``), running the tasks :meth:`submit`
-    gives them, in the order given, as workers become idle.
+    gives them, in the order given, each worker holding at most two.
 
     The parent's main thread does everything: :meth:`submit` pickles and queues (never
     blocks), and waiting for a result (:meth:`Ticket.get`) reads the results that came in and
@@ -98,7 +98,7 @@ class EncoderPool:
         self._conns: List[Any] = []
         self._procs: List[Any] = []
         self.results: Dict[int, Tuple[bool, Any]] = {}
-        self._queued: Deque[Tuple[int, Any]] = collections.deque()  # (task, its pickle)
+        self._queued: Deque[Tuple[int, memoryview]] = collections.deque()  # (task, its pickle)
         self._running: Dict[int, Deque[int]] = {}  # worker -> its tasks, in the order sent
         self._ids = itertools.count()
         self._closed = False
