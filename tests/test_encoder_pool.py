@@ -11,10 +11,12 @@ import pytest
 
 from gluon_data import convert
 from gluon_data.convert import loop
-from gluon_data.convert.engines import start_encoder_pool, stop_pool
+from gluon_data.convert import encode
+from gluon_data.convert.engines import start_encoder_pool, start_pool, stop_pool
 from gluon_data.convert.workers import QUEUED_MAX_BYTES, EncoderPool
 from gluon_data.convert.sample import make_voc
 from gluon_data.errors import ConversionError
+from gluon_data.storage.perprocess import LIBRARY_THREADS_ENV
 from gluon_data.stores.recwriter import RecordWriter
 
 from conftest import same_output_bytes
@@ -196,3 +198,36 @@ def test_large_tasks_and_results_both_ways_do_not_deadlock():
         stop_pool(pool)
     assert [o[:1] for o in out] == [bytes([k]) for k in range(8)]
     assert all(len(o) == 1 << 20 for o in out)
+
+
+def _threads_and_settings():  # what a worker runs with, once its task function is loaded
+    import sys  # (numpy and OpenCV came with the preloaded encoder)
+    return (len(os.listdir("/proc/self/task")), "numpy" in sys.modules,
+            {name: os.environ.get(name) for name in LIBRARY_THREADS_ENV})
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("starter", ["encoder pool", "shard pool"])
+def test_a_worker_runs_numerical_libraries_in_one_thread(starter, monkeypatch):
+    """numpy's OpenBLAS would start a thread per core in every worker (one worker per core:
+    N x N threads): a worker sets the libraries to one thread before it loads the encoder,
+    and keeps a setting the user made."""
+    for name in LIBRARY_THREADS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")  # the user's: kept
+    if starter == "encoder pool":
+        pool = start_encoder_pool(1, encode.encode_job)
+        try:
+            threads, loaded, env = pool.submit(_threads_and_settings).get()
+        finally:
+            stop_pool(pool)
+    else:
+        pool = start_pool(1, preload=encode.encode_job)
+        try:
+            threads, loaded, env = pool.apply(_threads_and_settings)
+        finally:
+            stop_pool(pool)
+    assert loaded  # the encoder (and numpy) came before the first task
+    assert env == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "3"}
+    assert threads == 1, "a worker runs %d threads" % threads
+    assert "OPENBLAS_NUM_THREADS" not in os.environ  # the parent's environment: untouched

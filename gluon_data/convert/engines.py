@@ -15,15 +15,16 @@ import signal
 import socket
 import threading
 from multiprocessing import resource_tracker
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 from .. import _version
 from ..errors import ConversionError, WorkerPathError
-from ..storage.perprocess import reuse_freed_memory
+from ..storage.perprocess import one_thread_per_library, reuse_freed_memory
 from .workers import EncoderPool
 
 __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE",
-           "start_pool", "stop_pool", "worker_init", "start_encoder_pool"]
+           "start_pool", "stop_pool", "worker_init", "preloaded", "start_encoder_pool"]
 
 #: What a path given to a cluster conversion must be (the README's cluster checklist).
 SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
@@ -162,10 +163,14 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
             yield i, res
 
 
-def worker_init(preload: Any = None) -> None:
-    """A pool worker's start. ``preload``: any picklable object, e.g. the task function, whose
-    module (and what it imports) was loaded when the worker unpickled this call's arguments,
-    so those imports are done while the parent still plans, not when the first task comes."""
+def worker_init(preload: Optional[bytes] = None) -> None:
+    """A pool worker's start. ``preload``: an object pickled by :func:`preloaded`, e.g. the
+    task function, loaded here (its module and what that imports), so those imports are done
+    while the parent still plans, not when the first task comes; and loaded only once the
+    numerical libraries it brings are limited to one thread
+    (:func:`~gluon_data.storage.perprocess.one_thread_per_library`): this process is one
+    worker per core already."""
+    one_thread_per_library()  # before numpy is imported: below (OpenCV), or by the preload
     import cv2  # in the worker only (as _dask_worker_init)
     cv2.setNumThreads(1)  # one process per core already; safe in a fresh (spawned) process
     reuse_freed_memory()  # decoded images' pages reused, not faulted in per item
@@ -176,10 +181,19 @@ def worker_init(preload: Any = None) -> None:
     # Pool.terminate() ends a worker by SIGTERM: the default action, never a handler of the
     # parent's that raises (a spawned worker starts with it; said here for every start method)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if preload is not None:  # (an import that fails here ends the worker with its error)
+        ForkingPickler.loads(preload)
     # A worker's exit (after its tasks, when it has written and closed all it wrote and
     # multiprocessing has flushed its streams) skips the interpreter's teardown of numpy,
     # OpenCV and Pillow (about half a second per worker on a busy machine).
     atexit.register(os._exit, 0)
+
+
+def preloaded(obj: Any) -> Optional[bytes]:
+    """``obj`` pickled for :func:`worker_init` to load in each worker (None stays None): a
+    pickled function arrives as bytes, so the worker imports its module only when
+    :func:`worker_init` loads it, after the set-up that must come first."""
+    return None if obj is None else bytes(ForkingPickler.dumps(obj))
 
 
 def start_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> Any:
@@ -189,7 +203,7 @@ def start_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> An
     ``preload``: a picklable object (the task function) each worker loads as it starts."""
     ctx = multiprocessing.get_context("spawn")
     with sigint_blocked():
-        return ctx.Pool(workers, initializer=worker_init, initargs=(preload,))
+        return ctx.Pool(workers, initializer=worker_init, initargs=(preloaded(preload),))
 
 
 def start_encoder_pool(workers: int,
@@ -198,7 +212,7 @@ def start_encoder_pool(workers: int,
     spawned processes, started as :func:`start_pool` starts its workers (SIGINT blocked
     meanwhile, :func:`worker_init` in each)."""
     with sigint_blocked():
-        return EncoderPool(workers, worker_init, preload)
+        return EncoderPool(workers, worker_init, preloaded(preload))
 
 
 @contextlib.contextmanager

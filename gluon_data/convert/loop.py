@@ -349,13 +349,17 @@ def _publish(writers: Dict[str, Any], stats: Dict[str, RunningStats], ckpt,
 
 def _facts_by(pool, writers: Dict[str, Any]) -> Callable[[str], Optional[dict]]:
     """:func:`~gluon_data.convert.done.file_facts` of every writer's partial ``.rec`` and
-    ``.idx`` (made durable first), taken by the pool's workers in parallel while this
-    process finishes: the digests are the one pass over the output's bytes."""
+    ``.idx``, taken by the pool's workers in parallel while this process makes the files
+    durable and finishes: the digests are the one pass over the output's bytes, and they
+    read the page cache while the fsync waits for the device."""
     taken: Dict[str, Any] = {}
     for w in writers.values():
         if hasattr(w, "partial_files"):
-            w.sync()
+            w.flush()  # every byte in place: the files read as they will be published
             taken.update((p, pool.submit(file_facts, p)) for p in w.partial_files)
+    for w in writers.values():
+        if hasattr(w, "partial_files"):
+            w.sync()
     return lambda path: taken[path].get() if path in taken else file_facts(path)
 
 

@@ -10,16 +10,18 @@ first use. It pickles empty. Every module that keeps a process's handle keeps it
 module is the only one that compares process ids.
 
 A worker process's set-up lives here too: :func:`reuse_freed_memory`, which a loader's and a
-conversion's workers run once.
+conversion's workers run once, and :func:`one_thread_per_library`, which a conversion's
+spawned workers run before they import numpy.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import threading
-from typing import Callable, Generic, Optional, Tuple, TypeVar
+from typing import Callable, Generic, List, Optional, Tuple, TypeVar
 
-__all__ = ["PerProcess", "ProcessMark", "reuse_freed_memory", "MALLOC_ENV"]
+__all__ = ["PerProcess", "ProcessMark", "reuse_freed_memory", "MALLOC_ENV",
+           "one_thread_per_library", "LIBRARY_THREADS_ENV"]
 
 T = TypeVar("T")
 
@@ -223,3 +225,21 @@ def reuse_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 64 
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold))) and \
         bool(mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)))
+
+
+#: The variables that size the thread pools of numerical libraries (OpenBLAS, OpenMP, MKL),
+#: read when the library loads: numpy's OpenBLAS starts one thread per core at import.
+LIBRARY_THREADS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def one_thread_per_library() -> List[str]:
+    """Run this process's numerical libraries in one thread each: every variable of
+    :data:`LIBRARY_THREADS_ENV` that the environment leaves unset is set to ``"1"`` (one the
+    user set stays as set). Only a library loaded afterwards reads it, so a worker calls it
+    first, before anything imports numpy. A conversion runs one worker process per core;
+    left to their defaults, N workers would start N threads each, N x N threads competing
+    with each other at every start. Returns the variables it set."""
+    unset = [name for name in LIBRARY_THREADS_ENV if name not in os.environ]
+    for name in unset:
+        os.environ[name] = "1"
+    return unset

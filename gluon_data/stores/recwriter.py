@@ -167,11 +167,18 @@ class RecordWriter:
 
     keeps_progress = False  # a conversion's checkpoint goes to a file beside the output
 
+    def flush(self) -> None:
+        """Hand everything written so far to the operating system (the ``.idx`` is buffered
+        here): the partial files then read as they will be published. :meth:`sync` also
+        makes them durable."""
+        for f in (self._rec, self._idx):
+            f.flush()
+
     def sync(self) -> Tuple[int, int, int]:
         """Make everything written so far durable; return ``(rec_bytes, idx_bytes, count)``,
         the argument ``resume`` takes to continue from exactly here."""
+        self.flush()
         for f in (self._rec, self._idx):
-            f.flush()
             os.fsync(f.fileno())
         return self._pos, self._idx_bytes, self.count
 
