@@ -24,6 +24,11 @@ from ..format.headers import JPEG_SOI
 from ..errors import DecodeError, GluonDataError, SourceError
 from .sources import DEFAULT_MAX_FILE_BYTES, Item, read_regular
 
+try:  # built by setup.py where a C compiler is present; OpenCV's histograms give the same sums
+    from . import _moments  # type: ignore[attr-defined]  # C extension, no stub
+except ImportError:  # pragma: no cover - depends on the install
+    _moments = None
+
 __all__ = ["EncodeOptions", "encode_item", "encode_legacy", "image_part", "mask_part", "encode_job",
            "encode_legacy_job"]
 
@@ -265,11 +270,16 @@ _LEVELS = np.arange(256, dtype=np.float64)
 
 
 def _pixel_stats(rgb: np.ndarray, info: dict) -> None:
-    """Per-channel sum and sum of squares (for the dataset's mean and std), exact: from a
-    histogram of each channel for uint8 images (OpenCV's float32 bins count exactly up to
-    2**24 pixels), else in float64."""
+    """Per-channel sum and sum of squares (for the dataset's mean and std), exact: for uint8
+    images in one pass by the optional C routine (``gluon_data/convert/_moments.c``: 0.07 ms
+    for a VOC photo) or from a histogram of each channel (OpenCV's float32 bins count
+    exactly up to 2**24 pixels; 0.26 ms), else in float64."""
     c = rgb.shape[-1] if rgb.ndim == 3 else 1
     n = rgb.size // c
+    if rgb.dtype == np.uint8 and _moments is not None and c <= 4:
+        sums, squares = _moments.moments(np.ascontiguousarray(rgb), c)
+        info["pix"] = (n, [float(v) for v in sums], [float(v) for v in squares])
+        return
     if rgb.dtype == np.uint8 and n < (1 << 24):
         img = np.ascontiguousarray(rgb)
         hists = [cv2.calcHist([img], [k], None, [256], [0, 256]).ravel().astype(np.float64)
