@@ -231,3 +231,27 @@ def test_a_worker_runs_numerical_libraries_in_one_thread(starter, monkeypatch):
     assert env == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "3"}
     assert threads == 1, "a worker runs %d threads" % threads
     assert "OPENBLAS_NUM_THREADS" not in os.environ  # the parent's environment: untouched
+
+
+def test_a_failed_segment_copy_is_raised_before_a_checkpoint_counts_on_it(tmp_path):
+    """A worker's copy of a segment that fails (here: the segment is gone; a full disk in
+    practice) is raised when the next task is carried, never dropped as done: a checkpoint
+    taken afterwards would promise bytes the output does not hold (zeros where the records
+    were reserved), and ``--resume`` would publish them."""
+    dest = tmp_path / "out.rec.partial"
+    dest.write_bytes(b"\0" * 64)
+    pool = start_encoder_pool(1)
+    try:
+        copies = loop._Copies(pool, 1)
+        failed = pool.submit(loop._copy_segments, [(str(tmp_path / "gone"), str(dest),
+                                                    [(0, 16, 0)])])
+        copies.carry(failed)
+        for _ in range(1000):  # bounded: the worker answers in milliseconds
+            if failed.ready():
+                break
+            time.sleep(0.01)
+        assert failed.ready()
+        with pytest.raises(FileNotFoundError):
+            copies.carry(pool.submit(abs, -1))
+    finally:
+        stop_pool(pool)

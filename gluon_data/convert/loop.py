@@ -120,8 +120,17 @@ class _Copies:
         return taken
 
     def carry(self, result) -> None:
-        self.carried = [r for r in self.carried if not r.ready()]
-        self.carried.append(result)
+        """Keep ``result``, the ticket of a task carrying copies, until :meth:`settle`; the
+        tickets already in are dropped, and a copy that failed is raised here (a full
+        disk, say), before any checkpoint counts on its bytes: a checkpoint must never cover
+        a place in the output that was reserved and not filled."""
+        running = []
+        for r in self.carried:
+            if r.ready():
+                r.get()  # raises the worker's error
+            else:
+                running.append(r)
+        self.carried = running + [result]
 
     def settle(self) -> None:
         """Return once every copy queued so far is made (or raise the worker's error)."""
