@@ -4,6 +4,8 @@ a task's exception raised where its result is read, a worker that dies a
 :class:`ConversionError`, and the workers' segment copies (:class:`loop._Copies`) leave the
 same bytes as the parent's own copies."""
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -126,12 +128,40 @@ def test_a_worker_that_fails_to_start_is_a_conversion_error_whenever_it_is_seen(
     pool = EncoderPool(2, _start_fails, "codec_of_the_future")
     try:
         tickets = [pool.submit(abs, -k) for k in range(6)]
-        with pytest.raises(ConversionError, match="exit code 1"):
+        with pytest.raises(ConversionError, match="exit code 1") as e:
             for t in tickets:
                 t.get()
     finally:
         stop_pool(pool)
     assert all(not w.is_alive() for w in pool.processes)
+    # a worker that never answered could not start: where its error went, and why
+    assert "before it finished any task (its own error is printed above" in str(e.value)
+    assert 'if __name__ == "__main__":' in str(e.value)
+
+
+_UNGUARDED = """from gluon_data import convert
+convert(%r, %r, "voc", split="trainval", workers=2)
+print("converted")
+"""
+
+
+def test_a_script_that_converts_without_the_main_guard_is_told_why(voc40, tmp_path):
+    """Pasted into a script as it stands, ``convert(..., workers=2)`` runs again in each
+    spawned worker, which imports the script first: the worker says why it stops (not
+    multiprocessing's bootstrapping error alone), the parent's error repeats the rule, and
+    nothing is written."""
+    script = tmp_path / "convert_voc.py"
+    out = tmp_path / "out" / "voc.rec"
+    script.write_text(_UNGUARDED % (voc40, str(out)))
+    r = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "converted" not in r.stdout
+    assert ("ConversionError: a conversion was started while this spawned worker imported "
+            "the main script") in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("gluon_data.errors.ConversionError: a conversion worker process")
+    assert 'if __name__ == "__main__":' in last
+    assert not out.parent.exists() or os.listdir(str(out.parent)) == []
 
 
 def _wait_for(path):  # a task that runs until the test lets it end

@@ -207,3 +207,18 @@ def test_pyproject_bounds_hold_the_pins_of_constraints():
         if r.marker is None or r.marker.evaluate(env):
             assert r.specifier.contains(pins[r.name.lower()]), (str(r), pins[r.name.lower()])
     assert Marker("python_version < '3.12'").evaluate(env)
+
+
+@pytest.mark.parametrize("command", ["info", "show", "verify"])
+def test_a_rec_without_its_idx_says_salvage_rebuilds_it(both, tmp_path, command):
+    """The ``.idx`` left behind in a copy: every command that opens the ``.rec`` names the
+    missing index and the command that makes it again, once."""
+    rec = both[0]
+    lone = str(tmp_path / "lone.rec")
+    with open(rec, "rb") as f, open(lone, "wb") as g:
+        g.write(f.read())
+    r = _cli(command, lone)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "index file %s not found" % (lone[:-4] + ".idx") in out
+    assert out.count("salvage") == 1 and "gluon-data salvage" in out, out

@@ -21,10 +21,11 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 from .. import _version
 from ..errors import ConversionError, WorkerPathError
 from ..storage.perprocess import one_thread_per_library, reuse_freed_memory
-from .workers import EncoderPool
+from .workers import MAIN_GUARD_RULE, EncoderPool
 
 __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE",
-           "start_pool", "stop_pool", "worker_init", "preloaded", "start_encoder_pool"]
+           "start_pool", "stop_pool", "worker_init", "preloaded", "start_encoder_pool",
+           "refuse_in_bootstrap"]
 
 #: What a path given to a cluster conversion must be (the README's cluster checklist).
 SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
@@ -196,11 +197,23 @@ def preloaded(obj: Any) -> Optional[bytes]:
     return None if obj is None else bytes(ForkingPickler.dumps(obj))
 
 
+def refuse_in_bootstrap() -> None:
+    """Raise :class:`ConversionError` in a spawned process still importing its parent's main
+    script: a conversion started there is the script's own, run again at import because it
+    is not under ``if __name__ == "__main__":``; its workers could not start anyway
+    (multiprocessing refuses to spawn then), and this says why where the user reads it."""
+    # multiprocessing's own test (spawn._check_not_importing_main) reads this flag
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise ConversionError("a conversion was started while this spawned worker imported "
+                              "the main script: %s" % MAIN_GUARD_RULE)
+
+
 def start_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> Any:
     """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
     blocked while they are created (a blocked signal stays blocked across fork and exec), so
     an interrupt during start-up waits in the parent and is raised there right after.
     ``preload``: a picklable object (the task function) each worker loads as it starts."""
+    refuse_in_bootstrap()
     ctx = multiprocessing.get_context("spawn")
     with sigint_blocked():
         return ctx.Pool(workers, initializer=worker_init, initargs=(preloaded(preload),))
@@ -211,6 +224,7 @@ def start_encoder_pool(workers: int,
     """A conversion's :class:`~gluon_data.convert.workers.EncoderPool` of ``workers``
     spawned processes, started as :func:`start_pool` starts its workers (SIGINT blocked
     meanwhile, :func:`worker_init` in each)."""
+    refuse_in_bootstrap()
     with sigint_blocked():
         return EncoderPool(workers, worker_init, preloaded(preload))
 
@@ -270,6 +284,7 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
             # our own cluster's processes never see Ctrl-C (each would print its own
             # KeyboardInterrupt traceback): this process closes them; one while they start
             # is raised once both are assigned, so the finally below closes them
+            refuse_in_bootstrap()  # its worker processes are spawned too
             with sigint_blocked():
                 cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
                                           processes=True, dashboard_address=None)

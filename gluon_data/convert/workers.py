@@ -24,11 +24,17 @@ import itertools
 import multiprocessing
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 from ..errors import ConversionError
 
-__all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES"]
+__all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES", "MAIN_GUARD_RULE"]
+
+#: Why a worker may die before its first task: spawned, it imports the caller's main script
+#: first, and a script that converts at import would start its conversion again in there.
+MAIN_GUARD_RULE = ("each worker is a spawned process that imports the main script first, so "
+                   "a script must start a conversion under `if __name__ == \"__main__\":` "
+                   "(or convert with workers=1)")
 
 #: The largest pickled task that may wait in a worker's pipe behind the one it runs: far
 #: below a socket's send buffer (Linux's default is 208 KiB), so sending it never blocks.
@@ -101,6 +107,7 @@ class EncoderPool:
         self._queued: Deque[Tuple[int, memoryview]] = collections.deque()  # (task, its pickle)
         self._running: Dict[int, Deque[int]] = {}  # worker -> its tasks, in the order sent
         self._ids = itertools.count()
+        self._answered: Set[int] = set()  # the workers that sent a result: they started
         self._closed = False
         for k in range(workers):
             parent, child = ctx.Pipe(duplex=True)
@@ -140,10 +147,7 @@ class EncoderPool:
                     self._conns[k].send_bytes(task)
                 except OSError:  # (BrokenPipeError) it died: at its start, or killed
                     self._procs[k].join(1.0)
-                    raise ConversionError("a conversion worker process (pid %s) ended with "
-                                          "exit code %s before its task; the conversion "
-                                          "stopped" % (self._procs[k].pid,
-                                                       self._procs[k].exitcode)) from None
+                    raise ConversionError(self._ended(k, "before its task")) from None
                 tasks.append(tid)
 
     def collect(self, timeout: Optional[float]) -> None:
@@ -166,14 +170,25 @@ class EncoderPool:
                     ended = True                 # never read resets the pipe); see its exit
                     break
                 self.results[self._running[k].popleft()] = result
+                self._answered.add(k)
             if not self._running[k]:
                 continue
             if ended:
                 self._procs[k].join(1.0)
-                raise ConversionError("a conversion worker process (pid %s) ended with exit "
-                                      "code %s while converting; the conversion stopped"
-                                      % (self._procs[k].pid, self._procs[k].exitcode))
+                raise ConversionError(self._ended(k, "while converting"))
         self._dispatch()
+
+    def _ended(self, k: int, when: str) -> str:
+        """What a :class:`ConversionError` says of worker ``k``, which ended ``when``: its pid
+        and exit code, and, for one that never answered a task (it could not start), where
+        its own error went and the likeliest cause."""
+        p = self._procs[k]
+        text = "a conversion worker process (pid %s) ended with exit code %s %s" % (
+            p.pid, p.exitcode, when)
+        if k not in self._answered:
+            text += (", before it finished any task (its own error is printed above; %s)"
+                     % MAIN_GUARD_RULE)
+        return text + "; the conversion stopped"
 
     def take(self, tid: int) -> Tuple[bool, Any]:
         """``(ok, value)`` of task ``tid``, waiting for it; the pool forgets it then

@@ -355,6 +355,11 @@ def _cached_index(idx_path: str, size: int) -> Optional[Index]:
     return None
 
 
+#: A ``.rec`` opened without its ``.idx``: what is missing, and how to make it again.
+_MISSING_INDEX = ("index file %s not found: a .rec needs its .idx beside it (same name, .idx "
+                  "suffix) for random access; `gluon-data salvage` rebuilds it from the .rec")
+
+
 def load_index(idx_path: str) -> Index:
     """The index of ``idx_path``: its binary copy beside it, else (a big stock index) the
     one in the user cache, else the text parsed here."""
@@ -363,9 +368,7 @@ def load_index(idx_path: str) -> Index:
         try:
             st = os.stat(idx_path)
         except FileNotFoundError:
-            raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it "
-                                    "(same name, .idx suffix) for random access"
-                                    % idx_path) from None
+            raise FileNotFoundError(_MISSING_INDEX % idx_path) from None
     got = _map_binary_index(idx_path + BINARY_INDEX_SUFFIX, idx_path) or \
         _cached_index(idx_path, st.st_size)
     if got is not None:
@@ -392,8 +395,7 @@ def read_index(idx_path: str, binary: bool = True) -> Tuple[np.ndarray, np.ndarr
         with open_regular(idx_path) as f:
             raw = f.read()
     except FileNotFoundError:
-        raise FileNotFoundError("index file %s not found: a .rec needs its .idx beside it (same "
-                                "name, .idx suffix) for random access" % idx_path) from None
+        raise FileNotFoundError(_MISSING_INDEX % idx_path) from None
     return parse_index(raw, idx_path)
 
 

@@ -107,8 +107,9 @@ def _verify_rec(path: str, deep: bool) -> VerifyReport:
         store = RecordFile(path, expected_count=meta["num_records"] if meta else None)
     except (GluonDataError, OSError) as e:
         report.add(e, path)
-        if os.path.isfile(path):  # the records are there: salvage can index them again
-            report.problems[-1]["reason"] += " (gluon-data salvage can rebuild the index)"
+        reason = report.problems[-1]["reason"]
+        if os.path.isfile(path) and "salvage" not in reason:  # salvage can index them again
+            report.problems[-1]["reason"] = reason + " (gluon-data salvage can rebuild the index)"
         return report
     report.records = len(store)
     if meta is not None:
