@@ -269,3 +269,36 @@ def test_runs_that_do_not_fill_their_blocks_are_refused_before_allocating(expand
     finally:
         tracemalloc.stop()
     assert peak < 64 << 20, peak
+
+
+def _runs_both_ways(m, block_rows):
+    ext = masks._ext
+    try:
+        masks._ext = None
+        want = masks.mask_runs(m, block_rows)
+    finally:
+        masks._ext = ext
+    return masks.mask_runs(m, block_rows), want
+
+
+@pytest.mark.parametrize("shape,block_rows", [((96, 128), 16), ((1, 1), 16), ((1, 200000), 3),
+                                              ((300, 700), 300), ((17, 1), 4), ((50, 33), 7)])
+def test_the_c_runs_are_numpys_runs(shape, block_rows):
+    """The encoder's runs from the optional C routine: the same lengths, values and block
+    table as numpy's, for masks of few and many runs, long runs cut at 65535, blocks of one
+    row or of the whole mask."""
+    if getattr(masks._ext, "runs", None) is None:
+        pytest.skip("the C run finder is not built here")
+    rng = np.random.default_rng(shape[0] * shape[1])
+    for m in (np.zeros(shape, np.uint8), np.full(shape, 255, np.uint8),
+              rng.integers(0, 3, shape, dtype=np.uint8),
+              np.repeat(rng.integers(0, 256, (shape[0], 1), dtype=np.uint8), shape[1], 1),
+              np.asfortranarray(rng.integers(0, 2, shape, dtype=np.uint8))):
+        got, want = _runs_both_ways(m, block_rows)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and np.array_equal(g, w)
+        assert masks.encode_rle(m, block_rows) == masks.rle_bytes(
+            m.shape, np.uint8, block_rows, *want)
+        np.testing.assert_array_equal(_both(masks.encode_rle(m, block_rows)), m)
+    with pytest.raises(ValueError, match="whole rows"):
+        masks._ext.runs(np.zeros(10, np.uint8), 3, 16)

@@ -1,5 +1,5 @@
-/* The optional C expansion of run-length masks (FORMAT.md, "Run-length mask"): the same
- * checks and the same pixels as the numpy path in gluon_data/format/masks.py, at memset speed.
+/* The optional C routines of run-length masks (FORMAT.md, "Run-length mask"): the same
+ * checks, runs and pixels as the numpy path in gluon_data/format/masks.py, at memset speed.
  *
  * expand(lengths, values, itemsize, offsets, block_pixels, last_pixels, out) -> None
  *
@@ -20,6 +20,14 @@
  *   The same arguments' checks, every block's sum included, with nothing written: called
  *   before out is allocated, so runs that cannot fill a declared size never cost its memory.
  *   Raises ValueError as expand does.
+ *
+ * runs(mask, width, block_rows) -> (lengths, values, offsets)
+ *
+ *   The encoder's side, for uint8 masks: mask is a C-contiguous buffer of 1-byte ids, width
+ *   pixels a row, cut in blocks of block_rows rows. Returns bytes: the uint16 little-endian
+ *   lengths of its runs in C order (cut at every block's first pixel and at 65535 pixels),
+ *   their 1-byte values, and the uint32 little-endian first run of each block, then the run
+ *   count: exactly what masks.mask_runs computes with numpy.
  *
  * No library beyond Python's own.
  */
@@ -212,6 +220,82 @@ rel_len:
     return result;
 }
 
+static void
+put_u32le(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16);
+    p[3] = (unsigned char)(v >> 24);
+}
+
+static PyObject *
+runs(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_mask, *lens = NULL, *vals = NULL, *offs = NULL, *result = NULL;
+    Py_ssize_t width, block_rows;
+    Py_buffer m;
+
+    if (!PyArg_ParseTuple(args, "Onn:runs", &o_mask, &width, &block_rows)) {
+        return NULL;
+    }
+    if (get_buffer(o_mask, &m, 0, "mask") < 0) return NULL;
+    if (m.itemsize != 1 || width < 1 || block_rows < 1 || block_rows > 0xFFFF || m.len < 1
+        || m.len % width || m.len / width > 0xFFFFFFFFLL || m.len > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "runs: a non-empty mask of 1-byte ids, whole rows of "
+                        "width pixels, block_rows in 1..65535 and under 2**32 pixels");
+        goto rel;
+    }
+    {
+        const unsigned char *px = (const unsigned char *)m.buf;
+        Py_ssize_t n = m.len, step = width * block_rows, nblocks = (n + step - 1) / step;
+        Py_ssize_t count = 0, i, start, b;
+        unsigned char *lp, *vp, *op;
+        /* at most one run per pixel: sized for that, cut to the runs found */
+        lens = PyBytes_FromStringAndSize(NULL, 2 * n);
+        vals = PyBytes_FromStringAndSize(NULL, n);
+        offs = PyBytes_FromStringAndSize(NULL, 4 * (nblocks + 1));
+        if (lens == NULL || vals == NULL || offs == NULL) goto rel;
+        lp = (unsigned char *)PyBytes_AS_STRING(lens);
+        vp = (unsigned char *)PyBytes_AS_STRING(vals);
+        op = (unsigned char *)PyBytes_AS_STRING(offs);
+        Py_BEGIN_ALLOW_THREADS
+        for (b = 0; b < nblocks; b++) {  /* a run never crosses a block's first pixel */
+            Py_ssize_t end = b * step + step < n ? b * step + step : n;
+            put_u32le(op + 4 * b, (uint32_t)count);
+            for (start = b * step; start < end; start = i) {
+                unsigned char v = px[start];
+                Py_ssize_t limit = end - start > 0xFFFF ? start + 0xFFFF : end;
+                uint64_t word = 0x0101010101010101ULL * v, got;
+                i = start + 1;
+                while (i + 8 <= limit) {  /* 8 pixels at a time while they all equal v */
+                    memcpy(&got, px + i, 8);
+                    if (got != word) break;
+                    i += 8;
+                }
+                while (i < limit && px[i] == v) i++;
+                lp[2 * count] = (unsigned char)(i - start);
+                lp[2 * count + 1] = (unsigned char)((i - start) >> 8);
+                vp[count] = v;
+                count++;
+            }
+        }
+        put_u32le(op + 4 * nblocks, (uint32_t)count);
+        Py_END_ALLOW_THREADS
+        if (_PyBytes_Resize(&lens, 2 * count) < 0 || _PyBytes_Resize(&vals, count) < 0) {
+            goto rel;
+        }
+        result = PyTuple_Pack(3, lens, vals, offs);
+    }
+rel:
+    Py_XDECREF(lens);
+    Py_XDECREF(vals);
+    Py_XDECREF(offs);
+    PyBuffer_Release(&m);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"expand", expand, METH_VARARGS,
      "expand(lengths, values, itemsize, offsets, block_pixels, last_pixels, out): run-length "
@@ -219,11 +303,14 @@ static PyMethodDef methods[] = {
     {"check", check, METH_VARARGS,
      "check(lengths, offsets, block_pixels, last_pixels): expand's checks, nothing written "
      "(before out is allocated)"},
+    {"runs", runs, METH_VARARGS,
+     "runs(mask, width, block_rows): a uint8 mask's runs, as masks.mask_runs computes them"},
     {NULL, NULL, 0, NULL}
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_maskrle", "Run-length mask expansion (optional; see masks.py).",
+    PyModuleDef_HEAD_INIT, "_maskrle",
+    "Run-length masks: runs found and expanded (optional; see masks.py).",
     -1, methods, NULL, NULL, NULL, NULL
 };
 

@@ -4,7 +4,8 @@ A mask's pixels, in C order, are cut into blocks of ``block_rows`` rows; each bl
 of runs ``(length, value)`` that never crosses a block's start, and a table gives the first
 run of every block. Decoding expands runs (``memset`` in the optional C extension
 ``gluon_data.format._maskrle``, ``np.repeat`` without it: the same bytes, the same checks, the
-same pixels), so rows ``y0:y1`` cost only the blocks they cover. Every field is checked
+same pixels), so rows ``y0:y1`` cost only the blocks they cover; encoding finds a uint8
+mask's runs in one pass there too (numpy's arrays without it). Every field is checked
 before anything is allocated: a record that is cut short, oversized or inconsistent is a
 :class:`~gluon_data.errors.DecodeError`, never a crash or wrong pixels.
 """
@@ -75,7 +76,9 @@ def encode_rle(mask: np.ndarray, block_rows: int = DEFAULT_BLOCK_ROWS) -> bytes:
 def mask_runs(mask: np.ndarray, block_rows: int = DEFAULT_BLOCK_ROWS):
     """``(lengths, values, offsets)`` of a mask: its runs in C order, cut at every block's
     first pixel and at 65535 pixels, and the first run of each block (then the run count).
-    ``np.bincount(values, lengths)`` counts the pixels of each id without another pass."""
+    ``np.bincount(values, lengths)`` counts the pixels of each id without another pass. A
+    uint8 mask's runs come from the optional C routine where it is built (the same arrays,
+    read-only)."""
     m = np.asarray(mask)
     if m.ndim != 2:
         raise ValueError("a mask must be 2-D, got shape %s" % (m.shape,))
@@ -87,6 +90,11 @@ def mask_runs(mask: np.ndarray, block_rows: int = DEFAULT_BLOCK_ROWS):
         raise ValueError("block_rows must lie in 1..65535, got %r" % (block_rows,))
     if m.dtype.kind not in "iub":
         raise ValueError("mask ids must be integers, got %s" % m.dtype)
+    runs = getattr(_ext, "runs", None)  # (an extension built before it has none)
+    if m.dtype == np.uint8 and runs is not None:  # the same runs, in one pass
+        lengths, values, offsets = runs(np.ascontiguousarray(m), w, block_rows)
+        return (np.frombuffer(lengths, "<u2"), np.frombuffer(values, np.uint8),
+                np.frombuffer(offsets, "<u4"))
     lo, hi = (int(m.min()), int(m.max()))
     if lo < 0 or hi > 65535:
         raise ValueError("mask ids must lie in 0..65535, got %d..%d" % (lo, hi))
