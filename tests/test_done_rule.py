@@ -14,6 +14,7 @@ import pytest
 from gluon_data.convert import ConvertOptions, convert
 from gluon_data.convert.sample import make_imagefolder
 from gluon_data.errors import GluonDataError, OutputError
+from gluon_data.format import codec
 from gluon_data.format.meta import dumps_meta, meta_path
 from gluon_data.stores.base import open_store
 from gluon_data.tools.verify import verify
@@ -140,6 +141,27 @@ def test_a_sharded_rerun_redoes_a_shard_whose_idx_lost_a_line(src, tmp_path):
     assert verify(again.outputs["train"]).ok
     assert [open_store(again.outputs["train"]).read(i) for i in range(9)] == \
         [open_store(first.outputs["train"]).read(i) for i in range(9)]
+
+
+@pytest.mark.parametrize("shards", [None, 3])
+def test_a_rerun_with_other_classes_never_keeps_the_outputs_labelled_before(src, tmp_path,
+                                                                             shards):
+    """``--classes`` chooses each folder's label: a rerun with another order must not keep
+    what was labelled by the first (without ``--overwrite`` it is refused, as any change of
+    plan), and ``--overwrite`` labels every record anew."""
+    out = str(tmp_path / "o.rec")
+    kw = dict(shards=shards) if shards else {}
+    first = convert(src, out, "imagefolder", classes=["cat", "dog", "fish"], **kw)
+    again = dict(kw, resume=True) if not shards else kw
+    with pytest.raises((GluonDataError, FileExistsError), match="other inputs or options|"
+                                                                 "not written by this plan"):
+        convert(src, out, "imagefolder", classes=["fish", "dog", "cat"], **again)
+    redone = convert(src, out, "imagefolder", classes=["fish", "dog", "cat"], overwrite=True,
+                     **kw)
+    store = open_store(redone.outputs["train"])
+    labels = sorted(int(codec.unpack(store.read(i)).label) for i in range(len(store)))
+    assert labels == [0, 0, 0, 1, 1, 1, 2, 2, 2] and store.meta["classes"][0] == "fish"
+    assert first.outputs["train"] == redone.outputs["train"]
 
 
 def _manifest_cases(manifest):

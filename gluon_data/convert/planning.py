@@ -67,10 +67,12 @@ def take_problems(src: Source, on_error: str, report: ConversionReport) -> None:
             raise ConversionError(reason, f)
         report.skipped.append({"file": f, "reason": reason})
 
-def encode_options(src: Source, num_classes: Optional[int], o: ConvertOptions):
+def encode_options(src: Source, num_classes: Optional[int], o: ConvertOptions,
+                   classes: Optional[List[str]] = None):
     """``(EncodeOptions, options)``: how each item of ``src`` is encoded under the
     conversion's options ``o``, and the options recorded in the metadata and the plan
-    digest."""
+    digest. ``classes``: the class names resolved, recorded when the user gave them (they
+    name the ids, and for an image folder they choose each folder's label)."""
     max_pixels = codec.DEFAULT_MAX_PIXELS if o.max_pixels is None else o.max_pixels
     max_file_bytes = DEFAULT_MAX_FILE_BYTES if o.max_file_bytes is None else o.max_file_bytes
     opts = EncodeOptions(task=src.task, encoding=o.encoding, quality=o.quality,
@@ -86,6 +88,10 @@ def encode_options(src: Source, num_classes: Optional[int], o: ConvertOptions):
         # in the digest, so a resume never mixes mask kinds; zraw (the only kind before
         # others existed) is left out, so the digests of those conversions are unchanged
         options["mask_encoding"] = o.mask_encoding
+    if o.classes is not None:
+        # in the digest, so a rerun never keeps outputs whose ids name other classes; the
+        # layout's own classes are left out, so the digests of those conversions are unchanged
+        options["classes"] = list(classes) if classes is not None else o.classes
     return opts, options
 
 
@@ -134,7 +140,7 @@ def plan_source(source: str, layout: Optional[str], o: ConvertOptions) -> Planne
     check_layout_options(o, src.layout, src.task)
     classes, num_classes = resolve_classes(src, o.classes, o.num_classes)
     plan = plan_splits(src, o.val_ratio, o.shuffle, o.seed)
-    opts, options = encode_options(src, num_classes, o)
+    opts, options = encode_options(src, num_classes, o, classes)
     return Planned(src, classes, num_classes, plan, opts, options)
 
 
