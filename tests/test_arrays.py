@@ -178,6 +178,29 @@ def test_a_fixed_seed_repeats_and_epochs_and_seeds_differ(voc_rec, cls_rec):
     assert crop.rng.seed is None  # the dataset's seed went to its own copy
 
 
+_FORKED = None
+
+
+def _forked_first_pass(n):  # in a forked child: the plain-int samples it reads first
+    return [_bytes(_FORKED[i]) for i in range(n)]
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(),
+                    reason="needs the fork start method")
+def test_a_forked_worker_starts_its_plain_int_passes_at_epoch_0(voc_rec):
+    """Samples the main process looked at before the workers started (a sanity check) do
+    not move a forked worker's first pass off epoch 0: the request counts are each
+    process's own, as they are in a spawned worker."""
+    global _FORKED
+    _FORKED = SegmentationDataset(voc_rec, mode="train", seed=5, **TRAIN)
+    n = len(_FORKED)
+    epoch0 = [_bytes(_FORKED[SampleKey(i, 0)]) for i in range(n)]
+    assert [_bytes(_FORKED[i]) for i in range(2)] == epoch0[:2]  # read here first
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_forked_first_pass, (n,)) == epoch0
+    assert _bytes(_FORKED[0]) == _bytes(_FORKED[SampleKey(0, 1)])  # here: the second pass
+
+
 def test_pickling_keeps_samples_and_options(voc_rec, voc_lmdb):
     for ds in (SegmentationDataset(voc_rec, mode="train", seed=3, **TRAIN),
                SegmentationDataset(voc_lmdb, split="trainval", mode="val", crop_size=24),

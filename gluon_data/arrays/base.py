@@ -191,8 +191,9 @@ class StoreDataset:
         self._max_pixels = max_pixels
         self.seed = seed
         self._positions: Optional[np.ndarray] = None  # store positions of a shard()
-        self._passes: Optional[np.ndarray] = None  # per-index request counts (plain ints)
-        self._passes_lock = threading.Lock()
+        # per-index request counts of plain ints, with their lock: this process's own (a
+        # forked worker starts afresh, as a spawned one does)
+        self._passes: PerProcess = PerProcess()
 
     # ------------------------------------------------------------------ output hooks
     def _task_class(self, task: str) -> str:
@@ -283,12 +284,15 @@ class StoreDataset:
         ``thread_pool=True``) — give :class:`~gluon_data.sampling.sampler.SampleKey` for the
         rest."""
         if epoch is None:
-            with self._passes_lock:
-                if self._passes is None:
-                    self._passes = np.zeros(len(self._file), np.uint32)
-                epoch = int(self._passes[i])
-                self._passes[i] += 1
+            lock, passes = self._passes.get(self._no_passes)
+            with lock:
+                epoch = int(passes[i])
+                passes[i] += 1
         return T.sample_context(epoch, i)
+
+    def _no_passes(self) -> Tuple[threading.Lock, np.ndarray]:
+        """A process's first plain-int request: every record at pass 0."""
+        return threading.Lock(), np.zeros(len(self._file), np.uint32)
 
     def _record(self, i: int):
         _SETUP.get(lambda: _setup_process(self._made_in))
@@ -311,16 +315,16 @@ class StoreDataset:
 
     def __getstate__(self):
         """The store pickles its location (no index); the per-record request counts of
-        plain-int access are this process's own (4 bytes a record): a copy starts afresh."""
-        state = self.__dict__.copy()
-        state["_passes_lock"] = None
-        state["_passes"] = None
-        return state
+        plain-int access are this process's own (4 bytes a record, held by
+        :class:`~gluon_data.storage.perprocess.PerProcess`): a copy starts afresh."""
+        return self.__dict__.copy()
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.__dict__.setdefault("_made_in", ProcessMark(0))  # (an older pickle: a copy)
-        self._passes_lock = threading.Lock()
+        if not isinstance(state.get("_passes"), PerProcess):  # (an older pickle's None)
+            self._passes = PerProcess()
+        self.__dict__.pop("_passes_lock", None)
 
     def __repr__(self) -> str:
         classes = self.classes
