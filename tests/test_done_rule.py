@@ -164,6 +164,102 @@ def test_a_rerun_with_other_classes_never_keeps_the_outputs_labelled_before(src,
     assert first.outputs["train"] == redone.outputs["train"]
 
 
+def _meta_edited_unsealed(meta_file, edit):
+    """A hand edit of a metadata file: ``edit(meta)``, written back without its checksum."""
+    meta = json.loads(_read(meta_file))
+    edit(meta)
+    meta.pop("meta_crc32", None)
+    with open(meta_file, "w") as f:
+        json.dump(meta, f)
+
+
+def _no_outputs(meta):
+    meta["done"]["outputs"] = {}
+
+
+def _shard_no_outputs(meta):
+    meta["shard"]["done"]["outputs"] = {}
+
+
+def _shard_other_classes(meta):
+    meta["classes"] = ["x%d" % i for i in range(len(meta["classes"]))]
+
+
+def _flip_first_record(rec):
+    with open(rec, "r+b") as f:
+        f.seek(40)
+        b = f.read(1)
+        f.seek(40)
+        f.write(bytes([b[0] ^ 1]))
+
+
+@pytest.mark.parametrize("edit,flip", [(_shard_no_outputs, True), (_shard_other_classes, False)],
+                         ids=["no outputs, rec damaged", "classes edited"])
+def test_a_sharded_rerun_redoes_a_shard_whose_metadata_was_edited(src, tmp_path, edit, flip):
+    """Metadata edited by hand (its checksum dropped): a done record naming no outputs
+    proves nothing of the damaged ``.rec`` beside it, and edited fields are not kept even
+    where the files are intact; the rerun rewrites the shard, and the output is a fresh
+    run's."""
+    out, ref = str(tmp_path / "s.rec"), str(tmp_path / "ref" / "s.rec")
+    convert(src, ref, "imagefolder", shards=3)
+    convert(src, out, "imagefolder", shards=3)
+    shard = out[:-4] + "-00001-of-00003.rec"
+    _meta_edited_unsealed(meta_path(shard), edit)
+    if flip:
+        _flip_first_record(shard)
+    again = convert(src, out, "imagefolder", shards=3)
+    assert [e["reused"] for e in again.shards] == [True, False, True]
+    assert verify(again.outputs["train"]).ok
+    for name in sorted(os.listdir(str(tmp_path / "ref"))):
+        if not name.endswith(".gdx"):  # (it records its .idx's mtime)
+            assert _read(str(tmp_path / name)) == _read(str(tmp_path / "ref" / name)), name
+
+
+def test_resume_redoes_an_output_whose_done_record_names_no_files(src, tmp_path):
+    out = str(tmp_path / "o.rec")
+    convert(src, out, "imagefolder")
+    good = _read(out)
+    _meta_edited_unsealed(meta_path(out), _no_outputs)
+    _flip_first_record(out)
+    convert(src, out, "imagefolder", resume=True)
+    assert _read(out) == good and verify(out).ok
+
+
+def test_a_failed_sharded_rerun_leaves_no_manifest_naming_rewritten_shards(src, tmp_path):
+    """The shards are rewritten in place: the old manifest goes before the first of them, so
+    a rerun that fails (or is interrupted) leaves none that would mix old metadata with new
+    records; the next rerun writes it again."""
+    out = str(tmp_path / "s.rec")
+    manifest = str(tmp_path / "s.shards.json")
+    convert(src, out, "imagefolder", shards=3)
+    bad = os.path.join(src, "fish", "002.jpg")
+    good = _read(bad)
+    with open(bad, "wb") as f:
+        f.write(b"not a jpeg")
+    with pytest.raises(GluonDataError, match="002.jpg"):
+        convert(src, out, "imagefolder", shards=3)
+    assert not os.path.exists(manifest)
+    with pytest.raises((GluonDataError, OSError)):
+        open_store(manifest)
+    with open(bad, "wb") as f:
+        f.write(good)
+    again = convert(src, out, "imagefolder", shards=3)
+    assert again.outputs["train"] == manifest and verify(manifest).ok
+
+
+def test_a_foreign_gdx_among_the_shards_is_refused_before_any_shard_is_written(src, tmp_path):
+    os.makedirs(str(tmp_path / "out"))
+    out = str(tmp_path / "out" / "s.rec")
+    foreign = out[:-4] + "-00001-of-00003.idx.gdx"
+    with open(foreign, "w") as f:
+        f.write("my notes\n")
+    for overwrite in (False, True):
+        with pytest.raises((OutputError, FileExistsError), match="00001-of-00003.idx.gdx"):
+            convert(src, out, "imagefolder", shards=3, overwrite=overwrite)
+        assert os.listdir(str(tmp_path / "out")) == [os.path.basename(foreign)]
+    assert _read(foreign) == b"my notes\n"
+
+
 def _manifest_cases(manifest):
     good = _read(manifest)
     doc = json.loads(good)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, Optional, TypeVar, Union, cast
+from typing import Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union, cast
 
 from ..errors import ConversionError, FormatError
 from ..format.documents import (COUNT, SHA256, STR, Doc, F, check_document, load_document,
@@ -44,7 +44,7 @@ from ..storage.fsutil import atomic_write, fsync_dir, sha256_file
 
 __all__ = ["Done", "is_done", "why_not_done", "file_facts", "local_look", "DIGESTS", "read_record", "record_in", "read_records", "records_doc",
            "write_record",
-           "shard_unit", "output_unit", "DONE_FORMAT"]
+           "shard_unit", "output_unit", "DONE_FORMAT", "REC_OUTPUTS"]
 
 #: The ``format`` marker of a document holding done records only (the upload journal).
 DONE_FORMAT = "gluon_data-done"
@@ -113,17 +113,23 @@ def shard_unit(index: int, count: int) -> str:
     return "shard %d of %d" % (index, count)
 
 
+#: The outputs a done record of a local ``.rec`` must name (the files :func:`local_look`
+#: looks at): a record naming fewer proves nothing of the others.
+REC_OUTPUTS = (".rec", ".idx")
+
+
 def is_done(record: Optional[Done], unit: str, digest: str,
-            look: Optional[Look] = None) -> bool:
+            look: Optional[Look] = None, required: Sequence[str] = ()) -> bool:
     """Whether ``record`` proves ``unit`` done under ``digest``: :func:`why_not_done` found
     nothing against it."""
-    return why_not_done(record, unit, digest, look) is None
+    return why_not_done(record, unit, digest, look, required) is None
 
 
 def why_not_done(record: Optional[Done], unit: str, digest: str,
-                 look: Optional[Look] = None) -> Optional[str]:
+                 look: Optional[Look] = None, required: Sequence[str] = ()) -> Optional[str]:
     """The one rule of "done": ``None`` when ``record`` says ``unit`` was done under
-    ``digest`` and, with ``look``, every output it records is what it records; else why not.
+    ``digest``, names every output of ``required`` (:data:`REC_OUTPUTS` for a ``.rec``) and,
+    with ``look``, every output it records is what it records; else why not.
 
     ``look(name, recorded)`` says what output ``name`` is now (``{"bytes": n, "sha256": s}``,
     or ``"etag"`` in place of ``"sha256"`` for an object whose store reports one; ``None``
@@ -140,6 +146,9 @@ def why_not_done(record: Optional[Done], unit: str, digest: str,
     if record.digest != str(digest):
         return ("its done record was made from other inputs or options, or from the source "
                 "as it was before it changed")
+    unnamed = [name for name in required if name not in record.outputs]
+    if unnamed:
+        return "its done record names no %s, so it proves nothing of it" % " or ".join(unnamed)
     if look is None:
         return None
     for name, want in sorted(record.outputs.items()):

@@ -15,14 +15,15 @@ from typing import Dict, List, Optional, cast
 
 from ..errors import ConversionError
 from ..storage.fsutil import LMDB_DATA, fsync_dir
+from ..format.documents import CHECKSUM_FIELD
 from ..format.ownership import is_ours
 from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
 from .sources import Item, Source
 from ..tools.stats import RunningStats
 from .encode import EncodeOptions
 from .outputs import ConversionReport, Outputs
-from .done import (Done, is_done, local_look, output_unit, read_record, record_in,
-                   why_not_done, write_record)
+from .done import (REC_OUTPUTS, Done, is_done, local_look, output_unit, read_record,
+                   record_in, why_not_done, write_record)
 
 __all__ = ["Checkpoint", "source_plan_digest", "resume_finished", "import_digest"]
 
@@ -165,8 +166,9 @@ def resume_finished(state: Optional[dict], ckpt: "Checkpoint", report: Conversio
                     root: str, options: dict) -> Optional[ConversionReport]:
     """With ``resume``: finish a publish that a crash interrupted, or recognise outputs that
     are already complete by the one rule of "done" (:func:`~gluon_data.convert.done.
-    why_not_done`: each split's metadata holds the done record of this plan's digest, and
-    its ``.rec`` and ``.idx`` have the recorded sizes and SHA-256, read once each); else
+    why_not_done`: each split's metadata, its checksum intact, holds the done record of this
+    plan's digest, naming its ``.rec`` and ``.idx``, which have the recorded sizes and
+    SHA-256, read once each); else
     ``None`` (convert as usual). A finished output of this plan that is not provably done
     (damaged since, or written by the previous release, whose metadata records no digests)
     is removed here and redone; one of another plan (other inputs or options, or the source
@@ -193,7 +195,10 @@ def resume_finished(state: Optional[dict], ckpt: "Checkpoint", report: Conversio
             raise ConversionError("this output was made from other inputs or options, or "
                                   "from the source as it was before it changed; rerun with "
                                   "--overwrite to convert the current files", path)
-        redo = redo or why_not_done(record, unit, ckpt.digest, local_look(path)) is not None
+        rec = ckpt.outputs.name == "rec"
+        redo = redo or (rec and record is not None and CHECKSUM_FIELD not in meta) or \
+            why_not_done(record, unit, ckpt.digest, local_look(path),
+                         REC_OUTPUTS if rec else ()) is not None
     if redo:  # ours, of this plan, not provably complete: written again
         for path in dict.fromkeys(outputs.values()):
             ckpt.outputs.discard(path)

@@ -15,6 +15,7 @@ from ..errors import ConversionError, GluonDataError
 from ..format.ownership import check_disjoint
 from ..format.plan import conversion_id, part_digest
 from ..stores.lmdbio import LMDBFile, is_lmdb
+from ..format.documents import CHECKSUM_FIELD
 from ..format.meta import CONTAINER_KEYS, read_meta
 from ..stores.recordio import RecordFile
 from ..stores.shardstore import ShardedStore
@@ -22,7 +23,7 @@ from ..stores.shards import (dataset_files, is_manifest, manifest_path, read_sha
                              shard_files, shard_summary)
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
-from .done import local_look, record_in, shard_unit, why_not_done
+from .done import REC_OUTPUTS, local_look, record_in, shard_unit, why_not_done
 from .encode import EncodeOptions, encode_job
 from .outputs import fail_conversion, split_metadata, split_fields, done_record, open_writers
 from .sources import Source
@@ -69,8 +70,9 @@ def _finished(job: ShardJob) -> Optional[dict]:
     """The summary of a shard this plan already published from the same state of its items,
     else ``None``: by the one rule of "done" (:func:`~gluon_data.convert.done.why_not_done`),
     the ``done`` record in the shard's metadata must name this shard and ``job.digest`` (its
-    items' stamps: size, mtime, inode, ctime), and its ``.rec`` and ``.idx`` have the
-    recorded sizes and SHA-256 (read once each). A shard of a changed source, damaged, of the
+    items' stamps: size, mtime, inode, ctime), and its ``.rec`` and ``.idx`` (both named by
+    the record, in metadata whose checksum holds) have the recorded sizes and SHA-256 (read
+    once each). A shard of a changed source, damaged, of the
     previous release (its metadata records no digests: not provably complete), or with no
     readable metadata, is rewritten (the client refused, before any task, to replace one
     that is not of this plan: :func:`gluon_data.convert.sharded._check_targets`); a shard
@@ -82,10 +84,13 @@ def _finished(job: ShardJob) -> Optional[dict]:
     info = (meta or {}).get("shard")
     if not info or "done" not in info:
         return None
+    rec = job.container == "rec"
+    if rec and CHECKSUM_FIELD not in cast(dict, meta):
+        return None  # the metadata that holds the record, edited (its checksum dropped)
     record = record_in(info, job.path, what="shard metadata's done record")
     if any(not os.path.exists(p) for p in shard_files(job.path, job.container)) or \
             why_not_done(record, shard_unit(job.index, job.count), job.digest,
-                         local_look(job.path)) is not None:
+                         local_look(job.path), REC_OUTPUTS if rec else ()) is not None:
         return None
     return dict(shard_summary(job.path, job.container, job.split), reused=True)
 

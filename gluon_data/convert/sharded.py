@@ -32,6 +32,7 @@ from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..format.meta import read_meta
 from ..format.ownership import check_replaceable
 from ..format.plan import part_digest, plan_digest, source_head
+from ..format.recindex import BINARY_INDEX_SUFFIX
 from ..tools.progress import progress_bar
 from ..stores.recordio import RecordFile
 from ..stores.shards import (MANIFEST_FORMAT, MANIFEST_VERSION, is_manifest, manifest_path,
@@ -152,6 +153,8 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
                    source) if copying else _plan_encoding(source, layout, prefix, container,
                                                           cut, report, o)
     _check_targets(plans, container, source, o.overwrite)
+    for p in plans:  # (checked above: ours to replace) a rerun rewrites shards in place, and
+        _drop(manifest_path(p["prefix"]))  # no manifest may name them until it is written anew
     if sink is not None:
         sink.prepare(plans, container)
     results = _run_shards(plans, sink, o, _shared_paths(source, root, output, sink, o.engine))
@@ -160,6 +163,16 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
                               copying)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _drop(path: str) -> None:
+    """Remove a manifest the run replaces, before any shard is written: one interrupted or
+    failed then leaves no manifest that names shards rewritten since (a reader would mix the
+    old metadata with the new records); a rerun writes it again."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def _shared_paths(source: str, root: str, output: str, sink, engine: str) -> list:
@@ -279,7 +292,8 @@ def _check_targets(plans: List[dict], container: str, source: str, overwrite: bo
                 files = [(j.path, "lmdb")]
             else:
                 rec, idx, mp = shard_files(j.path, container)
-                files = [(rec, "rec"), (idx, "idx"), (mp, "meta")]
+                files = [(rec, "rec"), (idx, "idx"), (idx + BINARY_INDEX_SUFFIX, "gdx"),
+                         (mp, "meta")]
             once = functools.lru_cache(maxsize=None)(  # the shard's metadata read once
                 partial(_shard_plan(container, j.split), j.path))
             recorded = lambda _, once=once: once()  # noqa: E731 (of the shard, any file)
