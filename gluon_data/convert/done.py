@@ -36,15 +36,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union, cast
 
 from ..errors import ConversionError, FormatError
-from ..format.documents import (COUNT, SHA256, STR, Doc, F, check_document, load_document,
-                                map_of, obj, parse_json, register)
+from ..format.documents import (CHECKSUM_FIELD, COUNT, SHA256, STR, Doc, F, check_document,
+                                load_document, map_of, obj, parse_json, register)
 from ..format.ownership import check_replaceable
 from ..format.recindex import idx_path_for
 from ..storage.fsutil import atomic_write, fsync_dir, sha256_file
 
 __all__ = ["Done", "is_done", "why_not_done", "file_facts", "local_look", "DIGESTS", "read_record", "record_in", "read_records", "records_doc",
            "write_record",
-           "shard_unit", "output_unit", "DONE_FORMAT", "REC_OUTPUTS"]
+           "shard_unit", "output_unit", "DONE_FORMAT", "REC_OUTPUTS", "why_rec_not_done"]
 
 #: The ``format`` marker of a document holding done records only (the upload journal).
 DONE_FORMAT = "gluon_data-done"
@@ -116,6 +116,17 @@ def shard_unit(index: int, count: int) -> str:
 #: The outputs a done record of a local ``.rec`` must name (the files :func:`local_look`
 #: looks at): a record naming fewer proves nothing of the others.
 REC_OUTPUTS = (".rec", ".idx")
+
+
+def why_rec_not_done(meta: Mapping, record: Optional[Done], unit: str, digest: str,
+                     path: str) -> Optional[str]:
+    """:func:`why_not_done` of a local ``.rec`` output at ``path`` whose record is held in
+    metadata ``meta`` (a split's, or a shard's): that metadata must carry its checksum (one
+    edited by hand, the checksum dropped, proves nothing), the record must name the ``.rec``
+    and ``.idx`` (:data:`REC_OUTPUTS`), and both files must be what it records."""
+    if CHECKSUM_FIELD not in meta:
+        return "its metadata carries no checksum (edited by hand), so its record proves nothing"
+    return why_not_done(record, unit, digest, local_look(path), REC_OUTPUTS)
 
 
 def is_done(record: Optional[Done], unit: str, digest: str,

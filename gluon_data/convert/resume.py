@@ -15,15 +15,14 @@ from typing import Dict, List, Optional, cast
 
 from ..errors import ConversionError
 from ..storage.fsutil import LMDB_DATA, fsync_dir
-from ..format.documents import CHECKSUM_FIELD
 from ..format.ownership import is_ours
 from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
 from .sources import Item, Source
 from ..tools.stats import RunningStats
 from .encode import EncodeOptions
 from .outputs import ConversionReport, Outputs
-from .done import (REC_OUTPUTS, Done, is_done, local_look, output_unit, read_record,
-                   record_in, why_not_done, write_record)
+from .done import (Done, is_done, output_unit, read_record, record_in, why_not_done,
+                   why_rec_not_done, write_record)
 
 __all__ = ["Checkpoint", "source_plan_digest", "resume_finished", "import_digest"]
 
@@ -195,10 +194,9 @@ def resume_finished(state: Optional[dict], ckpt: "Checkpoint", report: Conversio
             raise ConversionError("this output was made from other inputs or options, or "
                                   "from the source as it was before it changed; rerun with "
                                   "--overwrite to convert the current files", path)
-        rec = ckpt.outputs.name == "rec"
-        redo = redo or (rec and record is not None and CHECKSUM_FIELD not in meta) or \
-            why_not_done(record, unit, ckpt.digest, local_look(path),
-                         REC_OUTPUTS if rec else ()) is not None
+        redo = redo or (why_rec_not_done(meta, record, unit, ckpt.digest, path)
+                        if ckpt.outputs.name == "rec"
+                        else why_not_done(record, unit, ckpt.digest)) is not None
     if redo:  # ours, of this plan, not provably complete: written again
         for path in dict.fromkeys(outputs.values()):
             ckpt.outputs.discard(path)

@@ -15,7 +15,6 @@ from ..errors import ConversionError, GluonDataError
 from ..format.ownership import check_disjoint
 from ..format.plan import conversion_id, part_digest
 from ..stores.lmdbio import LMDBFile, is_lmdb
-from ..format.documents import CHECKSUM_FIELD
 from ..format.meta import CONTAINER_KEYS, read_meta
 from ..stores.recordio import RecordFile
 from ..stores.shardstore import ShardedStore
@@ -23,7 +22,7 @@ from ..stores.shards import (dataset_files, is_manifest, manifest_path, read_sha
                              shard_files, shard_summary)
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
-from .done import REC_OUTPUTS, local_look, record_in, shard_unit, why_not_done
+from .done import record_in, shard_unit, why_not_done, why_rec_not_done
 from .encode import EncodeOptions, encode_job
 from .outputs import fail_conversion, split_metadata, split_fields, done_record, open_writers
 from .sources import Source
@@ -84,13 +83,11 @@ def _finished(job: ShardJob) -> Optional[dict]:
     info = (meta or {}).get("shard")
     if not info or "done" not in info:
         return None
-    rec = job.container == "rec"
-    if rec and CHECKSUM_FIELD not in cast(dict, meta):
-        return None  # the metadata that holds the record, edited (its checksum dropped)
     record = record_in(info, job.path, what="shard metadata's done record")
+    unit = shard_unit(job.index, job.count)
     if any(not os.path.exists(p) for p in shard_files(job.path, job.container)) or \
-            why_not_done(record, shard_unit(job.index, job.count), job.digest,
-                         local_look(job.path), REC_OUTPUTS if rec else ()) is not None:
+            (why_rec_not_done(cast(dict, meta), record, unit, job.digest, job.path)
+             if job.container == "rec" else why_not_done(record, unit, job.digest)) is not None:
         return None
     return dict(shard_summary(job.path, job.container, job.split), reused=True)
 
