@@ -31,7 +31,7 @@ setup() {  # setup VENV PYTHON EXTRA...: create VENV with PYTHON and install the
     shift 2
     local stamp="$venv/.gluon-data-installed" want
     want="$( (cat pyproject.toml constraints.txt setup.py gluon_data/format/_jpegregion.c \
-        gluon_data/format/_maskrle.c gluon_data/convert/_moments.c; echo "clients: $*") \
+        gluon_data/format/_maskrle.c gluon_data/convert/_moments.c gluon_data/arrays/_blur.c; echo "clients: $*") \
         | "$py" -c 'import hashlib,sys; print(sys.version.split()[0], hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         echo "gluon_data: installing into $venv ($("$py" --version)) ..." >&2

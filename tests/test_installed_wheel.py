@@ -42,7 +42,8 @@ SDIST_FILES = ["pyproject.toml", "README.md", "FORMAT.md", "constraints.txt",
                "docs/preview.png", "docs/reading.md", "docs/cli.md", "scripts/run.sh",
                "scripts/gen_cli_docs.py", "benchmarks/bench.py",
                "tests/conftest.py", "setup.py", "gluon_data/format/_jpegregion.c",
-               "gluon_data/format/_maskrle.c", "gluon_data/convert/_moments.c"]
+               "gluon_data/format/_maskrle.c", "gluon_data/convert/_moments.c",
+               "gluon_data/arrays/_blur.c"]
 
 
 #: Where README.md's install commands are: the code block after this line.
@@ -194,16 +195,17 @@ def test_wheel_has_the_region_decoder_where_it_can_be_built(installed, empty):
     if not _can_build_extension():
         pytest.skip("no C compiler or libjpeg headers: the wheel is rightly pure Python")
     with zipfile.ZipFile(installed["wheel"]) as z:
-        # the region decoder, the mask expander, the pixel statistics
-        for ext in ("format/_jpegregion", "format/_maskrle", "convert/_moments"):
+        # the region decoder, the mask expander, the pixel statistics, the blur
+        for ext in ("format/_jpegregion", "format/_maskrle", "convert/_moments", "arrays/_blur"):
             assert any(n.startswith(PACKAGE + "/%s." % ext) and n.endswith(".so")
                        for n in z.namelist()), "the wheel lacks %s" % ext
     r = _run([installed["python"], "-c", "from gluon_data import decode; "
               "from gluon_data.format import masks; from gluon_data.convert import encode; "
+              "from gluon_data.arrays import blur; "
               "print(decode.region_decoder(), masks._ext is not None, "
-              "encode._moments is not None)"], cwd=empty, timeout=120)
-    assert r.stdout.startswith("region decode") and r.stdout.split()[-2:] == ["True", "True"], \
-        r.stdout
+              "encode._moments is not None, blur.EXACT_ROUTINE)"], cwd=empty, timeout=120)
+    assert (r.stdout.startswith("region decode")
+            and r.stdout.split()[-3:] == ["True", "True", "True"]), r.stdout
 
 
 def test_every_module_of_the_tree_is_installed_and_imports(installed, empty):

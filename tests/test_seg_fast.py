@@ -112,12 +112,16 @@ def test_map_values_is_a_table_lookup(dtype):
     absent[254] = 3                                 # an entry src never holds
     src[src == 254] = 253
     scattered = rng.permutation(256).astype(dtype)  # any table: cv2.LUT
+    labels = src % 128                              # the usual: labels < 128, and 255
+    labels[::5, ::3] = 255
     for table in (identity, ignore, two, absent, scattered):
-        want = table[src]
-        out = np.full((40, 60), 77, dtype)
-        got = T.map_values(src, table, out[2:39, 4:57])  # a strided window of a buffer
-        assert np.array_equal(got, want) and np.shares_memory(got, out)
-        assert (out[:2] == 77).all() and (out[:, :4] == 77).all() and (out[:, 57:] == 77).all()
+        for stored in (src, labels):  # (the ignore mapping's sign-extension cast, and not)
+            want = table[stored]
+            out = np.full((40, 60), 77, dtype)
+            got = T.map_values(stored, table, out[2:39, 4:57])  # a strided window
+            assert np.array_equal(got, want) and np.shares_memory(got, out)
+            assert ((out[:2] == 77).all() and (out[:, :4] == 77).all()
+                    and (out[:, 57:] == 77).all())
 
 
 def test_train_samples_are_the_same_on_both_stacks(seg_rec):

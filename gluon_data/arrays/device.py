@@ -22,6 +22,7 @@ import numpy as np
 from ..format import codec
 from ..format.decode import region_exact
 from ..format.headers import JPEG_SOI, BytesLike
+from .blur import kernel_size
 from .datasets import ClassificationDataset, SegmentationDataset
 from .plan import SamplePlan, image_output, replay
 from .tensorize import to_numpy
@@ -271,7 +272,7 @@ def _pad(torch, x, th: int, tw: int, fill):
 def _blur(torch, x, sigma: float):
     """OpenCV's ``GaussianBlur(sigmaX=sigma)`` on a uint8 image: its kernel (size
     ``round(6 sigma + 1) | 1``), separable, mirrored border (``BORDER_REFLECT_101``)."""
-    k = int(round(sigma * 6 + 1)) | 1
+    k = kernel_size(sigma)
     kern = torch.as_tensor(cv2.getGaussianKernel(k, sigma).reshape(-1).astype(np.float32),
                            device=x.device)
     p = k // 2

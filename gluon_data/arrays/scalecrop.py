@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 
 from ..sampling.seeding import RandomTransform
+from .blur import gaussian_blur
 from .tensorize import as_hwc, to_numpy, to_chw_uint8
 
 __all__ = ["RandomScaleCrop", "nearest_index", "resize_mask", "map_values"]
@@ -83,6 +84,13 @@ def map_values(src: np.ndarray, table: np.ndarray, dst: np.ndarray) -> np.ndarra
     array([[ 0, -1,  7]], dtype=int32)
     """
     changed = np.flatnonzero(table != _BYTES)
+    if changed.tolist() == [255] and table[255] == -1 and dst.dtype.kind == "i":
+        # the default ignore mapping is a sign extension of the bytes, where no other
+        # stored value (128-254) would go negative with it: a byte minimum, one cast
+        signed = src.view(np.int8)
+        if signed.size == 0 or signed.min() >= -1:
+            np.copyto(dst, signed, casting="unsafe")
+            return dst
     if changed.size > _FEW_CHANGED:
         got = cv2.LUT(src, table, dst=dst)
         if not np.shares_memory(got, dst):
@@ -222,7 +230,7 @@ class RandomScaleCrop(RandomTransform):
             if flip:
                 cv2.flip(part, 1, dst=part)
             if blur:  # (not padded: the blur sees the same pixels)
-                part = as_hwc(cv2.GaussianBlur(part, (0, 0), sigmaX=sigma))
+                part = as_hwc(gaussian_blur(part, sigma))
             to_chw_uint8(part, image_out[:, :vh, :vw])
             for k, value in enumerate(self._fill(c)):
                 image_out[k, vh:] = value
@@ -241,7 +249,7 @@ class RandomScaleCrop(RandomTransform):
         else:
             out = np.ascontiguousarray(part)
         if blur:
-            out = as_hwc(cv2.GaussianBlur(out, (0, 0), sigmaX=sigma))
+            out = as_hwc(gaussian_blur(out, sigma))
         return out if image_out is None else to_chw_uint8(out, image_out)
 
     def _apply_mask(self, m, flip, vh, vw, mask_out, mask_map):

@@ -44,6 +44,7 @@ import numpy as np
 from ..format.codec import DEFAULT_MAX_PIXELS
 from ..errors import DecodeError
 from ..sampling.seeding import SeededRandom, RandomTransform, sample_context
+from .blur import gaussian_blur
 from .scalecrop import RandomScaleCrop, map_values, nearest_index, resize_mask
 from .tensorize import ImageCropNormalize, ToTensorNormalize, as_hwc, to_numpy
 
@@ -279,7 +280,7 @@ class RandomGaussianBlur(RandomTransform):
         apply, sigma = self.rng.draw(lambda g: (g.random() < self.p,
                                                 g.random() * self.max_sigma))
         if apply and sigma > 0.05:
-            img = as_hwc(cv2.GaussianBlur(img, (0, 0), sigmaX=sigma))
+            img = as_hwc(gaussian_blur(img, sigma))
         return img, to_numpy(mask)
 
     def __repr__(self):
