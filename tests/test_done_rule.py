@@ -436,3 +436,54 @@ def test_the_internal_conversion_functions_warn_and_still_work(name, home):
     (w,) = [c for c in caught if issubclass(c.category, DeprecationWarning)]
     assert "gluon_data.convert." + home in str(w.message)
     assert value is getattr(importlib.import_module("gluon_data.convert." + home), name)
+
+
+def _names(folder):
+    return sorted(os.listdir(folder))
+
+
+def test_resharding_into_fewer_shards_removes_the_old_shards(src, tmp_path):
+    """A dataset written again as 2 shards where it was 4 (``--overwrite``): the old
+    manifest's shards that the new run does not write are removed with it, so the folder
+    holds one dataset (a glob over it finds no old records); a file the manifest never
+    named is left alone."""
+    out = str(tmp_path / "o" / "c.rec")
+    convert(src, out, "imagefolder", shards=4)
+    keep = tmp_path / "o" / "c-00007-of-00008.rec"  # not named by any manifest: not ours
+    keep.write_bytes(b"a user's file")
+    with pytest.raises(FileExistsError, match="not written by this plan"):
+        convert(src, out, "imagefolder", shards=2)  # other shards: needs --overwrite
+    assert len([n for n in _names(tmp_path / "o") if n.endswith("-of-00004.rec")]) == 4
+    convert(src, out, "imagefolder", shards=2, overwrite=True)
+    folder = _names(tmp_path / "o")
+    assert [n for n in folder if "-of-00004" in n] == []
+    assert sorted(n for n in folder if n.endswith(".rec")) == [
+        "c-00000-of-00002.rec", "c-00001-of-00002.rec", "c-00007-of-00008.rec"]
+    assert keep.read_bytes() == b"a user's file"
+    assert len(open_store(str(tmp_path / "o" / "c.shards.json"))) == 9
+
+
+def test_an_old_shard_that_is_not_ours_stops_the_rerun_before_anything_is_removed(
+        src, tmp_path):
+    """A file at a name the old manifest gives a shard, that is not ours (replaced by hand):
+    the re-sharding run is refused before any file is removed or written."""
+    out = str(tmp_path / "o" / "c.rec")
+    convert(src, out, "imagefolder", shards=3)
+    before = _names(tmp_path / "o")
+    foreign = tmp_path / "o" / "c-00002-of-00003.rec"
+    foreign.write_bytes(b"not a RecordIO file")
+    with pytest.raises(OutputError, match="c-00002-of-00003.rec") as e:
+        convert(src, out, "imagefolder", shards=2, overwrite=True)
+    assert "is not a RecordIO data file (.rec) written by gluon-data" in str(e.value)
+    assert _names(tmp_path / "o") == before  # the manifest and every old file kept
+    assert foreign.read_bytes() == b"not a RecordIO file"
+
+
+def test_resharding_lmdb_shards_into_fewer_removes_the_old_environments(src, tmp_path):
+    out = str(tmp_path / "o" / "c.lmdb")
+    convert(src, out, "imagefolder", shards=3)
+    assert len([n for n in _names(tmp_path / "o") if n.endswith(".lmdb")]) == 3
+    convert(src, out, "imagefolder", shards=2, overwrite=True)
+    assert [n for n in _names(tmp_path / "o") if n.endswith(".lmdb")] == [
+        "c-00000-of-00002.lmdb", "c-00001-of-00002.lmdb"]
+    assert len(open_store(str(tmp_path / "o" / "c.shards.json"))) == 9
