@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Optional
 
 from gluon_data.convert import convert, convert_sharded
 
@@ -127,7 +128,7 @@ def run_convert_bench(workdir: str, n: int = 2400, workers: int = 2, out=sys.std
             rates["dask convert_sharded, %d worker processes" % w], \
                 seconds["dask LocalCluster start-up, %d workers (s)" % w] = _dask_rate(
                     dvoc, os.path.join(workdir, "dask-out", "d.rec"), dask_n, w, shards)
-    return _report(say, rates, seconds, workers)
+    return _report(say, rates, seconds, workers, n)
 
 
 #: The row of the parent's CPU per item (milliseconds) with N workers.
@@ -145,7 +146,35 @@ def _scaled(rates: dict, n: int):
     return rates[need[0]] * rates[need[2]] / rates[need[1]]
 
 
-def _report(say, rates: dict, seconds: dict, workers: int) -> dict:
+def _marginal_scaling(rates: dict, seconds: dict, n: int, items: int) -> Optional[float]:
+    """The 1 -> ``n`` worker scaling of the pass-through conversion of ``items`` pairs with
+    each run's fixed cost (its 10-pair run's seconds) subtracted from its time, over the
+    floor's own scaling. ``None`` when a row is missing, for fewer than 200 pairs (the
+    10-pair run is then too large a part of the run to subtract), or when a fixed cost is
+    not below its run's time.
+
+    >>> rates = {"convert pass-through, 1 workers": 400.0,
+    ...          "convert pass-through, 2 workers": 600.0,
+    ...          "decode floor, 1 processes": 1000.0, "decode floor, 2 processes": 2000.0}
+    >>> seconds = {"convert 10 pairs, 1 workers (s)": 0.0,
+    ...            "convert 10 pairs, 2 workers (s)": 0.5}
+    >>> _marginal_scaling(rates, seconds, 2, 1200)   # 3 s / (2 s - 0.5 s), over 2
+    1.0
+    """
+    keys = ("convert pass-through, 1 workers", "convert pass-through, %d workers" % n,
+            "decode floor, 1 processes", "decode floor, %d processes" % n)
+    fixed = ("convert 10 pairs, 1 workers (s)", "convert 10 pairs, %d workers (s)" % n)
+    if (n < 2 or items < 200 or any(k not in rates for k in keys)
+            or any(k not in seconds for k in fixed)):
+        return None
+    t1, tn = (items / rates[keys[0]] - seconds[fixed[0]],
+              items / rates[keys[1]] - seconds[fixed[1]])
+    if t1 <= 0 or tn <= 0:
+        return None
+    return (t1 / tn) / (rates[keys[3]] / rates[keys[2]])
+
+
+def _report(say, rates: dict, seconds: dict, workers: int, items: int) -> dict:
     say("")
     say("%-56s %12s" % ("measurement (items/s; seconds where marked)", "value"))
     for k, v in list(rates.items()) + list(seconds.items()):
@@ -174,6 +203,12 @@ def _report(say, rates: dict, seconds: dict, workers: int) -> dict:
          1.7),
     ]
     table = bench_common._ratio_table(ratios, rates, say)
+    marginal = _marginal_scaling(rates, seconds, n, items)
+    if marginal is not None:
+        # what a long conversion approaches: each run's fixed cost (the 10-pair run: the pool
+        # started, the output published) taken out of its time; no target, beside the above
+        bench_common._ratio_row(table, say, "convert %d/1 scaling without the fixed cost / "
+                                "floor's" % n, marginal, None)
     ms = seconds.get(MAIN_CPU % n)
     if ms and "convert pass-through, 1 workers" in rates:
         # the issue's row: the parent is not the bottleneck below 64 workers

@@ -470,3 +470,20 @@ def test_only_gpu_says_why_it_is_skipped_here(tmp_path, capsys):
     assert bench.main(["--only", "gpu", "--workdir", str(tmp_path / "g")]) == 0
     assert capsys.readouterr().out.strip() == "gpu: " + reason
     assert not os.path.exists(str(tmp_path / "g"))
+
+
+def test_conversion_scaling_without_the_fixed_cost():
+    """bench_convert's row of what a long conversion approaches: each run's fixed cost (its
+    10-pair run) out of its time, over the floor's scaling; no row where it cannot be told."""
+    from gluon_data.cli import load_bench
+    marginal = load_bench()._sibling("bench_convert")._marginal_scaling
+    rates = {"convert pass-through, 1 workers": 400.0, "convert pass-through, 2 workers": 600.0,
+             "decode floor, 1 processes": 1000.0, "decode floor, 2 processes": 1500.0}
+    seconds = {"convert 10 pairs, 1 workers (s)": 0.1, "convert 10 pairs, 2 workers (s)": 0.4}
+    # 1,200 pairs: (3.0 - 0.1) / (2.0 - 0.4) = 1.8125 against the floor's 1.5
+    assert marginal(rates, seconds, 2, 1200) == pytest.approx(1.8125 / 1.5)
+    assert marginal(rates, seconds, 2, 100) is None        # the 10-pair run: too large a part
+    assert marginal(rates, seconds, 1, 1200) is None
+    assert marginal(rates, {"convert 10 pairs, 1 workers (s)": 0.1}, 2, 1200) is None
+    assert marginal(rates, dict(seconds, **{"convert 10 pairs, 2 workers (s)": 2.5}),
+                    2, 1200) is None                      # a fixed cost over its run's time
