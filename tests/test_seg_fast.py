@@ -87,8 +87,9 @@ def test_resize_mask_mirrors_in_the_same_copy():
     assert mirrored.tolist() == T.resize_mask(m[:, 1:6], 9, 3)[:, ::-1].tolist()
     rng = np.random.default_rng(1)
     big = rng.integers(0, 300, (90, 120))
-    for dtype in (np.uint8, np.int64):  # OpenCV 4 resizes uint8; numpy indexes int64
-        src = big.astype(dtype)[3:, 5:]
+    views = (lambda a: a[3:, 5:], lambda a: a[::-1, 2:], lambda a: a[:, ::-2])  # a box's
+    for dtype, view in [(d, v) for d in (np.uint8, np.int64) for v in views]:  # rows; others
+        src = view(big.astype(dtype))  # (OpenCV 4 resizes uint8; numpy indexes int64)
         for oh, ow in ((40, 50), (150, 170), (40, 170), (150, 20)):
             for flip in (False, True):
                 cols = T.nearest_index(ow, src.shape[1])

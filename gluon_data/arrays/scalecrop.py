@@ -53,8 +53,9 @@ def resize_mask(mask: np.ndarray, ow: int, oh: int, flip: bool = False) -> np.nd
     if (h, w) == (oh, ow) and not flip:
         return np.ascontiguousarray(mask)
     if _CV_NEAREST_IS_OURS and mask.dtype in _CV_MASK_TYPES:
-        out = cv2.resize(np.ascontiguousarray(mask), (ow, oh),
-                         interpolation=cv2.INTER_NEAREST_EXACT)
+        rows_whole = mask.strides[1] == mask.itemsize and mask.strides[0] > 0
+        out = cv2.resize(mask if rows_whole else np.ascontiguousarray(mask), (ow, oh),
+                         interpolation=cv2.INTER_NEAREST_EXACT)  # (a box's rows: no copy)
         return cv2.flip(out, 1, dst=out) if flip else out
     rows, cols = nearest_index(oh, h), nearest_index(ow, w)
     if flip:
