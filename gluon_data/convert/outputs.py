@@ -123,11 +123,6 @@ class Outputs:
         missing or unreadable."""
         raise NotImplementedError
 
-    def check_discard(self, path: str) -> None:
-        """Raise :class:`~gluon_data.errors.OutputError` unless every file of the output at
-        ``path`` that exists is ours (what :meth:`discard` checks first)."""
-        raise NotImplementedError
-
     def discard(self, path: str) -> None:
         """Remove the published output ``path`` (only what is ours: a file that is not is
         refused with :class:`~gluon_data.errors.OutputError`, never removed), to be redone."""
@@ -183,19 +178,13 @@ class _RecordIOOutputs(Outputs):
     def bytes_on_disk(self, path):
         return os.path.getsize(path)
 
-    @staticmethod
-    def _files(path):
-        idx = idx_path_for(path)
-        return ((path, "rec"), (idx, "idx"), (meta_path(path), "meta"),
-                (idx + BINARY_INDEX_SUFFIX, "gdx"))
-
-    def check_discard(self, path):
-        for p, kind in self._files(path):
-            check_replaceable(p, kind, True)
-
     def discard(self, path):
-        self.check_discard(path)
-        for p, _ in self._files(path):
+        idx = idx_path_for(path)
+        files = ((path, "rec"), (idx, "idx"), (meta_path(path), "meta"),
+                 (idx + BINARY_INDEX_SUFFIX, "gdx"))
+        for p, kind in files:
+            check_replaceable(p, kind, True)
+        for p, _ in files:
             if os.path.lexists(p):
                 os.remove(p)
 
@@ -225,13 +214,9 @@ class _LMDBOutputs(Outputs):
             return None
         return {s: metas[s] for s in paths}
 
-    def check_discard(self, path):
-        check_replaceable(path, "lmdb", True)
-
     def discard(self, path):
-        self.check_discard(path)
-        if os.path.lexists(path):
-            shutil.rmtree(path)
+        check_replaceable(path, "lmdb", True)
+        shutil.rmtree(path)
 
     def copy_meta(self, meta, keys):
         if keys != list(range(len(keys))):  # non-dense .idx keys: the LMDB keys are positions

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..storage.credentials import forward_options
 from .engines import SHARED_PATH_RULE, run_tasks
-from ..errors import ConversionError, GluonDataError, WorkerPathError
+from ..errors import ConversionError, WorkerPathError
 from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
 from ..format.meta import read_meta
 from ..format.ownership import check_replaceable
@@ -43,8 +43,7 @@ from ..stores.base import is_uri, open_store
 from .copy import stock_meta
 from .options import SHARDED_READS, ConvertOptions, deprecated_retries, refuse_unread
 from .planning import check_values, plan_source, take_problems
-from .outputs import (ConversionReport, output_format, outputs_for, split_fields,
-                      split_metadata)
+from .outputs import ConversionReport, split_metadata, split_fields, output_format
 from .shard_task import (ShardJob, NOT_COPIED, check_not_source, source_location, write_shard)
 
 __all__ = ["convert_sharded", "sharded_conversion", "write_shard", "ShardJob"]
@@ -154,13 +153,8 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
                    source) if copying else _plan_encoding(source, layout, prefix, container,
                                                           cut, report, o)
     _check_targets(plans, container, source, o.overwrite)
-    stale = _stale_shards(plans)
-    for path, kind in stale:  # all checked ours before any is removed
-        outputs_for(path, kind).check_discard(path)
     for p in plans:  # (checked above: ours to replace) a rerun rewrites shards in place, and
         _drop(manifest_path(p["prefix"]))  # no manifest may name them until it is written anew
-    for path, kind in stale:
-        outputs_for(path, kind).discard(path)
     if sink is not None:
         sink.prepare(plans, container)
     results = _run_shards(plans, sink, o, _shared_paths(source, root, output, sink, o.engine))
@@ -179,31 +173,6 @@ def _drop(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def _stale_shards(plans: List[dict]) -> List[Tuple[str, str]]:
-    """``(path, container)`` of each shard that a manifest this run replaces names and this
-    run does not write (a dataset re-sharded into fewer shards, or of another container):
-    removed with that manifest, so that the output folder holds the new dataset alone, not
-    files of the old one that a glob over it would mix in. A manifest that cannot be read
-    names none (:func:`_check_targets` let it be replaced: it is ours or this plan's)."""
-    stale = []
-    for p in plans:
-        path = manifest_path(p["prefix"])
-        if not os.path.isfile(path):
-            continue
-        try:
-            doc = read_manifest(path)
-        except (GluonDataError, OSError):
-            continue
-        folder = os.path.dirname(os.path.abspath(path))
-        writes = {os.path.abspath(j.path) for j in p["jobs"]}
-        for s in doc["shards"]:
-            shard = os.path.join(folder, s["name"])
-            if (os.path.basename(s["name"]) == s["name"] and shard not in writes
-                    and os.path.lexists(shard)):
-                stale.append((shard, doc["container"]))
-    return stale
 
 
 def _shared_paths(source: str, root: str, output: str, sink, engine: str) -> list:
