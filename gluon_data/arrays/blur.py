@@ -9,7 +9,7 @@ arithmetic in one vector loop per pass: 0.26 / 0.37 / 0.52 ms against OpenCV's 0
 0.75 ms for 3 / 5 / 7 taps on a 480x480 RGB crop (one thread). Whether the installed OpenCV
 gives those pixels is checked once, when this module loads; where it does not, where the
 routine is not built, and for other dtypes, kernels of more than 11 taps or images
-narrower than the kernel's radius, OpenCV blurs. The same pixels either way.
+whose height or width is not above the kernel's radius, OpenCV blurs. The same pixels either way.
 """
 from __future__ import annotations
 
@@ -71,8 +71,17 @@ def _agrees_with_opencv() -> bool:
     return True
 
 
+def _routine_usable() -> bool:
+    """The C routine is built and gives this OpenCV's pixels (a build that fails the check,
+    or raises in it, is not used: OpenCV blurs)."""
+    try:
+        return _blur is not None and _agrees_with_opencv()
+    except Exception:  # e.g. a stale build of another signature
+        return False
+
+
 #: The C routine is built and gives this OpenCV's pixels.
-EXACT_ROUTINE = _blur is not None and _agrees_with_opencv()
+EXACT_ROUTINE = _routine_usable()
 
 
 def gaussian_blur(img: np.ndarray, sigma: float) -> np.ndarray:
