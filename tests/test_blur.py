@@ -71,16 +71,23 @@ def test_the_fixed_point_kernel_is_what_opencv_blurs_with():
 
 
 def test_opencv_blurs_what_the_routine_does_not_take():
-    """Other dtypes, a radius over 5, an image no wider than the radius, sigma 0: OpenCV's
-    own result (the same call)."""
+    """Other dtypes, a radius over 5, an image no wider than the radius, 0 or more than 4
+    channels: OpenCV's own result (the same call); a sigma OpenCV refuses (infinite, not a
+    number, huge) raises OpenCV's error."""
     rng = np.random.default_rng(2)
     cases = [(rng.random((20, 20, 3)).astype(np.float32), 0.8),
              (rng.integers(0, 4000, (20, 20), dtype=np.uint16), 0.8),
              (rng.integers(0, 256, (30, 30, 3), dtype=np.uint8), 2.5),
              (rng.integers(0, 256, (3, 30, 3), dtype=np.uint8), 0.9),
-             (rng.integers(0, 256, (30, 2), dtype=np.uint8), 0.6)]
+             (rng.integers(0, 256, (30, 2), dtype=np.uint8), 0.6),
+             (rng.integers(0, 256, (20, 20, 5), dtype=np.uint8), 0.6),
+             (rng.integers(0, 256, (20, 20, 600), dtype=np.uint8), 0.6)]
     for img, sigma in cases:
-        assert np.array_equal(blur.gaussian_blur(img, sigma), _opencv(img, sigma))
+        got, want = blur.gaussian_blur(img, sigma), _opencv(img, sigma)
+        assert got.shape == want.shape and np.array_equal(got, want), (img.shape, sigma)
+    for sigma in (float("inf"), float("nan"), 1e9):
+        with pytest.raises(cv2.error):
+            blur.gaussian_blur(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8), sigma)
 
 
 def test_the_routine_refuses_what_it_cannot_do():

@@ -8,8 +8,9 @@ tap * sample in integers, and each output is rounded half up. The optional C rou
 arithmetic in one vector loop per pass: 0.26 / 0.37 / 0.52 ms against OpenCV's 0.33 / 0.45 /
 0.75 ms for 3 / 5 / 7 taps on a 480x480 RGB crop (one thread). Whether the installed OpenCV
 gives those pixels is checked once, when this module loads; where it does not, where the
-routine is not built, and for other dtypes, kernels of more than 11 taps or images
-whose height or width is not above the kernel's radius, OpenCV blurs. The same pixels either way.
+routine is not built, and for other dtypes, kernels of more than 11 taps, images of other
+than 1 to 4 channels or whose height or width is not above the kernel's radius, OpenCV blurs
+(and so raises where OpenCV raises, e.g. for an infinite sigma). The same pixels either way.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ __all__ = ["gaussian_blur", "kernel_size", "fixed_point_kernel"]
 
 #: The C routine's largest radius (11 taps: sigma up to about 1.75).
 MAX_RADIUS = 5
+_MAX_SIGMA = 2.0  # above every sigma of MAX_RADIUS taps (a bound before kernel_size's int)
 
 
 def kernel_size(sigma: float) -> int:
@@ -93,12 +95,13 @@ def gaussian_blur(img: np.ndarray, sigma: float) -> np.ndarray:
     >>> bool((gaussian_blur(img, 0.5) == cv2.GaussianBlur(img, (0, 0), sigmaX=0.5)).all())
     True
     """
-    if EXACT_ROUTINE and img.dtype == np.uint8 and img.ndim in (2, 3) and sigma > 0:
+    c = 1 if img.ndim == 2 else img.shape[-1]
+    if (EXACT_ROUTINE and img.dtype == np.uint8 and img.ndim in (2, 3) and 1 <= c <= 4
+            and 0 < sigma < _MAX_SIGMA):
         r, (h, w) = kernel_size(sigma) // 2, img.shape[:2]
         if r <= MAX_RADIUS and r < h and r < w:
             src = np.ascontiguousarray(img)
             out = np.empty(src.shape, np.uint8)
-            c = 1 if img.ndim == 2 else img.shape[2]
             _blur.gaussian(src, out, h, w, c, fixed_point_kernel(sigma))
             return out.reshape(h, w) if c == 1 else out
     return cv2.GaussianBlur(img, (0, 0), sigmaX=sigma)
