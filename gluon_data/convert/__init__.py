@@ -10,6 +10,7 @@ The package reads as the data flow, each module one concern, imports pointing on
 ``to_uri``                into object storage: staged, then uploaded (``upload``)
 ``upload``                uploads and shard uploads by the one commit protocol
 ``sharded``               sharded conversions: one task per shard, a manifest per split
+``superseded``            the old shards a re-sharded dataset no longer names, removed last
 ``shard_task``            one shard task (written, or kept by the one rule of "done")
 ``local``                 the local, unsharded conversion of a source layout
 ``copy``                  copies of a dataset (rec <-> lmdb) and legacy LMDB imports

@@ -53,6 +53,10 @@ class ConversionReport:
     #: records of shards a rerun found complete and kept (not in ``written``), per split
     kept: Dict[str, int] = field(default_factory=dict)
     kept_shards: int = 0
+    #: shards of the dataset this one replaced (other shard count or container) removed once
+    #: it was written; and those left, changed since the check and no longer ours
+    removed: List[str] = field(default_factory=list)
+    left: List[Dict[str, str]] = field(default_factory=list)
 
     @property
     def total_written(self) -> int:
@@ -78,6 +82,11 @@ class ConversionReport:
                         rate))
         for s in self.skipped:
             lines.append("  skipped %s: %s" % (s["file"], s["reason"]))
+        if self.removed:
+            lines.append("removed %d shard%s of the dataset this one replaces" % (
+                len(self.removed), "" if len(self.removed) == 1 else "s"))
+        for s in self.left:
+            lines.append("  left %s: %s" % (s["file"], s["reason"]))
         return "\n".join(lines)
 
 
@@ -121,6 +130,11 @@ class Outputs:
     def published_meta(self, output: str, paths: Dict[str, str]) -> Optional[Dict[str, dict]]:
         """Metadata of every split already published under ``paths``, or None where one is
         missing or unreadable."""
+        raise NotImplementedError
+
+    def check_discard(self, path: str) -> None:
+        """Raise :class:`~gluon_data.errors.OutputError` unless every file of the output at
+        ``path`` that exists is ours (what :meth:`discard` checks first)."""
         raise NotImplementedError
 
     def discard(self, path: str) -> None:
@@ -178,13 +192,19 @@ class _RecordIOOutputs(Outputs):
     def bytes_on_disk(self, path):
         return os.path.getsize(path)
 
-    def discard(self, path):
+    @staticmethod
+    def _files(path):
         idx = idx_path_for(path)
-        files = ((path, "rec"), (idx, "idx"), (meta_path(path), "meta"),
-                 (idx + BINARY_INDEX_SUFFIX, "gdx"))
-        for p, kind in files:
+        return ((path, "rec"), (idx, "idx"), (meta_path(path), "meta"),
+                (idx + BINARY_INDEX_SUFFIX, "gdx"))
+
+    def check_discard(self, path):
+        for p, kind in self._files(path):
             check_replaceable(p, kind, True)
-        for p, _ in files:
+
+    def discard(self, path):
+        self.check_discard(path)
+        for p, _ in self._files(path):
             if os.path.lexists(p):
                 os.remove(p)
 
@@ -214,9 +234,13 @@ class _LMDBOutputs(Outputs):
             return None
         return {s: metas[s] for s in paths}
 
-    def discard(self, path):
+    def check_discard(self, path):
         check_replaceable(path, "lmdb", True)
-        shutil.rmtree(path)
+
+    def discard(self, path):
+        self.check_discard(path)
+        if os.path.lexists(path):
+            shutil.rmtree(path)
 
     def copy_meta(self, meta, keys):
         if keys != list(range(len(keys))):  # non-dense .idx keys: the LMDB keys are positions

@@ -45,6 +45,7 @@ from .options import SHARDED_READS, ConvertOptions, deprecated_retries, refuse_u
 from .planning import check_values, plan_source, take_problems
 from .outputs import ConversionReport, split_metadata, split_fields, output_format
 from .shard_task import (ShardJob, NOT_COPIED, check_not_source, source_location, write_shard)
+from .superseded import remove_superseded, superseded_shards
 
 __all__ = ["convert_sharded", "sharded_conversion", "write_shard", "ShardJob"]
 
@@ -153,6 +154,7 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
                    source) if copying else _plan_encoding(source, layout, prefix, container,
                                                           cut, report, o)
     _check_targets(plans, container, source, o.overwrite)
+    superseded = superseded_shards(plans, source) if sink is None else []
     for p in plans:  # (checked above: ours to replace) a rerun rewrites shards in place, and
         _drop(manifest_path(p["prefix"]))  # no manifest may name them until it is written anew
     if sink is not None:
@@ -161,6 +163,7 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
     for p in plans:
         _write_split_manifest(p, [results[j.path] for j in p["jobs"]], container, report,
                               copying)
+    remove_superseded(superseded, report)
     report.seconds = time.perf_counter() - t0
     return report
 
