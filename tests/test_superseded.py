@@ -10,7 +10,7 @@ import pytest
 from gluon_data.convert import convert
 from gluon_data.convert.outputs import ConversionReport
 from gluon_data.convert.sample import make_imagefolder
-from gluon_data.convert.superseded import remove_superseded
+from gluon_data.convert.superseded import remove_superseded, superseded_shards
 from gluon_data.errors import GluonDataError, OutputError
 from gluon_data.stores.base import open_store
 
@@ -112,16 +112,70 @@ def test_an_old_shard_that_is_not_ours_stops_the_run_before_anything_changes(src
     assert _bytes(folder, "") == before  # the manifest and every old file kept
 
 
+def _old(folder, prefix):
+    """The old dataset's shards as :func:`superseded_shards` lists them."""
+    plan = {"prefix": str(folder / prefix), "jobs": []}
+    return superseded_shards([plan], str(folder / "elsewhere.rec"))
+
+
 def test_a_shard_no_longer_ours_at_removal_is_left_and_reported(src, tmp_path):
     folder = tmp_path / "o"
     convert(src, str(folder / "a.rec"), "imagefolder", shards=2)
+    old = _old(folder, "a")
+    assert [os.path.basename(s[0]) for s in old] == ["a-00000-of-00002.rec",
+                                                     "a-00001-of-00002.rec"]
     foreign = folder / "a-00001-of-00002.idx"
     foreign.write_text("a user's notes\n")
     report = ConversionReport()
-    remove_superseded([(str(folder / "a-00000-of-00002.rec"), "rec"),
-                       (str(folder / "a-00001-of-00002.rec"), "rec")], report)
+    remove_superseded(old, report)
     assert [os.path.basename(p) for p in report.removed] == ["a-00000-of-00002.rec"]
     assert report.left[0]["file"].endswith("a-00001-of-00002.rec")
     assert foreign.read_text() == "a user's notes\n"
     assert (folder / "a-00001-of-00002.rec").exists()
     assert "left " in str(report)
+
+
+def test_a_shard_replaced_by_another_recordio_file_is_left(src, tmp_path):
+    """A RecordIO pair of someone else's at an old shard's name (ours by its first bytes
+    alone): not what the old manifest recorded, so left."""
+    folder = tmp_path / "o"
+    convert(src, str(folder / "a.rec"), "imagefolder", shards=2)
+    old = _old(folder, "a")
+    convert(src, str(folder / "other.rec"), "imagefolder")
+    for ext in (".rec", ".idx", ".meta.json"):
+        shutil.copy(folder / ("other" + ext), folder / ("a-00001-of-00002" + ext))
+    os.remove(folder / "a-00001-of-00002.idx.gdx")
+    report = ConversionReport()
+    remove_superseded(old, report)
+    assert [os.path.basename(p) for p in report.removed] == ["a-00000-of-00002.rec"]
+    assert "changed since the manifest it replaced recorded them" in report.left[0]["reason"]
+    assert _bytes(folder, "a-00001-of-00002.rec") == {
+        "a-00001-of-00002.rec": open(folder / "other.rec", "rb").read()}
+
+
+def test_a_removal_the_system_refuses_is_left_and_the_run_succeeds(src, tmp_path,
+                                                                   monkeypatch):
+    folder, out = tmp_path / "o", str(tmp_path / "o" / "c.rec")
+    convert(src, out, "imagefolder", shards=4)
+    remove = os.remove
+
+    def refused(path, *a, **k):  # the system refuses one file (as a read-only mount would)
+        if os.path.basename(path) == "c-00001-of-00004.rec":
+            raise PermissionError(13, "Permission denied", path)
+        return remove(path, *a, **k)
+
+    monkeypatch.setattr(os, "remove", refused)
+    report = convert(src, out, "imagefolder", shards=2, overwrite=True)
+    assert len(report.removed) == 3 and "Permission denied" in report.left[0]["reason"]
+    assert len(open_store(str(folder / "c.shards.json"))) == 9
+
+
+def test_a_source_given_as_a_uri_removes_no_old_shard(src, tmp_path):
+    """``file://`` names an old shard: which local files a URI reads cannot be told, so
+    none is removed."""
+    folder, out = tmp_path / "o", str(tmp_path / "o" / "c.rec")
+    convert(src, out, "imagefolder", shards=3)
+    before = _bytes(folder, "-of-00003")
+    report = convert("file://" + str(folder / "c-00001-of-00003.rec"), out, shards=2,
+                     overwrite=True)
+    assert report.removed == [] and _bytes(folder, "-of-00003") == before

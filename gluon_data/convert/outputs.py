@@ -54,7 +54,8 @@ class ConversionReport:
     kept: Dict[str, int] = field(default_factory=dict)
     kept_shards: int = 0
     #: shards of the dataset this one replaced (other shard count or container) removed once
-    #: it was written; and those left, changed since the check and no longer ours
+    #: it was written; and those left: changed since the replaced manifest named them, no
+    #: longer ours, or not removable (with the reason)
     removed: List[str] = field(default_factory=list)
     left: List[Dict[str, str]] = field(default_factory=list)
 

@@ -9,8 +9,9 @@ manifest is written; a run that fails or is interrupted removes nothing.
 
 Only shards the old manifest names, in its own folder, named as shards of its own prefix
 (``PREFIX-NNNNN-of-NNNNN.rec``), that this run does not write and that are no file of the
-run's source, and only gluon-data's own files
-(:meth:`~gluon_data.convert.outputs.Outputs.check_discard`).
+run's source (a source given as a URI: none is removed), only gluon-data's own files
+(:meth:`~gluon_data.convert.outputs.Outputs.check_discard`), and only while each is still
+what the old manifest recorded (records, bytes, SHA-256 of its ``.idx`` and metadata).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from typing import List, Tuple
 
 from ..errors import GluonDataError, OutputError
 from ..format.ownership import check_disjoint
-from ..stores.shards import dataset_files, manifest_path, read_manifest
+from ..stores.base import is_uri
+from ..stores.shards import dataset_files, manifest_path, read_manifest, shard_summary
 from .outputs import ConversionReport, outputs_for
 
 __all__ = ["superseded_shards", "remove_superseded"]
@@ -31,8 +33,13 @@ def _shard_pattern(prefix: str) -> "re.Pattern[str]":
     return re.compile(re.escape(os.path.basename(prefix)) + r"-\d{5,}-of-\d{5,}\.(rec|lmdb)\Z")
 
 
-def superseded_shards(plans: List[dict], source: str) -> List[Tuple[str, str]]:
-    """``(path, container)`` of each shard that a manifest this run replaces names and that
+#: An old shard: ``(path, container, split, its entry in the old manifest)``.
+Superseded = Tuple[str, str, str, dict]
+_RECORDED = ("records", "bytes", "idx_sha256", "meta_sha256")
+
+
+def superseded_shards(plans: List[dict], source: str) -> List[Superseded]:
+    """An entry for each shard that a manifest this run replaces names and that
     no longer belongs to the dataset once the run is done (see the module docstring), checked
     ours now: call it after the targets are checked and before the old manifests are removed.
 
@@ -42,10 +49,11 @@ def superseded_shards(plans: List[dict], source: str) -> List[Tuple[str, str]]:
         Naming an old shard's file that is not gluon-data's, before anything is written or
         removed (``--overwrite`` replaces only gluon-data's own).
     """
-    writes = [j.path for p in plans for j in p["jobs"]]
-    written = {os.path.abspath(w) for w in writes}
+    if is_uri(source):  # (which local files it reads cannot be told: none is removed)
+        return []
+    written = {os.path.abspath(j.path) for p in plans for j in p["jobs"]}
     reads = dataset_files(source)
-    found: List[Tuple[str, str]] = []
+    found: List[Superseded] = []
     for p in plans:
         path = manifest_path(p["prefix"])
         if not os.path.isfile(path):
@@ -58,25 +66,32 @@ def superseded_shards(plans: List[dict], source: str) -> List[Tuple[str, str]]:
         for s in doc["shards"]:
             shard = os.path.join(folder, s["name"])
             if (not ours.match(s["name"]) or shard in written or not os.path.lexists(shard)
-                    or (shard, doc["container"]) in found):
+                    or any(f[0] == shard for f in found)):
                 continue
             try:  # a file of the source (a re-shard of one old shard) is kept
                 check_disjoint(dataset_files(shard, container=doc["container"]), reads)
             except OutputError:
                 continue
             outputs_for(shard, doc["container"]).check_discard(shard)
-            found.append((shard, doc["container"]))
+            found.append((shard, doc["container"], doc["split"], s))
     return found
 
 
-def remove_superseded(shards: List[Tuple[str, str]], report: ConversionReport) -> None:
+def remove_superseded(shards: List[Superseded], report: ConversionReport) -> None:
     """Remove ``shards`` (from :func:`superseded_shards`) once the new manifests are written:
-    each is in ``report.removed``; one whose files changed since and are no longer ours is
-    left, in ``report.left`` with the reason."""
-    for path, container in shards:
+    each is in ``report.removed``. One that is no longer what the old manifest recorded, or
+    no longer ours, or that cannot be removed, is left, in ``report.left`` with the reason
+    (the conversion has succeeded: nothing here raises)."""
+    for path, container, split, entry in shards:
         try:
+            have = shard_summary(path, container, split)
+            changed = [k for k in _RECORDED if have[k] != entry.get(k)]
+            if changed:
+                report.left.append({"file": path, "reason": "its %s changed since the manifest "
+                                    "it replaced recorded them" % ", ".join(changed)})
+                continue
             outputs_for(path, container).discard(path)
-        except OutputError as e:
+        except (GluonDataError, OSError) as e:
             report.left.append({"file": path, "reason": str(e)})
         else:
             report.removed.append(path)
