@@ -179,3 +179,15 @@ def test_a_source_given_as_a_uri_removes_no_old_shard(src, tmp_path):
     report = convert("file://" + str(folder / "c-00001-of-00003.rec"), out, shards=2,
                      overwrite=True)
     assert report.removed == [] and _bytes(folder, "-of-00003") == before
+
+
+def test_the_old_manifest_as_a_file_uri_source_is_refused_and_kept(src, tmp_path):
+    """``file://`` naming the manifest the output replaces: refused as the output's own
+    source before anything is written or removed (it was dropped, then failed to read)."""
+    folder, out = tmp_path / "o", str(tmp_path / "o" / "c.rec")
+    convert(src, out, "imagefolder", shards=3)
+    before = _bytes(folder, "")
+    with pytest.raises(OutputError, match="c.shards.json"):
+        convert("file://" + str(folder / "c.shards.json"), out, shards=2, overwrite=True)
+    assert _bytes(folder, "") == before
+    assert len(open_store(str(folder / "c.shards.json"))) == 9

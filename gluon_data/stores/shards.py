@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 
 from ..format.documents import load_document
@@ -119,11 +121,23 @@ def shard_files(path: str, container: str) -> List[str]:
     return [path, idx_path_for(path), meta_path(path)]
 
 
+_FILE_URI = "file://"
+
+
+def _file_uri_paths(uri: str) -> List[str]:
+    """The local paths a ``file://`` URI may name: as fsspec reads it (the rest of the URI,
+    as written) and as a URL (``file:///a%20b`` is ``/a b``)."""
+    raw, decoded = uri[len(_FILE_URI):], url2pathname(urlparse(uri).path)
+    return [raw] if raw == decoded else [raw, decoded]
+
+
 def dataset_files(*locations: str, container: Optional[str] = None) -> List[str]:
     """The local files the datasets at ``locations`` consist of: what reading them reads, or
     writing them writes or replaces. A ``.rec``: it, its ``.idx``, ``.idx.gdx`` and
     ``.meta.json``; an LMDB: the directory, its ``data.mdb`` and ``lock.mdb``; a manifest: it
-    and every shard's files (only itself when it cannot be read); a URI: none. ``container``
+    and every shard's files (only itself when it cannot be read); a URI: none, but for a
+    ``file://`` URI, its path's (read either way: the path as written, and URL-decoded; a
+    file counted twice is only protected twice). ``container``
     (``'rec'``, ``'lmdb'``) says what an output will be (by default: what is there now, see
     :func:`~gluon_data.format.ownership.classify_location`).
 
@@ -132,6 +146,9 @@ def dataset_files(*locations: str, container: Optional[str] = None) -> List[str]
     """
     out: List[str] = []
     for loc in map(os.fspath, locations):
+        if loc.startswith(_FILE_URI):
+            out += dataset_files(*_file_uri_paths(loc), container=container)
+            continue
         kind = "manifest" if is_manifest(loc) else container or classify_location(loc)
         if kind in ("uri", "missing") or is_uri(loc):
             continue
