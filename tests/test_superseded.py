@@ -68,11 +68,18 @@ def test_a_failed_reshard_removes_no_old_shard(src, tmp_path):
     before = _bytes(folder, "-of-00003")
     bad = os.path.join(src, sorted(os.listdir(src))[-1])
     bad = os.path.join(bad, sorted(os.listdir(bad))[-1])
+    good = open(bad, "rb").read()
     with open(bad, "r+b") as f:  # the last item's JPEG cut short: its shard fails
         f.truncate(200)
     with pytest.raises(GluonDataError):
         convert(src, out, "imagefolder", shards=2, overwrite=True)
     assert _bytes(folder, "-of-00003") == before  # every old shard file, byte for byte
+    # the old manifest names no shard the run rewrote: kept, the old dataset whole
+    assert len(open_store(str(folder / "c.shards.json"))) == 9
+    with open(bad, "wb") as f:
+        f.write(good)
+    report = convert(src, out, "imagefolder", shards=2, overwrite=True)  # the rerun
+    assert len(report.removed) == 3 and _names(folder, "-of-00003") == []
 
 
 def test_a_reshard_of_an_old_shard_keeps_that_shard(src, tmp_path):

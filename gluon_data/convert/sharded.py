@@ -45,7 +45,7 @@ from .options import SHARDED_READS, ConvertOptions, deprecated_retries, refuse_u
 from .planning import check_values, plan_source, take_problems
 from .outputs import ConversionReport, split_metadata, split_fields, output_format
 from .shard_task import (ShardJob, NOT_COPIED, check_not_source, source_location, write_shard)
-from .superseded import remove_superseded, superseded_shards
+from .superseded import remove_superseded, still_whole, superseded_shards
 
 __all__ = ["convert_sharded", "sharded_conversion", "write_shard", "ShardJob"]
 
@@ -155,8 +155,10 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
                                                           cut, report, o)
     _check_targets(plans, container, source, o.overwrite)
     superseded = superseded_shards(plans, source) if sink is None else []
+    whole = still_whole(plans)  # (naming no shard written: kept until replaced)
     for p in plans:  # (checked above: ours to replace) a rerun rewrites shards in place, and
-        _drop(manifest_path(p["prefix"]))  # no manifest may name them until it is written anew
+        if manifest_path(p["prefix"]) not in whole:  # no manifest may name them until it
+            _drop(manifest_path(p["prefix"]))  # is written anew
     if sink is not None:
         sink.prepare(plans, container)
     results = _run_shards(plans, sink, o, _shared_paths(source, root, output, sink, o.engine))

@@ -3,9 +3,10 @@
 Written again with another shard count (``--shards 2`` where it was 4) or container (LMDB
 where it was ``.rec``), a dataset's shards get other names (``train-00000-of-00002.rec``), so
 the old manifest's shards would stay beside the new ones, where a glob over the folder mixes
-the two datasets. :func:`superseded_shards` lists them before the run (while the old
-manifest can still be read) and :func:`remove_superseded` removes them once every new
-manifest is written; a run that fails or is interrupted removes nothing.
+the two datasets. :func:`superseded_shards` lists them before the run and
+:func:`remove_superseded` removes them once every new manifest is written; a run that fails
+or is interrupted removes nothing, and keeps the old manifest (:func:`still_whole`), so its
+rerun finds them again.
 
 Only shards the old manifest names, in its own folder, named as shards of its own prefix
 (``PREFIX-NNNNN-of-NNNNN.rec``), that this run does not write and that are no file of the
@@ -25,7 +26,7 @@ from ..stores.base import is_uri
 from ..stores.shards import dataset_files, manifest_path, read_manifest, shard_summary
 from .outputs import ConversionReport, outputs_for
 
-__all__ = ["superseded_shards", "remove_superseded"]
+__all__ = ["superseded_shards", "remove_superseded", "still_whole"]
 
 
 def _shard_pattern(prefix: str) -> "re.Pattern[str]":
@@ -75,6 +76,26 @@ def superseded_shards(plans: List[dict], source: str) -> List[Superseded]:
             outputs_for(shard, doc["container"]).check_discard(shard)
             found.append((shard, doc["container"], doc["split"], s))
     return found
+
+
+def still_whole(plans: List[dict]) -> List[str]:
+    """The manifests this run replaces that name none of the shards it writes (a re-shard
+    into other names): they stay valid while it runs, so they are kept until the new ones
+    replace them. A run that fails then leaves the old dataset whole and readable, and the
+    rerun still finds its shards to remove. (Any other is removed before any shard is
+    written: it names shards the run rewrites.)"""
+    written = {os.path.abspath(j.path) for p in plans for j in p["jobs"]}
+    kept = []
+    for p in plans:
+        path = manifest_path(p["prefix"])
+        try:
+            doc = read_manifest(path)
+        except (GluonDataError, OSError):  # missing or unreadable: nothing to keep
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if not any(os.path.join(folder, s["name"]) in written for s in doc["shards"]):
+            kept.append(path)
+    return kept
 
 
 def remove_superseded(shards: List[Superseded], report: ConversionReport) -> None:
