@@ -45,7 +45,7 @@ from .options import SHARDED_READS, ConvertOptions, deprecated_retries, refuse_u
 from .planning import check_values, plan_source, take_problems
 from .outputs import ConversionReport, split_metadata, split_fields, output_format
 from .shard_task import (ShardJob, NOT_COPIED, check_not_source, source_location, write_shard)
-from .superseded import remove_superseded, still_whole, superseded_shards
+from .superseded import remove_superseded, replaced_datasets
 
 __all__ = ["convert_sharded", "sharded_conversion", "write_shard", "ShardJob"]
 
@@ -154,18 +154,17 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
                    source) if copying else _plan_encoding(source, layout, prefix, container,
                                                           cut, report, o)
     _check_targets(plans, container, source, o.overwrite)
-    superseded = superseded_shards(plans, source) if sink is None else []
-    whole = still_whole(plans)  # (naming no shard written: kept until replaced)
+    replaced = replaced_datasets(plans, source, remove_shards=sink is None)
     for p in plans:  # (checked above: ours to replace) a rerun rewrites shards in place, and
-        if manifest_path(p["prefix"]) not in whole:  # no manifest may name them until it
-            _drop(manifest_path(p["prefix"]))  # is written anew
+        if manifest_path(p["prefix"]) not in replaced.kept_manifests:  # no manifest may name
+            _drop(manifest_path(p["prefix"]))  # them until it is written anew
     if sink is not None:
         sink.prepare(plans, container)
     results = _run_shards(plans, sink, o, _shared_paths(source, root, output, sink, o.engine))
     for p in plans:
         _write_split_manifest(p, [results[j.path] for j in p["jobs"]], container, report,
                               copying)
-    remove_superseded(superseded, report)
+    remove_superseded(replaced.shards, report)
     report.seconds = time.perf_counter() - t0
     return report
 

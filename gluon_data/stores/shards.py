@@ -136,8 +136,8 @@ def dataset_files(*locations: str, container: Optional[str] = None) -> List[str]
     writing them writes or replaces. A ``.rec``: it, its ``.idx``, ``.idx.gdx`` and
     ``.meta.json``; an LMDB: the directory, its ``data.mdb`` and ``lock.mdb``; a manifest: it
     and every shard's files (only itself when it cannot be read); a URI: none, but for a
-    ``file://`` URI, its path's (read either way: the path as written, and URL-decoded; a
-    file counted twice is only protected twice). ``container``
+    ``file://`` URI its path's files (under both readings of the path: as written, as fsspec
+    reads it, and URL-decoded). ``container``
     (``'rec'``, ``'lmdb'``) says what an output will be (by default: what is there now, see
     :func:`~gluon_data.format.ownership.classify_location`).
 
