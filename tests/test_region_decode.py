@@ -111,6 +111,24 @@ def test_corrupt_data_inside_or_outside_the_box_is_an_error(kind, at):
 
 
 @needs_ext
+@pytest.mark.parametrize("kind", ["baseline", "restart"])
+def test_proven_bytes_skip_the_rows_below_the_box(kind):
+    """``strict=False`` stops after the box's last row: damage below it goes unseen (the
+    same pixels as the intact image's box); an intact image gives the strict decode's box."""
+    buf = jpeg(400, 300, "420", seed=3, restart=4 if kind == "restart" else 0)
+    box = (10, 20, 60, 200)
+    want = codec.decode_image(buf, 1)[10:60, 20:200]
+    below = damaged(buf, 0.9)
+    with pytest.raises(DecodeError):
+        decode.decode_region(below, box)  # strict: the whole stream is read
+    assert np.array_equal(decode.decode_region(below, box, strict=False), want)
+    assert np.array_equal(decode.decode_region(buf, box, strict=False), want)
+    for box in boxes(np.random.default_rng(1), 400, 300, 12):
+        assert np.array_equal(decode.decode_region(buf, box, strict=False),
+                              codec.decode_image(buf, 1)[box[0]:box[2], box[1]:box[3]])
+
+
+@needs_ext
 def test_truncated_and_bad_header_and_bad_box_are_errors():
     buf = jpeg(200, 300, seed=4)
     for cut in (len(buf) * 2 // 3, len(buf) - 2, 400):
@@ -223,6 +241,41 @@ def test_segmentation_train_decodes_only_the_crop_and_gives_the_same_samples(seg
         assert np.array_equal(img.asnumpy(), want_img)
         assert np.array_equal(mask.asnumpy(), ds._labels(want_mask))
     assert region_calls  # small crops took the region path
+
+
+@needs_ext
+@pytest.mark.parametrize("verify", [True, False])
+def test_datasets_stop_after_the_box_only_for_records_they_verified(seg_rec, jpeg_cls_rec,
+                                                                    monkeypatch, tmp_path,
+                                                                    verify):
+    """A converted dataset's records (checksum verified) are decoded up to the box's last
+    row; unverified ones, and stock records (no checksum), to the end of the image."""
+    seen, real = [], decode._jpegregion
+
+    class Spy:
+        LIBJPEG_TURBO_VERSION = getattr(real, "LIBJPEG_TURBO_VERSION", 0)
+
+        @staticmethod
+        def decode(buf, y0, x0, y1, x1, flag, strict=True, *rest):
+            seen.append(bool(strict))
+            return real.decode(buf, y0, x0, y1, x1, flag, strict, *rest)
+    monkeypatch.setattr(decode, "_jpegregion", Spy)
+    seg = SegmentationRecordDataset(seg_rec, mode="train", base_size=48, crop_size=40,
+                                    seed=3, verify=verify)
+    cls = ImageRecordDataset(jpeg_cls_rec, seed=9, verify=verify).transform_first(
+        VT.Compose([VT.RandomResizedCrop(16), VT.ToTensor()]))
+    for ds in (seg, cls):
+        for i in range(len(ds)):
+            ds[SampleKey(i, epoch=1)]
+    assert seen and set(seen) == {not verify}
+    seen.clear()
+    buf = jpeg(120, 160, seed=6)
+    stock = ImageRecordDataset(_write_stock_rec(str(tmp_path / "stock.rec"),
+                                                [buf] * 4), seed=0).transform_first(
+        VT.Compose([VT.RandomResizedCrop(32, scale=(0.05, 0.2)), VT.ToTensor()]))
+    for i in range(len(stock)):
+        stock[i]
+    assert seen and set(seen) == {True}
 
 
 @needs_ext

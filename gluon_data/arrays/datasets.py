@@ -153,7 +153,7 @@ class ClassificationDataset(StoreDataset):
         with self._sample(i, epoch):
             (y0, x0, y1, x1), flip = fast.plan(*hw)
         img = self._decode(decode_region, rec.image, key, offset, "image",
-                           box=(y0, x0, y1, x1), flag=self._flag,
+                           box=(y0, x0, y1, x1), flag=self._flag, strict=not self._proven,
                            shrink_to=tuple(fast.crop[1][::-1]))  # (w, h) -> (h, w)
         out = self._buffer(fast.out_shape(img.shape), np.uint8 if fast.uint8 else np.float32)
         return self._emit(fast.finish(img, flip, out))
@@ -404,7 +404,7 @@ class SegmentationDataset(StoreDataset):
             mask = mask[y0:y1]
         part = (img[y0:y1, x0:x1] if img is not None else  # params[1:3]: the size it becomes
                 self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1,
-                             shrink_to=params[1:3]))
+                             shrink_to=params[1:3], strict=not self._proven))
         size = joint.size
         table = self._mask_table(mask.dtype)
         if table is None:  # labels made from the stored mask afterwards

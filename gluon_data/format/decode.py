@@ -24,6 +24,15 @@ as an error, so damage anywhere in the image, inside the box or outside it, and 
 raise :class:`~gluon_data.errors.DecodeError`, as :func:`~gluon_data.format.codec.decode_image`
 does. :func:`region_decoder` says which decoder is in use.
 
+**Bytes proven already** (``strict=False``). Reading the rest of the stream costs as much as
+entropy-decoding the rows below the box, most of a JPEG's decode time. A caller that holds
+bytes already proven to decode strictly may skip it: the region decoder then stops after
+the box's last row. Damage below the box goes unseen, and so may damage above it that
+libjpeg would only have noticed further on, hence "proven": the datasets pass it for a
+record of a gluon-data conversion whose checksum they verified (the converter decoded that
+image strictly before sealing the record, and the checksum says these are those bytes).
+For such bytes the pixels are the same either way.
+
 **Scaled decoding (opt-in, not exact).** A crop that is shrunk 2x or more after decoding
 (``train``'s random scale at Cityscapes sizes, a small ``RandomResizedCrop`` output) can be
 decoded at 1/2, 1/4 or 1/8 of the size by libjpeg's DCT-domain scaling, which skips most of
@@ -142,7 +151,8 @@ def _check_box(box, hw: Tuple[int, int], what: str) -> Tuple[int, int, int, int]
     return y0, x0, y1, x1
 
 
-def _region(buf, box, flag: int, max_pixels: Optional[int], what: str) -> Optional[np.ndarray]:
+def _region(buf, box, flag: int, max_pixels: Optional[int], what: str,
+            strict: bool = True) -> Optional[np.ndarray]:
     """The box through the extension, or ``None`` where the full decode is the better (or
     the only exact) way: a JPEG outside :func:`region_exact`, an empty image, a large box."""
     frame = codec.jpeg_frame(buf)
@@ -154,7 +164,7 @@ def _region(buf, box, flag: int, max_pixels: Optional[int], what: str) -> Option
         return None
     codec.check_structure(buf, what, max_pixels)  # empty, pixel cap: as decode_image
     try:  # (a box outside the size libjpeg reads is a ValueError too: the headers disagree)
-        out = _jpegregion.decode(buf, y0, x0, y1, x1, flag)
+        out = _jpegregion.decode(buf, y0, x0, y1, x1, flag, strict)
     except ValueError as e:
         raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
     if out is None:  # declined (CMYK, arithmetic coding): region_exact lets none through
@@ -169,7 +179,7 @@ def _denom(box_hw: Tuple[int, int], shrink_to: Tuple[int, int]) -> int:
 
 
 def _scaled(buf, box, flag: int, shrink_to, max_pixels: Optional[int],
-            what: str) -> Optional[np.ndarray]:
+            what: str, strict: bool = True) -> Optional[np.ndarray]:
     """The box decoded at a DCT scale and resampled to ``shrink_to``, or ``None`` where the
     exact path is taken (a JPEG outside :func:`region_exact`, a shrink under 2x)."""
     frame = codec.jpeg_frame(buf)
@@ -188,7 +198,7 @@ def _scaled(buf, box, flag: int, shrink_to, max_pixels: Optional[int],
     sy0, sx0 = max(0, y0 // d - 1), max(0, x0 // d - 1)
     sy1, sx1 = min(sh, -(-y1 // d) + 1), min(sw, -(-x1 // d) + 1)
     try:
-        out = _jpegregion.decode(buf, sy0, sx0, sy1, sx1, flag, True, d)
+        out = _jpegregion.decode(buf, sy0, sx0, sy1, sx1, flag, strict, d)
     except ValueError as e:
         raise DecodeError("%s: corrupt JPEG data (%s)" % (what, e)) from None
     if out is None:
@@ -207,8 +217,8 @@ def _scaled(buf, box, flag: int, shrink_to, max_pixels: Optional[int],
 
 def decode_region(buf, box, flag: int = 1, *,
                   max_pixels: Optional[int] = codec.DEFAULT_MAX_PIXELS,
-                  what: str = "image", shrink_to: Optional[Tuple[int, int]] = None
-                  ) -> np.ndarray:
+                  what: str = "image", shrink_to: Optional[Tuple[int, int]] = None,
+                  strict: bool = True) -> np.ndarray:
     """``decode_image(buf, flag)[y0:y1, x0:x1]`` for ``box = (y0, x0, y1, x1)`` in the
     image's pixel coordinates (half-open), decoding only that region when it can (see the
     module docstring).
@@ -218,17 +228,21 @@ def decode_region(buf, box, flag: int = 1, *,
     different: the box decoded at a DCT scale and already resampled to ``(h, w)``. The caller
     resizes whatever it gets to ``(h, w)`` (a no-op then).
 
-    Raises :class:`DecodeError` for bad image bytes (anywhere in the image, not only in the
-    box), ``ValueError`` for a box outside the image.
+    ``strict=False``: the region decoder stops after the box's last row, for bytes already
+    proven to decode strictly (see the module docstring); damage then may go unseen. For
+    such bytes, the same pixels either way.
+
+    Raises :class:`DecodeError` for bad image bytes (anywhere in the image with ``strict``,
+    not only in the box), ``ValueError`` for a box outside the image.
     """
     if flag not in (0, 1):
         raise ValueError("flag must be 0 (grey) or 1 (colour), got %r" % (flag,))
     if shrink_to is not None and bytes(buf[:2]) == JPEG_SOI and scaled_decoding():
-        img = _scaled(buf, box, flag, shrink_to, max_pixels, what)
+        img = _scaled(buf, box, flag, shrink_to, max_pixels, what, strict)
         if img is not None:
             return img
     if bytes(buf[:2]) == JPEG_SOI and region_decoding():
-        img = _region(buf, box, flag, max_pixels, what)
+        img = _region(buf, box, flag, max_pixels, what, strict)
         if img is not None:
             return img
     img = codec.decode_image(buf, flag, max_pixels=max_pixels, what=what)
