@@ -4,9 +4,9 @@
   compiler and libjpeg-turbo's headers (``apt install libjpeg-dev``, ``dnf install
   libjpeg-turbo-devel``); without it gluon_data decodes whole images and crops them (the same
   pixels).
-* gluon_data.format._maskrle: run-length mask expansion at memset speed (a C compiler only);
-  without it numpy expands the same bytes to the same pixels (fast with numpy >= 2, about
-  PNG's speed with numpy 1.x).
+* gluon_data.format._maskrle: run-length mask expansion at memset speed, and a crop's labels
+  written straight from the runs (a C compiler only); without it numpy expands the same bytes
+  to the same pixels (fast with numpy >= 2, about PNG's speed with numpy 1.x).
 * gluon_data.convert._moments: a conversion's pixel statistics in one pass (a C compiler only);
   without it OpenCV's histograms give the same numbers, 3-4x slower.
 * gluon_data.arrays._blur: the Gaussian blur of ``train`` augmentation in integer arithmetic (a

@@ -302,3 +302,85 @@ def test_the_c_runs_are_numpys_runs(shape, block_rows):
         np.testing.assert_array_equal(_both(masks.encode_rle(m, block_rows)), m)
     with pytest.raises(ValueError, match="whole rows"):
         masks._ext.runs(np.zeros(10, np.uint8), 3, 16)
+
+
+needs_sample = pytest.mark.skipif(not hasattr(masks._ext, "sample"),
+                                  reason="the C run sampler is not built here")
+
+
+def _nearest(dst, src):
+    from gluon_data.arrays.scalecrop import nearest_index
+    return nearest_index(dst, src)
+
+
+@needs_sample
+@settings(max_examples=300, deadline=None)
+@given(h=st.integers(1, 60), w=st.integers(1, 60), brows=st.integers(1, 20),
+       seed=st.integers(0, 2 ** 16), data=st.data())
+def test_property_runs_sampled_are_the_expanded_box_resized_and_mapped(h, w, brows, seed,
+                                                                       data):
+    """``RunBox.sample`` = the expanded box, nearest-resized on the same map, mirrored and
+    looked up in the table: for any box, output size, flip and entry size, runs crossing
+    rows and blocks' last rows included."""
+    rng = np.random.default_rng(seed)
+    m = rng.integers(0, 4, (h, w)).astype(np.uint8) * 60
+    if data.draw(st.booleans()):  # long runs across rows
+        m = np.repeat(m.ravel()[:: max(1, w // 2)], max(1, w // 2))[:h * w]
+        m = np.resize(m, (h, w)).astype(np.uint8)
+    buf = masks.encode_rle(m, block_rows=brows)
+    y0 = data.draw(st.integers(0, h - 1))
+    y1 = data.draw(st.integers(y0 + 1, h))
+    x0 = data.draw(st.integers(0, w - 1))
+    x1 = data.draw(st.integers(x0 + 1, w))
+    vh, vw = data.draw(st.integers(1, 90)), data.draw(st.integers(1, 90))
+    flip = data.draw(st.booleans())
+    dtype = data.draw(st.sampled_from([np.uint8, np.int16, np.int32]))
+    table = rng.integers(-100 if dtype != np.uint8 else 0, 127, 256).astype(dtype)
+    box = masks.run_box(buf, box=(y0, x0, y1, x1))
+    assert box.shape == (y1 - y0, x1 - x0)
+    np.testing.assert_array_equal(np.asarray(box), m[y0:y1, x0:x1])
+    rows, cols = _nearest(vh, y1 - y0), _nearest(vw, x1 - x0)
+    want = table[m[y0:y1, x0:x1][rows][:, cols]]
+    if flip:
+        want = want[:, ::-1]
+    out = np.full((vh + 3, vw + 2), 77, dtype)
+    box.sample(rows, cols, table, out, flip)
+    np.testing.assert_array_equal(out[:vh, :vw], want)
+    assert (out[vh:] == 77).all() and (out[:vh, vw:] == 77).all()  # nothing else written
+
+
+def test_run_box_is_for_uint8_run_length_masks_only(monkeypatch):
+    m = _street()
+    assert masks.run_box(masks.encode_rle(m.astype(np.uint16) * 300),
+                         box=(0, 0, 5, 5)) is None
+    assert masks.run_box(codec.encode_mask(m), box=(0, 0, 5, 5)) is None  # a PNG
+    monkeypatch.setattr(masks, "_ext", types.SimpleNamespace(expand=None))  # an older build
+    assert masks.run_box(masks.encode_rle(m), box=(0, 0, 5, 5)) is None
+
+
+@needs_sample
+def test_run_box_refuses_a_box_outside_the_mask_and_damaged_runs():
+    m = _street(h=40, w=30)
+    buf = masks.encode_rle(m, block_rows=8)
+    for box in ((0, 0, 41, 5), (0, 5, 3, 31), (3, 4, 3, 9), (0, 9, 5, 9)):
+        with pytest.raises(DecodeError, match="asked of a mask"):
+            masks.run_box(buf, box=box, what="record 3")
+    hd = masks.rle_header(buf)
+    bad = bytearray(buf)
+    bad[hd.lengths_at] ^= 0x40  # the first run's length: block 0 no longer adds up
+    with pytest.raises(DecodeError, match="^record 3: corrupt run-length mask"):
+        masks.run_box(bytes(bad), box=(0, 0, 8, 30), what="record 3")
+
+
+@needs_sample
+def test_the_c_sampler_refuses_rows_and_columns_outside_its_blocks():
+    m = _street(h=40, w=30)
+    box = masks.run_box(masks.encode_rle(m, block_rows=8), box=(8, 2, 16, 20))
+    table = np.arange(256, dtype=np.int32)
+    out = np.empty((4, 4), np.int32)
+    for rows, cols in ((np.array([0, 9]), np.arange(4)), (np.array([2, 1]), np.arange(4)),
+                       (np.arange(4), np.array([0, 18])), (np.arange(4), np.array([-1, 0]))):
+        with pytest.raises(ValueError, match="non-decreasing"):
+            box.sample(rows, cols, table, out)
+    with pytest.raises(ValueError, match="table's dtype"):
+        box.sample(np.arange(4), np.arange(4), table, np.empty((4, 4), np.int16))

@@ -164,6 +164,33 @@ def test_fused_train_path_gives_the_unfused_values(seg_rec, output):
         assert mask.dtype == np.int32 and np.array_equal(mask, want_mask), i
 
 
+@pytest.mark.parametrize("mask_dtype,ignore", [("int32", -1), ("int16", -1), ("uint8", 255)])
+def test_labels_read_from_the_runs_are_the_expanded_masks(seg_rec, monkeypatch, mask_dtype,
+                                                         ignore):
+    """The run-length mask's box sampled straight from its runs (the C routine, each run
+    one fill) gives the labels its expansion, resize and table give (the routine hidden)."""
+    import types
+    from gluon_data.format import masks
+    if not hasattr(masks._ext, "sample"):
+        pytest.skip("the C run sampler is not built here")
+    calls, real = [], masks._ext
+
+    def spy(*args):
+        calls.append(args[11])  # flip
+        return real.sample(*args)
+    kw = dict(mode="train", seed=7, base_size=50, crop_size=40, mask_dtype=mask_dtype,
+              ignore_value=ignore)
+    monkeypatch.setattr(masks, "_ext", types.SimpleNamespace(
+        expand=real.expand, check=real.check, runs=real.runs, sample=spy))
+    got = [SegmentationDataset(seg_rec, **kw)[i][1] for i in range(8)]
+    assert len(calls) == 8 and set(calls) == {True, False}  # both mirrorings drawn
+    monkeypatch.setattr(masks, "_ext", types.SimpleNamespace(
+        expand=real.expand, check=real.check, runs=real.runs))
+    want = [SegmentationDataset(seg_rec, **kw)[i][1] for i in range(8)]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == np.dtype(mask_dtype) and np.array_equal(g, w)
+
+
 def test_mask_dtype(seg_rec):
     base = SegmentationDataset(seg_rec, mode="train", seed=5, base_size=50, crop_size=40)
     small = SegmentationDataset(seg_rec, mode="train", seed=5, base_size=50, crop_size=40,

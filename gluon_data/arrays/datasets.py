@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import CorruptRecordError, DecodeError
 from ..format import codec
 from ..format.decode import decode_region
+from ..format.masks import run_box
 from ..stores.base import RecordStore
 from . import transforms as T
 from ..storage.options import RemoteOptions
@@ -375,12 +376,11 @@ class SegmentationDataset(StoreDataset):
         return img, mask
 
     def _train_region(self, i: int, epoch: Optional[int]):
-        """The built-in ``train`` transform in two phases: its crop drawn from the image's
-        header size, then only the image region the crop reads decoded (the mask as stored,
-        cut to the same box). The same samples as a full decode, for less decoding.
-        Returns ``(image, labels, final)``: the labels in ``mask_dtype``, and the image
-        written channels-first already (``final``) under ``output='uint8'`` without an image
-        transform."""
+        """The built-in ``train`` transform in two phases: its crop drawn from the header's
+        size, then only the box the crop reads decoded (a run-length mask's box read from
+        its runs). The same samples as a full decode. Returns ``(image, labels, final)``:
+        labels in ``mask_dtype``, the image channels-first already (``final``) under
+        ``output='uint8'`` without an image transform."""
         joint = cast(T.RandomScaleCrop, self._joint)  # the built-in train transform
         rec, key, offset = self._record(i)
         mhw, mask = codec.mask_size(rec.mask), None
@@ -398,24 +398,25 @@ class SegmentationDataset(StoreDataset):
         with self._sample(i, epoch):
             box, params = joint.plan(*hw)
         y0, x0, y1, x1 = box
-        if mask is None:  # a run-length mask expands only the row blocks of the box
-            mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask", rows=(y0, y1))
+        if mask is None:  # run-length: the box read from its runs, or its row blocks expanded
+            mask = (self._decode(run_box, rec.mask, key, offset, "mask", box=box)
+                    or self._decode(codec.decode_mask, rec.mask, key, offset, "mask",
+                                    rows=(y0, y1))[:, x0:x1])
         else:
-            mask = mask[y0:y1]
+            mask = mask[y0:y1, x0:x1]
         part = (img[y0:y1, x0:x1] if img is not None else  # params[1:3]: the size it becomes
                 self._decode(decode_region, rec.image, key, offset, "image", box=box, flag=1,
                              shrink_to=params[1:3], strict=not self._proven))
-        size = joint.size
         table = self._mask_table(mask.dtype)
         if table is None:  # labels made from the stored mask afterwards
-            img, mask = joint.apply(part, mask[:, x0:x1], params)
+            img, mask = joint.apply(part, mask, params)
             return img, self._emit(self._labels(mask, self._buffer(mask.shape,
                                                                    self.mask_dtype), i)), False
         chw = self._tensorize is not None and self._tensorize.uint8 and self._transform is None
         img, mask = joint.apply(
-            part, mask[:, x0:x1], params, mask_map=table,
-            image_out=self._buffer((part.shape[2],) + size, np.uint8) if chw else None,
-            mask_out=self._buffer(size, self.mask_dtype))
+            part, mask, params, mask_map=table,
+            image_out=self._buffer((part.shape[2],) + joint.size, np.uint8) if chw else None,
+            mask_out=self._buffer(joint.size, self.mask_dtype))
         return (self._emit(img) if chw else img), self._emit(mask), chw
 
     def _mask_table(self, stored: np.dtype) -> Optional[np.ndarray]:

@@ -4,7 +4,9 @@
 Masks are resized by our own index map (:func:`nearest_index`: integer arithmetic, then numpy
 indexing), not by OpenCV: OpenCV 4 and 5 pick different source pixels for some sizes, and a
 mask must not depend on the installed stack. The map is OpenCV 4's ``INTER_NEAREST_EXACT``
-map, so the masks are the ones OpenCV 4.x gave, on every stack. Everything here is
+map, so the masks are the ones OpenCV 4.x gave, on every stack. A run-length mask's box
+(:class:`~gluon_data.format.masks.RunBox`) is sampled on the same map straight from its runs,
+its labels written through the table in the same pass: the same pixels. Everything here is
 importable from :mod:`gluon_data.arrays.transforms`.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Optional, Sequence, Tuple, Union, cast
 import cv2
 import numpy as np
 
+from ..format.masks import RunBox
 from ..sampling.seeding import RandomTransform
 from .blur import gaussian_blur
 from .tensorize import as_hwc, to_numpy, to_chw_uint8
@@ -212,11 +215,14 @@ class RandomScaleCrop(RandomTransform):
         ``image_out``, a CxHxW uint8 buffer of the crop's size, gets the image channels-first
         (no HxWxC result is made); ``mask_out``, an HxW buffer of the crop's size, gets the
         mask in its dtype, each stored value looked up in ``mask_map`` (a 256-entry table,
-        for uint8 masks) where given, else cast. Returns ``(image, mask)``: the buffers where
-        given. The same values either way."""
+        for uint8 masks) where given, else cast. ``mask`` may be a
+        :class:`~gluon_data.format.masks.RunBox`, read from its runs. Returns ``(image,
+        mask)``: the buffers where given. The same values either way."""
         flip, vh, vw, blur, sigma = params
         out_i = self._apply_image(to_numpy(img), flip, vh, vw, blur, sigma, image_out)
-        return out_i, self._apply_mask(to_numpy(mask), flip, vh, vw, mask_out, mask_map)
+        if not isinstance(mask, RunBox):
+            mask = to_numpy(mask)
+        return out_i, self._apply_mask(mask, flip, vh, vw, mask_out, mask_map)
 
     def _fill(self, channels: int) -> list:
         fill = self.image_fill
@@ -256,6 +262,13 @@ class RandomScaleCrop(RandomTransform):
     def _apply_mask(self, m, flip, vh, vw, mask_out, mask_map):
         ch, cw = self.size
         fill = self.mask_fill
+        if isinstance(m, RunBox):
+            if (mask_map is not None and mask_out is not None
+                    and mask_out.dtype == mask_map.dtype and mask_out.flags.c_contiguous):
+                h, w = m.shape  # each run one fill of the labels it maps to
+                m.sample(nearest_index(vh, h), nearest_index(vw, w), mask_map, mask_out, flip)
+                return self._pad_mask(mask_out, vh, vw, mask_map[fill])
+            m = np.asarray(m)
         if mask_out is None:
             dt = m.dtype
             if not _fits(fill, dt):
@@ -268,6 +281,11 @@ class RandomScaleCrop(RandomTransform):
             fill = mask_map[fill]
         else:
             np.copyto(dst, part, casting="unsafe")
+        return self._pad_mask(mask_out, vh, vw, fill)
+
+    @staticmethod
+    def _pad_mask(mask_out: np.ndarray, vh: int, vw: int, fill) -> np.ndarray:
+        """The crop's part outside the scaled image (below ``vh``, right of ``vw``) = fill."""
         mask_out[vh:] = fill
         mask_out[:vh, vw:] = fill
         return mask_out

@@ -29,6 +29,21 @@
  *   their 1-byte values, and the uint32 little-endian first run of each block, then the run
  *   count: exactly what masks.mask_runs computes with numpy.
  *
+ * sample(lengths, values, offsets, block_pixels, last_pixels, width, row_base, rows, cols,
+ *        table, itemsize, flip, out, out_width) -> None
+ *
+ *   Nearest sampling of a uint8 mask straight from its runs, each value looked up in a table:
+ *   out[j][x] = table[mask[rows[j]][cols[x]]] (x mirrored, vw - 1 - x, with flip), for the
+ *   vh rows and vw columns given, without expanding the mask. lengths, values (1 byte
+ *   each), offsets, block_pixels and last_pixels are expand's, already checked (check); the
+ *   decoded blocks start at mask row row_base and are width pixels wide. rows (vh) and cols
+ *   (vw) are int64 buffers of mask rows and columns, each non-decreasing, inside the decoded
+ *   blocks and the width. table holds 256 entries of itemsize (1, 2 or 4) bytes; out is a
+ *   writable buffer of rows of out_width entries of itemsize bytes, at least vh of them,
+ *   out_width >= vw: its first vh rows' first vw entries are written. A run is one fill of
+ *   the output columns its pixels map to; an output row whose mask row is the one before's
+ *   is a copy of it. Raises ValueError for arguments that do not fit.
+ *
  * No library beyond Python's own.
  */
 #define PY_SSIZE_T_CLEAN
@@ -296,6 +311,162 @@ rel:
     return result;
 }
 
+/* Fill out[a:b] (entries of itemsize bytes) with the entry at v. */
+static inline void
+fill_entries(unsigned char *out, Py_ssize_t a, Py_ssize_t b, const unsigned char *v, int itemsize)
+{
+    Py_ssize_t i;
+    if (itemsize == 1) {
+        memset(out + a, v[0], (size_t)(b - a));
+    } else if (itemsize == 2) {
+        uint16_t e, *o = (uint16_t *)(void *)out;
+        memcpy(&e, v, 2);
+        for (i = a; i < b; i++) o[i] = e;
+    } else {
+        uint32_t e, *o = (uint32_t *)(void *)out;
+        memcpy(&e, v, 4);
+        for (i = a; i < b; i++) o[i] = e;
+    }
+}
+
+/* Whether the n int64 values at p are non-decreasing and inside [lo, hi). */
+static int
+in_order(const int64_t *p, Py_ssize_t n, int64_t lo, int64_t hi)
+{
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
+        if (p[i] < lo || p[i] >= hi || (i > 0 && p[i] < p[i - 1])) return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+sample(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *o_len, *o_val, *o_off, *o_rows, *o_cols, *o_tab, *o_out;
+    Py_ssize_t block_px, last_px, width, row_base, out_width;
+    int itemsize, flip;
+    Py_buffer len_b, val_b, off_b, rows_b, cols_b, tab_b, out_b;
+    PyObject *result = NULL;
+
+    if (!PyArg_ParseTuple(args, "OOOnnnnOOOipOn:sample", &o_len, &o_val, &o_off, &block_px,
+                          &last_px, &width, &row_base, &o_rows, &o_cols, &o_tab, &itemsize,
+                          &flip, &o_out, &out_width)) {
+        return NULL;
+    }
+    if (itemsize != 1 && itemsize != 2 && itemsize != 4) {
+        PyErr_SetString(PyExc_ValueError, "itemsize must be 1, 2 or 4");
+        return NULL;
+    }
+    if (get_buffer(o_len, &len_b, 0, "lengths") < 0) return NULL;
+    if (get_buffer(o_val, &val_b, 0, "values") < 0) goto rel_len;
+    if (get_buffer(o_off, &off_b, 0, "offsets") < 0) goto rel_val;
+    if (get_buffer(o_rows, &rows_b, 0, "rows") < 0) goto rel_off;
+    if (get_buffer(o_cols, &cols_b, 0, "cols") < 0) goto rel_rows;
+    if (get_buffer(o_tab, &tab_b, 0, "table") < 0) goto rel_cols;
+    if (get_buffer(o_out, &out_b, 1, "out") < 0) goto rel_tab;
+    {
+        const unsigned char *lens = (const unsigned char *)len_b.buf;
+        const unsigned char *vals = (const unsigned char *)val_b.buf;
+        const unsigned char *offs = (const unsigned char *)off_b.buf;
+        const unsigned char *tab = (const unsigned char *)tab_b.buf;
+        const int64_t *rows = (const int64_t *)rows_b.buf, *cols = (const int64_t *)cols_b.buf;
+        unsigned char *out = (unsigned char *)out_b.buf;
+        Py_ssize_t nruns = len_b.len / 2, nblocks = off_b.len / 4 - 1;
+        Py_ssize_t vh = rows_b.len / 8, vw = cols_b.len / 8;
+        Py_ssize_t decoded = nblocks >= 1 ? (nblocks - 1) * block_px + last_px : 0;
+        Py_ssize_t row_bytes = out_width * itemsize, *xmap = NULL;
+        Py_ssize_t j, c, k, b = 0, r = 0, p = 0, left = 0, prev = -1;
+        int ok;
+
+        if (len_b.len % 2 || val_b.len != nruns || off_b.len % 4 || nblocks < 1
+            || block_px < 1 || last_px < 1 || last_px > block_px || width < 1
+            || block_px % width || last_px % width || row_base < 0 || rows_b.len % 8
+            || cols_b.len % 8 || vh < 1 || vw < 1 || vw > out_width
+            || tab_b.len != 256 * itemsize || out_b.len < vh * row_bytes
+            || u32le(offs) != 0 || (Py_ssize_t)u32le(offs + 4 * nblocks) != nruns) {
+            PyErr_SetString(PyExc_ValueError, "inconsistent sample arguments");
+            goto rel_out;
+        }
+        ok = in_order(rows, vh, row_base, row_base + decoded / width)
+             && in_order(cols, vw, 0, width);
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "rows and cols must be non-decreasing and inside "
+                            "the decoded blocks");
+            goto rel_out;
+        }
+        xmap = (Py_ssize_t *)PyMem_RawMalloc(sizeof(Py_ssize_t) * (size_t)(width + 1));
+        if (xmap == NULL) {
+            PyErr_NoMemory();
+            goto rel_out;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        /* xmap[c]: the output columns (unmirrored) whose mask column is under c */
+        for (c = 0, k = 0; c <= width; c++) {
+            while (k < vw && cols[k] < c) k++;
+            xmap[c] = k;
+        }
+        for (j = 0; j < vh; j++) {
+            unsigned char *row = out + j * row_bytes;
+            Py_ssize_t target = (rows[j] - row_base) * width;
+            if (rows[j] == prev) {
+                memcpy(row, row - row_bytes, (size_t)(vw * itemsize));
+                continue;
+            }
+            prev = rows[j];
+            if (j == 0 || target >= (b + 1) * block_px) {  /* to the block's first run */
+                b = target / block_px;
+                r = (Py_ssize_t)u32le(offs + 4 * b);
+                p = b * block_px;
+                left = (Py_ssize_t)lens[2 * r] | ((Py_ssize_t)lens[2 * r + 1] << 8);
+            }
+            while (p + left <= target) {  /* runs fill their block: r stays in it */
+                p += left;
+                r++;
+                left = (Py_ssize_t)lens[2 * r] | ((Py_ssize_t)lens[2 * r + 1] << 8);
+            }
+            left -= target - p;
+            p = target;
+            for (c = 0; c < width;) {
+                Py_ssize_t n = left < width - c ? left : width - c;
+                Py_ssize_t a = xmap[c], e = xmap[c + n];
+                if (e > a) {
+                    const unsigned char *v = tab + (size_t)vals[r] * (size_t)itemsize;
+                    if (flip) fill_entries(row, vw - e, vw - a, v, itemsize);
+                    else fill_entries(row, a, e, v, itemsize);
+                }
+                c += n;
+                p += n;
+                left -= n;
+                if (left == 0 && r + 1 < nruns) {
+                    r++;
+                    left = (Py_ssize_t)lens[2 * r] | ((Py_ssize_t)lens[2 * r + 1] << 8);
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+        PyMem_RawFree(xmap);
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+rel_out:
+    PyBuffer_Release(&out_b);
+rel_tab:
+    PyBuffer_Release(&tab_b);
+rel_cols:
+    PyBuffer_Release(&cols_b);
+rel_rows:
+    PyBuffer_Release(&rows_b);
+rel_off:
+    PyBuffer_Release(&off_b);
+rel_val:
+    PyBuffer_Release(&val_b);
+rel_len:
+    PyBuffer_Release(&len_b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"expand", expand, METH_VARARGS,
      "expand(lengths, values, itemsize, offsets, block_pixels, last_pixels, out): run-length "
@@ -305,6 +476,10 @@ static PyMethodDef methods[] = {
      "(before out is allocated)"},
     {"runs", runs, METH_VARARGS,
      "runs(mask, width, block_rows): a uint8 mask's runs, as masks.mask_runs computes them"},
+    {"sample", sample, METH_VARARGS,
+     "sample(lengths, values, offsets, block_pixels, last_pixels, width, row_base, rows, cols, "
+     "table, itemsize, flip, out, out_width): a uint8 mask's nearest samples through a table, "
+     "from its runs"},
     {NULL, NULL, 0, NULL}
 };
 

@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - depends on the install
 
 __all__ = ["RLE_MAGIC", "RLE_VERSION", "DEFAULT_BLOCK_ROWS", "MASK_ENCODINGS", "RleHeader",
            "encode_rle", "is_rle", "rle_header", "decode_rle", "mask_runs", "rle_bytes", "mask_size",
-           "take_rows"]
+           "take_rows", "RunBox", "run_box"]
 
 #: How converters store masks: ``rle`` (run-length row blocks, the default), ``zraw``
 #: (one zlib stream, the previous default), ``png``; ``raw`` goes with ``encoding='raw'``.
@@ -167,15 +167,26 @@ def rle_header(buf: BytesLike, what: str = "mask", max_pixels: Optional[int] = N
     return RleHeader(dt, brows, h, w, runs, blocks, lengths_at, values_at)
 
 
-def decode_rle(buf: BytesLike, what: str = "mask", max_pixels: Optional[int] = None,
-               rows: Optional[Tuple[int, int]] = None) -> np.ndarray:
-    """Decode a run-length mask to an HW uint8/uint16 array; with ``rows=(y0, y1)`` only
-    the blocks those rows lie in are expanded, and rows ``y0:y1`` (full width) returned.
+class _Blocks(NamedTuple):
+    """The checked run blocks of a run-length mask that rows ``y0:y1`` lie in."""
 
-    Raises :class:`DecodeError` for bytes that are cut short, oversized or inconsistent (a
-    block table that does not increase, runs that do not fill their block exactly), and
-    for ``rows`` outside the mask.
-    """
+    header: RleHeader
+    y0: int
+    y1: int
+    first_row: int   # the mask row of the first block's first row
+    rows: int        # the rows of the blocks
+    lengths: memoryview
+    values: memoryview
+    offsets: np.ndarray
+    block_px: int
+    last_px: int
+
+
+def _blocks(buf: BytesLike, what: str, max_pixels: Optional[int],
+            rows: Optional[Tuple[int, int]]) -> _Blocks:
+    """The blocks of ``rows = (y0, y1)`` (None: all), every field and every block's runs
+    checked (nothing the size of the mask allocated before that): :class:`DecodeError` where
+    they do not fit."""
     mv = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
     hd = rle_header(mv, what, max_pixels)
     h, w, brows = hd.height, hd.width, hd.block_rows
@@ -188,29 +199,98 @@ def decode_rle(buf: BytesLike, what: str = "mask", max_pixels: Optional[int] = N
                           "from 0 to the %d runs, one run or more a block)" % (what, hd.runs))
     b0, b1 = y0 // brows, -(-y1 // brows)
     r0, r1 = int(table[b0]), int(table[b1])
-    offsets = table[b0:b1 + 1] - table[b0]
     itemsize = hd.dtype.itemsize
-    lengths = mv[hd.lengths_at + 2 * r0:hd.lengths_at + 2 * r1]
-    values = mv[hd.values_at + itemsize * r0:hd.values_at + itemsize * r1]
-    block_px = brows * w
-    last_px = (min(h, b1 * brows) - (b1 - 1) * brows) * w
-    nrows = min(h, b1 * brows) - b0 * brows
-    # every block's runs checked before the mask is allocated, in either expansion
+    blocks = _Blocks(hd, y0, y1, b0 * brows, min(h, b1 * brows) - b0 * brows,
+                     memoryview(mv)[hd.lengths_at + 2 * r0:hd.lengths_at + 2 * r1],
+                     memoryview(mv)[hd.values_at + itemsize * r0:hd.values_at + itemsize * r1],
+                     table[b0:b1 + 1] - table[b0], brows * w,
+                     (min(h, b1 * brows) - (b1 - 1) * brows) * w)
     if _ext is not None and hasattr(_ext, "check"):  # (an extension built before it had one:
         try:                                         # numpy's check)
-            _ext.check(lengths, offsets, block_px, last_px)
-            out = np.empty((nrows, w), hd.dtype)
-            _ext.expand(lengths, values, itemsize, offsets, block_px, last_px, out)
+            _ext.check(blocks.lengths, blocks.offsets, blocks.block_px, blocks.last_px)
         except ValueError as e:
             raise DecodeError("%s: corrupt run-length mask (%s)" % (what, e)) from None
     else:
-        lens = _checked_lengths(lengths, offsets, block_px, last_px, what)
-        if _ext is not None:
-            out = np.empty((nrows, w), hd.dtype)
-            _ext.expand(lengths, values, itemsize, offsets, block_px, last_px, out)
-        else:
-            out = np.repeat(np.frombuffer(values, hd.dtype), lens).reshape(nrows, w)
-    return out[y0 - b0 * brows:y1 - b0 * brows]
+        _checked_lengths(blocks.lengths, blocks.offsets, blocks.block_px, blocks.last_px, what)
+    return blocks
+
+
+def decode_rle(buf: BytesLike, what: str = "mask", max_pixels: Optional[int] = None,
+               rows: Optional[Tuple[int, int]] = None) -> np.ndarray:
+    """Decode a run-length mask to an HW uint8/uint16 array; with ``rows=(y0, y1)`` only
+    the blocks those rows lie in are expanded, and rows ``y0:y1`` (full width) returned.
+
+    Raises :class:`DecodeError` for bytes that are cut short, oversized or inconsistent (a
+    block table that does not increase, runs that do not fill their block exactly), and
+    for ``rows`` outside the mask.
+    """
+    bl = _blocks(buf, what, max_pixels, rows)
+    itemsize, w = bl.header.dtype.itemsize, bl.header.width
+    if _ext is not None:
+        out = np.empty((bl.rows, w), bl.header.dtype)
+        try:
+            _ext.expand(bl.lengths, bl.values, itemsize, bl.offsets, bl.block_px, bl.last_px,
+                        out)
+        except ValueError as e:  # (checked already: kept for an extension's own checks)
+            raise DecodeError("%s: corrupt run-length mask (%s)" % (what, e)) from None
+    else:
+        lens = np.frombuffer(bl.lengths, "<u2")
+        out = np.repeat(np.frombuffer(bl.values, bl.header.dtype), lens).reshape(bl.rows, w)
+    return out[bl.y0 - bl.first_row:bl.y1 - bl.first_row]
+
+
+class RunBox:
+    """A box ``(y0, x0, y1, x1)`` of a uint8 run-length mask, checked but not expanded
+    (:func:`run_box`). ``numpy.asarray`` gives its pixels (the rows' blocks expanded, the
+    columns cut); :meth:`sample` reads nearest samples of it through a table straight from
+    the runs, each run one fill of the output, no pixel of the mask expanded."""
+
+    def __init__(self, blocks: _Blocks, box: Tuple[int, int, int, int]):
+        self._blocks, self.box = blocks, box
+        self.shape = (box[2] - box[0], box[3] - box[1])
+        self.dtype = blocks.header.dtype
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        bl, (y0, x0, y1, x1) = self._blocks, self.box
+        out = np.empty((bl.rows, bl.header.width), bl.header.dtype)
+        _ext.expand(bl.lengths, bl.values, 1, bl.offsets, bl.block_px, bl.last_px, out)
+        box = out[y0 - bl.first_row:y1 - bl.first_row, x0:x1]
+        return box if dtype is None else box.astype(dtype)
+
+    def sample(self, rows: np.ndarray, cols: np.ndarray, table: np.ndarray, out: np.ndarray,
+               flip: bool = False) -> np.ndarray:
+        """``out[j, x] = table[box[rows[j], cols[x]]]`` for the box's rows and columns given
+        (each non-decreasing), with ``x`` mirrored (``vw - 1 - x``) under ``flip``, into the
+        first ``len(rows)`` x ``len(cols)`` of ``out`` (a C-contiguous HxW array of
+        ``table``'s dtype, 1, 2 or 4 bytes an entry); returns ``out``."""
+        bl, (y0, x0), (h, w) = self._blocks, self.box[:2], self.shape
+        if out.dtype != table.dtype or not out.flags.c_contiguous or out.ndim != 2:
+            raise ValueError("out must be a C-contiguous 2-D array of the table's dtype")
+        if len(rows) and len(cols) and not (0 <= rows[0] and rows[-1] < h
+                                            and 0 <= cols[0] and cols[-1] < w):
+            raise ValueError("rows and cols must be non-decreasing and inside the box")
+        _ext.sample(bl.lengths, bl.values, bl.offsets, bl.block_px, bl.last_px,
+                    bl.header.width, bl.first_row, np.ascontiguousarray(rows + y0, np.int64),
+                    np.ascontiguousarray(cols + x0, np.int64),
+                    np.ascontiguousarray(table), table.dtype.itemsize, flip, out, out.shape[1])
+        return out
+
+
+def run_box(buf: BytesLike, *, box: Tuple[int, int, int, int], what: str = "mask",
+            max_pixels: Optional[int] = None) -> Optional[RunBox]:
+    """The :class:`RunBox` ``box = (y0, x0, y1, x1)`` of a uint8 run-length mask, its blocks
+    checked; ``None`` for other masks or without the C routine (decode those). Raises
+    :class:`DecodeError` as :func:`decode_rle` does, and for a box outside the mask."""
+    if _ext is None or not hasattr(_ext, "sample") or not is_rle(buf):
+        return None
+    y0, x0, y1, x1 = (int(v) for v in box)
+    bl = _blocks(buf, what, max_pixels, (y0, y1))
+    if bl.header.dtype != np.uint8:
+        return None
+    if not 0 <= x0 < x1 <= bl.header.width:
+        raise DecodeError("%s: columns %d:%d asked of a mask of %d columns"
+                          % (what, x0, x1, bl.header.width))
+    return RunBox(bl, (y0, x0, y1, x1))
 
 
 def _checked_lengths(lengths, starts, block_px: int, last_px: int, what: str) -> np.ndarray:
