@@ -382,5 +382,39 @@ def test_the_c_sampler_refuses_rows_and_columns_outside_its_blocks():
                        (np.arange(4), np.array([0, 18])), (np.arange(4), np.array([-1, 0]))):
         with pytest.raises(ValueError, match="non-decreasing"):
             box.sample(rows, cols, table, out)
-    with pytest.raises(ValueError, match="table's dtype"):
+    with pytest.raises(ValueError, match="dtype of table"):
         box.sample(np.arange(4), np.arange(4), table, np.empty((4, 4), np.int16))
+    unaligned = np.frombuffer(bytearray(4 * 16 + 1), np.int32, 16, offset=1).reshape(4, 4)
+    with pytest.raises(ValueError, match="aligned"):
+        box.sample(np.arange(4), np.arange(4), table, unaligned)
+    with pytest.raises(ValueError, match="1, 2 or 4 bytes"):
+        box.sample(np.arange(4), np.arange(4), table.astype(np.int64),
+                   np.empty((4, 4), np.int64))
+
+
+@needs_sample
+def test_the_c_sampler_checks_the_runs_itself():
+    """Runs that do not fill their block are refused by the routine too, not only by the
+    caller's check: nothing is read outside them."""
+    m = _street(h=32, w=20)
+    buf = masks.encode_rle(m, block_rows=16)
+    hd = masks.rle_header(buf)
+    lengths = bytes(hd.values_at - hd.lengths_at)  # every run 0 pixels long
+    offsets = np.frombuffer(buf, "<u4", hd.blocks + 1, masks._HEAD.size).copy()
+    with pytest.raises(ValueError, match="block 0: runs add up to 0 pixels"):
+        masks._ext.sample(lengths, buf[hd.values_at:], offsets, 16 * 20, 16 * 20, 20, 0,
+                          np.arange(4, dtype=np.int64), np.arange(4, dtype=np.int64),
+                          np.arange(256, dtype=np.uint8), 1, False,
+                          np.empty((4, 4), np.uint8), 4)
+
+
+@needs_sample
+def test_a_run_box_does_not_change_with_the_buffer_it_came_from():
+    m = _street(h=40, w=30)
+    ba = bytearray(masks.encode_rle(m, block_rows=8))
+    box = masks.run_box(ba, box=(0, 0, 40, 30))
+    ba[masks.rle_header(bytes(ba)).lengths_at:] = bytes(len(ba) - masks.rle_header(
+        bytes(ba)).lengths_at)  # the caller's buffer zeroed after the box was taken
+    out = np.empty((40, 30), np.uint8)
+    box.sample(np.arange(40), np.arange(30), np.arange(256, dtype=np.uint8), out)
+    np.testing.assert_array_equal(out, m)

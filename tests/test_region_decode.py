@@ -276,6 +276,22 @@ def test_datasets_stop_after_the_box_only_for_records_they_verified(seg_rec, jpe
     for i in range(len(stock)):
         stock[i]
     assert seen and set(seen) == {True}
+    # a dataset whose metadata does not say its images were checked (an earlier writer's)
+    import shutil
+    from gluon_data.format.meta import dumps_meta, meta_path, read_meta
+    old = str(tmp_path / "older.rec")
+    shutil.copy(seg_rec, old)
+    shutil.copy(seg_rec[:-4] + ".idx", old[:-4] + ".idx")
+    meta = read_meta(seg_rec)
+    assert meta["images_checked"] == "strict"  # what a conversion writes
+    del meta["images_checked"]
+    with open(meta_path(old), "wb") as f:
+        f.write(dumps_meta(meta))
+    seen.clear()
+    ds = SegmentationRecordDataset(old, mode="train", base_size=48, crop_size=40, seed=3)
+    for i in range(len(ds)):
+        ds[SampleKey(i, epoch=1)]
+    assert seen and set(seen) == {True}
 
 
 @needs_ext

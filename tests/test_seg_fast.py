@@ -191,6 +191,29 @@ def test_labels_read_from_the_runs_are_the_expanded_masks(seg_rec, monkeypatch, 
         assert g.dtype == w.dtype == np.dtype(mask_dtype) and np.array_equal(g, w)
 
 
+def test_a_run_box_the_runs_cannot_be_sampled_into_is_expanded():
+    """Tables of 8-byte entries, or an output of another dtype, take the expanded mask:
+    the same labels as from an array."""
+    from gluon_data.format import masks
+    m = np.random.default_rng(2).integers(0, 5, (30, 40)).astype(np.uint8)
+    buf = masks.encode_rle(m, block_rows=8)
+    crop = T.RandomScaleCrop(30, 20, seed=1)
+    box, params = crop.plan(30, 40)
+    y0, x0, y1, x1 = box
+    img = np.zeros((30, 40, 3), np.uint8)[y0:y1, x0:x1]
+    for dtype, out_dtype in ((np.int64, np.int64), (np.float64, np.float64),
+                             (np.int32, np.int16)):
+        table = np.arange(256).astype(dtype)
+        want = crop.apply(img, m[y0:y1, x0:x1], params, mask_map=table,
+                          mask_out=np.empty(crop.size, out_dtype))[1]
+        run = masks.run_box(buf, box=box)
+        if run is None:
+            pytest.skip("the C run sampler is not built here")
+        got = crop.apply(img, run, params, mask_map=table,
+                         mask_out=np.empty(crop.size, out_dtype))[1]
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
 def test_mask_dtype(seg_rec):
     base = SegmentationDataset(seg_rec, mode="train", seed=5, base_size=50, crop_size=40)
     small = SegmentationDataset(seg_rec, mode="train", seed=5, base_size=50, crop_size=40,

@@ -187,10 +187,11 @@ class StoreDataset:
                               self.filename)
         self._verify = verify
         self._checksummed = bool(self.meta and self.meta.get("checksum") == "crc32-id2")
-        # every image of a gluon-data conversion was decoded strictly before its record was
-        # sealed: a record whose checksum is verified holds bytes proven to decode, and a
-        # region decode may stop after the rows it needs (decode_region's strict=False)
-        self._proven = self._checksummed and bool(verify)
+        # a conversion that says so decoded every image strictly (or encoded it) before it
+        # sealed the record: a record whose checksum is verified holds bytes proven to
+        # decode, and a region decode may stop after the rows it needs (strict=False)
+        self._proven = (self._checksummed and bool(verify)
+                        and (self.meta or {}).get("images_checked") == "strict")
         self._ids_are_keys = ids_are_keys(self.meta, container_of(store))
         self._max_pixels = max_pixels
         self.seed = seed
@@ -326,6 +327,7 @@ class StoreDataset:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.__dict__.setdefault("_made_in", ProcessMark(0))  # (an older pickle: a copy)
+        self.__dict__.setdefault("_proven", False)  # (an older pickle: decoded strictly)
         if not isinstance(state.get("_passes"), PerProcess):  # (an older pickle's None)
             self._passes = PerProcess()
         self.__dict__.pop("_passes_lock", None)

@@ -392,16 +392,16 @@ class SegmentationDataset(StoreDataset):
             img = self._decode(codec.decode_image, rec.image, key, offset, "image", flag=1)
             hw = img.shape[:2]
         if tuple(mhw) != tuple(hw):
-            raise CorruptRecordError("mask is %dx%d but image is %dx%d"
-                                     % (mhw[1], mhw[0], hw[1], hw[0]),
-                                     self.filename, key, offset)
+            raise CorruptRecordError("mask is %dx%d but image is %dx%d" % (
+                mhw[1], mhw[0], hw[1], hw[0]), self.filename, key, offset)
         with self._sample(i, epoch):
             box, params = joint.plan(*hw)
         y0, x0, y1, x1 = box
         if mask is None:  # run-length: the box read from its runs, or its row blocks expanded
-            mask = (self._decode(run_box, rec.mask, key, offset, "mask", box=box)
-                    or self._decode(codec.decode_mask, rec.mask, key, offset, "mask",
-                                    rows=(y0, y1))[:, x0:x1])
+            mask = self._decode(run_box, rec.mask, key, offset, "mask", box=box)
+            if mask is None:
+                mask = self._decode(codec.decode_mask, rec.mask, key, offset, "mask",
+                                    rows=(y0, y1))[:, x0:x1]
         else:
             mask = mask[y0:y1, x0:x1]
         part = (img[y0:y1, x0:x1] if img is not None else  # params[1:3]: the size it becomes

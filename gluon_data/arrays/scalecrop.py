@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Tuple, Union, cast
 import cv2
 import numpy as np
 
-from ..format.masks import RunBox
+from ..format.masks import RunBox, sampled_by_runs
 from ..sampling.seeding import RandomTransform
 from .blur import gaussian_blur
 from .tensorize import as_hwc, to_numpy, to_chw_uint8
@@ -263,8 +263,8 @@ class RandomScaleCrop(RandomTransform):
         ch, cw = self.size
         fill = self.mask_fill
         if isinstance(m, RunBox):
-            if (mask_map is not None and mask_out is not None
-                    and mask_out.dtype == mask_map.dtype and mask_out.flags.c_contiguous):
+            if mask_map is not None and mask_out is not None and sampled_by_runs(mask_map,
+                                                                                 mask_out):
                 h, w = m.shape  # each run one fill of the labels it maps to
                 m.sample(nearest_index(vh, h), nearest_index(vw, w), mask_map, mask_out, flip)
                 return self._pad_mask(mask_out, vh, vw, mask_map[fill])

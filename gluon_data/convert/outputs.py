@@ -413,6 +413,8 @@ def split_metadata(src: Source, split: str, count: int, st: RunningStats, opts: 
         "split": split,
         "num_records": count,
         "checksum": "crc32-id2",
+        # every stored image decoded strictly by the decoder of record here, or encoded here
+        "images_checked": "strict",
         "image_encoding": opts.encoding,
         "image_size": st.image_size(),
         "created_by": {"tool": "gluon_data %s" % __version__, "layout": src.layout,

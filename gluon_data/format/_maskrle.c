@@ -42,7 +42,9 @@
  *   writable buffer of rows of out_width entries of itemsize bytes, at least vh of them,
  *   out_width >= vw: its first vh rows' first vw entries are written. A run is one fill of
  *   the output columns its pixels map to; an output row whose mask row is the one before's
- *   is a copy of it. Raises ValueError for arguments that do not fit.
+ *   is a copy of it. The blocks' runs are checked again first (as expand does), so nothing
+ *   is read outside them whatever the caller checked. Raises ValueError for arguments that
+ *   do not fit, and as expand does.
  *
  * No library beyond Python's own.
  */
@@ -395,6 +397,18 @@ sample(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "rows and cols must be non-decreasing and inside "
                             "the decoded blocks");
             goto rel_out;
+        }
+        {
+            Py_ssize_t sum = 0, bad = bad_block(lens, nruns, offs, nblocks, block_px, last_px,
+                                                &sum);
+            if (bad >= 0) {
+                if (sum < 0)
+                    PyErr_Format(PyExc_ValueError, "block %zd: run offsets not increasing", bad);
+                else
+                    PyErr_Format(PyExc_ValueError, "block %zd: runs add up to %zd pixels, %zd "
+                                 "expected", bad, sum, bad == nblocks - 1 ? last_px : block_px);
+                goto rel_out;
+            }
         }
         xmap = (Py_ssize_t *)PyMem_RawMalloc(sizeof(Py_ssize_t) * (size_t)(width + 1));
         if (xmap == NULL) {

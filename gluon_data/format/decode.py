@@ -2,7 +2,8 @@
 
 :func:`decode_region` returns exactly ``codec.decode_image(buf, flag)[y0:y1, x0:x1]``, pixel
 for pixel, or raises the :class:`~gluon_data.errors.DecodeError` that call raises: whatever
-the box, with or without the C extension, with region decoding on or off.
+the box, with or without the C extension, with region decoding on or off (with ``strict``,
+the default; see "Bytes proven already" below for the other).
 
 The full decode is the decoder of record (libjpeg-turbo in simplejpeg, the same library
 on every machine: see :func:`gluon_data.format.codec.decode_image`). The optional C extension
@@ -29,9 +30,10 @@ entropy-decoding the rows below the box, most of a JPEG's decode time. A caller 
 bytes already proven to decode strictly may skip it: the region decoder then stops after
 the box's last row. Damage below the box goes unseen, and so may damage above it that
 libjpeg would only have noticed further on, hence "proven": the datasets pass it for a
-record of a gluon-data conversion whose checksum they verified (the converter decoded that
-image strictly before sealing the record, and the checksum says these are those bytes).
-For such bytes the pixels are the same either way.
+record whose checksum they verified, of a dataset whose metadata says ``"images_checked":
+"strict"`` (FORMAT.md): its converter decoded every image it kept strictly, and encoded the
+others itself, before sealing each record; the checksum says these are those bytes, barring
+deliberate edits. For such bytes the pixels are the same either way.
 
 **Scaled decoding (opt-in, not exact).** A crop that is shrunk 2x or more after decoding
 (``train``'s random scale at Cityscapes sizes, a small ``RandomResizedCrop`` output) can be

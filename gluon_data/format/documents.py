@@ -249,6 +249,7 @@ META_FIELDS: Dict[str, F] = {
     "num_records": F(COUNT, True, False),
     "split": F(STR),
     "checksum": F(STR),
+    "images_checked": F(STR),
     "image_encoding": F(STR),
     "mask_encoding": F(STR),
     "classes": F(list_of(STR, "a list of strings")),

@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - depends on the install
 
 __all__ = ["RLE_MAGIC", "RLE_VERSION", "DEFAULT_BLOCK_ROWS", "MASK_ENCODINGS", "RleHeader",
            "encode_rle", "is_rle", "rle_header", "decode_rle", "mask_runs", "rle_bytes", "mask_size",
-           "take_rows", "RunBox", "run_box"]
+           "take_rows", "RunBox", "run_box", "sampled_by_runs"]
 
 #: How converters store masks: ``rle`` (run-length row blocks, the default), ``zraw``
 #: (one zlib stream, the previous default), ``png``; ``raw`` goes with ``encoding='raw'``.
@@ -250,7 +250,7 @@ class RunBox:
         self.shape = (box[2] - box[0], box[3] - box[1])
         self.dtype = blocks.header.dtype
 
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:  # (always a new array)
         bl, (y0, x0, y1, x1) = self._blocks, self.box
         out = np.empty((bl.rows, bl.header.width), bl.header.dtype)
         _ext.expand(bl.lengths, bl.values, 1, bl.offsets, bl.block_px, bl.last_px, out)
@@ -264,8 +264,9 @@ class RunBox:
         first ``len(rows)`` x ``len(cols)`` of ``out`` (a C-contiguous HxW array of
         ``table``'s dtype, 1, 2 or 4 bytes an entry); returns ``out``."""
         bl, (y0, x0), (h, w) = self._blocks, self.box[:2], self.shape
-        if out.dtype != table.dtype or not out.flags.c_contiguous or out.ndim != 2:
-            raise ValueError("out must be a C-contiguous 2-D array of the table's dtype")
+        if not sampled_by_runs(table, out):
+            raise ValueError("out must be an aligned, C-contiguous 2-D array of the dtype of "
+                             "table, 256 entries of 1, 2 or 4 bytes")
         if len(rows) and len(cols) and not (0 <= rows[0] and rows[-1] < h
                                             and 0 <= cols[0] and cols[-1] < w):
             raise ValueError("rows and cols must be non-decreasing and inside the box")
@@ -276,17 +277,25 @@ class RunBox:
         return out
 
 
+def sampled_by_runs(table: np.ndarray, out: np.ndarray) -> bool:
+    """Whether :meth:`RunBox.sample` writes through ``table`` into ``out``: 256 entries of 1,
+    2 or 4 bytes, ``out`` an aligned, C-contiguous 2-D array of their dtype."""
+    return (table.shape == (256,) and table.dtype.itemsize in (1, 2, 4)
+            and out.dtype == table.dtype and out.ndim == 2 and out.flags.c_contiguous
+            and out.flags.aligned)
+
+
 def run_box(buf: BytesLike, *, box: Tuple[int, int, int, int], what: str = "mask",
             max_pixels: Optional[int] = None) -> Optional[RunBox]:
     """The :class:`RunBox` ``box = (y0, x0, y1, x1)`` of a uint8 run-length mask, its blocks
     checked; ``None`` for other masks or without the C routine (decode those). Raises
-    :class:`DecodeError` as :func:`decode_rle` does, and for a box outside the mask."""
-    if _ext is None or not hasattr(_ext, "sample") or not is_rle(buf):
+    :class:`DecodeError` as :func:`decode_rle` does, and for a box outside the mask. A
+    buffer other than ``bytes`` is copied (the box must not change under it)."""
+    if (_ext is None or not hasattr(_ext, "sample") or not is_rle(buf)
+            or rle_header(buf, what, max_pixels).dtype != np.uint8):
         return None
     y0, x0, y1, x1 = (int(v) for v in box)
-    bl = _blocks(buf, what, max_pixels, (y0, y1))
-    if bl.header.dtype != np.uint8:
-        return None
+    bl = _blocks(buf if isinstance(buf, bytes) else bytes(buf), what, max_pixels, (y0, y1))
     if not 0 <= x0 < x1 <= bl.header.width:
         raise DecodeError("%s: columns %d:%d asked of a mask of %d columns"
                           % (what, x0, x1, bl.header.width))
