@@ -98,6 +98,18 @@ bad_block(const unsigned char *lens, Py_ssize_t nruns, const unsigned char *offs
     return -1;
 }
 
+/* The ValueError of bad_block's block b: its offsets out of order (sum < 0) or its runs adding
+ * up to sum pixels where want were expected. */
+static void
+set_bad_block(Py_ssize_t b, Py_ssize_t sum, Py_ssize_t want)
+{
+    if (sum < 0)
+        PyErr_Format(PyExc_ValueError, "block %zd: run offsets not increasing", b);
+    else
+        PyErr_Format(PyExc_ValueError, "block %zd: runs add up to %zd pixels, %zd expected",
+                     b, sum, want);
+}
+
 static PyObject *
 check(PyObject *self, PyObject *args)
 {
@@ -125,11 +137,8 @@ check(PyObject *self, PyObject *args)
         b = bad_block((const unsigned char *)len_b.buf, nruns, offs, nblocks, block_px,
                       last_px, &sum);
         Py_END_ALLOW_THREADS
-        if (b >= 0 && sum < 0) {
-            PyErr_Format(PyExc_ValueError, "block %zd: run offsets not increasing", b);
-        } else if (b >= 0) {
-            PyErr_Format(PyExc_ValueError, "block %zd: runs add up to %zd pixels, %zd expected",
-                         b, sum, b == nblocks - 1 ? last_px : block_px);
+        if (b >= 0) {
+            set_bad_block(b, sum, b == nblocks - 1 ? last_px : block_px);
         } else {
             Py_INCREF(Py_None);
             result = Py_None;
@@ -214,13 +223,8 @@ expand(PyObject *self, PyObject *args)
             }
         }
         Py_END_ALLOW_THREADS
-        if (bad == 1) {
-            PyErr_Format(PyExc_ValueError, "block %zd: runs add up to %zd pixels, %zd expected",
-                         bad_block, bad_sum, bad_want);
-            goto rel_out;
-        }
-        if (bad == 2) {
-            PyErr_Format(PyExc_ValueError, "block %zd: run offsets not increasing", bad_block);
+        if (bad) {
+            set_bad_block(bad_block, bad == 2 ? -1 : bad_sum, bad_want);
             goto rel_out;
         }
         Py_INCREF(Py_None);
@@ -402,11 +406,7 @@ sample(PyObject *self, PyObject *args)
             Py_ssize_t sum = 0, bad = bad_block(lens, nruns, offs, nblocks, block_px, last_px,
                                                 &sum);
             if (bad >= 0) {
-                if (sum < 0)
-                    PyErr_Format(PyExc_ValueError, "block %zd: run offsets not increasing", bad);
-                else
-                    PyErr_Format(PyExc_ValueError, "block %zd: runs add up to %zd pixels, %zd "
-                                 "expected", bad, sum, bad == nblocks - 1 ? last_px : block_px);
+                set_bad_block(bad, sum, bad == nblocks - 1 ? last_px : block_px);
                 goto rel_out;
             }
         }
