@@ -367,9 +367,16 @@ def check_structure(buf: BytesLike, what: str, max_pixels: Optional[int]) -> Non
                 raise DecodeError("%s: corrupt JPEG header (%s)" % (what, e)) from None
         elif hw is None:
             hw = _header_size(buf)  # BMP, WebP, TIFF, ... (stock files may hold any)
-        if hw is not None and hw[0] * hw[1] > max_pixels:
-            raise DecodeError("%s: %dx%d pixels exceed the limit of %d (max_pixels); raise it "
-                              "if this image is genuine" % (what, hw[1], hw[0], max_pixels))
+        if hw is not None:
+            check_pixels(hw, what, max_pixels)
+
+
+def check_pixels(hw: Tuple[int, int], what: str, max_pixels: Optional[int]) -> None:
+    """Refuse an image of ``hw = (height, width)`` over ``max_pixels`` (None or 0: no cap),
+    before anything its size is allocated."""
+    if max_pixels and hw[0] * hw[1] > max_pixels:
+        raise DecodeError("%s: %dx%d pixels exceed the limit of %d (max_pixels); raise it "
+                          "if this image is genuine" % (what, hw[1], hw[0], max_pixels))
 
 
 def decode_image(buf: BytesLike, flag: int = 1, *, max_pixels: Optional[int] = DEFAULT_MAX_PIXELS,

@@ -164,7 +164,7 @@ def _region(buf, box, flag: int, max_pixels: Optional[int], what: str,
     y0, x0, y1, x1 = _check_box(box, hw, what)
     if (y1 - y0) * (x1 - x0) > REGION_MAX_FRACTION * hw[0] * hw[1]:
         return None
-    codec.check_structure(buf, what, max_pixels)  # empty, pixel cap: as decode_image
+    codec.check_pixels(hw, what, max_pixels)  # (a JPEG with a frame: not empty)
     try:  # (a box outside the size libjpeg reads is a ValueError too: the headers disagree)
         out = _jpegregion.decode(buf, y0, x0, y1, x1, flag, strict)
     except ValueError as e:
