@@ -317,6 +317,47 @@ def test_jpeg_the_reader_cannot_decode_is_re_encoded_and_a_corrupt_one_refused(t
         convert(src, str(tmp_path / "p.rec"), "pairs")
 
 
+def test_a_re_encode_decodes_jpegs_with_the_decoder_of_record_and_pillow_where_it_refuses(
+        tmp_path, monkeypatch):
+    """``encoding='jpg'`` decodes a JPEG source with the readers' decoder (faster than
+    Pillow, the same pixels); one that decoder refuses as damaged but Pillow reads is still
+    re-encoded, as before, where a pass-through conversion refuses it."""
+    from PIL import Image as PILImage
+    src = make_pairs(str(tmp_path / "src"), n=3, ext=".jpg")
+    photo = np.random.default_rng(0).integers(0, 255, (300, 400, 3), dtype=np.uint8)
+    buf = bytearray(cv2.imencode(".jpg", photo)[1].tobytes())
+    buf[len(buf) // 2:len(buf) // 2 + 40] = b"\x55" * 40  # Pillow decodes it quietly
+    open(os.path.join(src, "images", "s02.jpg"), "wb").write(bytes(buf))
+    PILImage.fromarray(np.zeros((300, 400), np.uint8)).save(os.path.join(src, "masks",
+                                                                         "s02.png"))
+    decoded, opened, real_decode, real_open = [], [], codec.decode_image, PILImage.open
+
+    def counted_decode(data, *a, **k):
+        decoded.append(bytes(data[:2]))
+        return real_decode(data, *a, **k)
+
+    def counted_open(fp, *a, **k):
+        opened.append(1)
+        return real_open(fp, *a, **k)
+    monkeypatch.setattr(codec, "decode_image", counted_decode)
+    monkeypatch.setattr(PILImage, "open", counted_open)
+    out = str(tmp_path / "o.rec")
+    convert(src, out, "pairs", encoding="jpg", quality=90)
+    assert decoded.count(b"\xff\xd8") >= 3  # every source JPEG tried by the decoder of record
+    assert len(opened) >= 1 + 3  # Pillow: the damaged JPEG, and the three masks
+    monkeypatch.undo()
+    for i in range(3):
+        rec = codec.unpack(RecordFile(out).read(i), segmentation=True)
+        img = codec.decode_image(rec.image, 1)
+        source = open(os.path.join(src, "images", "s%02d.jpg" % i), "rb").read()
+        want = np.asarray(PILImage.open(io.BytesIO(source)).convert("RGB"))
+        want = codec.decode_image(cv2.imencode(".jpg", want[:, :, ::-1], [
+            cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes(), 1)  # Pillow's pixels, re-encoded
+        assert np.array_equal(img, want), i
+    with pytest.raises(ConversionError, match="s02.jpg.*corrupt"):
+        convert(src, str(tmp_path / "p.rec"), "pairs")
+
+
 @pytest.mark.parametrize("tree", ["VOCdevkit", "VOC2012", "ade20k", "cityscapes", "pairs"])
 def test_imagefolder_refuses_a_segmentation_tree_naming_the_layout_that_fits(tmp_path, tree):
     """Its folders are not classes: packing JPEGImages, SegmentationClass and ImageSets as

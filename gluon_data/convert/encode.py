@@ -1,10 +1,12 @@
 """Per-item work of a conversion: read, validate and encode one source item (or one record
 of a legacy LMDB) into a record payload, in a worker process.
 
-Images are decoded strictly with Pillow (a truncated file is an error, not a grey half),
-masks are turned into class indices (palette PNGs through their indices, never their
-colours), sizes and class ids are checked, and what is stored is decoded once more by the
-reader's own decoder, so what converts also reads. :func:`encode_job` and
+JPEGs are decoded strictly by the readers' own decoder (libjpeg-turbo in simplejpeg), whether
+they are kept or re-encoded; other images, and JPEGs it does not read, by Pillow (a
+truncated file is an error, not a grey half). Masks are turned into class indices (palette
+PNGs through their indices, never their colours), sizes and class ids are checked, and what
+is stored as it came is decoded once more by the reader's own decoder, so what converts
+also reads. :func:`encode_job` and
 :func:`~gluon_data.convert.engines.worker_init` are what the driver's spawned pool runs
 (found by this module's path).
 """
@@ -86,17 +88,21 @@ def _open_strict(data: bytes, path: str, what: str, max_pixels: int) -> Image.Im
     return im
 
 
-def _decode_like_reader(data: bytes, path: str, max_pixels: int) -> Optional[np.ndarray]:
+def _decode_like_reader(data: bytes, path: str, max_pixels: int,
+                        refuse: bool = True) -> Optional[np.ndarray]:
     """RGB pixels of a JPEG, decoded strictly by the decoder the datasets use (so what
     converts also reads), or ``None`` for other formats and for JPEGs that decoder does not
-    support (CMYK, ...), which Pillow then decodes and the converter re-encodes."""
+    support (CMYK, ...), which Pillow then decodes and the converter re-encodes. A JPEG it
+    refuses as corrupt is a :class:`SourceError` (``refuse``) or ``None``: for an image to be
+    re-encoded, Pillow then decides, as it did before this decoder was tried (the same
+    pixels where both decode: libjpeg-turbo either way, the same settings)."""
     if data[:2] != JPEG_SOI or not codec.has_fast_jpeg():
         return None
     _check_pixels(data, path, "image", max_pixels)
     try:
         return codec.decode_image(data, 1, max_pixels=max_pixels)
     except DecodeError as e:
-        if "nsupported" in e.reason:
+        if "nsupported" in e.reason or not refuse:
             return None
         raise SourceError("image is corrupt or not an image (%s)" % e.reason, path) from None
 
@@ -210,12 +216,12 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
     """
     data = _read_bytes(item.image, "image", opts.max_file_bytes)
     info: dict = {}
-    rgb = (_decode_like_reader(data, item.image, opts.max_pixels)
-           if opts.encoding == "passthrough" and not opts.resize else None)
+    kept = opts.encoding == "passthrough" and not opts.resize
+    rgb = _decode_like_reader(data, item.image, opts.max_pixels, refuse=kept)
     fmt: Optional[str]
     reencode: Union[bool, int]
-    if rgb is not None:  # a JPEG kept as is, validated by the decoder that will read it
-        (h, w), fmt, reencode = rgb.shape[:2], "JPEG", False
+    if rgb is not None:  # a JPEG kept as is, validated by the decoder that will read it,
+        (h, w), fmt, reencode = rgb.shape[:2], "JPEG", not kept  # or its pixels re-encoded
     else:
         im = _open_strict(data, item.image, "image", opts.max_pixels)
         w, h = im.size
@@ -227,7 +233,8 @@ def encode_item(item: Item, record_id: int, opts: EncodeOptions):
             _reads_back(data, item.image, "image", opts.max_pixels, None, refuse=False) is None:
         reencode = True  # e.g. bytes after a PNG's IEND: Pillow reads it, our reader refuses
     if reencode:
-        rgb = np.asarray(im.convert("RGB"))
+        if rgb is None:
+            rgb = np.asarray(im.convert("RGB"))
         if opts.resize:
             rgb = _resize_short(rgb, opts.resize, cv2.INTER_AREA
                                 if min(h, w) > opts.resize else cv2.INTER_LINEAR,
