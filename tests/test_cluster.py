@@ -199,7 +199,20 @@ def test_a_path_not_shared_with_the_workers_is_a_typed_error(cluster, tmp_path, 
         assert e.value.path.startswith("/proc/self/cwd/out/c-0000")
         assert not os.path.exists("out/c.shards.json")
     finally:
-        shutil.rmtree(str(worker_cwd / "out"))
+        _remove_when_idle(str(worker_cwd / "out"))
+
+
+def _remove_when_idle(path: str, ceiling_s: float = 60.0) -> None:
+    """Remove a folder the workers write into: the other shard's task, cancelled when the
+    first one failed, may still be running there (Dask does not stop a running task), so
+    retry until it is done, a bounded number of times."""
+    for _ in range(int(ceiling_s / 0.2)):
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError:  # a file appeared while it was removed: the task is still writing
+            time.sleep(0.2)
+    shutil.rmtree(path)
 
 
 def test_a_worker_running_another_gluon_data_version_is_refused(cluster, tmp_path):
