@@ -194,7 +194,7 @@ def _scaled(buf, box, flag: int, shrink_to, max_pixels: Optional[int],
     d = _denom((y1 - y0, x1 - x0), (oh, ow))
     if d == 1:
         return None
-    codec.check_structure(buf, what, max_pixels)
+    codec.check_pixels((frame.height, frame.width), what, max_pixels)  # (as _region)
     sh, sw = -(-frame.height // d), -(-frame.width // d)
     # the scaled rows/columns the bilinear taps touch: one beyond the box each side
     sy0, sx0 = max(0, y0 // d - 1), max(0, x0 // d - 1)

@@ -182,18 +182,17 @@ class _Blocks(NamedTuple):
     last_px: int
 
 
-def _blocks(buf: BytesLike, what: str, max_pixels: Optional[int],
+def _blocks(buf: BytesLike, hd: RleHeader, what: str,
             rows: Optional[Tuple[int, int]]) -> _Blocks:
-    """The blocks of ``rows = (y0, y1)`` (None: all), every field and every block's runs
-    checked (nothing the size of the mask allocated before that): :class:`DecodeError` where
-    they do not fit."""
-    mv = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
-    hd = rle_header(mv, what, max_pixels)
+    """The blocks of ``rows = (y0, y1)`` (None: all) of the mask whose checked header is
+    ``hd``, the block table and every block's runs checked (nothing the size of the mask
+    allocated before that): :class:`DecodeError` where they do not fit. ``buf``: bytes, a
+    bytearray or a byte memoryview."""
     h, w, brows = hd.height, hd.width, hd.block_rows
     y0, y1 = (0, h) if rows is None else (int(rows[0]), int(rows[1]))
     if not 0 <= y0 < y1 <= h:
         raise DecodeError("%s: rows %d:%d asked of a mask of %d rows" % (what, y0, y1, h))
-    table = np.frombuffer(mv, "<u4", hd.blocks + 1, _HEAD.size)
+    table = np.frombuffer(buf, "<u4", hd.blocks + 1, _HEAD.size)
     if table[0] != 0 or table[-1] != hd.runs or np.any(table[1:] <= table[:-1]):
         raise DecodeError("%s: run-length mask's block table is inconsistent (it must rise "
                           "from 0 to the %d runs, one run or more a block)" % (what, hd.runs))
@@ -201,8 +200,8 @@ def _blocks(buf: BytesLike, what: str, max_pixels: Optional[int],
     r0, r1 = int(table[b0]), int(table[b1])
     itemsize = hd.dtype.itemsize
     blocks = _Blocks(hd, y0, y1, b0 * brows, min(h, b1 * brows) - b0 * brows,
-                     memoryview(mv)[hd.lengths_at + 2 * r0:hd.lengths_at + 2 * r1],
-                     memoryview(mv)[hd.values_at + itemsize * r0:hd.values_at + itemsize * r1],
+                     memoryview(buf)[hd.lengths_at + 2 * r0:hd.lengths_at + 2 * r1],
+                     memoryview(buf)[hd.values_at + itemsize * r0:hd.values_at + itemsize * r1],
                      table[b0:b1 + 1] - table[b0], brows * w,
                      (min(h, b1 * brows) - (b1 - 1) * brows) * w)
     if _ext is not None and hasattr(_ext, "check"):  # (an extension built before it had one:
@@ -224,19 +223,24 @@ def decode_rle(buf: BytesLike, what: str = "mask", max_pixels: Optional[int] = N
     block table that does not increase, runs that do not fill their block exactly), and
     for ``rows`` outside the mask.
     """
-    bl = _blocks(buf, what, max_pixels, rows)
-    itemsize, w = bl.header.dtype.itemsize, bl.header.width
+    mv = memoryview(buf).cast("B") if not isinstance(buf, (bytes, bytearray)) else buf
+    bl = _blocks(mv, rle_header(mv, what, max_pixels), what, rows)
+    try:
+        return _expanded(bl)[bl.y0 - bl.first_row:bl.y1 - bl.first_row]
+    except ValueError as e:  # (checked already: kept for an extension's own checks)
+        raise DecodeError("%s: corrupt run-length mask (%s)" % (what, e)) from None
+
+
+def _expanded(bl: _Blocks) -> np.ndarray:
+    """Every row of the (checked) blocks ``bl``: the C expansion, or numpy's."""
     if _ext is not None:
-        out = np.empty((bl.rows, w), bl.header.dtype)
-        try:
-            _ext.expand(bl.lengths, bl.values, itemsize, bl.offsets, bl.block_px, bl.last_px,
-                        out)
-        except ValueError as e:  # (checked already: kept for an extension's own checks)
-            raise DecodeError("%s: corrupt run-length mask (%s)" % (what, e)) from None
-    else:
-        lens = np.frombuffer(bl.lengths, "<u2")
-        out = np.repeat(np.frombuffer(bl.values, bl.header.dtype), lens).reshape(bl.rows, w)
-    return out[bl.y0 - bl.first_row:bl.y1 - bl.first_row]
+        out = np.empty((bl.rows, bl.header.width), bl.header.dtype)
+        _ext.expand(bl.lengths, bl.values, bl.header.dtype.itemsize, bl.offsets, bl.block_px,
+                    bl.last_px, out)
+        return out
+    lens = np.frombuffer(bl.lengths, "<u2")
+    return np.repeat(np.frombuffer(bl.values, bl.header.dtype), lens).reshape(
+        bl.rows, bl.header.width)
 
 
 class RunBox:
@@ -252,9 +256,7 @@ class RunBox:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:  # (always a new array)
         bl, (y0, x0, y1, x1) = self._blocks, self.box
-        out = np.empty((bl.rows, bl.header.width), bl.header.dtype)
-        _ext.expand(bl.lengths, bl.values, 1, bl.offsets, bl.block_px, bl.last_px, out)
-        box = out[y0 - bl.first_row:y1 - bl.first_row, x0:x1]
+        box = _expanded(bl)[y0 - bl.first_row:y1 - bl.first_row, x0:x1]
         return box if dtype is None else box.astype(dtype)
 
     def sample(self, rows: np.ndarray, cols: np.ndarray, table: np.ndarray, out: np.ndarray,
@@ -291,11 +293,14 @@ def run_box(buf: BytesLike, *, box: Tuple[int, int, int, int], what: str = "mask
     checked; ``None`` for other masks or without the C routine (decode those). Raises
     :class:`DecodeError` as :func:`decode_rle` does, and for a box outside the mask. A
     buffer other than ``bytes`` is copied (the box must not change under it)."""
-    if (_ext is None or not hasattr(_ext, "sample") or not is_rle(buf)
-            or rle_header(buf, what, max_pixels).dtype != np.uint8):
+    if _ext is None or not hasattr(_ext, "sample") or not is_rle(buf):
+        return None
+    buf = buf if isinstance(buf, bytes) else bytes(buf)
+    hd = rle_header(buf, what, max_pixels)
+    if hd.dtype != np.uint8:
         return None
     y0, x0, y1, x1 = (int(v) for v in box)
-    bl = _blocks(buf if isinstance(buf, bytes) else bytes(buf), what, max_pixels, (y0, y1))
+    bl = _blocks(buf, hd, what, (y0, y1))
     if not 0 <= x0 < x1 <= bl.header.width:
         raise DecodeError("%s: columns %d:%d asked of a mask of %d columns"
                           % (what, x0, x1, bl.header.width))
