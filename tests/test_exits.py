@@ -157,7 +157,10 @@ def test_ctrl_c_of_a_dask_conversion_is_quiet(tmp_path):
     --resume and exits 130, within the bound, with no traceback from it or from the Dask
     worker processes, and leaves no process behind."""
     pytest.importorskip("dask.distributed")
-    voc = make_voc(str(tmp_path / "VOC2012"), num_images=120, size_range=(40, 64), seed=3)
+    # enough items that the signal, 0.3 s after the first shard starts, lands while shards
+    # are written, not in the process's exit after the manifest (a re-encode of 120 items
+    # took 0.35 s from the first shard to the manifest)
+    voc = make_voc(str(tmp_path / "VOC2012"), num_images=480, size_range=(40, 64), seed=3)
     out = str(tmp_path / "o.rec")
     cmd = [sys.executable, "-m", "gluon_data", "convert", voc, out, "--layout", "voc",
            "--split", "trainval", "--encoding", "png", "--shards", "12", "--engine", "dask",
