@@ -10,7 +10,8 @@ import pytest
 from gluon_data.convert import convert
 from gluon_data.convert.outputs import ConversionReport
 from gluon_data.convert.sample import make_imagefolder
-from gluon_data.convert.superseded import remove_superseded, replaced_datasets
+from gluon_data.convert.shard_plan import SplitPlan
+from gluon_data.convert.superseded import remove_superseded, replace_datasets
 from gluon_data.errors import GluonDataError, OutputError
 from gluon_data.stores.base import open_store
 
@@ -120,9 +121,11 @@ def test_an_old_shard_that_is_not_ours_stops_the_run_before_anything_changes(src
 
 
 def _old(folder, prefix):
-    """The old dataset's shards as :func:`replaced_datasets` lists them."""
-    plan = {"prefix": str(folder / prefix), "jobs": []}
-    return replaced_datasets([plan], str(folder / "elsewhere.rec")).shards
+    """The old dataset's shards as :func:`replace_datasets` lists them (a plan writing
+    none of them: the old manifest stays)."""
+    plan = SplitPlan("train", str(folder / prefix), str(folder / prefix) + ".shards.json",
+                     jobs=[], digest="", names="", doc={})
+    return replace_datasets([plan], str(folder / "elsewhere.rec")).shards
 
 
 def test_a_shard_no_longer_ours_at_removal_is_left_and_reported(src, tmp_path):

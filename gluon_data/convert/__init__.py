@@ -9,9 +9,11 @@ The package reads as the data flow, each module one concern, imports pointing on
 ``driver``                :func:`convert`: the one merge of the options and the one dispatch
 ``to_uri``                into object storage: staged, then uploaded (``upload``)
 ``upload``                uploads and shard uploads by the one commit protocol
-``sharded``               sharded conversions: one task per shard, a manifest per split
-``superseded``            the old shards a re-sharded dataset no longer names, removed last
-``shard_task``            one shard task (written, or kept by the one rule of "done")
+``sharded``               sharded conversions, stage by stage: the four modules below
+``publish``               a sharded conversion's manifests, one per split, written last
+``superseded``            the datasets a sharded conversion replaces; old shards removed last
+``shard_plan``            a sharded conversion planned (a plan per split), its outputs checked
+``shard_task``            one shard task (written, or kept by the one rule of "done"), all run
 ``local``                 the local, unsharded conversion of a source layout
 ``copy``                  copies of a dataset (rec <-> lmdb) and legacy LMDB imports
 ``loop``                  :func:`drive`, the loop every planned conversion runs

@@ -1,33 +1,35 @@
-"""One shard task: a pure function of (plan, shard number, options) that writes one shard
-with the converter's writers, publishes it by rename, and is skipped on a rerun when the
-shard's metadata carries the plan's digest (:func:`write_shard`, :class:`ShardJob`)."""
+"""The shard tasks: each a pure function of (plan, shard number, options) that writes one
+shard with the converter's writers, publishes it by rename, and is skipped on a rerun when
+the shard's metadata carries the plan's digest (:func:`write_shard`, :class:`ShardJob`); all
+of a plan's run on its engine by :func:`run_shards`."""
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple, cast
 
 
 from ..format import codec
 from ..storage.fsutil import OutputLock
-from ..errors import ConversionError, GluonDataError
-from ..format.ownership import check_disjoint
+from ..errors import ConversionError, GluonDataError, WorkerPathError
 from ..format.plan import conversion_id, part_digest
 from ..stores.lmdbio import LMDBFile, is_lmdb
 from ..format.meta import CONTAINER_KEYS, read_meta
 from ..stores.recordio import RecordFile
 from ..stores.shardstore import ShardedStore
-from ..stores.shards import (dataset_files, is_manifest, manifest_path, read_shard_meta,
-                             shard_files, shard_summary)
+from ..stores.shards import is_manifest, read_shard_meta, shard_files, shard_summary
+from ..tools.progress import progress_bar
 from ..tools.stats import RunningStats as _Stats
 from ..stores.base import is_uri, open_store
 from .done import record_in, shard_unit, why_not_done, why_rec_not_done
 from .encode import EncodeOptions, encode_job
+from .engines import SHARED_PATH_RULE, run_tasks
 from .outputs import fail_conversion, split_metadata, split_fields, done_record, open_writers
 from .sources import Source
 
-__all__ = ["write_shard", "ShardJob", "check_not_source", "source_location", "NOT_COPIED"]
+__all__ = ["write_shard", "ShardJob", "run_shards", "source_location", "NOT_COPIED"]
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,6 @@ class ShardJob:
     plan: Optional[str] = None  # the split plan's names-only digest (``digest``: this shard's)
 
 
-def check_not_source(plans: List[dict], container: str, source: str) -> None:
-    """Refuse a sharded output that would write or replace a file of its ``source`` (its
-    manifests, its shards' files), before any task runs."""
-    shards = dataset_files(*(j.path for p in plans for j in p["jobs"]), container=container)
-    check_disjoint([manifest_path(p["prefix"]) for p in plans] + shards,
-                   dataset_files(source))
-
-
 def _finished(job: ShardJob) -> Optional[dict]:
     """The summary of a shard this plan already published from the same state of its items,
     else ``None``: by the one rule of "done" (:func:`~gluon_data.convert.done.why_not_done`),
@@ -74,7 +68,7 @@ def _finished(job: ShardJob) -> Optional[dict]:
     once each). A shard of a changed source, damaged, of the
     previous release (its metadata records no digests: not provably complete), or with no
     readable metadata, is rewritten (the client refused, before any task, to replace one
-    that is not of this plan: :func:`gluon_data.convert.sharded._check_targets`); a shard
+    that is not of this plan: :func:`gluon_data.convert.shard_plan.plan_shards`); a shard
     whose metadata holds an invalid record is refused (:class:`ConversionError` naming it)."""
     try:
         meta = read_shard_meta(job.path, job.container, job.split)
@@ -230,3 +224,51 @@ def _open_source_store(location: str, split: Optional[str],
         return LMDBFile(location, split or "train")
     meta = read_meta(location)
     return RecordFile(location, expected_count=meta["num_records"] if meta else None)
+
+
+def _job_items(job: ShardJob) -> int:
+    if job.items is not None:
+        return len(job.items)
+    return cast(tuple, job.copy_from)[3] - cast(tuple, job.copy_from)[2]  # a copy job
+
+
+def run_shards(jobs: List[ShardJob], sink: Any, o: Any,
+               shared: List[Tuple[str, str]]) -> Dict[str, dict]:
+    """Run every shard task on ``o.engine`` (``o.workers``, ``o.scheduler``,
+    ``o.task_retries``; ``o``: the conversion's options) with a progress bar: each by
+    :func:`write_shard`, or by ``sink.write_shard(job, write=write_shard)`` where a
+    ``sink`` takes the shards. Returns each shard's manifest entry, by shard path.
+
+    ``shared``: what every Dask task checks on its worker first (the ``output folder`` is
+    made here); a shard a Dask worker reports written must then be on this machine too, else
+    :class:`~gluon_data.errors.WorkerPathError` (the manifest would name shards the client
+    does not have)."""
+    engine = o.engine
+    if engine == "dask":
+        for what, path in shared:
+            if what == "output folder":
+                os.makedirs(path, exist_ok=True)
+    bar = progress_bar(sum(map(_job_items, jobs)), "convert %d shards" % len(jobs),
+                       enabled=o.progress)
+    results: Dict[str, dict] = {}
+    nbytes = 0
+    try:
+        keys = ["gluon-data-%s-%s" % (os.path.basename(j.path), j.digest[:16]) for j in jobs]
+        task = write_shard if sink is None else partial(sink.write_shard, write=write_shard)
+        for i, res in run_tasks(task, jobs, engine=engine, workers=o.workers,
+                                scheduler=o.scheduler, retries=o.task_retries, keys=keys,
+                                shared_paths=shared):
+            job = jobs[i]
+            rec = shard_files(job.path, job.container)[0]
+            if sink is None and engine == "dask" and (not os.path.exists(rec) or (
+                    job.container == "rec" and os.path.getsize(rec) != res["bytes"])):
+                raise WorkerPathError("a worker wrote this shard, but it is not on this "
+                                      "machine: %s" % SHARED_PATH_RULE, rec)
+            results[job.path] = res
+            nbytes += res["bytes"]
+            bar.update(_job_items(job))
+            bar.set_postfix_str("%.1f MB, %d/%d shards" % (nbytes / 1e6, len(results),
+                                                           len(jobs)))
+    finally:
+        bar.close()
+    return results

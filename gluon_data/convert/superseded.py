@@ -3,7 +3,7 @@
 Written again with another shard count (``--shards 2`` where it was 4) or container (LMDB
 where it was ``.rec``), a dataset's shards get other names (``train-00000-of-00002.rec``), so
 the old manifest's shards would stay beside the new ones, where a glob over the folder mixes
-the two datasets. :func:`replaced_datasets` lists them before the run and
+the two datasets. :func:`replace_datasets` lists them before the run and
 :func:`remove_superseded` removes them once every new manifest is written; a run that fails
 or is interrupted removes nothing, and keeps the old manifest (``Replaced.kept_manifests``),
 so its rerun finds them again.
@@ -23,10 +23,11 @@ from typing import Dict, List, NamedTuple, Tuple
 from ..errors import GluonDataError, OutputError
 from ..format.ownership import check_disjoint
 from ..stores.base import is_uri
-from ..stores.shards import dataset_files, manifest_path, read_manifest, shard_summary
+from ..stores.shards import dataset_files, read_manifest, shard_summary
 from .outputs import ConversionReport, outputs_for
+from .shard_plan import SplitPlan
 
-__all__ = ["Replaced", "replaced_datasets", "remove_superseded"]
+__all__ = ["Replaced", "replace_datasets", "remove_superseded"]
 
 
 def _shard_pattern(prefix: str) -> "re.Pattern[str]":
@@ -40,7 +41,7 @@ _RECORDED = ("records", "bytes", "idx_sha256", "meta_sha256")
 
 
 class Replaced(NamedTuple):
-    """What a run does with the datasets it replaces (:func:`replaced_datasets`)."""
+    """What a run does with the datasets it replaces (:func:`replace_datasets`)."""
 
     #: manifests naming none of the shards the run writes (a re-shard into other names):
     #: valid while it runs, kept until the new ones replace them, so a run that fails leaves
@@ -51,11 +52,14 @@ class Replaced(NamedTuple):
     shards: List[Superseded]
 
 
-def replaced_datasets(plans: List[dict], source: str, remove_shards: bool = True) -> Replaced:
-    """Read each manifest this run replaces once, before anything is written (after the
-    targets are checked): which stay until replaced, and (``remove_shards``) each shard that
-    no longer belongs to the dataset once the run is done (see the module docstring),
-    checked ours now.
+def replace_datasets(plans: List[SplitPlan], source: str,
+                     remove_shards: bool = True) -> Replaced:
+    """Begin replacing the datasets this run writes over, before any shard is written (after
+    the targets are checked): read each manifest it replaces once, list which stay until
+    replaced and (``remove_shards``) each shard that no longer belongs to the dataset once
+    the run is done (see the module docstring), checked ours now; then remove every other
+    old manifest, so that none names shards the run rewrites in place (a reader would mix
+    the old metadata with the new records), and a run interrupted or failed leaves none.
 
     Raises
     ------
@@ -63,22 +67,21 @@ def replaced_datasets(plans: List[dict], source: str, remove_shards: bool = True
         Naming an old shard's file that is not gluon-data's, before anything is written or
         removed (``--overwrite`` replaces only gluon-data's own).
     """
-    written = {os.path.abspath(j.path) for p in plans for j in p["jobs"]}
+    written = {os.path.abspath(j.path) for p in plans for j in p.jobs}
     # (a source given as a URI: which local files it reads cannot be told, none is removed)
     remove_shards = remove_shards and not is_uri(source)
     reads = dataset_files(source) if remove_shards else []
     kept: List[str] = []
     found: Dict[str, Superseded] = {}
     for p in plans:
-        path = manifest_path(p["prefix"])
         try:
-            doc = read_manifest(path)
+            doc = read_manifest(p.manifest)
         except (GluonDataError, OSError):  # missing or unreadable: it names nothing
             continue
-        folder, ours = os.path.dirname(os.path.abspath(path)), _shard_pattern(p["prefix"])
+        folder, ours = os.path.dirname(os.path.abspath(p.manifest)), _shard_pattern(p.prefix)
         shards = [(os.path.join(folder, s["name"]), s) for s in doc["shards"]]
         if not any(shard in written for shard, _ in shards):
-            kept.append(path)
+            kept.append(p.manifest)
         for shard, s in shards if remove_shards else ():
             if (not ours.match(s["name"]) or shard in written or shard in found
                     or not os.path.lexists(shard)):
@@ -89,6 +92,12 @@ def replaced_datasets(plans: List[dict], source: str, remove_shards: bool = True
                 continue
             outputs_for(shard, doc["container"]).check_discard(shard)
             found[shard] = (shard, doc["container"], doc["split"], s)
+    for p in plans:  # (checked: ours to replace) rewritten in place, named by none until
+        if p.manifest not in kept:  # the new manifest is written
+            try:
+                os.remove(p.manifest)
+            except FileNotFoundError:
+                pass
     return Replaced(kept, list(found.values()))
 
 

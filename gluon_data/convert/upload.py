@@ -17,7 +17,7 @@ from ..storage.fsutil import sha256_file
 from ..stores.lmdbio import LMDBFile, read_lmdb_meta
 from ..format.meta import dumps_meta, meta_path
 from ..stores.recordio import idx_path_for
-from ..stores.shards import load_manifest, manifest_path, prefix_of, read_manifest, shard_files
+from ..stores.shards import load_manifest, prefix_of, read_manifest, shard_files
 from ..tools.verify import verify
 from ..stores.remote.commit import (Commit, existing_objects, existing_sizes, object_look,
                                     put_object)
@@ -26,6 +26,7 @@ from ..storage.remotefs import Remote
 from ..storage.cache import Cache
 from ..storage.objects import staging_key
 from ..storage.staging import Staging
+from .shard_plan import SplitPlan
 from .done import Done, is_done, read_record, read_records, records_doc, shard_unit, write_record
 
 
@@ -265,10 +266,10 @@ class ShardUploader:
             names = [name, idx_path_for(name), meta_path(name)]
         return [self.shard_uri(n) for n in names] + [self.receipt_uri(name)]
 
-    def _commit(self, p: dict) -> Commit:
-        return Commit(self.remote, self.shard_uri(os.path.basename(manifest_path(p["prefix"]))))
+    def _commit(self, p: SplitPlan) -> Commit:
+        return Commit(self.remote, self.shard_uri(os.path.basename(p.manifest)))
 
-    def prepare(self, plans: List[dict], container: str) -> None:
+    def prepare(self, plans: List[SplitPlan], container: str) -> None:
         """Before any task: refuse what may not be replaced (nothing is changed then), put
         each split's upload marker, remove the old manifests and, unless ``resume``, the old
         receipts (so only this run's uploads are kept by a retried task)."""
@@ -278,7 +279,7 @@ class ShardUploader:
             if self.resume and self._complete(p, c):
                 self.complete.add(c.uri)  # complete already: the tasks find every receipt
                 continue
-            targets = [u for j in p["jobs"] for u in self._objects(j)] + [c.commit]
+            targets = [u for j in p.jobs for u in self._objects(j)] + [c.commit]
             present = existing_sizes(self.remote, targets)
 
             def resumed(target: str, c: Commit = c) -> bool:
@@ -288,12 +289,12 @@ class ShardUploader:
         for p, c, present in todo:
             c.begin()
             if not self.resume:
-                for j in p["jobs"]:
+                for j in p.jobs:
                     receipt = self.receipt_uri(os.path.basename(j.path))
                     if receipt in present:
                         self.remote.rm(receipt)
 
-    def _complete(self, p: dict, c: Commit) -> bool:
+    def _complete(self, p: SplitPlan, c: Commit) -> bool:
         """Whether an earlier upload of plan ``p`` is complete, by the one rule of "done": its
         manifest is committed with this plan's digest, and every shard is proved uploaded by
         its receipt (:meth:`_uploaded`: sizes and ETags)."""
@@ -305,8 +306,8 @@ class ShardUploader:
         except FormatError:
             return False  # not one whole: this run writes it
         made = Done(c.uri, str((doc.get("plan") or {}).get("digest")))
-        if not is_done(made, c.uri, p["digest"]) or \
-                any(self._uploaded(j) is None for j in p["jobs"]):
+        if not is_done(made, c.uri, p.digest) or \
+                any(self._uploaded(j) is None for j in p.jobs):
             return False
         c.settle()
         return True
