@@ -252,6 +252,30 @@ EARLY = ("import sys, traceback\n"
          "sys.exit(code)\n")
 
 
+LATE = ("import os, signal, sys, time\n"
+        "from gluon_data.cli import main\n"
+        "class Late:\n"
+        "    def __del__(self):  # run as the interpreter frees this module, once it has\n"
+        "        os.kill(os.getpid(), signal.SIGINT)  # given SIGINT its default action back\n"
+        "        time.sleep(0.2)\n"
+        "late = Late()\n"
+        "sys.exit(main())\n")
+
+
+@pytest.mark.parametrize("missing,status", [(False, 0), (True, 1)])
+def test_ctrl_c_while_the_interpreter_exits_keeps_the_status(voc_rec, tmp_path, missing,
+                                                              status):
+    """A Ctrl-C that lands once the command has ended, while the interpreter exits (here as
+    it frees the script's module, when Python has given SIGINT its default action back),
+    leaves the command's exit status, success or error, instead of killing the process by
+    the signal (-SIGINT: a finished conversion would look interrupted)."""
+    path = str(tmp_path / "none.rec") if missing else voc_rec
+    code, out, err, _ = _run([sys.executable, "-c", LATE, "info", path], timeout=120)
+    assert code == status, (code, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    assert ("none.rec" in err) if missing else ("records" in out), (out, err)
+
+
 @pytest.mark.parametrize("command", ["info", "verify", "show"])
 def test_ctrl_c_during_imports_and_parsing_is_quiet(voc_rec, command, tmp_path):
     """A Ctrl-C at any moment from the first line of ``main`` on -- while the commands'

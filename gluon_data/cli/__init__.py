@@ -16,7 +16,8 @@ from typing import List, Optional
 
 from ..errors import GluonDataError
 from .bench import BENCH_MODULE, bench_path, load_bench  # noqa: F401
-from .signals import deferred_interrupt, Terminated, catch_sigterm, stdout_closed
+from .signals import (deferred_interrupt, Terminated, catch_sigterm, ignore_late_interrupts,
+                      stdout_closed)
 
 __all__ = ["main", "storage_option_parser"]
 
@@ -50,7 +51,12 @@ def _bench(argv: List[str]) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run the ``gluon-data`` command ``argv`` (default: this process's command line) and
+    return its exit status. Without ``argv`` it is the process's own command (the
+    ``gluon-data`` script, ``python -m gluon_data``): once it has ended, a Ctrl-C is ignored
+    while the interpreter exits, so the status stands (:func:`.signals.ignore_late_interrupts`)."""
     old = command = None
+    exits = argv is None
     # Everything from the first line runs under the one interrupt handler below: the imports
     # of the commands and the argument parsing (most of a command's first second) included,
     # so a Ctrl-C at any moment ends the command with a line, never a traceback.
@@ -64,6 +70,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             args = build_parser().parse_args(argv)
         old = catch_sigterm()
         code = args.func(args)
+        if exits:
+            ignore_late_interrupts()
         sys.stdout.flush()  # a closed pipe shows here, not as the interpreter exits
         return code
     except (GluonDataError, OSError, ValueError, ImportError) as e:
@@ -72,12 +80,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("gluon-data: error: %s" % e, file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
+        if exits:
+            ignore_late_interrupts()
         print("gluon-data: %s%s" % ("terminated" if isinstance(e, Terminated) else
                                     "interrupted",
                                     "; rerun the same command with --resume to continue"
                                     if command == "convert" else ""), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     finally:
+        if exits:
+            ignore_late_interrupts()
         if old is not None:
             signal.signal(signal.SIGTERM, old)
 

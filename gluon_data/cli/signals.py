@@ -1,5 +1,6 @@
 """How the command ends: SIGTERM raised like Ctrl-C in the process that installed it only
-(forked children die as by default), and a closed stdout noticed."""
+(forked children die as by default), a closed stdout noticed, a Ctrl-C held back while the
+commands load and ignored once the command has ended."""
 from __future__ import annotations
 
 import os
@@ -53,6 +54,17 @@ def catch_sigterm():
         return None
     _handler = ProcessMark()
     return signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def ignore_late_interrupts() -> None:
+    """The command has ended and its exit status stands: a Ctrl-C from here on, while the
+    interpreter exits (Dask and multiprocessing shut down, modules are freed), is ignored.
+    Python gives SIGINT back its default action as it finalizes, and a Ctrl-C then would kill
+    the process by the signal, hiding the status (a conversion whose manifest is written
+    would look interrupted). For the process's own command line only (:func:`gluon_data.cli.
+    main` without ``argv``), from its main thread."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def stdout_closed() -> bool:
