@@ -6,8 +6,9 @@ planned into shards and its outputs checked (:mod:`.shard_plan`); the datasets i
 over are taken over (:mod:`.superseded`); each shard is one task, a pure function of (plan,
 shard number, options) run by :mod:`gluon_data.convert.engines` (:mod:`.shard_task`), which
 writes it with the converter's writers and publishes it by rename; each split's manifest
-(:mod:`gluon_data.stores.shards`) is written last (:mod:`.publish`). A rerun keeps the shards the one rule of "done" proves finished
-(:mod:`gluon_data.convert.done`) and redoes the rest.
+(:mod:`gluon_data.stores.shards`) is written last (:mod:`.publish`). A rerun keeps the
+shards the one rule of "done" (:mod:`gluon_data.convert.done`) proves finished and redoes
+the rest.
 
 :func:`sharded_conversion` is internal: :func:`gluon_data.convert.convert` runs it for
 ``shards=N`` (or ``shard_size=``, ``shard_items=``). The old entry :func:`convert_sharded`

@@ -8,7 +8,7 @@ import posixpath
 import shutil
 import time
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ..format import codec
 from ..format.documents import load_document
@@ -26,8 +26,10 @@ from ..storage.remotefs import Remote
 from ..storage.cache import Cache
 from ..storage.objects import staging_key
 from ..storage.staging import Staging
-from .shard_plan import SplitPlan
 from .done import Done, is_done, read_record, read_records, records_doc, shard_unit, write_record
+
+if TYPE_CHECKING:  # annotations only: the planning modules are not a task's imports
+    from .shard_plan import SplitPlan
 
 
 # --------------------------------------------------------------------------- writing
