@@ -30,7 +30,7 @@ from .outputs import (ConversionReport, check_choices, check_options, check_outp
                       writer_conversion_id)
 from .resume import import_digest
 
-__all__ = ["copy_dataset", "import_lmdb", "stock_meta"]
+__all__ = ["copy_dataset", "import_lmdb", "open_copy_sources", "stock_meta"]
 
 
 #: The options a legacy LMDB import reads.
@@ -129,7 +129,7 @@ def stock_meta(path: str, count: int) -> dict:
 
 
 def _uri_sources(source: str, split: Optional[str],
-                 options: dict) -> Dict[str, Tuple[object, dict]]:
+                 options: dict) -> Dict[str, Tuple[Any, dict]]:
     """``{split: (store, meta)}`` of a dataset at a URI, read through its remote store (a
     ``.rec`` and its ``.idx`` downloaded whole into the cache on the first read; an LMDB's
     ``data.mdb`` when opened)."""
@@ -138,7 +138,7 @@ def _uri_sources(source: str, split: Optional[str],
     if names is None:
         meta = first.meta or stock_meta(source, len(first))
         return {meta.get("split") or "train": (first, meta)}
-    out: Dict[str, Tuple[object, dict]] = {}
+    out: Dict[str, Tuple[Any, dict]] = {}
     for s in (split.split(",") if split else names):
         f = first if s == first.split else open_store(source, s, **options)
         out[s] = (f, cast(dict, f.meta))  # an LMDB split's metadata: always there
@@ -171,7 +171,7 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
                          % output)
     check_output(output, outputs.name)
     t0 = time.perf_counter()
-    sources = _open_sources(source, split, source_options)
+    sources = open_copy_sources(source, split, source_options)
     report = ConversionReport(outputs=outputs.paths(os.fspath(output), list(sources)))
     check_disjoint(dataset_files(*report.outputs.values(), container=outputs.name),
                    dataset_files(source))
@@ -196,13 +196,14 @@ def copy_dataset(source: str, output: str, *, split: Optional[str] = None,
     return report
 
 
-def _open_sources(source: str, split: Optional[str],
-                  source_options: Optional[dict]) -> Dict[str, Tuple[object, dict]]:
+def open_copy_sources(source: str, split: Optional[str],
+                      source_options: Optional[dict]) -> Dict[str, Tuple[Any, dict]]:
     """``{split: (store, meta)}``: the splits of a dataset to copy, at a URI, an LMDB or a
-    ``.rec`` (a stock one given classification metadata)."""
+    ``.rec`` (a stock one given classification metadata); each store's ``split`` is ``None``
+    for a ``.rec``. The one reading of a copy's source, for a copy and a sharded copy alike."""
     if is_uri(source):
         return _uri_sources(source, split, dict(source_options or {}))
-    sources: Dict[str, Tuple[object, dict]] = {}
+    sources: Dict[str, Tuple[Any, dict]] = {}
     if is_lmdb(source):
         metas = read_lmdb_meta(source)
         names = split.split(",") if split else sorted(metas)

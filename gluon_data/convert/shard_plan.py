@@ -27,12 +27,11 @@ from ..format.plan import part_digest, plan_digest, source_head
 from ..format.recindex import BINARY_INDEX_SUFFIX
 from ..storage.credentials import forward_options
 from ..stores.base import is_uri, open_store
-from ..stores.lmdbio import LMDBFile, is_lmdb, read_lmdb_meta
-from ..stores.recordio import RecordFile
+from ..stores.lmdbio import is_lmdb
 from ..stores.shards import (dataset_files, is_manifest, manifest_path, parse_size,
                              plan_ranges, prefix_of, read_manifest, read_shard_meta,
                              shard_files, shard_name)
-from .copy import stock_meta
+from .copy import open_copy_sources
 from .options import ConvertOptions
 from .outputs import ConversionReport, output_format
 from .planning import check_values, plan_source, take_problems
@@ -225,23 +224,20 @@ def _stamped_files(source: str) -> List[str]:
 
 def _copy_sources(source: str, split: Optional[str],
                   options: Optional[dict] = None) -> Iterator[tuple]:
-    """``(split, store split, meta, default ranges, record sizes)`` per split to copy."""
-    if is_uri(source):
-        yield from _uri_copy_sources(source, split, options or {})
+    """``(split, store split, meta, default ranges, record sizes)`` per split to copy: a
+    manifest's from the manifest, the others' as a copy reads them
+    (:func:`~.copy.open_copy_sources`)."""
+    if is_manifest(source):  # (at a URI: its remote store holds the manifest, checked)
+        remote: Any = open_store(source, **(options or {})) if is_uri(source) else None
+        yield _manifest_copy_source(read_manifest(source) if remote is None
+                                    else remote.manifest)
         return
-    if is_manifest(source):
-        yield _manifest_copy_source(read_manifest(source))
-        return
-    if is_lmdb(source):
-        metas = read_lmdb_meta(source)
-        for s in (split.split(",") if split else sorted(metas)):
-            f = LMDBFile(source, s)
-            yield s, s, f.meta, None, [len(f.read(i)) for i in range(len(f))]
-        return
-    meta = read_meta(source)
-    rec = RecordFile(source, expected_count=meta["num_records"] if meta else None)
-    meta = meta or stock_meta(source, len(rec))
-    yield None, None, meta, None, rec.extent_sizes().tolist()
+    for s, (f, meta) in open_copy_sources(source, split, options).items():
+        if f.split is not None:  # an LMDB's split: each record's size read
+            yield s, s, meta, None, [len(f.read(i)) for i in range(len(f))]
+        else:  # a .rec (at a URI: downloaded whole, with its .idx, into the cache)
+            rec = f.record_file() if is_uri(source) else f
+            yield None, None, meta, None, rec.extent_sizes().tolist()
 
 
 def _manifest_copy_source(doc: dict) -> tuple:
@@ -254,23 +250,6 @@ def _manifest_copy_source(doc: dict) -> tuple:
     for k, (a, b) in enumerate(ranges):
         sizes[a:b] = [int(per[k])] * (b - a)
     return None, doc.get("split"), doc["meta"], ranges, sizes
-
-
-def _uri_copy_sources(source: str, split: Optional[str], options: dict) -> Iterator[tuple]:
-    """:func:`_copy_sources` of a dataset at a URI, read through its remote store."""
-    first: Any = open_store(source, **options)  # which store decides what it has
-    if is_manifest(source):  # a RemoteShardedStore: the manifest says it all
-        yield _manifest_copy_source(first.manifest)
-        return
-    names = getattr(first, "splits", None)
-    if names is not None:  # an LMDB (RemoteLMDBStore)
-        for s in (split.split(",") if split else names):
-            f = first if s == first.split else open_store(source, s, **options)
-            yield s, s, f.meta, None, [len(f.read(i)) for i in range(len(f))]
-        return
-    f = first.record_file()  # a .rec: downloaded whole (with its .idx) into the cache
-    meta = first.meta or stock_meta(source, len(first))
-    yield None, None, meta, None, f.extent_sizes().tolist()
 
 
 # --------------------------------------------------------------------------- the outputs
