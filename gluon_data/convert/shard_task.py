@@ -26,6 +26,7 @@ from ..stores.base import is_uri, open_store
 from .done import record_in, shard_unit, why_not_done, why_rec_not_done
 from .encode import EncodeOptions, encode_job
 from .engines import SHARED_PATH_RULE, run_tasks
+from .options import ConvertOptions
 from .outputs import fail_conversion, split_metadata, split_fields, done_record, open_writers
 from .sources import Source
 
@@ -232,10 +233,10 @@ def _job_items(job: ShardJob) -> int:
     return cast(tuple, job.copy_from)[3] - cast(tuple, job.copy_from)[2]  # a copy job
 
 
-def run_shards(jobs: List[ShardJob], sink: Any, o: Any,
+def run_shards(jobs: List[ShardJob], sink: Any, o: ConvertOptions,
                shared: List[Tuple[str, str]]) -> Dict[str, dict]:
     """Run every shard task on ``o.engine`` (``o.workers``, ``o.scheduler``,
-    ``o.task_retries``; ``o``: the conversion's options) with a progress bar: each by
+    ``o.task_retries``, ``o.progress``) with a progress bar: each by
     :func:`write_shard`, or by ``sink.write_shard(job, write=write_shard)`` where a
     ``sink`` takes the shards. Returns each shard's manifest entry, by shard path.
 
