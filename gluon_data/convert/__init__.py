@@ -22,6 +22,7 @@ The package reads as the data flow, each module one concern, imports pointing on
 ``resume``                the plan digest and checkpoints (``--resume``)
 ``outputs``               the report, output names, writers, option checks and metadata
 ``done``                  the one rule of "done" (done records: sizes and digests)
+``chunks``                a worker's tasks: a chunk encoded into a segment, segments copied
 ``encode``                per-item work in the worker processes (:func:`encode_item`)
 ``options``               :class:`ConvertOptions` and which options each conversion reads
 ``sample``                small synthetic datasets in real layouts, for demos and tests

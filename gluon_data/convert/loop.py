@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, cast
 
 from ..format import codec
+from .chunks import copy_segments, encode_chunk
 from .engines import start_encoder_pool, stop_pool
 from ..errors import ConversionError
-from ..storage.fsutil import open_new
-from ..stores.recwriter import copy_segment
 from .done import file_facts
 from ..tools.progress import progress_bar
 from ..tools.stats import RunningStats
@@ -69,35 +68,6 @@ def start_encoders(workers: int, preload: Optional[Callable[..., Any]] = None) -
     return start_encoder_pool(workers, preload) if workers > 1 else None
 
 
-def _encode_chunk(fn, jobs: list, segment: Optional[str], copies: Sequence = ()):
-    """A worker's task: ``fn`` over ``jobs``, as ``(segment, results)``. With ``segment``
-    (a path the writer gave), the framed records of the items that encoded are written
-    there, in order, and each result carries the framed size in place of the payload; the
-    segment is None when no item encoded. ``copies``: earlier segments to copy into the
-    output first (:class:`_Copies`)."""
-    _copy_segments(copies)
-    results = [fn(j) for j in jobs]
-    if segment is None or all(r[3] is not None for r in results):
-        return None, results
-    out = []
-    with open_new(segment, "wb") as f:
-        for pos, payload, info, err in results:
-            if err is None:
-                data = b"".join(codec.frame(payload))
-                f.write(data)
-                payload = len(data)
-            out.append((pos, payload, info, err))
-    return segment, out
-
-
-def _copy_segments(copies: Sequence) -> None:
-    """A worker's task (also run first by :func:`_encode_chunk`): each ``(segment, dest,
-    runs)`` of ``copies`` copied into its output
-    (:func:`~gluon_data.stores.recwriter.copy_segment`)."""
-    for segment, dest, runs in copies:
-        copy_segment(segment, dest, runs)
-
-
 class _Copies:
     """The segment copies of a conversion, made by its workers, not by the parent.
 
@@ -136,7 +106,7 @@ class _Copies:
         """Return once every copy queued so far is made (or raise the worker's error)."""
         jobs = self.take()
         step = max(1, -(-len(jobs) // self.size))
-        self.carried.extend(self.pool.submit(_copy_segments, jobs[k:k + step])
+        self.carried.extend(self.pool.submit(copy_segments, jobs[k:k + step])
                             for k in range(0, len(jobs), step))
         for r in self.carried:
             r.get()
@@ -145,7 +115,7 @@ class _Copies:
 
 def _results(pool, fn, jobs, workers: int, count: int, segments, copies=None):
     """``fn`` over ``jobs`` in order, in chunks ``(segment, results)`` (see
-    :func:`_encode_chunk`): in this process alone (no segments), or in the pool of
+    :func:`~.chunks.encode_chunk`): in this process alone (no segments), or in the pool of
     :func:`start_encoders` (:func:`_in_order`), which writes segments where ``segments``
     (the writer's ``segment_path``) is given. Jobs are taken lazily, so an iterator
     (records read from a legacy LMDB) is read a few chunks ahead only and memory stays
@@ -171,7 +141,7 @@ def _in_order(pool, size: int, fn, it, chunk: int, segments, copies=None):
                 seg = segments(n) if segments is not None else None
                 n += 1
                 carried = copies.take() if copies is not None else []
-                pending.append(pool.submit(_encode_chunk, fn, c, seg, carried))
+                pending.append(pool.submit(encode_chunk, fn, c, seg, carried))
                 if carried:
                     copies.carry(pending[-1])
         if not pending:
@@ -263,7 +233,7 @@ def _write_split(s: str, plan: SplitJobs, w, st: RunningStats, results, *, ckpt,
 
 class _Appender:
     """One chunk's records into writer ``w``: payloads written one by one, or, from a
-    ``segment`` (:func:`_encode_chunk`), runs of framed records appended by the writer in
+    ``segment`` (:func:`~.chunks.encode_chunk`), runs of framed records appended by the writer in
     one kernel copy each (:meth:`flush`: before a checkpoint, and at the end). With
     ``copies`` and a writer that reserves places (a ``.rec``), the runs are only indexed here
     and the segment is copied by a worker (:class:`_Copies`). A record without its own key

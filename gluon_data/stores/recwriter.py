@@ -8,10 +8,9 @@ and the writer appends by a kernel copy (:meth:`RecordWriter.append_segment`), s
 process that orders the records does not handle their bytes (except to renumber the records
 that follow a skipped item). It need not copy them either: :meth:`RecordWriter.reserve_segment`
 indexes the records and gives the offset their bytes go to, and a worker copies them there
-(:func:`copy_segment`)."""
+(:func:`~gluon_data.storage.rangecopy.copy_segment`)."""
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from typing import List, Optional, Sequence, Set, Tuple
@@ -19,6 +18,7 @@ from typing import List, Optional, Sequence, Set, Tuple
 from ..format import codec
 from ..errors import FormatError, OutputError
 from ..storage.fsutil import fsync_dir, open_new
+from ..storage.rangecopy import copy_runs, copy_segment, pwrite_all
 from ..format.ownership import check_replaceable
 from ..format.layout import SEGMENT_SUFFIX
 from ..format.meta import dumps_meta, meta_path
@@ -101,7 +101,7 @@ class RecordWriter:
         self._keys.add(key)
         data = b"".join(codec.frame(payload))
         offset = self._pos
-        _pwrite_all(self._rec.fileno(), data, offset)
+        pwrite_all(self._rec.fileno(), data, offset)
         line = "%d\t%d\n" % (key, offset)
         self._idx.write(line)
         self._pos += len(data)
@@ -129,7 +129,7 @@ class RecordWriter:
     def fill(self, fd: int, runs: Sequence[Tuple[int, int, int]]) -> None:
         """Copy runs ``(offset, nbytes, dest_offset)`` of open file ``fd`` into the places
         :meth:`reserve_segment` gave (what :func:`copy_segment` does in another process)."""
-        _copy_runs(fd, self._rec.fileno(), runs, self.path)
+        copy_runs(fd, self._rec.fileno(), runs, self.path)
 
     def reserve_segment(self, entries: Sequence[Tuple[int, int]]) -> int:
         """Index records already framed, one per ``(key, nbytes)`` of ``entries`` in order,
@@ -280,63 +280,3 @@ def remove_segments(folder: str) -> None:
     check_replaceable(folder, "segments", True)
     if os.path.lexists(folder):
         shutil.rmtree(folder)
-
-
-def _pwrite_all(fd: int, data, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view, offset = view[n:], offset + n
-
-
-#: copy_file_range's refusals that mean "not here" (another filesystem on an old kernel,
-#: a filesystem without it): the bytes are then read and written
-_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM}
-
-
-def _copy_runs(src: int, dst: int, runs: Sequence[Tuple[int, int, int]], path: str) -> None:
-    """Copy runs ``(offset, nbytes, dst_offset)`` of ``src`` into ``dst``."""
-    for offset, nbytes, dst_offset in runs:
-        _copy_range(src, dst, offset, nbytes, dst_offset, path)
-
-
-def _copy_range(src: int, dst: int, offset: int, count: int, dst_offset: int,
-                path: str) -> None:
-    """Copy ``count`` bytes of ``src`` from ``offset`` to ``dst`` at ``dst_offset``."""
-    kernel = hasattr(os, "copy_file_range")
-    while count > 0:
-        n = 0
-        if kernel:
-            try:
-                n = os.copy_file_range(src, dst, count, offset, dst_offset)
-            except OSError as e:
-                if e.errno not in _NO_KERNEL_COPY:
-                    raise
-                kernel = False
-                continue
-        else:
-            data = os.pread(src, min(count, 16 << 20), offset)
-            if data:
-                _pwrite_all(dst, data, dst_offset)
-            n = len(data)
-        if n == 0:
-            raise FormatError("a segment ended %d bytes before the records it announced"
-                              % count, path)
-        offset, dst_offset, count = offset + n, dst_offset + n, count - n
-
-
-def copy_segment(segment: str, dest: str, runs: Sequence[Tuple[int, int, int]]) -> None:
-    """Copy runs ``(offset, nbytes, dest_offset)`` of the ``segment`` file into ``dest`` (a
-    writer's :attr:`RecordWriter.partial_path`, at the offsets
-    :meth:`RecordWriter.reserve_segment` gave), then remove the segment. Any process may
-    run it: conversion workers copy the segments of earlier chunks while they encode."""
-    src = os.open(segment, os.O_RDONLY)
-    try:
-        dst = os.open(dest, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
-        try:
-            _copy_runs(src, dst, runs, segment)
-        finally:
-            os.close(dst)
-    finally:
-        os.close(src)
-    os.remove(segment)
