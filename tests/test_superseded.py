@@ -14,6 +14,7 @@ from gluon_data.convert.shard_plan import SplitPlan
 from gluon_data.convert.superseded import remove_superseded, replace_datasets
 from gluon_data.errors import GluonDataError, OutputError
 from gluon_data.stores.base import open_store
+from gluon_data.stores.shards import dataset_files
 
 
 @pytest.fixture
@@ -125,7 +126,8 @@ def _old(folder, prefix):
     none of them: the old manifest stays)."""
     plan = SplitPlan("train", str(folder / prefix), str(folder / prefix) + ".shards.json",
                      jobs=[], digest="", names="", doc={})
-    return replace_datasets([plan], str(folder / "elsewhere.rec")).shards
+    source = str(folder / "elsewhere.rec")
+    return replace_datasets([plan], source, dataset_files(source)).shards
 
 
 def test_a_shard_no_longer_ours_at_removal_is_left_and_reported(src, tmp_path):

@@ -75,6 +75,9 @@ class ShardPlan:
     splits: List[SplitPlan]
     #: what every Dask task checks on its worker before it starts: ``(what, path)``
     shared: List[Tuple[str, str]]
+    #: the source's own files (:func:`~gluon_data.stores.shards.dataset_files`), listed once:
+    #: no output may be one of them, nor may an old shard removed as superseded
+    reads: List[str] = dataclasses.field(default_factory=list)
 
     @property
     def jobs(self) -> List[ShardJob]:
@@ -106,11 +109,12 @@ def plan_shards(source: str, output: str, layout: Optional[str], o: ConvertOptio
     else:
         splits, root = _plan_encoding(source, layout, prefix_of(output), container, cut,
                                       report, o)
-    _check_targets(splits, container, source, o.overwrite)
+    reads = dataset_files(source)
+    _check_targets(splits, container, reads, o.overwrite)
     shared = [] if is_uri(source) else [("source", root)]
     if sink is None and o.engine == "dask":
         shared.append(("output folder", os.path.dirname(output)))
-    return ShardPlan(source, container, copying, splits, shared)
+    return ShardPlan(source, container, copying, splits, shared, reads)
 
 
 def _cut(o: ConvertOptions) -> Optional[Cut]:
@@ -253,15 +257,16 @@ def _manifest_copy_source(doc: dict) -> tuple:
 
 
 # --------------------------------------------------------------------------- the outputs
-def _check_targets(plans: List[SplitPlan], container: str, source: str,
+def _check_targets(plans: List[SplitPlan], container: str, reads: List[str],
                    overwrite: bool) -> None:
-    """Before any work: no output shares a file with the source, and none replaces what is
+    """Before any work: no output shares a file with the source (``reads``, its files), and
+    none replaces what is
     not this plan's (by the one rule of :func:`~gluon_data.format.ownership.
     check_replaceable`): without ``overwrite`` only a manifest and shards of this plan;
     with it, only gluon-data's own (a plain file, foreign JSON or a cut or edited manifest
     is refused even then)."""
     shards = dataset_files(*(j.path for p in plans for j in p.jobs), container=container)
-    check_disjoint([p.manifest for p in plans] + shards, dataset_files(source))
+    check_disjoint([p.manifest for p in plans] + shards, reads)
     for p in plans:
         check_replaceable(p.manifest, "manifest", overwrite, plan=str(p.names),
                           recorded=_manifest_plan)

@@ -88,7 +88,8 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
     t0 = time.perf_counter()
     report = ConversionReport()
     plan = plan_shards(source, output, layout, o, report, sink)
-    replaced = replace_datasets(plan.splits, plan.source, remove_shards=sink is None)
+    replaced = replace_datasets(plan.splits, plan.source, plan.reads,
+                                remove_shards=sink is None)
     if sink is not None:
         sink.prepare(plan.splits, plan.container)
     publish(plan, run_shards(plan.jobs, sink, o, plan.shared), report)

@@ -52,7 +52,7 @@ class Replaced(NamedTuple):
     shards: List[Superseded]
 
 
-def replace_datasets(plans: List[SplitPlan], source: str,
+def replace_datasets(plans: List[SplitPlan], source: str, reads: List[str],
                      remove_shards: bool = True) -> Replaced:
     """Begin replacing the datasets this run writes over, before any shard is written (after
     the targets are checked): read each manifest it replaces once, list which stay until
@@ -60,6 +60,8 @@ def replace_datasets(plans: List[SplitPlan], source: str,
     the run is done (see the module docstring), checked ours now; then remove every other
     old manifest, so that none names shards the run rewrites in place (a reader would mix
     the old metadata with the new records), and a run interrupted or failed leaves none.
+    ``reads``: the source's files, as the plan listed them
+    (:attr:`~.shard_plan.ShardPlan.reads`).
 
     Raises
     ------
@@ -70,7 +72,7 @@ def replace_datasets(plans: List[SplitPlan], source: str,
     written = {os.path.abspath(j.path) for p in plans for j in p.jobs}
     # (a source given as a URI: which local files it reads cannot be told, none is removed)
     remove_shards = remove_shards and not is_uri(source)
-    reads = dataset_files(source) if remove_shards else []
+    reads = reads if remove_shards else []
     kept: List[str] = []
     found: Dict[str, Superseded] = {}
     for p in plans:
