@@ -24,8 +24,10 @@ The datasets (``segmentation train``: ``base_size=520, crop_size=480``, uint8 CH
 
 Beside the rates it reads, per dataset, what each candidate cause costs: the main process's
 CPU per batch standalone (receiving, unpickling, mapping the shared memory), the workers' CPU
-per item and their thread count, their read/write syscalls per item (``/proc/<pid>/io``), and
-their involuntary context switches per item. ``--json`` writes every figure.
+per item, split into the dataset's own ``__getitem__`` and the rest (the loader's part:
+collating the batch into shared memory, sending it), and their thread count, their read/write
+syscalls per item (``/proc/<pid>/io``), and their involuntary context switches per item.
+``--json`` writes every figure, under the consumer too.
 
 Needs torch: it is imported from ``sys.path``, else from ``$GLUON_DATA_TORCH_PATH``. On a
 shared machine compare the shares of one run, never absolute numbers across runs.
@@ -113,6 +115,26 @@ class Burn:
                 np.zeros((CROP, CROP), self.mask_dtype))
 
 
+class Timed:
+    """``dataset`` with the CPU its workers spend in its ``__getitem__`` summed in shared
+    memory (``seconds``), so a worker's CPU per item splits into the dataset's and the
+    loader's own (collate, send)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.seconds = multiprocessing.Value("d", 0.0)
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        c0 = time.process_time()
+        out = self.dataset[i]
+        with self.seconds.get_lock():
+            self.seconds.value += time.process_time() - c0
+        return out
+
+
 class CastMasks:
     """Ours with the masks cast to ``dtype`` in the worker (1 byte per label for uint8)."""
 
@@ -169,8 +191,9 @@ class Feed:
     consumer as often as asked, on the same workers."""
 
     def __init__(self, torch, dataset, workers: int, init=None):
+        self.timed = Timed(dataset)
         self.loader = torch.utils.data.DataLoader(
-            dataset, batch_size=BATCH, shuffle=True, num_workers=workers, drop_last=True,
+            self.timed, batch_size=BATCH, shuffle=True, num_workers=workers, drop_last=True,
             persistent_workers=workers > 0, prefetch_factor=2 if workers else None,
             worker_init_fn=init)
         self._it = self._forever()
@@ -187,6 +210,7 @@ class Feed:
         """Items/s over ``batches`` batches; the main process's CPU ms per batch (its own
         work, the consumer's spin taken out) and the workers' counters per item."""
         w0, c0, t0, n = _worker_counters(self.pids), time.process_time(), time.perf_counter(), 0
+        d0 = self.timed.seconds.value
         spun = 0.0
         for _ in range(batches):
             img, mask = next(self._it)
@@ -201,8 +225,12 @@ class Feed:
         seconds = time.perf_counter() - t0
         main_cpu = time.process_time() - c0 - spun
         w1 = _worker_counters(self.pids)
+        # (items the workers read ahead are counted where read: over a run of batches the
+        # two counts differ by at most the batches queued ahead)
+        worker, dataset = (w1["cpu"] - w0["cpu"]) / n, (self.timed.seconds.value - d0) / n
         return {"items/s": n / seconds, "main ms/batch": 1000 * main_cpu / batches,
-                "worker ms/item": 1000 * (w1["cpu"] - w0["cpu"]) / n,
+                "worker ms/item": 1000 * worker, "dataset ms/item": 1000 * dataset,
+                "loader ms/item": 1000 * (worker - dataset),
                 "syscalls/item": (w1["syscalls"] - w0["syscalls"]) / n,
                 "preempted/item": (w1["preempted"] - w0["preempted"]) / n,
                 "threads": w1["threads"], "batch bytes": img.nbytes + mask.nbytes}
@@ -271,19 +299,22 @@ def run_feed(workdir: str, n: int = 240, workers: int = 2, rounds: int = 3, batc
           "most %.0f items/s); %d workers, %d rounds, medians" % (
               spin_ms, sleep_ms, BATCH, ", the batch copied once" if touch else "", cap,
               workers, rounds), file=out)
-    print("%-22s %9s %9s %6s %9s %9s %7s %9s %8s" % (
-        "dataset", "alone/s", "busy/s", "share", "main ms/b", "wkr ms/it", "threads",
-        "sysc/item", "preempt"), file=out)
+    print("%-22s %9s %9s %6s %9s %9s %9s %9s %9s %7s %9s %8s" % (
+        "dataset", "alone/s", "busy/s", "share", "main ms/b", "wkr ms/it", "dataset", "loader",
+        "busy wkr", "threads", "sysc/item", "preempt"), file=out)
     for name, runs in got.items():
         row = {key: statistics.median(r[key] for r in runs["alone"]) for key in runs["alone"][0]}
-        row["busy items/s"] = statistics.median(r["items/s"] for r in runs["busy"])
-        row["busy preempted/item"] = statistics.median(r["preempted/item"] for r in runs["busy"])
+        row["busy"] = {key: statistics.median(r[key] for r in runs["busy"])
+                       for key in runs["busy"][0]}
+        row["busy items/s"] = row["busy"]["items/s"]
+        row["busy preempted/item"] = row["busy"]["preempted/item"]
         row["share"] = statistics.median(b["items/s"] / min(a["items/s"], cap)
                                          for a, b in zip(runs["alone"], runs["busy"]))
         res["rows"][name] = row
-        print("%-22s %9.0f %9.0f %6.2f %9.2f %9.2f %7d %9.1f %8.2f" % (
+        print("%-22s %9.0f %9.0f %6.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7d %9.1f %8.2f" % (
             name, row["items/s"], row["busy items/s"], row["share"], row["main ms/batch"],
-            row["worker ms/item"], row["threads"], row["syscalls/item"],
+            row["worker ms/item"], row["dataset ms/item"], row["loader ms/item"],
+            row["busy"]["worker ms/item"], row["threads"], row["syscalls/item"],
             row["busy preempted/item"]), file=out, flush=True)
     del feeds
     return res

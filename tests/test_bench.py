@@ -435,8 +435,9 @@ def test_cores_worker_counts():
 def test_feed_reproduction_small(tmp_path):
     """``bench_feed.py`` on 32 pairs, 1 worker, 2 batches a measurement: ours, ours with
     uint8 masks, the file loader and the control each measured standalone and under the
-    consumer, with the main process's CPU per batch and the workers' counters; the batches
-    with 4-byte masks are the larger ones."""
+    consumer, with the main process's CPU per batch and the workers' counters (their CPU per
+    item split into the dataset's own and the loader's); the batches with 4-byte masks are
+    the larger ones."""
     from gluon_data.cli import load_bench
     feed = load_bench()._sibling("bench_feed")
     try:
@@ -453,6 +454,10 @@ def test_feed_reproduction_small(tmp_path):
         assert row["items/s"] > 0 and row["busy items/s"] > 0 and row["share"] > 0, name
         assert row["main ms/batch"] > 0 and row["threads"] >= 1, name
         assert row["worker ms/item"] > 0, name
+        for figures in (row, row["busy"]):  # every item's read timed inside the workers
+            assert figures["dataset ms/item"] > 0, name
+            assert figures["loader ms/item"] == pytest.approx(
+                figures["worker ms/item"] - figures["dataset ms/item"]), name
     assert rows["ours"]["batch bytes"] == 16 * (3 * 480 * 480 + 4 * 480 * 480)
     assert rows["ours, uint8 masks"]["batch bytes"] == rows["files"]["batch bytes"] \
         == 16 * 4 * 480 * 480
