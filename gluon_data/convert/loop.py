@@ -17,7 +17,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Optional, Sequence, cast
+from typing import Any, Callable, Dict, Iterable, Optional, cast
 
 from ..format import codec
 from .chunks import copy_segments, encode_chunk

@@ -77,7 +77,7 @@ class ShardPlan:
     shared: List[Tuple[str, str]]
     #: the source's own files (:func:`~gluon_data.stores.shards.dataset_files`), listed once:
     #: no output may be one of them, nor may an old shard removed as superseded
-    reads: List[str] = dataclasses.field(default_factory=list)
+    reads: List[str]
 
     @property
     def jobs(self) -> List[ShardJob]:
@@ -260,11 +260,10 @@ def _manifest_copy_source(doc: dict) -> tuple:
 def _check_targets(plans: List[SplitPlan], container: str, reads: List[str],
                    overwrite: bool) -> None:
     """Before any work: no output shares a file with the source (``reads``, its files), and
-    none replaces what is
-    not this plan's (by the one rule of :func:`~gluon_data.format.ownership.
-    check_replaceable`): without ``overwrite`` only a manifest and shards of this plan;
-    with it, only gluon-data's own (a plain file, foreign JSON or a cut or edited manifest
-    is refused even then)."""
+    none replaces what is not this plan's (by the one rule of
+    :func:`~gluon_data.format.ownership.check_replaceable`): without ``overwrite`` only a
+    manifest and shards of this plan; with it, only gluon-data's own (a plain file, foreign
+    JSON or a cut or edited manifest is refused even then)."""
     shards = dataset_files(*(j.path for p in plans for j in p.jobs), container=container)
     check_disjoint([p.manifest for p in plans] + shards, reads)
     for p in plans:

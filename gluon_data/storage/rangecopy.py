@@ -27,9 +27,9 @@ def pwrite_all(fd: int, data: Union[bytes, bytearray, memoryview], offset: int) 
 
 
 def copy_runs(src: int, dst: int, runs: Sequence[Tuple[int, int, int]], path: str) -> None:
-    """Copy runs ``(offset, nbytes, dst_offset)`` of ``src`` into ``dst``; ``path`` (the
-    source's) is named by the :class:`~gluon_data.errors.FormatError` of a source that ends
-    before a run does."""
+    """Copy runs ``(offset, nbytes, dst_offset)`` of ``src`` into ``dst``. A source that
+    ends before a run does is a :class:`~gluon_data.errors.FormatError` naming ``path``
+    (the caller's choice: the segment, or the output a writer fills)."""
     for offset, nbytes, dst_offset in runs:
         _copy_range(src, dst, offset, nbytes, dst_offset, path)
 
