@@ -24,10 +24,12 @@ The datasets (``segmentation train``: ``base_size=520, crop_size=480``, uint8 CH
 
 Beside the rates it reads, per dataset, what each candidate cause costs: the main process's
 CPU per batch standalone (receiving, unpickling, mapping the shared memory), the workers' CPU
-per item, split into the dataset's own ``__getitem__`` and the rest (the loader's part:
-collating the batch into shared memory, sending it), and their thread count, their read/write
-syscalls per item (``/proc/<pid>/io``), and their involuntary context switches per item.
-``--json`` writes every figure, under the consumer too.
+per item they read, split into the dataset's own ``__getitem__`` (the reading thread's CPU)
+and the rest (the loader's part: collating the batch into shared memory, sending it, its
+loop), their thread count, their read/write syscalls per item (``/proc/<pid>/io``), and
+their involuntary context switches per item. Each measurement starts after as many batches
+as the workers may have read ahead, taken the same way. ``--json`` writes every figure,
+under the consumer too.
 
 Needs torch: it is imported from ``sys.path``, else from ``$GLUON_DATA_TORCH_PATH``. On a
 shared machine compare the shares of one run, never absolute numbers across runs.
@@ -116,22 +118,27 @@ class Burn:
 
 
 class Timed:
-    """``dataset`` with the CPU its workers spend in its ``__getitem__`` summed in shared
-    memory (``seconds``), so a worker's CPU per item splits into the dataset's and the
-    loader's own (collate, send)."""
+    """``dataset`` with what its workers spend in its ``__getitem__`` summed in shared memory:
+    ``tally[0]`` the CPU seconds of the reading thread (``time.thread_time``: the loader's
+    other threads, its queue feeder among them, are not counted), ``tally[1]`` the items
+    read. A worker's CPU per item then splits into the dataset's and the rest, the loader's
+    own (collate into shared memory, send, its loop). ``ctx``: the loader's multiprocessing
+    context (the tally's lock must be of the context that starts the workers)."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, ctx):
         self.dataset = dataset
-        self.seconds = multiprocessing.Value("d", 0.0)
+        self.tally = ctx.Array("d", 2)
 
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, i):
-        c0 = time.process_time()
+        c0 = time.thread_time()
         out = self.dataset[i]
-        with self.seconds.get_lock():
-            self.seconds.value += time.process_time() - c0
+        spent = time.thread_time() - c0
+        with self.tally.get_lock():
+            self.tally[0] += spent
+            self.tally[1] += 1
         return out
 
 
@@ -191,13 +198,15 @@ class Feed:
     consumer as often as asked, on the same workers."""
 
     def __init__(self, torch, dataset, workers: int, init=None):
-        self.timed = Timed(dataset)
+        ctx = multiprocessing.get_context()
+        self.timed = Timed(dataset, ctx)
         self.loader = torch.utils.data.DataLoader(
             self.timed, batch_size=BATCH, shuffle=True, num_workers=workers, drop_last=True,
             persistent_workers=workers > 0, prefetch_factor=2 if workers else None,
-            worker_init_fn=init)
+            worker_init_fn=init, multiprocessing_context=ctx if workers else None)
+        self.ahead = 2 * workers  # the batches the workers may have read ahead
         self._it = self._forever()
-        for _ in range(2 * workers + 2):  # start-up and the batches queued ahead
+        for _ in range(self.ahead + 2):  # start-up and the batches queued ahead
             next(self._it)
         workers_of = getattr(self.loader._iterator, "_workers", [])
         self.pids = [w.pid for w in workers_of]
@@ -206,34 +215,43 @@ class Feed:
         while True:
             yield from self.loader
 
+    def _step(self, spin_ms: float, sleep_ms: float, touch: bool) -> tuple:
+        """One batch through the consumer: ``(items, its CPU seconds spun, batch bytes)``."""
+        img, mask = next(self._it)
+        if touch:  # a stand-in for pinning: every byte of the batch read and written once
+            img.clone(), mask.clone()
+        s0 = time.process_time()
+        _spin(spin_ms)
+        spun = time.process_time() - s0
+        if sleep_ms:
+            time.sleep(sleep_ms / 1000)
+        return img.shape[0], spun, img.nbytes + mask.nbytes
+
     def rate(self, batches: int, spin_ms=0.0, sleep_ms=0.0, touch=False) -> dict:
-        """Items/s over ``batches`` batches; the main process's CPU ms per batch (its own
-        work, the consumer's spin taken out) and the workers' counters per item."""
+        """Items/s over ``batches`` batches, after as many batches as the workers read ahead
+        taken the same way (so no window starts on a queue filled beforehand); the main
+        process's CPU ms per batch (its own work, the consumer's spin taken out) and the
+        workers' counters per item they read in the window."""
+        for _ in range(self.ahead):
+            self._step(spin_ms, sleep_ms, touch)
         w0, c0, t0, n = _worker_counters(self.pids), time.process_time(), time.perf_counter(), 0
-        d0 = self.timed.seconds.value
+        d0, r0 = self.timed.tally[0], self.timed.tally[1]
         spun = 0.0
         for _ in range(batches):
-            img, mask = next(self._it)
-            n += img.shape[0]
-            if touch:  # a stand-in for pinning: every byte of the batch read and written once
-                img.clone(), mask.clone()
-            s0 = time.process_time()
-            _spin(spin_ms)
-            spun += time.process_time() - s0
-            if sleep_ms:
-                time.sleep(sleep_ms / 1000)
+            items, s, nbytes = self._step(spin_ms, sleep_ms, touch)
+            n, spun = n + items, spun + s
         seconds = time.perf_counter() - t0
         main_cpu = time.process_time() - c0 - spun
         w1 = _worker_counters(self.pids)
-        # (items the workers read ahead are counted where read: over a run of batches the
-        # two counts differ by at most the batches queued ahead)
-        worker, dataset = (w1["cpu"] - w0["cpu"]) / n, (self.timed.seconds.value - d0) / n
+        read = self.timed.tally[1] - r0  # items the workers read in the window
+        per = (lambda v: v / read) if read and self.pids else (lambda v: float("nan"))
+        worker, dataset = per(w1["cpu"] - w0["cpu"]), per(self.timed.tally[0] - d0)
         return {"items/s": n / seconds, "main ms/batch": 1000 * main_cpu / batches,
-                "worker ms/item": 1000 * worker, "dataset ms/item": 1000 * dataset,
-                "loader ms/item": 1000 * (worker - dataset),
-                "syscalls/item": (w1["syscalls"] - w0["syscalls"]) / n,
-                "preempted/item": (w1["preempted"] - w0["preempted"]) / n,
-                "threads": w1["threads"], "batch bytes": img.nbytes + mask.nbytes}
+                "items read": read, "worker ms/item": 1000 * worker,
+                "dataset ms/item": 1000 * dataset, "loader ms/item": 1000 * (worker - dataset),
+                "syscalls/item": per(w1["syscalls"] - w0["syscalls"]),
+                "preempted/item": per(w1["preempted"] - w0["preempted"]),
+                "threads": w1["threads"], "batch bytes": nbytes}
 
 
 def in_process_ms(dataset, n: int = 24) -> float:

@@ -454,14 +454,16 @@ def test_feed_reproduction_small(tmp_path):
         assert row["items/s"] > 0 and row["busy items/s"] > 0 and row["share"] > 0, name
         assert row["main ms/batch"] > 0 and row["threads"] >= 1, name
         assert row["worker ms/item"] > 0, name
-        for figures in (row, row["busy"]):  # every item's read timed inside the workers
-            assert figures["dataset ms/item"] > 0, name
-            assert figures["loader ms/item"] == pytest.approx(
-                figures["worker ms/item"] - figures["dataset ms/item"]), name
     assert rows["ours"]["batch bytes"] == 16 * (3 * 480 * 480 + 4 * 480 * 480)
     assert rows["ours, uint8 masks"]["batch bytes"] == rows["files"]["batch bytes"] \
         == 16 * 4 * 480 * 480
     assert all(name in out.getvalue() for name in which)
+    # every item a worker reads goes through the timed wrapper, its tally shared with this
+    # process: after 4 batches at start-up and 2 + 2 in one measurement, at least 8 x 16
+    f = feed.Feed(feed.import_torch(), feed.Burn(64, 0.5), 1)
+    got = f.rate(2)
+    assert f.timed.tally[1] >= 8 * 16 and f.timed.tally[0] > 0
+    assert got["items read"] >= 0 and got["items/s"] > 0
 
 
 def test_only_gpu_says_why_it_is_skipped_here(tmp_path, capsys):
