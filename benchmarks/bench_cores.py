@@ -114,8 +114,11 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
         loss.backward()
         opt.step()
 
-    def timed(batches):
-        for _ in range(5):  # warm: kernels chosen, workers started
+    def timed(batches, ahead: int):
+        # warm: kernels chosen, workers started; then the batches the workers may have read
+        # ahead meanwhile, taken as the timed ones are (a window that began on them would
+        # count batches read before it)
+        for _ in range(5 + ahead):
             step(*next(batches))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -124,15 +127,16 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
         torch.cuda.synchronize()
         return steps * bench_feed.BATCH / (time.perf_counter() - t0)
 
+    prefetch = 4
     loader = torch.utils.data.DataLoader(ours, batch_size=bench_feed.BATCH, shuffle=True,
                                          num_workers=workers, drop_last=True, pin_memory=True,
-                                         persistent_workers=True, prefetch_factor=4)
+                                         persistent_workers=True, prefetch_factor=prefetch)
 
     def forever():
         while True:
             yield from loader
 
-    fed = timed(forever())
+    fed = timed(forever(), prefetch * workers)
     img, mask = next(iter(loader))
     resident = (img.to(dev), mask.to(dev))
 
@@ -140,7 +144,7 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
         while True:
             yield resident
 
-    on_gpu = timed(same())
+    on_gpu = timed(same(), 0)
     return {"fed items/s": fed, "GPU-resident items/s": on_gpu, "workers": workers,
             "fed / GPU-resident": fed / on_gpu, "model": MODEL, "device":
             torch.cuda.get_device_name(0)}
