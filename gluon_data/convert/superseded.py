@@ -72,7 +72,6 @@ def replace_datasets(plans: List[SplitPlan], source: str, reads: List[str],
     written = {os.path.abspath(j.path) for p in plans for j in p.jobs}
     # (a source given as a URI: which local files it reads cannot be told, none is removed)
     remove_shards = remove_shards and not is_uri(source)
-    reads = reads if remove_shards else []
     kept: List[str] = []
     found: Dict[str, Superseded] = {}
     for p in plans:
