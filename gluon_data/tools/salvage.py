@@ -3,7 +3,10 @@
 The scan looks for the RecordIO magic word at 4-byte aligned offsets, parses the framing from
 there (multi-part records included) and keeps a record only if it is whole and, when it
 carries one, its CRC-32 matches. Everything between kept records is reported as a damaged
-byte range. The new index numbers the recovered records 0..N-1 in file order.
+byte range. The new index keys each recovered record by its own header id, the key it was
+written under (so the id == key check readers apply to a checksummed dataset holds after a
+record is lost, and every key still names the record it named before), or by its position
+in the file where the ids are not distinct (a stock file whose writer left them 0).
 """
 from __future__ import annotations
 
@@ -66,6 +69,13 @@ def scan_records(buf, segmentation=None, require_checksum: bool = False):
     """Yield ``(offset, end)`` of every intact record in a RecordIO byte buffer, and
     ``(start, end, None)`` markers for damaged ranges between them. With
     ``require_checksum`` a record whose checksum tag is gone counts as damaged."""
+    for start, end, found in _scan_buffer(buf, segmentation, require_checksum):
+        yield (start, end) if found is not None else (start, end, None)
+
+
+def _scan_buffer(buf, segmentation, require_checksum: bool):
+    """:func:`scan_records` with each intact record's header id: ``(offset, end, id)``, and
+    ``(start, end, None)`` for a damaged range."""
     n = len(buf)
     pos, bad_start = 0, None
     while pos + 8 <= n:
@@ -80,7 +90,7 @@ def scan_records(buf, segmentation=None, require_checksum: bool = False):
                 if bad_start is not None:
                     yield bad_start, pos, None
                     bad_start = None
-                yield pos, end
+                yield pos, end, rec.id
                 pos = end
                 continue
         if bad_start is None:
@@ -125,11 +135,12 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
     seg = None if meta is None else meta["task"] == "segmentation"
     require = meta is not None and meta.get("checksum") == "crc32-id2"
     report = SalvageReport(rec_path, idx_path, file_size=os.path.getsize(rec_path))
-    offsets = _scan(rec_path, seg, require, report)
+    offsets, ids = _scan(rec_path, seg, require, report)
+    keys = ids if len(set(ids)) == len(ids) else list(range(len(ids)))
     report.records = len(offsets)
     if report.damaged and report.damaged[-1][1] == report.file_size:
         _cut_damaged_tail(rec_path, report)
-    text = "".join("%d\t%d\n" % (i, off) for i, off in enumerate(offsets)).encode("ascii")
+    text = "".join("%d\t%d\n" % kv for kv in zip(keys, offsets)).encode("ascii")
     if os.path.exists(idx_path):
         atomic_write(idx_path + ".bak", read_input(idx_path))
     atomic_write(idx_path, text)
@@ -139,11 +150,22 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
         os.remove(gdx)
     if meta is not None and meta["num_records"] != len(offsets):
         atomic_write(mp + ".bak", read_input(mp))
-        meta = dict(meta, num_records=len(offsets),
-                    salvaged={"records_before": meta["num_records"],
-                              "damaged_ranges": [list(r) for r in report.damaged]})
-        atomic_write(mp, dumps_meta(meta))
+        atomic_write(mp, dumps_meta(_salvaged_meta(meta, keys, report)))
     return report
+
+
+def _salvaged_meta(meta: dict, keys: List[int], report: SalvageReport) -> dict:
+    """The metadata of the recovered records (``keys``, in file order): their count, what
+    was salvaged, and each one's item name where the names were by key (a conversion's
+    keys are its positions), else no names (they would name other records)."""
+    out = dict(meta, num_records=len(keys),
+               salvaged={"records_before": meta["num_records"],
+                         "damaged_ranges": [list(r) for r in report.damaged]})
+    names = out.pop("item_names", None)
+    if isinstance(names, list) and len(names) == meta["num_records"] \
+            and all(0 <= k < len(names) for k in keys):
+        out["item_names"] = [names[k] for k in keys]
+    return out
 
 
 def _check_targets(rec_path: str, idx_path: str, gdx: str, mp: str, overwrite: bool) -> None:
@@ -165,25 +187,28 @@ def _check_targets(rec_path: str, idx_path: str, gdx: str, mp: str, overwrite: b
     check_disjoint([idx_path, idx_path + ".bak", gdx, mp, mp + ".bak"], [rec_path])
 
 
-def _scan(rec_path: str, seg, require: bool, report: SalvageReport) -> List[int]:
-    """The offsets of the intact records of ``rec_path``; damaged byte ranges are added to
-    ``report.damaged``."""
-    offsets = []
+def _scan(rec_path: str, seg, require: bool,
+          report: SalvageReport) -> Tuple[List[int], List[int]]:
+    """The offsets and header ids of the intact records of ``rec_path``; damaged byte
+    ranges are added to ``report.damaged``."""
+    offsets: List[int] = []
+    ids: List[int] = []
     fd = open_or_explain(rec_path)
     try:
         buf = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if report.file_size else b""
     finally:
         os.close(fd)  # the mapping keeps the file, not the descriptor
     try:
-        for item in scan_records(buf, seg, require):
-            if len(item) == 3:
-                report.damaged.append((item[0], item[1]))
+        for start, end, found in _scan_buffer(buf, seg, require):
+            if found is None:
+                report.damaged.append((start, end))
             else:
-                offsets.append(item[0])
+                offsets.append(start)
+                ids.append(found)
     finally:
         if report.file_size:
             cast(mmap.mmap, buf).close()  # mapped: b"" only for an empty file
-    return offsets
+    return offsets, ids
 
 
 def _cut_damaged_tail(rec_path: str, report: SalvageReport) -> None:

@@ -1,0 +1,90 @@
+"""``gluon-data salvage`` keys each recovered record by its own header id: after a record in
+the middle is lost, every other record is still read under the key it was written under, so
+the readers' id == key check holds, ``verify`` passes and the item names follow their records;
+a stock im2rec file (shuffled keys) gets back the index it had."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from gluon_data import RecordFile
+from gluon_data.arrays import SegmentationDataset
+from gluon_data.cli import main
+from gluon_data.stores.recordio import idx_path_for
+from gluon_data.tools import salvage, verify
+
+
+def _copy(rec: str, folder) -> str:
+    """The ``.rec`` and every file beside it that shares its stem, copied into ``folder``."""
+    stem = os.path.basename(rec)[:-4]
+    src = os.path.dirname(rec)
+    for name in os.listdir(src):
+        if name.startswith(stem + "."):
+            shutil.copy(os.path.join(src, name), str(folder))
+    return os.path.join(str(folder), stem + ".rec")
+
+
+def _damage(rec: str, position: int) -> None:
+    """Flip 16 bytes inside the record at ``position``: its CRC-32 no longer matches."""
+    f = RecordFile(rec)
+    at = f.offset(position) + 40
+    f.close()
+    with open(rec, "r+b") as fh:
+        fh.seek(at)
+        data = fh.read(16)
+        fh.seek(at)
+        fh.write(bytes(b ^ 0xFF for b in data))
+
+
+def _index(rec: str):
+    with open(idx_path_for(rec)) as fh:
+        return [tuple(int(x) for x in line.split("\t")) for line in fh]
+
+
+def test_a_record_lost_in_the_middle_leaves_every_other_under_its_own_key(voc_rec, tmp_path):
+    before = SegmentationDataset(voc_rec)
+    n, names = len(before), list(before._names)
+    rec = _copy(voc_rec, tmp_path)
+    lost = n // 2
+    _damage(rec, lost)
+    assert not verify(rec).ok
+    report = salvage(rec, overwrite=True)
+    assert report.records == n - 1 and len(report.damaged) == 1
+    kept = [k for k in range(n) if k != lost]
+    assert [k for k, _ in _index(rec)] == kept
+    assert verify(rec).ok and verify(rec, deep=True).ok
+    after = SegmentationDataset(rec)
+    assert len(after) == n - 1 and after._names == [names[k] for k in kept]
+    for i, k in enumerate(kept):  # each position reads the record its key names
+        img, mask = after[i]
+        want_img, want_mask = before[k]
+        assert np.array_equal(img, want_img) and np.array_equal(mask, want_mask)
+    assert main(["verify", rec]) == 0
+
+
+def test_a_stock_im2rec_file_gets_back_the_index_it_had(im2rec_rec, tmp_path):
+    rec = _copy(im2rec_rec, tmp_path)
+    original = _index(rec)
+    assert [k for k, _ in original] != sorted(k for k, _ in original)  # shuffled keys
+    os.remove(idx_path_for(rec))
+    report = salvage(rec)
+    assert report.records == len(original) and report.damaged == []
+    assert _index(rec) == original
+
+
+def test_records_whose_ids_repeat_are_keyed_by_position(tmp_path):
+    """A stock writer that left every header id 0: the keys are the positions."""
+    from gluon_data import RecordWriter
+    from gluon_data.format import codec
+    rec = str(tmp_path / "zeros.rec")
+    with RecordWriter(rec) as w:
+        for i in range(5):
+            w.write(i, codec.pack_classification(float(i), b"image-%d" % i, id=0,
+                                                 checksum=False))
+        w.finish()
+        w.publish()
+    offsets = [off for _, off in _index(rec)]
+    os.remove(idx_path_for(rec))
+    assert salvage(rec).records == 5
+    assert _index(rec) == list(enumerate(offsets))
