@@ -222,3 +222,22 @@ def test_a_rec_without_its_idx_says_salvage_rebuilds_it(both, tmp_path, command)
     assert r.returncode == 1, out
     assert "index file %s not found" % (lone[:-4] + ".idx") in out
     assert out.count("salvage") == 1 and "gluon-data salvage" in out, out
+
+
+def test_show_takes_a_negative_index_checks_the_opacity_and_makes_its_folder(voc_rec,
+                                                                             tmp_path):
+    """``show --index -1`` is the last record (it was read under key -1 and blamed on the
+    index); ``--alpha`` outside [0, 1] is refused (the blend wrapped around); ``--out`` into
+    a folder that does not exist makes it, as the writers do."""
+    from gluon_data.arrays import SegmentationDataset
+    last = len(SegmentationDataset(voc_rec)) - 1
+    out = tmp_path / "new" / "folder" / "last.png"
+    p = _cli("show", voc_rec, "--index", "-1", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "record %d of" % last in p.stdout and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    q = _cli("show", voc_rec, "--index", str(last), "--out", str(tmp_path / "same.png"))
+    assert q.returncode == 0 and (tmp_path / "same.png").read_bytes() == out.read_bytes()
+    for alpha in ("-2", "3", "nan"):
+        p = _cli("show", voc_rec, "--alpha", alpha, "--out", str(tmp_path / "a.png"))
+        assert p.returncode == 1 and "--alpha" in p.stderr and "[0, 1]" in p.stderr, p.stderr
+        assert not (tmp_path / "a.png").exists()

@@ -168,14 +168,15 @@ def cmd_show(a) -> int:
     if not -len(ds) <= a.index < len(ds):
         raise ValueError("--index %d out of range: the dataset has %d records"
                          % (a.index, len(ds)))
-    img, mask = ds._arrays(a.index)
+    index = a.index % len(ds)  # -1: the last record, as ds[-1]
+    img, mask = ds._arrays(index)
     # a converted dataset's ignore label is an int (only the legacy LMDB imports, which
     # open_store does not open without a layout, may have none)
     pic = render_preview(img, mask, ds.palette, ds.classes, cast(int, ds.ignore_label),
                          alpha=a.alpha)
     _save_image(pic, a.out)
     print("wrote %s (record %d of %s: %dx%d, %d classes present)"
-          % (a.out, a.index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
+          % (a.out, index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
     return 0
 
 
@@ -187,6 +188,7 @@ def _save_image(pic, out: str) -> None:
     from ..storage.fsutil import atomic_write
     from ..format.ownership import check_replaceable
     check_replaceable(out, "image", True)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # as the writers do
     ext = os.path.splitext(out)[1].lower()
     buf = io.BytesIO()
     pic.save(buf, format={".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".tif": "TIFF",

@@ -155,11 +155,11 @@ def _add_stats(sub) -> None:
 def _add_show(sub) -> None:
     sh = _command(sub, "show", parents=[_dataset_parser(" (segmentation)"), _split_parser()],
                   help="write a PNG of a sample: image, mask overlay and class legend")
-    sh.add_argument("--index", type=int, default=0, help="record position")
+    sh.add_argument("--index", type=int, default=0, help="record position (-1: the last)")
     sh.add_argument("--out", default="sample.png",
                     help="output PNG (an existing image file is replaced; any other file or a "
                          "link is refused)")
-    sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity")
+    sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity, 0 to 1")
     sh.set_defaults(func=cmd_show)
 
 

@@ -15,8 +15,12 @@ def render_preview(image: np.ndarray, mask: np.ndarray, palette: Sequence[Sequen
     """Return a PIL image: the RGB image, the overlay, and a legend of the classes present.
 
     ``mask`` holds stored class ids (ignore label included). Small images are enlarged
-    (nearest neighbour) so that the short side is at least ``min_side`` pixels.
+    (nearest neighbour) so that the short side is at least ``min_side`` pixels. ``alpha``:
+    the overlay's opacity, 0 (the image alone) to 1 (the classes' colours alone).
     """
+    if not 0.0 <= alpha <= 1.0:  # (NaN fails too) outside it the blend wraps around in uint8
+        raise ValueError("alpha (--alpha) must lie in [0, 1], the overlay's opacity; got %r"
+                         % alpha)
     img = np.asarray(image, dtype=np.uint8)
     m = np.asarray(mask).astype(np.int64)
     lut = np.zeros((max(256, int(m.max()) + 1 if m.size else 256), 3), np.uint8)
