@@ -241,3 +241,25 @@ def test_show_takes_a_negative_index_checks_the_opacity_and_makes_its_folder(voc
         p = _cli("show", voc_rec, "--alpha", alpha, "--out", str(tmp_path / "a.png"))
         assert p.returncode == 1 and "--alpha" in p.stderr and "[0, 1]" in p.stderr, p.stderr
         assert not (tmp_path / "a.png").exists()
+
+
+def test_a_missing_rec_names_the_split_files_beside_it(voc_root, tmp_path):
+    """``convert ... data/voc.rec --split train,val`` writes ``voc_train.rec`` and
+    ``voc_val.rec``; ``info data/voc.rec`` then says so, not only "not found"."""
+    convert(voc_root, str(tmp_path / "voc.rec"), "voc", split="train,val")
+    p = _cli("info", str(tmp_path / "voc.rec"))
+    assert p.returncode == 1
+    assert "not found" in p.stderr and "voc_train.rec, voc_val.rec" in p.stderr, p.stderr
+    p = _cli("info", str(tmp_path / "other.rec"))
+    assert p.returncode == 1 and "not found" in p.stderr and "beside it" not in p.stderr
+
+
+def test_an_index_that_does_not_parse_says_salvage_rebuilds_it(voc_rec, tmp_path):
+    import shutil
+    from gluon_data.errors import FormatError
+    rec = str(tmp_path / "t.rec")
+    shutil.copy(voc_rec, rec)
+    lines = open(voc_rec[:-4] + ".idx").read().splitlines(True)
+    open(rec[:-4] + ".idx", "w").write("".join(lines[:3]) + "3\t")
+    with pytest.raises(FormatError, match="line 4.*salvage rebuilds the index"):
+        RecordFile(rec)

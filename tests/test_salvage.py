@@ -88,3 +88,19 @@ def test_records_whose_ids_repeat_are_keyed_by_position(tmp_path):
     os.remove(idx_path_for(rec))
     assert salvage(rec).records == 5
     assert _index(rec) == list(enumerate(offsets))
+
+
+def test_a_file_with_no_intact_record_is_refused_and_nothing_written(voc_rec, tmp_path):
+    """Bytes that hold no record: an empty index (and metadata promising 0 records) would
+    read as an empty dataset, so nothing is written and the error says why."""
+    from gluon_data.errors import FormatError
+    rec = _copy(voc_rec, tmp_path)
+    idx, meta = idx_path_for(rec), rec[:-4] + ".meta.json"
+    before = {p: open(p, "rb").read() for p in (idx, meta)}
+    with open(rec, "wb") as fh:
+        fh.write(os.urandom(4096).replace(b"\x0a\x23\xd7\xce", b"\0\0\0\0"))
+    with pytest.raises(FormatError, match="no intact record") as e:
+        salvage(rec, overwrite=True)
+    assert e.value.path == rec
+    assert {p: open(p, "rb").read() for p in (idx, meta)} == before
+    assert not os.path.exists(idx + ".bak") and not os.path.exists(meta + ".bak")

@@ -246,7 +246,9 @@ def unpack(payload: BytesLike, *, segmentation: Optional[bool] = None, verify: b
         crc = id2 & 0xFFFFFFFF
         if verify and record_checksum(mv) != crc:
             raise CorruptRecordError(
-                "checksum mismatch (stored crc32 %08x, computed %08x): the record is damaged"
+                "checksum mismatch (stored crc32 %08x, computed %08x): the record is damaged "
+                "(gluon-data verify lists every damaged record; restore the dataset or convert "
+                "it again, or index a .rec's intact records with gluon-data salvage)"
                 % (crc, record_checksum(mv)), path, key, offset)
     start = IR_SIZE
     if flag > 0:

@@ -16,15 +16,20 @@ from ..errors import FormatError
 __all__ = ["parse_index"]
 
 
+#: what to do about an index that does not parse
+_REBUILD = "gluon-data salvage rebuilds the index from the .rec"
+
+
 def _bad_line(lines, path: str, reason_for) -> FormatError:
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         reason = reason_for(line)
         if reason:
-            return FormatError("line %d (%r): %s" % (lineno, line[:80].decode("latin-1"), reason),
-                               path)
-    return FormatError("unparsable index", path)
+            return FormatError("line %d (%r): %s; %s" % (lineno, line[:80].decode("latin-1"),
+                                                         reason, _REBUILD), path)
+    return FormatError("unparsable index; " + _REBUILD, path)
+
 
 
 def _line_problem(line: bytes) -> Optional[str]:

@@ -77,7 +77,7 @@ class RecordFile:
         self.path = os.fspath(path)
         self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
         if not os.path.exists(self.path):
-            raise FileNotFoundError("record file %s not found" % self.path)
+            raise _not_found(self.path)
         self._meta = meta
         for p in (self.path, self.idx_path):  # the input-kind rule, before anything is opened
             _require_regular(p)
@@ -442,13 +442,27 @@ class RecordFile:
         return "RecordFile(%r, %d records)" % (self.path, len(self))
 
 
+def _not_found(path: str) -> FileNotFoundError:
+    """A missing ``.rec``, naming the files of its splits where they lie beside it (a
+    conversion of several splits writes ``NAME_train.rec``, ``NAME_val.rec``...)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    stem = name[:-len(".rec")] if name.endswith(".rec") else None
+    try:
+        splits = sorted(f for f in os.listdir(folder) if stem and f.startswith(stem + "_")
+                        and f.endswith(".rec")) if stem else []
+    except OSError:
+        splits = []
+    return FileNotFoundError("record file %s not found%s" % (path, "; beside it, one file per "
+                             "split: %s" % ", ".join(splits) if splits else ""))
+
+
 def _open_record_file(location: str, split: Optional[str] = None, **options) -> RecordFile:
     """The :func:`~gluon_data.stores.base.open_store` opener of a local ``.rec``: metadata read
     once, its record count enforced against the index."""
     if options:
         raise TypeError("a .rec store takes no options, got %s" % ", ".join(sorted(options)))
     if not os.path.exists(location):
-        raise FileNotFoundError("record file %s not found" % location)
+        raise _not_found(location)
     _require_regular(location)  # the .rec itself first: a FIFO or device is refused as such
     meta = read_meta(location)
     if split is not None and (meta or {}).get("split", split) != split:  # so meta is a dict
