@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -114,29 +115,34 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
         loss.backward()
         opt.step()
 
-    def timed(batches, ahead: int):
+    def timed(batches, ahead: int, read=None):
         # warm: kernels chosen, workers started; then the batches the workers may have read
-        # ahead meanwhile, taken as the timed ones are (a window that began on them would
-        # count batches read before it)
+        # ahead meanwhile, taken as the timed ones are. The queue refills whenever the GPU
+        # is slower than the workers, so the window may still begin on batches read before
+        # it: ``read()`` (the items the workers have read) bounds what the window counts
         for _ in range(5 + ahead):
             step(*next(batches))
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, r0 = time.perf_counter(), read() if read else 0
         for _ in range(steps):
             step(*next(batches))
         torch.cuda.synchronize()
-        return steps * bench_feed.BATCH / (time.perf_counter() - t0)
+        taken, seconds = steps * bench_feed.BATCH, time.perf_counter() - t0
+        return bench_feed.delivered(taken, read() - r0 if read else taken, seconds)
 
     prefetch = 4
-    loader = torch.utils.data.DataLoader(ours, batch_size=bench_feed.BATCH, shuffle=True,
+    ctx = multiprocessing.get_context()
+    counted = bench_feed.Timed(ours, ctx)  # the items the workers read, in shared memory
+    loader = torch.utils.data.DataLoader(counted, batch_size=bench_feed.BATCH, shuffle=True,
                                          num_workers=workers, drop_last=True, pin_memory=True,
-                                         persistent_workers=True, prefetch_factor=prefetch)
+                                         persistent_workers=True, prefetch_factor=prefetch,
+                                         multiprocessing_context=ctx)
 
     def forever():
         while True:
             yield from loader
 
-    fed = timed(forever(), prefetch * workers)
+    fed = timed(forever(), prefetch * workers, lambda: counted.tally[1])
     img, mask = next(iter(loader))
     resident = (img.to(dev), mask.to(dev))
 

@@ -12,7 +12,7 @@ delivered: under the consumer / min(standalone, what the consumer takes at most)
 The datasets (``segmentation train``: ``base_size=520, crop_size=480``, uint8 CHW images):
 
 * ``ours``: ``gluon_data.arrays.SegmentationDataset(mode='train', output='uint8')`` on a
-  ``.rec``, as shipped (int32 masks, OpenCV's own thread pool in every worker);
+  ``.rec``, as shipped (int32 masks; in a worker the dataset runs OpenCV sequentially);
 * ``ours, uint8 masks`` / ``ours, OpenCV sequential`` / ``ours, both``: the two worker-side
   changes, emulated here (the mask cast in the worker; ``cv2.setNumThreads(0)`` in a
   ``worker_init_fn``);
@@ -28,7 +28,8 @@ per item they read, split into the dataset's own ``__getitem__`` (the reading th
 and the rest (the loader's part: collating the batch into shared memory, sending it, its
 loop), their thread count, their read/write syscalls per item (``/proc/<pid>/io``), and
 their involuntary context switches per item. Each measurement starts after as many batches
-as the workers may have read ahead, taken the same way. ``--json`` writes every figure,
+as the workers may have read ahead, taken the same way, and counts no more items than the
+workers read in it (:func:`delivered`). ``--json`` writes every figure,
 under the consumer too.
 
 Needs torch: it is imported from ``sys.path``, else from ``$GLUON_DATA_TORCH_PATH``. On a
@@ -122,7 +123,8 @@ class Timed:
     ``tally[0]`` the CPU seconds of the reading thread (``time.thread_time``: the loader's
     other threads, its queue feeder among them, are not counted), ``tally[1]`` the items
     read. A worker's CPU per item then splits into the dataset's and the rest, the loader's
-    own (collate into shared memory, send, its loop). ``ctx``: the loader's multiprocessing
+    own (collate into shared memory, send, its loop): a dataset that read on threads of its
+    own would have their CPU counted as the loader's (ours reads on the calling thread). ``ctx``: the loader's multiprocessing
     context (the tally's lock must be of the context that starts the workers)."""
 
     def __init__(self, dataset, ctx):
@@ -140,6 +142,16 @@ class Timed:
             self.tally[0] += spent
             self.tally[1] += 1
         return out
+
+
+def delivered(taken: float, read: float, seconds: float) -> float:
+    """Items/s a loader delivered in a window of ``seconds``: the items the consumer took,
+    but no more than the items the workers read in the window (``read``, counted by
+    :class:`Timed`). A window that begins on batches read before it (the loader's read-ahead,
+    refilled whenever the consumer was slower than the workers) takes more than was read in
+    it; counting what was taken would credit the loader with those batches. A loader faster
+    than its consumer waits on a full queue, so there ``read`` follows ``taken``."""
+    return min(taken, read) / seconds
 
 
 class CastMasks:
@@ -228,10 +240,11 @@ class Feed:
         return img.shape[0], spun, img.nbytes + mask.nbytes
 
     def rate(self, batches: int, spin_ms=0.0, sleep_ms=0.0, touch=False) -> dict:
-        """Items/s over ``batches`` batches, after as many batches as the workers read ahead
-        taken the same way (so no window starts on a queue filled beforehand); the main
-        process's CPU ms per batch (its own work, the consumer's spin taken out) and the
-        workers' counters per item they read in the window."""
+        """Items/s delivered over ``batches`` batches (:func:`delivered`: what the consumer
+        took, at most what the workers read in the window), after as many batches as the
+        workers read ahead taken the same way; the main process's CPU ms per batch (its own
+        work, the consumer's spin taken out) and the workers' counters per item they read in
+        the window."""
         for _ in range(self.ahead):
             self._step(spin_ms, sleep_ms, touch)
         w0, c0, t0, n = _worker_counters(self.pids), time.process_time(), time.perf_counter(), 0
@@ -241,12 +254,13 @@ class Feed:
             items, s, nbytes = self._step(spin_ms, sleep_ms, touch)
             n, spun = n + items, spun + s
         seconds = time.perf_counter() - t0
+        read = self.timed.tally[1] - r0  # items the workers read in the window
         main_cpu = time.process_time() - c0 - spun
         w1 = _worker_counters(self.pids)
-        read = self.timed.tally[1] - r0  # items the workers read in the window
         per = (lambda v: v / read) if read and self.pids else (lambda v: float("nan"))
         worker, dataset = per(w1["cpu"] - w0["cpu"]), per(self.timed.tally[0] - d0)
-        return {"items/s": n / seconds, "main ms/batch": 1000 * main_cpu / batches,
+        return {"items/s": delivered(n, read, seconds), "seconds": seconds,
+                "items taken": n, "main ms/batch": 1000 * main_cpu / batches,
                 "items read": read, "worker ms/item": 1000 * worker,
                 "dataset ms/item": 1000 * dataset, "loader ms/item": 1000 * (worker - dataset),
                 "syscalls/item": per(w1["syscalls"] - w0["syscalls"]),
