@@ -1,8 +1,8 @@
 """Copying byte ranges from one file into another at given offsets: ``os.copy_file_range``
 (a kernel copy, the bytes never in this process), or a read and a write where the system
-has none. The record writer appends segments with it, and a conversion worker copies its
-chunk's records into the output with :func:`copy_segment`, which is why this module is
-light: a worker imports it without the store modules."""
+has none or it copies nothing (as some filesystems' does). The record writer appends segments with it, and a conversion worker copies the
+segments of earlier chunks into the output with :func:`copy_segment`, which is why this
+module is light: a worker imports it without the store modules."""
 from __future__ import annotations
 
 import errno
@@ -46,6 +46,9 @@ def _copy_range(src: int, dst: int, offset: int, count: int, dst_offset: int,
             except OSError as e:
                 if e.errno not in _NO_KERNEL_COPY:
                     raise
+                kernel = False
+                continue
+            if n == 0:  # the end, or a filesystem that copies nothing: a read tells which
                 kernel = False
                 continue
         else:
