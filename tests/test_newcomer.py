@@ -263,3 +263,11 @@ def test_an_index_that_does_not_parse_says_salvage_rebuilds_it(voc_rec, tmp_path
     open(rec[:-4] + ".idx", "w").write("".join(lines[:3]) + "3\t")
     with pytest.raises(FormatError, match="line 4.*salvage rebuilds the index"):
         RecordFile(rec)
+
+
+def test_an_error_naming_a_file_puts_the_file_first(tmp_path):
+    """An ``OSError`` that names its file reads ``FILE: what``, without ``[Errno 2]``."""
+    missing = str(tmp_path / "nosuch.rec")
+    p = _cli("show", missing, "--out", str(tmp_path / "s.png"))
+    assert p.returncode == 1 and "Errno" not in p.stderr
+    assert p.stderr.startswith("gluon-data: error: %s: " % missing), p.stderr

@@ -50,6 +50,15 @@ def _bench(argv: List[str]) -> int:
     return bench.main(argv)
 
 
+def _said(e: BaseException) -> str:
+    """The error line's text: an ``OSError`` that names its file as ``FILE: what`` (not
+    ``[Errno 2] what: 'FILE'``), anything else as it reads."""
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        files = [str(f) for f in (e.filename, e.filename2) if f is not None]
+        return "%s: %s" % (" -> ".join(files), e.strerror)
+    return str(e)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the ``gluon-data`` command ``argv`` (default: this process's command line) and
     return its exit status. Without ``argv`` it is the process's own command (the
@@ -77,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (GluonDataError, OSError, ValueError, ImportError) as e:
         if isinstance(e, BrokenPipeError) and stdout_closed():
             return 141  # as a Unix tool stopped by SIGPIPE: quietly
-        print("gluon-data: error: %s" % e, file=sys.stderr)
+        print("gluon-data: error: %s" % _said(e), file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         if exits:
