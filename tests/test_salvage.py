@@ -104,3 +104,13 @@ def test_a_file_with_no_intact_record_is_refused_and_nothing_written(voc_rec, tm
     assert e.value.path == rec
     assert {p: open(p, "rb").read() for p in (idx, meta)} == before
     assert not os.path.exists(idx + ".bak") and not os.path.exists(meta + ".bak")
+
+
+def test_an_empty_rec_is_refused_and_no_index_made(tmp_path):
+    from gluon_data.errors import FormatError
+    rec = str(tmp_path / "e.rec")
+    open(rec, "wb").close()
+    with pytest.raises(FormatError, match="an empty file"):
+        salvage(rec)
+    assert not os.path.exists(idx_path_for(rec))
+    assert main(["salvage", rec]) == 1 and not os.path.exists(idx_path_for(rec))

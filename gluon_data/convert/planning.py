@@ -32,7 +32,9 @@ def plan_splits(src: Source, val_ratio: float, shuffle: bool, seed: int) -> Dict
             rng.shuffle(splits[k])
     if val_ratio:
         if not 0 < val_ratio < 1:
-            raise ValueError("val_ratio must lie in (0, 1), got %r" % val_ratio)
+            raise ValueError("val_ratio (--val-ratio) must lie in (0, 1), the share of the "
+                             "items held out for val (0, the default, holds out none); got %r"
+                             % val_ratio)
         if len(splits) != 1:
             raise ValueError("val_ratio splits a single list; this source already has splits %s"
                              % sorted(splits))

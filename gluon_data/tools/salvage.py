@@ -136,10 +136,11 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
     require = meta is not None and meta.get("checksum") == "crc32-id2"
     report = SalvageReport(rec_path, idx_path, file_size=os.path.getsize(rec_path))
     offsets, ids = _scan(rec_path, seg, require, report)
-    if not offsets and report.file_size:  # an empty index would read as an empty dataset
-        raise FormatError("no intact record in its %d bytes, so nothing to index (not "
-                          "RecordIO, or damaged throughout); the index and metadata are left "
-                          "as they were" % report.file_size, rec_path)
+    if not offsets:  # an empty index would read as an empty dataset
+        raise FormatError("no intact record in its %d bytes, so nothing to index (%s); the "
+                          "index and metadata are left as they were"
+                          % (report.file_size, "not RecordIO, or damaged throughout"
+                             if report.file_size else "an empty file"), rec_path)
     keys = ids if len(set(ids)) == len(ids) else list(range(len(ids)))
     report.records = len(offsets)
     if report.damaged and report.damaged[-1][1] == report.file_size:
