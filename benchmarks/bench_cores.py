@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import Callable, Iterator, List, Optional
 
 from bench_common import make_dataset
 from bench_convert import _decode_floor, _timed
@@ -85,6 +85,27 @@ def _loader(kind: str, ds, workers: int):
                                     last_batch="keep")
 
 
+def fed_rate(step: Callable, batches: Iterator, ahead: int, steps: int,
+             sync: Callable[[], None] = lambda: None,
+             read: Optional[Callable[[], float]] = None, warm: int = 5) -> float:
+    """Items/s of ``steps`` training steps (``step(*batch)``; ``sync()`` waits for the
+    device) on ``batches``, after ``warm`` steps (kernels chosen, workers started) and the
+    ``ahead`` batches the workers may have read meanwhile, taken as the timed ones are. The
+    queue refills whenever the device is slower than the workers, so the window may still
+    begin on batches read before it: ``read()`` (the items the workers have read, where a
+    loader feeds the steps) bounds what the window counts (:func:`bench_feed.delivered`)."""
+    import bench_feed
+    for _ in range(warm + ahead):
+        step(*next(batches))
+    sync()
+    t0, r0 = time.perf_counter(), read() if read else 0
+    for _ in range(steps):
+        step(*next(batches))
+    sync()
+    taken, seconds = steps * bench_feed.BATCH, time.perf_counter() - t0
+    return bench_feed.delivered(taken, read() - r0 if read else taken, seconds)
+
+
 def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
     """In this process (a child): items/s of ``MODEL`` training fed by our loader and on one
     batch already on the GPU; ``{"skipped": reason}`` without CUDA or torchvision."""
@@ -115,21 +136,6 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
         loss.backward()
         opt.step()
 
-    def timed(batches, ahead: int, read=None):
-        # warm: kernels chosen, workers started; then the batches the workers may have read
-        # ahead meanwhile, taken as the timed ones are. The queue refills whenever the GPU
-        # is slower than the workers, so the window may still begin on batches read before
-        # it: ``read()`` (the items the workers have read) bounds what the window counts
-        for _ in range(5 + ahead):
-            step(*next(batches))
-        torch.cuda.synchronize()
-        t0, r0 = time.perf_counter(), read() if read else 0
-        for _ in range(steps):
-            step(*next(batches))
-        torch.cuda.synchronize()
-        taken, seconds = steps * bench_feed.BATCH, time.perf_counter() - t0
-        return bench_feed.delivered(taken, read() - r0 if read else taken, seconds)
-
     prefetch = 4
     ctx = multiprocessing.get_context()
     counted = bench_feed.Timed(ours, ctx)  # the items the workers read, in shared memory
@@ -142,7 +148,8 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
         while True:
             yield from loader
 
-    fed = timed(forever(), prefetch * workers, lambda: counted.tally[1])
+    sync = torch.cuda.synchronize
+    fed = fed_rate(step, forever(), prefetch * workers, steps, sync, lambda: counted.tally[1])
     img, mask = next(iter(loader))
     resident = (img.to(dev), mask.to(dev))
 
@@ -150,7 +157,7 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
         while True:
             yield resident
 
-    on_gpu = timed(same(), 0)
+    on_gpu = fed_rate(step, same(), 0, steps, sync)
     return {"fed items/s": fed, "GPU-resident items/s": on_gpu, "workers": workers,
             "fed / GPU-resident": fed / on_gpu, "model": MODEL, "device":
             torch.cuda.get_device_name(0)}

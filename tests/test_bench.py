@@ -476,6 +476,37 @@ def test_feed_reproduction_small(tmp_path):
     assert got["items/s"] == pytest.approx(got["items read"] / got["seconds"])
 
 
+@pytest.mark.slow
+def test_the_gpu_fed_rate_counts_no_batch_read_before_its_window():
+    """``bench --only cores``' GPU-fed row, its timing run on the CPU: steps that take no
+    time on a loader of ~2 ms an item, two full batches queued before the window; the rate
+    is what the worker read in the window, not the batches taken at once."""
+    import multiprocessing
+    from gluon_data.cli import load_bench
+    bench = load_bench()
+    feed, cores = bench._sibling("bench_feed"), bench._sibling("bench_cores")
+    try:
+        torch = feed.import_torch()
+    except ImportError:
+        pytest.skip("PyTorch is not installed (GLUON_DATA_TORCH_PATH names a folder with it)")
+    ctx = multiprocessing.get_context()
+    counted = feed.Timed(feed.Burn(640, 2.0), ctx)
+    loader = torch.utils.data.DataLoader(counted, batch_size=feed.BATCH, num_workers=1,
+                                         prefetch_factor=2, persistent_workers=True,
+                                         multiprocessing_context=ctx)
+    batches = iter(loader)
+    next(batches)
+    time.sleep(1.0)  # the worker fills the queue: two batches ready
+    taken = []
+    t0 = time.perf_counter()
+    rate = cores.fed_rate(lambda img, mask: taken.append(len(img)), batches, ahead=0,
+                          steps=2, read=lambda: counted.tally[1], warm=0)
+    seconds = time.perf_counter() - t0
+    assert taken == [feed.BATCH] * 2
+    assert rate < 0.5 * 2 * feed.BATCH / seconds  # the queued batches are not counted
+    del batches, loader
+
+
 def test_only_gpu_says_why_it_is_skipped_here(tmp_path, capsys):
     """``gluon-data bench --only gpu`` without a CUDA device (or PyTorch): the reason, before
     any data is made, and exit 0."""
