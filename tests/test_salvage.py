@@ -114,3 +114,21 @@ def test_an_empty_rec_is_refused_and_no_index_made(tmp_path):
         salvage(rec)
     assert not os.path.exists(idx_path_for(rec))
     assert main(["salvage", rec]) == 1 and not os.path.exists(idx_path_for(rec))
+
+
+def test_a_shard_keeps_its_keys_and_the_names_of_its_records(voc_root, tmp_path):
+    """A shard's keys continue its split's (shard 1 of 3 starts past shard 0's items): a lost
+    index is rebuilt as it was, and after a lost record each other keeps its name."""
+    from gluon_data import convert
+    convert(voc_root, str(tmp_path / "s.rec"), "voc", split="trainval", shards=3)
+    rec = str(tmp_path / "s-00001-of-00003.rec")
+    original = _index(rec)
+    assert original[0][0] > 0
+    names = list(SegmentationDataset(rec)._names)
+    os.remove(idx_path_for(rec))
+    salvage(rec)
+    assert _index(rec) == original and SegmentationDataset(rec)._names == names
+    _damage(rec, 1)
+    salvage(rec, overwrite=True)
+    assert [k for k, _ in _index(rec)] == [k for k, _ in original[:1] + original[2:]]
+    assert SegmentationDataset(rec)._names == names[:1] + names[2:]

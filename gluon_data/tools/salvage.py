@@ -161,15 +161,18 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
 
 def _salvaged_meta(meta: dict, keys: List[int], report: SalvageReport) -> dict:
     """The metadata of the recovered records (``keys``, in file order): their count, what
-    was salvaged, and each one's item name where the names were by key (a conversion's
-    keys are its positions), else no names (they would name other records)."""
+    was salvaged, and each one's item name where the names followed the keys (a
+    conversion's keys are its positions, from its first item's: a shard's ``items``), else
+    no names (they would name other records)."""
     out = dict(meta, num_records=len(keys),
                salvaged={"records_before": meta["num_records"],
                          "damaged_ranges": [list(r) for r in report.damaged]})
     names = out.pop("item_names", None)
+    first = ((meta.get("shard") or {}).get("items") or [0])[0]
+    at = [k - first for k in keys]
     if isinstance(names, list) and len(names) == meta["num_records"] \
-            and all(0 <= k < len(names) for k in keys):
-        out["item_names"] = [names[k] for k in keys]
+            and all(0 <= p < len(names) for p in at):
+        out["item_names"] = [names[p] for p in at]
     return out
 
 
