@@ -48,7 +48,8 @@ _EXPORTS = {**_CORE, **_GLUON}
 _SUBPACKAGES = ("arrays", "cli", "convert", "format", "gluon", "mx_recordio", "sampling",
                 "storage", "stores", "tools")
 
-__all__ = ["__version__"] + sorted(_EXPORTS) + list(_SUBPACKAGES)
+# (``convert`` is both: the function, whose module keeps it callable)
+__all__ = ["__version__"] + sorted(_EXPORTS) + [p for p in _SUBPACKAGES if p not in _EXPORTS]
 
 
 class _MovedModule(types.ModuleType):

@@ -292,6 +292,7 @@ def test_the_root_names_resolve():
                     getattr(gluon_data, name)
                 continue
             assert getattr(gluon_data, name) is not None, name
+    assert len(gluon_data.__all__) == len(set(gluon_data.__all__))  # convert: once
 
 
 def test_every_alias_points_at_a_module_that_exists():
