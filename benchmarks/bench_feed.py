@@ -124,8 +124,9 @@ class Timed:
     other threads, its queue feeder among them, are not counted), ``tally[1]`` the items
     read. A worker's CPU per item then splits into the dataset's and the rest, the loader's
     own (collate into shared memory, send, its loop): a dataset that read on threads of its
-    own would have their CPU counted as the loader's (ours reads on the calling thread). ``ctx``: the loader's multiprocessing
-    context (the tally's lock must be of the context that starts the workers)."""
+    own would have their CPU counted as the loader's (ours reads on the calling thread).
+    ``ctx``: the loader's multiprocessing context (the tally's lock must be of the context
+    that starts the workers)."""
 
     def __init__(self, dataset, ctx):
         self.dataset = dataset

@@ -129,6 +129,73 @@ def test_a_shard_keeps_its_keys_and_the_names_of_its_records(voc_root, tmp_path)
     salvage(rec)
     assert _index(rec) == original and SegmentationDataset(rec)._names == names
     _damage(rec, 1)
-    salvage(rec, overwrite=True)
+    report = salvage(rec, overwrite=True)
     assert [k for k, _ in _index(rec)] == [k for k, _ in original[:1] + original[2:]]
     assert SegmentationDataset(rec)._names == names[:1] + names[2:]
+    assert report.shard == (1, 3) and "--resume to redo the shard" in str(report)
+
+
+def test_a_second_salvage_keeps_the_names_with_their_records(voc_rec, tmp_path):
+    """The first salvage lists the names in its index's order (keys with a gap); the second
+    pairs them with the records through that index, not by key."""
+    names = list(SegmentationDataset(voc_rec)._names)
+    rec = _copy(voc_rec, tmp_path)
+    _damage(rec, 2)
+    salvage(rec, overwrite=True)
+    _damage(rec, 4)  # position 4 of the salvaged index: the record keyed 5
+    salvage(rec, overwrite=True)
+    kept = [k for k in range(len(names)) if k not in (2, 5)]
+    assert [k for k, _ in _index(rec)] == kept
+    assert SegmentationDataset(rec)._names == [names[k] for k in kept]
+    assert verify(rec).ok
+
+
+def test_a_second_copy_of_a_record_is_left_out(voc_rec, tmp_path):
+    """A checksummed dataset keys its records by their ids: a record found twice (its bytes
+    appended again) is indexed once and the copy reported."""
+    rec = _copy(voc_rec, tmp_path)
+    f = RecordFile(rec)
+    n, start, end = len(f), f.offset(3), f.offset(4)
+    f.close()
+    with open(rec, "r+b") as fh:
+        copy = fh.read()[start:end]
+        fh.seek(0, 2)
+        at = fh.tell()
+        fh.write(copy)
+    os.remove(idx_path_for(rec))
+    report = salvage(rec)
+    assert report.records == n and report.duplicates == [at]
+    assert "repeating an id" in str(report)
+    assert [k for k, _ in _index(rec)] == list(range(n)) and verify(rec).ok
+
+
+def _stock(path: str, ids, keys=None) -> str:
+    """A stock file (no metadata): records with header ``ids``, written under ``keys``."""
+    from gluon_data import RecordWriter
+    from gluon_data.format import codec
+    with RecordWriter(path) as w:
+        for k, i in zip(keys if keys is not None else range(len(ids)), ids):
+            w.write(k, codec.pack_classification(1.0, b"image %d" % i, id=i, checksum=False))
+        w.finish()
+        w.publish()
+    return path
+
+
+def test_a_stock_index_cut_short_keeps_its_keys_where_ids_are_not_keys(tmp_path):
+    """Records written under keys 0..7 whose ids are something else (a COCO id): the lines
+    of the index that survived keep their keys, the records after them continue them."""
+    rec = _stock(str(tmp_path / "coco.rec"), [1000 + 7 * i for i in range(8)])
+    original = _index(rec)
+    with open(idx_path_for(rec), "w") as fh:
+        fh.write("".join("%d\t%d\n" % kv for kv in original[:3]) + "3\t")
+    salvage(rec, overwrite=True)
+    assert _index(rec) == original
+
+
+def test_ids_too_large_for_an_index_are_not_used_as_keys(tmp_path):
+    rec = _stock(str(tmp_path / "hash.rec"), [(1 << 63) + i for i in range(4)])
+    offsets = [off for _, off in _index(rec)]
+    os.remove(idx_path_for(rec))
+    salvage(rec)
+    assert _index(rec) == list(enumerate(offsets)) and RecordFile(rec).keys().tolist() == [
+        0, 1, 2, 3]

@@ -1,8 +1,9 @@
 """Copying byte ranges from one file into another at given offsets: ``os.copy_file_range``
 (a kernel copy, the bytes never in this process), or a read and a write where the system
-has none or it copies nothing (as some filesystems' does). The record writer appends segments with it, and a conversion worker copies the
-segments of earlier chunks into the output with :func:`copy_segment`, which is why this
-module is light: a worker imports it without the store modules."""
+has none or it copies nothing (as some filesystems' does). The record writer appends
+segments with it, and a conversion worker copies the segments of earlier chunks into the
+output with :func:`copy_segment`, which is why this module is light: a worker imports it
+without the store modules."""
 from __future__ import annotations
 
 import errno
@@ -23,6 +24,8 @@ def pwrite_all(fd: int, data: Union[bytes, bytearray, memoryview], offset: int) 
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
+        if n == 0:  # (a regular file never takes nothing; never loop on it)
+            raise OSError(errno.EIO, "write took no byte at offset %d" % offset)
         view, offset = view[n:], offset + n
 
 

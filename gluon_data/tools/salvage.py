@@ -3,10 +3,12 @@
 The scan looks for the RecordIO magic word at 4-byte aligned offsets, parses the framing from
 there (multi-part records included) and keeps a record only if it is whole and, when it
 carries one, its CRC-32 matches. Everything between kept records is reported as a damaged
-byte range. The new index keys each recovered record by its own header id, the key it was
-written under (so the id == key check readers apply to a checksummed dataset holds after a
-record is lost, and every key still names the record it named before), or by its position
-in the file where the ids are not distinct (a stock file whose writer left them 0).
+byte range. Each record keeps the key it was written under where that can be known: a
+dataset of ours stores it as the record's header id (so the id == key check readers apply
+holds after a record is lost, and a second copy of an id is left out); for a stock file the
+lines of the old index that survived give theirs, and where there is none the ids serve
+when distinct (as ``im2rec`` writes them), else the positions in the file (see
+:func:`_keys`).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from ..errors import FormatError, GluonDataError, OutputError
 from ..storage.fileio import open_or_explain, open_regular, read_input, require_regular
 from ..storage.fsutil import OutputLock, atomic_write, fsync_dir
 from ..format.ownership import LOCATIONS, check_disjoint, check_replaceable, classify_location, is_ours
-from ..format.meta import dumps_meta, meta_path, read_meta
+from ..format.meta import dumps_meta, ids_are_keys, meta_path, read_meta
 from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
 from ..stores.base import dataset_part
 
@@ -53,15 +55,28 @@ class SalvageReport:
     damaged: List[Tuple[int, int]] = field(default_factory=list)  # [start, end) byte ranges
     file_size: int = 0
     tail_moved_to: Optional[str] = None  # where a damaged tail's bytes were moved
+    #: offsets of intact records left out: a second copy of an id the dataset keys by
+    duplicates: List[int] = field(default_factory=list)
+    #: ``(index, count)`` where the .rec is a shard of a manifest (which still lists it as
+    #: it was)
+    shard: Optional[Tuple[int, int]] = None
 
     def __str__(self):
         lost = sum(e - s for s, e in self.damaged)
         lines = ["%s: recovered %d records into %s; %d damaged byte range(s), %d bytes"
                  % (self.path, self.records, self.idx_path, len(self.damaged), lost)]
         lines += ["  damaged bytes %d..%d (%d bytes)" % (s, e, e - s) for s, e in self.damaged]
+        if self.duplicates:
+            lines.append("  left out: %d intact record(s) repeating an id already indexed, at "
+                         "offset(s) %s" % (len(self.duplicates),
+                                           ", ".join(map(str, self.duplicates))))
         if self.tail_moved_to:
             lines.append("  the damaged tail was moved to %s and the .rec truncated"
                          % self.tail_moved_to)
+        if self.shard is not None and (self.damaged or self.duplicates):
+            lines.append("  this .rec is shard %d of %d of a manifest, which still lists it "
+                         "as it was: rerun the conversion that wrote the manifest with "
+                         "--resume to redo the shard from its source" % self.shard)
         return "\n".join(lines)
 
 
@@ -111,8 +126,8 @@ def salvage(rec_path: str, idx_path: Optional[str] = None,
 
     An existing index is kept as ``.idx.bak`` (only with ``overwrite``); metadata, if any, is
     updated to the recovered count (the old one kept as ``.meta.json.bak``) and records what
-    was salvaged. Damaged bytes at the very end of the ``.rec`` (a writer killed mid-record)
-    are moved to ``.rec.damaged-tail`` so the ``.rec`` ends with its last intact record.
+    was salvaged. Bytes after the last record indexed (a writer killed mid-record, a copy of
+    a record left out) are moved to ``.rec.damaged-tail`` so the ``.rec`` ends with it.
     """
     rec_path = os.fspath(rec_path)
     _check_is_rec(rec_path)
@@ -135,16 +150,20 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
     seg = None if meta is None else meta["task"] == "segmentation"
     require = meta is not None and meta.get("checksum") == "crc32-id2"
     report = SalvageReport(rec_path, idx_path, file_size=os.path.getsize(rec_path))
-    offsets, ids = _scan(rec_path, seg, require, report)
+    shard = (meta or {}).get("shard")
+    if shard:
+        report.shard = (shard["index"], shard["count"])
+    offsets, ends, ids = _scan(rec_path, seg, require, report)
     if not offsets:  # an empty index would read as an empty dataset
         raise FormatError("no intact record in its %d bytes, so nothing to index (%s); the "
                           "index and metadata are left as they were"
                           % (report.file_size, "not RecordIO, or damaged throughout"
                              if report.file_size else "an empty file"), rec_path)
-    keys = ids if len(set(ids)) == len(ids) else list(range(len(ids)))
+    old = _old_index(idx_path)
+    offsets, ends, keys = _keys(offsets, ends, ids, ids_are_keys(meta), old, report)
     report.records = len(offsets)
-    if report.damaged and report.damaged[-1][1] == report.file_size:
-        _cut_damaged_tail(rec_path, report)
+    if ends[-1] < report.file_size:  # damaged bytes, or a copy left out, after the last
+        _cut_tail(rec_path, ends[-1], report)
     text = "".join("%d\t%d\n" % kv for kv in zip(keys, offsets)).encode("ascii")
     if os.path.exists(idx_path):
         atomic_write(idx_path + ".bak", read_input(idx_path))
@@ -155,24 +174,92 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
         os.remove(gdx)
     if meta is not None and meta["num_records"] != len(offsets):
         atomic_write(mp + ".bak", read_input(mp))
-        atomic_write(mp, dumps_meta(_salvaged_meta(meta, keys, report)))
+        atomic_write(mp, dumps_meta(_salvaged_meta(meta, offsets, keys, old, report)))
     return report
 
 
-def _salvaged_meta(meta: dict, keys: List[int], report: SalvageReport) -> dict:
-    """The metadata of the recovered records (``keys``, in file order): their count, what
-    was salvaged, and each one's item name where the names followed the keys (a
-    conversion's keys are its positions, from its first item's: a shard's ``items``), else
-    no names (they would name other records)."""
+#: the largest key an ``.idx`` holds (readers parse keys as int64)
+_MAX_KEY = (1 << 63) - 1
+
+
+def _old_index(idx_path: str) -> Optional[List[Tuple[int, int]]]:
+    """``(key, offset)`` of the lines of the index being replaced, up to its first line that
+    is not two integers (a writer killed mid-line); ``None`` where there is none."""
+    try:
+        raw = read_input(idx_path)
+    except OSError:
+        return None
+    out = []
+    for line in raw.splitlines():
+        try:
+            key, offset = (int(x) for x in line.split())
+        except ValueError:  # not two integers: the index ends here
+            break
+        out.append((key, offset))
+    return out
+
+
+def _keys(offsets: List[int], ends: List[int], ids: List[int], ours: bool,
+          old: Optional[List[Tuple[int, int]]],
+          report: SalvageReport) -> Tuple[List[int], List[int], List[int]]:
+    """The records to index (their offsets and ends) and each one's key. A dataset whose
+    records carry their keys as ids (``ours``: :func:`~gluon_data.format.meta.ids_are_keys`)
+    is keyed by them, a second copy of an id left out (``report.duplicates``). Otherwise
+    the old index decides where it lists records: keyed by their ids if it did so too, else
+    each listed record keeps its old key and the rest continue its numbering. Without one,
+    the ids serve (as ``im2rec`` writes them) if distinct and small enough for an index,
+    else the positions in the file."""
+    if ours:
+        seen: set = set()
+        kept = []
+        for off, end, i in zip(offsets, ends, ids):
+            if i in seen:
+                report.duplicates.append(off)
+            else:
+                seen.add(i)
+                kept.append((off, end, i))
+        return [r[0] for r in kept], [r[1] for r in kept], [r[2] for r in kept]
+    distinct = len(set(ids)) == len(ids) and max(ids, default=0) <= _MAX_KEY
+    listed = dict((off, key) for key, off in old or [])
+    if distinct and all(listed.get(off, i) == i for off, i in zip(offsets, ids)):
+        return offsets, ends, ids
+    if listed:
+        nxt = max(listed.values()) + 1
+        keys = []
+        for off in offsets:
+            key = listed.get(off)
+            if key is None:
+                key, nxt = nxt, nxt + 1
+            keys.append(key)
+        if len(set(keys)) == len(keys):
+            return offsets, ends, keys
+    return offsets, ends, list(range(len(offsets)))
+
+
+def _salvaged_meta(meta: dict, offsets: List[int], keys: List[int],
+                   old: Optional[List[Tuple[int, int]]], report: SalvageReport) -> dict:
+    """The metadata of the recovered records (``offsets`` and ``keys``, in file order):
+    their count, what was salvaged, and each one's item name where it is known which record
+    each name was of (else none: they would name other records). The names are listed in
+    the order of the index they were written with: the old index pairs each with its
+    record's offset; without it, a conversion's own dataset never salvaged before (its
+    keys its positions, from its first item's: a shard's ``items``) pairs them by key."""
     out = dict(meta, num_records=len(keys),
                salvaged={"records_before": meta["num_records"],
                          "damaged_ranges": [list(r) for r in report.damaged]})
     names = out.pop("item_names", None)
-    first = ((meta.get("shard") or {}).get("items") or [0])[0]
-    at = [k - first for k in keys]
-    if isinstance(names, list) and len(names) == meta["num_records"] \
-            and all(0 <= p < len(names) for p in at):
-        out["item_names"] = [names[p] for p in at]
+    if not isinstance(names, list) or len(names) != meta["num_records"]:
+        return out
+    if old is not None and len(old) == len(names):
+        by_offset = {off: name for (_, off), name in zip(old, names)}
+        kept = [by_offset.get(off) for off in offsets]
+    elif "salvaged" not in meta and ids_are_keys(meta):
+        first = ((meta.get("shard") or {}).get("items") or [0])[0]
+        kept = [names[k - first] if 0 <= k - first < len(names) else None for k in keys]
+    else:
+        return out
+    if all(name is not None for name in kept):
+        out["item_names"] = kept
     return out
 
 
@@ -196,10 +283,11 @@ def _check_targets(rec_path: str, idx_path: str, gdx: str, mp: str, overwrite: b
 
 
 def _scan(rec_path: str, seg, require: bool,
-          report: SalvageReport) -> Tuple[List[int], List[int]]:
-    """The offsets and header ids of the intact records of ``rec_path``; damaged byte
+          report: SalvageReport) -> Tuple[List[int], List[int], List[int]]:
+    """The offsets, ends and header ids of the intact records of ``rec_path``; damaged byte
     ranges are added to ``report.damaged``."""
     offsets: List[int] = []
+    ends: List[int] = []
     ids: List[int] = []
     fd = open_or_explain(rec_path)
     try:
@@ -212,21 +300,22 @@ def _scan(rec_path: str, seg, require: bool,
                 report.damaged.append((start, end))
             else:
                 offsets.append(start)
+                ends.append(end)
                 ids.append(found)
     finally:
         if report.file_size:
             cast(mmap.mmap, buf).close()  # mapped: b"" only for an empty file
-    return offsets, ids
+    return offsets, ends, ids
 
 
-def _cut_damaged_tail(rec_path: str, report: SalvageReport) -> None:
-    """Unreadable bytes at the end (a writer killed mid-record): move them aside, so the
-    .rec ends with its last intact record and readers accept the rebuilt index."""
+def _cut_tail(rec_path: str, start: int, report: SalvageReport) -> None:
+    """Bytes after the last record indexed, from ``start`` (a writer killed mid-record, or
+    a copy of a record left out): move them aside, so the .rec ends with its last indexed
+    record and readers accept the rebuilt index."""
     if os.path.islink(rec_path):
         raise OutputError("the damaged tail must be cut from this .rec, but it is a "
                           "symbolic link (to %s) and gluon-data never writes through one: "
                           "salvage the real file" % os.readlink(rec_path), rec_path)
-    start = report.damaged[-1][0]
     with open_regular(rec_path, "r+b") as f:
         f.seek(start)
         tail = f.read()
