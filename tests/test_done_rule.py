@@ -128,13 +128,18 @@ def test_resume_recognises_a_finished_output_not_named_rec(src, tmp_path):
     assert verify(out).ok
 
 
+def _idx_emptied(rec):
+    open(rec[:-4] + ".idx", "w").close()  # a shard of one record that lost its only line
+
+
 # ------------------------------------------------------------------------- sharded
-def test_a_sharded_rerun_redoes_a_shard_whose_idx_lost_a_line(src, tmp_path):
+@pytest.mark.parametrize("damage", [_idx_loses_a_line, _idx_emptied])
+def test_a_sharded_rerun_redoes_a_shard_whose_idx_lost_a_line(src, tmp_path, damage):
     out = str(tmp_path / "s.rec")
     first = convert(src, out, "imagefolder", shards=3)
     shard = out[:-4] + "-00001-of-00003.rec"
     good = _read(shard[:-4] + ".idx")
-    _idx_loses_a_line(shard)
+    damage(shard)
     again = convert(src, out, "imagefolder", shards=3, resume=True)  # --resume: accepted
     assert [e["reused"] for e in again.shards] == [True, False, True]
     assert _read(shard[:-4] + ".idx") == good

@@ -196,9 +196,9 @@ def _ownership(path: str, kind: str) -> Ownership:
             return location_ownership(_local_size, _local_read, path, _DOCUMENT_OF[kind])
         if kind == "rec":
             return Ownership(_head(path, 4) == _RECORDIO_MAGIC)
-        if kind == "idx":
-            head = _head(path, 4096)
-            return Ownership(bool(head) and set(head) <= _INDEX_CHARS)
+        if kind == "idx":  # (an empty one, a crash's or a shard's that lost its only
+            # line, lists nothing: replacing it loses nothing, and it stays of its plan)
+            return Ownership(set(_head(path, 4096)) <= _INDEX_CHARS)
         if kind == "gdx":
             return Ownership(_head(path, 5) == b"GDIDX")
         if kind == "png":
