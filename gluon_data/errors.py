@@ -10,6 +10,7 @@ __all__ = [
     "DecodeError",
     "SourceError",
     "ConversionError",
+    "EmptyOutputError",
     "ResourceError",
     "OutputError",
     "CacheError",
@@ -71,6 +72,12 @@ class SourceError(GluonDataError, ValueError):
 
 class ConversionError(GluonDataError):
     """A conversion failed; nothing was written under the output's final name."""
+
+
+class EmptyOutputError(ConversionError):
+    """A conversion would publish a split with no record: every item of it was skipped
+    (``on_error='skip'``). Rerunning the same plan ends the same way, so no partial output
+    or checkpoint is kept; the message names items skipped and why."""
 
 
 class ResourceError(GluonDataError, OSError):

@@ -271,3 +271,23 @@ def test_an_error_naming_a_file_puts_the_file_first(tmp_path):
     p = _cli("show", missing, "--out", str(tmp_path / "s.png"))
     assert p.returncode == 1 and "Errno" not in p.stderr
     assert p.stderr.startswith("gluon-data: error: %s: " % missing), p.stderr
+
+
+def test_a_split_whose_items_are_all_skipped_keeps_nothing_to_resume(voc_root, tmp_path):
+    """Every item of ``val`` skipped (its list names files that are not there): the error
+    names them, and no partial output or checkpoint is kept with a ``--resume`` hint that a
+    rerun could never honour (the same plan ends the same way)."""
+    import shutil
+    from gluon_data.errors import EmptyOutputError
+    src = str(tmp_path / "voc")
+    shutil.copytree(voc_root, src)
+    with open(os.path.join(src, "ImageSets", "Segmentation", "val.txt"), "w") as fh:
+        fh.write("nope_1\nnope_2\n")
+    out = tmp_path / "o" / "v.rec"
+    for resume in (False, True):
+        with pytest.raises(EmptyOutputError, match="split 'val' would be empty") as e:
+            convert(src, str(out), "voc", split="train,val", on_error="skip",
+                    checkpoint_every=2, resume=resume)
+        assert "2 skipped" in str(e.value) and "nope_1" in str(e.value)
+        assert "--resume" not in str(e.value)
+        assert sorted(os.listdir(out.parent)) == []  # no partial file, no checkpoint

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, cast
 from ..format import codec
 from .chunks import copy_segments, encode_chunk
 from .engines import start_encoder_pool, stop_pool
-from ..errors import ConversionError
+from ..errors import ConversionError, EmptyOutputError
 from .done import file_facts
 from ..tools.progress import progress_bar
 from ..tools.stats import RunningStats
@@ -303,18 +303,27 @@ class _Appender:
         return False
 
 
+def _skipped(report: ConversionReport, shown: int = 3) -> str:
+    """The items skipped, as a message names them: how many, the first few and why."""
+    first = "; ".join("%s: %s" % (x["file"], x["reason"]) for x in report.skipped[:shown])
+    more = len(report.skipped) - shown
+    return "%d skipped (%s%s)" % (len(report.skipped), first,
+                                  "; and %d more" % more if more > 0 else "")
+
+
 def _publish(writers: Dict[str, Any], stats: Dict[str, RunningStats], ckpt,
              report: ConversionReport, finish_meta, source: str, verb: str,
              facts: Callable[[str], Optional[dict]] = file_facts) -> None:
     """Check the splits, finish each writer with its metadata (``facts``: what the done
     record takes of each file) and publish them all."""
     if report.total_written == 0:
-        raise ConversionError("no item could be %s (%d skipped)"
-                              % ("imported" if verb == "import" else "converted",
-                                 len(report.skipped)), source)
+        raise EmptyOutputError("no item could be %s: %s"
+                               % ("imported" if verb == "import" else "converted",
+                                  _skipped(report)), source)
     for s, w in writers.items():
         if w.count == 0:
-            raise ConversionError("split %r would be empty" % s, source)
+            raise EmptyOutputError("split %r would be empty, every item of it skipped: %s"
+                                   % (s, _skipped(report)), source)
         # conversion_id: from the plan's names (equal files give equal ids wherever
         # the source was copied to), its content enters through what was written
         w.finish(finish_meta(s, w, stats[s], getattr(ckpt.digest, "names", ckpt.digest),

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 import numpy as np
 
 from .._version import __version__
-from ..errors import ConversionError, GluonDataError
+from ..errors import ConversionError, EmptyOutputError, GluonDataError
 from ..storage.fsutil import OutputLock
 from ..stores.lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from ..format.meta import FORMAT_NAME, FORMAT_VERSION, meta_path, read_meta
@@ -302,11 +302,13 @@ def fail_conversion(exc: BaseException, writers: Any, output: str,
     error as one :class:`ConversionError` naming the output).
 
     Where a checkpoint was taken (``ckpt.saved``), the partial files and the checkpoint are
-    kept, closed, for ``--resume`` to continue from; otherwise every partial output and any
-    checkpoint file is removed, so nothing that ``--resume`` would refuse stays behind.
+    kept, closed, for ``--resume`` to continue from, unless the plan itself cannot be
+    finished (:class:`~gluon_data.errors.EmptyOutputError`: a resume would end the same);
+    otherwise every partial output and any checkpoint file is removed, so nothing that
+    ``--resume`` would refuse stays behind.
     """
     import lmdb
-    keep = ckpt is not None and ckpt.saved
+    keep = ckpt is not None and ckpt.saved and not isinstance(exc, EmptyOutputError)
     for w in writers.values():
         if w._state in ("open", "finished"):
             if keep:
