@@ -291,3 +291,14 @@ def test_a_split_whose_items_are_all_skipped_keeps_nothing_to_resume(voc_root, t
         assert "2 skipped" in str(e.value) and "nope_1" in str(e.value)
         assert "--resume" not in str(e.value)
         assert sorted(os.listdir(out.parent)) == []  # no partial file, no checkpoint
+
+
+def test_an_error_prints_its_traceback_only_when_asked(tmp_path):
+    missing = str(tmp_path / "nosuch.rec")
+    p = _cli("info", missing)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    q = subprocess.run([sys.executable, "-m", "gluon_data.cli", "info", missing],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, GLUON_DATA_TRACEBACK="1"))
+    assert q.returncode == 1 and "Traceback (most recent call last)" in q.stderr
+    assert q.stderr.rstrip().splitlines()[-1] == p.stderr.rstrip().splitlines()[-1]

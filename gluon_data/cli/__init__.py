@@ -10,8 +10,10 @@ module again, and so this package, before its task."""
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
+import traceback
 from typing import List, Optional
 
 from ..errors import GluonDataError
@@ -50,6 +52,10 @@ def _bench(argv: List[str]) -> int:
     return bench.main(argv)
 
 
+#: ``GLUON_DATA_TRACEBACK=1``: an error prints its traceback above its one line
+TRACEBACK_ENV = "GLUON_DATA_TRACEBACK"
+
+
 def _said(e: BaseException) -> str:
     """The error line's text: an ``OSError`` that names its file as ``FILE: what`` (not
     ``[Errno 2] what: 'FILE'``), anything else as it reads."""
@@ -86,6 +92,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (GluonDataError, OSError, ValueError, ImportError) as e:
         if isinstance(e, BrokenPipeError) and stdout_closed():
             return 141  # as a Unix tool stopped by SIGPIPE: quietly
+        if os.environ.get(TRACEBACK_ENV, "").strip() == "1":  # for a bug report
+            traceback.print_exception(e, file=sys.stderr)
         print("gluon-data: error: %s" % _said(e), file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
