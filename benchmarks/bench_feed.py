@@ -29,8 +29,8 @@ and the rest (the loader's part: collating the batch into shared memory, sending
 loop), their thread count, their read/write syscalls per item (``/proc/<pid>/io``), and
 their involuntary context switches per item. Each measurement starts after as many batches
 as the workers may have read ahead, taken the same way, and counts no more items than the
-workers read in it (:func:`delivered`). ``--json`` writes every figure,
-under the consumer too.
+workers read in it (:func:`delivered`). ``--json`` writes every figure, under the consumer
+too.
 
 Needs torch: it is imported from ``sys.path``, else from ``$GLUON_DATA_TORCH_PATH``. On a
 shared machine compare the shares of one run, never absolute numbers across runs.

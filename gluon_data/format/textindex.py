@@ -7,13 +7,13 @@ through it; :class:`~gluon_data.mx_recordio.MXIndexedRecordIO` parses with it.
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ..errors import FormatError
 
-__all__ = ["parse_index"]
+__all__ = ["parse_index", "parse_index_prefix"]
 
 
 #: what to do about an index that does not parse
@@ -29,7 +29,6 @@ def _bad_line(lines, path: str, reason_for) -> FormatError:
             return FormatError("line %d (%r): %s; %s" % (lineno, line[:80].decode("latin-1"),
                                                          reason, _REBUILD), path)
     return FormatError("unparsable index; " + _REBUILD, path)
-
 
 
 def _line_problem(line: bytes) -> Optional[str]:
@@ -88,6 +87,21 @@ def parse_index(raw: bytes, idx_path: str,
     if any((a == v).any() for a in (keys, offsets) for v in _I64_LIMITS):  # saturated?
         return _parse_index_exact(raw, idx_path, wide_keys)
     return keys, offsets
+
+
+def parse_index_prefix(raw: bytes) -> List[Tuple[int, int]]:
+    """``(key, offset)`` of the lines of an ``.idx`` up to the first that is not two integers
+    (blank lines skipped, as :func:`parse_index` does): what can still be read of an index
+    a writer left mid-line or that is damaged from some line on."""
+    out: List[Tuple[int, int]] = []
+    for line in raw.splitlines():
+        if not line.strip():
+            continue
+        if _line_problem(line):
+            break
+        key, offset = line.split()
+        out.append((int(key), int(offset)))
+    return out
 
 
 _I64_LIMITS = (-(1 << 63), (1 << 63) - 1)

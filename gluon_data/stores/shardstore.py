@@ -259,9 +259,10 @@ class ShardedStore(ShardRouter):
             f.close()
             raise FormatError("%s %s" % (self._label(s), wrong), path)
         if len(f) != want:
-            raise FormatError("%s holds %d records, the manifest promises %d (the shard was "
-                              "changed since, a salvage say: rerun the conversion that wrote "
-                              "the manifest with --resume to redo it from its source)"
+            raise FormatError("%s holds %d records, the manifest promises %d (the shard "
+                              "changed after the manifest was written, by a salvage for one: "
+                              "rerun the conversion that wrote the manifest with --resume to "
+                              "redo it from its source)"
                               % (self._label(s), len(f), want), path)
         return f
 

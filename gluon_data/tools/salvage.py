@@ -26,6 +26,7 @@ from ..storage.fileio import open_or_explain, open_regular, read_input, require_
 from ..storage.fsutil import OutputLock, atomic_write, fsync_dir
 from ..format.ownership import LOCATIONS, check_disjoint, check_replaceable, classify_location, is_ours
 from ..format.meta import dumps_meta, ids_are_keys, meta_path, read_meta
+from ..format.textindex import parse_index_prefix
 from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
 from ..stores.base import dataset_part
 
@@ -159,14 +160,18 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
                           "index and metadata are left as they were"
                           % (report.file_size, "not RecordIO, or damaged throughout"
                              if report.file_size else "an empty file"), rec_path)
-    old = _old_index(idx_path)
+    try:  # the index being replaced: what its lines still say, and its .bak
+        old_raw: Optional[bytes] = read_input(idx_path)
+    except FileNotFoundError:
+        old_raw = None
+    old = None if old_raw is None else parse_index_prefix(old_raw)
     offsets, ends, keys = _keys(offsets, ends, ids, ids_are_keys(meta), old, report)
     report.records = len(offsets)
     if ends[-1] < report.file_size:  # damaged bytes, or a copy left out, after the last
         _cut_tail(rec_path, ends[-1], report)
     text = "".join("%d\t%d\n" % kv for kv in zip(keys, offsets)).encode("ascii")
-    if os.path.exists(idx_path):
-        atomic_write(idx_path + ".bak", read_input(idx_path))
+    if old_raw is not None:
+        atomic_write(idx_path + ".bak", old_raw)
     atomic_write(idx_path, text)
     if offsets:  # the binary copy readers map instead of the text (a stale one is ignored)
         write_binary_index(idx_path, lock_held=True)  # (under salvage's lock)
@@ -182,30 +187,13 @@ def _salvage_locked(rec_path: str, idx_path: str, gdx: str, mp: str) -> SalvageR
 _MAX_KEY = (1 << 63) - 1
 
 
-def _old_index(idx_path: str) -> Optional[List[Tuple[int, int]]]:
-    """``(key, offset)`` of the lines of the index being replaced, up to its first line that
-    is not two integers (a writer killed mid-line); ``None`` where there is none."""
-    try:
-        raw = read_input(idx_path)
-    except OSError:
-        return None
-    out = []
-    for line in raw.splitlines():
-        try:
-            key, offset = (int(x) for x in line.split())
-        except ValueError:  # not two integers: the index ends here
-            break
-        out.append((key, offset))
-    return out
-
-
 def _keys(offsets: List[int], ends: List[int], ids: List[int], ours: bool,
           old: Optional[List[Tuple[int, int]]],
           report: SalvageReport) -> Tuple[List[int], List[int], List[int]]:
     """The records to index (their offsets and ends) and each one's key. A dataset whose
     records carry their keys as ids (``ours``: :func:`~gluon_data.format.meta.ids_are_keys`)
     is keyed by them, a second copy of an id left out (``report.duplicates``). Otherwise
-    the old index decides where it lists records: keyed by their ids if it did so too, else
+    the old index (its readable lines) decides where it lists records: keyed by their ids if it did so too, else
     each listed record keeps its old key and the rest continue its numbering. Without one,
     the ids serve (as ``im2rec`` writes them) if distinct and small enough for an index,
     else the positions in the file."""
