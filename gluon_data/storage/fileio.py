@@ -96,12 +96,10 @@ def open_regular(path: str, mode: str = "rb", **kwargs: Any) -> IO[Any]:
     """A file object reading the input ``path`` (:func:`open_or_explain`'s rule and checks:
     a FIFO, device or socket is refused, never opened nor waited on). ``mode`` is a reading
     mode (``"rb"``, ``"r"``...; ``"r+b"`` opens for reading and writing)."""
-    fd = open_or_explain(path, os.O_RDWR if "+" in mode else os.O_RDONLY)
-    try:
-        return os.fdopen(fd, mode, **kwargs)
-    except BaseException:
-        os.close(fd)
-        raise
+    flags = os.O_RDWR if "+" in mode else os.O_RDONLY
+    # opened through ``opener``: the file object owns the descriptor from the start (as
+    # fsutil.open_new: an interrupt is never turned into a second close)
+    return open(path, mode, opener=lambda p, _: open_or_explain(p, flags), **kwargs)
 
 
 def read_input(path: str) -> bytes:

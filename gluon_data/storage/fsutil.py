@@ -64,12 +64,11 @@ def open_new(path: str, mode: str = "wb", **kwargs: Any) -> IO[Any]:
         os.remove(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
         | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags, 0o644)
-    try:
-        return os.fdopen(fd, mode, **kwargs)
-    except BaseException:
-        os.close(fd)
-        raise
+    # the file object owns the descriptor from the moment it exists: opened through
+    # ``opener``, never ``os.fdopen`` of a descriptor closed again on failure (a Ctrl-C that
+    # lands once the file object exists has it closed already, and a second close raised
+    # "Bad file descriptor" in place of the interrupt, or closed another file's)
+    return open(path, mode, opener=lambda p, _: os.open(p, flags, 0o644), **kwargs)
 
 
 def fsync_dir(path: str) -> None:
