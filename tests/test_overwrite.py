@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
 from gluon_data import SegmentationLMDBDataset, SegmentationRecordDataset
 from gluon_data import convert
@@ -137,22 +138,39 @@ def test_lmdb_partial_that_is_not_ours_is_left_alone(voc_root, user_dir, tmp_pat
     assert tree(out + ".partial") == before
 
 
-def test_show_out_replaces_an_image_but_not_other_files_or_links(voc_rec, tmp_path):
+def test_show_out_replaces_only_its_own_preview_and_only_with_overwrite(voc_rec, tmp_path):
+    """``show --out`` over an existing file is refused without ``--overwrite``; with it, only a
+    preview ``show`` wrote (PNG or JPEG, recognised by its mark) is replaced: a photo (a
+    source JPEG of the dataset), a plain PNG, a text file or a link is left untouched."""
     png = tmp_path / "p.png"
     r = cli("show", voc_rec, "--out", png)
     assert r.returncode == 0, r.stderr
     first = png.read_bytes()
-    r = cli("show", voc_rec, "--index", 1, "--out", png)  # a picture is replaced
-    assert r.returncode == 0 and png.read_bytes() != first
+    r = cli("show", voc_rec, "--index", 1, "--out", png)
+    assert r.returncode == 1 and "already exists" in r.stderr and "--overwrite" in r.stderr
+    assert png.read_bytes() == first
+    r = cli("show", voc_rec, "--index", 1, "--out", png, "--overwrite")  # its own preview
+    assert r.returncode == 0 and png.read_bytes() != first, r.stderr
+    jpg = tmp_path / "p.jpg"
+    assert cli("show", voc_rec, "--out", jpg).returncode == 0
+    r = cli("show", voc_rec, "--index", 1, "--out", jpg, "--overwrite")
+    assert r.returncode == 0 and Image.open(jpg).format == "JPEG", r.stderr
+    photo = tmp_path / "photo.jpg"  # a photo and a plain PNG: images, but not ours
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(photo, quality=90)
+    plain = tmp_path / "plain.png"
+    Image.new("L", (8, 8)).save(plain)
     notes = tmp_path / "notes.png"
     notes.write_text("not a picture")
-    r = cli("show", voc_rec, "--out", notes)
-    assert r.returncode == 1 and "not an image file" in r.stderr
-    assert notes.read_text() == "not a picture"
+    for other in (photo, plain, notes):
+        before = other.read_bytes()
+        r = cli("show", voc_rec, "--out", other, "--overwrite")
+        assert r.returncode == 1 and "not a preview written by gluon-data show" in r.stderr, \
+            r.stderr
+        assert other.read_bytes() == before
     target = tmp_path / "target.png"
     target.write_bytes(first)
     os.symlink(str(target), str(tmp_path / "link.png"))
-    r = cli("show", voc_rec, "--index", 1, "--out", tmp_path / "link.png")
+    r = cli("show", voc_rec, "--index", 1, "--out", tmp_path / "link.png", "--overwrite")
     assert r.returncode == 1 and "symbolic link" in r.stderr
     assert target.read_bytes() == first
 

@@ -159,7 +159,7 @@ def cmd_stats(a) -> int:
 
 def cmd_show(a) -> int:
     from ..arrays import SegmentationDataset  # numpy samples: no MXNet for a preview
-    from ..tools.preview import render_preview
+    from ..tools.preview import render_preview, save_preview
     _input(a.path)
     remote = _remote(a)
     ds = SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged"))
@@ -174,26 +174,10 @@ def cmd_show(a) -> int:
     # open_store does not open without a layout, may have none)
     pic = render_preview(img, mask, ds.palette, ds.classes, cast(int, ds.ignore_label),
                          alpha=a.alpha)
-    _save_image(pic, a.out)
+    save_preview(pic, a.out, a.overwrite)
     print("wrote %s (record %d of %s: %dx%d, %d classes present)"
           % (a.out, index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
     return 0
-
-
-def _save_image(pic, out: str) -> None:
-    """Save a picture atomically; an existing file is replaced only if it is an image
-    (never a link, a dataset or any other file)."""
-    import io
-
-    from ..storage.fsutil import atomic_write
-    from ..format.ownership import check_replaceable
-    check_replaceable(out, "image", True)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # as the writers do
-    ext = os.path.splitext(out)[1].lower()
-    buf = io.BytesIO()
-    pic.save(buf, format={".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".tif": "TIFF",
-                          ".tiff": "TIFF", ".webp": "WEBP"}.get(ext, "PNG"))
-    atomic_write(out, buf.getvalue())
 
 
 def cmd_verify(a) -> int:

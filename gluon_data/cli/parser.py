@@ -157,8 +157,10 @@ def _add_show(sub) -> None:
                   help="write a PNG of a sample: image, mask overlay and class legend")
     sh.add_argument("--index", type=int, default=0, help="record position (-1: the last)")
     sh.add_argument("--out", default="sample.png",
-                    help="output PNG (an existing image file is replaced; any other file or a "
-                         "link is refused)")
+                    help="output image: PNG, or JPEG, BMP, TIFF, WebP by its extension")
+    sh.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --out, if it is a preview gluon-data show wrote "
+                         "(any other file is left untouched)")
     sh.add_argument("--alpha", type=float, default=0.55, help="overlay opacity, 0 to 1")
     sh.set_defaults(func=cmd_show)
 

@@ -20,7 +20,8 @@ from ..storage.fsutil import LMDB_DATA, holds_only_lmdb
 from ..storage.remotefs import is_uri
 
 __all__ = ["check_replaceable", "is_ours", "register_sniffer", "KINDS", "classify_location",
-           "LOCATIONS", "check_disjoint", "location_ownership", "Ownership", "DOCUMENT_LIMIT"]
+           "LOCATIONS", "check_disjoint", "location_ownership", "Ownership", "DOCUMENT_LIMIT",
+           "PREVIEW_MARK"]
 
 _RECORDIO_MAGIC = RECORDIO_MAGIC.to_bytes(4, "little")
 _INDEX_CHARS = frozenset(b"0123456789+-\t\n\r ")
@@ -34,11 +35,15 @@ KINDS = {
     "lmdb": "a gluon_data LMDB dataset (a directory holding only data.mdb with gluon_data "
             "metadata)",
     "png": "a PNG image",
-    "image": "an image file (PNG, JPEG, BMP, TIFF, WebP)",
+    "preview": "a preview written by gluon-data show (a PNG or JPEG carrying its mark)",
     "checkpoint": "a gluon_data resume checkpoint (.resume.json)",
     "manifest": "a shard manifest (.shards.json)",
     "segments": "a gluon_data segment folder (a directory holding only .seg files)",
 }
+
+#: The mark a preview of ``gluon-data show`` carries near its start (a PNG's ``Software``
+#: text, a JPEG's comment): what makes an image file ours to replace.
+PREVIEW_MARK = b"gluon-data show"
 
 #: What :func:`classify_location` can find at a location, in the words of error messages.
 LOCATIONS = dict(KINDS, **{
@@ -203,9 +208,9 @@ def _ownership(path: str, kind: str) -> Ownership:
             return Ownership(_head(path, 5) == b"GDIDX")
         if kind == "png":
             return Ownership(_head(path, 8) == PNG_SIGNATURE)
-        h = _head(path, 12)  # "image"
-        return Ownership(h.startswith((PNG_SIGNATURE, JPEG_SOI + b"\xff", b"BM", b"II*\x00",
-                                       b"MM\x00*")) or (h[:4] == b"RIFF" and h[8:12] == b"WEBP"))
+        h = _head(path, 512)  # "preview": an image of any other origin is never replaced
+        ours = h.startswith((PNG_SIGNATURE, JPEG_SOI)) and PREVIEW_MARK in h
+        return Ownership(ours, "" if ours else "it carries no mark of gluon-data show")
     except OSError as e:
         return Ownership(False, "unreadable (%s)" % e)
 

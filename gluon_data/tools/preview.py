@@ -1,12 +1,22 @@
-"""Previews: an image beside its mask overlaid in the dataset's palette, with a legend."""
+"""Previews: an image beside its mask overlaid in the dataset's palette, with a legend
+(:func:`render_preview`), saved as ``gluon-data show`` saves them (:func:`save_preview`)."""
 from __future__ import annotations
 
+import io
+import os
 from typing import List, Optional, Sequence
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
 
-__all__ = ["render_preview"]
+from ..format.ownership import PREVIEW_MARK, check_replaceable
+from ..storage.fsutil import atomic_write
+
+__all__ = ["render_preview", "save_preview"]
+
+#: The file formats a preview is saved in, by the output's extension (PNG otherwise).
+FORMATS = {".jpg": "JPEG", ".jpeg": "JPEG", ".bmp": "BMP", ".tif": "TIFF", ".tiff": "TIFF",
+           ".webp": "WEBP"}
 
 
 def render_preview(image: np.ndarray, mask: np.ndarray, palette: Sequence[Sequence[int]],
@@ -60,3 +70,33 @@ def render_preview(image: np.ndarray, mask: np.ndarray, palette: Sequence[Sequen
         draw.text((26, y + 2), "%3d  %s  (%.1f%%)" % (c, name, share), fill=(0, 0, 0),
                   font=font)
     return out
+
+
+def save_preview(pic: Image.Image, out: str, overwrite: bool = False) -> None:
+    """Save preview ``pic`` at ``out`` atomically, in the format its extension names (PNG
+    otherwise), its folder made if missing. A PNG or JPEG carries
+    :data:`~gluon_data.format.ownership.PREVIEW_MARK` (a ``Software`` text, a comment): an
+    existing file is replaced only with ``overwrite`` and only when it carries that mark, so
+    a photo, a mask or any other file at ``out`` is never touched (a BMP, TIFF or WebP
+    preview carries no mark, and is not replaced either).
+
+    Raises
+    ------
+    FileExistsError
+        ``out`` exists and ``overwrite`` is false.
+    OutputError
+        ``out`` is a link, or a file that is not a preview of ours.
+    """
+    check_replaceable(out, "preview", overwrite)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # as the writers do
+    fmt = FORMATS.get(os.path.splitext(out)[1].lower(), "PNG")
+    mark = {}
+    if fmt == "PNG":
+        info = PngImagePlugin.PngInfo()
+        info.add_text("Software", PREVIEW_MARK.decode("ascii"))
+        mark = {"pnginfo": info}
+    elif fmt == "JPEG":
+        mark = {"comment": PREVIEW_MARK}
+    buf = io.BytesIO()
+    pic.save(buf, format=fmt, **mark)
+    atomic_write(out, buf.getvalue())
