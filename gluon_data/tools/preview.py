@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
@@ -90,7 +90,7 @@ def save_preview(pic: Image.Image, out: str, overwrite: bool = False) -> None:
     check_replaceable(out, "preview", overwrite)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)  # as the writers do
     fmt = FORMATS.get(os.path.splitext(out)[1].lower(), "PNG")
-    mark = {}
+    mark: Dict[str, Any] = {}
     if fmt == "PNG":
         info = PngImagePlugin.PngInfo()
         info.add_text("Software", PREVIEW_MARK.decode("ascii"))
