@@ -199,3 +199,50 @@ def test_ids_too_large_for_an_index_are_not_used_as_keys(tmp_path):
     salvage(rec)
     assert _index(rec) == list(enumerate(offsets)) and RecordFile(rec).keys().tolist() == [
         0, 1, 2, 3]
+
+
+def test_stats_after_salvage_say_they_count_the_records_lost(voc_rec, tmp_path, capsys):
+    """The class statistics are the conversion's, counted over every record it wrote: after a
+    salvage drops one, ``stats`` says so (a note, ``counted_records`` in ``--json``) rather
+    than passing them off as the remaining records' own; a second salvage keeps the count."""
+    import json
+    n = len(SegmentationDataset(voc_rec))
+    rec = _copy(voc_rec, tmp_path)
+    assert main(["stats", rec, "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert before["records"] == before["counted_records"] == n
+    assert main(["stats", rec]) == 0 and "note:" not in capsys.readouterr().out
+    _damage(rec, n // 2)
+    salvage(rec, overwrite=True)
+    assert main(["stats", rec, "--json"]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert (after["records"], after["counted_records"]) == (n - 1, n)
+    assert after["classes"] == before["classes"]  # the same counts, now labelled as such
+    assert main(["stats", rec]) == 0
+    text = capsys.readouterr().out
+    assert "counted at conversion over %d records; %d remain" % (n, n - 1) in text, text
+    _damage(rec, 0)
+    salvage(rec, overwrite=True)
+    assert main(["stats", rec, "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["records"], again["counted_records"]) == (n - 2, n)
+
+
+def test_verify_of_a_cut_rec_says_nothing_was_checked_and_salvage_recovers(voc_rec, tmp_path):
+    """A ``.rec`` cut short (its index points past its end) cannot be read as a dataset:
+    ``verify`` says so ("could not be read, no record checked"), not "0 records, 0 checked"
+    as if it were empty, and names salvage, which then keeps the records before the cut."""
+    n = len(SegmentationDataset(voc_rec))
+    rec = _copy(voc_rec, tmp_path)
+    f = RecordFile(rec)
+    cut = f.offset(n // 2) + 20  # inside the record at n // 2
+    f.close()
+    os.truncate(rec, cut)
+    report = verify(rec)
+    assert not report.ok and not report.opened and report.checked == 0
+    text = str(report)
+    assert "could not be read, no record checked: 1 problem(s)" in text.splitlines()[0], text
+    assert "0 records" not in text and "salvage" in text
+    assert salvage(rec, overwrite=True).records == n // 2
+    again = verify(rec)
+    assert again.ok and again.opened and again.records == n // 2

@@ -29,10 +29,20 @@ class VerifyReport:
     checked: int = 0
     deep: bool = False
     problems: List[dict] = field(default_factory=list)  # {"where", "key", "offset", "reason"}
+    #: False when the dataset could not be read (:meth:`refused`): nothing was counted or
+    #: checked, and ``records`` is 0 for that reason, not because it is empty
+    opened: bool = True
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def refused(self, err: BaseException, where: Optional[str] = None) -> "VerifyReport":
+        """Report ``err``, why the dataset could not be read (so none of it was checked);
+        returns this report."""
+        self.add(err, where)
+        self.opened = False
+        return self
 
     def add(self, err: BaseException, where: Optional[str] = None, key=None,
             offset=None) -> None:
@@ -45,9 +55,11 @@ class VerifyReport:
                                   "reason": "%s: %s" % (type(err).__name__, err)})
 
     def __str__(self) -> str:
-        head = "%s: %d records, %d checked%s: %s" % (
-            self.path, self.records, self.checked, " (deep: decoded)" if self.deep else "",
-            "OK" if self.ok else "%d problem(s)" % len(self.problems))
+        counted = ("%d records, %d checked%s" % (self.records, self.checked,
+                                                  " (deep: decoded)" if self.deep else "")
+                   if self.opened else "could not be read, no record checked")
+        head = "%s: %s: %s" % (self.path, counted,
+                               "OK" if self.ok else "%d problem(s)" % len(self.problems))
         lines = [head]
         for p in self.problems[:200]:
             loc = ", ".join(x for x in (
@@ -106,7 +118,7 @@ def _verify_rec(path: str, deep: bool) -> VerifyReport:
     try:
         store = RecordFile(path, expected_count=meta["num_records"] if meta else None)
     except (GluonDataError, OSError) as e:
-        report.add(e, path)
+        report.refused(e, path)
         reason = report.problems[-1]["reason"]
         if os.path.isfile(path) and "salvage" not in reason:  # salvage can index them again
             report.problems[-1]["reason"] = reason + " (gluon-data salvage can rebuild the index)"
@@ -140,8 +152,7 @@ def _verify_lmdb_here(path: str, deep: bool, split: Optional[str]) -> VerifyRepo
     try:
         splits = store_splits(path)
     except GluonDataError as e:
-        report.add(e, path)
-        return report
+        return report.refused(e, path)
     for s in ([split] if split else splits):
         try:
             store = open_store(path, s)
@@ -208,7 +219,7 @@ def check_local(path: str, deep: bool = False, split: Optional[str] = None,
     result, exitcode = _verify_lmdb_isolated(path, deep, split)
     if isinstance(result, VerifyReport):
         return result
-    report = VerifyReport(path, deep=deep)
+    report = VerifyReport(path, deep=deep, opened=False)
     if isinstance(result, BaseException):
         report.add(result, path)
     else:

@@ -29,6 +29,7 @@ from ..format.meta import dumps_meta, ids_are_keys, meta_path, read_meta
 from ..format.textindex import parse_index_prefix
 from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
 from ..stores.base import dataset_part
+from .stats import counted_records
 
 __all__ = ["salvage", "SalvageReport", "scan_records"]
 
@@ -232,9 +233,16 @@ def _salvaged_meta(meta: dict, offsets: List[int], keys: List[int],
     the order of the index they were written with: the old index pairs each with its
     record's offset; without it, a conversion's own dataset never salvaged before (its
     keys its positions, from its first item's: a shard's ``items``) pairs them by key."""
+    try:
+        counted = counted_records(meta)
+    except FormatError:  # a count an earlier salvage left unreadable: this file's, then
+        counted = meta["num_records"]
     out = dict(meta, num_records=len(keys),
                salvaged={"records_before": meta["num_records"],
-                         "damaged_ranges": [list(r) for r in report.damaged]})
+                         "damaged_ranges": [list(r) for r in report.damaged],
+                         # the statistics are the conversion's: counted over its records,
+                         # the lost ones included (tools.stats says so)
+                         "counted_records": counted})
     names = out.pop("item_names", None)
     if not isinstance(names, list) or len(names) != meta["num_records"]:
         return out

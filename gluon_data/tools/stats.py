@@ -12,7 +12,23 @@ import numpy as np
 
 from ..errors import FormatError
 
-__all__ = ["class_statistics", "format_statistics", "RunningStats"]
+__all__ = ["class_statistics", "format_statistics", "RunningStats", "counted_records"]
+
+
+def counted_records(meta: dict, path: Optional[str] = None) -> int:
+    """How many records the statistics of ``meta`` were counted over: its ``num_records``,
+    or, once :func:`~gluon_data.tools.salvage.salvage` has dropped damaged records, the
+    conversion's count (its ``salvaged.counted_records``), the records lost included: the
+    statistics are gathered at conversion and no record is decoded again to correct them."""
+    salvaged = meta.get("salvaged")
+    if salvaged is None:
+        return int(meta["num_records"])
+    counted = salvaged.get("counted_records", salvaged.get("records_before")) \
+        if isinstance(salvaged, dict) else None
+    if not isinstance(counted, int) or isinstance(counted, bool) or counted < 0:
+        raise FormatError("the metadata's salvaged.counted_records is %r, not a count of "
+                          "records" % (counted,), path)
+    return counted
 
 
 def class_statistics(meta: dict, path: Optional[str] = None) -> Dict:
@@ -23,6 +39,8 @@ def class_statistics(meta: dict, path: Optional[str] = None) -> Dict:
     * ``enet`` (Paszke et al.): ``1 / ln(1.02 + p_c)`` with ``p_c`` the share of labelled pixels.
 
     Classes that never occur get weight 0. The ignore label is left out of both.
+    ``counted_records``: the records the counts cover (:func:`counted_records`; more than
+    ``records`` after a salvage dropped some).
     """
     if meta.get("task") != "segmentation" or "class_pixels" not in meta:
         raise FormatError("no class statistics: only segmentation datasets written by "
@@ -46,6 +64,7 @@ def class_statistics(meta: dict, path: Optional[str] = None) -> Dict:
                      "enet": 1.0 / math.log(1.02 + share) if p else 0.0})
     return {"classes": rows, "labelled_pixels": labelled,
             "ignored_pixels": pix.get(ignore, 0), "records": meta["num_records"],
+            "counted_records": counted_records(meta, path),
             "image_stats": meta.get("image_stats")}
 
 
@@ -58,6 +77,12 @@ def format_statistics(stats: Dict) -> str:
                         r["median_freq"], r["enet"]))
     lines.append("%d records, %d labelled pixels, %d ignored"
                  % (stats["records"], stats["labelled_pixels"], stats["ignored_pixels"]))
+    counted = stats.get("counted_records", stats["records"])
+    if counted != stats["records"]:
+        lines.append("note: these figures were counted at conversion over %d records; %d "
+                     "remain after gluon-data salvage, so they include the %d lost (convert "
+                     "the source again for exact ones)"
+                     % (counted, stats["records"], counted - stats["records"]))
     im = stats.get("image_stats")
     if im:
         lines.append("image mean (RGB, 0..1) %s  std %s" % (im["mean"], im["std"]))

@@ -50,14 +50,12 @@ def _verify_uri(path: str, deep: bool, remote: Optional[dict],
         if getattr(store, "splits", None) is None:  # (remote record stores have check_tail;
             cast(Any, store).check_tail()  # the RecordStore protocol does not declare it)
     except (GluonDataError, OSError) as e:
-        report.add(e, path)
-        return report
+        return report.refused(e, path)
     if getattr(store, "splits", None) is not None:  # a remote LMDB (RemoteLMDBStore)
         try:
             local, pin = cast(Any, store).fetch(pin=True)  # RemoteLMDBStore's own method
         except (GluonDataError, OSError) as e:  # the object as served now is not the dataset
-            report.add(e, path)
-            return report
+            return report.refused(e, path)
         try:
             folder = os.path.dirname(local)
             report = verify(folder, deep=deep, split=split)
@@ -118,8 +116,7 @@ def verify_sharded(path: str, deep: bool = False, workers: int = 4):
     try:
         doc = read_manifest(path)
     except (GluonDataError, OSError) as e:
-        report.add(e, path)
-        return report
+        return report.refused(e, path)
     folder = os.path.dirname(os.path.abspath(path))
     container, split = doc["container"], doc.get("split") or "train"
     n = len(doc["shards"])
