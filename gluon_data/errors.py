@@ -20,7 +20,14 @@ __all__ = [
     "RemoteNotFoundError",
     "TruncatedDownloadError",
     "ChecksumMismatchError",
+    "CHECKPOINT_KEPT",
 ]
+
+#: The attribute a ``KeyboardInterrupt`` that stopped a conversion carries when the
+#: conversion says what it kept: True where a checkpoint (and the partial output it
+#: describes) is there for ``--resume`` to continue from, False where nothing was kept. The
+#: command line's last line says which.
+CHECKPOINT_KEPT = "gluon_data_checkpoint_kept"
 
 
 def _where(path: Optional[str], key=None, offset: Optional[int] = None) -> str:

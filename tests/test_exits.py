@@ -351,3 +351,50 @@ def test_ctrl_c_while_a_file_opens_stays_a_ctrl_c(tmp_path, which):
     seen = json.loads(out)
     assert set(seen) <= {"opened", "interrupted"}, seen
     assert seen.get("interrupted", 0) >= 100, seen  # the interrupts did land
+
+
+INTERRUPTED = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from gluon_data.cli import main
+
+    def written(path):
+        try:
+            return os.path.getsize(path) > 0
+        except OSError:
+            return False
+
+    def interrupt_once(path):  # Ctrl-C once ``path`` holds bytes (polled, 60 s at most)
+        deadline = time.monotonic() + 60
+        while not written(path) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once, args=(sys.argv[1],), daemon=True).start()
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+@pytest.mark.parametrize("every", [None, "2"])
+def test_an_interrupted_conversion_says_whether_resume_can_continue(tmp_path, every):
+    """Ctrl-C during a conversion: with a checkpoint taken, the last line says to rerun with
+    --resume, and the checkpoint is there; before the first checkpoint (the default takes one
+    after 64 items and 5 s), it says nothing was kept, and nothing is left to resume from."""
+    voc = make_voc(str(tmp_path / "VOC2012"), num_images=300, size_range=(64, 96), seed=3)
+    out = str(tmp_path / "o.rec")
+    env = dict(os.environ)
+    env.pop("GLUON_DATA_CHECKPOINT_EVERY", None)
+    if every:
+        env["GLUON_DATA_CHECKPOINT_EVERY"] = every
+    # interrupted once the first checkpoint is written, or (none due yet) once records are
+    when = out + (".resume.json" if every else ".partial")
+    code, _, err, _ = _run([sys.executable, "-c", INTERRUPTED, when, "convert", voc, out,
+                            "--layout", "voc", "--split", "trainval", "--encoding", "png",
+                            "--quiet"], timeout=300, env=env)
+    assert code == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    checkpoint = os.path.exists(out + ".resume.json")
+    if every:
+        assert checkpoint and last.endswith("rerun the same command with --resume to continue")
+    else:
+        assert not checkpoint and "nothing was kept" in last and "--resume" not in last, last
+        assert not os.path.exists(out) and not os.path.exists(out + ".partial")

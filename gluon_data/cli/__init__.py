@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import List, Optional
 
-from ..errors import GluonDataError
+from ..errors import CHECKPOINT_KEPT, GluonDataError
 from .bench import BENCH_MODULE, bench_path, load_bench  # noqa: F401
 from .signals import (deferred_interrupt, Terminated, catch_sigterm, ignore_late_interrupts,
                       stdout_closed)
@@ -65,6 +65,15 @@ def _said(e: BaseException) -> str:
     return str(e)
 
 
+def _resume_hint(interrupt: KeyboardInterrupt) -> str:
+    """What an interrupted conversion's last line adds: ``--resume`` continues from its
+    checkpoint, unless it says it kept none (stopped before its first, nothing is left)."""
+    if getattr(interrupt, CHECKPOINT_KEPT, True):
+        return "; rerun the same command with --resume to continue"
+    return ("; no checkpoint had been taken yet, so nothing was kept: rerun the same command "
+            "to start again")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the ``gluon-data`` command ``argv`` (default: this process's command line) and
     return its exit status. Without ``argv`` it is the process's own command (the
@@ -100,9 +109,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if exits:
             ignore_late_interrupts()
         print("gluon-data: %s%s" % ("terminated" if isinstance(e, Terminated) else
-                                    "interrupted",
-                                    "; rerun the same command with --resume to continue"
-                                    if command == "convert" else ""), file=sys.stderr)
+                                    "interrupted", _resume_hint(e) if command == "convert"
+                                    else ""), file=sys.stderr)
         return 143 if isinstance(e, Terminated) else 130
     finally:
         if exits:
