@@ -125,12 +125,25 @@ def test_backend_choice_and_the_missing_extra(voc_rec, monkeypatch):
             with pytest.raises(RuntimeError, match=r"pip install gluon-data\[gpu\]"):
                 DeviceStage(SegmentationDataset(voc_rec, **VAL))
             monkeypatch.delenv("GLUON_DATA_DEVICE_BACKEND")
+        with pytest.raises(RuntimeError, match="torchvision, the CUDA build that matches"):
+            select_backend("torchvision")  # (the extra does not install it: said so)
     test = SegmentationDataset(voc_rec, mode="test")  # (image, name): the names listed
     plans = [plan_sample(test, i) for i in range(2)]
     images, names = DeviceStage(test, backend="cpu")(plans[:1] * 2)
     assert names == [test.name(0)] * 2 and images.shape[0] == 2
     with pytest.raises(ValueError, match="empty batch"):
         DeviceStage(SegmentationDataset(voc_rec, **VAL), backend="cpu")([])
+
+
+def test_the_device_is_named_as_torch_names_it(voc_rec):
+    """``device=`` takes an index, ``"cuda"`` or ``"cuda:N"``; anything else is a ValueError
+    saying what it takes (``"cuda"`` was an ``int()`` error)."""
+    ds = SegmentationDataset(voc_rec, **VAL)
+    for given, index in ((1, 1), ("cuda", 0), ("cuda:2", 2)):
+        assert DeviceStage(ds, backend="cpu", device=given).device == index
+    for bad in ("cpu", "cuda:x", -1, True):
+        with pytest.raises(ValueError, match="must name a CUDA device"):
+            DeviceStage(ds, backend="cpu", device=bad)
 
 
 def _stock_rec(path: str, images) -> str:

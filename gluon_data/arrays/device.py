@@ -33,6 +33,10 @@ __all__ = ["DeviceStage", "BACKENDS", "select_backend", "device_decodable", "GPU
 BACKENDS = ("nvimgcodec", "torchvision", "cpu")
 #: What to install for the GPU backends.
 GPU_EXTRA = "pip install gluon-data[gpu]"
+#: What each GPU backend needs installed, as its refusal says it.
+_INSTALLS = {"nvimgcodec": "`%s` installs nvImageCodec and PyTorch" % GPU_EXTRA,
+             "torchvision": "it needs torchvision, the CUDA build that matches your PyTorch "
+                            "(`%s` installs PyTorch, not torchvision)" % GPU_EXTRA}
 #: Overrides the automatic choice (one of :data:`BACKENDS`).
 BACKEND_ENV = "GLUON_DATA_DEVICE_BACKEND"
 
@@ -88,17 +92,34 @@ def select_backend(backend: Optional[str] = None) -> str:
     if backend is not None:
         if not _cuda(torch) or not found[backend]:
             raise RuntimeError(
-                "the %s backend decodes on a CUDA GPU, but %s: `%s` installs nvImageCodec "
-                "and PyTorch, and a CUDA device must be visible; or use backend='cpu'"
+                "the %s backend decodes on a CUDA GPU, but %s: %s, and a CUDA device must be "
+                "visible; or use backend='cpu'"
                 % (backend, "no CUDA device is visible to PyTorch" if torch is not None and
                    found[backend] else "%s is not installed" % (
-                       backend if torch is not None else "PyTorch"), GPU_EXTRA))
+                       backend if torch is not None else "PyTorch"), _INSTALLS[backend]))
         return backend
     if _cuda(torch):
         for name in BACKENDS[:2]:
             if found[name]:
                 return name
     return "cpu"
+
+
+def _device_index(device: Any) -> int:
+    """The CUDA device index ``device`` names: an index, ``"cuda"`` (0), ``"cuda:N"`` or a
+    ``torch.device`` of CUDA; anything else is a ``ValueError`` saying what is taken."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        index = device
+    else:
+        kind, _, number = str(device).partition(":")
+        if kind != "cuda" or (number and not number.isdigit()):
+            raise ValueError("device must name a CUDA device: an index (0), 'cuda' or "
+                             "'cuda:N'; got %r" % (device,))
+        index = int(number) if number else 0
+    if index < 0:
+        raise ValueError("device must name a CUDA device: an index of 0 or more; got %r"
+                         % (device,))
+    return index
 
 
 def device_decodable(buf: BytesLike) -> bool:
@@ -119,8 +140,9 @@ class DeviceStage:
         The dataset the plans were drawn from (:class:`~gluon_data.arrays.plan.PlanDataset`).
     backend : {None, 'nvimgcodec', 'torchvision', 'cpu'}
         ``None``: :func:`select_backend`'s choice.
-    device : int, default 0
-        The CUDA device of a GPU backend.
+    device : int or str, default 0
+        The CUDA device of a GPU backend: its index, ``"cuda"`` (device 0) or ``"cuda:N"``
+        (a ``torch.device`` of CUDA too).
 
     Returns
     -------
@@ -142,10 +164,10 @@ class DeviceStage:
     """
 
     def __init__(self, dataset: Union[SegmentationDataset, ClassificationDataset],
-                 backend: Optional[str] = None, device: int = 0) -> None:
+                 backend: Optional[str] = None, device: Union[int, str] = 0) -> None:
         self.dataset = dataset
         self.backend = select_backend(backend)
-        self.device = int(device)
+        self.device = _device_index(device)
         self._where = "cuda:%d" % self.device  # the torch device of the GPU path
         self._layout = image_output(dataset)
         self._decoder: Any = None  # nvImageCodec's, made on first use
