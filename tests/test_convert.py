@@ -178,7 +178,8 @@ def _damage(voc, what):
 
 
 BAD = {"missing image": "not found", "missing mask": "not found",
-       "zero-byte image": "empty", "garbage image": "corrupt or not an image",
+       "zero-byte image": "empty",
+       "garbage image": r"corrupt or not an image \(its first bytes, b'this is ', start no",
        "truncated image": "corrupt or not an image", "size mismatch": "mask is 7x5",
        "jpeg mask": "JPEG", "ids outside classes": r"\[42\]", "colour mask": "colour"}
 

@@ -82,6 +82,9 @@ def _open_strict(data: bytes, path: str, what: str, max_pixels: int) -> Image.Im
         im.load()  # strict: truncated data raises instead of decoding grey
     except SourceError:
         raise
+    except Image.UnidentifiedImageError:  # (its message names the BytesIO, not the file)
+        raise SourceError("%s is corrupt or not an image (its first bytes, %r, start no "
+                          "format Pillow reads)" % (what, data[:8]), path) from None
     except Exception as e:  # PIL raises many types (OSError, SyntaxError, ValueError...)
         raise SourceError("%s is corrupt or not an image (%s: %s)"
                           % (what, type(e).__name__, e), path) from None
