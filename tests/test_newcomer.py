@@ -111,6 +111,8 @@ def test_an_lmdb_conversion_names_each_split_and_info_takes_one(folder_root, tmp
     assert r.returncode == 0, r.stderr
     assert "wrote 9 records to %s split train\nwrote 3 records to %s split val" % (out, out) \
         in r.stdout, r.stdout
+    r = _cli("info", out)  # the whole environment: its records in all, then each split's
+    assert r.returncode == 0 and "records:         12\n" in r.stdout, r.stdout
     r = _cli("info", out, "--split", "val", "--json")
     assert r.returncode == 0, r.stderr
     assert list(json.loads(r.stdout)["splits"]) == ["val"]

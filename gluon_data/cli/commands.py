@@ -115,7 +115,9 @@ def describe(path: str, remote: Optional[dict] = None, split: Optional[str] = No
             out[cast(str, s)] = dict(_summary(cast(dict, st.meta)), records=len(st))
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) \
             if os.path.isdir(path) else getattr(first, "file_size", None)
-        return {"path": path, "container": "lmdb", "bytes": size, "splits": out}
+        return {"path": path, "container": "lmdb",
+                "records": sum(v["records"] for v in out.values()), "bytes": size,
+                "splits": out}
     f = first or open_store(path, **opts)
     meta = f.meta
     out = {"path": path, "records": len(f), "bytes": getattr(f, "file_size", None)}
