@@ -18,7 +18,7 @@ import hashlib
 import os
 import shutil
 import stat
-from typing import IO, Any, Iterable, List, Tuple
+from typing import IO, Any, Iterable, List, Optional, Tuple
 
 from ..errors import CacheError, ConversionError, OutputError
 
@@ -278,7 +278,8 @@ class OutputLock:
 
     def __init__(self, outputs: Iterable[str]):
         self.paths = sorted({os.fspath(p).rstrip("/") for p in outputs})
-        self._held: List[Tuple[str, int]] = []
+        #: ``(lock file, descriptor)`` per lock held; None: closed, being dropped
+        self._held: List[Optional[Tuple[str, int]]] = []
 
     def _lock_one(self, output: str) -> None:
         import fcntl
@@ -295,6 +296,7 @@ class OutputLock:
                                       "(not a regular file); it was left untouched: remove it"
                                       % output, path) from None
                 raise
+            ours = False  # the lock taken, on a lock file of ours at ``path``
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise OutputError("is in the way of the lock file gluon-data uses for %s "
@@ -311,17 +313,26 @@ class OutputLock:
                 except FileNotFoundError:
                     same = False
                 if not same:
-                    os.close(fd)
+                    fd, stale = -1, fd  # (closed once, whatever interrupts it)
+                    os.close(stale)
                     continue
                 head = os.pread(fd, 64, 0)
                 if head and not head.startswith(_LOCK_TAG):
                     raise OutputError("is in the way of the lock file gluon-data uses for %s "
                                       "and is not one; it was left untouched: remove it"
                                       % output, path)
+                ours = True
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, b"%s pid=%d\n" % (_LOCK_TAG, os.getpid()), 0)
-            except BaseException:
-                os.close(fd)
+            except BaseException:  # (a Ctrl-C too) the lock file of ours goes with the lock
+                if fd >= 0:
+                    try:
+                        if ours:
+                            os.remove(path)
+                    except OSError:
+                        pass
+                    finally:
+                        os.close(fd)
                 raise
             self._held.append((path, fd))
             return
@@ -350,13 +361,30 @@ class OutputLock:
         return self
 
     def release(self) -> None:
-        held, self._held = self._held, []
-        for path, fd in reversed(held):
+        """Remove each lock file, then close its descriptor (which drops the lock). A Ctrl-C
+        landing in here (a second one, during the clean-up of the first) still releases every
+        lock, then is raised: a descriptor left open would hold its lock for as long as this
+        process lives, and refuse every later conversion of that output in it."""
+        interrupted: Optional[BaseException] = None
+        while True:
             try:
-                os.remove(path)  # still holding the lock: nobody else owns this file
-            except OSError:
-                pass
-            os.close(fd)
+                if not self._held:
+                    break
+                entry = self._held[-1]
+                if entry is None:  # closed, then interrupted before it was dropped
+                    self._held.pop()
+                    continue
+                path, fd = entry
+                try:
+                    os.remove(path)  # still holding the lock: nobody else owns this file
+                except OSError:  # (gone: removed already, before an interrupt)
+                    pass
+                self._held[-1] = None  # marked before the close: never closed twice
+                os.close(fd)
+            except BaseException as e:  # (KeyboardInterrupt) the other locks first
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
 
     def __enter__(self) -> "OutputLock":
         return self.acquire()
