@@ -18,6 +18,7 @@ from gluon_data.convert.sample import make_imagefolder
 from gluon_data.convert.sharded import convert_sharded
 from gluon_data.errors import ConversionError
 from gluon_data.format.meta import dumps_meta, meta_path
+from gluon_data.stores.recordio import RecordFile
 from gluon_data.format.plan import conversion_id, part_digest, plan_digest
 from gluon_data.storage.cache import Cache
 from gluon_data.stores.base import open_store
@@ -104,8 +105,13 @@ def test_a_checkpoint_resumes_and_one_of_the_previous_release_too(src, tmp_path,
             json.dump(doc, f)
     with open(bad, "wb") as f:
         f.write(good)
-    convert(src, out, "imagefolder", resume=True, workers=1)
+    kept = doc["splits"]["train"]["writer"][2]  # the records the checkpoint covers
+    report = convert(src, out, "imagefolder", resume=True, workers=1)
     assert _rec_bytes(out) == _rec_bytes(ref) and not os.path.exists(out + ".resume.json")
+    # the summary tells the records of the interrupted run from this one's (its rate too)
+    assert kept > 0 and report.resumed == {"train": kept}
+    assert report.written["train"] == len(RecordFile(ref))
+    assert "(%d of them before the interruption, kept by --resume)" % kept in str(report)
 
 
 def test_a_tampered_checkpoint_is_refused_naming_it(src, tmp_path):

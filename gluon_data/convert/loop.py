@@ -405,6 +405,8 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
                 start = done["done"] if done else 0
                 bar.update(start)
                 w = writers[s]
+                if w.count:  # reopened at the checkpoint: what the interrupted run wrote
+                    report.resumed[s] = w.count
                 _write_split(s, plan, w, st,
                              _results(pool, fn, plan.jobs(start), workers, plan.count - start,
                                       w.segment_path if w.takes_segments else None, copies),

@@ -53,6 +53,9 @@ class ConversionReport:
     #: records of shards a rerun found complete and kept (not in ``written``), per split
     kept: Dict[str, int] = field(default_factory=dict)
     kept_shards: int = 0
+    #: records a ``--resume`` found written before the interruption (in ``written``: the
+    #: output holds them; not in the rate, which is this run's), per split
+    resumed: Dict[str, int] = field(default_factory=dict)
     #: shards of the dataset this one replaced (other shard count or container) removed once
     #: it was written; and those left: changed since the replaced manifest named them, no
     #: longer ours, or not removable (with the reason)
@@ -69,10 +72,14 @@ class ConversionReport:
         for split, path in self.outputs.items():
             kept = self.kept.get(split, 0)
             shared = paths.count(path) > 1  # several splits in one LMDB: name each
-            lines.append("wrote %d records to %s%s%s" % (
+            resumed = self.resumed.get(split, 0)
+            lines.append("wrote %d records to %s%s%s%s" % (
                 self.written.get(split, 0), path, " split %s" % split if shared else "",
-                " (%d kept)" % kept if kept else ""))
-        rate = self.total_written / self.seconds if self.seconds > 0 else 0.0
+                " (%d kept)" % kept if kept else "",
+                " (%d of them before the interruption, kept by --resume)" % resumed
+                if resumed else ""))
+        new = self.total_written - sum(self.resumed.values())  # this run's own
+        rate = new / self.seconds if self.seconds > 0 else 0.0
         kept = sum(self.kept.values())
         done = ("%d records written, %d kept in %d shard%s already complete"
                 % (self.total_written, kept, self.kept_shards,
