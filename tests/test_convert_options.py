@@ -44,6 +44,25 @@ def test_the_one_entry_writes_shards_when_asked(folder, tmp_path):
     assert len(report.shards) == 2
 
 
+def test_classes_and_splits_as_strings_or_lists_read_as_the_flags_do(folder, tmp_path):
+    """``classes="cat,dog,fish"`` is three names, as ``--classes cat,dog,fish`` (it was split
+    into its characters, and the dataset took them as 14 classes); ``split`` takes a list;
+    other types are a TypeError saying what is taken, and ``workers="2"`` that it must be a
+    number."""
+    a, b = str(tmp_path / "a.rec"), str(tmp_path / "b.rec")
+    gluon_data.convert(folder, a, "imagefolder", classes="cat,dog,fish")
+    gluon_data.convert(folder, b, "imagefolder", classes=["cat", "dog", "fish"])
+    assert _digest(a) == _digest(b)
+    from gluon_data.arrays import ClassificationDataset
+    assert ClassificationDataset(a).meta["classes"] == ["cat", "dog", "fish"]
+    assert ConvertOptions(split=["train", "val"]).split == "train,val"
+    for bad in (dict(classes=3), dict(classes=["cat", 1]), dict(split=5)):
+        with pytest.raises(TypeError, match="must be"):
+            ConvertOptions(**bad)
+    with pytest.raises(ValueError, match=r"workers \(--workers\) must be a number"):
+        gluon_data.convert(folder, str(tmp_path / "c.rec"), "imagefolder", workers="2")
+
+
 def test_the_cli_and_the_api_build_the_same_options(folder, tmp_path):
     """``gluon-data convert`` runs the one entry with the options of its flags: the same
     bytes as the API called with the same options."""

@@ -251,6 +251,23 @@ class ConvertOptions:
         None, "an output at a URI: retries of each remote call (the policy's default when "
               "omitted)", None)
 
+    def __post_init__(self) -> None:
+        # What the command line takes as a comma string, Python takes as one too, or as a
+        # list: a string of classes is names (or a file of them), never its characters
+        if isinstance(self.classes, str):
+            object.__setattr__(self, "classes", read_classes(self.classes))
+        elif self.classes is not None and (
+                not isinstance(self.classes, Sequence)
+                or not all(isinstance(c, str) for c in self.classes)):
+            raise TypeError("classes must be a list of class names or a comma-separated "
+                            "string of them, got %r" % (self.classes,))
+        if isinstance(self.split, (list, tuple)) and all(isinstance(x, str)
+                                                         for x in self.split):
+            object.__setattr__(self, "split", ",".join(self.split))
+        elif self.split is not None and not isinstance(self.split, str):
+            raise TypeError("split must be a split name, a comma-separated string of them "
+                            "or a list of them, got %r" % (self.split,))
+
     @classmethod
     def names(cls) -> Tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))

@@ -348,8 +348,10 @@ def _check_range(name: str, value, lo, hi=None, what: str = "") -> None:
         not isinstance(value, bool) and math.isfinite(value) and value >= lo and \
         (hi is None or value <= hi)
     if not ok:
-        raise ValueError("%s (--%s) must be %s, got %r"
-                         % (name, name.replace("_", "-"),
+        number = isinstance(value, (int, float, np.integer, np.floating)) \
+            and not isinstance(value, bool)
+        raise ValueError("%s (--%s) must be %s%s, got %r"
+                         % (name, name.replace("_", "-"), "" if number else "a number, ",
                             what or ("%s..%s" % (lo, hi) if hi is not None else ">= %s" % lo),
                             value))
 
