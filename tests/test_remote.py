@@ -489,6 +489,20 @@ def test_overwrite_replaces_only_our_own_output(s3, so, tmp_path, capsys):
     assert s3.requests("ours/data.shards.json", "PUT")
 
 
+def test_split_outputs_that_exist_are_refused_before_any_work(so, voc_src, tmp_path):
+    """A ``.rec`` conversion of two splits to a URI whose split objects exist is refused
+    before the source is converted: nothing staged in the cache (it converted everything
+    into staging, then refused at the upload, and left the staging behind)."""
+    uri = _fresh_uri("splits-again/voc.rec")
+    stage = tmp_path / "stage"
+    kw = dict(split="train,val", storage_options=so, cache_dir=str(stage))
+    convert_to_uri(voc_src, uri, "voc", **kw)
+    with pytest.raises(FileExistsError, match="voc_train.rec already exists"):
+        convert_to_uri(voc_src, uri, "voc", **kw)
+    staged = stage / "staging"
+    assert not staged.exists() or not any(staged.iterdir()), list(staged.rglob("*"))
+
+
 class _Stalled(str):
     """The URL of a stalled server, with the connections it accepted (``held``)."""
     held: list

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Optional
+from typing import List, Optional
 
 
 from ..storage.cache import Cache
@@ -15,7 +15,9 @@ from ..stores.remote.commit import Commit, check_bucket, probe_writable
 from ..storage.remotefs import Remote
 from .upload import ShardUploader, upload_dataset
 from ..stores.shards import is_manifest
+from ..format.layout import sibling_uri
 from .local import convert_local
+from .outputs import output_format, output_paths
 from .planning import is_dataset
 from .options import ConvertOptions, deprecated_retries, refuse_unread, reads_of
 from .sharded import sharded_conversion
@@ -68,9 +70,11 @@ def uri_conversion(source: str, output: str, layout: Optional[str], o: ConvertOp
         storage_options = forward_options(output, storage_options)
     remote = Remote(storage_options, o.remote_retries)
     check_bucket(remote, output)
-    # refuse an existing output before any work (the split names are checked again later)
-    if not resume and remote.exists(output):
-        Commit(remote, output).refuse([output], overwrite)
+    if not resume:  # an existing output refused before any work: its own name and the split
+        # outputs the options name (splits only the source names are checked before upload)
+        for target in [output] + _named_outputs(output, o, sharded):
+            if remote.exists(target):
+                Commit(remote, target).refuse([target], overwrite)
     cache = Cache(o.cache_dir)
     if not (resume or sharded):  # (sharded: the upload marker, put before any task, probes)
         probe_writable(remote, output)
@@ -79,6 +83,19 @@ def uri_conversion(source: str, output: str, layout: Optional[str], o: ConvertOp
                        fresh=not resume) as area:
         return _convert_staged(source, output, layout, o, area, remote, sharded,
                                storage_options)
+
+
+def _named_outputs(output: str, o: ConvertOptions, sharded: bool) -> List[str]:
+    """The URIs of the split outputs a staged ``.rec`` conversion writes beside ``output``,
+    as far as the options name its splits (``split="train,val"``, ``val_ratio``): each
+    split is a ``NAME_<split>.rec`` of its own (one split: ``output`` itself)."""
+    if sharded or output_format(output, o.format) != "rec":
+        return []
+    splits = o.split.split(",") if o.split else (["train", "val"] if o.val_ratio else [])
+    if len(splits) < 2:
+        return []
+    names = output_paths(posixpath.basename(output), splits, "rec")
+    return [sibling_uri(output, names[s]) for s in splits]
 
 
 def _convert_staged(source, output: str, layout, o: ConvertOptions, area: Staging,
