@@ -76,8 +76,9 @@ class ConversionReport:
             lines.append("wrote %d records to %s%s%s%s" % (
                 self.written.get(split, 0), path, " split %s" % split if shared else "",
                 " (%d kept)" % kept if kept else "",
-                " (%d of them before the interruption, kept by --resume)" % resumed
-                if resumed else ""))
+                "" if not resumed else " (complete already, kept by --resume)"
+                if resumed == self.written.get(split, 0) else
+                " (%d of them before the interruption, kept by --resume)" % resumed))
         new = self.total_written - sum(self.resumed.values())  # this run's own
         rate = new / self.seconds if self.seconds > 0 else 0.0
         kept = sum(self.kept.values())

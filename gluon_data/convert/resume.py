@@ -202,7 +202,7 @@ def resume_finished(state: Optional[dict], ckpt: "Checkpoint", report: Conversio
             ckpt.outputs.discard(path)
         return None
     for split, meta in metas.items():
-        report.written[split] = meta["num_records"]
+        report.written[split] = report.resumed[split] = meta["num_records"]  # all there
         report.bytes_written += ckpt.outputs.bytes_on_disk(outputs[split])
     report.skipped[:] = next(iter(metas.values())).get("skipped", [])
     return report
