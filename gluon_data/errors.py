@@ -21,6 +21,7 @@ __all__ = [
     "TruncatedDownloadError",
     "ChecksumMismatchError",
     "CHECKPOINT_KEPT",
+    "mark_interrupt",
 ]
 
 #: The attribute a ``KeyboardInterrupt`` that stopped a conversion carries when the
@@ -28,6 +29,17 @@ __all__ = [
 #: describes) is there for ``--resume`` to continue from, False where nothing was kept. The
 #: command line's last line says which.
 CHECKPOINT_KEPT = "gluon_data_checkpoint_kept"
+
+
+def mark_interrupt(interrupt: BaseException, kept: bool) -> None:
+    """Say on ``interrupt`` (a ``KeyboardInterrupt`` that stopped a conversion) whether a
+    checkpoint was ``kept``: :data:`CHECKPOINT_KEPT`, for the command line's last line, and
+    a note that Python (3.11+) prints under its traceback."""
+    setattr(interrupt, CHECKPOINT_KEPT, kept)
+    if hasattr(interrupt, "add_note"):
+        interrupt.add_note("gluon-data: " + (
+            "a checkpoint was kept: the same call with resume=True continues" if kept else
+            "stopped before its first checkpoint: nothing was kept"))
 
 
 def _where(path: Optional[str], key=None, offset: Optional[int] = None) -> str:

@@ -139,6 +139,15 @@ def test_modes_shapes_and_names(voc_rec, voc_ids):
         SegmentationDataset(voc_rec, mode="nope")
 
 
+def test_uint8_output_refuses_a_normalising_transform_naming_it(voc_rec):
+    """``output='uint8'`` with a transform that normalises is refused, naming the recipe as
+    the user wrote it (not ``<bound method ToTensorNormalize.image of ...>``)."""
+    with pytest.raises(ValueError, match="normalises") as e:
+        SegmentationDataset(voc_rec, mode="train", base_size=48, crop_size=32, output="uint8",
+                            transform=ToTensorNormalize(MEAN, STD))
+    assert "transform=ToTensorNormalize(" in str(e.value) and "bound method" not in str(e.value)
+
+
 def test_transform_is_a_numpy_callable(voc_rec, cls_rec):
     plain = SegmentationDataset(voc_rec)
     flipped = SegmentationDataset(voc_rec, transform=_flip_joint)

@@ -398,3 +398,33 @@ def test_an_interrupted_conversion_says_whether_resume_can_continue(tmp_path, ev
     else:
         assert not checkpoint and "nothing was kept" in last and "--resume" not in last, last
         assert not os.path.exists(out) and not os.path.exists(out + ".partial")
+
+
+INTERRUPTED_CALL = INTERRUPTED.replace(
+    "sys.exit(main(sys.argv[2:]))\n",
+    "from gluon_data import convert\n"
+    "try:\n"
+    "    convert(*sys.argv[2:5], split='trainval', encoding='png')\n"
+    "except KeyboardInterrupt as e:\n"
+    "    print('\\n'.join(getattr(e, '__notes__', [])))\n")
+assert INTERRUPTED_CALL != INTERRUPTED
+
+
+@pytest.mark.parametrize("every", [None, "2"])
+def test_an_interrupted_convert_call_carries_a_note_saying_what_was_kept(tmp_path, every):
+    """From Python, the KeyboardInterrupt that stopped ``convert()`` carries a note (printed
+    under its traceback) saying whether ``resume=True`` continues from a checkpoint."""
+    voc = make_voc(str(tmp_path / "VOC2012"), num_images=300, size_range=(64, 96), seed=3)
+    out = str(tmp_path / "o.rec")
+    env = dict(os.environ)
+    env.pop("GLUON_DATA_CHECKPOINT_EVERY", None)
+    if every:
+        env["GLUON_DATA_CHECKPOINT_EVERY"] = every
+    when = out + (".resume.json" if every else ".partial")
+    code, out_text, err, _ = _run([sys.executable, "-c", INTERRUPTED_CALL, when, voc, out,
+                                   "voc"], timeout=300, env=env)
+    assert code == 0, err[-2000:]
+    assert out_text.strip() == ("gluon-data: a checkpoint was kept: the same call with "
+                                "resume=True continues" if every else
+                                "gluon-data: stopped before its first checkpoint: nothing "
+                                "was kept"), out_text

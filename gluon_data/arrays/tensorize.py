@@ -274,11 +274,11 @@ def uint8_output(output: Optional[str], mode: Optional[str], transform: Optional
         raise ValueError("output='uint8' applies in a mode (train, val, testval, test); "
                          "without one the samples are the stored HxWxC uint8 images")
     if fast is not None:
-        if fast.normalizes:
+        if fast.normalizes:  # (named by its recipe object, not as a bound method of it)
             raise ValueError("output='uint8' delivers images before normalisation, but "
                              "transform=%r normalises: drop it (or keep ToTensor alone) and "
                              "put gluon_data.InputNormalize(mean, std) at the model's input"
-                             % (transform,))
+                             % (getattr(transform, "__self__", transform),))
         transform = None  # ToTensor alone: the uint8 output's layout already
     return ImageCropNormalize(uint8=True), transform
 

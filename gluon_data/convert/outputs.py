@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 import numpy as np
 
 from .._version import __version__
-from ..errors import CHECKPOINT_KEPT, ConversionError, EmptyOutputError, GluonDataError
+from ..errors import ConversionError, EmptyOutputError, GluonDataError, mark_interrupt
 from ..storage.fsutil import OutputLock
 from ..stores.lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from ..format.meta import FORMAT_NAME, FORMAT_VERSION, meta_path, read_meta
@@ -325,8 +325,8 @@ def fail_conversion(exc: BaseException, writers: Any, output: str,
                 w.abort()
     if ckpt is not None and not keep:
         ckpt.remove()
-    if isinstance(exc, KeyboardInterrupt) and ckpt is not None:  # what the interrupt kept
-        setattr(exc, CHECKPOINT_KEPT, keep)
+    if isinstance(exc, KeyboardInterrupt) and ckpt is not None:
+        mark_interrupt(exc, keep)
     hint = ("; the partial output and its checkpoint are kept: rerun the same command with "
             "--resume to continue" if keep else "")
     if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
