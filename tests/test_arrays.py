@@ -148,6 +148,15 @@ def test_uint8_output_refuses_a_normalising_transform_naming_it(voc_rec):
     assert "transform=ToTensorNormalize(" in str(e.value) and "bound method" not in str(e.value)
 
 
+def test_an_ignore_value_that_is_a_class_id_is_refused(voc_rec):
+    """``ignore_value=0`` would return VOC's 255 outlines as class 0 (background), and train
+    them as such: refused, naming the class and what to give; -1, 255 and None are taken."""
+    with pytest.raises(ValueError, match=r"ignore_value=0 is the id of class 0 of the 21"):
+        SegmentationDataset(voc_rec, ignore_value=0)
+    for fine in (-1, 255, None):
+        assert len(SegmentationDataset(voc_rec, ignore_value=fine)) > 0
+
+
 def test_transform_is_a_numpy_callable(voc_rec, cls_rec):
     plain = SegmentationDataset(voc_rec)
     flipped = SegmentationDataset(voc_rec, transform=_flip_joint)

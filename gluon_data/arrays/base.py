@@ -144,7 +144,9 @@ def remote_options(owner: str, remote: Union[RemoteOptions, dict, None],
 
 def check_mask_dtype(name: str, ignore_value: Optional[int], ignore_label: Optional[int],
                      num_classes: Optional[int], filename: str) -> np.dtype:
-    """The checked ``mask_dtype`` of a segmentation dataset (one of :data:`MASK_DTYPES`)."""
+    """The checked ``mask_dtype`` of a segmentation dataset (one of :data:`MASK_DTYPES`),
+    and its ``ignore_value`` checked beside it: one that is a class id is refused (the
+    ignored pixels would be returned, and trained, as that class)."""
     if name not in MASK_DTYPES:
         raise ValueError("unknown mask_dtype %r; valid: %s" % (name, ", ".join(MASK_DTYPES)))
     dtype = np.dtype(name)
@@ -158,6 +160,12 @@ def check_mask_dtype(name: str, ignore_value: Optional[int], ignore_label: Optio
     if num_classes is not None and int(num_classes) - 1 > info.max:
         raise ValueError("%s records %d classes, more than mask_dtype=%r holds; use 'int32'"
                          % (filename, int(num_classes), name))
+    if (ignore_value is not None and num_classes is not None and ignore_value != ignore_label
+            and 0 <= ignore_value < int(num_classes)):
+        raise ValueError("ignore_value=%d is the id of class %d of the %d in %s: the ignored "
+                         "pixels would train as that class; give -1 (gluoncv's), 255 (with "
+                         "mask_dtype='uint8') or None (the stored value)"
+                         % (ignore_value, ignore_value, int(num_classes), filename))
     return dtype
 
 
