@@ -530,6 +530,11 @@ def test_corrupt_bytes_are_errors_not_garbage(tmp_path):
     with pytest.raises(CorruptRecordError, match="bad magic") as e:
         plain.read()
     assert e.value.offset == tells[1] and e.value.path == prefix + ".rec"
+    assert "damaged here" in str(e.value) and "the index points" not in str(e.value)
+    other = tmp_path / "not.rec"  # not RecordIO at all: said so, not blamed on an index
+    other.write_bytes(b"\0" * 64)
+    with pytest.raises(CorruptRecordError, match="this is not RecordIO"):
+        recordio.MXRecordIO(str(other), "r").read()
     with open(prefix + ".idx", "w") as f:              # an index entry inside a record
         f.write("0\t%d\n1\t%d\n" % (tells[0], tells[0] + 8))
     with pytest.raises(CorruptRecordError):

@@ -119,8 +119,12 @@ def unframe(buf: BytesLike, pos: int = 0, *, path: Optional[str] = None, key: An
         magic, lrec = FRAME_HEADER.unpack_from(mv, pos)
         if magic != RECORDIO_MAGIC:
             raise CorruptRecordError(
-                "bad magic 0x%08x (expected 0x%08x): the index points into the middle of a "
-                "record or the file is damaged" % (magic, RECORDIO_MAGIC), path, key, where)
+                "bad magic 0x%08x (expected 0x%08x): %s" % (
+                    magic, RECORDIO_MAGIC,
+                    "the index points into the middle of a record or the file is damaged"
+                    if key is not None else "this is not RecordIO" if where == 0 else
+                    "the file is damaged here"),
+                path, key, where)
         cflag, length = lrec >> 29, lrec & LENGTH_MASK
         if cflag > 3 or (first and cflag not in (0, 1)) or (not first and cflag not in (2, 3)):
             raise CorruptRecordError(
