@@ -201,8 +201,7 @@ class SegmentationDataset(StoreDataset):
         tensor of Gluon's ``ToTensor`` + ``Normalize``.
     ignore_value : int or None, default -1
         Value returned for the dataset's ignore label (VOC: 255), following gluoncv's
-        convention of -1. ``None`` returns the stored value. A class id (0 for VOC's
-        background) is a ``ValueError``: those pixels would train as that class.
+        convention of -1. ``None`` returns the stored value; a class id is a ValueError.
     split : str, optional
         The split of an LMDB dataset given by path (default: ``train`` if it has one).
     mode : {None, 'train', 'val', 'testval', 'test'}
