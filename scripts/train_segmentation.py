@@ -41,7 +41,7 @@ import numpy as np
 from mxnet import autograd, gluon
 from mxnet.gluon.data.vision import transforms
 
-from gluon_data import DistributedSampler, SegmentationBatchify
+from gluon_data import DataLoader, DistributedSampler, SegmentationBatchify
 from gluon_data.cli import storage_option_parser
 from gluon_data.gluon.datasets import SegmentationDataset
 from gluon_data.gluon.device import DeviceLoader
@@ -199,8 +199,8 @@ def evaluate(model, dataset, batch_size, workers, nclass, ctx=None, progress=Non
     (``progress``: called once per batch)."""
     from gluoncv.utils.metrics import SegmentationMetric
     metric = SegmentationMetric(nclass)
-    loader = gluon.data.DataLoader(dataset, batch_size, num_workers=workers,
-                                   batchify_fn=SegmentationBatchify(channels_first=True))
+    loader = DataLoader(dataset, batch_size, num_workers=workers,  # (a dead worker raises)
+                        batchify_fn=SegmentationBatchify(channels_first=True))
     for data, target in loader:
         data = data if ctx is None else data.as_in_context(ctx)
         metric.update(target, model(data)[0].as_in_context(target.context))
@@ -472,8 +472,10 @@ def setup(args, world, ctx, input_transform):
     sampler = world.sampler(len(trainset), shuffle=True, seed=args.seed,
                             batch_size=args.batch_size)
     batches = sampler.batch_sampler()
+    # gluon_data's DataLoader: a worker killed (out of memory) raises WorkerDiedError at once,
+    # where Gluon's waits for it forever
     loader = DeviceLoader(trainset, batch_sampler=batches, num_workers=args.workers) \
-        if args.device_stage else gluon.data.DataLoader(trainset, batch_sampler=batches,
+        if args.device_stage else DataLoader(trainset, batch_sampler=batches,
         num_workers=args.workers, batchify_fn=SegmentationBatchify(channels_first=True))
     model = build_model(args.model, args.backbone, trainset.num_class, args.base_size,
                         args.crop_size, args.pretrained_base)

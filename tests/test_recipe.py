@@ -119,6 +119,45 @@ def test_sample_log_is_complete_after_kill_9(voc_recs, tmp_path):
         assert len({r["index"] for r in rows if r["epoch"] == epoch}) in (4, 8, 12)
 
 
+def test_a_killed_loader_worker_ends_the_recipe_instead_of_hanging_it(voc_recs, tmp_path):
+    """The recipe reads through gluon_data's DataLoader: its worker process killed (as by the
+    out-of-memory killer) ends the run with WorkerDiedError within seconds; Gluon's own
+    loader waited for it forever."""
+    log = tmp_path / "log" / "samples.rank0.jsonl"
+    args = [a if a != "0" or SMALL[i - 1] != "--workers" else "1" for i, a in enumerate(SMALL)]
+    p = subprocess.Popen([sys.executable, RECIPE, *args, "--data", voc_recs["train"],
+                          "--model", "tiny", "--epochs", "100000", "--log-dir",
+                          str(log.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=dict(os.environ, **ENV), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and log.read_bytes().count(b"\n") >= 8):
+            assert p.poll() is None, p.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no batch trained in 120 s"
+            time.sleep(0.02)
+        # its workers killed, again each 0.5 s (one may have read its epoch's last batch
+        # already); hung, it would run its 100000 epochs and outlast the 60 s
+        deadline, killed = time.monotonic() + 60, 0
+        while p.poll() is None and time.monotonic() < deadline:
+            for pid in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
+                                      text=True).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.5)
+        code = p.wait(1)
+        err = p.stderr.read().decode()
+        assert killed, "the loader started no worker process"
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
+        p.stderr.close()
+    assert code != 0 and "WorkerDiedError" in err, err[-3000:]
+
+
 def test_help_shows_defaults_and_the_launcher():
     p = subprocess.run([sys.executable, RECIPE, "--help"], capture_output=True, text=True,
                        timeout=120)

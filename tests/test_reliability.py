@@ -293,6 +293,46 @@ def test_killed_worker_is_an_error_within_seconds_not_a_120s_hang():
     assert time.monotonic() - t0 < 60
 
 
+IDLE_KILL = """
+import os, signal, sys, time
+import numpy as np
+import mxnet as mx
+from gluon_data import DataLoader
+from gluon_data.gluon.loader import WorkerDiedError
+
+class Slow(mx.gluon.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return np.float32(i)
+
+if __name__ == "__main__":
+    loader = DataLoader(Slow(), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    time.sleep(1.0)  # the workers have read ahead and wait for tasks (one holds the queue's lock)
+    for p in loader._worker_pool._pool:
+        os.kill(p.pid, signal.SIGKILL)
+    try:
+        for _ in it:
+            pass
+    except WorkerDiedError as e:
+        print("raised:", e)
+"""
+
+
+def test_workers_killed_while_idle_are_an_error_not_a_deadlock(tmp_path):
+    """Workers killed while they wait for their next task (one of them holding the task
+    queue's lock): WorkerDiedError, where stopping the pool with Pool.terminate() waited for
+    that lock forever (the training recipe hung so after an out-of-memory kill)."""
+    script = tmp_path / "idle_kill.py"
+    script.write_text(IDLE_KILL)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120)  # (deadlocked, it never ends: the timeout fails it)
+    assert p.returncode == 0 and "raised: DataLoader worker" in p.stdout, p.stderr[-3000:]
+
+
 class _FailsWhileFlagged(mx.gluon.data.Dataset):
     """Raises a typed error at index 21 while ``flag`` exists (checked in the worker)."""
 

@@ -18,6 +18,7 @@ import time
 
 from mxnet.gluon.data import dataloader as _dl
 
+from ..convert.engines import stop_pool
 from ..errors import GluonDataError
 from ..sampling.hints import HintAhead, hint
 
@@ -121,7 +122,9 @@ class _WatchedIter(_dl._MultiWorkerIter):
         for p in self._procs:
             code = p.exitcode
             if code is not None:
-                self._worker_pool.terminate()
+                # bounded: a worker killed while it waited for its next task held the task
+                # queue's lock, and Pool.terminate() waits for that lock forever
+                stop_pool(self._worker_pool)
                 raise WorkerDiedError(
                     "DataLoader worker (pid %d) died, %s, while batches were loading; its "
                     "batch is lost. Common causes: out of memory (the OOM killer), a crash "
