@@ -67,7 +67,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", '"%x-%x-%x"' % (st.st_ino, st.st_size, st.st_mtime_ns))
+        if self.server.etag:  # (Python's http.server sends none: Last-Modified alone)
+            self.send_header("ETag", '"%x-%x-%x"' % (st.st_ino, st.st_size, st.st_mtime_ns))
         self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
         if status == 206:
             self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, size))
@@ -95,13 +96,14 @@ class RangeServer:
     """Serve ``root`` on ``127.0.0.1`` (a free port) in a background thread.
 
     ``url`` is the base (``http://127.0.0.1:PORT``); ``log`` lists ``(method, path, Range
-    header or None, bytes sent)``. Use as a context manager, or call :meth:`stop`."""
+    header or None, bytes sent)``. ``etag=False``: no ETag header, as Python's own
+    ``http.server``. Use as a context manager, or call :meth:`stop`."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, etag: bool = True):
         self.root = os.path.realpath(root)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.daemon_threads = True
-        self._httpd.root, self._httpd.log = self.root, []
+        self._httpd.root, self._httpd.log, self._httpd.etag = self.root, [], etag
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         kwargs={"poll_interval": 0.1},
                                         name="http-range-server", daemon=True)

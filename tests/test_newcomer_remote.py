@@ -105,3 +105,30 @@ def test_verify_deep_finds_an_object_changed_in_place_under_the_same_version(src
         report = verify(uri, deep=True, remote=remote)
         assert not report.ok and "changed in place" in str(report), str(report)
         assert not verify(uri, remote=remote).ok
+
+
+def test_a_dataset_replaced_by_one_of_the_same_size_on_a_server_without_etags(src, tmp_path):
+    """Python's ``http.server`` sends Last-Modified and no ETag: a dataset replaced there by
+    another whose ``.rec`` has the same size (the same images shuffled) is a new version, read
+    anew, never its ``.idx`` paired with the copy of the old ``.rec`` cached under the same
+    key (every read then failed with "bad magic")."""
+    serve, other = str(tmp_path / "serve"), str(tmp_path / "other")
+    convert(src, os.path.join(serve, "c.rec"), "imagefolder")
+    convert(src, os.path.join(other, "c.rec"), "imagefolder", shuffle=True, seed=5)
+    a, b = (open(os.path.join(d, "c.rec"), "rb").read() for d in (serve, other))
+    assert len(a) == len(b) and a != b
+    remote = dict(cache_dir=str(tmp_path / "cache"), **FAST)
+    with RangeServer(serve, etag=False) as server:
+        uri = server.url + "/c.rec"
+        _read_all(uri, remote)
+        for name in ("c.meta.json", "c.idx", "c.rec"):  # replaced, a second later
+            path = os.path.join(other, name)
+            st = os.stat(path)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+            os.replace(path, os.path.join(serve, name))
+        store = open_store(uri, reads="cache", **remote)
+        ref = open_store(os.path.join(serve, "c.rec"))
+        assert [store.read(i) for i in range(len(store))] == \
+            [ref.read(i) for i in range(len(ref))]
+        store.close()
+        assert verify(uri, deep=True, remote=remote).ok

@@ -45,8 +45,12 @@ def names_remote_lmdb(location: str) -> bool:
 
 
 def stamp(info: dict) -> str:
-    """An object's version from its listing (ETag, or mtime, and size)."""
-    etag = info.get("ETag") or info.get("etag") or info.get("mtime") or ""
+    """An object's version from its listing: its ETag, else its modification time (a local
+    ``mtime``, an HTTP server's ``Last-Modified``: Python's own ``http.server`` sends no
+    ETag), with its size. Without either, an object replaced by another of the same size
+    would be served from the copy cached of the first."""
+    etag = (info.get("ETag") or info.get("etag") or info.get("mtime")
+            or info.get("Last-Modified") or "")
     return "etag:%s:%s" % (str(etag).strip('"'), info.get("size"))
 
 
