@@ -377,3 +377,20 @@ def test_a_rerun_reports_written_and_kept(s3, cluster, tmp_path, capsys):
                          cache_dir=str(tmp_path / "c"), resume=True)
     assert rep.written == {"train": 0} and rep.kept == {"train": 12} and rep.kept_shards == 3
     assert "0 records written, 12 kept in 3 shards already complete" in str(rep)
+
+
+def test_a_scheduler_that_cannot_be_reached_is_named_with_the_flag(tmp_path):
+    """A ``--scheduler`` address nothing answers at (or of a scheme Dask does not know) is a
+    ConversionError naming the address and the flag, not Dask's bare connect timeout."""
+    import dask
+    src = make_imagefolder(str(tmp_path / "src"), per_class=2)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):
+        for address in ("tcp://127.0.0.1:%d" % port, "http://127.0.0.1:%d" % port):
+            with pytest.raises(ConversionError,
+                               match=r"cannot reach the Dask scheduler at %s \(--scheduler\)"
+                               % address):
+                convert_sharded(src, str(tmp_path / "o.rec"), "imagefolder", shards=2,
+                                engine="dask", scheduler=address)

@@ -279,7 +279,11 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
     futures = []
     try:
         if scheduler:
-            client = dd.Client(scheduler)
+            try:
+                client = dd.Client(scheduler)
+            except (OSError, ValueError) as e:  # (Dask's connect timeout is an OSError)
+                raise ConversionError("cannot reach the Dask scheduler at %s (--scheduler): "
+                                      "%s" % (scheduler, e)) from None
         else:
             # our own cluster's processes never see Ctrl-C (each would print its own
             # KeyboardInterrupt traceback): this process closes them; one while they start
