@@ -374,19 +374,25 @@ INTERRUPTED = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("every", [None, "2"])
-def test_an_interrupted_conversion_says_whether_resume_can_continue(tmp_path, every):
-    """Ctrl-C during a conversion: with a checkpoint taken, the last line says to rerun with
-    --resume, and the checkpoint is there; before the first checkpoint (the default takes one
-    after 64 items and 5 s), it says nothing was kept, and nothing is left to resume from."""
+def _interrupted_setup(tmp_path, every):
+    """``(source, output, environment, when)`` of a conversion interrupted once ``when``
+    holds bytes: the first checkpoint with ``every`` (a checkpoint every N items), else the
+    partial output (records written, no checkpoint due yet)."""
     voc = make_voc(str(tmp_path / "VOC2012"), num_images=300, size_range=(64, 96), seed=3)
     out = str(tmp_path / "o.rec")
     env = dict(os.environ)
     env.pop("GLUON_DATA_CHECKPOINT_EVERY", None)
     if every:
         env["GLUON_DATA_CHECKPOINT_EVERY"] = every
-    # interrupted once the first checkpoint is written, or (none due yet) once records are
-    when = out + (".resume.json" if every else ".partial")
+    return voc, out, env, out + (".resume.json" if every else ".partial")
+
+
+@pytest.mark.parametrize("every", [None, "2"])
+def test_an_interrupted_conversion_says_whether_resume_can_continue(tmp_path, every):
+    """Ctrl-C during a conversion: with a checkpoint taken, the last line says to rerun with
+    --resume, and the checkpoint is there; before the first checkpoint (the default takes one
+    after 64 items and 5 s), it says nothing was kept, and nothing is left to resume from."""
+    voc, out, env, when = _interrupted_setup(tmp_path, every)
     code, _, err, _ = _run([sys.executable, "-c", INTERRUPTED, when, "convert", voc, out,
                             "--layout", "voc", "--split", "trainval", "--encoding", "png",
                             "--quiet"], timeout=300, env=env)
@@ -414,13 +420,7 @@ assert INTERRUPTED_CALL != INTERRUPTED
 def test_an_interrupted_convert_call_carries_a_note_saying_what_was_kept(tmp_path, every):
     """From Python, the KeyboardInterrupt that stopped ``convert()`` carries a note (printed
     under its traceback) saying whether ``resume=True`` continues from a checkpoint."""
-    voc = make_voc(str(tmp_path / "VOC2012"), num_images=300, size_range=(64, 96), seed=3)
-    out = str(tmp_path / "o.rec")
-    env = dict(os.environ)
-    env.pop("GLUON_DATA_CHECKPOINT_EVERY", None)
-    if every:
-        env["GLUON_DATA_CHECKPOINT_EVERY"] = every
-    when = out + (".resume.json" if every else ".partial")
+    voc, out, env, when = _interrupted_setup(tmp_path, every)
     code, out_text, err, _ = _run([sys.executable, "-c", INTERRUPTED_CALL, when, voc, out,
                                    "voc"], timeout=300, env=env)
     assert code == 0, err[-2000:]

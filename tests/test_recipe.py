@@ -89,20 +89,31 @@ def test_recipe_fcn_from_lmdb(voc_root, tmp_path):
                      run("--data", out, "--split", "train", "--iters", "2"))
 
 
+def _endless_recipe(data, log, args):
+    """The recipe training ``data`` for ever (``args``: its size flags), logging each sample
+    to ``log``, in a session of its own (killed as a group if a test fails)."""
+    return subprocess.Popen([sys.executable, RECIPE, *args, "--data", data, "--model", "tiny",
+                             "--epochs", "100000", "--log-dir", str(log.parent)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=dict(os.environ, **ENV), start_new_session=True)
+
+
+def _wait_for_rows(p, log, rows: int, seconds: float = 120) -> None:
+    """Until ``log`` holds ``rows`` whole lines (the recipe alive all the while)."""
+    deadline = time.monotonic() + seconds
+    while not (log.exists() and log.read_bytes().count(b"\n") >= rows):
+        assert p.poll() is None, p.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no %d samples logged in %d s" % (rows, seconds)
+        time.sleep(0.02)
+
+
 def test_sample_log_is_complete_after_kill_9(voc_recs, tmp_path):
     """Every batch reaches the log as it is trained: a run killed mid-way leaves whole lines,
     whole batches, iterations 1..n."""
     log = tmp_path / "log" / "samples.rank0.jsonl"
-    p = subprocess.Popen([sys.executable, RECIPE, *SMALL, "--data", voc_recs["train"],
-                          "--model", "tiny", "--epochs", "100000", "--log-dir",
-                          str(log.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         env=dict(os.environ, **ENV))
+    p = _endless_recipe(voc_recs["train"], log, SMALL)
     try:
-        deadline = time.monotonic() + 120
-        while not (log.exists() and log.read_bytes().count(b"\n") >= 12):
-            assert p.poll() is None, p.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no complete batches logged in 120 s"
-            time.sleep(0.02)
+        _wait_for_rows(p, log, 12)
         p.send_signal(signal.SIGKILL)
         p.wait(30)
     finally:
@@ -125,16 +136,9 @@ def test_a_killed_loader_worker_ends_the_recipe_instead_of_hanging_it(voc_recs, 
     loader waited for it forever."""
     log = tmp_path / "log" / "samples.rank0.jsonl"
     args = [a if a != "0" or SMALL[i - 1] != "--workers" else "1" for i, a in enumerate(SMALL)]
-    p = subprocess.Popen([sys.executable, RECIPE, *args, "--data", voc_recs["train"],
-                          "--model", "tiny", "--epochs", "100000", "--log-dir",
-                          str(log.parent)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         env=dict(os.environ, **ENV), start_new_session=True)
+    p = _endless_recipe(voc_recs["train"], log, args)
     try:
-        deadline = time.monotonic() + 120
-        while not (log.exists() and log.read_bytes().count(b"\n") >= 8):
-            assert p.poll() is None, p.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no batch trained in 120 s"
-            time.sleep(0.02)
+        _wait_for_rows(p, log, 8)
         # its workers killed, again each 0.5 s (one may have read its epoch's last batch
         # already); hung, it would run its 100000 epochs and outlast the 60 s
         deadline, killed = time.monotonic() + 60, 0
