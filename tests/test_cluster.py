@@ -185,6 +185,7 @@ def test_a_path_not_shared_with_the_workers_is_a_typed_error(cluster, tmp_path, 
     assert e.value.path == "/proc/self/cwd/data"
     assert "the source is not on worker host %s" % socket.gethostname() in str(e.value)
     assert "shared filesystem" in str(e.value)
+    assert not (tmp_path / "o").exists()  # the output folder made for the run: removed
     # the output folder: missing on the worker ...
     with pytest.raises(WorkerPathError, match="output folder is not on worker host"):
         convert_sharded(str(client_cwd / "data"), "/proc/self/cwd/out/c.rec", "imagefolder",

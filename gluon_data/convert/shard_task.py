@@ -245,9 +245,14 @@ def run_shards(jobs: List[ShardJob], sink: Any, o: ConvertOptions,
     :class:`~gluon_data.errors.WorkerPathError` (the manifest would name shards the client
     does not have)."""
     engine = o.engine
+    made: List[str] = []  # the folders made here, deepest first: removed, if empty, on failure
     if engine == "dask":
         for what, path in shared:
             if what == "output folder":
+                folder = os.path.abspath(path)
+                while not os.path.exists(folder):
+                    made.append(folder)
+                    folder = os.path.dirname(folder)
                 os.makedirs(path, exist_ok=True)
     bar = progress_bar(sum(map(_job_items, jobs)), "convert %d shards" % len(jobs),
                        enabled=o.progress)
@@ -270,6 +275,13 @@ def run_shards(jobs: List[ShardJob], sink: Any, o: ConvertOptions,
             bar.update(_job_items(job))
             bar.set_postfix_str("%.1f MB, %d/%d shards" % (nbytes / 1e6, len(results),
                                                            len(jobs)))
+    except BaseException:
+        for folder in made:  # (a WorkerPathError: nothing was written there)
+            try:
+                os.rmdir(folder)  # only an empty one
+            except OSError:
+                break
+        raise
     finally:
         bar.close()
     return results
