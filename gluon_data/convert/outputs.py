@@ -72,13 +72,16 @@ class ConversionReport:
         for split, path in self.outputs.items():
             kept = self.kept.get(split, 0)
             shared = paths.count(path) > 1  # several splits in one LMDB: name each
-            resumed = self.resumed.get(split, 0)
+            written, resumed = self.written.get(split, 0), self.resumed.get(split, 0)
+            if not resumed:
+                before = ""
+            elif resumed == written:
+                before = " (complete already, kept by --resume)"
+            else:
+                before = " (%d of them before the interruption, kept by --resume)" % resumed
             lines.append("wrote %d records to %s%s%s%s" % (
-                self.written.get(split, 0), path, " split %s" % split if shared else "",
-                " (%d kept)" % kept if kept else "",
-                "" if not resumed else " (complete already, kept by --resume)"
-                if resumed == self.written.get(split, 0) else
-                " (%d of them before the interruption, kept by --resume)" % resumed))
+                written, path, " split %s" % split if shared else "",
+                " (%d kept)" % kept if kept else "", before))
         new = self.total_written - sum(self.resumed.values())  # this run's own
         rate = new / self.seconds if self.seconds > 0 else 0.0
         kept = sum(self.kept.values())
@@ -345,12 +348,10 @@ def fail_conversion(exc: BaseException, writers: Any, output: str,
 
 
 def _check_range(name: str, value, lo, hi=None, what: str = "") -> None:
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and \
-        not isinstance(value, bool) and math.isfinite(value) and value >= lo and \
-        (hi is None or value <= hi)
+    number = isinstance(value, (int, float, np.integer, np.floating)) and \
+        not isinstance(value, bool)
+    ok = number and math.isfinite(value) and value >= lo and (hi is None or value <= hi)
     if not ok:
-        number = isinstance(value, (int, float, np.integer, np.floating)) \
-            and not isinstance(value, bool)
         raise ValueError("%s (--%s) must be %s%s, got %r"
                          % (name, name.replace("_", "-"), "" if number else "a number, ",
                             what or ("%s..%s" % (lo, hi) if hi is not None else ">= %s" % lo),
