@@ -56,6 +56,20 @@ def test_results_come_back_in_order_from_workers_with_no_thread_in_the_parent(po
     assert tickets[0].get() == pids[0]  # (the ticket keeps it)
 
 
+def test_waiting_for_results_reuses_one_poll_object(pool, monkeypatch):
+    # multiprocessing.connection.wait builds a selector at every call: waited on per chunk,
+    # it was a fifth of the parent's CPU per converted item. The pool keeps one poll object.
+    from gluon_data.convert import workers
+
+    def refuse(*a, **k):
+        raise AssertionError("the pool called multiprocessing.connection.wait")
+
+    monkeypatch.setattr(workers, "wait", refuse)
+    tickets = [pool.submit(divmod, k, 3) for k in range(40)]
+    assert [t.get() for t in tickets] == [divmod(k, 3) for k in range(40)]
+    assert all(t.ready() for t in tickets)
+
+
 def test_a_task_error_is_raised_where_its_result_is_read(pool):
     bad, good = pool.submit(int, "x"), pool.submit(abs, -3)
     assert good.get() == 3
