@@ -273,6 +273,26 @@ def _indexed(arg):
     return i, fn(job)
 
 
+#: How long a conversion waits for the first worker of a ``--scheduler`` that has none (its
+#: tasks would otherwise wait, silently, for as long as no worker joins).
+SCHEDULER_WORKER_WAIT_SECONDS = 60.0
+
+
+def _wait_for_a_worker(client: Any, scheduler: str,
+                       seconds: Optional[float] = None) -> None:
+    """Return once the scheduler at ``scheduler`` has a running worker, waiting up to
+    ``seconds`` (:data:`SCHEDULER_WORKER_WAIT_SECONDS`); none by then is a
+    :class:`ConversionError` saying how to start one."""
+    seconds = SCHEDULER_WORKER_WAIT_SECONDS if seconds is None else seconds
+    try:
+        client.wait_for_workers(1, timeout=seconds)
+    except TimeoutError:  # (Dask's WorkerStartTimeoutError is one)
+        raise ConversionError(
+            "the Dask scheduler at %s (--scheduler) has no worker: none joined in %.0f s; "
+            "start its workers first (`dask worker %s`), or leave --scheduler out to run a "
+            "local cluster" % (scheduler, seconds, scheduler)) from None
+
+
 def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
     dd = import_dask()
     cluster = client = None
@@ -284,6 +304,7 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
             except (OSError, ValueError) as e:  # (Dask's connect timeout is an OSError)
                 raise ConversionError("cannot reach the Dask scheduler at %s (--scheduler): "
                                       "%s" % (scheduler, e)) from None
+            _wait_for_a_worker(client, scheduler)
         else:
             # our own cluster's processes never see Ctrl-C (each would print its own
             # KeyboardInterrupt traceback): this process closes them; one while they start
