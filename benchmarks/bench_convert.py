@@ -7,7 +7,7 @@ files (the bytes in memory, forked processes timed from a barrier), the parent p
 CPU per item with N workers, where it only orders and writes (``resource.getrusage`` of this
 process, children excluded, the whole ``convert`` call: planning, pool start, publish) and
 from it the workers it can serve, im2rec re-encoding at N
-threads, and ``convert_sharded`` on a Dask ``LocalCluster`` of 1 and 2 single-threaded worker
+threads, and a sharded ``convert`` on a Dask ``LocalCluster`` of 1 and 2 single-threaded worker
 processes (each cluster started before its clock, its start-up printed apart). Prints the
 rates and the ratio rows with their targets; the machine may be shared, so compare ratios
 of one run.
@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Optional
 
-from gluon_data.convert import convert, convert_sharded
+from gluon_data.convert import convert
 
 import bench_cls
 import bench_common
@@ -50,7 +50,7 @@ def _dask_rate(voc: str, out: str, n: int, workers: int, shards: int) -> tuple:
     with dd.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                          dashboard_address=None) as cluster, dd.Client(cluster):
         started = time.perf_counter() - t0
-        seconds = _timed(lambda: convert_sharded(
+        seconds = _timed(lambda: convert(
             voc, out, "voc", split="train", shards=shards, engine="dask",
             scheduler=cluster.scheduler_address, overwrite=True))
     shutil.rmtree(os.path.dirname(out), ignore_errors=True)
