@@ -233,6 +233,34 @@ def test_empty_source_and_unknown_layout_and_split(tmp_path, voc_root):
 
 
 @pytest.mark.reliability
+def test_a_voc_split_with_every_mask_missing_is_not_packed_as_images_only(tmp_path, voc_root):
+    """Only VOC's own ``test`` split packs as images only: a ``train`` whose masks are all
+    missing (a misnamed or absent SegmentationClass/) is a missing mask, not a dataset
+    without labels that would pass every check until it is read."""
+    tree = tmp_path / "VOC2012"
+    shutil.copytree(voc_root, tree)
+    masks = tree / "SegmentationClass"
+    for f in os.listdir(masks):  # e.g. a tree whose masks were saved as .PNG
+        os.rename(masks / f, masks / (f[:-4] + ".PNG"))
+    with pytest.raises(ConversionError, match=r"SegmentationClass/.*\.png: mask file not found"):
+        convert(str(tree), str(tmp_path / "o.rec"), "voc", split="train")
+    assert not os.path.exists(str(tmp_path / "o.rec"))
+
+
+@pytest.mark.reliability
+def test_an_id_listed_twice_in_a_voc_split_file_is_refused(tmp_path, voc_root):
+    tree = tmp_path / "VOC2012"
+    shutil.copytree(voc_root, tree)
+    listing = tree / "ImageSets" / "Segmentation" / "train.txt"
+    lines = listing.read_text().splitlines()
+    listing.write_text("\n".join(lines + [lines[1] + "  "]) + "\n")
+    with pytest.raises(ConversionError, match=r"train\.txt: .*split file lists %r twice "
+                       r"\(lines 2 and %d\)" % (lines[1], len(lines) + 1)):
+        convert(str(tree), str(tmp_path / "o.rec"), "voc", split="train")
+    assert not os.path.exists(str(tmp_path / "o.rec"))
+
+
+@pytest.mark.reliability
 def test_mask_without_image_and_lst_paths_leaving_the_root(tmp_path, folder_root):
     src = make_pairs(str(tmp_path / "src"), n=3)
     os.remove(os.path.join(src, "images", "s01.png"))

@@ -176,6 +176,11 @@ def _voc_base(root: str) -> str:
                       "VOCdevkit/VOC2012/", root)
 
 
+#: The one VOC split packed as images only when none of its masks exists (VOC's own ``test``);
+#: in any other split a missing mask is a missing file, whatever the others do.
+VOC_IMAGES_ONLY_SPLIT = "test"
+
+
 def _voc(root: str, split=None, **_) -> Source:
     base = _voc_base(root)
     sets = os.path.join(base, "ImageSets", "Segmentation")
@@ -187,12 +192,21 @@ def _voc(root: str, split=None, **_) -> Source:
         if s not in available:
             raise SourceError("VOC split %r not found in %s; available: %s"
                               % (s, sets, ", ".join(available) or "none"), root)
-        ids = [ln.strip() for ln in read_source_text(os.path.join(sets, s + ".txt"), "split file")
-               if ln.strip()]
+        listing = os.path.join(sets, s + ".txt")
+        ids, first = [], {}  # first: id -> the line that listed it
+        for lineno, line in enumerate(read_source_text(listing, "split file"), 1):
+            i = line.strip()
+            if not i:
+                continue
+            if i in first:  # packed twice, it would be two records of one image
+                raise SourceError("split file lists %r twice (lines %d and %d)"
+                                  % (i, first[i], lineno), listing)
+            first[i] = lineno
+            ids.append(i)
         found = [os.path.join(base, "SegmentationClass", i + ".png") for i in ids]
         masks: Sequence[Optional[str]] = found
-        if ids and not any(os.path.exists(m) for m in found):
-            masks = [None] * len(ids)  # a split without masks (VOC test): images only
+        if s == VOC_IMAGES_ONLY_SPLIT and ids and not any(os.path.exists(m) for m in found):
+            masks = [None] * len(ids)  # VOC's test split has no masks: images only
         splits[s] = [Item(os.path.join("JPEGImages", i + ".jpg"),
                           os.path.join(base, "JPEGImages", i + ".jpg"), m)
                      for i, m in zip(ids, masks)]
