@@ -138,6 +138,29 @@ def test_lmdb_partial_that_is_not_ours_is_left_alone(voc_root, user_dir, tmp_pat
     assert tree(out + ".partial") == before
 
 
+@pytest.mark.parametrize("sibling", [".rec.partial", ".idx.partial", ".meta.json.partial"])
+def test_a_file_named_as_a_partial_file_but_not_one_is_left_alone(voc_root, tmp_path, sibling):
+    """A user's regular file at a partial file's name is refused, untouched; a partial file a
+    killed run left (the start of a .rec, an index, a metadata document, or empty) is still
+    replaced."""
+    out = str(tmp_path / "o.rec")
+    other = out[:-4] + sibling
+    with open(other, "wb") as f:
+        f.write(b"precious notes\n")
+    with pytest.raises(OutputError, match="in the way of a partial file gluon-data writes"):
+        convert(voc_root, out, "voc", split="train")
+    with open(other, "rb") as f:
+        assert f.read() == b"precious notes\n"
+    assert not os.path.exists(out)
+    convert(voc_root, str(tmp_path / "ref.rec"), "voc", split="train")
+    with open(str(tmp_path / "ref") + sibling[:-len(".partial")], "rb") as f:
+        leftover = f.read()[:100]  # how a killed run's partial file begins
+    with open(other, "wb") as f:
+        f.write(leftover)
+    convert(voc_root, out, "voc", split="train")
+    assert verify(out).ok and not os.path.exists(other)
+
+
 def test_show_out_replaces_only_its_own_preview_and_only_with_overwrite(voc_rec, tmp_path):
     """``show --out`` over an existing file is refused without ``--overwrite``; with it, only a
     preview ``show`` wrote (PNG or JPEG, recognised by its mark) is replaced: a photo (a

@@ -19,12 +19,34 @@ from ..format import codec
 from ..errors import FormatError, OutputError
 from ..storage.fsutil import fsync_dir, open_new
 from ..storage.rangecopy import copy_runs, copy_segment, pwrite_all
-from ..format.ownership import check_replaceable
+from ..format.ownership import KINDS, check_replaceable, is_ours
 from ..format.layout import SEGMENT_SUFFIX
 from ..format.meta import dumps_meta, meta_path
 from ..format.recindex import BINARY_INDEX_SUFFIX, idx_path_for, read_index, write_binary_index
 
 __all__ = ["RecordWriter", "copy_segment", "segment_file", "remove_segments"]
+
+
+#: How every metadata document a writer writes begins: a torn partial one (a crash while
+#: it was written) begins so too.
+_META_HEAD = dumps_meta({})[:4]
+
+
+def _check_leftover(path: str, kind: str) -> None:
+    """Refuse a regular file at ``path``, a partial file's name, that is not a partial file
+    of ``kind`` a writer left (empty, :func:`~gluon_data.format.ownership.is_ours`, or for
+    metadata, a torn one); a link or another file type is refused when opened
+    (``open_new``)."""
+    if not os.path.isfile(path) or os.path.islink(path) or not os.path.getsize(path):
+        return
+    if kind == "meta":
+        with open(path, "rb") as f:
+            if f.read(len(_META_HEAD)) == _META_HEAD:
+                return
+    if not is_ours(path, kind):
+        raise OutputError("is in the way of a partial file gluon-data writes, and is not one "
+                          "(not %s); it was left untouched: move it away or remove it"
+                          % KINDS[kind], path)
 
 
 class RecordWriter:
@@ -65,6 +87,9 @@ class RecordWriter:
                                                      and not data_exists))
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._tmp = [p + self.PARTIAL for p in self._finals]
+        if resume is None:  # a crashed run's partial files are replaced, nothing else
+            for p, kind in zip(self._tmp, ("rec", "idx", "meta")):
+                _check_leftover(p, kind)
         self._segments = self._tmp[0] + ".segments"
         remove_segments(self._segments)  # a crashed run's
         self._keys: Set[int] = set()
