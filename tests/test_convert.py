@@ -233,6 +233,27 @@ def test_empty_source_and_unknown_layout_and_split(tmp_path, voc_root):
 
 
 @pytest.mark.reliability
+def test_an_output_inside_an_imagefolder_source_is_not_read_as_a_class(tmp_path):
+    """A conversion written into a folder of its imagefolder source: the next conversion of
+    that source would read that folder as one more (empty) class and shift nothing but add a
+    label; it is refused, naming the folder. An empty class folder keeps its label."""
+    from gluon_data.convert.sample import make_imagefolder
+    src = make_imagefolder(str(tmp_path / "cls"), per_class=2)
+    out = os.path.join(src, "packed", "c.rec")
+    convert(src, out, "imagefolder")
+    with pytest.raises(ConversionError, match=r"packed: .*class folder 'packed' holds a "
+                       r"RecordIO .*no image: a conversion's output written inside its source"):
+        convert(src, out, "imagefolder", overwrite=True)
+    shutil.rmtree(os.path.join(src, "packed"))
+    os.mkdir(os.path.join(src, "aaa_empty"))
+    ours = str(tmp_path / "o.rec")
+    convert(src, ours, "imagefolder")
+    meta = json.load(open(ours[:-4] + ".meta.json"))
+    assert meta["classes"][0] == "aaa_empty" and len(RecordFile(ours)) == 6
+    assert min(codec.unpack(RecordFile(ours).read(i)).label for i in range(6)) == 1.0
+
+
+@pytest.mark.reliability
 def test_a_voc_split_with_every_mask_missing_is_not_packed_as_images_only(tmp_path, voc_root):
     """Only VOC's own ``test`` split packs as images only: a ``train`` whose masks are all
     missing (a misnamed or absent SegmentationClass/) is a missing mask, not a dataset
