@@ -58,7 +58,13 @@ def test_pairs_layout_round_trip_lossless(tmp_path):
 def test_sixteen_bit_masks_keep_ids_above_255(tmp_path):
     src = make_pairs(str(tmp_path / "src"), mode="I;16")
     out = str(tmp_path / "p16.rec")
-    convert(src, out, "pairs", num_classes=1001, ignore_label=255)
+    # 255 is a class id of 1001 classes: as the ignore label its pixels would read as
+    # unlabelled, so it is refused, before anything is written
+    with pytest.raises(ValueError, match=r"--ignore-label 255 is a class id of the 1001 "
+                       r"classes \(0\.\.1000\)"):
+        convert(src, out, "pairs", num_classes=1001, ignore_label=255)
+    assert not os.path.exists(out)
+    convert(src, out, "pairs", num_classes=1001, ignore_label=65535)
     ds = SegmentationRecordDataset(out, ignore_value=None)
     got = np.concatenate([ds[i][1].asnumpy().ravel() for i in range(len(ds))])
     assert got.max() > 255

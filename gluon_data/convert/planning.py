@@ -141,6 +141,11 @@ def plan_source(source: str, layout: Optional[str], o: ConvertOptions) -> Planne
             from None
     check_layout_options(o, src.layout, src.task)
     classes, num_classes = resolve_classes(src, o.classes, o.num_classes)
+    if src.task == "segmentation" and num_classes is not None \
+            and 0 <= o.ignore_label < num_classes:  # its pixels would read as unlabelled
+        raise ValueError("--ignore-label %d is a class id of the %d classes (0..%d): pass an "
+                         "ignore label outside them, e.g. --ignore-label 65535 for 16-bit masks"
+                         % (o.ignore_label, num_classes, num_classes - 1))
     plan = plan_splits(src, o.val_ratio, o.shuffle, o.seed)
     opts, options = encode_options(src, num_classes, o, classes)
     return Planned(src, classes, num_classes, plan, opts, options)
