@@ -318,9 +318,22 @@ def test_disk_full_leaves_nothing_under_final_name(tmp_path, voc_root, monkeypat
 
     monkeypatch.setattr(recordio.RecordWriter, "write", failing)
     out_dir = tmp_path / "out"
-    with pytest.raises(ConversionError, match="No space left"):
+    with pytest.raises(ConversionError, match=r"No space left on device \(\d+ bytes free "
+                       r"once the partial files were removed\)"):
         convert(voc_root, str(out_dir / "o.rec"), "voc", split="trainval")
     assert files_of(out_dir) == []
+
+
+@pytest.mark.parametrize("shards", [None, 2])
+def test_an_output_suffix_in_another_case_is_refused_not_read_as_rec(tmp_path, voc_root,
+                                                                      shards):
+    for name in ("x.LMDB", "x.Rec"):
+        with pytest.raises(ValueError, match=r"its suffix chooses the container and is read "
+                           r"in lower case only: name it %s" % name[1:].lower()):
+            convert(voc_root, str(tmp_path / "o" / name), "voc", shards=shards)
+    assert not os.path.exists(str(tmp_path / "o"))
+    convert(voc_root, str(tmp_path / "o" / "x.LMDB"), "voc", format="lmdb")  # said outright
+    assert os.path.isfile(str(tmp_path / "o" / "x.LMDB" / "data.mdb"))
 
 
 def test_mask_encodings_store_the_same_labels(voc_root, tmp_path):

@@ -108,3 +108,25 @@ def test_an_interrupt_while_locking_or_releasing_leaves_no_lock_held(tmp_path):
     assert seen["interrupted"] >= 500, seen  # the interrupts did land
     assert seen["held after"] <= seen["interrupted"] // 100, seen
     assert seen["lock files"] <= seen["interrupted"] // 100, seen
+
+
+def test_a_lock_file_that_cannot_be_written_is_an_error_naming_it(folder, tmp_path,
+                                                                  monkeypatch):
+    """A full disk when the lock file is written: an OutputError naming the lock file, not
+    a bare "[Errno 28] No space left on device"; nothing is left behind."""
+    import errno
+    from gluon_data.errors import OutputError
+    from gluon_data.storage import fsutil
+    real = os.pwrite
+
+    def full(fd, data, offset):
+        if data.startswith(fsutil._LOCK_TAG):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(fsutil.os, "pwrite", full)
+    out = tmp_path / "o" / "c.rec"
+    with pytest.raises(OutputError, match=r"c\.rec\.lock: cannot take the lock file gluon-data "
+                       r"uses for this output: No space left on device"):
+        convert(folder, str(out), "imagefolder")
+    assert os.listdir(str(tmp_path / "o")) == []

@@ -159,6 +159,11 @@ def test_a_file_named_as_a_partial_file_but_not_one_is_left_alone(voc_root, tmp_
         f.write(leftover)
     convert(voc_root, out, "voc", split="train")
     assert verify(out).ok and not os.path.exists(other)
+    if sibling == ".rec.partial":  # a hole at its start: a place a worker had not filled
+        with open(other, "wb") as f:
+            f.write(bytes(64) + leftover)
+        convert(voc_root, out, "voc", split="train", overwrite=True)
+        assert verify(out).ok and not os.path.exists(other)
 
 
 def test_show_out_replaces_only_its_own_preview_and_only_with_overwrite(voc_rec, tmp_path):

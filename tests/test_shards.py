@@ -152,8 +152,10 @@ def test_rerun_skips_done_shards_and_redoes_a_killed_one(folder_root, tmp_path):
     # and no manifest yet (nothing is a dataset until its manifest exists)
     for ext in (".rec", ".idx", ".meta.json", ".idx.gdx"):
         os.remove(str(out / ("c-00001-of-00003" + ext)))
+    with open(str(ref / "c-00001-of-00003.rec"), "rb") as f:
+        half = f.read(40)  # half a record: how a killed writer's partial .rec begins
     with open(str(out / "c-00001-of-00003.rec.partial"), "wb") as f:
-        f.write(b"half a record")
+        f.write(half)
     os.remove(str(out / "c.shards.json"))
     with pytest.raises(FileNotFoundError, match="manifest is missing"):
         open_store(str(out / "c.shards.json"))

@@ -11,12 +11,14 @@ checkpoint and publish writers through it, and the writers share one interface
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, cast
 
+import lmdb
 import numpy as np
 
 from .._version import __version__
@@ -264,7 +266,11 @@ _OUTPUTS = {o.name: o for o in (_RecordIOOutputs(), _LMDBOutputs())}
 
 
 def output_format(output: str, fmt: Optional[str] = None) -> str:
-    """``fmt`` if given, else ``lmdb`` for a ``.lmdb`` output and ``rec`` otherwise."""
+    """``fmt``, else ``lmdb`` for a ``.lmdb`` output, ``rec`` otherwise (``x.LMDB``: refused)."""
+    ext = os.path.splitext(os.fspath(output).rstrip("/"))[1]
+    if fmt is None and ext.lower() in (".lmdb", ".rec") and ext not in (".lmdb", ".rec"):
+        raise ValueError("output %s: its suffix chooses the container and is read in lower "
+                         "case only: name it %s, or pass --format" % (output, ext.lower()))
     if fmt is None:
         fmt = "lmdb" if names_lmdb(output) else "rec"
     if fmt not in FORMATS:
@@ -288,8 +294,6 @@ def open_writers(output: str, splits: Sequence[str], fmt: str, overwrite: bool):
     visible until publish."""
     out = _OUTPUTS[output_format(output, fmt)]
     return out.paths(os.fspath(output), list(splits)), out.open(output, list(splits), overwrite)
-
-
 
 
 def _free_space(path: str) -> str:
@@ -318,7 +322,6 @@ def fail_conversion(exc: BaseException, writers: Any, output: str,
     otherwise every partial output and any checkpoint file is removed, so nothing that
     ``--resume`` would refuse stays behind.
     """
-    import lmdb
     keep = ckpt is not None and ckpt.saved and not isinstance(exc, EmptyOutputError)
     for w in writers.values():
         if w._state in ("open", "finished"):
@@ -333,10 +336,10 @@ def fail_conversion(exc: BaseException, writers: Any, output: str,
     hint = ("; the partial output and its checkpoint are kept: rerun the same command with "
             "--resume to continue" if keep else "")
     if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
-        import errno
         reason = exc.strerror or str(exc)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            reason += " (%s)" % _free_space(output)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # (measured after the cleanup above)
+            reason += " (%s%s)" % (_free_space(output), "" if keep else
+                                   " once the partial files were removed")
         raise ConversionError("writing failed: %s%s" % (reason, hint),
                               getattr(exc, "filename", None) or output) from exc
     if isinstance(exc, lmdb.Error):  # LMDB reports a full disk as EIO or ENOSPC
@@ -398,7 +401,6 @@ def check_output(output: str, fmt: str) -> str:
         raise ConversionError("cannot create the output folder: %s is not a directory"
                               % probe, output)
     if not os.access(probe, os.W_OK | os.X_OK):
-        import errno
         try:
             os.statvfs(probe)
             ro = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
@@ -415,8 +417,6 @@ def check_choices(encoding: str, on_error: str) -> None:
         raise ValueError("unknown encoding %r; valid: %s" % (encoding, ", ".join(ENCODINGS)))
     if on_error not in ("fail", "skip"):
         raise ValueError("on_error must be 'fail' or 'skip', got %r" % (on_error,))
-
-
 
 
 def split_metadata(src: Source, split: str, count: int, st: RunningStats, opts: EncodeOptions,

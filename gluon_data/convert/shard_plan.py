@@ -99,8 +99,7 @@ def plan_shards(source: str, output: str, layout: Optional[str], o: ConvertOptio
     if o.forward_credentials and is_uri(source):
         source_options = dict(source_options or {}, storage_options=forward_options(
             source, (source_options or {}).get("storage_options")))
-    container = o.format or ("lmdb" if output.rstrip("/").endswith(".lmdb") else "rec")
-    output_format(output, container)  # validates the name
+    container = output_format(output, o.format)  # (the name checked)
     copying = (is_manifest(source) or source.endswith(".rec") or is_lmdb(source)
                or (is_uri(source) and source.rstrip("/").endswith(".lmdb")))
     if copying:

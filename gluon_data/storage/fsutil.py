@@ -20,7 +20,7 @@ import shutil
 import stat
 from typing import IO, Any, Iterable, List, Optional, Tuple
 
-from ..errors import CacheError, ConversionError, OutputError
+from ..errors import CacheError, ConversionError, OutputError, ResourceError
 
 __all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
            "OutputLock", "holds_only_lmdb", "LMDB_DATA", "LMDB_LOCK"]
@@ -352,11 +352,15 @@ class OutputLock:
         return "unknown"
 
     def acquire(self) -> "OutputLock":
+        path = None
         try:
-            for p in self.paths:
-                self._lock_one(p)
-        except BaseException:
+            for path in self.paths:
+                self._lock_one(path)
+        except BaseException as e:
             self.release()
+            if isinstance(e, OSError) and not isinstance(e, ResourceError):  # (a full disk)
+                raise OutputError("cannot take the lock file gluon-data uses for this output: "
+                                  "%s" % (e.strerror or e), "%s%s" % (path, self.SUFFIX)) from e
             raise
         return self
 

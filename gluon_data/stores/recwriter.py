@@ -27,21 +27,23 @@ from ..format.recindex import BINARY_INDEX_SUFFIX, idx_path_for, read_index, wri
 __all__ = ["RecordWriter", "copy_segment", "segment_file", "remove_segments"]
 
 
-#: How every metadata document a writer writes begins: a torn partial one (a crash while
-#: it was written) begins so too.
-_META_HEAD = dumps_meta({})[:4]
+#: How a partial file a killed writer left may begin, besides as its kind's own output:
+#: a torn metadata document as every one does, a ``.rec`` with a hole (a place reserved for
+#: a worker's copy of its records, not filled yet).
+_LEFTOVER_HEADS = {"meta": dumps_meta({})[:4], "rec": bytes(4)}
 
 
 def _check_leftover(path: str, kind: str) -> None:
     """Refuse a regular file at ``path``, a partial file's name, that is not a partial file
-    of ``kind`` a writer left (empty, :func:`~gluon_data.format.ownership.is_ours`, or for
-    metadata, a torn one); a link or another file type is refused when opened
-    (``open_new``)."""
+    of ``kind`` a writer left (empty, :func:`~gluon_data.format.ownership.is_ours`, or
+    beginning as :data:`_LEFTOVER_HEADS` says); a link or another file type is refused when
+    opened (``open_new``)."""
     if not os.path.isfile(path) or os.path.islink(path) or not os.path.getsize(path):
         return
-    if kind == "meta":
+    head = _LEFTOVER_HEADS.get(kind)
+    if head is not None:
         with open(path, "rb") as f:
-            if f.read(len(_META_HEAD)) == _META_HEAD:
+            if f.read(len(head)) == head:
                 return
     if not is_ours(path, kind):
         raise OutputError("is in the way of a partial file gluon-data writes, and is not one "
