@@ -63,6 +63,25 @@ def test_classes_and_splits_as_strings_or_lists_read_as_the_flags_do(folder, tmp
         gluon_data.convert(folder, str(tmp_path / "c.rec"), "imagefolder", workers="2")
 
 
+@pytest.mark.parametrize("value, why", [
+    ("a,b,a,c", "names a more than once"), (["a", "a"], "names a more than once"),
+    ("a,,b", "holds an empty name"), (["a", " "], "names an empty class"),
+    ("cls.txt", "cls.txt: no such file"), (os.path.join("lists", "names"), "no such file")])
+def test_class_names_that_would_shift_or_merge_ids_are_refused(value, why):
+    """A class's id is its position in ``--classes``: a name given twice, an empty one, or
+    a file name that does not exist (it was taken as one class named "cls.txt") is refused;
+    a byte-order mark in a classes file is not part of the first name."""
+    with pytest.raises(ValueError, match=why):
+        ConvertOptions(classes=value)
+
+
+def test_a_classes_file_with_a_byte_order_mark(tmp_path):
+    names = tmp_path / "names.txt"
+    names.write_bytes("\ufeffsky\nroad\n\ncar\n".encode("utf-8"))
+    assert ConvertOptions(classes=str(names)).classes == ["sky", "road", "car"]
+    assert ConvertOptions(classes="sky,road,").classes == ["sky", "road"]
+
+
 def test_the_cli_and_the_api_build_the_same_options(folder, tmp_path):
     """``gluon-data convert`` runs the one entry with the options of its flags: the same
     bytes as the API called with the same options."""
@@ -190,8 +209,11 @@ def test_the_parsed_flags_are_the_options(tmp_path):
     assert opts == ConvertOptions(lst_root="/data", progress=False, classes=["cat", "dog"],
                                   image_shape=(4, 6, 3), workers=3, shard_size="1GB",
                                   on_error="skip", val_ratio=0.5)
-    a = sub.parse_args(["src", "out.rec", "--classes", "a, b,,c"])
+    a = sub.parse_args(["src", "out.rec", "--classes", "a, b,c"])
     assert convert_options(a).classes == ["a", "b", "c"] and convert_options(a).progress
+    a = sub.parse_args(["src", "out.rec", "--classes", "a, b,,c"])  # c's id would be 2 or 3
+    with pytest.raises(ValueError, match="holds an empty name"):
+        convert_options(a)
 
 
 def test_a_bad_shape_is_a_usage_error_saying_what_was_expected(capsys):

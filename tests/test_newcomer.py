@@ -36,8 +36,7 @@ def test_classes_are_matched_to_folders_by_name(folder_root, tmp_path):
     (["dog", "fish"], "cat/ not named"),
     (["dog", "fish", "cow"], "no folder is named cow"),
     (["dog", "fish", "cat", "cow"], "no folder is named cow"),
-    (["dog", "dog", "fish", "cat"], "dog more than once"),
-])
+])  # (a name given twice is refused by the options already: test_convert_options)
 def test_classes_that_do_not_name_exactly_the_folders_are_refused(folder_root, tmp_path,
                                                                    names, said):
     out = tmp_path / "bad.rec"

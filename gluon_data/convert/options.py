@@ -116,10 +116,36 @@ def read_classes(value: Optional[str]) -> Optional[List[str]]:
     (read under the one input-kind rule: a FIFO or a device is refused, naming it)."""
     if value is None:
         return None
-    if os.path.isfile(value):
-        with open_regular(value, "r", encoding="utf-8") as f:
-            return [ln.strip() for ln in f if ln.strip()]
-    return [c.strip() for c in value.split(",") if c.strip()]
+    if os.path.isfile(value):  # (utf-8-sig: a byte-order mark is not part of the first name)
+        with open_regular(value, "r", encoding="utf-8-sig") as f:
+            names = [ln.strip() for ln in f if ln.strip()]
+    elif "," not in value and (os.sep in value or os.path.splitext(value)[1] in _LIST_FILES):
+        raise ValueError("--classes %s: no such file (give a file of one name per line, or "
+                         "the names separated by commas)" % value)
+    else:
+        names = [c.strip() for c in value.split(",")]
+        if "" in names[:-1] or names == [""]:  # (one trailing comma is forgiven)
+            raise ValueError("--classes %r holds an empty name: a class's id is its position "
+                             "in the list, so an empty one would shift the others" % value)
+        names = names if names[-1] else names[:-1]
+    return checked_names(names)
+
+
+def checked_names(names: Sequence[str]) -> List[str]:
+    """Class names as given, refused (ValueError) when one is empty or given twice: each
+    class's id is its position in the list."""
+    names = list(names)
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice or not all(n.strip() for n in names):
+        raise ValueError("--classes (classes=) names %s: each class needs its own non-empty "
+                         "name, its id is its position in the list" % (
+                             ", ".join(twice) + " more than once" if twice else
+                             "an empty class"))
+    return names
+
+
+#: The name endings of a class list file: a ``--classes`` value ending so names a file.
+_LIST_FILES = (".txt", ".names", ".csv", ".json", ".lst")
 
 
 def _cpu_count() -> int:
@@ -261,6 +287,8 @@ class ConvertOptions:
                 or not all(isinstance(c, str) for c in self.classes)):
             raise TypeError("classes must be a list of class names or a comma-separated "
                             "string of them, got %r" % (self.classes,))
+        elif self.classes is not None:
+            object.__setattr__(self, "classes", checked_names(self.classes))
         if isinstance(self.split, (list, tuple)) and all(isinstance(x, str)
                                                          for x in self.split):
             object.__setattr__(self, "split", ",".join(self.split))
