@@ -137,6 +137,10 @@ def test_modes_shapes_and_names(voc_rec, voc_ids):
     np.testing.assert_array_equal(small, val[1][0].transpose(2, 0, 1))
     with pytest.raises(ValueError, match="unknown mode"):
         SegmentationDataset(voc_rec, mode="nope")
+    for bad in (dict(crop_size=(8, 16)), dict(crop_size=0), dict(base_size=24.5)):
+        with pytest.raises(ValueError, match="crop_size and base_size must be positive "
+                                             "integers"):
+            SegmentationDataset(voc_rec, mode="train", **bad)
 
 
 def test_uint8_output_refuses_a_normalising_transform_naming_it(voc_rec):

@@ -279,9 +279,9 @@ class SegmentationDataset(StoreDataset):
         if mode is not None and mode not in MODES:
             raise ValueError("unknown mode %r; valid modes: %s" % (mode, ", ".join(MODES)))
         if mode in ("train", "val"):
-            if int(crop_size) <= 0 or int(base_size) <= 0:
-                raise ValueError("crop_size and base_size must be positive, got %r and %r"
-                                 % (crop_size, base_size))
+            if not all(isinstance(v, (int, np.integer)) and v > 0 for v in (crop_size, base_size)):
+                raise ValueError("crop_size and base_size must be positive integers (a square "
+                                 "crop), got %r and %r" % (crop_size, base_size))
             if mode == "train" and crop_size > 2 * base_size:
                 raise ValueError("crop_size %d is larger than the largest scaled image "
                                  "(2 x base_size = %d): every crop would be mostly padding; "
