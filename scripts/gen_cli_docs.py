@@ -25,7 +25,9 @@ MACHINE_DEFAULTS = {("convert", "--workers"): "the CPU count"}
 HEADER = """# Command-line reference
 
 Generated from `gluon-data --help` by `python scripts/gen_cli_docs.py`; do not edit by hand
-(`pytest tests/test_docs.py` fails when this page and the command differ).
+(`pytest tests/test_docs.py` fails when this page and the command differ). A default that
+depends on the machine is named here for what it is: `--help` shows its value there (`convert
+--workers`: "the CPU count").
 `gluon-data bench` is a source-checkout tool: an installed wheel does not list it (see
 [Performance](performance.md#running-it)).
 """

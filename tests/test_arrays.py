@@ -9,6 +9,7 @@ dataset, or without MXNet with the samples read in this process.
 """
 import multiprocessing
 import os
+import re
 import pickle
 import subprocess
 import sys
@@ -291,6 +292,27 @@ def test_missing_paths_are_file_not_found_naming_them(tmp_path, voc_rec):
             with pytest.raises(FileNotFoundError) as e:
                 cls(path)
             assert path in str(e.value)
+
+
+def test_a_missing_rec_beside_its_splits_or_its_shards_says_which_to_open(tmp_path):
+    """``convert ... data/train.rec --shards 2`` writes no ``data/train.rec``; opening that
+    name (as the docs' examples did) says where the dataset is: its manifest, or with
+    several splits, its split files."""
+    from gluon_data import convert
+    from gluon_data.convert.sample import make_imagefolder
+    from gluon_data.tools import salvage
+    src = make_imagefolder(str(tmp_path / "src"), per_class=2)
+    sharded, split = str(tmp_path / "s" / "train.rec"), str(tmp_path / "p" / "data.rec")
+    convert(src, sharded, "imagefolder", shards=2)
+    convert(src, split, "imagefolder", val_ratio=0.5)
+    manifest = re.escape(str(tmp_path / "s" / "train.shards.json"))
+    for open_it in (ClassificationDataset, lambda p: open_store(p), salvage):
+        with pytest.raises(FileNotFoundError, match="beside it, the manifest of a sharded "
+                           "dataset, %s: open that" % manifest):
+            open_it(sharded)
+    with pytest.raises(FileNotFoundError, match="one file per split: data_train.rec, "
+                       "data_val.rec"):
+        ClassificationDataset(split)
 
 
 def test_stores_and_options_are_checked(voc_rec, cls_rec):

@@ -36,6 +36,7 @@ from ..sampling.sampler import SampleKey, split_key
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..storage.perprocess import PerProcess, ProcessMark, reuse_freed_memory
 from ..stores.base import RecordStore, is_uri, open_store, will_need
+from ..stores.recordio import missing_rec_hint
 from . import transforms as T
 
 __all__ = ["as_store", "open_location", "container_of", "in_worker", "remote_options",
@@ -126,8 +127,8 @@ def as_store(cls: str, source: Union[RecordStore, str, "os.PathLike[str]"],
         raise TypeError("%s needs a record store (gluon_data.stores.base.open_store) or the "
                         "path or URI of a dataset, got %r" % (cls, source))
     if not is_uri(source) and not os.path.exists(source):
-        raise FileNotFoundError(errno.ENOENT, "%s: no dataset at this path"
-                                % cls, os.fspath(source))
+        raise FileNotFoundError(errno.ENOENT, "%s: no dataset at this path%s"
+                                % (cls, missing_rec_hint(os.fspath(source))), os.fspath(source))
     return open_location(cls, source, split, remote=remote)
 
 

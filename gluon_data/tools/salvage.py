@@ -27,7 +27,8 @@ from ..storage.fsutil import OutputLock, atomic_write, fsync_dir
 from ..format.ownership import LOCATIONS, check_disjoint, check_replaceable, classify_location, is_ours
 from ..format.meta import dumps_meta, ids_are_keys, meta_path, read_meta
 from ..format.textindex import parse_index_prefix
-from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
+from ..stores.recordio import (BINARY_INDEX_SUFFIX, idx_path_for, missing_rec_hint,
+                                write_binary_index)
 from ..stores.base import dataset_part
 from .stats import counted_records
 
@@ -335,7 +336,8 @@ def _check_is_rec(path: str) -> None:
     if kind == "rec":
         return
     if kind == "missing":
-        raise FileNotFoundError("no .rec at %s: salvage repairs a single .rec file" % path)
+        raise FileNotFoundError("no .rec at %s: salvage repairs a single .rec file%s"
+                                % (path, missing_rec_hint(path)))
     instead = _INSTEAD.get(kind, "give a .rec (a RecordIO data file)")
     raise FormatError("salvage repairs a single .rec file; this is %s: %s; nothing was "
                       "changed" % (LOCATIONS[kind], instead.replace("%s", path)), path)
