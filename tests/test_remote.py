@@ -172,6 +172,14 @@ def test_interrupted_upload_is_invisible_then_resumes(s3, so, voc_src, tmp_path)
     convert(voc_src, local, "voc", split="trainval")
     ref = RecordFile(local)
     assert [store.read(i) for i in range(len(store))] == [ref.read(i) for i in range(16)]
+    s3.log.clear()  # again, once complete: nothing sent, and the summary says so
+    again = convert_to_uri(voc_src, uri, layout="voc", split="trainval", storage_options=so,
+                           cache_dir=cache, resume=True)
+    assert not [e for e in s3.log if e[0] in ("PUT", "POST", "DELETE")]
+    assert again.resumed == again.written == {"trainval": 16}
+    assert str(again).splitlines() == [
+        "wrote 16 records to %s (complete already, kept by --resume)" % uri,
+        "nothing left to convert: 16 records complete already, 0 skipped"]
 
 
 def test_two_dataloader_workers_share_one_download(voc_s3, s3, so, tmp_path):

@@ -20,7 +20,8 @@ The package reads as the data flow, each module one concern, imports pointing on
 ``engines``               where shard tasks and encoders run (process pool, Dask)
 ``planning``              a source opened and planned under one :class:`ConvertOptions`
 ``resume``                the plan digest and checkpoints (``--resume``)
-``outputs``               the report, output names, writers, option checks and metadata
+``outputs``               output names, writers, option checks and metadata
+``report``                :class:`ConversionReport`: what a conversion wrote, kept and skipped
 ``done``                  the one rule of "done" (done records: sizes and digests)
 ``chunks``                a worker's tasks: a chunk encoded into a segment, segments copied
 ``encode``                per-item work in the worker processes (:func:`encode_item`)
@@ -49,8 +50,9 @@ _EXPORTS = {
     **{n: ".encode" for n in (
         "EncodeOptions", "encode_item", "encode_legacy", "image_part", "mask_part")},
     **{n: ".outputs" for n in (
-        "ENCODINGS", "FORMATS", "ConversionReport", "Outputs", "open_writers",
-        "output_format", "output_paths", "outputs_for")},
+        "ENCODINGS", "FORMATS", "Outputs", "open_writers", "output_format", "output_paths",
+        "outputs_for")},
+    "ConversionReport": ".report",
     **{n: ".shard_task" for n in ("ShardJob", "write_shard")},
 }
 
@@ -72,7 +74,7 @@ _INTERNAL = {
 
 
 _SUBMODULES = ("copy", "driver", "encode", "local", "loop", "options", "outputs", "planning",
-               "resume", "shard_task", "sharded", "to_uri")
+               "report", "resume", "shard_task", "sharded", "to_uri")
 
 
 def __getattr__(name):

@@ -25,9 +25,9 @@ from .options import ConvertOptions, refuse_unread
 from .encode import EncodeOptions, encode_legacy_job
 from .loop import SplitJobs, drive
 from .done import file_facts, output_unit
-from .outputs import (ConversionReport, check_choices, check_options, check_output,
-                      done_record, fail_conversion, output_lock, outputs_for, split_metadata,
-                      writer_conversion_id)
+from .outputs import (check_choices, check_options, check_output, done_record, fail_conversion,
+                      output_lock, outputs_for, split_metadata, writer_conversion_id)
+from .report import ConversionReport
 from .resume import import_digest
 
 __all__ = ["copy_dataset", "import_lmdb", "open_copy_sources", "stock_meta"]

@@ -12,7 +12,7 @@ from ..stores.shards import is_manifest
 from .local import convert_local
 from .loop import SplitJobs, drive  # noqa: F401  (importable from here, as before)
 from .options import ConvertOptions, refuse_unread, reads_of
-from .outputs import ConversionReport
+from .report import ConversionReport
 from .planning import is_dataset
 from .sharded import sharded_conversion
 from .to_uri import uri_conversion

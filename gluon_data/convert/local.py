@@ -17,8 +17,8 @@ from .copy import copy_dataset, import_lmdb
 from .encode import encode_job
 from .loop import SplitJobs, drive, start_encoders
 from .done import file_facts, output_unit
-from .outputs import (ConversionReport, check_output, split_metadata, split_fields, done_record,
-                      outputs_for)
+from .outputs import check_output, split_metadata, split_fields, done_record, outputs_for
+from .report import ConversionReport
 from .options import ConvertOptions, checkpoint_every_default
 from .planning import Planned, check_values, is_dataset, plan_source, take_problems
 from .resume import source_plan_digest

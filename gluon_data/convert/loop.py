@@ -27,7 +27,8 @@ from .done import file_facts
 from ..tools.progress import progress_bar
 from ..tools.stats import RunningStats
 from .options import ConvertOptions
-from .outputs import ConversionReport, Outputs, fail_conversion, output_lock
+from .outputs import Outputs, fail_conversion, output_lock
+from .report import ConversionReport
 from .resume import Checkpoint, resume_finished
 
 __all__ = ["drive", "SplitJobs", "start_encoders"]

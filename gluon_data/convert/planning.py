@@ -15,7 +15,8 @@ from ..stores.base import is_uri
 from ..stores.lmdbio import is_lmdb, names_lmdb
 from .encode import EncodeOptions
 from .options import ConvertOptions, check_layout_options
-from .outputs import ConversionReport, check_choices, check_options
+from .outputs import check_choices, check_options
+from .report import ConversionReport
 from .sources import DEFAULT_MAX_FILE_BYTES, Item, Source, open_source
 
 __all__ = ["plan_splits", "resolve_classes", "take_problems", "encode_options", "is_dataset",

@@ -7,7 +7,8 @@ from typing import Dict, List
 
 from ..stores.shards import MANIFEST_FORMAT, MANIFEST_VERSION, write_manifest
 from ..tools.stats import RunningStats
-from .outputs import ConversionReport, split_fields, split_metadata
+from .outputs import split_fields, split_metadata
+from .report import ConversionReport
 from .shard_plan import ShardPlan, SplitPlan
 from .shard_task import NOT_COPIED
 

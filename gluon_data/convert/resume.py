@@ -20,7 +20,8 @@ from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
 from .sources import Item, Source
 from ..tools.stats import RunningStats
 from .encode import EncodeOptions
-from .outputs import ConversionReport, Outputs
+from .outputs import Outputs
+from .report import ConversionReport
 from .done import (Done, is_done, output_unit, read_record, record_in, why_not_done,
                    why_rec_not_done, write_record)
 

@@ -33,7 +33,8 @@ from ..stores.shards import (dataset_files, is_manifest, manifest_path, parse_si
                              shard_files, shard_name)
 from .copy import open_copy_sources
 from .options import ConvertOptions
-from .outputs import ConversionReport, output_format
+from .outputs import output_format
+from .report import ConversionReport
 from .planning import check_values, plan_source, take_problems
 from .shard_task import ShardJob, source_location
 

@@ -21,7 +21,7 @@ import time
 from typing import Optional
 
 from .options import SHARDED_READS, ConvertOptions, deprecated_retries, refuse_unread
-from .outputs import ConversionReport
+from .report import ConversionReport
 from .publish import publish
 from .shard_plan import plan_shards
 from .shard_task import ShardJob, run_shards, write_shard

@@ -24,7 +24,8 @@ from ..errors import GluonDataError, OutputError
 from ..format.ownership import check_disjoint
 from ..stores.base import is_uri
 from ..stores.shards import dataset_files, read_manifest, shard_summary
-from .outputs import ConversionReport, outputs_for
+from .outputs import outputs_for
+from .report import ConversionReport
 from .shard_plan import SplitPlan
 
 __all__ = ["Replaced", "replace_datasets", "remove_superseded"]

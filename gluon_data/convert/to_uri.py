@@ -122,10 +122,13 @@ def _convert_staged(source, output: str, layout, o: ConvertOptions, area: Stagin
         return report
     report = convert_local(source, local, layout, staged)
     area.claim()  # the staged bytes counted: entries not in use make room for them
+    kept: List[str] = []  # (a --resume of an upload that had finished: nothing sent)
     uris = upload_dataset([report.outputs[s] for s in sorted(report.outputs)], output,
                           storage_options=storage_options, overwrite=overwrite, resume=resume,
                           journal=os.path.join(area.path, "upload.json"),
-                          retries=o.remote_retries)
+                          retries=o.remote_retries, kept=kept)
+    report.resumed.update((s, report.written[s]) for s, p in report.outputs.items()
+                          if p in kept and s in report.written)
     report.outputs = {s: uris[p] for s, p in report.outputs.items()}
     area.remove()  # uploaded: nothing to resume
     return report

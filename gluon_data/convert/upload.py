@@ -83,7 +83,8 @@ def _upload_plan(local: str, uri: str):
 def upload_dataset(local: Sequence[str], uri: str, *,
                    storage_options: Optional[dict] = None, overwrite: bool = False,
                    resume: bool = False, journal: Optional[str] = None,
-                   retries: Optional[int] = None) -> Dict[str, str]:
+                   retries: Optional[int] = None,
+                   kept: Optional[List[str]] = None) -> Dict[str, str]:
     """Upload local datasets beside ``uri``: ``.rec`` files (with their ``.idx`` and
     metadata), ``.lmdb`` environments (their ``data.mdb``) or ``.shards.json`` manifests
     (with every shard's files). Returns ``{local path: its URI}`` (the ``.rec``, the
@@ -104,7 +105,8 @@ def upload_dataset(local: Sequence[str], uri: str, *,
     SHA-256 its commit document records, each read once to tell) is left alone. A journal of
     the previous release (``{uri: SHA-256}``) is read the same way (each object read once to
     compare its SHA-256); one that cannot be read raises :class:`~gluon_data.errors.ConversionError`
-    naming it (restart without ``resume``).
+    naming it (restart without ``resume``). ``kept``: a list the local paths of the datasets
+    found complete that way are appended to.
 
     Raises
     ------
@@ -131,6 +133,9 @@ def upload_dataset(local: Sequence[str], uri: str, *,
         ours = found is not None and found == dumps_meta(doc)
         if not (ours and _complete(remote, c, cast(bytes, found), objects)):  # ours: found
             todo.append((c, doc, objects, ours))
+    if kept is not None:
+        sent = {id(c) for c, _, _, _ in todo}
+        kept.extend(p for p, c, _, _ in plan if id(c) not in sent)
     for c, _, objects, ours in todo:  # refuse before anything is changed
         def resumed(target: str, ours: bool = ours) -> bool:
             return resume and (ours or target in done)
