@@ -192,8 +192,8 @@ def test_show_out_replaces_only_its_own_preview_and_only_with_overwrite(voc_rec,
     for other in (photo, plain, notes):
         before = other.read_bytes()
         r = cli("show", voc_rec, "--out", other, "--overwrite")
-        assert r.returncode == 1 and "not a preview written by gluon-data show" in r.stderr, \
-            r.stderr
+        assert r.returncode == 1 and ("not a preview written by gluon-data (it carries no mark "
+                                      "of gluon-data show" in r.stderr), r.stderr
         assert other.read_bytes() == before
     target = tmp_path / "target.png"
     target.write_bytes(first)

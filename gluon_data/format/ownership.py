@@ -35,7 +35,7 @@ KINDS = {
     "lmdb": "a gluon_data LMDB dataset (a directory holding only data.mdb with gluon_data "
             "metadata)",
     "png": "a PNG image",
-    "preview": "a preview written by gluon-data show (a PNG or JPEG carrying its mark)",
+    "preview": "a preview",  # (of gluon-data show: what its refusal's reason says)
     "checkpoint": "a gluon_data resume checkpoint (.resume.json)",
     "manifest": "a shard manifest (.shards.json)",
     "segments": "a gluon_data segment folder (a directory holding only .seg files)",
@@ -210,7 +210,8 @@ def _ownership(path: str, kind: str) -> Ownership:
             return Ownership(_head(path, 8) == PNG_SIGNATURE)
         h = _head(path, 512)  # "preview": an image of any other origin is never replaced
         ours = h.startswith((PNG_SIGNATURE, JPEG_SOI)) and PREVIEW_MARK in h
-        return Ownership(ours, "" if ours else "it carries no mark of gluon-data show")
+        return Ownership(ours, "" if ours else "it carries no mark of gluon-data show, which "
+                         "every PNG or JPEG preview it writes carries")
     except OSError as e:
         return Ownership(False, "unreadable (%s)" % e)
 
