@@ -211,10 +211,22 @@ def load_manifest(path: str, raw: Optional[bytes] = None,
             with open(path, "rb") as f:
                 raw = f.read()
         except FileNotFoundError:
-            raise FileNotFoundError("no sharded dataset at %s (its manifest is missing: a "
-                                    "sharded conversion writes it last, so the conversion did "
-                                    "not finish; rerun the same command)" % path) from None
+            raise FileNotFoundError("no sharded dataset at %s (%s)" % (path, _why_missing(path))) \
+                from None
     return load_document(raw, "manifest", where or path), raw
+
+
+def _why_missing(manifest: str) -> str:
+    """Why a manifest is not there, as far as its folder tells: shards of its prefix without
+    it are a sharded conversion that did not finish (the manifest is written last)."""
+    folder, name = os.path.split(os.path.abspath(manifest))
+    stem = name[:-len(MANIFEST_SUFFIX)] + "-" if name.endswith(MANIFEST_SUFFIX) else None
+    try:
+        shards = stem is not None and any(f.startswith(stem) for f in os.listdir(folder))
+    except OSError:
+        shards = False
+    return ("its manifest is missing: a sharded conversion writes it last, so the conversion "
+            "did not finish; rerun the same command" if shards else "no such file")
 
 
 def shard_mismatch(doc: dict, s: int, meta: Optional[dict]) -> Optional[str]:
