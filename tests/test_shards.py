@@ -72,6 +72,16 @@ def test_plan_ranges_and_sizes():
         parse_size("lots")
 
 
+def test_too_many_shards_names_the_split_that_has_too_few_items(voc_root, tmp_path):
+    """16 shards of a 16-item source split into 12 and 4: the refusal names the split and its
+    count, not a bare ``need 1..12`` a user cannot place."""
+    with pytest.raises(ValueError, match=r"split 'train' \(12 items\): --shards 16: need "
+                                         r"1\.\.12"):
+        convert_sharded(voc_root, str(tmp_path / "v.rec"), "voc", split="train,val",
+                        shards=16)
+    assert not os.path.exists(str(tmp_path / "v.rec")) and os.listdir(str(tmp_path)) == []
+
+
 # ---------------------------------------------------------------- sharded == unsharded
 def test_sharded_store_equals_the_single_file(voc_rec, voc_shards):
     one = RecordFile(voc_rec)

@@ -145,6 +145,17 @@ def _plan_encoding(source: str, layout: Optional[str], prefix: str, container: s
              for s, items in planned.plan.items()], os.path.abspath(src.root))
 
 
+def _split_ranges(cut: Cut, sizes: List[int], split: Optional[str]) -> List[Tuple[int, int]]:
+    """``cut(sizes)``, a ValueError naming the split it cuts (``--shards 16: need 1..6`` of
+    a 24-item source is its 6-item ``val``)."""
+    try:
+        return cut(sizes)
+    except ValueError as e:
+        if split is None:
+            raise
+        raise ValueError("split %r (%d items): %s" % (split, len(sizes), e)) from None
+
+
 def _item_size(item) -> int:
     size = 0
     for p in (item.image, item.mask):
@@ -165,7 +176,8 @@ def _encode_split(stub, s: str, items: list, source: str, prefix: str, container
     opts, classes, num_classes, options, on_error = how
     if not items:
         raise ConversionError("split %r would be empty" % s, source)
-    ranges = cut([_item_size(i) for i in items]) if cut is not None else [(0, len(items))]
+    ranges = (_split_ranges(cut, [_item_size(i) for i in items], s) if cut is not None
+              else [(0, len(items))])
     head = source_head(stub, opts, dict(options, shards=ranges, container=container))
     names = plan_digest(head, {s: items}, stub.root, stamps=False)
     each = [str(part_digest(head, k, {s: items[a:b]}, stub.root))
@@ -194,7 +206,7 @@ def _plan_copy(source: str, split: Optional[str], source_options: Optional[dict]
     found = list(_copy_sources(source, split, source_options))
     stamped = _stamped_files(source)
     for s, loc_split, meta, ranges_default, sizes in found:
-        ranges = cut(sizes) if cut is not None else ranges_default
+        ranges = _split_ranges(cut, sizes, s) if cut is not None else ranges_default
         if ranges is None:
             raise ValueError("re-sharding %s needs --shards, --shard-size or "
                              "--shard-items" % source)
