@@ -106,14 +106,18 @@ def test_retries_is_ambiguous_and_says_which_to_use(folder, tmp_path):
         gluon_data.convert(folder, str(tmp_path / "x.rec"), "imagefolder", retries=2)
 
 
-@pytest.mark.parametrize("option", [dict(engine="dask"), dict(scheduler="tcp://127.0.0.1:1"),
-                                    dict(storage_options={"anon": True}),
-                                    dict(image_shape=(8, 8, 3))])
-def test_an_option_the_conversion_does_not_read_is_refused(folder, tmp_path, option):
+@pytest.mark.parametrize("option, who", [
+    (dict(engine="dask"), r"a sharded conversion \(--shards"),
+    (dict(scheduler="tcp://127.0.0.1:1"), r"a sharded conversion \(--shards"),
+    (dict(storage_options={"anon": True}), r"an output at a URI"),
+    (dict(image_shape=(8, 8, 3)), r"the raw-lmdb and caffe-lmdb imports")])
+def test_an_option_the_conversion_does_not_read_is_refused(folder, tmp_path, option, who):
     """Never silently ignored: a shard option without shards, an object-storage option for a
-    local output, a legacy-import option for a source layout."""
+    local output, a legacy-import option for a source layout; the refusal says what reads
+    it."""
     out = str(tmp_path / "x.rec")
-    with pytest.raises(ValueError, match="takes no %s" % next(iter(option))):
+    with pytest.raises(ValueError, match=r"takes no %s .*; read only by %s"
+                       % (next(iter(option)), who)):
         gluon_data.convert(folder, out, "imagefolder", **option)
     assert not (tmp_path / "x.rec").exists()
 

@@ -134,9 +134,7 @@ def convert(source: str, output: str, layout: Optional[str] = None,
                   "a conversion into object storage" if uri else "a sharded conversion" if sharded
                   else "a copy of a converted dataset (its records are copied byte for byte)"
                   if copying and layout not in ("raw-lmdb", "caffe-lmdb")
-                  else "a conversion into a local, unsharded output (shard tasks need shards, "
-                       "shard_size or shard_items: --shards, --shard-size, --shard-items; object "
-                       "storage an s3:// output)")
+                  else "a conversion into a local, unsharded output")
     if uri:
         return uri_conversion(source, output, layout, o, sharded)
     if sharded:

@@ -392,9 +392,20 @@ def refuse_unread(options: ConvertOptions, reads, what: str) -> None:
                    if n not in reads and getattr(options, n) != getattr(default, n))
     if extra:
         raise ValueError("%s takes no %s" % (what, ", ".join(
-            "%s (%sset to %r)" % (n, "" if flag_name(n) is None else "%s, " % flag_name(n),
-                                  getattr(options, n))
+            "%s (%sset to %r%s)" % (n, "" if flag_name(n) is None else "%s, " % flag_name(n),
+                                    getattr(options, n), _read_by(n))
             for n in extra)))
+
+
+def _read_by(name: str) -> str:
+    """What reads option ``name``, for a refusal, where only one kind of conversion does."""
+    for fields, who in ((SHARD_FIELDS, "a sharded conversion (--shards, --shard-size or "
+                                       "--shard-items)"),
+                        (REMOTE_FIELDS, "an output at a URI (s3://...)"),
+                        (LEGACY_FIELDS, "the raw-lmdb and caffe-lmdb imports")):
+        if name in fields:
+            return "; read only by %s" % who
+    return ""
 
 
 #: Options only some source layouts read: an option set for another layout is refused.
