@@ -72,3 +72,19 @@ def test_stats_and_show_commands(voc_rec, tmp_path):
     np.testing.assert_array_equal(pic[:h * scale:scale, :w * scale:scale, :3], img)
     p = cli("show", voc_rec, "--index", "99", "--out", png)
     assert p.returncode == 1 and "out of range" in p.stderr
+
+
+def test_show_of_a_dataset_without_masks_saves_the_image_and_its_label(cls_rec, tmp_path):
+    """``show`` on a classification dataset (or a split without masks) drew nothing and told
+    a command-line user to open it from Python; it saves the image and names its label."""
+    from gluon_data.arrays import ClassificationDataset
+    ds = ClassificationDataset(cls_rec)
+    img, label = ds[3]
+    png = str(tmp_path / "c.png")
+    p = cli("show", cls_rec, "--index", "3", "--out", png)
+    name = json.load(open(cls_rec[:-4] + ".meta.json"))["classes"][int(label)]
+    assert p.returncode == 0, p.stderr
+    assert "label %g (%s); no mask" % (label, name) in p.stdout
+    np.testing.assert_array_equal(np.asarray(Image.open(png)), img)
+    p = cli("show", cls_rec, "--index", "-99", "--out", png, "--overwrite")
+    assert p.returncode == 1 and "out of range" in p.stderr

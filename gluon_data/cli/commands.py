@@ -164,9 +164,12 @@ def cmd_show(a) -> int:
     from ..tools.preview import render_preview, save_preview
     _input(a.path)
     remote = _remote(a)
-    ds = SegmentationDataset(open_store(a.path, a.split, **dict(remote, reads="ranged"))
-                             if remote else a.path,  # a URI: ranged reads
-                             ignore_value=None, split=None if remote else a.split)
+    where = (open_store(a.path, a.split, **dict(remote, reads="ranged"))  # a URI: ranged reads
+             if remote else open_store(a.path, a.split))
+    meta = where.meta if where.meta is not None else {"task": "classification"}  # (im2rec's)
+    if meta.get("task") == "classification" or meta.get("masks") is False:
+        return _show_image(a, where, meta)
+    ds = SegmentationDataset(where, ignore_value=None)
     if not -len(ds) <= a.index < len(ds):
         raise ValueError("--index %d out of range: the dataset has %d records"
                          % (a.index, len(ds)))
@@ -179,6 +182,31 @@ def cmd_show(a) -> int:
     save_preview(pic, a.out, a.overwrite)
     print("wrote %s (record %d of %s: %dx%d, %d classes present)"
           % (a.out, index, a.path, img.shape[1], img.shape[0], len(np.unique(mask))))
+    return 0
+
+
+def _show_image(a, store, meta: dict) -> int:
+    """``show`` of a dataset without masks (a classification dataset, a stock im2rec file,
+    VOC's test split): the image itself, and its label or its file name."""
+    from PIL import Image
+    from ..arrays import ClassificationDataset, SegmentationDataset
+    from ..tools.preview import save_preview
+    classification = meta.get("task") == "classification"
+    ds = ClassificationDataset(store) if classification else SegmentationDataset(store,
+                                                                                 mode="test")
+    if not -len(ds) <= a.index < len(ds):
+        raise ValueError("--index %d out of range: the dataset has %d records"
+                         % (a.index, len(ds)))
+    index = a.index % len(ds)
+    img, what = ds[index]
+    if classification:
+        names = meta.get("classes") or []
+        label = float(np.asarray(what).ravel()[0])
+        what = "label %g%s" % (label, " (%s)" % names[int(label)]
+                               if label.is_integer() and 0 <= label < len(names) else "")
+    save_preview(Image.fromarray(img), a.out, a.overwrite)
+    print("wrote %s (record %d of %s: %dx%d, %s; no mask)"
+          % (a.out, index, a.path, img.shape[1], img.shape[0], what))
     return 0
 
 

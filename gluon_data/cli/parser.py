@@ -153,8 +153,9 @@ def _add_stats(sub) -> None:
 
 
 def _add_show(sub) -> None:
-    sh = _command(sub, "show", parents=[_dataset_parser(" (segmentation)"), _split_parser()],
-                  help="write a PNG of a sample: image, mask overlay and class legend")
+    sh = _command(sub, "show", parents=[_dataset_parser(), _split_parser()],
+                  help="write a PNG of a sample: image, mask overlay and class legend (a "
+                       "dataset without masks: the image, its label printed)")
     sh.add_argument("--index", type=int, default=0, help="record position (-1: the last)")
     sh.add_argument("--out", default="sample.png",
                     help="output image: PNG, or JPEG, BMP, TIFF, WebP by its extension")
