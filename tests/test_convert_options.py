@@ -75,6 +75,13 @@ def test_class_names_that_would_shift_or_merge_ids_are_refused(value, why):
         ConvertOptions(classes=value)
 
 
+def test_a_seed_without_shuffle_is_refused_not_ignored(folder, tmp_path):
+    with pytest.raises(ValueError, match=r"--seed 7 without --shuffle: the seed only orders a "
+                                         r"shuffle"):
+        gluon_data.convert(folder, str(tmp_path / "x.rec"), "imagefolder", seed=7)
+    assert not (tmp_path / "x.rec").exists()
+
+
 def test_a_classes_file_with_a_byte_order_mark(tmp_path):
     names = tmp_path / "names.txt"
     names.write_bytes("\ufeffsky\nroad\n\ncar\n".encode("utf-8"))

@@ -115,6 +115,10 @@ class Planned:
 def check_values(o: ConvertOptions) -> None:
     """The option values every conversion of a source layout checks before any work."""
     check_choices(o.encoding, o.on_error)
+    if o.seed != 0 and not o.shuffle:  # (the one thing it seeds)
+        raise ValueError("--seed %d without --shuffle: the seed only orders a shuffle, and the "
+                         "items would keep the source's order; add --shuffle (shuffle=True)"
+                         % o.seed)
     if o.mask_encoding not in codec.MASK_ENCODINGS:
         raise ValueError("unknown mask_encoding %r; valid: %s"
                          % (o.mask_encoding, ", ".join(codec.MASK_ENCODINGS)))

@@ -10,6 +10,7 @@ from here.
 """
 from __future__ import annotations
 
+import errno
 import operator
 import os
 import threading
@@ -445,7 +446,7 @@ class RecordFile:
 
 
 def _not_found(path: str) -> FileNotFoundError:
-    return FileNotFoundError("record file %s not found%s" % (path, missing_rec_hint(path)))
+    return FileNotFoundError(errno.ENOENT, "record file not found" + missing_rec_hint(path), path)
 
 
 def missing_rec_hint(path: str) -> str:
