@@ -127,7 +127,7 @@ def sample_rows(name: str, ms, root: str):
             os.path.join(src, "images", "%03d.jpg" % i), quality=90)
         Image.fromarray(m, mode="L").save(os.path.join(src, "masks", "%03d.png" % i))
     rec = os.path.join(root, name.split()[0] + ".rec")
-    convert(src, rec, layout="pairs", mask_encoding="png", num_classes=256, ignore_label=255)
+    convert(src, rec, layout="pairs", mask_encoding="png", num_classes=255, ignore_label=255)
     ds = SegmentationDataset(rec, mode="train", base_size=base, crop_size=crop, seed=0)
     return {"train sample ms (png masks)": cpu_ms(ds.__getitem__, range(len(ds)), rounds=3)}
 

@@ -307,12 +307,19 @@ def test_a_missing_rec_beside_its_splits_or_its_shards_says_which_to_open(tmp_pa
     convert(src, split, "imagefolder", val_ratio=0.5)
     manifest = re.escape(str(tmp_path / "s" / "train.shards.json"))
     for open_it in (ClassificationDataset, lambda p: open_store(p), salvage):
-        with pytest.raises(FileNotFoundError, match="beside it, the manifest of a sharded "
-                           "dataset, %s: open that" % manifest):
+        with pytest.raises(FileNotFoundError, match=r"beside it, the manifest of a sharded "
+                           r"dataset: %s \(open that; each shard is a \.rec" % manifest):
             open_it(sharded)
-    with pytest.raises(FileNotFoundError, match="one file per split: data_train.rec, "
-                       "data_val.rec"):
+    with pytest.raises(FileNotFoundError, match=r"one file per split: \S*data_train\.rec, "
+                       r"\S*data_val\.rec"):
         ClassificationDataset(split)
+    # shards of several splits: their manifests, never every shard as if it were a split
+    several = str(tmp_path / "m" / "x.rec")
+    convert(src, several, "imagefolder", val_ratio=0.5, shards=2)
+    with pytest.raises(FileNotFoundError, match=r"manifest of a sharded dataset: "
+                       r"\S*x_train\.shards\.json, \S*x_val\.shards\.json \(open") as e:
+        ClassificationDataset(several)
+    assert not re.search(r"-\d{5}-of-\d{5}", str(e.value))
 
 
 def test_stores_and_options_are_checked(voc_rec, cls_rec):

@@ -397,21 +397,32 @@ def test_a_scheduler_that_cannot_be_reached_is_named_with_the_flag(tmp_path):
                                 engine="dask", scheduler=address)
 
 
-def test_a_scheduler_with_no_worker_is_an_error_after_a_bounded_wait(tmp_path, monkeypatch):
-    """A ``--scheduler`` that no worker has joined: its tasks would wait for as long as none
-    joins, silently. The conversion waits a bounded time for one, then says how to start one,
-    and writes nothing."""
-    from gluon_data.convert import engines
-    monkeypatch.setattr(engines, "SCHEDULER_WORKER_WAIT_SECONDS", 1.0)
+def test_a_scheduler_with_no_worker_is_an_error_after_a_bounded_wait(tmp_path):
+    """A ``--scheduler`` that no worker joins: its tasks would wait for as long as none
+    joins, silently. The conversion gives one ``scheduler_wait`` seconds, then says how to
+    start one, and writes nothing."""
     src = make_imagefolder(str(tmp_path / "src"), per_class=2)
     out = tmp_path / "out"
     with dd.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as empty:
         t0 = time.monotonic()
         with pytest.raises(ConversionError, match=r"scheduler at %s \(--scheduler\) has no "
-                           r"worker: none joined in 1 s; start its workers first "
-                           r"\(`dask worker %s`\)" % (empty.scheduler_address,
-                                                      empty.scheduler_address)):
+                           r"worker: none joined in 1 s; start its workers \(`dask worker %s`\)"
+                           r", give them longer \(--scheduler-wait\)"
+                           % (empty.scheduler_address, empty.scheduler_address)):
             convert_sharded(src, str(out / "o.rec"), "imagefolder", shards=2, engine="dask",
-                            scheduler=empty.scheduler_address)
+                            scheduler=empty.scheduler_address, scheduler_wait=1)
         assert time.monotonic() - t0 < 30
     assert not out.exists()
+
+
+def test_an_adaptive_cluster_starts_its_workers_for_the_conversion(tmp_path):
+    """An adaptive cluster with no worker yet (dask-jobqueue, dask-gateway, Kubernetes)
+    starts one only for tasks waiting: the conversion's wait for a worker is a task."""
+    src = make_imagefolder(str(tmp_path / "src"), per_class=2)
+    with dd.LocalCluster(n_workers=0, processes=False, threads_per_worker=1,
+                         dashboard_address=None) as adaptive:
+        adaptive.adapt(minimum=0, maximum=1, interval="100ms", wait_count=1)
+        report = convert_sharded(src, str(tmp_path / "o.rec"), "imagefolder", shards=2,
+                                 engine="dask", scheduler=adaptive.scheduler_address,
+                                 scheduler_wait=60)
+    assert report.total_written == 6

@@ -60,8 +60,8 @@ def test_sixteen_bit_masks_keep_ids_above_255(tmp_path):
     out = str(tmp_path / "p16.rec")
     # 255 is a class id of 1001 classes: as the ignore label its pixels would read as
     # unlabelled, so it is refused, before anything is written
-    with pytest.raises(ValueError, match=r"--ignore-label 255 is a class id of the 1001 "
-                       r"classes \(0\.\.1000\)"):
+    with pytest.raises(ValueError, match=r"--ignore-label 255 \(the default\) is a class id "
+                       r"of the 1001 classes \(0\.\.1000\)"):
         convert(src, out, "pairs", num_classes=1001, ignore_label=255)
     assert not os.path.exists(out)
     convert(src, out, "pairs", num_classes=1001, ignore_label=65535)
@@ -251,7 +251,13 @@ def test_an_output_inside_an_imagefolder_source_is_not_read_as_a_class(tmp_path)
                        r"RecordIO .*no image: a conversion's output written inside its source"):
         convert(src, out, "imagefolder", overwrite=True)
     shutil.rmtree(os.path.join(src, "packed"))
-    os.mkdir(os.path.join(src, "aaa_empty"))
+    lmdb_out = os.path.join(src, "out.lmdb")  # an LMDB output is a folder of the root itself
+    convert(src, lmdb_out, "imagefolder")
+    with pytest.raises(ConversionError, match=r"class folder 'out.lmdb' is an LMDB"):
+        convert(src, str(tmp_path / "x.rec"), "imagefolder")
+    shutil.rmtree(lmdb_out)
+    os.mkdir(os.path.join(src, "aaa_empty"))  # kept in git by an empty hidden file
+    open(os.path.join(src, "aaa_empty", ".gitkeep"), "w").close()
     ours = str(tmp_path / "o.rec")
     convert(src, ours, "imagefolder")
     meta = json.load(open(ours[:-4] + ".meta.json"))

@@ -167,7 +167,7 @@ FLAGS = {
     "--format": None, "--encoding": "passthrough", "--quality": 95, "--resize": 0,
     "--mask-encoding": "rle", "--overwrite": False, "--workers": max(1, os.cpu_count() or 1),
     "--resume": False, "--quiet": True, "--shards": None, "--shard-size": None,
-    "--shard-items": None, "--engine": "local", "--scheduler": None,
+    "--shard-items": None, "--engine": "local", "--scheduler": None, "--scheduler-wait": 300.0,
     "--forward-credentials": False,
 }
 #: the flags that are not options: the command's own

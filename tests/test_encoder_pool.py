@@ -64,10 +64,19 @@ def test_waiting_for_results_reuses_one_poll_object(pool, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the pool called multiprocessing.connection.wait")
 
+    made = []
+    real = workers.select.poll
+
+    def counted():
+        made.append(1)
+        return real()
+
     monkeypatch.setattr(workers, "wait", refuse)
+    monkeypatch.setattr(workers.select, "poll", counted)
     tickets = [pool.submit(divmod, k, 3) for k in range(40)]
     assert [t.get() for t in tickets] == [divmod(k, 3) for k in range(40)]
     assert all(t.ready() for t in tickets)
+    assert len(made) <= 2  # at most one more per worker (its own probe), not one per wait
 
 
 def test_a_task_error_is_raised_where_its_result_is_read(pool):

@@ -169,9 +169,12 @@ def test_rerun_skips_done_shards_and_redoes_a_killed_one(folder_root, tmp_path):
     os.remove(str(out / "c.shards.json"))
     with pytest.raises(FileNotFoundError, match="manifest is missing"):
         open_store(str(out / "c.shards.json"))
+    with open(str(out / "other-notes.txt"), "w") as f:  # not a shard, whatever it starts with
+        f.write("notes")
     with pytest.raises(FileNotFoundError, match=r"no sharded dataset at .*other\.shards\.json "
                        r"\(no such file\)"):  # no shard of that name: nothing unfinished
         open_store(str(out / "other.shards.json"))
+    os.remove(str(out / "other-notes.txt"))
     before = os.stat(str(out / "c-00000-of-00003.rec")).st_mtime_ns
     rep = convert_sharded(folder_root, str(out / "c.rec"), "imagefolder", shards=3)
     assert [e["reused"] for e in rep.shards] == [True, False, True]

@@ -36,7 +36,7 @@ from ..sampling.sampler import SampleKey, split_key
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..storage.perprocess import PerProcess, ProcessMark, reuse_freed_memory
 from ..stores.base import RecordStore, is_uri, open_store, will_need
-from ..stores.recordio import missing_rec_hint
+from ..format.layout import missing_rec_hint
 from . import transforms as T
 
 __all__ = ["as_store", "open_location", "container_of", "in_worker", "remote_options",

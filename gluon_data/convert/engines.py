@@ -104,8 +104,8 @@ class _OnSharedPaths:
 
 
 def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: int = 1,
-              scheduler: Optional[str] = None, retries: int = 2,
-              keys: Optional[Sequence[str]] = None,
+              scheduler: Optional[str] = None, scheduler_wait: float = 300.0,
+              retries: int = 2, keys: Optional[Sequence[str]] = None,
               shared_paths: Sequence[Tuple[str, str]] = ()) -> Iterator:
     """Run ``fn(job)`` for every job; yield ``(i, result)`` as each finishes (any order).
 
@@ -122,6 +122,8 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
         ``scheduler`` is given.
     scheduler : str, optional
         Address of a running Dask scheduler, e.g. ``tcp://10.0.0.5:8786``.
+    scheduler_wait : float
+        Seconds a ``scheduler`` with no worker is given for one to join (0: no limit).
     retries : int
         Dask: times a task that raised is retried (a task whose worker died is rescheduled
         by Dask regardless, up to its ``allowed-failures``).
@@ -152,7 +154,7 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
                                  % path)
         if shared_paths:
             fn = _OnSharedPaths(fn, shared_paths)
-        yield from _run_dask(fn, jobs, workers, scheduler, retries, keys)
+        yield from _run_dask(fn, jobs, workers, (scheduler, scheduler_wait), retries, keys)
         return
     if workers <= 1 or len(jobs) <= 1:
         for i, job in enumerate(jobs):
@@ -273,27 +275,28 @@ def _indexed(arg):
     return i, fn(job)
 
 
-#: How long a conversion waits for the first worker of a ``--scheduler`` that has none (its
-#: tasks would otherwise wait, silently, for as long as no worker joins).
-SCHEDULER_WORKER_WAIT_SECONDS = 60.0
-
-
-def _wait_for_a_worker(client: Any, scheduler: str,
-                       seconds: Optional[float] = None) -> None:
-    """Return once the scheduler at ``scheduler`` has a running worker, waiting up to
-    ``seconds`` (:data:`SCHEDULER_WORKER_WAIT_SECONDS`); none by then is a
-    :class:`ConversionError` saying how to start one."""
-    seconds = SCHEDULER_WORKER_WAIT_SECONDS if seconds is None else seconds
+def _wait_for_a_worker(client: Any, scheduler: str, seconds: float) -> None:
+    """Return once a worker of the scheduler at ``scheduler`` has run a task, waiting up to
+    ``seconds`` (0: no limit); none by then is a :class:`ConversionError` saying how to start
+    one. The probe is a task, not a look at the worker list: an adaptive cluster (dask-
+    jobqueue, dask-gateway, Kubernetes) starts its workers only for tasks waiting."""
+    probe = client.submit(os.getpid, pure=False)
     try:
-        client.wait_for_workers(1, timeout=seconds)
-    except TimeoutError:  # (Dask's WorkerStartTimeoutError is one)
+        probe.result(timeout=seconds or None)
+    except TimeoutError:  # (Dask's own is this one)
         raise ConversionError(
-            "the Dask scheduler at %s (--scheduler) has no worker: none joined in %.0f s; "
-            "start its workers first (`dask worker %s`), or leave --scheduler out to run a "
-            "local cluster" % (scheduler, seconds, scheduler)) from None
+            "the Dask scheduler at %s (--scheduler) has no worker: none joined in %g s; "
+            "start its workers (`dask worker %s`), give them longer (--scheduler-wait), or "
+            "leave --scheduler out to run a local cluster" % (scheduler, seconds, scheduler)) \
+            from None
+    finally:
+        probe.cancel()
 
 
-def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
+def _run_dask(fn, jobs, workers, where: Tuple[Optional[str], float], retries,
+              keys) -> Iterator:
+    """:func:`run_tasks` on Dask: ``where`` is ``(scheduler, scheduler_wait)``."""
+    scheduler, wait = where
     dd = import_dask()
     cluster = client = None
     futures = []
@@ -304,7 +307,7 @@ def _run_dask(fn, jobs, workers, scheduler, retries, keys) -> Iterator:
             except (OSError, ValueError) as e:  # (Dask's connect timeout is an OSError)
                 raise ConversionError("cannot reach the Dask scheduler at %s (--scheduler): "
                                       "%s" % (scheduler, e)) from None
-            _wait_for_a_worker(client, scheduler)
+            _wait_for_a_worker(client, scheduler, wait)
         else:
             # our own cluster's processes never see Ctrl-C (each would print its own
             # KeyboardInterrupt traceback): this process closes them; one while they start

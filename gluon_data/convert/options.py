@@ -7,6 +7,7 @@ Each field carries its one help text and, where the command has a flag for it, a
 step, and the class docstring's parameters are written from the same texts."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import os
@@ -119,7 +120,8 @@ def read_classes(value: Optional[str]) -> Optional[List[str]]:
     if os.path.isfile(value):  # (utf-8-sig: a byte-order mark is not part of the first name)
         with open_regular(value, "r", encoding="utf-8-sig") as f:
             names = [ln.strip() for ln in f if ln.strip()]
-    elif "," not in value and (os.sep in value or os.path.splitext(value)[1] in _LIST_FILES):
+    elif "," not in value and (set(value) & {os.sep, os.altsep or os.sep}
+                               or os.path.splitext(value)[1] in _LIST_FILES):
         raise ValueError("--classes %s: no such file (give a file of one name per line, or "
                          "the names separated by commas)" % value)
     else:
@@ -135,12 +137,11 @@ def checked_names(names: Sequence[str]) -> List[str]:
     """Class names as given, refused (ValueError) when one is empty or given twice: each
     class's id is its position in the list."""
     names = list(names)
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(n for n, k in collections.Counter(names).items() if k > 1)
     if twice or not all(n.strip() for n in names):
         raise ValueError("--classes (classes=) names %s: each class needs its own non-empty "
-                         "name, its id is its position in the list" % (
-                             ", ".join(twice) + " more than once" if twice else
-                             "an empty class"))
+                         "name, its id is its position in the list" % (", ".join(twice)
+                         + " more than once" if twice else "an empty class"))
     return names
 
 
@@ -260,6 +261,9 @@ class ConvertOptions:
     scheduler: Optional[str] = _option(
         None, "Dask scheduler address, e.g. tcp://HOST:8786; none: a LocalCluster of "
               "--workers processes", Flag(group="sharding"))
+    scheduler_wait: float = _option(300.0, "seconds a --scheduler with no worker is given for "
+                                    "one to join (an adaptive or queued cluster starts them "
+                                    "now); 0: no limit", Flag(type=float, group="sharding"))
     # No flag yet: the engine's default serves the command.
     task_retries: int = _option(2, "times the engine retries a failed shard task", None)
     forward_credentials: bool = _option(
@@ -335,8 +339,8 @@ class ConvertOptions:
 
 
 #: The options only a sharded conversion reads.
-SHARD_FIELDS = ("shards", "shard_size", "shard_items", "engine", "scheduler", "task_retries",
-                "forward_credentials")
+SHARD_FIELDS = ("shards", "shard_size", "shard_items", "engine", "scheduler", "scheduler_wait",
+                "task_retries", "forward_credentials")
 #: The options only an output at a URI reads.
 REMOTE_FIELDS = ("storage_options", "cache_dir", "remote_retries")
 #: The options only a legacy LMDB import reads.
@@ -344,7 +348,8 @@ LEGACY_FIELDS = ("image_shape", "mask_shape", "channels_first", "bgr")
 #: The options a sharded conversion reads (``resume`` included: a rerun, with it or without,
 #: keeps the shards the one rule of "done" proves finished and redoes the rest).
 SHARDED_READS = frozenset((
-    "shards", "shard_size", "shard_items", "engine", "scheduler", "workers", "format", "split",
+    "shards", "shard_size", "shard_items", "engine", "scheduler", "scheduler_wait", "workers",
+    "format", "split",
     "val_ratio", "shuffle", "seed", "encoding", "quality", "resize", "mask_encoding",
     "on_error", "classes", "num_classes", "ignore_label", "images_dir", "masks_dir",
     "lst_root", "max_pixels", "follow_symlinks", "max_file_bytes", "overwrite", "progress",
@@ -399,13 +404,11 @@ def refuse_unread(options: ConvertOptions, reads, what: str) -> None:
 
 def _read_by(name: str) -> str:
     """What reads option ``name``, for a refusal, where only one kind of conversion does."""
-    for fields, who in ((SHARD_FIELDS, "a sharded conversion (--shards, --shard-size or "
-                                       "--shard-items)"),
-                        (REMOTE_FIELDS, "an output at a URI (s3://...)"),
-                        (LEGACY_FIELDS, "the raw-lmdb and caffe-lmdb imports")):
-        if name in fields:
-            return "; read only by %s" % who
-    return ""
+    who = [w for fields, w in (
+        (SHARD_FIELDS, "a sharded conversion (--shards, --shard-size or --shard-items)"),
+        (REMOTE_FIELDS + ("forward_credentials",), "an output at a URI (s3://...)"),
+        (LEGACY_FIELDS, "the raw-lmdb and caffe-lmdb imports")) if name in fields]
+    return "; read only by %s" % " or ".join(who) if who else ""
 
 
 #: Options only some source layouts read: an option set for another layout is refused.

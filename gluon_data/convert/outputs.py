@@ -301,7 +301,8 @@ def _check_range(name: str, value, lo, hi=None, what: str = "") -> None:
 
 
 def check_options(*, quality=95, resize=0, workers=1, max_pixels=1, max_file_bytes=1,
-                  checkpoint_every=1, ignore_label=255, num_classes=None) -> None:
+                  checkpoint_every=1, ignore_label=255, num_classes=None,
+                  scheduler_wait=0.0) -> None:
     """Refuse option values that cannot work, before anything is read or written."""
     _check_range("quality", quality, 0, 100, "a JPEG quality 0..100")
     _check_range("resize", resize, 0, what="0 (keep the size) or a positive short side")
@@ -313,6 +314,7 @@ def check_options(*, quality=95, resize=0, workers=1, max_pixels=1, max_file_byt
     _check_range("ignore_label", ignore_label, 0, 65535, "a mask value 0..65535")
     if num_classes is not None:
         _check_range("num_classes", num_classes, 1)
+    _check_range("scheduler_wait", scheduler_wait, 0, what="0 (no limit) or seconds")
 
 
 def check_output(output: str, fmt: str) -> str:

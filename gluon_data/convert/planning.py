@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import ConversionError, SourceError
 from ..format import codec
+from ..format.ownership import LOCATIONS, classify_location
 from ..stores.base import is_uri
 from ..stores.lmdbio import is_lmdb, names_lmdb
 from .encode import EncodeOptions
@@ -128,7 +129,27 @@ def check_values(o: ConvertOptions) -> None:
                   max_file_bytes=DEFAULT_MAX_FILE_BYTES if o.max_file_bytes is None
                   else o.max_file_bytes,
                   checkpoint_every=o.checkpoint_every, ignore_label=o.ignore_label,
-                  num_classes=o.num_classes)
+                  num_classes=o.num_classes, scheduler_wait=o.scheduler_wait)
+
+
+def _refuse_output_folder(folder: str, what: str) -> None:
+    """Raise :class:`SourceError` when ``folder``, read as ``what`` of a source, is or holds
+    a dataset (an LMDB, a ``.rec``, a manifest, metadata, an ``.idx``): a conversion's output
+    written inside its source, which a later conversion of that source would read as data.
+    Hidden and empty files (a ``.gitkeep``) are no output."""
+    found = [("", "lmdb")] if classify_location(folder) == "lmdb" else []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name.startswith(".") or (os.path.isfile(path) and not os.path.getsize(path)):
+            continue
+        kind = classify_location(path)
+        if kind in ("rec", "lmdb", "manifest", "meta", "gdx") or name.endswith(".idx"):
+            found.append((name, kind))
+    for name, kind in found[:1]:
+        raise SourceError("%s %s %s%s, no image: a conversion's output written inside its "
+                          "source folder; write outputs outside the source, or move it"
+                          % (what, "holds" if name else "is", LOCATIONS[kind],
+                             " (%s)" % name if name else ""), folder)
 
 
 def plan_source(source: str, layout: Optional[str], o: ConvertOptions) -> Planned:
@@ -141,6 +162,11 @@ def plan_source(source: str, layout: Optional[str], o: ConvertOptions) -> Planne
         src = open_source(source, layout, split=o.split, images_dir=o.images_dir,
                           masks_dir=o.masks_dir, lst_root=o.lst_root,
                           follow_symlinks=o.follow_symlinks)
+        if src.layout == "imagefolder":  # (an empty class keeps its label, as in MXNet's
+            labelled = {i.label for s in src.splits.values() for i in s}  # ImageFolder)
+            for k, cls in enumerate(src.classes or []):
+                if float(k) not in labelled:
+                    _refuse_output_folder(os.path.join(src.root, cls), "class folder %r" % cls)
     except SourceError as e:
         raise ConversionError("cannot read source: %s" % e.reason, e.path or source) \
             from None
@@ -148,9 +174,10 @@ def plan_source(source: str, layout: Optional[str], o: ConvertOptions) -> Planne
     classes, num_classes = resolve_classes(src, o.classes, o.num_classes)
     if src.task == "segmentation" and num_classes is not None \
             and 0 <= o.ignore_label < num_classes:  # its pixels would read as unlabelled
-        raise ValueError("--ignore-label %d is a class id of the %d classes (0..%d): pass an "
+        raise ValueError("--ignore-label %d%s is a class id of the %d classes (0..%d): pass an "
                          "ignore label outside them, e.g. --ignore-label 65535 for 16-bit masks"
-                         % (o.ignore_label, num_classes, num_classes - 1))
+                         % (o.ignore_label, " (the default)" if o.ignore_label == 255 else "",
+                            num_classes, num_classes - 1))
     plan = plan_splits(src, o.val_ratio, o.shuffle, o.seed)
     opts, options = encode_options(src, num_classes, o, classes)
     return Planned(src, classes, num_classes, plan, opts, options)

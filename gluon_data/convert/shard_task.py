@@ -262,7 +262,8 @@ def run_shards(jobs: List[ShardJob], sink: Any, o: ConvertOptions,
         keys = ["gluon-data-%s-%s" % (os.path.basename(j.path), j.digest[:16]) for j in jobs]
         task = write_shard if sink is None else partial(sink.write_shard, write=write_shard)
         for i, res in run_tasks(task, jobs, engine=engine, workers=o.workers,
-                                scheduler=o.scheduler, retries=o.task_retries, keys=keys,
+                                scheduler=o.scheduler, scheduler_wait=o.scheduler_wait,
+                                retries=o.task_retries, keys=keys,
                                 shared_paths=shared):
             job = jobs[i]
             rec = shard_files(job.path, job.container)[0]

@@ -8,10 +8,9 @@ import stat
 from typing import List, Optional
 
 from ..errors import FormatError, SourceError
-from ..format.ownership import LOCATIONS, classify_location
 from ..storage.fileio import open_or_explain
 
-__all__ = ["DEFAULT_MAX_FILE_BYTES", "confine", "read_regular", "refuse_output_folder"]
+__all__ = ["DEFAULT_MAX_FILE_BYTES", "confine", "read_regular"]
 
 #: Largest source file read (``--max-file-bytes``).
 DEFAULT_MAX_FILE_BYTES = 1 << 28
@@ -72,18 +71,6 @@ def confine(root: str, path: str, follow_symlinks: bool = False,
                 "(follow_symlinks=True) if the tree links out on purpose"
                 % (root, os.path.realpath(path)))
     return None
-
-
-def refuse_output_folder(folder: str, what: str) -> None:
-    """Raise :class:`SourceError` when ``folder``, read as ``what`` of a source, holds a
-    dataset (a ``.rec``, an LMDB, a manifest, metadata, an index): a conversion's output
-    written inside its source, which a later conversion of that source would read as data."""
-    for name in sorted(os.listdir(folder)):
-        kind = classify_location(os.path.join(folder, name))
-        if kind in ("rec", "lmdb", "manifest", "meta", "idx", "gdx"):
-            raise SourceError("%s holds %s (%s), no image: a conversion's output written inside "
-                              "its source folder; write outputs outside the source, or move it"
-                              % (what, LOCATIONS[kind], name), folder)
 
 
 def read_regular(path: str, what: str, max_bytes: Optional[int] = DEFAULT_MAX_FILE_BYTES,

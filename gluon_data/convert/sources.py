@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from .source_files import (DEFAULT_MAX_FILE_BYTES, confine,  # noqa: F401
-                           read_regular, read_source_text, refuse_output_folder)
+                           read_regular, read_source_text)
 from ..errors import SourceError
 
 __all__ = ["Item", "Source", "LAYOUTS", "open_source", "detect_layout",
@@ -227,8 +227,6 @@ def _imagefolder(root: str, split=None, **_) -> Source:
     items = []
     for label, cls in enumerate(classes):
         found = sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS, root).items())
-        if not found:  # (an empty class keeps its label, as MXNet's ImageFolderDataset)
-            refuse_output_folder(os.path.join(root, cls), "class folder %r" % cls)
         for _stem, path in found:  # every file, a.jpg and a.png alike
             items.append(Item(os.path.relpath(path, root), path, None, float(label)))
     return Source("imagefolder", root, "classification", {split or "train": items}, classes)

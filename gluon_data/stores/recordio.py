@@ -22,7 +22,7 @@ from ..format import codec
 from ..errors import FormatError
 from ..storage.fileio import ProcessDescriptor, advise_willneed
 from ..storage.fileio import require_regular as _require_regular
-from ..format.layout import MANIFEST_SUFFIX
+from ..format.layout import missing_rec_hint
 from ..format.meta import read_meta
 from ..format.recindex import (  # noqa: F401  (the index names stay importable from here)
     BINARY_INDEX_SUFFIX, GDX_CLEAN, GDX_FILE_ORDER, GDX_KEYS_SORTED, GDX_SEQUENTIAL_KEYS,
@@ -32,8 +32,7 @@ from .recwriter import RecordWriter
 from .base import RecordStore, is_uri, register_opener, valid_positions
 from .recscan import scan_payloads
 
-__all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for", "advise_willneed",
-           "missing_rec_hint"]
+__all__ = ["RecordFile", "RecordWriter", "read_index", "idx_path_for", "advise_willneed"]
 
 _LARGE_EXTENT = 64 << 20  # read records bigger than this header-first, not in one pread
 _SCRATCH_MAX = 8 << 20    # records up to this size are read into a reused per-thread buffer
@@ -447,24 +446,6 @@ class RecordFile:
 
 def _not_found(path: str) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, "record file not found" + missing_rec_hint(path), path)
-
-
-def missing_rec_hint(path: str) -> str:
-    """What lies beside a ``.rec`` that is not there, for the error naming it: the files of
-    its splits (a conversion of several splits writes ``NAME_train.rec``...), or the manifest
-    of its shards (``NAME.shards.json``: a sharded conversion writes no ``NAME.rec``)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    stem = name[:-len(".rec")] if name.endswith(".rec") else None
-    try:
-        near = sorted(os.listdir(folder)) if stem else []
-    except OSError:
-        near = []
-    if stem + MANIFEST_SUFFIX in near if stem else False:
-        return ("; beside it, the manifest of a sharded dataset, %s: open that (each shard "
-                "is a .rec of its own)" % os.path.join(os.path.dirname(path),
-                                                      stem + MANIFEST_SUFFIX))
-    splits = [f for f in near if f.startswith("%s_" % stem) and f.endswith(".rec")]
-    return "; beside it, one file per split: %s" % ", ".join(splits) if splits else ""
 
 
 def _open_record_file(location: str, split: Optional[str] = None, **options) -> RecordFile:

@@ -28,9 +28,11 @@ __all__ = ["RecordWriter", "copy_segment", "segment_file", "remove_segments"]
 
 
 #: How a partial file a killed writer left may begin, besides as its kind's own output:
-#: a torn metadata document as every one does, a ``.rec`` with a hole (a place reserved for
-#: a worker's copy of its records, not filled yet).
-_LEFTOVER_HEADS = {"meta": dumps_meta({})[:4], "rec": bytes(4)}
+#: a torn metadata document as every one does; any of them with a hole (a ``.rec``'s place
+#: reserved for a worker's copy of its records, not filled yet; blocks a crash of the
+#: system left unwritten).
+_LEFTOVER_HEADS = {"meta": (dumps_meta({})[:4], bytes(4)), "rec": (bytes(4),),
+                   "idx": (bytes(4),)}
 
 
 def _check_leftover(path: str, kind: str) -> None:
@@ -40,11 +42,9 @@ def _check_leftover(path: str, kind: str) -> None:
     opened (``open_new``)."""
     if not os.path.isfile(path) or os.path.islink(path) or not os.path.getsize(path):
         return
-    head = _LEFTOVER_HEADS.get(kind)
-    if head is not None:
-        with open(path, "rb") as f:
-            if f.read(len(head)) == head:
-                return
+    with open(path, "rb") as f:
+        if f.read(4) in _LEFTOVER_HEADS[kind]:
+            return
     if not is_ours(path, kind):
         raise OutputError("is in the way of a partial file gluon-data writes, and is not one "
                           "(not %s); it was left untouched: move it away or remove it"

@@ -20,7 +20,7 @@ from ..format.documents import load_document
 from ..storage.cache import parse_size as cache_parse_size
 from ..errors import FormatError, GluonDataError
 from ..storage.fsutil import LMDB_DATA, LMDB_LOCK, atomic_write, sha256_file
-from ..format.layout import MANIFEST_SUFFIX
+from ..format.layout import MANIFEST_SUFFIX, SHARD_PART
 from ..format.ownership import classify_location
 from .lmdbio import is_lmdb, read_lmdb_meta
 from ..format.meta import dumps_meta, meta_path, read_meta
@@ -220,9 +220,10 @@ def _why_missing(manifest: str) -> str:
     """Why a manifest is not there, as far as its folder tells: shards of its prefix without
     it are a sharded conversion that did not finish (the manifest is written last)."""
     folder, name = os.path.split(os.path.abspath(manifest))
-    stem = name[:-len(MANIFEST_SUFFIX)] + "-" if name.endswith(MANIFEST_SUFFIX) else None
+    stem = name[:-len(MANIFEST_SUFFIX)] if name.endswith(MANIFEST_SUFFIX) else None
     try:
-        shards = stem is not None and any(f.startswith(stem) for f in os.listdir(folder))
+        shards = stem is not None and any(f.startswith(stem) and SHARD_PART.match(f[len(stem):])
+                                          for f in os.listdir(folder))
     except OSError:
         shards = False
     return ("its manifest is missing: a sharded conversion writes it last, so the conversion "

@@ -27,8 +27,8 @@ from ..storage.fsutil import OutputLock, atomic_write, fsync_dir
 from ..format.ownership import LOCATIONS, check_disjoint, check_replaceable, classify_location, is_ours
 from ..format.meta import dumps_meta, ids_are_keys, meta_path, read_meta
 from ..format.textindex import parse_index_prefix
-from ..stores.recordio import (BINARY_INDEX_SUFFIX, idx_path_for, missing_rec_hint,
-                                write_binary_index)
+from ..format.layout import missing_rec_hint
+from ..stores.recordio import BINARY_INDEX_SUFFIX, idx_path_for, write_binary_index
 from ..stores.base import dataset_part
 from .stats import counted_records
 
