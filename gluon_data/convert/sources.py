@@ -193,7 +193,8 @@ def _voc(root: str, split=None, **_) -> Source:
             raise SourceError("VOC split %r not found in %s; available: %s"
                               % (s, sets, ", ".join(available) or "none"), root)
         listing = os.path.join(sets, s + ".txt")
-        ids, first = [], {}  # first: id -> the line that listed it
+        ids: List[str] = []
+        first: Dict[str, int] = {}  # id -> the line that listed it
         for lineno, line in enumerate(read_source_text(listing, "split file"), 1):
             i = line.strip()
             if not i:
