@@ -227,6 +227,8 @@ def test_numpy_classification_transform_recognises_the_usual_recipes():
     assert rec(_recipe(VT.CenterCrop((20, 10)))).crop == ("center", (20, 10), 1)
     assert rec(_recipe(normalize=False)).crop is None
     for other in (_recipe(VT.Resize(32)), _recipe(VT.RandomResizedCrop(24, interpolation=10)),
+                  _recipe(VT.CenterCrop(64, interpolation=2)),  # bicubic: 1/255 off MXNet's
+                  _recipe(VT.RandomResizedCrop(24, interpolation=9)),
                   _recipe(VT.RandomFlipLeftRight(), VT.CenterCrop(8)),
                   VT.Compose([VT.CenterCrop(8), VT.RandomColorJitter(0.1), VT.ToTensor()])):
         assert rec(other) is None

@@ -45,6 +45,37 @@ def test_val_mode_values_identical_to_gluoncv(voc_mid, crop):
         np.testing.assert_allclose(oi.asnumpy(), gi.asnumpy(), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("tf", [lambda x: x - 200, lambda x: x / 2,
+                                VT.Compose([VT.Resize(24), VT.ToTensor()])],
+                         ids=["subtract", "halve", "resize-totensor"])
+def test_any_other_image_transform_is_given_what_gluoncv_gives_it(voc_mid, tf):
+    """gluoncv hands a mode's image transform a float32 NDArray: ``x - 200`` wrapped around
+    as uint8 here (69 in place of -187), ``x / 2`` was an integer division and ``Resize``
+    rounded. The same values now, exactly."""
+    from gluoncv.data import VOCSegmentation
+    root, out = voc_mid
+    ref = VOCSegmentation(root=os.path.dirname(root), split="val", mode="val", crop_size=40,
+                          base_size=64, transform=tf)
+    ours = SegmentationRecordDataset(out["val"], mode="val", crop_size=40, base_size=64,
+                                     transform=tf)
+    for i in range(len(ref)):
+        (gi, _), (oi, _) = ref[i], ours[i]
+        assert oi.dtype == gi.dtype == np.float32
+        np.testing.assert_array_equal(oi.asnumpy(), gi.asnumpy())
+
+
+def test_an_image_transform_without_a_mode_says_the_transform_is_joint(voc_mid):
+    """gluoncv's ``mode`` defaults to its split; here no mode means stored samples and a
+    joint ``transform(image, mask)``: an image transform there was Gluon's own arity error."""
+    _, out = voc_mid
+    tf = VT.Compose([VT.ToTensor(), VT.Normalize((.485, .456, .406), (.229, .224, .225))])
+    with pytest.raises(TypeError, match=r"is an image transform, but without mode the "
+                                        r"transform is joint.*give mode="):
+        SegmentationRecordDataset(out["val"], transform=tf)
+    img, mask = SegmentationRecordDataset(out["val"], transform=lambda i, m: (i, m))[0]
+    assert img.dtype == np.uint8 and mask.dtype == np.int32
+
+
 def test_test_mode_returns_gluoncvs_names(voc_mid):
     from gluoncv.data import VOCSegmentation
     root, out = voc_mid

@@ -213,6 +213,9 @@ def test_batchify_stacks_pads_and_keeps_lists(voc_val_rec):
     tests = [test_ds[i] for i in range(2)]
     assert MultiSizeBatchify()(tests)[1] == [test_ds.name(0), test_ds.name(1)]
     assert all(n.endswith(".jpg") for n in MultiSizeBatchify()(tests)[1])
+    with pytest.raises(TypeError, match=r"these samples are \(image, name\), as mode='test' "
+                                        r"gives them: batch them with MultiSizeBatchify"):
+        SegmentationBatchify()(tests)  # (was an IndexError on the name's shape)
 
 
 @pytest.mark.slow

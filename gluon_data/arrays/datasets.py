@@ -132,8 +132,7 @@ class ClassificationDataset(StoreDataset):
 
     @property
     def fast_path(self) -> Optional[ImageCropNormalize]:
-        """The numpy crop/flip/tensor transform the image goes through first (``None``:
-        the decoded image as it is)."""
+        """The numpy crop/flip/tensor transform the image goes through first (or ``None``)."""
         return self._fast_first
 
     def _first_fallback(self, img: np.ndarray):
@@ -266,6 +265,7 @@ class SegmentationDataset(StoreDataset):
     meta: Dict[str, Any]  # a segmentation store has metadata (checked on opening)
     _tensorize: Optional[ImageCropNormalize]
     _transform: Optional[Callable]
+    _transform_input: Any = np.uint8  # the dtype a mode's image transform is given
 
     def __init__(self, source: Union[RecordStore, str, os.PathLike[str]],
                  transform: Optional[Callable] = None, ignore_value: Optional[int] = -1, *,
@@ -461,7 +461,7 @@ class SegmentationDataset(StoreDataset):
         tensor = self._tensor(self._tensorize, img)
         if tensor is not None:
             return tensor
-        img = self._out(img, np.uint8)
+        img = self._out(img, np.uint8 if self._transform is None else self._transform_input)
         return img if self._transform is None else self._transform(img)
 
     def __getitem__(self, idx):

@@ -45,6 +45,10 @@ class SegmentationBatchify:
         self.channels_first = channels_first
 
     def __call__(self, samples: Sequence):
+        if samples and isinstance(samples[0][1], str):  # mode='test': (image, name)
+            raise TypeError("SegmentationBatchify pads (image, mask) pairs; these samples are "
+                            "(image, name), as mode='test' gives them: batch them with "
+                            "MultiSizeBatchify (gluoncv's ms_batchify_fn), or batch_size=1")
         imgs = [host_view(s[0]) for s in samples]
         masks = [host_view(s[1]) for s in samples]
         hax = 1 if self.channels_first else 0

@@ -85,8 +85,10 @@ def numpy_classification_transform(transform, seed: Optional[int] = None
         size, interp = leaves[0]._args
         crop = ("center", tuple(int(v) for v in size), interp)
     if crop is not None:
-        if crop[-1] not in (0, 1, 2, 3, 4, 9):
-            return None  # 10 = a random method per call: leave it to MXNet
+        if crop[-1] not in (0, 1, 3, 4):
+            # 10 = a random method per call; 2 = bicubic (and 9 when enlarging), whose
+            # rounding differs between MXNet's OpenCV and ours (1/255): left to MXNet
+            return None
         leaves = leaves[1:]
     flip = bool(leaves) and type(leaves[0]) is VT.RandomFlipLeftRight
     if flip:

@@ -47,6 +47,13 @@ _CLASS_FOR = {("rec", "classification"): "ImageRecordDataset",
               ("lmdb", "segmentation"): "SegmentationLMDBDataset"}
 
 
+def _image_only(transform) -> bool:
+    """Whether ``transform`` is one of Gluon's image transforms, or a chain of blocks
+    (``Compose`` is one): each takes one input, the image."""
+    return (isinstance(transform, (mx.gluon.nn.Sequential, mx.gluon.nn.HybridSequential))
+            or type(transform).__module__.startswith("mxnet.gluon.data.vision"))
+
+
 class _NDArrays:
     """The output hooks of :class:`gluon_data.arrays.base.StoreDataset`, for Gluon: samples
     as CPU NDArrays, the fast paths' outputs over pooled buffers (no copy)."""
@@ -159,7 +166,9 @@ class SegmentationDataset(_NDArrays, A.SegmentationDataset, mx.gluon.data.Datase
         From :func:`gluon_data.stores.base.open_store` (or any object satisfying the protocol).
     transform : callable, optional
         Without ``mode``: joint ``transform(image, mask)``. With ``mode``: image-only
-        ``transform(image)``, applied last, as in gluoncv.
+        ``transform(image)``, applied last, as in gluoncv: a ``ToTensor`` (+ ``Normalize``)
+        runs as numpy on the uint8 pixels (the same values), any other transform is given
+        the image as a float32 NDArray, as gluoncv gives it.
     ignore_value : int or None, default -1
         Value returned for the dataset's ignore label (VOC: 255), following gluoncv's
         convention of -1. ``None`` returns the stored value.
@@ -218,10 +227,19 @@ class SegmentationDataset(_NDArrays, A.SegmentationDataset, mx.gluon.data.Datase
                  joint_transform: Optional[Callable] = None, seed: Optional[int] = None,
                  verify: bool = True, max_pixels: Optional[int] = _DEFAULT_MAX_PIXELS,
                  output: Optional[str] = None, mask_dtype: str = "int32"):
+        if mode is None and _image_only(transform):
+            raise TypeError("transform=%r is an image transform, but without mode the "
+                            "transform is joint, transform(image, mask): give mode='train', "
+                            "'val', 'testval' or 'test' (gluoncv's mode defaults to its split; "
+                            "here it is given)" % (transform,))
         super().__init__(store, transform, ignore_value, mode=mode, base_size=base_size,
                          crop_size=crop_size, joint_transform=joint_transform, seed=seed,
                          verify=verify, max_pixels=max_pixels, output=output,
                          mask_dtype=mask_dtype)
+
+    #: Any other image transform of a mode is given a float32 image, as gluoncv gives it
+    #: (``mx.nd.array`` of the decoded pixels): arithmetic on it must not wrap as uint8's.
+    _transform_input = np.float32
 
     def _image_fast_path(self, transform):
         """In a mode, a Gluon ``ToTensor`` (+ ``Normalize``) image transform runs as numpy
