@@ -7,6 +7,7 @@ and container with the Gluon datasets (skipped without MXNet); the last reads th
 PyTorch's ``DataLoader`` with two workers (skipped without PyTorch) and compares with the Gluon
 dataset, or without MXNet with the samples read in this process.
 """
+import json
 import multiprocessing
 import os
 import re
@@ -586,3 +587,48 @@ def test_torch_dataloader_with_workers_yields_the_gluon_samples(voc_rec, voc_lmd
             want_img, want_mask = _asnumpy(theirs[SampleKey(index, epoch)])
             np.testing.assert_array_equal(got[name + "_img"], want_img)
             np.testing.assert_array_equal(got[name + "_mask"], want_mask)
+
+
+#: Seeded ``train`` draws with plain-int indices through torch's DataLoader, workers new each
+#: epoch (its default) and persistent: per epoch, per index, a hash of the image.
+TORCH_EPOCHS = r"""
+import hashlib, json, sys
+import torch
+from gluon_data.arrays import SegmentationDataset
+train = SegmentationDataset(sys.argv[1], mode="train", base_size=40, crop_size=32, seed=0,
+                            output="uint8")
+out = {}
+for persistent in (False, True):
+    runs = []
+    for _ in range(2):  # the same run twice: torch's generator seeded alike
+        torch.manual_seed(0)
+        loader = torch.utils.data.DataLoader(train, batch_size=4, num_workers=2,
+                                             persistent_workers=persistent)
+        runs.append([[hashlib.sha1(x.numpy().tobytes()).hexdigest() for b, _ in loader
+                      for x in b] for _ in range(3)])
+    out[str(persistent)] = runs
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_torch_workers_new_each_epoch_draw_new_augmentations_each_epoch(voc_rec):
+    """torch's DataLoader starts new worker processes every epoch (persistent_workers=False,
+    its default), where every plain-int request counted as a first: every epoch drew the
+    same crops, flips, scales and blurs. Its iterator's base seed now tells the epochs
+    apart: different every epoch, the same run to run with torch's generator seeded alike."""
+    torch_path = os.environ.get("GLUON_DATA_TORCH_PATH")
+    if not torch_path or not os.path.isdir(torch_path):
+        pytest.skip("PyTorch is not installed for the client test (scripts/run.sh installs the "
+                    "CPU build of torch 2.13.0 where it lies on this machine's disk, and names "
+                    "it in GLUON_DATA_TORCH_PATH)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (torch_path, os.environ.get("PYTHONPATH")) if p))
+    run = subprocess.run([sys.executable, "-c", TORCH_EPOCHS, voc_rec], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for persistent, (first, again) in json.loads(run.stdout.splitlines()[-1]).items():
+        assert first == again, persistent  # repeatable run to run
+        for a, b in ((first[0], first[1]), (first[1], first[2])):
+            same = sum(x == y for x, y in zip(a, b))
+            assert same <= len(a) // 4, (persistent, same, len(a))  # (a rare crop may repeat)

@@ -33,6 +33,7 @@ from ..errors import CorruptRecordError, DecodeError, FormatError
 from ..format import codec
 from ..format.meta import ids_are_keys, wrong_record
 from ..sampling.sampler import SampleKey, split_key
+from ..sampling.seeding import loader_round
 from ..storage.options import RemoteOptions, refuse_unknown, take_grouped
 from ..storage.perprocess import PerProcess, ProcessMark, reuse_freed_memory
 from ..stores.base import RecordStore, is_uri, open_store, will_need
@@ -293,14 +294,14 @@ class StoreDataset:
 
     def _sample(self, i: int, epoch: Optional[int]) -> T.sample_context:
         """The context a sample's random transforms draw in. A plain int (``epoch=None``)
-        counts as epoch ``k`` on its ``k``-th request in this process: the first pass is epoch
-        0 everywhere; later passes are reproducible within one process (``num_workers=0``,
-        ``thread_pool=True``) — give :class:`~gluon_data.sampling.sampler.SampleKey` for the
-        rest."""
-        if epoch is None:
+        counts as epoch ``k`` on its ``k``-th request in this process (plus, in a worker of
+        PyTorch's ``DataLoader``, :func:`~gluon_data.sampling.seeding.loader_round`): later
+        passes are reproducible within one process (``num_workers=0``, ``thread_pool=True``)
+        — give :class:`~gluon_data.sampling.sampler.SampleKey` for the rest."""
+        if epoch is None:  # (in a new torch worker of each epoch, its loader's round too)
             lock, passes = self._passes.get(self._no_passes)
             with lock:
-                epoch = int(passes[i])
+                epoch = int(passes[i]) + loader_round()
                 passes[i] += 1
         return T.sample_context(epoch, i)
 

@@ -11,6 +11,7 @@ The rules in full: :mod:`gluon_data.arrays.transforms`. This module imports no M
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Callable, Optional, TypeVar
 
@@ -19,11 +20,23 @@ import numpy as np
 from ..storage.perprocess import PerProcess, ProcessMark
 from .sampler import sample_rng
 
-__all__ = ["sample_context", "SeededRandom", "RandomTransform"]
+__all__ = ["sample_context", "SeededRandom", "RandomTransform", "loader_round"]
 
 T = TypeVar("T")
 
 _SAMPLE = threading.local()
+
+
+def loader_round() -> int:
+    """What tells one epoch's loader workers from the next where each epoch has new ones:
+    in a worker of PyTorch's ``DataLoader`` (``persistent_workers=False``, its default, starts
+    new worker processes for every epoch, in which each request is a first), a number made
+    of the base seed its iterator drew for the epoch (the same in every worker of it;
+    repeatable when torch's generator is seeded); 0 elsewhere. torch is not imported here:
+    only asked, where a worker of it runs this."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return 0 if info is None else ((int(info.seed) - int(info.id)) % (1 << 48) + 1) << 16
 
 
 class sample_context:
