@@ -1290,6 +1290,28 @@ def test_an_http_served_rec_and_manifest_read(voc_src, voc_s3, tmp_path):
         store.close()
 
 
+def test_a_server_down_after_the_open_is_retried_then_a_connection_error(voc_src, tmp_path,
+                                                                         monkeypatch):
+    """fsspec's HTTP stat says "not found" of a server it cannot reach (the connection error
+    is its cause): a server restarting while a worker reads was "no such object", untried
+    again. It is retried under the policy, then a RemoteConnectionError; an object that is
+    not there is still a RemoteNotFoundError."""
+    from gluon_data.arrays import SegmentationDataset as Samples
+    from gluon_data.errors import RemoteConnectionError, RemoteNotFoundError
+    folder = tmp_path / "www"
+    folder.mkdir()
+    convert(voc_src, str(folder / "voc.rec"), "voc", split="trainval")
+    monkeypatch.setenv("GLUON_DATA_REMOTE_RETRIES", "2")
+    monkeypatch.setenv("GLUON_DATA_REMOTE_BACKOFF", "0.01")
+    opts = dict(storage_options={}, cache_dir=str(tmp_path / "cache"))
+    with http_server(folder) as (base, log):
+        with pytest.raises(RemoteNotFoundError, match="no such object"):
+            open_store(base + "/missing.rec", **opts)
+        ds = Samples(base + "/voc.rec", remote=opts)
+    with pytest.raises(RemoteConnectionError, match=r"voc\.idx: stat failed after 3 attempts"):
+        ds[0]
+
+
 def _wait_for(cond, seconds=60):
     deadline = time.monotonic() + seconds
     while not cond():

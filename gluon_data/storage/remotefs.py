@@ -259,8 +259,10 @@ class Remote:
                 kw = ({"timeout": policy.attempt_limit(self.storage_options, nbytes)}
                       if getattr(fs, "async_impl", False) else {})
                 return fn(fs, path, kw)
-            except FileNotFoundError:
-                raise RemoteNotFoundError("%s: no such object" % what, uri) from None
+            except FileNotFoundError as e:  # (fsspec's HTTP stat says so of a server that is
+                if e.__cause__ is None or not _transient(e.__cause__):  # down: its cause)
+                    raise RemoteNotFoundError("%s: no such object" % what, uri) from None
+                last = e.__cause__
             except TruncatedDownloadError as e:  # (a RemoteError, but worth another try)
                 last = e
             except RemoteError:
