@@ -234,6 +234,16 @@ def test_numpy_classification_transform_recognises_the_usual_recipes():
         assert rec(other) is None
 
 
+@pytest.mark.parametrize("crop", [("center", (32, 32)), ("center", 32, 1), ["center", (8, 8), 1],
+                                  ("random", (24, 24), (0.08, 1.0), (0.75, 1.33)),
+                                  ("center", (8, 0), 1), ("center", (8, 8), 7)])
+def test_a_malformed_crop_is_refused_when_the_transform_is_built(crop):
+    """An interpolation left out was accepted and failed in OpenCV at the first image that
+    needed a resize, naming no record."""
+    with pytest.raises(ValueError, match=r"crop must be \('random', \(w, h\)"):
+        T.ImageCropNormalize(crop)
+
+
 def test_center_crop_fast_path_equals_gluon(cls_rec):
     from gluon_data import ImageRecordDataset
     for size in (16, (40, 30), 400):  # the last is larger than the images: scaled down

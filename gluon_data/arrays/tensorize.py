@@ -136,6 +136,21 @@ def _scale_down(src_wh, size_wh):
     return int(w), int(h)
 
 
+def _check_crop(crop) -> None:
+    """Refuse a ``crop`` that is not ``('random', (w, h), scale, ratio, interp)`` or
+    ``('center', (w, h), interp)`` (``ValueError`` naming the form), before any image: an
+    interpolation left out failed only at the first image that needed a resize."""
+    forms = {"random": 5, "center": 3}
+    ok = (isinstance(crop, tuple) and len(crop) == forms.get(crop[0] if crop else None, -1)
+          and isinstance(crop[1], (tuple, list)) and len(crop[1]) == 2
+          and all(isinstance(v, (int, np.integer)) and v > 0 for v in crop[1])
+          and isinstance(crop[-1], (int, np.integer)) and crop[-1] in (0, 1, 2, 3, 4, 9))
+    if not ok:
+        raise ValueError("crop must be ('random', (w, h), scale, ratio, interp) or ('center', "
+                         "(w, h), interp), sizes positive ints, interp one of MXNet's 0-4 or "
+                         "9; got %r" % (crop,))
+
+
 def _draw_bounds(crop) -> Optional[Tuple[float, float, float, float]]:
     """A random crop's draw bounds, computed once: ``(area low, area span, log ratio low,
     log ratio span)`` as ``Generator.uniform`` computes them from its arguments."""
@@ -175,6 +190,8 @@ class ImageCropNormalize(RandomTransform):
                  std: Union[float, Sequence[float], np.ndarray] = 1.0,
                  seed: Optional[int] = None, uint8: bool = False) -> None:
         super().__init__(seed)
+        if crop is not None:
+            _check_crop(crop)
         self.crop, self.flip = crop, flip
         self._bounds = _draw_bounds(crop)
         self.tensor = ToTensorNormalize(mean, std)
