@@ -108,6 +108,19 @@ def im2rec_rec(folder_root, tmp_path_factory):
     return run_im2rec(folder_root, str(tmp_path_factory.mktemp("im2rec") / "stock"))
 
 
+def torch_client_env() -> dict:
+    """The environment of a PyTorch client subprocess: torch from the folder
+    ``$GLUON_DATA_TORCH_PATH`` names (gluoncv refuses to import where torch >= 2 is, so torch
+    lives outside the test environment), or the test skipped where there is none."""
+    torch_path = os.environ.get("GLUON_DATA_TORCH_PATH")
+    if not torch_path or not os.path.isdir(torch_path):
+        pytest.skip("PyTorch is not installed for the client test (scripts/run.sh installs the "
+                    "CPU build of torch 2.13.0 where it lies on this machine's disk, and names "
+                    "it in GLUON_DATA_TORCH_PATH)")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (torch_path, os.environ.get("PYTHONPATH")) if p))
+
+
 def same_output_bytes(a, b):
     """Two output files hold the same bytes, but for what a ``.idx.gdx`` records of the
     ``.idx`` beside it: that file's mtime (FORMAT.md §2), which differs between two runs

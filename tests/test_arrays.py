@@ -23,6 +23,7 @@ from gluon_data.arrays import ClassificationDataset, SegmentationDataset
 from gluon_data.arrays.tensorize import ImageCropNormalize, ToTensorNormalize
 from gluon_data.sampling.sampler import DistributedSampler, SampleKey
 from gluon_data.stores.base import open_store
+from conftest import torch_client_env
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 TRAIN = dict(base_size=40, crop_size=32)
@@ -560,13 +561,7 @@ print("torch", torch.__version__, len(saved))
 
 @pytest.mark.slow
 def test_torch_dataloader_with_workers_yields_the_gluon_samples(voc_rec, voc_lmdb, tmp_path):
-    torch_path = os.environ.get("GLUON_DATA_TORCH_PATH")
-    if not torch_path or not os.path.isdir(torch_path):
-        pytest.skip("PyTorch is not installed for the client test (scripts/run.sh installs the "
-                    "CPU build of torch 2.13.0 where it lies on this machine's disk, and names "
-                    "it in GLUON_DATA_TORCH_PATH)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (torch_path, os.environ.get("PYTHONPATH")) if p))
+    env = torch_client_env()
     for container in ("rec", "lmdb"):
         location, split = (voc_rec, "") if container == "rec" else (voc_lmdb, "trainval")
         out = str(tmp_path / ("%s.npz" % container))
@@ -617,13 +612,7 @@ def test_torch_workers_new_each_epoch_draw_new_augmentations_each_epoch(voc_rec)
     its default), where every plain-int request counted as a first: every epoch drew the
     same crops, flips, scales and blurs. Its iterator's base seed now tells the epochs
     apart: different every epoch, the same run to run with torch's generator seeded alike."""
-    torch_path = os.environ.get("GLUON_DATA_TORCH_PATH")
-    if not torch_path or not os.path.isdir(torch_path):
-        pytest.skip("PyTorch is not installed for the client test (scripts/run.sh installs the "
-                    "CPU build of torch 2.13.0 where it lies on this machine's disk, and names "
-                    "it in GLUON_DATA_TORCH_PATH)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (torch_path, os.environ.get("PYTHONPATH")) if p))
+    env = torch_client_env()
     run = subprocess.run([sys.executable, "-c", TORCH_EPOCHS, voc_rec], env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -19,6 +19,7 @@ from gluon_data.format import codec
 from gluon_data.sampling.sampler import SampleKey
 from gluon_data.stores.recwriter import RecordWriter
 from jpeg_variants import ODD_SAMPLINGS, baseline_jpeg, lossless_jpeg
+from conftest import torch_client_env
 
 TRAIN = dict(mode="train", base_size=40, crop_size=32, seed=5)
 VAL = dict(mode="val", crop_size=24)
@@ -227,20 +228,11 @@ print("torch", torch.__version__, repr(worst))
 """
 
 
-def _torch_env():
-    torch_path = os.environ.get("GLUON_DATA_TORCH_PATH")
-    if not torch_path or not os.path.isdir(torch_path):
-        pytest.skip("PyTorch is not installed for the client test (scripts/run.sh names it in "
-                    "GLUON_DATA_TORCH_PATH)")
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (torch_path, os.environ.get("PYTHONPATH")) if p))
-
-
 @pytest.mark.slow
 def test_the_stage_after_a_torch_dataloader_with_two_workers(voc_rec, cls_rec, tmp_path):
     out = str(tmp_path / "stage.npz")
     run = subprocess.run([sys.executable, "-c", TORCH_STAGE, voc_rec, cls_rec, out],
-                         env=_torch_env(), capture_output=True, text=True, timeout=600)
+                         env=torch_client_env(), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("torch 2."), run.stdout
     worst = eval(run.stdout.split(" ", 2)[2])
@@ -373,7 +365,7 @@ def test_the_device_path_sends_what_the_device_cannot_read_to_the_cpu(tmp_path):
     damaged = plain[:len(plain) // 2] + bytes(8) + plain[len(plain) // 2 + 8:]
     path = _stock_rec(str(tmp_path / "v.rec"), [baseline_jpeg(pixels, ODD_SAMPLINGS["3x1"]),
                                                 lossless_jpeg(pixels), plain, damaged])
-    run = subprocess.run([sys.executable, "-c", TORCH_DEVICE_PATH, path], env=_torch_env(),
+    run = subprocess.run([sys.executable, "-c", TORCH_DEVICE_PATH, path], env=torch_client_env(),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.startswith("ok "), run.stdout

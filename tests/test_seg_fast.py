@@ -19,6 +19,8 @@ from gluon_data.arrays import SegmentationDataset
 from gluon_data.arrays import transforms as T
 from gluon_data.convert.sample import make_voc
 
+from conftest import torch_client_env
+
 #: digests of ``train`` samples (image and mask bytes, shapes, dtypes) of a dataset
 DIGEST = r"""
 import hashlib, json, sys
@@ -336,13 +338,7 @@ print("THREADS " + json.dumps({"main": cv2.getNumThreads(), "workers": got}))
 
 
 def test_torch_workers_run_opencv_single_threaded(seg_rec):
-    torch_path = os.environ.get("GLUON_DATA_TORCH_PATH")
-    if not torch_path or not os.path.isdir(torch_path):
-        pytest.skip("PyTorch is not installed for the client test (scripts/run.sh installs the "
-                    "CPU build of torch where it lies on this machine's disk, and names it in "
-                    "GLUON_DATA_TORCH_PATH)")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (torch_path, os.environ.get("PYTHONPATH")) if p))
+    env = torch_client_env()
     run = subprocess.run([sys.executable, "-c", TORCH_THREADS, seg_rec], env=env,
                          capture_output=True, text=True, timeout=180)
     got = _threads_report(run)
