@@ -141,7 +141,8 @@ def _check_crop(crop) -> None:
     ``('center', (w, h), interp)`` (``ValueError`` naming the form), before any image: an
     interpolation left out failed only at the first image that needed a resize."""
     forms = {"random": 5, "center": 3}
-    ok = (isinstance(crop, tuple) and len(crop) == forms.get(crop[0] if crop else None, -1)
+    ok = (isinstance(crop, tuple) and len(crop) >= 3 and isinstance(crop[0], str)
+          and len(crop) == forms.get(crop[0], -1)
           and isinstance(crop[1], (tuple, list)) and len(crop[1]) == 2
           and all(isinstance(v, (int, np.integer)) and v > 0 for v in crop[1])
           and isinstance(crop[-1], (int, np.integer)) and crop[-1] in (0, 1, 2, 3, 4, 9))
