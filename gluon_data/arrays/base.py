@@ -299,15 +299,17 @@ class StoreDataset:
         passes are reproducible within one process (``num_workers=0``, ``thread_pool=True``)
         — give :class:`~gluon_data.sampling.sampler.SampleKey` for the rest."""
         if epoch is None:  # (in a new torch worker of each epoch, its loader's round too)
-            lock, passes = self._passes.get(self._no_passes)
+            lock, passes, round_ = self._passes.get(self._no_passes)
             with lock:
-                epoch = int(passes[i]) + loader_round()
+                epoch = int(passes[i]) + round_
                 passes[i] += 1
         return T.sample_context(epoch, i)
 
-    def _no_passes(self) -> Tuple[threading.Lock, np.ndarray]:
-        """A process's first plain-int request: every record at pass 0."""
-        return threading.Lock(), np.zeros(len(self._file), np.uint32)
+    def _no_passes(self) -> Tuple[threading.Lock, np.ndarray, int]:
+        """A process's first plain-int request: every record at pass 0, and the loader round
+        this process serves (:func:`~gluon_data.sampling.seeding.loader_round`: a worker's
+        for its life)."""
+        return threading.Lock(), np.zeros(len(self._file), np.uint32), loader_round()
 
     def _record(self, i: int):
         _SETUP.get(lambda: _setup_process(self._made_in))

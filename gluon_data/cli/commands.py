@@ -170,10 +170,7 @@ def cmd_show(a) -> int:
     if meta.get("task") == "classification" or meta.get("masks") is False:
         return _show_image(a, where, meta)
     ds = SegmentationDataset(where, ignore_value=None)
-    if not -len(ds) <= a.index < len(ds):
-        raise ValueError("--index %d out of range: the dataset has %d records"
-                         % (a.index, len(ds)))
-    index = a.index % len(ds)  # -1: the last record, as ds[-1]
+    index = _record_index(a.index, len(ds))
     img, mask = ds._arrays(index)
     # a converted dataset's ignore label is an int (only the legacy LMDB imports, which
     # open_store does not open without a layout, may have none)
@@ -185,6 +182,13 @@ def cmd_show(a) -> int:
     return 0
 
 
+def _record_index(index: int, n: int) -> int:
+    """``show --index`` as a position in ``n`` records (-1: the last, as ``ds[-1]``)."""
+    if not -n <= index < n:
+        raise ValueError("--index %d out of range: the dataset has %d records" % (index, n))
+    return index % n
+
+
 def _show_image(a, store, meta: dict) -> int:
     """``show`` of a dataset without masks (a classification dataset, a stock im2rec file,
     VOC's test split): the image itself, and its label or its file name."""
@@ -194,10 +198,7 @@ def _show_image(a, store, meta: dict) -> int:
     classification = meta.get("task") == "classification"
     ds = ClassificationDataset(store) if classification else SegmentationDataset(store,
                                                                                  mode="test")
-    if not -len(ds) <= a.index < len(ds):
-        raise ValueError("--index %d out of range: the dataset has %d records"
-                         % (a.index, len(ds)))
-    index = a.index % len(ds)
+    index = _record_index(a.index, len(ds))
     img, what = ds[index]
     if classification:
         names = meta.get("classes") or []

@@ -137,19 +137,19 @@ def _refuse_output_folder(folder: str, what: str) -> None:
     a dataset (an LMDB, a ``.rec``, a manifest, metadata, an ``.idx``): a conversion's output
     written inside its source, which a later conversion of that source would read as data.
     Hidden and empty files (a ``.gitkeep``) are no output."""
-    found = [("", "lmdb")] if classify_location(folder) == "lmdb" else []
-    for name in sorted(os.listdir(folder)):
+    why = "is %s" % LOCATIONS["lmdb"] if classify_location(folder) == "lmdb" else None
+    for name in sorted(os.listdir(folder)) if why is None else ():
         path = os.path.join(folder, name)
         if name.startswith(".") or (os.path.isfile(path) and not os.path.getsize(path)):
             continue
         kind = classify_location(path)
         if kind in ("rec", "lmdb", "manifest", "meta", "gdx") or name.endswith(".idx"):
-            found.append((name, kind))
-    for name, kind in found[:1]:
-        raise SourceError("%s %s %s%s, no image: a conversion's output written inside its "
-                          "source folder; write outputs outside the source, or move it"
-                          % (what, "holds" if name else "is", LOCATIONS[kind],
-                             " (%s)" % name if name else ""), folder)
+            why = "holds %s (%s)" % (LOCATIONS[kind], name)
+            break
+    if why is not None:
+        raise SourceError("%s %s, no image: a conversion's output written inside its source "
+                          "folder; write outputs outside the source, or move it" % (what, why),
+                          folder)
 
 
 def plan_source(source: str, layout: Optional[str], o: ConvertOptions) -> Planned:

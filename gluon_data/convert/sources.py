@@ -227,8 +227,8 @@ def _imagefolder(root: str, split=None, **_) -> Source:
         raise SourceError("layout 'imagefolder' needs one sub-folder per class; none found", root)
     items = []
     for label, cls in enumerate(classes):
-        found = sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS, root).items())
-        for _stem, path in found:  # every file, a.jpg and a.png alike
+        for _stem, path in sorted(_list_files(os.path.join(root, cls), IMAGE_EXTENSIONS,
+                                              root).items()):  # every file, a.jpg and a.png alike
             items.append(Item(os.path.relpath(path, root), path, None, float(label)))
     return Source("imagefolder", root, "classification", {split or "train": items}, classes)
 

@@ -42,13 +42,13 @@ def missing_rec_hint(path: str, shown: int = 4) -> str:
     shards.json``, and no ``NAME.rec``), else the files of its splits (``NAME_train.rec``...);
     at most ``shown`` names."""
     folder, name = os.path.split(os.path.abspath(path))
-    stem = name[:-len(".rec")] if name.endswith(".rec") else None
+    if not name.endswith(".rec"):
+        return ""
+    stem = name[:-len(".rec")]
     try:
-        near = sorted(os.listdir(folder)) if stem else []
+        mine = sorted(f for f in os.listdir(folder) if f.startswith((stem + "_", stem + ".")))
     except OSError:
-        near = []
-    mine = [f for f in near if f.startswith(stem + "_") or f.startswith(stem + ".")] \
-        if stem else []
+        return ""
     manifests = [f for f in mine if f.endswith(MANIFEST_SUFFIX)]
     splits = [f for f in mine if f.endswith(".rec") and f != name and not SHARD_PART.search(f)]
 
