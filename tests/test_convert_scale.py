@@ -1,7 +1,6 @@
 """How often a conversion checkpoints: by time and bytes unless ``checkpoint_every`` asks for
 a count, never right before its own publish, and the output the same either way; what each
 item and each run costs beside the work itself (the workers' imports and exit, the listing)."""
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from gluon_data import convert
 from gluon_data.convert import sources
 from gluon_data.errors import ConversionError
 from gluon_data.convert import encode, local, loop, resume
-from gluon_data.convert.engines import start_pool
+from gluon_data.convert.engines import start_encoder_pool, stop_pool
 from gluon_data.convert.sample import make_voc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,19 +133,37 @@ def _keep_until_exit(path):
 def test_pool_workers_exit_without_the_interpreter_teardown(tmp_path):
     """A pool worker, done with its tasks, exits at once (status 0) instead of tearing down
     numpy, OpenCV and Pillow first, which took longer than converting hundreds of items."""
-    pool = start_pool(1)
+    pool = start_encoder_pool(1)
     try:
-        pid = pool.apply(_keep_until_exit, (str(tmp_path / "marker"),))
-        procs = list(pool._pool)
+        pid = pool.submit(_keep_until_exit, str(tmp_path / "marker")).get()
+        procs = pool.processes
         pool.close()
         pool.join()
     except BaseException:
-        pool.terminate()
+        stop_pool(pool)
         raise
     assert [p.pid for p in procs] == [pid] and [p.exitcode for p in procs] == [0]
     assert not (tmp_path / "marker").exists()
 
 
+def _encoder_processes():
+    """The live encoder workers this process started (its children running the workers'
+    bootstrap), read from Linux's /proc."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % pid, "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):  # (it ended meanwhile)
+            continue
+        if ppid == os.getpid() and b"gluon_data.convert.workers" in cmd:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
 def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, tmp_path,
                                                                      monkeypatch):
     """The pool is started before the listing (its imports overlap the planning), one process
@@ -156,8 +173,7 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
     real = local.plan_source
 
     def encoders():  # (not another test's pool a module fixture keeps in this process)
-        return [c for c in multiprocessing.active_children()
-                if c.name.startswith("gluon-data-encoder")]
+        return _encoder_processes()
 
     def listing(*a, **k):
         seen.append(len(encoders()))
@@ -199,12 +215,12 @@ def test_the_parent_only_orders_the_workers_chunks(tmp_path):
 def test_a_worker_loads_the_preloaded_encoder_as_it_starts():
     """``preload``: the worker imported the work function's module while it started, before
     any task (here a builtin, which loads nothing of ours)."""
-    pool = start_pool(1, preload=encode.encode_job)
+    pool = start_encoder_pool(1, preload=encode.encode_job)
     try:
-        mods = pool.apply(eval, ("sorted(__import__('sys').modules)",))
+        mods = pool.submit(eval, "sorted(__import__('sys').modules)").get()
         pool.close()
         pool.join()
     except BaseException:
-        pool.terminate()
+        stop_pool(pool)
         raise
     assert "gluon_data.convert.encode" in mods, mods

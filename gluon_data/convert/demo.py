@@ -1,5 +1,6 @@
 """``gluon-data demo`` without MXNet: generate a VOC-like sample, pack it, and read it back as
-numpy arrays (:class:`gluon_data.arrays.SegmentationDataset`) in a pool of spawned processes.
+numpy arrays (:class:`gluon_data.arrays.SegmentationDataset`) in the converter's pool of
+worker processes.
 
 The Gluon demo (:mod:`gluon_data.gluon.demo`) reads the same file through Gluon's
 ``DataLoader``; the command line runs that one where MXNet is importable, this one elsewhere.
@@ -62,7 +63,7 @@ def pack_sample(workdir: str, num_images: int, workers: int, say) -> str:
 
 def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: int = 8,
              epochs: int = 2, out=sys.stdout) -> dict:
-    """Generate a VOC-like sample, pack it, and read it back through ``workers`` spawned
+    """Generate a VOC-like sample, pack it, and read it back through ``workers`` worker
     processes (in this process where ``workers`` is 0), ``epochs`` times in a random order.
 
     Returns ``{"records": N, "epochs": [{"samples": n, "seconds": s}, ...], "ok": bool}``:
@@ -82,8 +83,8 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
             order = rng.permutation(len(ds))
             jobs = [(path, order[i:i + batch_size].tolist())
                     for i in range(0, len(order), batch_size)]
-            batches = pool.imap(_read_batch, jobs) if pool is not None else map(_read_batch,
-                                                                                 jobs)
+            batches = (t.get() for t in [pool.submit(_read_batch, j) for j in jobs]) \
+                if pool is not None else map(_read_batch, jobs)
             t0, seen, pixels = time.perf_counter(), 0, 0
             for batch in batches:
                 seen += len(batch)

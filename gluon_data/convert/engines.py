@@ -1,9 +1,10 @@
 """Where shard tasks run: a local process pool, or a Dask cluster (``dask.distributed``).
 
 A task is a picklable top-level function applied to one picklable job; it writes one output
-and returns a small summary. The engine only schedules: Dask retries a failed task and
-reschedules the tasks of a worker that died; we add no sockets, retries or pools of our own.
-Dask is imported here only, and only for ``engine='dask'``.
+and returns a small summary. The engine only schedules: locally the converter's own pool
+(:class:`~gluon_data.convert.workers.EncoderPool`, whose workers are fresh interpreters that
+never import the caller's script); on Dask, Dask retries a failed task and reschedules the
+tasks of a worker that died. Dask is imported here only, and only for ``engine='dask'``.
 """
 from __future__ import annotations
 
@@ -21,11 +22,18 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 from .. import _version
 from ..errors import ConversionError, WorkerPathError
 from ..storage.perprocess import one_thread_per_library, reuse_freed_memory
-from .workers import MAIN_GUARD_RULE, EncoderPool
+from .workers import EncoderPool
 
 __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH_RULE",
-           "start_pool", "stop_pool", "worker_init", "preloaded", "start_encoder_pool",
-           "refuse_in_bootstrap"]
+           "stop_pool", "worker_init", "preloaded", "start_encoder_pool", "worker_pool",
+           "refuse_in_bootstrap", "MAIN_GUARD_RULE"]
+
+#: Why a Dask ``LocalCluster``'s worker may die before its first task: its processes are
+#: spawned by ``multiprocessing``, which imports the caller's main script in each first, and a
+#: script that converts at import would start its conversion again in there.
+MAIN_GUARD_RULE = ("each worker of a local Dask cluster is a spawned process that imports the "
+                   "main script first, so a script must start a conversion under "
+                   "`if __name__ == \"__main__\":`")
 
 #: What a path given to a cluster conversion must be (the README's cluster checklist).
 SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
@@ -44,8 +52,6 @@ def sigint_blocked():
     without ``pthread_sigmask``, nothing is blocked."""
     block = hasattr(signal, "pthread_sigmask") and \
         threading.current_thread() is threading.main_thread()
-    if block:  # started first: starting it unblocks SIGINT in the calling thread
-        resource_tracker.ensure_running()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if block else None
     try:
         yield
@@ -116,7 +122,7 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
     jobs : sequence
         Picklable arguments, one task each.
     engine : {'local', 'dask'}
-        ``local``: a pool of ``workers`` spawned processes (in this process when
+        ``local``: a pool of ``workers`` worker processes (in this process when
         ``workers <= 1``). ``dask``: ``dask.distributed.Client(scheduler)``, or a
         ``LocalCluster`` of ``workers`` single-threaded worker processes when no
         ``scheduler`` is given.
@@ -160,10 +166,12 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
         for i, job in enumerate(jobs):
             yield i, fn(job)
         return
-    # the converter's own pool: spawned, workers ignore Ctrl-C, bounded teardown
+    # the converter's own pool: workers ignore Ctrl-C, bounded teardown
     with worker_pool(min(workers, len(jobs))) as pool:
-        for i, res in pool.imap_unordered(_indexed, [(fn, i, j) for i, j in enumerate(jobs)]):
-            yield i, res
+        tickets = [pool.submit(fn, job) for job in jobs]
+        index = {t.tid: i for i, t in enumerate(tickets)}
+        for t in pool.completed(tickets):
+            yield index[t.tid], t.get()
 
 
 def worker_init(preload: Optional[bytes] = None) -> None:
@@ -175,19 +183,17 @@ def worker_init(preload: Optional[bytes] = None) -> None:
     worker per core already."""
     one_thread_per_library()  # before numpy is imported: below (OpenCV), or by the preload
     import cv2  # in the worker only (as _dask_worker_init)
-    cv2.setNumThreads(1)  # one process per core already; safe in a fresh (spawned) process
+    cv2.setNumThreads(1)  # one process per core already; safe in a fresh process
     reuse_freed_memory()  # decoded images' pages reused, not faulted in per item
-    # Ctrl-C reaches the whole process group: only the parent acts on it (it stops the pool).
-    # A worker killed by it mid-task could die holding the task queue's lock, and the
-    # parent's Pool.terminate() would then wait for that lock forever.
+    # Ctrl-C reaches the whole process group: only the parent acts on it (it stops the pool,
+    # and says so once, not once per worker with each one's traceback).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Pool.terminate() ends a worker by SIGTERM: the default action, never a handler of the
-    # parent's that raises (a spawned worker starts with it; said here for every start method)
+    # stop_pool ends a worker by SIGTERM: the default action, never a handler that raises
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if preload is not None:  # (an import that fails here ends the worker with its error)
         ForkingPickler.loads(preload)
-    # A worker's exit (after its tasks, when it has written and closed all it wrote and
-    # multiprocessing has flushed its streams) skips the interpreter's teardown of numpy,
+    # A worker's exit (after its tasks, when it has written and closed all it wrote)
+    # skips the interpreter's teardown of numpy,
     # OpenCV and Pillow (about half a second per worker on a busy machine).
     atexit.register(os._exit, 0)
 
@@ -201,42 +207,34 @@ def preloaded(obj: Any) -> Optional[bytes]:
 
 def refuse_in_bootstrap() -> None:
     """Raise :class:`ConversionError` in a spawned process still importing its parent's main
-    script: a conversion started there is the script's own, run again at import because it
-    is not under ``if __name__ == "__main__":``; its workers could not start anyway
-    (multiprocessing refuses to spawn then), and this says why where the user reads it."""
+    script (a local Dask cluster's worker): a conversion started there is the script's own,
+    run again at import because it is not under ``if __name__ == "__main__":``; its cluster
+    could not start anyway (multiprocessing refuses to spawn then), and this says why where
+    the user reads it."""
     # multiprocessing's own test (spawn._check_not_importing_main) reads this flag
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         raise ConversionError("a conversion was started while this spawned worker imported "
                               "the main script: %s" % MAIN_GUARD_RULE)
 
 
-def start_pool(workers: int, preload: Optional[Callable[..., Any]] = None) -> Any:
-    """A spawn pool whose workers never see SIGINT, not even while they start: the signal is
-    blocked while they are created (a blocked signal stays blocked across fork and exec), so
-    an interrupt during start-up waits in the parent and is raised there right after.
-    ``preload``: a picklable object (the task function) each worker loads as it starts."""
-    refuse_in_bootstrap()
-    ctx = multiprocessing.get_context("spawn")
-    with sigint_blocked():
-        return ctx.Pool(workers, initializer=worker_init, initargs=(preloaded(preload),))
-
-
 def start_encoder_pool(workers: int,
                        preload: Optional[Callable[..., Any]] = None) -> EncoderPool:
-    """A conversion's :class:`~gluon_data.convert.workers.EncoderPool` of ``workers``
-    spawned processes, started as :func:`start_pool` starts its workers (SIGINT blocked
-    meanwhile, :func:`worker_init` in each)."""
-    refuse_in_bootstrap()
+    """The converter's :class:`~gluon_data.convert.workers.EncoderPool` of ``workers``
+    processes, each started by :func:`worker_init` (``preload``: a picklable object, the
+    task function, that each worker loads as it starts) and never seeing SIGINT, not even
+    while it starts: the signal is blocked while they are created (a blocked signal stays
+    blocked across fork and exec), so an interrupt during start-up waits in the parent and
+    is raised there right after."""
     with sigint_blocked():
         return EncoderPool(workers, worker_init, preloaded(preload))
 
 
 @contextlib.contextmanager
-def worker_pool(workers: int):
-    """The converter's pool of ``workers`` spawned processes (:func:`start_pool`) for a
-    block: closed and joined when the block ends, stopped within a bounded time
-    (:func:`stop_pool`) when it raises or is abandoned (Ctrl-C, a generator not run out)."""
-    pool = start_pool(workers)
+def worker_pool(workers: int, preload: Optional[Callable[..., Any]] = None):
+    """:func:`start_encoder_pool` for a block: what was submitted is run to the end and the
+    workers reaped when the block ends; stopped within a bounded time (:func:`stop_pool`)
+    when it raises or is abandoned (Ctrl-C, a generator not run out)."""
+    pool = start_encoder_pool(workers, preload)
     try:
         yield pool
     except BaseException:
@@ -268,11 +266,6 @@ def stop_pool(pool: Any, timeout: float = 5.0) -> None:
             p.join(timeout)
         except (OSError, AssertionError, ValueError):
             pass
-
-
-def _indexed(arg):
-    fn, i, job = arg
-    return i, fn(job)
 
 
 def _wait_for_a_worker(client: Any, scheduler: str, seconds: float) -> None:
@@ -312,7 +305,10 @@ def _run_dask(fn, jobs, workers, where: Tuple[Optional[str], float], retries,
             # our own cluster's processes never see Ctrl-C (each would print its own
             # KeyboardInterrupt traceback): this process closes them; one while they start
             # is raised once both are assigned, so the finally below closes them
-            refuse_in_bootstrap()  # its worker processes are spawned too
+            refuse_in_bootstrap()  # its worker processes are spawned by multiprocessing
+            # multiprocessing's resource tracker, started first: starting it unblocks
+            # SIGINT in the calling thread
+            resource_tracker.ensure_running()
             with sigint_blocked():
                 cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
                                           processes=True, dashboard_address=None)

@@ -61,11 +61,11 @@ def _chunksize(count: int, workers: int) -> int:
 
 
 def start_encoders(workers: int, preload: Optional[Callable[..., Any]] = None) -> Any:
-    """The pool of a conversion of ``workers`` encoders: ``workers`` spawned processes, or
+    """The pool of a conversion of ``workers`` encoders: ``workers`` worker processes, or
     None for one encoder (this process). ``preload``: the work function, loaded by each
     worker as it starts (see :func:`~.engines.worker_init`)."""
-    # spawn, not fork: a forked child inherits OpenCV's thread pool in whatever state the
-    # parent's threads left it and can deadlock in its first OpenCV call
+    # fresh interpreters, not forks: a forked child inherits OpenCV's thread pool in whatever
+    # state the parent's threads left it and can deadlock in its first OpenCV call
     return start_encoder_pool(workers, preload) if workers > 1 else None
 
 

@@ -1,4 +1,4 @@
-"""The encoders of a local conversion: spawned worker processes fed by the parent's main
+"""The encoders of a local conversion: worker processes fed by the parent's main
 thread alone (:class:`EncoderPool`).
 
 ``multiprocessing.Pool`` runs three threads in the parent to feed its workers, and one of
@@ -16,6 +16,13 @@ both ways: a task waits in a pipe only when it is at most
 never blocks; a larger task goes to an idle worker only, which reads it at once.
 A worker that dies (killed, out of memory) is a :class:`~gluon_data.errors.ConversionError`
 naming its exit code, not a wait that never ends.
+
+A worker is a fresh interpreter running :data:`_BOOT`, not a ``multiprocessing`` spawn:
+spawn imports the caller's main script in every worker before anything else (a training
+script's torch or MXNet, a benchmark's harness), which is start-up CPU on every core, and a
+script that converts outside ``if __name__ == "__main__":`` would start its conversion again
+there. A worker takes the parent's ``sys.path`` first, so it imports the same copy of
+``gluon_data`` as the parent, then loads only what its tasks need.
 """
 from __future__ import annotations
 
@@ -23,19 +30,15 @@ import collections
 import itertools
 import multiprocessing
 import select
-from multiprocessing.connection import wait
+import subprocess
+import sys
+from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import ConversionError
 
-__all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES", "MAIN_GUARD_RULE"]
-
-#: Why a worker may die before its first task: spawned, it imports the caller's main script
-#: first, and a script that converts at import would start its conversion again in there.
-MAIN_GUARD_RULE = ("each worker is a spawned process that imports the main script first, so "
-                   "a script must start a conversion under `if __name__ == \"__main__\":` "
-                   "(or convert with workers=1)")
+__all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES"]
 
 #: The largest pickled task that may wait in a worker's pipe behind the one it runs: far
 #: below a socket's send buffer (Linux's default is 208 KiB), so sending it never blocks.
@@ -44,10 +47,17 @@ MAIN_GUARD_RULE = ("each worker is a spawned process that imports the main scrip
 QUEUED_MAX_BYTES = 32 << 10
 
 
+#: What a worker runs (``python -c``): the parent's ``sys.path``, then :func:`_serve` with the
+#: ``init`` and ``preload`` the parent sends, from the parent's copy of the package.
+_BOOT = ("import sys; from multiprocessing.connection import Connection; c = Connection(%d); "
+         "sys.path[:] = c.recv(); from gluon_data.convert.workers import _serve; "
+         "_serve(c, *c.recv())")
+
+
 def _serve(conn, init: Callable[[Any], None], preload: Any) -> None:  # pragma: no cover
-    """A worker's life (in the spawned process): ``init(preload)``, then tasks
-    ``(fn, args)`` from ``conn`` until ``None``, each answered ``(True, result)`` or
-    ``(False, exception)``."""
+    """A worker's life (in the worker process): ``init(preload)``, then tasks
+    ``(fn, args)`` from ``conn`` until ``None`` or the parent's end, each answered
+    ``(True, result)`` or ``(False, exception)``."""
     init(preload)
     while True:
         try:
@@ -63,13 +73,52 @@ def _serve(conn, init: Callable[[Any], None], preload: Any) -> None:  # pragma: 
             out = (False, e)
         try:
             conn.send(out)
+        except OSError:  # the parent is gone (it stopped the pool)
+            return
         except Exception as e:  # an unpicklable result or exception
             conn.send((False, ConversionError("a conversion worker could not send its result "
                                               "back: %s: %s" % (type(e).__name__, e))))
 
 
+class _Worker:
+    """One worker process (:data:`_BOOT` in a fresh interpreter, with the interpreter's own
+    flags), talking through ``conn``, a socket; the parent's end of it is how the parent
+    sees the worker end (the end of its stream)."""
+
+    def __init__(self, child: Connection):
+        # the interpreter and flags multiprocessing's spawn starts its children with
+        cmd = [multiprocessing.spawn.get_executable(),
+               *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
+               "-c", _BOOT % child.fileno()]
+        self._popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                       pass_fds=(child.fileno(),))
+        self.pid = self._popen.pid
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        """The exit code, negative for a signal (as ``multiprocessing``); None while it runs."""
+        return self._popen.poll()
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def terminate(self) -> None:
+        if self.is_alive():
+            self._popen.terminate()
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self._popen.kill()
+
+
 class _Waiter:
-    """``multiprocessing.connection.wait`` for the pool's pipes and process sentinels, with
+    """``multiprocessing.connection.wait`` for the pool's pipes, with
     one ``select.poll`` object kept for the pool's life: ``wait`` builds and tears down a
     selector at every call, which was a fifth of the parent's CPU per converted item. Where
     the system has no ``poll``, ``wait`` itself."""
@@ -80,7 +129,7 @@ class _Waiter:
         self._one: Dict[int, Any] = {}  # a poll object of one descriptor each
 
     def wait(self, objects: List[Any], timeout: Optional[float]) -> Set[Any]:
-        """The ``objects`` (connections, sentinels) ready to read, waiting up to ``timeout``
+        """The ``objects`` (connections) ready to read, waiting up to ``timeout``
         seconds (``None``: until one is)."""
         if self._poll is None:
             return set(wait(objects, timeout))
@@ -134,7 +183,7 @@ class Ticket:
 
 
 class EncoderPool:
-    """``workers`` spawned processes, each started by ``init(preload)`` (SIGINT ignored,
+    """``workers`` worker processes, each started by ``init(preload)`` (SIGINT ignored,
     OpenCV single-threaded: ``engines.worker_init``), running the tasks :meth:`submit`
     gives them, in the order given, each worker holding at most two.
 
@@ -144,9 +193,8 @@ class EncoderPool:
     each worker that runs only one."""
 
     def __init__(self, workers: int, init: Callable[[Any], None], preload: Any = None):
-        ctx = multiprocessing.get_context("spawn")
         self._conns: List[Any] = []
-        self._procs: List[Any] = []
+        self._procs: List[_Worker] = []
         self.results: Dict[int, Tuple[bool, Any]] = {}
         self._queued: Deque[Tuple[int, memoryview]] = collections.deque()  # (task, its pickle)
         self._running: Dict[int, Deque[int]] = {}  # worker -> its tasks, in the order sent
@@ -155,14 +203,15 @@ class EncoderPool:
         self._closed = False
         self._waiting = _Waiter()
         for k in range(workers):
-            parent, child = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_serve, args=(child, init, preload), daemon=True,
-                            name="gluon-data-encoder-%d" % k)
-            p.start()
-            child.close()
+            parent, child = multiprocessing.Pipe(duplex=True)
+            try:
+                self._procs.append(_Worker(child))
+            finally:
+                child.close()
             self._conns.append(parent)
-            self._procs.append(p)
             self._running[k] = collections.deque()
+            parent.send(sys.path)  # both lie in the socket's buffer until the worker reads
+            parent.send((init, preload))
 
     @property
     def processes(self) -> List[Any]:
@@ -203,9 +252,9 @@ class EncoderPool:
         if not busy:
             return
         conns = [self._conns[k] for k in busy]
-        ready = self._waiting.wait(conns + [self._procs[k].sentinel for k in busy], timeout)
+        ready = self._waiting.wait(conns, timeout)  # a worker's end is the end of its stream
         for k, conn in zip(busy, conns):
-            ended = self._procs[k].sentinel in ready
+            ended = False
             while self._running[k] and (conn in ready or self._waiting.readable(conn)):
                 ready.discard(conn)  # (both results of a worker may be in)
                 try:
@@ -230,19 +279,33 @@ class EncoderPool:
         text = "a conversion worker process (pid %s) ended with exit code %s %s" % (
             p.pid, p.exitcode, when)
         if k not in self._answered:
-            text += (", before it finished any task (its own error is printed above; %s)"
-                     % MAIN_GUARD_RULE)
+            text += ", before it finished any task (its own error is printed above)"
         return text + "; the conversion stopped"
 
     def take(self, tid: int) -> Tuple[bool, Any]:
         """``(ok, value)`` of task ``tid``, waiting for it; the pool forgets it then
         (:class:`Ticket` keeps it)."""
         while tid not in self.results:
-            if all(tid not in t for t in self._running.values()) \
-                    and all(q[0] != tid for q in self._queued):
-                raise RuntimeError("task %d is not in this pool, or was taken" % tid)
+            self._check_pending(tid)
             self.collect(None)
         return self.results.pop(tid)
+
+    def completed(self, tickets: List[Ticket]) -> Iterator[Ticket]:
+        """Each of ``tickets`` once its result is in (its :meth:`Ticket.get` then returns
+        at once), in the order they finish."""
+        left = {t.tid: t for t in tickets}
+        while left:
+            done = [tid for tid in left if tid in self.results]
+            for tid in done:
+                yield left.pop(tid)
+            if left and not done:
+                self._check_pending(next(iter(left)))
+                self.collect(None)
+
+    def _check_pending(self, tid: int) -> None:
+        if all(tid not in t for t in self._running.values()) \
+                and all(q[0] != tid for q in self._queued):
+            raise RuntimeError("task %d is not in this pool, or was taken" % tid)
 
     def close(self) -> None:
         """No more tasks: the workers exit once those queued are done (see :meth:`join`)."""
