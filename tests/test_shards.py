@@ -408,6 +408,33 @@ def test_dask_worker_killed_mid_shard_gives_identical_bytes(tmp_path, dask_clust
     assert len(ShardedStore(got[0].outputs["train"])) == 120
 
 
+_UNGUARDED_DASK = """from gluon_data import convert
+convert(%r, %r, "voc", split="trainval", shards=2, engine="dask", workers=1)
+print("converted")
+"""
+
+
+def test_a_script_converting_on_a_local_dask_cluster_without_the_main_guard_is_told_why(
+        voc_root, tmp_path):
+    """A local Dask cluster's workers are spawned by multiprocessing, which imports the main
+    script in each: a script converting at import would convert again there. Each worker
+    says why it stops, the parent's error names the rule (not Dask's "Nanny failed to
+    start" alone), and nothing is written."""
+    script = tmp_path / "convert_dask.py"
+    out = tmp_path / "out" / "voc.rec"
+    script.write_text(_UNGUARDED_DASK % (voc_root, str(out)))
+    r = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "converted" not in r.stdout
+    assert "a conversion was started while this spawned worker imported the main script" \
+        in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("gluon_data.errors.ConversionError: the local Dask cluster could "
+                           "not start"), last
+    assert 'if __name__ == "__main__":' in last
+    assert not out.parent.exists() or os.listdir(str(out.parent)) == []
+
+
 def test_missing_dask_extra_is_a_clear_import_error(monkeypatch, folder_root, tmp_path):
     import builtins
     real = builtins.__import__

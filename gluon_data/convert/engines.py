@@ -310,8 +310,13 @@ def _run_dask(fn, jobs, workers, where: Tuple[Optional[str], float], retries,
             # SIGINT in the calling thread
             resource_tracker.ensure_running()
             with sigint_blocked():
-                cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
-                                          processes=True, dashboard_address=None)
+                try:
+                    cluster = dd.LocalCluster(n_workers=max(1, workers), threads_per_worker=1,
+                                              processes=True, dashboard_address=None)
+                except RuntimeError as e:  # ("Nanny failed to start.")
+                    raise ConversionError(
+                        "the local Dask cluster could not start: %s (its workers' own errors "
+                        "are printed above); %s" % (e, MAIN_GUARD_RULE)) from e
                 client = dd.Client(cluster)
         _check_versions(client.run(_dask_worker_init))
         futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,
