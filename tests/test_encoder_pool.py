@@ -183,6 +183,23 @@ def test_a_script_that_converts_without_the_main_guard_converts_once(voc40, tmp_
     assert same_output_bytes(str(out), str(ref))
 
 
+def test_a_module_in_the_working_directory_does_not_shadow_a_workers_imports(voc40, tmp_path):
+    """``python -c`` puts the working directory first on a worker's path: a ``tempfile.py``
+    there (the user's own) must not be what the worker imports while it starts (before it
+    takes the parent's path)."""
+    here = tmp_path / "cwd"
+    here.mkdir()
+    (here / "tempfile.py").write_text("raise ImportError('the user\'s tempfile.py')\n")
+    script = tmp_path / "scripts" / "convert_voc.py"
+    script.parent.mkdir()
+    out = tmp_path / "out" / "voc.rec"
+    script.write_text(_UNGUARDED % (voc40, str(out)))
+    r = subprocess.run([sys.executable, str(script)], cwd=str(here), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["converted"]
+
+
 def _wait_for(path):  # a task that runs until the test lets it end
     for _ in range(6000):
         if os.path.exists(path):

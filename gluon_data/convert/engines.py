@@ -33,7 +33,7 @@ __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH
 #: script that converts at import would start its conversion again in there.
 MAIN_GUARD_RULE = ("each worker of a local Dask cluster is a spawned process that imports the "
                    "main script first, so a script must start a conversion under "
-                   "`if __name__ == \"__main__\":`")
+                   "`if __name__ == \"__main__\":`, and be a file (not read from stdin)")
 
 #: What a path given to a cluster conversion must be (the README's cluster checklist).
 SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
@@ -315,8 +315,10 @@ def _run_dask(fn, jobs, workers, where: Tuple[Optional[str], float], retries,
                                               processes=True, dashboard_address=None)
                 except RuntimeError as e:  # ("Nanny failed to start.")
                     raise ConversionError(
-                        "the local Dask cluster could not start: %s (its workers' own errors "
-                        "are printed above); %s" % (e, MAIN_GUARD_RULE)) from e
+                        "the local Dask cluster could not start: %s; its workers' own errors "
+                        "are printed above (where they say the main script could not be "
+                        "imported, or that a conversion was started while importing it: %s)"
+                        % (e, MAIN_GUARD_RULE)) from e
                 client = dd.Client(cluster)
         _check_versions(client.run(_dask_worker_init))
         futures = client.map(fn, list(jobs), key=list(keys) if keys else None, pure=False,

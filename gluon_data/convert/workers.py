@@ -48,8 +48,11 @@ QUEUED_MAX_BYTES = 32 << 10
 
 
 #: What a worker runs (``python -c``): the parent's ``sys.path``, then :func:`_serve` with the
-#: ``init`` and ``preload`` the parent sends, from the parent's copy of the package.
-_BOOT = ("import sys; from multiprocessing.connection import Connection; c = Connection(%d); "
+#: ``init`` and ``preload`` the parent sends, from the parent's copy of the package. The
+#: working directory that ``-c`` puts first on the path is dropped before any import (a
+#: ``tempfile.py`` there would otherwise be imported by ``multiprocessing.connection``).
+_BOOT = ("import sys; sys.path[:] = [p for p in sys.path if p]; "
+         "from multiprocessing.connection import Connection; c = Connection(%d); "
          "sys.path[:] = c.recv(); from gluon_data.convert.workers import _serve; "
          "_serve(c, *c.recv())")
 
