@@ -112,6 +112,8 @@ def test_a_checkpoint_resumes_and_one_of_the_previous_release_too(src, tmp_path,
     assert kept > 0 and report.resumed == {"train": kept}
     assert report.written["train"] == len(RecordFile(ref))
     assert "(%d of them before the interruption, kept by --resume)" % kept in str(report)
+    assert "%d written (%d in this run), 0 skipped" % (
+        report.written["train"], report.written["train"] - kept) in str(report)
     again = convert(src, out, "imagefolder", resume=True, workers=1)  # complete: kept whole
     assert again.written == again.resumed == report.written
     assert "(complete already, kept by --resume)" in str(again)

@@ -56,6 +56,8 @@ class ConversionReport:
                 % (self.total_written, kept, self.kept_shards,
                    "" if self.kept_shards == 1 else "s")) if kept else (
             "%d written" % self.total_written)
+        if self.resumed and new:  # the rate is this run's: say what it counts
+            done += " (%d in this run)" % new
         if self.resumed and not new:  # a --resume of a conversion that had finished
             lines.append("nothing left to convert: %d records complete already, %d skipped"
                          % (self.total_written, len(self.skipped)))
