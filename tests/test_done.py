@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from gluon_data.convert import convert
+from gluon_data.convert import convert, resume
 from gluon_data.convert.done import Done, is_done, read_records, why_not_done
 from gluon_data.convert.sample import make_imagefolder
 from gluon_data.convert.sharded import convert_sharded
@@ -74,6 +74,29 @@ def test_an_invalid_record_is_a_conversion_error_naming_the_file(tmp_path, done)
 
 
 # ------------------------------------------------------------------------- checkpoints
+def test_a_ctrl_c_right_after_a_checkpoint_is_renamed_in_keeps_it(src, tmp_path, monkeypatch):
+    """An interrupt can land after the checkpoint's rename and before the run notes that it
+    saved one: the checkpoint on disk is kept with the partial files (the run says so), not
+    removed as if none were taken, and ``--resume`` finishes the same bytes."""
+    ref = str(tmp_path / "ref.rec")
+    convert(src, ref, "imagefolder", workers=1)
+    real, calls = resume.write_record, []
+
+    def renamed_then_interrupted(*a, **k):
+        real(*a, **k)
+        calls.append(a[0])
+        raise KeyboardInterrupt  # at the first checkpoint: the run has noted none saved
+    monkeypatch.setattr(resume, "write_record", renamed_then_interrupted)
+    out = str(tmp_path / "o.rec")
+    with pytest.raises(KeyboardInterrupt):
+        convert(src, out, "imagefolder", checkpoint_every=2, workers=1)
+    assert calls == [out + ".resume.json"]
+    assert os.path.exists(out + ".resume.json") and os.path.exists(out + ".partial")
+    monkeypatch.setattr(resume, "write_record", real)
+    convert(src, out, "imagefolder", resume=True, workers=1)
+    assert _rec_bytes(out) == _rec_bytes(ref)
+
+
 def _interrupted(src, out):
     """A conversion that failed on a corrupt image after its first checkpoints; returns
     the image's good bytes and path (to fix it)."""

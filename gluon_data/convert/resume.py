@@ -36,6 +36,15 @@ def source_plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOpt
     return plan_digest(source_head(src, opts, options), plan, src.root)
 
 
+def _holds(path: str, doc: bytes) -> bool:
+    """Whether the file at ``path`` holds exactly ``doc`` (a small document)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(doc) + 1) == doc
+    except OSError:
+        return False
+
+
 class Checkpoint:
     """Resume state: per split, items done, writer position and statistics.
 
@@ -135,8 +144,12 @@ class Checkpoint:
             self._write(doc)
 
     def _write(self, doc: bytes) -> None:
-        write_record(self.path, doc, "checkpoint")  # never a link, never a user's file
-        self.saved = True  # on disk from the rename on: an interrupt from here keeps it
+        try:
+            write_record(self.path, doc, "checkpoint")  # never a link, never a user's file
+            self.saved = True  # on disk from the rename on: an interrupt from here keeps it
+        except BaseException:  # an interrupt (Ctrl-C) may land after the rename, before the
+            self.saved = self.saved or _holds(self.path, doc)  # flag: the file says
+            raise
         fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
     def mark_publishing(self) -> None:
