@@ -2,5 +2,5 @@ import sys
 
 from .cli import main
 
-if __name__ == "__main__":  # spawned worker processes import this module too
+if __name__ == "__main__":  # processes spawned by multiprocessing import this module too
     sys.exit(main())

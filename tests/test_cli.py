@@ -54,10 +54,10 @@ def test_help_shows_defaults():
 @pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     """With MXNet the demo reads through Gluon's DataLoader; without it, as numpy arrays
-    (gluon_data.arrays) in a spawn pool of as many processes."""
+    (gluon_data.arrays) in the converter's pool of as many worker processes."""
     p = cli("demo", "--workdir", str(tmp_path), "--num-images", "24", "--epochs", "2")
     how = ("DataLoader(num_workers=2)" if HAS_MXNET else
-           "gluon_data.arrays in a spawn Pool(processes=2)")
+           "gluon_data.arrays in 2 worker processes")
     assert "OK: 18 records read 2 times through %s" % how in p.stdout, p.stdout
     assert os.path.exists(tmp_path / "voc_train.rec")
 

@@ -90,8 +90,9 @@ def test_a_worker_imports_the_encoder_not_the_writers():
 
 
 def test_the_cli_package_imports_without_its_commands():
-    """A spawned conversion worker started from the ``gluon-data`` script re-imports the
-    script's module, which imports ``gluon_data.cli``: that must not load the parser, the
+    """A process spawned by multiprocessing from the ``gluon-data`` script (a local Dask
+    cluster's worker) re-imports the script's module, which imports ``gluon_data.cli``: that
+    must not load the parser, the
     commands and what they import (the converters, the remote stores); its names still
     resolve, and ``main`` still runs."""
     code = ("import sys, gluon_data.cli as cli\n"

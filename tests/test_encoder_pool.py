@@ -1,5 +1,5 @@
 """The conversion's own worker pool (:class:`gluon_data.convert.workers.EncoderPool`): tasks
-run in spawned workers, fed by the parent's main thread alone, results in the order asked,
+run in worker processes, fed by the parent's main thread alone, results in the order asked,
 a task's exception raised where its result is read, a worker that dies a
 :class:`ConversionError`, and the workers' segment copies (:class:`loop._Copies`) leave the
 same bytes as the parent's own copies."""
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pytest
 
@@ -15,6 +16,7 @@ from gluon_data import convert
 from gluon_data.convert import chunks, loop
 from gluon_data.convert import encode
 from gluon_data.convert.engines import start_encoder_pool, stop_pool
+from gluon_data.convert import workers as workers_module
 from gluon_data.convert.workers import QUEUED_MAX_BYTES, EncoderPool
 from gluon_data.convert.sample import make_voc
 from gluon_data.errors import ConversionError
@@ -198,6 +200,63 @@ def test_a_module_in_the_working_directory_does_not_shadow_a_workers_imports(voc
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["converted"]
+
+
+def test_a_task_of_the_main_script_is_refused_when_submitted(pool):
+    """The workers never import the main script, so a function defined there could not be
+    found in them: refused at once, saying where to put it."""
+    def square(x):
+        return x * x
+    square.__module__ = "__main__"
+    with pytest.raises(TypeError, match="defined in the main script.*define it in a module"):
+        pool.submit(square, 3)
+    assert pool.submit(abs, -3).get() == 3
+
+
+def test_a_task_that_cannot_be_unpickled_in_a_worker_is_that_tasks_error(pool, monkeypatch):
+    """A task whose arguments name a class the worker cannot import fails as that task (its
+    error raised where its result is read); the worker goes on with the next task."""
+    mod = types.ModuleType("only_in_the_parent")
+    exec("class Thing:\n    pass\n", mod.__dict__)
+    monkeypatch.setitem(sys.modules, "only_in_the_parent", mod)
+    bad, good = pool.submit(id, mod.Thing()), pool.submit(abs, -4)
+    with pytest.raises(ModuleNotFoundError, match="only_in_the_parent"):
+        bad.get()
+    assert good.get() == 4
+
+
+def test_a_worker_imports_from_the_folder_the_parent_started_in(tmp_path):
+    """A parent whose path has ``''`` (``python -c``, a notebook) imports from the folder it
+    started in even after it changes folder; a worker does the same, not from its own
+    working directory (as multiprocessing's spawn sends the path)."""
+    here = tmp_path / "start"
+    here.mkdir()
+    (here / "probe_here.py").write_text("def where():\n    return __file__\n")
+    code = ("import os, probe_here\n"
+            "from gluon_data.convert.engines import start_encoder_pool, stop_pool\n"
+            "os.chdir(%r)\n"
+            "p = start_encoder_pool(1)\n"
+            "try:\n    print(p.submit(probe_here.where).get())\n"
+            "finally:\n    stop_pool(p)\n" % str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], cwd=str(here), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert os.path.dirname(r.stdout.strip()) == str(here)
+
+
+def test_a_pool_that_cannot_start_every_worker_stops_those_it_started(monkeypatch):
+    started = []
+    real = workers_module._Worker
+
+    def second_fails(child):
+        if started:
+            raise OSError("no more processes")
+        started.append(real(child))
+        return started[-1]
+    monkeypatch.setattr(workers_module, "_Worker", second_fails)
+    with pytest.raises(OSError, match="no more processes"):
+        start_encoder_pool(2)
+    assert len(started) == 1 and not started[0].is_alive()
 
 
 def _wait_for(path):  # a task that runs until the test lets it end

@@ -292,12 +292,12 @@ def test_gluon_dataloader_read_from_an_empty_folder(installed, empty):
 
 def test_demo_and_help_from_an_empty_folder(installed, empty):
     """The demo reads through Gluon's DataLoader where the install has MXNet, else as numpy
-    arrays (gluon_data.arrays) in a spawn pool."""
+    arrays (gluon_data.arrays) in the converter's pool of worker processes."""
     gd = installed["gluon_data"]
     r = _run([gd, "demo", "--num-images", "16", "--epochs", "1", "--batch-size", "4"],
              cwd=empty, timeout=300)
     how = ("DataLoader(num_workers=2)" if installed["has_mxnet"] else
-           "gluon_data.arrays in a spawn Pool(processes=2)")
+           "gluon_data.arrays in 2 worker processes")
     assert "OK: " in r.stdout and "1 times through %s" % how in r.stdout, r.stdout
     assert "--layout" in _run([gd, "convert", "--help"], cwd=empty, timeout=60).stdout
     assert not os.listdir(empty), os.listdir(empty)  # the demo cleans up after itself

@@ -426,7 +426,7 @@ def test_a_script_converting_on_a_local_dask_cluster_without_the_main_guard_is_t
     r = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and "converted" not in r.stdout
-    assert "a conversion was started while this spawned worker imported the main script" \
+    assert "a conversion was started while this spawned process imported the main script" \
         in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("gluon_data.errors.ConversionError: the local Dask cluster could "

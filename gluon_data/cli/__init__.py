@@ -5,8 +5,8 @@
 source checkout.
 
 Importing this package is cheap (the parser and the commands load when :func:`main` runs):
-a spawned worker of a conversion started from the ``gluon-data`` script imports the script's
-module again, and so this package, before its task."""
+a process spawned by ``multiprocessing`` from the ``gluon-data`` script (a local Dask
+cluster's worker) imports the script's module again, and so this package, before its task."""
 from __future__ import annotations
 
 import importlib

@@ -255,8 +255,8 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
     """``gluon-data demo``: generate a VOC-like sample, pack it into ``workdir``, and read it
     back ``epochs`` times with ``workers`` worker processes -- through Gluon's ``DataLoader``
     (:mod:`gluon_data.gluon.demo`) where MXNet is importable, else as numpy arrays
-    (:class:`gluon_data.arrays.SegmentationDataset`) in a spawn pool
-    (:mod:`gluon_data.convert.demo`). Only the chosen one is imported."""
+    (:class:`gluon_data.arrays.SegmentationDataset`) in the converter's pool of worker
+    processes (:mod:`gluon_data.convert.demo`). Only the chosen one is imported."""
     if importlib.util.find_spec("mxnet") is not None:
         from ..gluon.demo import run_demo as demo  # the Gluon layer: for this command only
     else:

@@ -3,7 +3,7 @@
 the writer reserved for them (:func:`copy_segments`).
 
 The ordered writing, the checkpoints and the index stay in the main process
-(:mod:`.loop`); these functions are what a spawned worker unpickles with each task, so
+(:mod:`.loop`); these functions are what a worker process unpickles with each task, so
 this module imports only what they run: a worker starts without the store and output
 modules the main process needs.
 """

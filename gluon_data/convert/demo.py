@@ -44,7 +44,7 @@ def _read_batch(job: Tuple[str, Sequence[int]]) -> List[Tuple[np.ndarray, np.nda
 
 
 def _describe_reader(workers: int) -> str:
-    return ("a spawn Pool(processes=%d)" % workers if workers > 0 else "this process")
+    return ("%d worker processes" % workers if workers > 0 else "this process")
 
 
 def pack_sample(workdir: str, num_images: int, workers: int, say) -> str:
@@ -78,7 +78,8 @@ def run_demo(workdir: str, num_images: int = 96, workers: int = 2, batch_size: i
     say("3. reading %r (numpy arrays, no MXNet) in %s" % (ds, _describe_reader(workers)))
     result: Dict[str, Any] = {"records": len(ds), "epochs": []}
     rng = np.random.default_rng()
-    with (worker_pool(workers) if workers > 0 else contextlib.nullcontext()) as pool:
+    with (worker_pool(workers, preload=_read_batch) if workers > 0
+          else contextlib.nullcontext()) as pool:
         for epoch in range(epochs):
             order = rng.permutation(len(ds))
             jobs = [(path, order[i:i + batch_size].tolist())

@@ -7,7 +7,7 @@ truncated file is an error, not a grey half). Masks are turned into class indice
 PNGs through their indices, never their colours), sizes and class ids are checked, and what
 is stored as it came is decoded once more by the reader's own decoder, so what converts
 also reads. :func:`encode_job` and
-:func:`~gluon_data.convert.engines.worker_init` are what the driver's spawned pool runs
+:func:`~gluon_data.convert.engines.worker_init` are what the driver's worker pool runs
 (found by this module's path).
 """
 from __future__ import annotations

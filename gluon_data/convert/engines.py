@@ -28,12 +28,13 @@ __all__ = ["ENGINES", "run_tasks", "import_dask", "sigint_blocked", "SHARED_PATH
            "stop_pool", "worker_init", "preloaded", "start_encoder_pool", "worker_pool",
            "refuse_in_bootstrap", "MAIN_GUARD_RULE"]
 
-#: Why a Dask ``LocalCluster``'s worker may die before its first task: its processes are
-#: spawned by ``multiprocessing``, which imports the caller's main script in each first, and a
-#: script that converts at import would start its conversion again in there.
-MAIN_GUARD_RULE = ("each worker of a local Dask cluster is a spawned process that imports the "
-                   "main script first, so a script must start a conversion under "
-                   "`if __name__ == \"__main__\":`, and be a file (not read from stdin)")
+#: Why a process spawned by ``multiprocessing`` (a Dask ``LocalCluster``'s worker, or one the
+#: script starts itself) may stop as it starts: spawn imports the caller's main script in it
+#: first, and a script that converts at import would start its conversion again in there.
+MAIN_GUARD_RULE = ("a process spawned by multiprocessing (each worker of a local Dask cluster, "
+                   "or one the script starts itself) imports the main script first, so such a "
+                   "script must start a conversion under `if __name__ == \"__main__\":`, and "
+                   "be a file (not read from stdin)")
 
 #: What a path given to a cluster conversion must be (the README's cluster checklist).
 SHARED_PATH_RULE = ("with --engine dask every local path must name the same files on every "
@@ -118,7 +119,8 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
     Parameters
     ----------
     fn : callable
-        A module-level function (workers import it by name).
+        A function of a module (workers import it by name; not one of the main script, which
+        the local workers do not import).
     jobs : sequence
         Picklable arguments, one task each.
     engine : {'local', 'dask'}
@@ -167,7 +169,7 @@ def run_tasks(fn: Callable, jobs: Sequence, *, engine: str = "local", workers: i
             yield i, fn(job)
         return
     # the converter's own pool: workers ignore Ctrl-C, bounded teardown
-    with worker_pool(min(workers, len(jobs))) as pool:
+    with worker_pool(min(workers, len(jobs)), preload=fn) as pool:
         tickets = [pool.submit(fn, job) for job in jobs]
         index = {t.tid: i for i, t in enumerate(tickets)}
         for t in pool.completed(tickets):
@@ -207,13 +209,13 @@ def preloaded(obj: Any) -> Optional[bytes]:
 
 def refuse_in_bootstrap() -> None:
     """Raise :class:`ConversionError` in a spawned process still importing its parent's main
-    script (a local Dask cluster's worker): a conversion started there is the script's own,
-    run again at import because it is not under ``if __name__ == "__main__":``; its cluster
-    could not start anyway (multiprocessing refuses to spawn then), and this says why where
-    the user reads it."""
+    script (a local Dask cluster's worker, or a process the script starts itself): a
+    conversion started there is the script's own, run again at import because it is not under
+    ``if __name__ == "__main__":``, and would write the output once more in every such
+    process; this says why where the user reads it."""
     # multiprocessing's own test (spawn._check_not_importing_main) reads this flag
     if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise ConversionError("a conversion was started while this spawned worker imported "
+        raise ConversionError("a conversion was started while this spawned process imported "
                               "the main script: %s" % MAIN_GUARD_RULE)
 
 
@@ -225,6 +227,7 @@ def start_encoder_pool(workers: int,
     while it starts: the signal is blocked while they are created (a blocked signal stays
     blocked across fork and exec), so an interrupt during start-up waits in the parent and
     is raised there right after."""
+    refuse_in_bootstrap()
     with sigint_blocked():
         return EncoderPool(workers, worker_init, preloaded(preload))
 
@@ -246,8 +249,10 @@ def worker_pool(workers: int, preload: Optional[Callable[..., Any]] = None):
 
 def stop_pool(pool: Any, timeout: float = 5.0) -> None:
     """Terminate a pool within ``timeout`` seconds whatever state it is in, reaping every
-    worker: ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a
-    worker killed from outside while it held a queue lock), the workers are killed."""
+    worker: the converter's :class:`~gluon_data.convert.workers.EncoderPool` (SIGTERM, then
+    SIGKILL), or a ``multiprocessing.Pool`` (a Gluon ``DataLoader``'s), whose
+    ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a worker
+    killed from outside while it held a queue lock), the workers are killed."""
     if isinstance(pool, EncoderPool):
         pool.terminate(timeout)
         return

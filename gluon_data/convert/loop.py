@@ -358,7 +358,7 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
           run: ConvertOptions, verb: str = "convert", t0: Optional[float] = None,
           pool=None) -> ConversionReport:
     """Run a planned conversion into ``output``: ``fn((pos, item))`` gives ``(pos, payload,
-    info, error)`` for each job (in ``workers`` spawned processes when more than one), the
+    info, error)`` for each job (in ``workers`` worker processes when more than one), the
     payloads are written in order, a checkpoint is taken every ``checkpoint_every`` items
     (None: by time and bytes, see :data:`CHECKPOINT_SECONDS`), ``finish_meta(split, writer,
     stats, digest)`` gives each split's metadata, then every split is published. ``digest``

@@ -21,8 +21,10 @@ A worker is a fresh interpreter running :data:`_BOOT`, not a ``multiprocessing``
 spawn imports the caller's main script in every worker before anything else (a training
 script's torch or MXNet, a benchmark's harness), which is start-up CPU on every core, and a
 script that converts outside ``if __name__ == "__main__":`` would start its conversion again
-there. A worker takes the parent's ``sys.path`` first, so it imports the same copy of
-``gluon_data`` as the parent, then loads only what its tasks need.
+there. A worker takes the parent's ``sys.path`` first (the working directory's entry
+resolved as spawn resolves it), so it imports the same copy of ``gluon_data`` as the parent,
+then loads only what its tasks need; so a task's function must live in a module, not in the
+main script. The workers talk through inherited sockets: POSIX systems (Linux, macOS).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import multiprocessing
 import select
 import subprocess
 import sys
+from multiprocessing import process, spawn
 from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
@@ -50,27 +53,38 @@ QUEUED_MAX_BYTES = 32 << 10
 #: What a worker runs (``python -c``): the parent's ``sys.path``, then :func:`_serve` with the
 #: ``init`` and ``preload`` the parent sends, from the parent's copy of the package. The
 #: working directory that ``-c`` puts first on the path is dropped before any import (a
-#: ``tempfile.py`` there would otherwise be imported by ``multiprocessing.connection``).
-_BOOT = ("import sys; sys.path[:] = [p for p in sys.path if p]; "
+#: ``tempfile.py`` there would otherwise be imported by ``multiprocessing.connection``), and
+#: the socket is not handed on to any process the worker starts (the parent sees the
+#: worker's end as the socket's).
+_BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; "
          "from multiprocessing.connection import Connection; c = Connection(%d); "
+         "os.set_inheritable(c.fileno(), False); "
          "sys.path[:] = c.recv(); from gluon_data.convert.workers import _serve; "
          "_serve(c, *c.recv())")
+
+
+def _worker_path() -> List[str]:
+    """The parent's ``sys.path`` for a worker: its ``''`` (the working directory, read at each
+    import) as the directory the parent started in, as ``multiprocessing``'s spawn sends it."""
+    start = process.ORIGINAL_DIR  # type: ignore[attr-defined]  # (spawn's own; untyped)
+    return [start if p == "" else p for p in sys.path]
 
 
 def _serve(conn, init: Callable[[Any], None], preload: Any) -> None:  # pragma: no cover
     """A worker's life (in the worker process): ``init(preload)``, then tasks
     ``(fn, args)`` from ``conn`` until ``None`` or the parent's end, each answered
-    ``(True, result)`` or ``(False, exception)``."""
+    ``(True, result)`` or ``(False, exception)`` (a task that cannot be unpickled here too)."""
     init(preload)
     while True:
         try:
-            task = conn.recv()
-        except EOFError:  # the parent is gone
+            data = conn.recv_bytes()
+        except (EOFError, OSError):  # the parent is gone (with results unread: a reset)
             return
-        if task is None:
-            return
-        fn, args = task
         try:
+            task = ForkingPickler.loads(data)
+            if task is None:
+                return
+            fn, args = task
             out: Tuple[bool, Any] = (True, fn(*args))
         except BaseException as e:  # sent back, raised in the parent
             out = (False, e)
@@ -90,7 +104,7 @@ class _Worker:
 
     def __init__(self, child: Connection):
         # the interpreter and flags multiprocessing's spawn starts its children with
-        cmd = [multiprocessing.spawn.get_executable(),
+        cmd = [spawn.get_executable(),
                *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
                "-c", _BOOT % child.fileno()]
         self._popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
@@ -205,25 +219,37 @@ class EncoderPool:
         self._answered: Set[int] = set()  # the workers that sent a result: they started
         self._closed = False
         self._waiting = _Waiter()
-        for k in range(workers):
-            parent, child = multiprocessing.Pipe(duplex=True)
-            try:
-                self._procs.append(_Worker(child))
-            finally:
-                child.close()
-            self._conns.append(parent)
-            self._running[k] = collections.deque()
-            parent.send(sys.path)  # both lie in the socket's buffer until the worker reads
-            parent.send((init, preload))
+        try:
+            for k in range(workers):
+                parent, child = multiprocessing.Pipe(duplex=True)
+                try:
+                    self._procs.append(_Worker(child))
+                except BaseException:
+                    parent.close()
+                    raise
+                finally:
+                    child.close()
+                self._conns.append(parent)
+                self._running[k] = collections.deque()
+                parent.send(_worker_path())  # both lie in the socket's buffer until read
+                parent.send((init, preload))
+        except BaseException:  # (a worker that cannot be started: those started are stopped)
+            self.terminate()
+            raise
 
     @property
     def processes(self) -> List[Any]:
         return list(self._procs)
 
     def submit(self, fn: Callable, *args) -> Ticket:
-        """Queue ``fn(*args)`` for the next worker free to take it (pickled now)."""
+        """Queue ``fn(*args)`` for the next worker free to take it (pickled now). ``fn`` must
+        be importable by the workers: a function of a module, not of the main script."""
         if self._closed:
             raise RuntimeError("the encoder pool is closed")
+        if getattr(fn, "__module__", None) == "__main__":
+            raise TypeError("%s is defined in the main script, which the pool's worker "
+                            "processes do not import: define it in a module the script "
+                            "imports" % getattr(fn, "__qualname__", fn))
         tid = next(self._ids)
         self._queued.append((tid, ForkingPickler.dumps((fn, args))))
         self._dispatch()
@@ -281,7 +307,7 @@ class EncoderPool:
         p = self._procs[k]
         text = "a conversion worker process (pid %s) ended with exit code %s %s" % (
             p.pid, p.exitcode, when)
-        if k not in self._answered:
+        if k not in self._answered and (p.exitcode or 0) > 0:  # (a signal prints nothing)
             text += ", before it finished any task (its own error is printed above)"
         return text + "; the conversion stopped"
 
@@ -325,6 +351,8 @@ class EncoderPool:
                 pass
         for p in self._procs:
             p.join(timeout)
+        for conn in self._conns:
+            conn.close()
 
     def terminate(self, timeout: float = 5.0) -> None:
         """Stop every worker now (SIGTERM, then SIGKILL after ``timeout``) and reap it."""

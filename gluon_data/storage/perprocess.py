@@ -11,7 +11,7 @@ module is the only one that compares process ids.
 
 A worker process's set-up lives here too: :func:`reuse_freed_memory`, which a loader's and a
 conversion's workers run once, and :func:`one_thread_per_library`, which a conversion's
-spawned workers run before they import numpy.
+workers run before they import numpy.
 """
 from __future__ import annotations
 
