@@ -169,17 +169,24 @@ print("converted")
 """
 
 
+def _convert_unguarded(voc40, tmp_path, script, cwd):
+    """Run the unguarded script at ``script`` from ``cwd``: it converts once, and says so
+    once; returns its output."""
+    out = tmp_path / "out" / "voc.rec"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(_UNGUARDED % (voc40, str(out)))
+    r = subprocess.run([sys.executable, str(script)], cwd=str(cwd), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["converted"]
+    return out
+
+
 def test_a_script_that_converts_without_the_main_guard_converts_once(voc40, tmp_path):
     """Pasted into a script as it stands, ``convert(..., workers=2)`` converts once: the
     workers are fresh interpreters that never import the script (multiprocessing's spawn
     imports it in each, which ran the conversion again there)."""
-    script = tmp_path / "convert_voc.py"
-    out = tmp_path / "out" / "voc.rec"
-    script.write_text(_UNGUARDED % (voc40, str(out)))
-    r = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["converted"]
+    out = _convert_unguarded(voc40, tmp_path, tmp_path / "convert_voc.py", tmp_path)
     ref = tmp_path / "ref" / "voc.rec"
     convert(voc40, str(ref), "voc", split="trainval", workers=1)
     assert same_output_bytes(str(out), str(ref))
@@ -192,14 +199,7 @@ def test_a_module_in_the_working_directory_does_not_shadow_a_workers_imports(voc
     here = tmp_path / "cwd"
     here.mkdir()
     (here / "tempfile.py").write_text("raise ImportError('the user\'s tempfile.py')\n")
-    script = tmp_path / "scripts" / "convert_voc.py"
-    script.parent.mkdir()
-    out = tmp_path / "out" / "voc.rec"
-    script.write_text(_UNGUARDED % (voc40, str(out)))
-    r = subprocess.run([sys.executable, str(script)], cwd=str(here), capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["converted"]
+    _convert_unguarded(voc40, tmp_path, tmp_path / "scripts" / "convert_voc.py", here)
 
 
 def test_a_task_of_the_main_script_is_refused_when_submitted(pool):
