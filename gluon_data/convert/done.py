@@ -40,7 +40,9 @@ from ..format.documents import (CHECKSUM_FIELD, COUNT, SHA256, STR, Doc, F, chec
                                 load_document, map_of, obj, parse_json, register)
 from ..format.ownership import check_replaceable
 from ..format.recindex import idx_path_for
-from ..storage.fsutil import atomic_write, fsync_dir, sha256_file
+# file_facts: what the rule records of a file, defined beside the digest so that a conversion
+# worker taking the digests imports nothing more than it has
+from ..storage.fsutil import atomic_write, file_facts, fsync_dir, sha256_file
 
 __all__ = ["Done", "is_done", "why_not_done", "file_facts", "local_look", "DIGESTS", "read_record", "record_in", "read_records", "records_doc",
            "write_record",
@@ -179,16 +181,6 @@ def why_not_done(record: Optional[Done], unit: str, digest: str,
             return ("%s has the recorded size but other bytes than its done record's "
                     "digest (damaged or rewritten)" % name)
     return None
-
-
-def file_facts(path: str) -> Optional[dict]:
-    """What the done rule records of the file at ``path``: ``{"bytes": n, "sha256": s}``
-    (``None`` when it is missing). Reads the file once."""
-    try:
-        size = os.path.getsize(path)
-        return {"bytes": size, "sha256": sha256_file(path)}
-    except FileNotFoundError:
-        return None
 
 
 def local_look(path: str) -> Look:

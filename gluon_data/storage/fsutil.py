@@ -23,7 +23,8 @@ from typing import IO, Any, Iterable, List, Optional, Tuple
 from ..errors import CacheError, ConversionError, OutputError, ResourceError
 
 __all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
-           "OutputLock", "holds_only_lmdb", "LMDB_DATA", "LMDB_LOCK"]
+           "OutputLock", "holds_only_lmdb", "LMDB_DATA", "LMDB_LOCK", "sha256_file",
+           "file_facts"]
 
 #: LMDB's own files in an environment directory: the data, and the lock file py-lmdb makes
 #: beside it (never published: FORMAT.md section 5). Defined here, the lowest layer naming them.
@@ -404,3 +405,13 @@ def sha256_file(path: str) -> str:
         for chunk in iter(lambda: f.read(4 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_facts(path: str) -> Optional[dict]:
+    """What the done rule (:mod:`gluon_data.convert.done`) records of the file at ``path``:
+    ``{"bytes": n, "sha256": s}`` (``None`` when it is missing). Reads the file once."""
+    try:
+        size = os.path.getsize(path)
+        return {"bytes": size, "sha256": sha256_file(path)}
+    except FileNotFoundError:
+        return None
