@@ -9,6 +9,9 @@ involved."""
 import fcntl
 import json
 import os
+import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -97,6 +100,26 @@ def test_a_ctrl_c_right_after_a_checkpoint_is_renamed_in_keeps_it(src, tmp_path,
     assert _rec_bytes(out) == _rec_bytes(ref)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_where_the_checkpoint_goes_is_refused_without_waiting_on_it(src, tmp_path):
+    """A FIFO of the user's at ``OUTPUT.resume.json`` is not ours to replace: the first
+    checkpoint is refused naming it, and nothing opens it (opening a FIFO to read waits for
+    a writer: the conversion would hang)."""
+    out = str(tmp_path / "o.rec")
+    os.mkfifo(out + ".resume.json")
+    code = ("from gluon_data.convert import convert\n"
+            "from gluon_data.errors import OutputError\n"
+            "try:\n"
+            "    convert(%r, %r, 'imagefolder', checkpoint_every=2, workers=1)\n"
+            "except OutputError as e:\n"
+            "    print('refused:', e)\n" % (src, out))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("refused:") and "o.rec.resume.json" in r.stdout, r.stdout
+    assert stat.S_ISFIFO(os.lstat(out + ".resume.json").st_mode)  # left as it was
+
+
 def _interrupted(src, out):
     """A conversion that failed on a corrupt image after its first checkpoints; returns
     the image's good bytes and path (to fix it)."""
@@ -137,6 +160,7 @@ def test_a_checkpoint_resumes_and_one_of_the_previous_release_too(src, tmp_path,
     assert "(%d of them before the interruption, kept by --resume)" % kept in str(report)
     assert "%d written (%d in this run), 0 skipped" % (
         report.written["train"], report.written["train"] - kept) in str(report)
+    assert " MB in all in " in str(report)  # the output's bytes; the rate is this run's
     again = convert(src, out, "imagefolder", resume=True, workers=1)  # complete: kept whole
     assert again.written == again.resumed == report.written
     assert "(complete already, kept by --resume)" in str(again)

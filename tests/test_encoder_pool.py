@@ -3,6 +3,7 @@ run in worker processes, fed by the parent's main thread alone, results in the o
 a task's exception raised where its result is read, a worker that dies a
 :class:`ConversionError`, and the workers' segment copies (:class:`loop._Copies`) leave the
 same bytes as the parent's own copies."""
+import functools
 import os
 import subprocess
 import sys
@@ -192,6 +193,38 @@ def test_a_script_that_converts_without_the_main_guard_converts_once(voc40, tmp_
     assert same_output_bytes(str(out), str(ref))
 
 
+_UNGUARDED_SPAWNING = """import multiprocessing
+from gluon_data import convert
+convert(%r, %r, "voc", split="trainval", workers=1, overwrite=True)
+print("converted")
+
+
+def child():
+    pass
+
+
+if __name__ == "__main__":
+    p = multiprocessing.get_context("spawn").Process(target=child)
+    p.start()
+    p.join()
+    print("child", p.exitcode)
+"""
+
+
+def test_an_unguarded_script_that_spawns_processes_is_told_why_in_them(voc40, tmp_path):
+    """A script that converts at import and then spawns a process of its own: spawn imports
+    the script in the child, which must not convert again (here with one worker, so no pool
+    is started): refused there, naming the rule; the parent's conversion stands."""
+    script = tmp_path / "convert_and_spawn.py"
+    script.write_text(_UNGUARDED_SPAWNING % (voc40, str(tmp_path / "out" / "voc.rec")))
+    r = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["converted", "child 1"]
+    assert "a conversion was started while this spawned process imported the main script" \
+        in r.stderr and 'if __name__ == "__main__":' in r.stderr
+
+
 def test_a_module_in_the_working_directory_does_not_shadow_a_workers_imports(voc40, tmp_path):
     """``python -c`` puts the working directory first on a worker's path: a ``tempfile.py``
     there (the user's own) must not be what the worker imports while it starts (before it
@@ -208,8 +241,9 @@ def test_a_task_of_the_main_script_is_refused_when_submitted(pool):
     def square(x):
         return x * x
     square.__module__ = "__main__"
-    with pytest.raises(TypeError, match="defined in the main script.*define it in a module"):
-        pool.submit(square, 3)
+    for task in (square, functools.partial(square, 3)):
+        with pytest.raises(TypeError, match="defined in the main script.*define it in a module"):
+            pool.submit(task, 3)
     assert pool.submit(abs, -3).get() == 3
 
 
@@ -225,23 +259,56 @@ def test_a_task_that_cannot_be_unpickled_in_a_worker_is_that_tasks_error(pool, m
     assert good.get() == 4
 
 
-def test_a_worker_imports_from_the_folder_the_parent_started_in(tmp_path):
-    """A parent whose path has ``''`` (``python -c``, a notebook) imports from the folder it
-    started in even after it changes folder; a worker does the same, not from its own
-    working directory (as multiprocessing's spawn sends the path)."""
+def test_a_worker_imports_from_the_folders_the_parents_relative_path_named(tmp_path):
+    """A parent whose path has ``''`` (``python -c``, a notebook) or another relative entry
+    imports from the folder it was in even after it changes folder; a worker does the same,
+    not from its own working directory."""
     here = tmp_path / "start"
-    here.mkdir()
-    (here / "probe_here.py").write_text("def where():\n    return __file__\n")
-    code = ("import os, probe_here\n"
+    (here / "lib").mkdir(parents=True)
+    for name in ("probe_here.py", "lib/probe_lib.py"):
+        (here / name).write_text("def where():\n    return __file__\n")
+    code = ("import os, sys, probe_here\n"
+            "sys.path.insert(0, 'lib')\n"
+            "import probe_lib\n"
             "from gluon_data.convert.engines import start_encoder_pool, stop_pool\n"
             "os.chdir(%r)\n"
             "p = start_encoder_pool(1)\n"
-            "try:\n    print(p.submit(probe_here.where).get())\n"
+            "try:\n"
+            "    print(p.submit(probe_here.where).get())\n"
+            "    print(p.submit(probe_lib.where).get())\n"
             "finally:\n    stop_pool(p)\n" % str(tmp_path))
     r = subprocess.run([sys.executable, "-c", code], cwd=str(here), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert os.path.dirname(r.stdout.strip()) == str(here)
+    assert [os.path.dirname(x) for x in r.stdout.split()] == [str(here), str(here / "lib")]
+
+
+class _TwoArgs(Exception):  # an exception that pickles but cannot be rebuilt from its args
+    def __init__(self, a, b):
+        super().__init__(a)
+
+
+def _raise_two_args():
+    raise _TwoArgs(1, 2)
+
+
+def test_a_result_that_cannot_be_unpickled_is_that_tasks_error(pool):
+    """What a worker sends back but this process cannot rebuild is the error of that task
+    alone: the results after it still go to their own tasks."""
+    bad, good, more = pool.submit(_raise_two_args), pool.submit(abs, -2), pool.submit(abs, -5)
+    with pytest.raises(ConversionError, match="could not be unpickled here: TypeError"):
+        bad.get()
+    assert (good.get(), more.get()) == (2, 5)
+
+
+def test_a_pool_refuses_no_workers_and_a_stopped_pools_tasks_say_so():
+    with pytest.raises(ValueError, match="at least one worker"):
+        EncoderPool(0, abs)
+    p = start_encoder_pool(1)
+    ticket = p.submit(time.sleep, 30)
+    stop_pool(p)
+    with pytest.raises(RuntimeError, match="the pool was stopped"):
+        ticket.get()
 
 
 def test_a_pool_that_cannot_start_every_worker_stops_those_it_started(monkeypatch):

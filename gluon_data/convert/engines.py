@@ -227,7 +227,6 @@ def start_encoder_pool(workers: int,
     while it starts: the signal is blocked while they are created (a blocked signal stays
     blocked across fork and exec), so an interrupt during start-up waits in the parent and
     is raised there right after."""
-    refuse_in_bootstrap()
     with sigint_blocked():
         return EncoderPool(workers, worker_init, preloaded(preload))
 

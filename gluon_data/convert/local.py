@@ -8,7 +8,7 @@ import time
 from functools import partial
 from typing import List, Optional
 
-from .engines import stop_pool
+from .engines import refuse_in_bootstrap, stop_pool
 from ..errors import ConversionError
 from ..format.ownership import check_disjoint
 from ..stores.shards import dataset_files
@@ -31,6 +31,7 @@ def convert_local(source: str, output: str, layout: Optional[str],
     (:func:`~.copy.import_lmdb`), a dataset copied (:func:`~.copy.copy_dataset`), or a source
     layout planned (:func:`~.planning.plan_source`) and driven (:func:`~.loop.drive`).
     Reached through :func:`gluon_data.convert`, which decides which conversion runs."""
+    refuse_in_bootstrap()
     o = checkpoint_every_default(options)
     check_values(o)
     outputs = outputs_for(output, o.format)

@@ -337,7 +337,7 @@ def _publish(writers: Dict[str, Any], stats: Dict[str, RunningStats], ckpt,
 
 
 def _facts_by(pool, writers: Dict[str, Any]) -> Callable[[str], Optional[dict]]:
-    """:func:`~gluon_data.convert.done.file_facts` of every writer's partial ``.rec`` and
+    """:func:`~gluon_data.storage.fsutil.file_facts` of every writer's partial ``.rec`` and
     ``.idx``, taken by the pool's workers in parallel while this process makes the files
     durable and finishes: the digests are the one pass over the output's bytes, and they
     read the page cache while the fsync waits for the device."""

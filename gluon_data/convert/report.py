@@ -62,9 +62,9 @@ class ConversionReport:
             lines.append("nothing left to convert: %d records complete already, %d skipped"
                          % (self.total_written, len(self.skipped)))
         else:
-            lines.append("%s, %d skipped, %.1f MB in %.1f s (%.0f items/s)"
-                         % (done, len(self.skipped), self.bytes_written / 1e6, self.seconds,
-                            rate))
+            lines.append("%s, %d skipped, %.1f MB%s in %.1f s (%.0f items/s)"
+                         % (done, len(self.skipped), self.bytes_written / 1e6,
+                            " in all" if self.resumed else "", self.seconds, rate))
         for s in self.skipped:
             lines.append("  skipped %s: %s" % (s["file"], s["reason"]))
         if self.removed:

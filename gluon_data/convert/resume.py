@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Dict, List, Optional, cast
 
 from ..errors import ConversionError
 from ..storage.fsutil import LMDB_DATA, fsync_dir
-from ..format.ownership import is_ours
+from ..format.ownership import check_replaceable, is_ours
 from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
 from .sources import Item, Source
 from ..tools.stats import RunningStats
@@ -37,12 +38,21 @@ def source_plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOpt
 
 
 def _holds(path: str, doc: bytes) -> bool:
-    """Whether the file at ``path`` holds exactly ``doc`` (a small document)."""
+    """Whether ``path`` is a regular file holding exactly ``doc`` (a small document); never
+    through a link, never waiting (a FIFO there is not read)."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(len(doc) + 1) == doc
     except OSError:
         return False
+    finally:
+        os.close(fd)
 
 
 class Checkpoint:
@@ -144,8 +154,9 @@ class Checkpoint:
             self._write(doc)
 
     def _write(self, doc: bytes) -> None:
+        check_replaceable(self.path, "checkpoint", True)  # never a link, never a user's file
         try:
-            write_record(self.path, doc, "checkpoint")  # never a link, never a user's file
+            write_record(self.path, doc)
             self.saved = True  # on disk from the rename on: an interrupt from here keeps it
         except BaseException:  # an interrupt (Ctrl-C) may land after the rename, before the
             self.saved = self.saved or _holds(self.path, doc)  # flag: the file says

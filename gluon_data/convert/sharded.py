@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from .engines import refuse_in_bootstrap
 from .options import SHARDED_READS, ConvertOptions, deprecated_retries, refuse_unread
 from .report import ConversionReport
 from .publish import publish
@@ -85,6 +86,7 @@ def sharded_conversion(source: str, output: str, layout: Optional[str], o: Conve
     :func:`gluon_data.convert` or :func:`convert_sharded`): planned and checked, the old
     datasets it replaces taken over, every shard task run, each manifest written, the
     superseded shards removed."""
+    refuse_in_bootstrap()
     t0 = time.perf_counter()
     report = ConversionReport()
     plan = plan_shards(source, output, layout, o, report, sink)

@@ -13,6 +13,7 @@ from ..storage.staging import Staging
 from ..storage.credentials import forward_options
 from ..stores.remote.commit import Commit, check_bucket, probe_writable
 from ..storage.remotefs import Remote
+from .engines import refuse_in_bootstrap
 from .upload import ShardUploader, upload_dataset
 from ..stores.shards import is_manifest
 from ..format.layout import sibling_uri
@@ -64,6 +65,7 @@ def uri_conversion(source: str, output: str, layout: Optional[str], o: ConvertOp
                    sharded: bool):
     """:func:`convert_to_uri` once its options are merged and checked and the conversion
     kind decided (by :func:`gluon_data.convert`): ``sharded``, or one staged dataset."""
+    refuse_in_bootstrap()
     output = os.fspath(output).rstrip("/")
     storage_options, overwrite, resume = o.storage_options, o.overwrite, o.resume
     if o.forward_credentials:  # this machine's credentials, for the tasks (in memory only)

@@ -29,8 +29,10 @@ main script. The workers talk through inherited sockets: POSIX systems (Linux, m
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import multiprocessing
+import os
 import select
 import subprocess
 import sys
@@ -64,10 +66,18 @@ _BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; "
 
 
 def _worker_path() -> List[str]:
-    """The parent's ``sys.path`` for a worker: its ``''`` (the working directory, read at each
-    import) as the directory the parent started in, as ``multiprocessing``'s spawn sends it."""
+    """The parent's ``sys.path`` for a worker, each relative entry (``''`` is the working
+    directory, read at each import) made absolute both ways the parent may have read it:
+    from the folder it was in when ``multiprocessing`` was imported (what spawn sends) and
+    from the one it is in now."""
     start = process.ORIGINAL_DIR  # type: ignore[attr-defined]  # (spawn's own; untyped)
-    return [start if p == "" else p for p in sys.path]
+    out: List[str] = []
+    for p in sys.path:
+        for q in ([p] if os.path.isabs(p) else
+                  [os.path.normpath(os.path.join(d, p)) for d in (start, os.getcwd())]):
+            if q not in out:
+                out.append(q)
+    return out
 
 
 def _serve(conn, init: Callable[[Any], None], preload: Any) -> None:  # pragma: no cover
@@ -93,8 +103,13 @@ def _serve(conn, init: Callable[[Any], None], preload: Any) -> None:  # pragma: 
         except OSError:  # the parent is gone (it stopped the pool)
             return
         except Exception as e:  # an unpicklable result or exception
-            conn.send((False, ConversionError("a conversion worker could not send its result "
-                                              "back: %s: %s" % (type(e).__name__, e))))
+            try:
+                conn.send((False, ConversionError(
+                    "a conversion worker could not send its %s back (%s: %s): %s" % (
+                        "result" if out[0] else "error", type(e).__name__, e,
+                        "" if out[0] else repr(out[1])))))
+            except OSError:
+                return
 
 
 class _Worker:
@@ -210,6 +225,8 @@ class EncoderPool:
     each worker that runs only one."""
 
     def __init__(self, workers: int, init: Callable[[Any], None], preload: Any = None):
+        if workers < 1:
+            raise ValueError("an encoder pool needs at least one worker, got %d" % workers)
         self._conns: List[Any] = []
         self._procs: List[_Worker] = []
         self.results: Dict[int, Tuple[bool, Any]] = {}
@@ -246,10 +263,11 @@ class EncoderPool:
         be importable by the workers: a function of a module, not of the main script."""
         if self._closed:
             raise RuntimeError("the encoder pool is closed")
-        if getattr(fn, "__module__", None) == "__main__":
+        inner = fn.func if isinstance(fn, functools.partial) else getattr(fn, "__func__", fn)
+        if getattr(inner, "__module__", None) in ("__main__", "__mp_main__"):
             raise TypeError("%s is defined in the main script, which the pool's worker "
                             "processes do not import: define it in a module the script "
-                            "imports" % getattr(fn, "__qualname__", fn))
+                            "imports" % getattr(inner, "__qualname__", inner))
         tid = next(self._ids)
         self._queued.append((tid, ForkingPickler.dumps((fn, args))))
         self._dispatch()
@@ -287,10 +305,16 @@ class EncoderPool:
             while self._running[k] and (conn in ready or self._waiting.readable(conn)):
                 ready.discard(conn)  # (both results of a worker may be in)
                 try:
-                    result = conn.recv()
+                    data = conn.recv_bytes()
                 except (EOFError, OSError):  # it died (mid-send, or before: a task it
                     ended = True                 # never read resets the pipe); see its exit
                     break
+                try:
+                    result = ForkingPickler.loads(data)
+                except Exception as e:  # (an exception class that cannot be rebuilt here)
+                    result = (False, ConversionError(
+                        "a task's result came back from its worker but could not be "
+                        "unpickled here: %s: %s" % (type(e).__name__, e)))
                 self.results[self._running[k].popleft()] = result
                 self._answered.add(k)
             if not self._running[k]:
@@ -334,7 +358,8 @@ class EncoderPool:
     def _check_pending(self, tid: int) -> None:
         if all(tid not in t for t in self._running.values()) \
                 and all(q[0] != tid for q in self._queued):
-            raise RuntimeError("task %d is not in this pool, or was taken" % tid)
+            raise RuntimeError("task %d is not pending in this pool (its result was taken, "
+                               "or the pool was stopped)" % tid)
 
     def close(self) -> None:
         """No more tasks: the workers exit once those queued are done (see :meth:`join`)."""
@@ -342,6 +367,7 @@ class EncoderPool:
 
     def join(self, timeout: Optional[float] = None) -> None:
         """Run what is queued to the end, then let every worker exit and reap it."""
+        self._closed = True
         while self._queued or any(self._running.values()):
             self.collect(None)
         for conn in self._conns:
@@ -355,8 +381,12 @@ class EncoderPool:
             conn.close()
 
     def terminate(self, timeout: float = 5.0) -> None:
-        """Stop every worker now (SIGTERM, then SIGKILL after ``timeout``) and reap it."""
+        """Stop every worker now (SIGTERM, then SIGKILL after ``timeout``) and reap it; the
+        tasks not finished are dropped (asking for one is a ``RuntimeError``)."""
         self._closed = True
+        self._queued.clear()
+        for tasks in self._running.values():
+            tasks.clear()
         for p in self._procs:
             if p.is_alive():
                 p.terminate()
