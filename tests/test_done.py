@@ -100,6 +100,15 @@ def test_a_ctrl_c_right_after_a_checkpoint_is_renamed_in_keeps_it(src, tmp_path,
     assert _rec_bytes(out) == _rec_bytes(ref)
 
 
+_REFUSED = """from gluon_data.convert import convert
+from gluon_data.errors import OutputError
+try:
+    convert(%r, %r, "imagefolder", checkpoint_every=2, workers=1)
+except OutputError as e:
+    print("refused:", e)
+"""
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 def test_a_fifo_where_the_checkpoint_goes_is_refused_without_waiting_on_it(src, tmp_path):
     """A FIFO of the user's at ``OUTPUT.resume.json`` is not ours to replace: the first
@@ -107,14 +116,8 @@ def test_a_fifo_where_the_checkpoint_goes_is_refused_without_waiting_on_it(src, 
     a writer: the conversion would hang)."""
     out = str(tmp_path / "o.rec")
     os.mkfifo(out + ".resume.json")
-    code = ("from gluon_data.convert import convert\n"
-            "from gluon_data.errors import OutputError\n"
-            "try:\n"
-            "    convert(%r, %r, 'imagefolder', checkpoint_every=2, workers=1)\n"
-            "except OutputError as e:\n"
-            "    print('refused:', e)\n" % (src, out))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", _REFUSED % (src, out)], capture_output=True,
+                       text=True, timeout=120)  # (a hang would end here, as a failure)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("refused:") and "o.rec.resume.json" in r.stdout, r.stdout
     assert stat.S_ISFIFO(os.lstat(out + ".resume.json").st_mode)  # left as it was
