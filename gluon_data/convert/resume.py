@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from typing import Dict, List, Optional, cast
 
-from ..errors import ConversionError
+from ..errors import ConversionError, FormatError
+from ..storage.fileio import open_regular
 from ..storage.fsutil import LMDB_DATA, fsync_dir
 from ..format.ownership import check_replaceable, is_ours
 from ..format.plan import PlanDigest, changed_files, plan_digest, source_head
@@ -38,21 +38,14 @@ def source_plan_digest(src: Source, plan: Dict[str, List[Item]], opts: EncodeOpt
 
 
 def _holds(path: str, doc: bytes) -> bool:
-    """Whether ``path`` is a regular file holding exactly ``doc`` (a small document); never
-    through a link, never waiting (a FIFO there is not read)."""
+    """Whether ``path`` is a regular file holding exactly ``doc`` (a small document), read
+    under the one input rule (:func:`~gluon_data.storage.fileio.open_regular`: a FIFO there
+    is refused, never waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        with os.fdopen(fd, "rb", closefd=False) as f:
+        with open_regular(path) as f:
             return f.read(len(doc) + 1) == doc
-    except OSError:
+    except (OSError, FormatError):
         return False
-    finally:
-        os.close(fd)
 
 
 class Checkpoint:

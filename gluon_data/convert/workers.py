@@ -21,8 +21,8 @@ A worker is a fresh interpreter running :data:`_BOOT`, not a ``multiprocessing``
 spawn imports the caller's main script in every worker before anything else (a training
 script's torch or MXNet, a benchmark's harness), which is start-up CPU on every core, and a
 script that converts outside ``if __name__ == "__main__":`` would start its conversion again
-there. A worker takes the parent's ``sys.path`` first (the working directory's entry
-resolved as spawn resolves it), so it imports the same copy of ``gluon_data`` as the parent,
+there. A worker takes the parent's ``sys.path`` first (its relative entries made absolute:
+:func:`_worker_path`), so it imports the same copy of ``gluon_data`` as the parent,
 then loads only what its tasks need; so a task's function must live in a module, not in the
 main script. The workers talk through inherited sockets: POSIX systems (Linux, macOS).
 """
