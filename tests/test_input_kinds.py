@@ -58,10 +58,10 @@ def listing(folder):
             for n in sorted(os.listdir(folder))}
 
 
-def run(args, what):
+def run(args, what, cwd=None):
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, cwd=cwd)
     except subprocess.TimeoutExpired:
         pytest.fail("%s blocked for %d s on a non-regular input" % (what, TIMEOUT))
 
@@ -204,3 +204,77 @@ def test_verify_of_a_missing_rec_does_not_suggest_salvage(tmp_path):
     p = cli("verify", str(tmp_path / "missing.rec"))
     assert p.returncode == 1 and "salvage" not in p.stdout + p.stderr
     assert "not found" in p.stderr and "1 problem(s)" in p.stdout
+
+
+# ------------------------------------------------------------------ parts read beside a dataset
+#: what a command finds beside the dataset it is given, planted as a FIFO: (the file, the
+#: command's arguments, the dataset kind the command reads)
+PARTS = {
+    "a shard's index (verify reads its digest)": (
+        "sh-00000-of-00002.idx", ["verify", "sh.shards.json"], "sharded"),
+    "the checkpoint a --resume reads": (
+        "o.rec.resume.json", ["convert", "VOC2012", "o.rec", "--layout", "voc", "--split",
+                              "train", "--resume", "--quiet"], "rec"),
+    "an LMDB's data.mdb (info)": ("d.lmdb/data.mdb", ["info", "d.lmdb"], "lmdb"),
+    "an LMDB's data.mdb (copied)": ("d.lmdb/data.mdb", ["convert", "d.lmdb", "c.rec"], "lmdb"),
+}
+
+
+@pytest.fixture(scope="module")
+def datasets(voc_root, tmp_path_factory):
+    """A folder holding the VOC source, a sharded dataset of it (2 shards) and an LMDB."""
+    folder = tmp_path_factory.mktemp("parts")
+    shutil.copytree(voc_root, str(folder / "VOC2012"))
+    for out, extra in (("sh.rec", ["--shards", "2"]), ("d.lmdb", ["--format", "lmdb"])):
+        p = run([sys.executable, "-m", "gluon_data", "convert", str(folder / "VOC2012"),
+                 str(folder / out), "--layout", "voc", "--split", "train", "--quiet", *extra],
+                "convert")
+        assert p.returncode == 0, p.stderr
+    return str(folder)
+
+
+@pytest.mark.parametrize("part", sorted(PARTS))
+def test_a_part_found_beside_a_dataset_that_is_a_fifo_is_refused_promptly(
+        datasets, tmp_path, part):
+    """A FIFO found where a dataset keeps a part (a shard's index, a checkpoint, an LMDB's
+    data file) is refused naming it: ``verify`` of a manifest and ``convert --resume`` once
+    waited forever on one, and a FIFO ``data.mdb`` was called a folder of unknown layout."""
+    name, args, _ = PARTS[part]
+    folder = str(tmp_path / "w")
+    shutil.copytree(datasets, folder)
+    bad = os.path.join(folder, name)
+    if os.path.exists(bad):
+        os.remove(bad)
+    os.mkfifo(bad)
+    before = listing(folder), listing(os.path.dirname(bad))
+    p = run([sys.executable, "-m", "gluon_data", *args], "gluon-data " + " ".join(args),
+            cwd=folder)
+    p_text = p.stdout + p.stderr
+    assert p.returncode == 1 and "Traceback" not in p_text, p_text
+    assert os.path.relpath(bad, folder) in p_text and "a FIFO" in p_text, p_text
+    assert "regular file" in p_text, p_text
+    assert (listing(folder), listing(os.path.dirname(bad))) == before
+
+
+def test_the_library_readers_of_a_whole_file_refuse_a_fifo(tmp_path, voc_rec):
+    """The whole-file readers under the one input rule: a file's digest, a JSON document, and
+    MXNet's indexed reader's ``.idx``, each refusing a FIFO with a typed error naming it."""
+    folder = str(tmp_path / "d")
+    rec, bad = plant("fifo-idx", folder, voc_rec)
+    p = run_python("""
+        from gluon_data.errors import FormatError
+        from gluon_data.format.documents import load_document
+        from gluon_data.mx_recordio import MXIndexedRecordIO
+        from gluon_data.storage.fsutil import sha256_file
+        for call in (lambda: sha256_file(%r), lambda: load_document(%r, "manifest"),
+                     lambda: MXIndexedRecordIO(%r, %r, "r")):
+            try:
+                call()
+                print("READ")
+            except FormatError as e:
+                print("REFUSED", e.path, e)
+    """ % (bad, bad, bad, rec), "whole-file readers(FIFO)")
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and len(lines) == 3, p.stdout + p.stderr[-2000:]
+    for ln in lines:
+        assert ln.startswith("REFUSED %s " % bad) and "a FIFO" in ln, p.stdout

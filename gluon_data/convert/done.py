@@ -42,6 +42,7 @@ from ..format.ownership import check_replaceable
 from ..format.recindex import idx_path_for
 # file_facts: what the rule records of a file, defined beside the digest so that a conversion
 # worker taking the digests imports nothing more than it has
+from ..storage.fileio import read_input
 from ..storage.fsutil import atomic_write, file_facts, fsync_dir, sha256_file
 
 __all__ = ["Done", "is_done", "why_not_done", "file_facts", "local_look", "DIGESTS", "read_record", "record_in", "read_records", "records_doc",
@@ -256,8 +257,7 @@ def read_records(path: str, legacy: Callable[[dict], Dict[str, Done]], legacy_ki
     DONE_FORMAT, "format_version": 1, "records": {unit: record}}``); one of the previous
     release (kind ``legacy_kind``) through ``legacy``. Unreadable: :class:`ConversionError`
     naming ``path``."""
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = read_input(path)
     try:
         doc = parse_json(raw, what, path)
         if isinstance(doc, dict) and doc.get("format") == DONE_FORMAT:

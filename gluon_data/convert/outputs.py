@@ -22,6 +22,7 @@ import numpy as np
 
 from .._version import __version__
 from ..errors import ConversionError, EmptyOutputError, GluonDataError, mark_interrupt
+from ..storage.fileio import read_input
 from ..storage.fsutil import OutputLock
 from ..stores.lmdbio import LMDBWriter, is_lmdb, names_lmdb, read_lmdb_meta
 from ..format.meta import FORMAT_NAME, FORMAT_VERSION, meta_path, read_meta
@@ -72,8 +73,7 @@ class Outputs:
         """The checkpoint document of an interrupted run (``path``: the checkpoint file
         where the container keeps none itself), or None."""
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            return read_input(path)  # (a FIFO there is refused, never waited on)
         except FileNotFoundError:
             return None
 

@@ -21,6 +21,7 @@ import zlib
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from ..errors import FormatError
+from ..storage.fileio import read_input
 from ..storage.fsutil import LMDB_DATA
 
 __all__ = ["load_document", "parse_json", "check_document", "KINDS", "Spec", "F", "Doc"]
@@ -185,8 +186,7 @@ def load_document(source: Union[str, "os.PathLike[str]", bytes], kind: str,
         raw = bytes(source)
     else:
         where = os.fspath(source) if where is None else where
-        with open(source, "rb") as f:
-            raw = f.read()
+        raw = read_input(os.fspath(source))
     doc = parse_json(raw, KINDS[kind].noun, where)
     try:
         return check_document(doc, kind, where)

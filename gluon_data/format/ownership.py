@@ -15,7 +15,7 @@ from .codec import RECORDIO_MAGIC
 from .headers import JPEG_SOI, PNG_SIGNATURE
 from .layout import MANIFEST_SUFFIX, SEGMENT_SUFFIX
 from .documents import KINDS as DOCUMENTS, NUMBER, Doc, F, load_document, parse_json, register
-from ..storage.fileio import FILE_ID, path_stamp
+from ..storage.fileio import FILE_ID, open_regular, path_stamp
 from ..storage.fsutil import LMDB_DATA, holds_only_lmdb
 from ..storage.remotefs import is_uri
 
@@ -58,7 +58,7 @@ LOCATIONS = dict(KINDS, **{
 
 
 def _head(path: str, n: int) -> bytes:
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # (checked regular by the caller; swapped since: refused)
         return f.read(n)
 
 

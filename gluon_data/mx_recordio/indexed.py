@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import FormatError
 from ..format.headers import BytesLike
 from ..format.textindex import parse_index
-from ..storage.fileio import ProcessDescriptor
+from ..storage.fileio import ProcessDescriptor, read_input
 from .sequential import MissingKeyError, MXRecordIO, write_all
 
 __all__ = ["MXIndexedRecordIO"]
@@ -93,8 +93,7 @@ class MXIndexedRecordIO(MXRecordIO):
 
     def _read_index(self) -> None:
         try:
-            with open(self.idx_path, "rb") as f:
-                raw = f.read()
+            raw = read_input(self.idx_path)
         except FileNotFoundError:
             raise FileNotFoundError("index file %s not found (the .idx of %s)"
                                     % (self.idx_path, self.uri)) from None

@@ -26,6 +26,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Sequ
 if TYPE_CHECKING:  # annotations only: numpy is imported where it is used
     import numpy as np
 
+from ..storage.fileio import read_input
 from ..storage.fsutil import LMDB_DATA, LMDB_LOCK
 from ..storage.remotefs import is_uri
 from ..errors import FormatError
@@ -181,8 +182,7 @@ def read_bytes(location: str, **options: Any) -> bytes:
     for predicate, reader in _READERS:
         if predicate(location):
             return reader(location, **options)
-    with open(location, "rb") as f:
-        return f.read()
+    return read_input(location)
 
 
 def open_store(location: Union[str, "os.PathLike[str]"], split: Optional[str] = None,

@@ -33,7 +33,8 @@ import lmdb
 import numpy as np
 
 from ..errors import CorruptRecordError, FormatError
-from ..storage.fileio import ProcessDescriptor, advise_willneed, replaced_error
+from ..storage.fileio import (ProcessDescriptor, advise_willneed, open_regular, replaced_error,
+                              require_regular)
 from ..storage.fsutil import LMDB_DATA
 from ..format.recindex import file_stamp
 from .base import valid_positions
@@ -72,7 +73,7 @@ def _read_head(data: str, fd: Optional[int] = None) -> bytes:
     at any page size LMDB allows."""
     if fd is not None:
         return os.pread(fd, 2 * 65536, 0)
-    with open(data, "rb") as f:
+    with open_regular(data) as f:
         return f.read(2 * 65536)
 
 
@@ -84,7 +85,7 @@ def check_data_file(path: str, fd: Optional[int] = None) -> int:
         raise FormatError("not an LMDB environment: %s" % ("no such directory"
                           if not os.path.exists(path) else "not a directory"), path)
     data = os.path.join(path, LMDB_DATA)
-    if fd is None and not os.path.isfile(data):
+    if fd is None and require_regular(data) is None:  # (a FIFO there: refused, named)
         raise FormatError("not an LMDB environment: no data.mdb in it", path)
     size = os.path.getsize(data) if fd is None else os.fstat(fd).st_size
     head = _read_head(data, fd)

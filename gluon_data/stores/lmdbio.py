@@ -46,8 +46,10 @@ __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
            "record_key", "shared_env", "env_stamp"]
 
 def is_lmdb(path: str) -> bool:
-    """Whether ``path`` is an LMDB environment directory (holds a ``data.mdb``)."""
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, LMDB_DATA))
+    """Whether ``path`` is an LMDB environment directory: it holds a ``data.mdb``, of any
+    file type (opening it refuses one that is not a regular file, naming it: a FIFO there
+    is a damaged LMDB, not a folder of images)."""
+    return os.path.isdir(path) and os.path.lexists(os.path.join(path, LMDB_DATA))
 
 
 def names_lmdb(path: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 from ..format.documents import load_document
 from ..storage.cache import parse_size as cache_parse_size
 from ..errors import FormatError, GluonDataError
+from ..storage.fileio import read_input
 from ..storage.fsutil import LMDB_DATA, LMDB_LOCK, atomic_write, sha256_file
 from ..format.layout import MANIFEST_SUFFIX, SHARD_PART
 from ..format.ownership import classify_location
@@ -208,8 +209,7 @@ def load_manifest(path: str, raw: Optional[bytes] = None,
     path = os.fspath(path)
     if raw is None:
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = read_input(path)
         except FileNotFoundError:
             raise FileNotFoundError("no sharded dataset at %s (%s)" % (path, _why_missing(path))) \
                 from None
