@@ -16,6 +16,8 @@ import sys
 import pytest
 
 from gluon_data.convert import convert, resume
+from gluon_data.stores import lmdb_writer
+from gluon_data.stores.lmdb_writer import LMDBWriter
 from gluon_data.convert.done import Done, is_done, read_records, why_not_done
 from gluon_data.convert.sample import make_imagefolder
 from gluon_data.convert.sharded import convert_sharded
@@ -121,6 +123,42 @@ def test_a_fifo_where_the_checkpoint_goes_is_refused_without_waiting_on_it(src, 
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("refused:") and "o.rec.resume.json" in r.stdout, r.stdout
     assert stat.S_ISFIFO(os.lstat(out + ".resume.json").st_mode)  # left as it was
+
+
+def test_a_ctrl_c_right_after_an_lmdb_checkpoint_commits_keeps_it(src, tmp_path, monkeypatch):
+    """The same window in an LMDB, whose checkpoint commits with its records: an interrupt
+    landing once the commit did keeps the partial environment (the commit says so), and
+    ``resume`` finishes the same records; one landing before the commit keeps nothing."""
+    ref = str(tmp_path / "ref.lmdb")
+    convert(src, ref, "imagefolder", workers=1)
+    real, calls = lmdb_writer._SplitWriter.checkpoint, []
+
+    def committed_then_interrupted(self, progress):
+        real(self, progress)
+        calls.append(progress)
+        raise KeyboardInterrupt  # at the first checkpoint: the run has noted none saved
+    monkeypatch.setattr(lmdb_writer._SplitWriter, "checkpoint", committed_then_interrupted)
+    out = str(tmp_path / "o.lmdb")
+    with pytest.raises(KeyboardInterrupt):
+        convert(src, out, "imagefolder", checkpoint_every=2, workers=1)
+    assert len(calls) == 1 and LMDBWriter.read_progress(out) == calls[0]
+    monkeypatch.setattr(lmdb_writer._SplitWriter, "checkpoint", real)
+    convert(src, out, "imagefolder", resume=True, workers=1)
+    assert _lmdb_records(out) == _lmdb_records(ref) and len(_lmdb_records(ref)) > 2
+
+    def interrupted_before(self, progress):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(lmdb_writer._SplitWriter, "checkpoint", interrupted_before)
+    again = str(tmp_path / "again.lmdb")
+    with pytest.raises(KeyboardInterrupt):
+        convert(src, again, "imagefolder", checkpoint_every=2, workers=1)
+    assert LMDBWriter.read_progress(again) is None
+    assert not os.path.exists(again + LMDBWriter.PARTIAL)
+
+
+def _lmdb_records(path):
+    store = open_store(path)
+    return [bytes(store.read(i)) for i in range(len(store))]
 
 
 def _interrupted(src, out):

@@ -6,7 +6,8 @@ conversion package, which sit below it.
 Each container is one :class:`Outputs` object: the driver and the copy code open, resume,
 checkpoint and publish writers through it, and the writers share one interface
 (``write(key, payload)``, ``count``, ``bytes_written``, ``sync()``, ``keeps_progress``,
-``checkpoint(progress)`` where ``keeps_progress``, ``finish(meta)``, ``publish()``,
+``checkpoint(progress)`` and ``holds_progress(progress)`` where ``keeps_progress``,
+``finish(meta)``, ``publish()``,
 ``suspend()``, ``abort()``), so nothing above branches on the container.
 """
 from __future__ import annotations

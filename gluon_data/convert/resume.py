@@ -141,7 +141,11 @@ class Checkpoint:
                               "stamps": self._prefix(split, done)}
         doc = json.dumps(self._doc(skipped)).encode("utf-8")
         if writer.keeps_progress:  # committed with the records it describes
-            writer.checkpoint(doc)
+            try:
+                writer.checkpoint(doc)
+            except BaseException:  # an interrupt may land once the commit did: the
+                self.saved = self.saved or writer.holds_progress(doc)  # environment says
+                raise
             self.saved = True
         else:
             self._write(doc)

@@ -69,15 +69,13 @@ class LMDBWriter:
             return None
         env = lmdb.open(tmp, readonly=True, lock=False, max_dbs=MAX_DBS, subdir=True)
         try:
-            try:
-                db = env.open_db(cls.PROGRESS_DB, create=False)
-            except lmdb.NotFoundError:
-                return None
-            with env.begin(db=db) as txn:
-                v = txn.get(b"state")
-                return None if v is None else bytes(v)
+            return _progress(env, cls.PROGRESS_DB)
         finally:
             env.close()
+
+    def committed_progress(self) -> Optional[bytes]:
+        """The progress document this writer's environment holds committed (None: none)."""
+        return _progress(self.env, self.PROGRESS_DB)
 
     def _commit(self, db, batch, progress: Optional[bytes] = None) -> None:
         """Put ``batch`` (and the progress document) in one transaction; on a full map, grow
@@ -164,6 +162,17 @@ class LMDBWriter:
             self._state = "aborted"
 
 
+def _progress(env: lmdb.Environment, name: bytes) -> Optional[bytes]:
+    """The progress document committed in ``env`` (its database ``name``), or None."""
+    try:
+        db = env.open_db(name, create=False)
+    except lmdb.NotFoundError:
+        return None
+    with env.begin(db=db) as txn:
+        v = txn.get(b"state")
+        return None if v is None else bytes(v)
+
+
 class _SplitWriter:
     """The RecordWriter interface for one split of an :class:`LMDBWriter`."""
 
@@ -231,8 +240,19 @@ class _SplitWriter:
         return self.count, self.bytes_written
 
     def checkpoint(self, progress: bytes) -> None:
-        """Commit the buffered records together with ``progress`` (atomically)."""
+        """Commit the buffered records together with ``progress`` (atomically), and make
+        them durable: the environment is written without a sync per commit, so a checkpoint
+        is flushed to disk before the run counts on it, as a RecordIO one is."""
         self._flush(progress)
+        self.parent.env.sync(True)
+
+    def holds_progress(self, progress: bytes) -> bool:
+        """Whether ``progress`` is the progress document committed (after an interrupt in
+        :meth:`checkpoint`: whether its commit landed)."""
+        try:
+            return self.parent.committed_progress() == progress
+        except lmdb.Error:
+            return False
 
     def finish(self, meta: Optional[dict] = None) -> None:
         self._flush()
