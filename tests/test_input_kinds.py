@@ -30,7 +30,8 @@ KINDS = {
     "fifo-rec": ("x.rec", "a FIFO"),             # os.mkfifo("x.rec"): `salvage pipe.rec`
     "devzero-rec": ("x.rec", "a character device"),  # x.rec -> /dev/zero
     "fifo-idx": ("x.idx", "a FIFO"),             # a real .rec, a FIFO as its .idx
-}
+    "loop-rec": ("x.rec", "a symbolic link that loops"),  # x.rec -> x.rec: neither a file
+}                                                          # nor missing
 
 COMMANDS = ("salvage", "verify", "info", "show", "stats", "convert")
 
@@ -45,6 +46,8 @@ def plant(kind, folder, voc_rec):
         os.mkfifo(rec)
     elif kind == "devzero-rec":
         os.symlink("/dev/zero", rec)
+    elif kind == "loop-rec":
+        os.symlink("x.rec", rec)
     else:  # the real .rec and its metadata, a FIFO where its index belongs
         for ext in (".rec", ".meta.json"):
             shutil.copy(voc_rec[:-4] + ext, rec[:-4] + ext)
@@ -212,6 +215,8 @@ def test_verify_of_a_missing_rec_does_not_suggest_salvage(tmp_path):
 PARTS = {
     "a shard's index (verify reads its digest)": (
         "sh-00000-of-00002.idx", ["verify", "sh.shards.json"], "sharded"),
+    "a shard's .rec (verify)": (
+        "sh-00000-of-00002.rec", ["verify", "sh.shards.json"], "sharded"),
     "the checkpoint a --resume reads": (
         "o.rec.resume.json", ["convert", "VOC2012", "o.rec", "--layout", "voc", "--split",
                               "train", "--resume", "--quiet"], "rec"),
@@ -233,25 +238,31 @@ def datasets(voc_root, tmp_path_factory):
     return str(folder)
 
 
+@pytest.mark.parametrize("how,words", [("fifo", "a FIFO"),
+                                       ("loop", "a symbolic link that loops")])
 @pytest.mark.parametrize("part", sorted(PARTS))
-def test_a_part_found_beside_a_dataset_that_is_a_fifo_is_refused_promptly(
-        datasets, tmp_path, part):
-    """A FIFO found where a dataset keeps a part (a shard's index, a checkpoint, an LMDB's
-    data file) is refused naming it: ``verify`` of a manifest and ``convert --resume`` once
-    waited forever on one, and a FIFO ``data.mdb`` was called a folder of unknown layout."""
+def test_a_part_found_beside_a_dataset_that_is_not_a_file_is_refused_promptly(
+        datasets, tmp_path, part, how, words):
+    """A FIFO, or a symbolic link that loops, found where a dataset keeps a part (a shard's
+    file, a checkpoint, an LMDB's data file) is refused naming it and saying what it is:
+    ``verify`` of a manifest and ``convert --resume`` once waited forever on a FIFO, a FIFO
+    ``data.mdb`` was called a folder of unknown layout, and a looping link was "missing"."""
     name, args, _ = PARTS[part]
     folder = str(tmp_path / "w")
     shutil.copytree(datasets, folder)
     bad = os.path.join(folder, name)
     if os.path.exists(bad):
         os.remove(bad)
-    os.mkfifo(bad)
+    if how == "fifo":
+        os.mkfifo(bad)
+    else:
+        os.symlink(os.path.basename(bad), bad)
     before = listing(folder), listing(os.path.dirname(bad))
     p = run([sys.executable, "-m", "gluon_data", *args], "gluon-data " + " ".join(args),
             cwd=folder)
     p_text = p.stdout + p.stderr
     assert p.returncode == 1 and "Traceback" not in p_text, p_text
-    assert os.path.relpath(bad, folder) in p_text and "a FIFO" in p_text, p_text
+    assert os.path.relpath(bad, folder) in p_text and words in p_text, p_text
     assert "regular file" in p_text, p_text
     assert (listing(folder), listing(os.path.dirname(bad))) == before
 

@@ -196,11 +196,18 @@ def require_regular(path: str, *, directory: bool = False) -> Optional[os.stat_r
     opened. ``path`` (symbolic links followed) must be a regular file, or with
     ``directory`` a directory; a FIFO (an open would block forever), a device (read without
     end), a socket, or a link to one, raises :class:`FormatError` naming ``path``, saying
-    what it is and that a regular file is needed. Returns the file's ``stat``; ``None``
+    what it is and that a regular file is needed; so does a symbolic link that loops (it
+    leads to no file, and is not missing either). Returns the file's ``stat``; ``None``
     where there is nothing to check (a missing file, left to the caller's own message)."""
     try:
         st = os.stat(path)
-    except OSError:
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise FormatError("not a regular file (a symbolic link that loops, or a chain of "
+                              "more links than the system follows); a regular file%s is "
+                              "needed, so it was not opened"
+                              % (" (or a dataset's directory)" if directory else ""),
+                              path) from None
         return None
     _check_kind(path, st, directory)
     return st

@@ -78,11 +78,11 @@ class RecordFile:
                  expected_count: Optional[int] = None, meta: Any = _UNREAD) -> None:
         self.path = os.fspath(path)
         self.idx_path = os.fspath(idx_path) if idx_path else idx_path_for(self.path)
-        if not os.path.exists(self.path):
+        # the input-kind rule, before anything is opened (a missing .rec: said so, with a hint)
+        if _require_regular(self.path) is None:
             raise _not_found(self.path)
         self._meta = meta
-        for p in (self.path, self.idx_path):  # the input-kind rule, before anything is opened
-            _require_regular(p)
+        _require_regular(self.idx_path)
         index = load_index(self.idx_path)
         st = os.stat(self.path)
         self._stamp = file_stamp(st)
@@ -453,7 +453,7 @@ def _open_record_file(location: str, split: Optional[str] = None, **options) -> 
     once, its record count enforced against the index."""
     if options:
         raise TypeError("a .rec store takes no options, got %s" % ", ".join(sorted(options)))
-    if not os.path.exists(location):
+    if _require_regular(location) is None:  # (a FIFO or a looping link: refused, named)
         raise _not_found(location)
     _require_regular(location)  # the .rec itself first: a FIFO or device is refused as such
     meta = read_meta(location)

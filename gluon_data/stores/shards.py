@@ -19,7 +19,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union, cast
 from ..format.documents import load_document
 from ..storage.cache import parse_size as cache_parse_size
 from ..errors import FormatError, GluonDataError
-from ..storage.fileio import read_input
+from ..storage.fileio import read_input, require_regular
 from ..storage.fsutil import LMDB_DATA, LMDB_LOCK, atomic_write, sha256_file
 from ..format.layout import MANIFEST_SUFFIX, SHARD_PART
 from ..format.ownership import classify_location
@@ -180,6 +180,8 @@ def read_shard_meta(path: str, container: str, split: str) -> Optional[dict]:
 
 def shard_summary(path: str, container: str, split: str) -> dict:
     """Records, bytes and checksums of a published shard: its manifest entry."""
+    # (a .rec that is a FIFO, or a link that loops, is refused naming it)
+    st = None if container == "lmdb" else require_regular(shard_files(path, container)[0])
     meta = read_shard_meta(path, container, split)
     if meta is None:
         raise FormatError("shard has no metadata (missing or not written by a sharded "
@@ -191,7 +193,8 @@ def shard_summary(path: str, container: str, split: str) -> dict:
                 "meta_sha256": hashlib.sha256(dumps_meta(stored)).hexdigest(), "meta": meta}
     rec, idx, mp = shard_files(path, container)
     return {"name": os.path.basename(path), "records": meta["num_records"],
-            "bytes": os.path.getsize(rec), "idx_sha256": sha256_file(idx),
+            "bytes": os.path.getsize(rec) if st is None else st.st_size,
+            "idx_sha256": sha256_file(idx),
             "meta_sha256": sha256_file(mp), "meta": meta}
 
 
