@@ -156,6 +156,27 @@ def test_a_ctrl_c_right_after_an_lmdb_checkpoint_commits_keeps_it(src, tmp_path,
     assert not os.path.exists(again + LMDBWriter.PARTIAL)
 
 
+def test_every_lmdb_checkpoint_is_flushed_to_disk_once_committed(src, tmp_path, monkeypatch):
+    """The environment is written without a sync per commit: each checkpoint's commit is
+    followed by a flush to disk, before the run counts on it."""
+    events = []
+    commit, flush = LMDBWriter._commit, LMDBWriter.flush_to_disk
+
+    def committing(self, db, batch, progress=None):
+        commit(self, db, batch, progress)
+        events.append("checkpoint" if progress is not None else "records")
+
+    def flushing(self):
+        flush(self)
+        events.append("flush")
+    monkeypatch.setattr(LMDBWriter, "_commit", committing)
+    monkeypatch.setattr(LMDBWriter, "flush_to_disk", flushing)
+    convert(src, str(tmp_path / "o.lmdb"), "imagefolder", checkpoint_every=2, workers=1)
+    taken = [k for k, e in enumerate(events) if e == "checkpoint"]
+    assert len(taken) >= 2, events
+    assert all(events[k + 1] == "flush" for k in taken), events
+
+
 def _lmdb_records(path):
     store = open_store(path)
     return [bytes(store.read(i)) for i in range(len(store))]

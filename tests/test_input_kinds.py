@@ -22,6 +22,8 @@ from gluon_data.storage.fileio import open_or_explain, require_regular
 from gluon_data.stores.recordio import RecordFile
 from gluon_data.tools.salvage import salvage
 from gluon_data.stores.base import open_store
+from gluon_data.stores.lmdbio import is_lmdb
+from gluon_data.format.ownership import classify_location
 
 TIMEOUT = 60  # seconds: each of these returns in about one; a blocked open never does
 
@@ -222,6 +224,10 @@ PARTS = {
                               "train", "--resume", "--quiet"], "rec"),
     "an LMDB's data.mdb (info)": ("d.lmdb/data.mdb", ["info", "d.lmdb"], "lmdb"),
     "an LMDB's data.mdb (copied)": ("d.lmdb/data.mdb", ["convert", "d.lmdb", "c.rec"], "lmdb"),
+    "the partial LMDB a --resume reads": (
+        "o.lmdb.partial/data.mdb", ["convert", "VOC2012", "o.lmdb", "--layout", "voc",
+                                    "--split", "train", "--format", "lmdb", "--resume",
+                                    "--quiet"], "lmdb"),
 }
 
 
@@ -253,6 +259,7 @@ def test_a_part_found_beside_a_dataset_that_is_not_a_file_is_refused_promptly(
     bad = os.path.join(folder, name)
     if os.path.exists(bad):
         os.remove(bad)
+    os.makedirs(os.path.dirname(bad), exist_ok=True)
     if how == "fifo":
         os.mkfifo(bad)
     else:
@@ -265,6 +272,23 @@ def test_a_part_found_beside_a_dataset_that_is_not_a_file_is_refused_promptly(
     assert os.path.relpath(bad, folder) in p_text and words in p_text, p_text
     assert "regular file" in p_text, p_text
     assert (listing(folder), listing(os.path.dirname(bad))) == before
+
+
+def test_a_folder_whose_data_mdb_is_not_a_file_is_an_lmdb_everywhere(tmp_path):
+    """One rule says what makes a folder an LMDB (a ``data.mdb`` entry of any kind): the
+    location kind every command asks and the stores agree, so ``salvage`` names it an LMDB,
+    and a link to nothing is named as such when read."""
+    fifo, dangling = tmp_path / "f.lmdb", tmp_path / "d.lmdb"
+    fifo.mkdir()
+    dangling.mkdir()
+    os.mkfifo(str(fifo / "data.mdb"))
+    os.symlink("gone.mdb", str(dangling / "data.mdb"))
+    for folder in (fifo, dangling):
+        assert classify_location(str(folder)) == "lmdb" and is_lmdb(str(folder))
+    with pytest.raises(FormatError, match="symbolic link to gone.mdb, which does not exist"):
+        open_store(str(dangling))
+    p = cli("salvage", str(fifo))
+    assert p.returncode == 1 and "this is an LMDB environment" in p.stderr, p.stderr
 
 
 def test_the_library_readers_of_a_whole_file_refuse_a_fifo(tmp_path, voc_rec):

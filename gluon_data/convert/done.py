@@ -257,9 +257,8 @@ def read_records(path: str, legacy: Callable[[dict], Dict[str, Done]], legacy_ki
     DONE_FORMAT, "format_version": 1, "records": {unit: record}}``); one of the previous
     release (kind ``legacy_kind``) through ``legacy``. Unreadable: :class:`ConversionError`
     naming ``path``."""
-    raw = read_input(path)
     try:
-        doc = parse_json(raw, what, path)
+        doc = parse_json(read_input(path), what, path)
         if isinstance(doc, dict) and doc.get("format") == DONE_FORMAT:
             check_document(doc, "done_set", path)
             return {u: Done.parse(r, path) for u, r in doc["records"].items()}

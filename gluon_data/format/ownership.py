@@ -16,7 +16,7 @@ from .headers import JPEG_SOI, PNG_SIGNATURE
 from .layout import MANIFEST_SUFFIX, SEGMENT_SUFFIX
 from .documents import KINDS as DOCUMENTS, NUMBER, Doc, F, load_document, parse_json, register
 from ..storage.fileio import FILE_ID, open_regular, path_stamp
-from ..storage.fsutil import LMDB_DATA, holds_only_lmdb
+from ..storage.fsutil import LMDB_DATA, holds_only_lmdb, is_lmdb_dir
 from ..storage.remotefs import is_uri
 
 __all__ = ["check_replaceable", "is_ours", "register_sniffer", "KINDS", "classify_location",
@@ -212,7 +212,7 @@ def _ownership(path: str, kind: str) -> Ownership:
         ours = h.startswith((PNG_SIGNATURE, JPEG_SOI)) and PREVIEW_MARK in h
         return Ownership(ours, "" if ours else "it carries no mark of gluon-data show, which "
                          "every PNG or JPEG preview it writes carries")
-    except OSError as e:
+    except (OSError, FormatError) as e:  # (swapped for a FIFO since the lstat: refused)
         return Ownership(False, "unreadable (%s)" % e)
 
 
@@ -231,7 +231,7 @@ def classify_location(location) -> str:
         return "missing"
     real = os.path.realpath(location)
     if os.path.isdir(real):
-        return "lmdb" if os.path.isfile(os.path.join(real, LMDB_DATA)) else "folder"
+        return "lmdb" if is_lmdb_dir(real) else "folder"
     name = location.rstrip("/")
     if name.endswith(MANIFEST_SUFFIX):
         return "manifest"

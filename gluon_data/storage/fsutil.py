@@ -35,6 +35,13 @@ _LMDB_FILES = frozenset((LMDB_DATA, LMDB_LOCK))
 _LOCK_TAG = b"gluon_data lock"  # the first bytes of every lock file we write
 
 
+def is_lmdb_dir(path: str) -> bool:
+    """Whether ``path`` is a directory holding a ``data.mdb``, of any file type: an LMDB
+    environment (reading it refuses a ``data.mdb`` that is not a regular file, naming it: a
+    FIFO there is a damaged LMDB, not a folder of images)."""
+    return os.path.isdir(path) and os.path.lexists(os.path.join(path, LMDB_DATA))
+
+
 def holds_only_lmdb(path: str) -> bool:
     """Whether ``path`` is a real directory (not a link) holding nothing but LMDB's own files
     (``data.mdb``, ``lock.mdb``): what may be replaced as an LMDB environment."""

@@ -86,6 +86,9 @@ def check_data_file(path: str, fd: Optional[int] = None) -> int:
                           if not os.path.exists(path) else "not a directory"), path)
     data = os.path.join(path, LMDB_DATA)
     if fd is None and require_regular(data) is None:  # (a FIFO there: refused, named)
+        if os.path.islink(data):
+            raise FormatError("data.mdb is a symbolic link to %s, which does not exist"
+                              % os.readlink(data), data)
         raise FormatError("not an LMDB environment: no data.mdb in it", path)
     size = os.path.getsize(data) if fd is None else os.fstat(fd).st_size
     head = _read_head(data, fd)

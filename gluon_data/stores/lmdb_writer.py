@@ -13,6 +13,7 @@ import lmdb
 
 from ..errors import OutputError
 from ..format import codec
+from ..storage.fileio import require_regular
 from ..storage.fsutil import LMDB_DATA, LMDB_LOCK, exchange_dirs, fsync_dir, remove_partial_dir
 from ..format.ownership import check_replaceable
 from .lmdb_pages import MAX_DBS, META_DB, record_key
@@ -54,6 +55,7 @@ class LMDBWriter:
         self.commit_every = commit_every
         self.grows = 0
         self._state = "open"
+        self._dirs_synced = False
 
     def split(self, name: str, resume: Optional[Tuple[int, int]] = None) -> "_SplitWriter":
         """A writer for split ``name``; ``resume=(count, bytes)`` continues a checkpoint."""
@@ -65,13 +67,25 @@ class LMDBWriter:
     def read_progress(cls, path: str) -> Optional[bytes]:
         """The progress document of an interrupted write of ``path``, if there is one."""
         tmp = os.fspath(path).rstrip("/") + cls.PARTIAL
-        if not os.path.isfile(os.path.join(tmp, LMDB_DATA)):
+        # the one input rule: a FIFO there is refused, named (never opened by LMDB, nor
+        # taken for "no checkpoint" and removed by a fresh start)
+        if require_regular(os.path.join(tmp, LMDB_DATA)) is None:
             return None
         env = lmdb.open(tmp, readonly=True, lock=False, max_dbs=MAX_DBS, subdir=True)
         try:
             return _progress(env, cls.PROGRESS_DB)
         finally:
             env.close()
+
+    def flush_to_disk(self) -> None:
+        """Make what is committed durable: the environment is written without a sync per
+        commit, so a checkpoint flushes it (and, the first time, the partial directory's
+        entry and its own), as a RecordIO checkpoint fsyncs its files."""
+        self.env.sync(True)
+        if not self._dirs_synced:
+            fsync_dir(self.tmp)
+            fsync_dir(os.path.dirname(os.path.abspath(self.tmp)))
+            self._dirs_synced = True
 
     def committed_progress(self) -> Optional[bytes]:
         """The progress document this writer's environment holds committed (None: none)."""
@@ -163,13 +177,14 @@ class LMDBWriter:
 
 
 def _progress(env: lmdb.Environment, name: bytes) -> Optional[bytes]:
-    """The progress document committed in ``env`` (its database ``name``), or None."""
-    try:
-        db = env.open_db(name, create=False)
-    except lmdb.NotFoundError:
-        return None
-    with env.begin(db=db) as txn:
-        v = txn.get(b"state")
+    """The progress document committed in ``env`` (its database ``name``), or None; read in
+    a read transaction (opening the database without one would start a write transaction)."""
+    with env.begin() as txn:
+        try:
+            db = env.open_db(name, txn=txn, create=False)
+        except lmdb.NotFoundError:
+            return None
+        v = txn.get(b"state", db=db)
         return None if v is None else bytes(v)
 
 
@@ -244,7 +259,7 @@ class _SplitWriter:
         them durable: the environment is written without a sync per commit, so a checkpoint
         is flushed to disk before the run counts on it, as a RecordIO one is."""
         self._flush(progress)
-        self.parent.env.sync(True)
+        self.parent.flush_to_disk()
 
     def holds_progress(self, progress: bytes) -> bool:
         """Whether ``progress`` is the progress document committed (after an interrupt in

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..format.documents import load_document
 from ..errors import CorruptRecordError, FormatError
-from ..storage.fsutil import LMDB_DATA
+from ..storage.fsutil import LMDB_DATA, is_lmdb_dir
 from ..storage.perprocess import PerProcess
 from ..format.ownership import register_sniffer
 from .lmdb_pages import META_DB, PageReader, direct_reads_refused, record_key
@@ -46,10 +46,9 @@ __all__ = ["LMDBFile", "LMDBWriter", "ProcessEnv", "read_lmdb_meta", "is_lmdb",
            "record_key", "shared_env", "env_stamp"]
 
 def is_lmdb(path: str) -> bool:
-    """Whether ``path`` is an LMDB environment directory: it holds a ``data.mdb``, of any
-    file type (opening it refuses one that is not a regular file, naming it: a FIFO there
-    is a damaged LMDB, not a folder of images)."""
-    return os.path.isdir(path) and os.path.lexists(os.path.join(path, LMDB_DATA))
+    """Whether ``path`` is an LMDB environment directory
+    (:func:`~gluon_data.storage.fsutil.is_lmdb_dir`: it holds a ``data.mdb``)."""
+    return is_lmdb_dir(path)
 
 
 def names_lmdb(path: str) -> bool:
