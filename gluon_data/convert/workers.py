@@ -230,7 +230,7 @@ class EncoderPool:
         self._conns: List[Any] = []
         self._procs: List[_Worker] = []
         self.results: Dict[int, Tuple[bool, Any]] = {}
-        self._queued: Deque[Tuple[int, memoryview]] = collections.deque()  # (task, its pickle)
+        self._queued: Deque[Tuple[int, bytes]] = collections.deque()  # (task, its pickle)
         self._running: Dict[int, Deque[int]] = {}  # worker -> its tasks, in the order sent
         self._ids = itertools.count()
         self._answered: Set[int] = set()  # the workers that sent a result: they started
@@ -269,7 +269,10 @@ class EncoderPool:
                             "processes do not import: define it in a module the script "
                             "imports" % getattr(inner, "__qualname__", inner))
         tid = next(self._ids)
-        self._queued.append((tid, ForkingPickler.dumps((fn, args))))
+        # bytes, not the memoryview dumps gives: a view kept alive by an interrupted
+        # send (its frame in a traceback) would pin its BytesIO, which the interpreter's
+        # exit then fails to close ("Exception ignored in: <_io.BytesIO ...>")
+        self._queued.append((tid, bytes(ForkingPickler.dumps((fn, args)))))
         self._dispatch()
         return Ticket(self, tid)
 
