@@ -274,6 +274,28 @@ def test_a_part_found_beside_a_dataset_that_is_not_a_file_is_refused_promptly(
     assert (listing(folder), listing(os.path.dirname(bad))) == before
 
 
+@pytest.mark.parametrize("how,words", [("fifo", "a FIFO"),
+                                       ("loop", "a symbolic link that loops")])
+def test_reading_a_sharded_dataset_names_a_shard_that_is_not_a_file(datasets, tmp_path, how,
+                                                                     words):
+    """Reading (not verifying) a manifest's shards: a shard's ``.rec`` that is a FIFO was
+    "0 bytes, the manifest says N", and a looping link "missing"; each is now named for what
+    it is."""
+    folder = str(tmp_path / "w")
+    shutil.copytree(datasets, folder)
+    bad = os.path.join(folder, "sh-00001-of-00002.rec")
+    os.remove(bad)
+    if how == "fifo":
+        os.mkfifo(bad)
+    else:
+        os.symlink(os.path.basename(bad), bad)
+    store = open_store(os.path.join(folder, "sh.shards.json"))
+    with pytest.raises(FormatError) as e:
+        store.read(len(store) - 1)  # a record of the second shard
+    assert e.value.path == bad and "shard 1 of 2" in str(e.value), str(e.value)
+    assert "is damaged: not a regular file (%s" % words in str(e.value), str(e.value)
+
+
 def test_a_folder_whose_data_mdb_is_not_a_file_is_an_lmdb_everywhere(tmp_path):
     """One rule says what makes a folder an LMDB (a ``data.mdb`` entry of any kind): the
     location kind every command asks and the stores agree, so ``salvage`` names it an LMDB,

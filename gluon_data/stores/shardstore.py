@@ -18,6 +18,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..errors import FormatError, GluonDataError
+from ..storage.fileio import require_regular
 from ..storage.fsutil import LMDB_DATA
 from ..storage.perprocess import PerProcess
 from .recordio import idx_path_for
@@ -233,17 +234,21 @@ class ShardedStore(ShardRouter):
     def _open_shard(self, s: int):
         path, want = self.paths[s], self.manifest["shards"][s]["records"]
         remote = is_uri(path)
-        if not remote and not os.path.exists(path):
-            raise FileNotFoundError("%s of %s is missing; restore it or rerun the conversion"
-                                    % (self._label(s), self.location))
+        st = None
+        if not remote:  # the input rule first: a FIFO or a looping link is named as such
+            try:
+                st = require_regular(path, directory=self.container == "lmdb")
+            except FormatError as e:
+                raise FormatError("%s is damaged: %s" % (self._label(s), e.reason),
+                                  path) from None
+            if st is None:
+                raise FileNotFoundError("%s of %s is missing; restore it or rerun the "
+                                        "conversion" % (self._label(s), self.location))
         entry = self.manifest["shards"][s]
         # a .rec's size is fixed by its records; an LMDB's data.mdb may grow with any commit,
         # so an LMDB shard is bound by its metadata and its records' checksums instead (a
         # remote shard by the manifest's sizes and SHA-256 sums, checked on download)
-        try:
-            size = None if self.container == "lmdb" or remote else os.path.getsize(path)
-        except OSError:
-            size = None  # the reader below names what is missing
+        size = None if self.container == "lmdb" or st is None else st.st_size
         if size is not None and size != entry["bytes"]:
             raise FormatError("%s has %d bytes, the manifest says %d: the shard was replaced "
                               "or damaged; restore it or rerun the conversion"
