@@ -8,6 +8,7 @@ Real conversions, real files, moto's S3 server (tests/s3_server.py) where upload
 involved."""
 import fcntl
 import json
+import errno
 import os
 import stat
 import subprocess
@@ -175,6 +176,19 @@ def test_every_lmdb_checkpoint_is_flushed_to_disk_once_committed(src, tmp_path, 
     taken = [k for k, e in enumerate(events) if e == "checkpoint"]
     assert len(taken) >= 2, events
     assert all(events[k + 1] == "flush" for k in taken), events
+
+
+def test_an_lmdb_checkpoint_whose_flush_fails_is_not_counted(src, tmp_path, monkeypatch):
+    """A checkpoint committed but not flushed to disk (the sync failed: EIO, a full disk) is
+    no checkpoint to resume from: the first one failing keeps nothing, as a RecordIO one whose
+    fsync fails."""
+    def failing(self):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(LMDBWriter, "flush_to_disk", failing)
+    out = str(tmp_path / "o.lmdb")
+    with pytest.raises(ConversionError, match="writing failed: Input/output error"):
+        convert(src, out, "imagefolder", checkpoint_every=2, workers=1)
+    assert not os.path.exists(out + LMDBWriter.PARTIAL) and not os.path.exists(out)
 
 
 def _lmdb_records(path):

@@ -143,6 +143,8 @@ class Checkpoint:
         if writer.keeps_progress:  # committed with the records it describes
             try:
                 writer.checkpoint(doc)
+            except Exception:  # a commit or flush that failed (a full disk): not counted
+                raise
             except BaseException:  # an interrupt may land once the commit did: the
                 self.saved = self.saved or writer.holds_progress(doc)  # environment says
                 raise
