@@ -453,9 +453,9 @@ def _open_record_file(location: str, split: Optional[str] = None, **options) -> 
     once, its record count enforced against the index."""
     if options:
         raise TypeError("a .rec store takes no options, got %s" % ", ".join(sorted(options)))
-    if _require_regular(location) is None:  # (a FIFO or a looping link: refused, named)
+    # the .rec itself first: a FIFO, a device or a looping link is refused as such
+    if _require_regular(location) is None:
         raise _not_found(location)
-    _require_regular(location)  # the .rec itself first: a FIFO or device is refused as such
     meta = read_meta(location)
     if split is not None and (meta or {}).get("split", split) != split:  # so meta is a dict
         raise ValueError("%s holds split %r, not %r: a .rec holds one split (the LMDB "
