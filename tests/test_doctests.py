@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import tempfile
 
 import pytest
 
@@ -56,13 +57,18 @@ def example_dir(voc_root, folder_root, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples_run(name, request, monkeypatch):
+def test_docstring_examples_run(name, request, monkeypatch, tmp_path):
+    """Each module's examples pass, and leave nothing in the temporary folder: an example
+    that makes a scratch folder removes it (a reader copies the example, leak and all)."""
     if _gluon_layer(name) and not HAS_MXNET:
         pytest.skip("gluon_data.%s is the Gluon layer: its examples need MXNet, not installed "
                     "here (they run in the full lane)" % name)
     example_dir = request.getfixturevalue("example_dir")
     module = importlib.import_module("gluon_data." + name)
     monkeypatch.chdir(example_dir)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     finder = doctest.DocTestFinder(exclude_empty=True)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     out = []
@@ -70,6 +76,7 @@ def test_docstring_examples_run(name, request, monkeypatch):
         runner.run(test, out=out.append)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, "".join(out)
+    assert sorted(os.listdir(scratch)) == [], "the examples left these in the temporary folder"
     if name in KEEP_EXAMPLES:
         assert result.attempted > 0, "%s lost its examples" % name
 

@@ -45,7 +45,8 @@ class MXIndexedRecordIO(MXRecordIO):
     Examples
     --------
     >>> import os, tempfile
-    >>> d = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> d = tmp.name
     >>> record = MXIndexedRecordIO(os.path.join(d, "tmp.idx"), os.path.join(d, "tmp.rec"), "w")
     >>> for i in range(5):
     ...     record.write_idx(i, b"record_%d" % i)
@@ -55,6 +56,8 @@ class MXIndexedRecordIO(MXRecordIO):
     >>> record = MXIndexedRecordIO(os.path.join(d, "tmp.idx"), os.path.join(d, "tmp.rec"), "r")
     >>> record.keys[:3], record.read_idx(3)
     ([0, 1, 2], b'record_3')
+    >>> record.close()
+    >>> tmp.cleanup()
     """
 
     def __init__(self, idx_path: Union[str, "os.PathLike[str]"],
@@ -204,7 +207,8 @@ class MXIndexedRecordIO(MXRecordIO):
         Examples
         --------
         >>> import os, tempfile
-        >>> d = tempfile.mkdtemp()
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> d = tmp.name
         >>> record = MXIndexedRecordIO(os.path.join(d, "a.idx"), os.path.join(d, "a.rec"), "w")
         >>> record.tell()
         0
@@ -215,6 +219,7 @@ class MXIndexedRecordIO(MXRecordIO):
         32
         48
         >>> record.close()
+        >>> tmp.cleanup()
         """
         return super().tell()
 

@@ -102,7 +102,8 @@ class MXRecordIO:
     Examples
     --------
     >>> import os, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "tmp.rec")
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(tmp.name, "tmp.rec")
     >>> record = MXRecordIO(path, "w")
     >>> for i in range(3):
     ...     record.write(b"record_%d" % i)
@@ -111,6 +112,7 @@ class MXRecordIO:
     >>> record.read(), record.read(), record.read(), record.read()
     (b'record_0', b'record_1', b'record_2', None)
     >>> record.close()
+    >>> tmp.cleanup()
     """
 
     def __init__(self, uri: Union[str, "os.PathLike[str]"], flag: str) -> None:
@@ -211,7 +213,8 @@ class MXRecordIO:
         Examples
         --------
         >>> import os, tempfile
-        >>> path = os.path.join(tempfile.mkdtemp(), "tmp.rec")
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = os.path.join(tmp.name, "tmp.rec")
         >>> with MXRecordIO(path, "w") as w:
         ...     w.write(b"record_0"); w.write(b"record_1")
         >>> record = MXRecordIO(path, "r")
@@ -220,6 +223,8 @@ class MXRecordIO:
         >>> record.reset()
         >>> record.read()
         b'record_0'
+        >>> record.close()
+        >>> tmp.cleanup()
         """
         self.close()
         self.open()
