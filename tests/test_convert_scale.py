@@ -75,7 +75,8 @@ def test_a_worker_imports_the_encoder_not_the_writers():
             "heavy = sorted(m for m in sys.modules if m.startswith('gluon_data.') and m not in "
             "('gluon_data.convert', 'gluon_data.convert.encode', 'gluon_data.format.codec', "
             "'gluon_data.errors', 'gluon_data.convert.sources', 'gluon_data.convert.engines', "
-            "'gluon_data.convert.workers', 'gluon_data.convert._moments', "
+            "'gluon_data.convert.workers', 'gluon_data.convert.workerprocs', "
+            "'gluon_data.convert._moments', "
             "'gluon_data._callable', 'gluon_data._moved', 'gluon_data._version', "
             "'gluon_data.format', 'gluon_data.format.headers', 'gluon_data.convert.source_files', "
             "'gluon_data.storage', 'gluon_data.storage.fileio', 'gluon_data.storage.perprocess', "
@@ -147,45 +148,52 @@ def test_pool_workers_exit_without_the_interpreter_teardown(tmp_path):
     assert not (tmp_path / "marker").exists()
 
 
-def _encoder_processes():
-    """The live encoder workers this process started (its children running the workers'
-    bootstrap), read from Linux's /proc."""
-    found = []
+def _pool_processes():
+    """``(starters, workers)``: the live pool starters this process started (its children
+    running the pool's bootstrap) and the workers they forked, read from Linux's /proc."""
+    parents = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open("/proc/%s/stat" % pid, "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                fields = f.read().rsplit(b")", 1)[1].split()
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 cmd = f.read()
         except (OSError, IndexError, ValueError):  # (it ended meanwhile)
             continue
-        if ppid == os.getpid() and b"gluon_data.convert.workers" in cmd:
-            found.append(int(pid))
-    return found
+        if fields[0] != b"Z" and b"gluon_data.convert.workerprocs" in cmd:
+            parents[int(pid)] = int(fields[1])
+    starters = [pid for pid, ppid in parents.items() if ppid == os.getpid()]
+    return starters, [pid for pid, ppid in parents.items() if ppid in starters]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
 def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, tmp_path,
                                                                      monkeypatch):
-    """The pool is started before the listing (its imports overlap the planning), one process
-    per encoder asked for (this process orders and writes); a listing that fails stops it:
-    no worker is left behind."""
+    """The pool's starter is started before the listing (its imports overlap the planning),
+    and forks one worker per encoder asked for (this process orders and writes); a listing
+    that fails stops it: no process is left behind."""
     seen = []
     real = local.plan_source
 
-    def encoders():  # (not another test's pool a module fixture keeps in this process)
-        return _encoder_processes()
-
     def listing(*a, **k):
-        seen.append(len(encoders()))
+        seen.append(len(_pool_processes()[0]))
         return real(*a, **k)
     monkeypatch.setattr(local, "plan_source", listing)
     out = str(tmp_path / "o.rec")
+    forked = []
+    real_results = loop._results
+
+    def results(pool, *a, **k):
+        forked.append(sorted(w.pid for w in pool.processes))
+        forked.append(sorted(_pool_processes()[1]))
+        return real_results(pool, *a, **k)
+    monkeypatch.setattr(loop, "_results", results)
     rep = convert(voc150, out, "voc", split="trainval", workers=3)
-    assert seen == [3] and rep.written["trainval"] == 150
+    assert seen == [1] and rep.written["trainval"] == 150
+    assert len(forked[0]) == 3 and forked[0] == forked[1]
     with pytest.raises(ConversionError, match="not a VOC folder"):
         convert(str(tmp_path), str(tmp_path / "p.rec"), "voc", workers=3)
-    assert seen == [3, 3] and encoders() == []
+    assert seen == [1, 1] and _pool_processes() == ([], [])
     assert not os.path.exists(str(tmp_path / "p.rec"))
 
 

@@ -5,6 +5,7 @@ a task's exception raised where its result is read, a worker that dies a
 same bytes as the parent's own copies."""
 import functools
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from gluon_data import convert
 from gluon_data.convert import chunks, loop
 from gluon_data.convert import encode
 from gluon_data.convert.engines import start_encoder_pool, stop_pool
-from gluon_data.convert import workers as workers_module
+from gluon_data.convert import workerprocs
 from gluon_data.convert.workers import QUEUED_MAX_BYTES, EncoderPool
 from gluon_data.convert.sample import make_voc
 from gluon_data.errors import ConversionError
@@ -334,19 +335,87 @@ def test_a_pool_refuses_no_workers_and_a_stopped_pools_tasks_say_so():
         ticket.get()
 
 
-def test_a_pool_that_cannot_start_every_worker_stops_those_it_started(monkeypatch):
-    started = []
-    real = workers_module._Worker
+def _open_fds():
+    return set(os.listdir("/proc/self/fd"))
 
-    def second_fails(child):
-        if started:
-            raise OSError("no more processes")
-        started.append(real(child))
-        return started[-1]
-    monkeypatch.setattr(workers_module, "_Worker", second_fails)
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs Linux's /proc")
+def test_a_pool_that_cannot_start_leaves_no_socket_open(monkeypatch):
+    """A pool whose starter process cannot be started (no more processes, say) raises
+    that error and closes every socket it made for its workers."""
+    def no_more_processes(*args, **kwargs):
+        raise OSError("no more processes")
+    before = _open_fds()
+    monkeypatch.setattr(workerprocs.subprocess, "Popen", no_more_processes)
     with pytest.raises(OSError, match="no more processes"):
-        start_encoder_pool(2)
-    assert len(started) == 1 and not started[0].is_alive()
+        start_encoder_pool(3)
+    assert _open_fds() == before
+
+
+def _parent_pid():
+    return os.getppid()
+
+
+def test_the_workers_are_forked_from_one_starter_not_from_the_caller():
+    """Every worker is a child of the one starter process that loaded the encoder, not of
+    the caller's process (never forked) nor a fresh interpreter of its own; the starter
+    reaps them and ends with them."""
+    pool = start_encoder_pool(3, encode.encode_job)
+    try:
+        tickets = [pool.submit(_parent_pid) for _ in range(12)]
+        parents = {t.get() for t in tickets}
+        pids = {w.pid for w in pool.processes}
+        starter = pool._starter
+        pool.close()
+        pool.join(30)
+    except BaseException:
+        stop_pool(pool)
+        raise
+    assert parents == {starter.pid} and starter.pid != os.getpid()
+    assert len(pids) == 3 and starter.pid not in pids
+    assert [w.exitcode for w in pool.processes] == [0, 0, 0]
+    assert starter._popen.returncode == 0
+
+
+def test_workers_forked_where_the_user_asked_for_blas_threads_compute_and_warn_nothing():
+    """A user's ``OPENBLAS_NUM_THREADS=4`` is kept, so the starter runs OpenBLAS's threads
+    when it forks the workers: OpenBLAS re-initialises in each child (a matrix product
+    there comes back right, in bounded time), and nothing is printed: no warning about
+    forking a process that runs threads, not even under ``-W error``."""
+    code = ("import numpy as np\n"
+            "from gluon_data.convert import encode\n"
+            "from gluon_data.convert.engines import start_encoder_pool, stop_pool\n"
+            "a = np.arange(90000, dtype=np.float64).reshape(300, 300) / 1e4\n"
+            "p = start_encoder_pool(2, encode.encode_job)\n"
+            "try:\n"
+            "    got = [p.submit(np.dot, a, a) for _ in range(6)]\n"
+            "    assert all(np.allclose(t.get(), a @ a) for t in got)\n"
+            "    p.close()\n"
+            "    p.join(30)\n"
+            "finally:\n"
+            "    stop_pool(p)\n"
+            "print('ok', [w.exitcode for w in p.processes])\n")
+    r = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+                       env=dict(os.environ, OPENBLAS_NUM_THREADS="4"), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "ok [0, 0]\n" and r.stderr == "", (r.stdout, r.stderr)
+
+
+def test_a_pool_whose_starter_was_killed_still_ends_and_says_so():
+    """The starter killed from outside (its workers live on, served by their sockets): the
+    pool still stops within a bounded time, and a worker's end is reported with the
+    starter's exit code."""
+    pool = start_encoder_pool(2)
+    try:
+        assert pool.submit(abs, -1).get() == 1
+        os.kill(pool._starter.pid, signal.SIGKILL)
+        pool._starter._popen.wait(30)
+        assert all(w.exitcode == -signal.SIGKILL for w in pool.processes)
+    finally:
+        t0 = time.monotonic()
+        stop_pool(pool)
+    assert time.monotonic() - t0 < 30
 
 
 def _wait_for(path):  # a task that runs until the test lets it end

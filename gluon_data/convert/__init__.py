@@ -18,6 +18,8 @@ The package reads as the data flow, each module one concern, imports pointing on
 ``copy``                  copies of a dataset (rec <-> lmdb) and legacy LMDB imports
 ``loop``                  :func:`drive`, the loop every planned conversion runs
 ``engines``               where shard tasks and encoders run (process pool, Dask)
+``workers``               the process pool of encoders and shard tasks (:class:`EncoderPool`)
+``workerprocs``           how the pool's workers start (forked by one starter) and end
 ``planning``              a source opened and planned under one :class:`ConvertOptions`
 ``resume``                the plan digest and checkpoints (``--resume``)
 ``outputs``               output names, writers, option checks and metadata

@@ -64,8 +64,9 @@ def start_encoders(workers: int, preload: Optional[Callable[..., Any]] = None) -
     """The pool of a conversion of ``workers`` encoders: ``workers`` worker processes, or
     None for one encoder (this process). ``preload``: the work function, loaded by each
     worker as it starts (see :func:`~.engines.worker_init`)."""
-    # fresh interpreters, not forks: a forked child inherits OpenCV's thread pool in whatever
-    # state the parent's threads left it and can deadlock in its first OpenCV call
+    # never forks of this process: a child forked from it inherits OpenCV's thread pool in
+    # whatever state this process's threads left it and can deadlock in its first OpenCV
+    # call (the workers are forked from a fresh interpreter of their own: .workerprocs)
     return start_encoder_pool(workers, preload) if workers > 1 else None
 
 

@@ -17,14 +17,9 @@ never blocks; a larger task goes to an idle worker only, which reads it at once.
 A worker that dies (killed, out of memory) is a :class:`~gluon_data.errors.ConversionError`
 naming its exit code, not a wait that never ends.
 
-A worker is a fresh interpreter running :data:`_BOOT`, not a ``multiprocessing`` spawn:
-spawn imports the caller's main script in every worker before anything else (a training
-script's torch or MXNet, a benchmark's harness), which is start-up CPU on every core, and a
-script that converts outside ``if __name__ == "__main__":`` would start its conversion again
-there. A worker takes the parent's ``sys.path`` first (its relative entries made absolute:
-:func:`_worker_path`), so it imports the same copy of ``gluon_data`` as the parent,
-then loads only what its tasks need; so a task's function must live in a module, not in the
-main script. The workers talk through inherited sockets: POSIX systems (Linux, macOS).
+The workers are forked from one fresh interpreter that loaded what their tasks need
+(:mod:`.workerprocs`): never from the caller's process, and never importing the caller's
+main script.
 """
 from __future__ import annotations
 
@@ -32,16 +27,13 @@ import collections
 import functools
 import itertools
 import multiprocessing
-import os
 import select
-import subprocess
-import sys
-from multiprocessing import process, spawn
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import ConversionError
+from .workerprocs import Starter, WorkerProcess
 
 __all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES"]
 
@@ -50,103 +42,6 @@ __all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES"]
 #: A conversion's chunk of 16 jobs pickles to a few KiB; jobs that carry their records
 #: (a legacy LMDB's) can be larger, and wait for an idle worker.
 QUEUED_MAX_BYTES = 32 << 10
-
-
-#: What a worker runs (``python -c``): the parent's ``sys.path``, then :func:`_serve` with the
-#: ``init`` and ``preload`` the parent sends, from the parent's copy of the package. The
-#: working directory that ``-c`` puts first on the path is dropped before any import (a
-#: ``tempfile.py`` there would otherwise be imported by ``multiprocessing.connection``), and
-#: the socket is not handed on to any process the worker starts (the parent sees the
-#: worker's end as the socket's).
-_BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; "
-         "from multiprocessing.connection import Connection; c = Connection(%d); "
-         "os.set_inheritable(c.fileno(), False); "
-         "sys.path[:] = c.recv(); from gluon_data.convert.workers import _serve; "
-         "_serve(c, *c.recv())")
-
-
-def _worker_path() -> List[str]:
-    """The parent's ``sys.path`` for a worker, each relative entry (``''`` is the working
-    directory, read at each import) made absolute both ways the parent may have read it:
-    from the folder it was in when ``multiprocessing`` was imported (what spawn sends) and
-    from the one it is in now."""
-    start = process.ORIGINAL_DIR  # type: ignore[attr-defined]  # (spawn's own; untyped)
-    out: List[str] = []
-    for p in sys.path:
-        for q in ([p] if os.path.isabs(p) else
-                  [os.path.normpath(os.path.join(d, p)) for d in (start, os.getcwd())]):
-            if q not in out:
-                out.append(q)
-    return out
-
-
-def _serve(conn, init: Callable[[Any], None], preload: Any) -> None:  # pragma: no cover
-    """A worker's life (in the worker process): ``init(preload)``, then tasks
-    ``(fn, args)`` from ``conn`` until ``None`` or the parent's end, each answered
-    ``(True, result)`` or ``(False, exception)`` (a task that cannot be unpickled here too)."""
-    init(preload)
-    while True:
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):  # the parent is gone (with results unread: a reset)
-            return
-        try:
-            task = ForkingPickler.loads(data)
-            if task is None:
-                return
-            fn, args = task
-            out: Tuple[bool, Any] = (True, fn(*args))
-        except BaseException as e:  # sent back, raised in the parent
-            out = (False, e)
-        try:
-            conn.send(out)
-        except OSError:  # the parent is gone (it stopped the pool)
-            return
-        except Exception as e:  # an unpicklable result or exception
-            try:
-                conn.send((False, ConversionError(
-                    "a conversion worker could not send its %s back (%s: %s): %s" % (
-                        "result" if out[0] else "error", type(e).__name__, e,
-                        "" if out[0] else repr(out[1])))))
-            except OSError:
-                return
-
-
-class _Worker:
-    """One worker process (:data:`_BOOT` in a fresh interpreter, with the interpreter's own
-    flags), talking through ``conn``, a socket; the parent's end of it is how the parent
-    sees the worker end (the end of its stream)."""
-
-    def __init__(self, child: Connection):
-        # the interpreter and flags multiprocessing's spawn starts its children with
-        cmd = [spawn.get_executable(),
-               *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
-               "-c", _BOOT % child.fileno()]
-        self._popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                                       pass_fds=(child.fileno(),))
-        self.pid = self._popen.pid
-
-    @property
-    def exitcode(self) -> Optional[int]:
-        """The exit code, negative for a signal (as ``multiprocessing``); None while it runs."""
-        return self._popen.poll()
-
-    def join(self, timeout: Optional[float] = None) -> None:
-        try:
-            self._popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def is_alive(self) -> bool:
-        return self._popen.poll() is None
-
-    def terminate(self) -> None:
-        if self.is_alive():
-            self._popen.terminate()
-
-    def kill(self) -> None:
-        if self.is_alive():
-            self._popen.kill()
 
 
 class _Waiter:
@@ -215,9 +110,10 @@ class Ticket:
 
 
 class EncoderPool:
-    """``workers`` worker processes, each started by ``init(preload)`` (SIGINT ignored,
-    OpenCV single-threaded: ``engines.worker_init``), running the tasks :meth:`submit`
-    gives them, in the order given, each worker holding at most two.
+    """``workers`` worker processes, forked by one starter process that ran ``init(preload)``
+    (SIGINT ignored, OpenCV single-threaded: ``engines.worker_init``) once for them all
+    (:mod:`.workerprocs`), running the tasks :meth:`submit` gives them, in the order given,
+    each worker holding at most two.
 
     The parent's main thread does everything: :meth:`submit` pickles and queues (never
     blocks), and waiting for a result (:meth:`Ticket.get`) reads the results that came in and
@@ -228,7 +124,6 @@ class EncoderPool:
         if workers < 1:
             raise ValueError("an encoder pool needs at least one worker, got %d" % workers)
         self._conns: List[Any] = []
-        self._procs: List[_Worker] = []
         self.results: Dict[int, Tuple[bool, Any]] = {}
         self._queued: Deque[Tuple[int, bytes]] = collections.deque()  # (task, its pickle)
         self._running: Dict[int, Deque[int]] = {}  # worker -> its tasks, in the order sent
@@ -236,23 +131,22 @@ class EncoderPool:
         self._answered: Set[int] = set()  # the workers that sent a result: they started
         self._closed = False
         self._waiting = _Waiter()
+        children = []
         try:
             for k in range(workers):
                 parent, child = multiprocessing.Pipe(duplex=True)
-                try:
-                    self._procs.append(_Worker(child))
-                except BaseException:
-                    parent.close()
-                    raise
-                finally:
-                    child.close()
                 self._conns.append(parent)
+                children.append(child)
                 self._running[k] = collections.deque()
-                parent.send(_worker_path())  # both lie in the socket's buffer until read
-                parent.send((init, preload))
-        except BaseException:  # (a worker that cannot be started: those started are stopped)
-            self.terminate()
+            self._starter = Starter(children, init, preload)
+        except BaseException:  # (no process was started: the sockets are closed)
+            for conn in self._conns:
+                conn.close()
             raise
+        finally:
+            for child in children:
+                child.close()
+        self._procs = [WorkerProcess(self._starter, k) for k in range(workers)]
 
     @property
     def processes(self) -> List[Any]:
@@ -382,6 +276,7 @@ class EncoderPool:
             p.join(timeout)
         for conn in self._conns:
             conn.close()
+        self._starter.close(5.0 if timeout is None else timeout)
 
     def terminate(self, timeout: float = 5.0) -> None:
         """Stop every worker now (SIGTERM, then SIGKILL after ``timeout``) and reap it; the
@@ -400,3 +295,4 @@ class EncoderPool:
                 p.join(timeout)
         for conn in self._conns:
             conn.close()
+        self._starter.close(timeout)

@@ -1,0 +1,284 @@
+"""How an :class:`~.workers.EncoderPool`'s worker processes start, run and end.
+
+One fresh interpreter, the *starter*, runs :data:`_BOOT`: it takes the parent's
+``sys.path``, sets itself up once (``init(preload)``: one thread per numerical library,
+OpenCV single-threaded, signals, the task's module loaded), then forks the workers, one per
+socket the parent made, and stays to reap them, reporting each worker's pid and exit code
+to the parent (:class:`Starter`). The workers inherit its imports instead of importing
+numpy, OpenCV and the encoder once each: a worker costs a fork (milliseconds), not an
+interpreter's start (~0.2 s of CPU, on every core at once); and its pages of those
+libraries are shared.
+
+Forking is safe there and nowhere else: the starter is a process of our own that has run
+no image operation and no thread of its own (OpenCV's thread pool starts at its first
+parallel call; OpenBLAS, when a user asked for its threads, re-initialises in a forked
+child by its fork handlers). The parent, a user's process with whatever threads and
+libraries it runs, is never forked, and the caller's main script is never imported
+(``multiprocessing``'s spawn imports it in every child, a script that converts outside
+``if __name__ == "__main__":`` would convert again there). A task's function must live in
+a module, not in the main script. The processes talk through inherited sockets: POSIX
+systems (Linux, macOS).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from multiprocessing import process, spawn
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ConversionError
+
+__all__ = ["Starter", "WorkerProcess"]
+
+#: What the starter runs (``python -c``, with its control socket and one socket per
+#: worker): the parent's ``sys.path``, then :func:`_start` with the ``init`` and ``preload``
+#: the parent sends, from the parent's copy of the package. The working directory that
+#: ``-c`` puts first on the path is dropped before any import (a ``tempfile.py`` there would
+#: otherwise be imported by ``multiprocessing.connection``), and no socket is handed on to
+#: a process a task starts (the parent sees a worker's end as its socket's).
+_BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; "
+         "from multiprocessing.connection import Connection; "
+         "c = [Connection(fd) for fd in %r]; "
+         "[os.set_inheritable(x.fileno(), False) for x in c]; "
+         "sys.path[:] = c[0].recv(); from gluon_data.convert.workerprocs import _start; "
+         "_start(c[0], c[1:], *c[0].recv())")
+
+
+def _worker_path() -> List[str]:
+    """The parent's ``sys.path`` for the workers, each relative entry (``''`` is the working
+    directory, read at each import) made absolute both ways the parent may have read it:
+    from the folder it was in when ``multiprocessing`` was imported (what spawn sends) and
+    from the one it is in now."""
+    start = process.ORIGINAL_DIR  # type: ignore[attr-defined]  # (spawn's own; untyped)
+    out: List[str] = []
+    for p in sys.path:
+        for q in ([p] if os.path.isabs(p) else
+                  [os.path.normpath(os.path.join(d, p)) for d in (start, os.getcwd())]):
+            if q not in out:
+                out.append(q)
+    return out
+
+
+def _start(ctl: Connection, conns: Sequence[Connection], init: Callable[[Any], None],
+           preload: Any) -> None:  # pragma: no cover  (in the starter)
+    """The starter's life: ``init(preload)``, a worker forked for each of ``conns``
+    (``("pid", k, pid)`` sent on ``ctl``), then each reaped (``("exit", k, code)``) until
+    none is left. A start that fails is reported as exit code 1 for every worker not
+    forked, its traceback printed; the starter never runs the interpreter's teardown."""
+    code, pids = 0, {}
+    try:
+        init(preload)
+        for k, conn in enumerate(conns):
+            pid = os.fork()
+            if pid == 0:
+                _worker(conn, [ctl, *conns[k + 1:]])
+            conn.close()
+            pids[pid] = k
+            _report(ctl, ("pid", k, pid))
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+        for k in range(len(pids), len(conns)):
+            _report(ctl, ("exit", k, 1))
+    while pids:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:  # (none left: never, while pids has one)
+            break
+        if pid in pids:
+            _report(ctl, ("exit", pids.pop(pid), os.waitstatus_to_exitcode(status)))
+    _flush_and_exit(code)
+
+
+def _worker(conn: Connection, others: Sequence[Connection]) -> None:  # pragma: no cover
+    """A forked worker's life: the sockets that are not its own closed, :func:`serve`,
+    then an exit without the interpreter's teardown of numpy, OpenCV and Pillow (about half
+    a second per worker on a busy machine)."""
+    code = 1
+    try:
+        for c in others:
+            c.close()
+        serve(conn)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        _flush_and_exit(code)
+
+
+def _flush_and_exit(code: int) -> None:  # pragma: no cover  (in the starter, a worker)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # (a closed or broken stream: nothing more to say)
+            pass
+    os._exit(code)
+
+
+def _report(ctl: Connection, message: tuple) -> None:  # pragma: no cover  (in the starter)
+    try:
+        ctl.send(message)
+    except OSError:  # the parent is gone: its workers see their sockets end, and exit
+        pass
+
+
+def serve(conn: Connection) -> None:  # pragma: no cover  (in a worker)
+    """A worker's tasks ``(fn, args)`` from ``conn`` until ``None`` or the parent's end,
+    each answered ``(True, result)`` or ``(False, exception)`` (a task that cannot be
+    unpickled here too)."""
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):  # the parent is gone (with results unread: a reset)
+            return
+        try:
+            task = ForkingPickler.loads(data)
+            if task is None:
+                return
+            fn, args = task
+            out: Tuple[bool, Any] = (True, fn(*args))
+        except BaseException as e:  # sent back, raised in the parent
+            out = (False, e)
+        try:
+            conn.send(out)
+        except OSError:  # the parent is gone (it stopped the pool)
+            return
+        except Exception as e:  # an unpicklable result or exception
+            try:
+                conn.send((False, ConversionError(
+                    "a conversion worker could not send its %s back (%s: %s): %s" % (
+                        "result" if out[0] else "error", type(e).__name__, e,
+                        "" if out[0] else repr(out[1])))))
+            except OSError:
+                return
+
+
+class Starter:
+    """The parent's side of the starter process: started on the workers' sockets
+    ``children`` (``python -c`` with the interpreter and flags ``multiprocessing``'s spawn
+    uses), told ``init`` and ``preload``; then what it reports, each worker's pid and exit
+    code, read as they are asked for."""
+
+    def __init__(self, children: Sequence[Connection], init: Callable[[Any], None],
+                 preload: Any):
+        parent, child = multiprocessing.Pipe(duplex=True)
+        fds = [child.fileno(), *(c.fileno() for c in children)]
+        cmd = [spawn.get_executable(),
+               *subprocess._args_from_interpreter_flags(),  # type: ignore[attr-defined]
+               "-c", _BOOT % (fds,)]
+        try:
+            self._popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, pass_fds=fds)
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self.pid = self._popen.pid
+        self._ctl: Optional[Connection] = parent
+        self.pids: Dict[int, int] = {}  # worker -> its pid
+        self.codes: Dict[int, int] = {}  # worker -> its exit code
+        parent.send(_worker_path())  # both lie in the socket's buffer until read
+        parent.send((init, preload))
+
+    def _read(self, timeout: Optional[float]) -> bool:
+        """Take one report, waiting up to ``timeout`` seconds; False when none came (or
+        the starter's reports ended: it exited)."""
+        if self._ctl is None:
+            return False
+        try:
+            if not self._ctl.poll(timeout):
+                return False
+            kind, k, value = self._ctl.recv()
+        except (EOFError, OSError):
+            self._ctl.close()
+            self._ctl = None
+            self._popen.wait()  # (its reports end when it exits)
+            return False
+        (self.pids if kind == "pid" else self.codes)[k] = value
+        return True
+
+    def _drain(self) -> None:
+        while self._read(0):
+            pass
+
+    def exitcode(self, k: int) -> Optional[int]:
+        """Worker ``k``'s exit code (negative for a signal), None while it runs; a worker
+        the starter did not report (it was killed) ends with the starter's code."""
+        self._drain()
+        if k in self.codes:
+            return self.codes[k]
+        return None if self._ctl is not None else self._popen.returncode
+
+    def worker_pid(self, k: int) -> int:
+        """Worker ``k``'s pid, once the starter forked it (waited for: it reports it at
+        once); the starter's own while it runs the start that forks it, or if it never did."""
+        while k not in self.pids and self._read(None):
+            pass
+        return self.pids.get(k, self.pid)
+
+    def join_worker(self, k: int, timeout: Optional[float]) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.exitcode(k) is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            self._read(left)
+
+    def signal_worker(self, k: int, sig: int) -> None:
+        """Send ``sig`` to worker ``k`` if it runs (to the starter, if it has not forked it
+        yet: no worker is started from then on)."""
+        if self.exitcode(k) is not None:
+            return
+        try:
+            os.kill(self.pids.get(k, self.pid), sig)
+        except ProcessLookupError:  # (ended since: its report comes)
+            pass
+
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the starter, which exits once its workers
+        did; then kill it."""
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._popen.kill()
+            self._popen.wait()
+        self._drain()
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+
+
+class WorkerProcess:
+    """One worker of a pool, as the parent sees it (its pid, exit code, liveness; joined,
+    terminated or killed), through the :class:`Starter` that forked and reaps it."""
+
+    def __init__(self, starter: Starter, k: int):
+        self._starter, self._k = starter, k
+
+    @property
+    def pid(self) -> int:
+        return self._starter.worker_pid(self._k)
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        """The exit code, negative for a signal (as ``multiprocessing``); None while it runs."""
+        return self._starter.exitcode(self._k)
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        self._starter.join_worker(self._k, timeout)
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def terminate(self) -> None:
+        self._starter.signal_worker(self._k, signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._starter.signal_worker(self._k, signal.SIGKILL)
