@@ -221,3 +221,21 @@ def pytest_sessionfinish(session, exitstatus):
     else:
         print("\n".join(lines), file=sys.stderr)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pool_processes():
+    """``(starters, workers)``: the live pool starters this process started (its children
+    running the pool's bootstrap) and the workers they forked, read from Linux's /proc."""
+    parents = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % pid, "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):  # (it ended meanwhile)
+            continue
+        if fields[0] != b"Z" and b"gluon_data.convert.workerprocs" in cmd:
+            parents[int(pid)] = int(fields[1])
+    starters = [pid for pid, ppid in parents.items() if ppid == os.getpid()]
+    return starters, [pid for pid, ppid in parents.items() if ppid in starters]

@@ -14,6 +14,8 @@ from gluon_data.convert import encode, local, loop, resume
 from gluon_data.convert.engines import start_encoder_pool, stop_pool
 from gluon_data.convert.sample import make_voc
 
+from conftest import pool_processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -148,24 +150,6 @@ def test_pool_workers_exit_without_the_interpreter_teardown(tmp_path):
     assert not (tmp_path / "marker").exists()
 
 
-def _pool_processes():
-    """``(starters, workers)``: the live pool starters this process started (its children
-    running the pool's bootstrap) and the workers they forked, read from Linux's /proc."""
-    parents = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/stat" % pid, "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):  # (it ended meanwhile)
-            continue
-        if fields[0] != b"Z" and b"gluon_data.convert.workerprocs" in cmd:
-            parents[int(pid)] = int(fields[1])
-    starters = [pid for pid, ppid in parents.items() if ppid == os.getpid()]
-    return starters, [pid for pid, ppid in parents.items() if ppid in starters]
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
 def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, tmp_path,
                                                                      monkeypatch):
@@ -176,7 +160,7 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
     real = local.plan_source
 
     def listing(*a, **k):
-        seen.append(len(_pool_processes()[0]))
+        seen.append(len(pool_processes()[0]))
         return real(*a, **k)
     monkeypatch.setattr(local, "plan_source", listing)
     out = str(tmp_path / "o.rec")
@@ -185,7 +169,7 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
 
     def results(pool, *a, **k):
         forked.append(sorted(w.pid for w in pool.processes))
-        forked.append(sorted(_pool_processes()[1]))
+        forked.append(sorted(pool_processes()[1]))
         return real_results(pool, *a, **k)
     monkeypatch.setattr(loop, "_results", results)
     rep = convert(voc150, out, "voc", split="trainval", workers=3)
@@ -193,7 +177,7 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
     assert len(forked[0]) == 3 and forked[0] == forked[1]
     with pytest.raises(ConversionError, match="not a VOC folder"):
         convert(str(tmp_path), str(tmp_path / "p.rec"), "voc", workers=3)
-    assert seen == [1, 1] and _pool_processes() == ([], [])
+    assert seen == [1, 1] and pool_processes() == ([], [])
     assert not os.path.exists(str(tmp_path / "p.rec"))
 
 

@@ -25,7 +25,7 @@ from gluon_data.errors import ConversionError
 from gluon_data.storage.perprocess import LIBRARY_THREADS_ENV
 from gluon_data.stores.recwriter import RecordWriter
 
-from conftest import same_output_bytes
+from conftest import pool_processes, same_output_bytes
 
 
 @pytest.fixture(scope="module")
@@ -402,20 +402,122 @@ def test_workers_forked_where_the_user_asked_for_blas_threads_compute_and_warn_n
     assert r.stdout == "ok [0, 0]\n" and r.stderr == "", (r.stdout, r.stderr)
 
 
-def test_a_pool_whose_starter_was_killed_still_ends_and_says_so():
-    """The starter killed from outside (its workers live on, served by their sockets): the
-    pool still stops within a bounded time, and a worker's end is reported with the
-    starter's exit code."""
+def _record_setup(folder):  # a worker set-up that leaves its process's mark
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+
+
+@pytest.mark.parametrize("before_fork", [True, False])
+def test_the_set_up_runs_once_in_the_starter_or_where_it_cannot_in_each_worker(
+        tmp_path, monkeypatch, before_fork):
+    """The workers' set-up runs once, in the starter, before it forks them; where libraries
+    are not safe in a forked child (macOS), the starter forks first and each worker runs
+    it: every worker, and only the workers."""
+    monkeypatch.setattr(workerprocs, "SETUP_BEFORE_FORK", before_fork)
+    pool = EncoderPool(2, _record_setup, str(tmp_path))
+    try:
+        pids = {w.pid for w in pool.processes}
+        assert {pool.submit(os.getpid).get() for _ in range(8)} <= pids
+        pool.close()
+        pool.join(30)
+    except BaseException:
+        stop_pool(pool)
+        raise
+    ran = sorted(map(int, os.listdir(tmp_path)))
+    assert ran == ([pool._starter.pid] if before_fork else sorted(pids))
+    assert [w.exitcode for w in pool.processes] == [0, 0]
+
+
+def _running(pid):
+    """Whether ``pid`` runs (not gone, not a zombie waiting to be reaped)."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_a_starter_killed_from_outside_takes_its_workers_with_it():
+    """The starter killed while its workers run long tasks: the workers end with it (none
+    is left behind that the pool could no longer see or stop), a worker's end is reported
+    with the starter's exit code, and the pool stops within a bounded time."""
     pool = start_encoder_pool(2)
     try:
-        assert pool.submit(abs, -1).get() == 1
+        pids = [w.pid for w in pool.processes]
+        tickets = [pool.submit(time.sleep, 60) for _ in range(2)]
         os.kill(pool._starter.pid, signal.SIGKILL)
         pool._starter._popen.wait(30)
+        for _ in range(3000):  # bounded: the kernel signals them at once
+            if not any(_running(pid) for pid in pids):
+                break
+            time.sleep(0.01)
+        assert not any(_running(pid) for pid in pids)
         assert all(w.exitcode == -signal.SIGKILL for w in pool.processes)
+        with pytest.raises(ConversionError, match="exit code -9"):
+            tickets[0].get()
     finally:
         t0 = time.monotonic()
         stop_pool(pool)
     assert time.monotonic() - t0 < 30
+
+
+def _second_fork_fails(preload):  # a start whose second fork fails (no more processes)
+    real = os.fork
+    calls = []
+
+    def fork():
+        calls.append(1)
+        if len(calls) >= 2:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real()
+    os.fork = fork
+
+
+def test_a_starter_that_cannot_fork_every_worker_is_a_conversion_error_not_a_hang():
+    """The first worker forked, the second fork refused: the workers not forked are
+    reported ended (exit code 1) and their sockets closed, so waiting for their results
+    raises at once instead of waiting for a worker that never came."""
+    pool = EncoderPool(3, _second_fork_fails)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ConversionError, match="exit code 1"):
+            for t in [pool.submit(os.getpid) for _ in range(6)]:
+                t.get()
+    finally:
+        stop_pool(pool)
+    assert time.monotonic() - t0 < 60
+    assert all(not w.is_alive() for w in pool.processes)
+
+
+_SETUP_PRINTS = """import sys
+sys.path[:0] = [%r]
+from gluon_data.convert.workers import EncoderPool
+from test_encoder_pool import _prints
+p = EncoderPool(3, _prints)
+p.close()
+p.join(30)
+"""
+
+
+def _prints(preload):  # a set-up that prints (a library's notice at import, say)
+    print("a notice")
+
+
+def test_what_the_set_up_prints_is_printed_once_not_once_per_worker():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r = subprocess.run([sys.executable, "-c", _SETUP_PRINTS % os.path.dirname(__file__)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "a notice\n", r.stdout
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_set_up_that_cannot_be_sent_leaves_no_process():
+    """An ``init`` that cannot be pickled fails the pool's start with its error, and the
+    starter already started is stopped and reaped, not left waiting for it."""
+    with pytest.raises(Exception, match="pickle|lambda"):
+        EncoderPool(2, lambda preload: None)
+    assert pool_processes() == ([], [])
 
 
 def _wait_for(path):  # a task that runs until the test lets it end

@@ -3,6 +3,8 @@ spawned processes, and pickled; and the stores that keep their handles by it."""
 import multiprocessing as mp
 import os
 import pickle
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -199,3 +201,20 @@ def test_a_forked_writer_refuses_to_write_and_never_flushes_its_parents_data(tmp
     r = MXRecordIO(path, "r")
     assert r.read() == b"parent" and r.read() is None
     r.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_a_process_bound_to_end_with_its_parent_ends_at_once_if_that_one_is_gone():
+    """``end_with_parent`` takes (True) for the process's real parent; named another one
+    (the parent it was forked by, ended before the call), it exits at once (status 1)."""
+    code = ("import os, sys\n"
+            "from gluon_data.storage.perprocess import ProcessMark, end_with_parent\n"
+            "print(end_with_parent(ProcessMark(os.getppid())), flush=True)\n"
+            "end_with_parent(ProcessMark(os.getppid() + int(sys.argv[1])))\n"
+            "print('still here')\n")
+    ok = subprocess.run([sys.executable, "-c", code, "0"], capture_output=True, text=True,
+                        timeout=60)
+    assert (ok.returncode, ok.stdout) == (0, "True\nstill here\n"), ok.stderr
+    gone = subprocess.run([sys.executable, "-c", code, "1"], capture_output=True, text=True,
+                          timeout=60)
+    assert (gone.returncode, gone.stdout) == (1, "True\n"), gone.stderr

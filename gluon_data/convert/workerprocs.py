@@ -6,8 +6,9 @@ OpenCV single-threaded, signals, the task's module loaded), then forks the worke
 socket the parent made, and stays to reap them, reporting each worker's pid and exit code
 to the parent (:class:`Starter`). The workers inherit its imports instead of importing
 numpy, OpenCV and the encoder once each: a worker costs a fork (milliseconds), not an
-interpreter's start (~0.2 s of CPU, on every core at once); and its pages of those
-libraries are shared.
+interpreter's start (~0.17 s of CPU here, on every core at once), and its pages of those
+libraries are shared. On macOS each worker runs the set-up itself, after the fork
+(:data:`SETUP_BEFORE_FORK`): there the saving is the interpreter's start alone.
 
 Forking is safe there and nowhere else: the starter is a process of our own that has run
 no image operation and no thread of its own (OpenCV's thread pool starts at its first
@@ -16,8 +17,9 @@ child by its fork handlers). The parent, a user's process with whatever threads 
 libraries it runs, is never forked, and the caller's main script is never imported
 (``multiprocessing``'s spawn imports it in every child, a script that converts outside
 ``if __name__ == "__main__":`` would convert again there). A task's function must live in
-a module, not in the main script. The processes talk through inherited sockets: POSIX
-systems (Linux, macOS).
+a module, not in the main script. A worker ends when its socket does (the parent gone or
+done) and, on Linux, when its starter does. The processes talk through inherited sockets:
+POSIX systems (Linux, macOS).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConversionError
+from ..storage.perprocess import ProcessMark, end_with_parent
 
 __all__ = ["Starter", "WorkerProcess"]
 
@@ -42,8 +45,11 @@ __all__ = ["Starter", "WorkerProcess"]
 #: the parent sends, from the parent's copy of the package. The working directory that
 #: ``-c`` puts first on the path is dropped before any import (a ``tempfile.py`` there would
 #: otherwise be imported by ``multiprocessing.connection``), and no socket is handed on to
-#: a process a task starts (the parent sees a worker's end as its socket's).
-_BOOT = ("import os, sys; sys.path[:] = [p for p in sys.path if p]; "
+#: a process a task starts (the parent sees a worker's end as its socket's). Ctrl-C reaches
+#: the whole process group: the starter and its workers ignore it from the first line on,
+#: and the parent stops them.
+_BOOT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+         "sys.path[:] = [p for p in sys.path if p]; "
          "from multiprocessing.connection import Connection; "
          "c = [Connection(fd) for fd in %r]; "
          "[os.set_inheritable(x.fileno(), False) for x in c]; "
@@ -66,45 +72,72 @@ def _worker_path() -> List[str]:
     return out
 
 
+#: Whether the starter runs the workers' set-up before it forks them (they inherit it), or
+#: each worker after (macOS: its system libraries are not safe to use in a child forked
+#: after they were loaded, which is why ``multiprocessing`` spawns there; the starter has
+#: then loaded only this module when it forks, as ``multiprocessing``'s forkserver does).
+SETUP_BEFORE_FORK = sys.platform != "darwin"
+
+
 def _start(ctl: Connection, conns: Sequence[Connection], init: Callable[[Any], None],
-           preload: Any) -> None:  # pragma: no cover  (in the starter)
-    """The starter's life: ``init(preload)``, a worker forked for each of ``conns``
-    (``("pid", k, pid)`` sent on ``ctl``), then each reaped (``("exit", k, code)``) until
-    none is left. A start that fails is reported as exit code 1 for every worker not
-    forked, its traceback printed; the starter never runs the interpreter's teardown."""
+           preload: Any, setup_first: bool) -> None:  # pragma: no cover  (in the starter)
+    """The starter's life: ``init(preload)`` (``setup_first``: the parent's
+    :data:`SETUP_BEFORE_FORK`; else in each worker), a worker
+    forked for each of ``conns`` (``("pid", k, pid)`` sent on ``ctl``), then each reaped
+    (``("exit", k, code)``) until none is left. A start that fails is reported as exit code
+    1 for every worker not forked, its traceback printed; the starter never runs the
+    interpreter's teardown."""
     code, pids = 0, {}
     try:
-        init(preload)
+        if setup_first:
+            init(preload)
+        me = ProcessMark()
         for k, conn in enumerate(conns):
+            _flush()  # what the set-up printed, printed once, not again by every worker
             pid = os.fork()
             if pid == 0:
-                _worker(conn, [ctl, *conns[k + 1:]])
+                _worker(conn, [ctl, *conns[k + 1:]],
+                        None if setup_first else (init, preload), me)
             conn.close()
             pids[pid] = k
             _report(ctl, ("pid", k, pid))
     except BaseException:
         traceback.print_exc()
         code = 1
-        for k in range(len(pids), len(conns)):
+        for k in range(len(pids), len(conns)):  # their sockets end: the parent sees it
+            conns[k].close()
             _report(ctl, ("exit", k, 1))
     while pids:
+        # which worker ended, left unreaped until its end is reported: the parent, which
+        # signals a worker only while no end was reported, never signals a reused pid
         try:
-            pid, status = os.wait()
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:  # (none left: never, while pids has one)
             break
-        if pid in pids:
-            _report(ctl, ("exit", pids.pop(pid), os.waitstatus_to_exitcode(status)))
+        if info is None:  # (only with WNOHANG)
+            continue
+        exited = info.si_code == os.CLD_EXITED
+        if info.si_pid in pids:
+            _report(ctl, ("exit", pids.pop(info.si_pid),
+                          info.si_status if exited else -info.si_status))
+        os.waitpid(info.si_pid, 0)
     _flush_and_exit(code)
 
 
-def _worker(conn: Connection, others: Sequence[Connection]) -> None:  # pragma: no cover
-    """A forked worker's life: the sockets that are not its own closed, :func:`serve`,
-    then an exit without the interpreter's teardown of numpy, OpenCV and Pillow (about half
-    a second per worker on a busy machine)."""
+def _worker(conn: Connection, others: Sequence[Connection],
+            setup: Optional[Tuple[Callable[[Any], None], Any]],
+            starter: ProcessMark) -> None:  # pragma: no cover  (in a worker)
+    """A forked worker's life: bound to end with its ``starter`` (Linux), the sockets that
+    are not its own closed, its ``setup`` ``(init, preload)`` run where the starter did not
+    run it, :func:`serve`, then an exit without the interpreter's teardown of numpy, OpenCV
+    and Pillow (about half a second per worker on a busy machine)."""
     code = 1
     try:
+        end_with_parent(starter)  # (elsewhere it ends at its socket's end, after its task)
         for c in others:
             c.close()
+        if setup is not None:
+            setup[0](setup[1])
         serve(conn)
         code = 0
     except BaseException:
@@ -113,12 +146,16 @@ def _worker(conn: Connection, others: Sequence[Connection]) -> None:  # pragma: 
         _flush_and_exit(code)
 
 
-def _flush_and_exit(code: int) -> None:  # pragma: no cover  (in the starter, a worker)
+def _flush() -> None:  # pragma: no cover  (in the starter, a worker)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # (a closed or broken stream: nothing more to say)
             pass
+
+
+def _flush_and_exit(code: int) -> None:  # pragma: no cover  (in the starter, a worker)
+    _flush()
     os._exit(code)
 
 
@@ -184,8 +221,15 @@ class Starter:
         self._ctl: Optional[Connection] = parent
         self.pids: Dict[int, int] = {}  # worker -> its pid
         self.codes: Dict[int, int] = {}  # worker -> its exit code
-        parent.send(_worker_path())  # both lie in the socket's buffer until read
-        parent.send((init, preload))
+        try:  # both lie in the socket's buffer until read
+            parent.send(_worker_path())
+            parent.send((init, preload, SETUP_BEFORE_FORK))
+        except BaseException:  # (an init that cannot be pickled; Ctrl-C): no process stays
+            parent.close()
+            self._ctl = None
+            self._popen.kill()
+            self._popen.wait()
+            raise
 
     def _read(self, timeout: Optional[float]) -> bool:
         """Take one report, waiting up to ``timeout`` seconds; False when none came (or
@@ -209,8 +253,9 @@ class Starter:
             pass
 
     def exitcode(self, k: int) -> Optional[int]:
-        """Worker ``k``'s exit code (negative for a signal), None while it runs; a worker
-        the starter did not report (it was killed) ends with the starter's code."""
+        """Worker ``k``'s exit code (negative for a signal), None while it runs. A starter
+        that ended without reporting worker ``k`` was killed: the worker, killed with it
+        (Linux; elsewhere it ends at its socket's end), takes the starter's code."""
         self._drain()
         if k in self.codes:
             return self.codes[k]
@@ -218,8 +263,8 @@ class Starter:
 
     def worker_pid(self, k: int) -> int:
         """Worker ``k``'s pid, once the starter forked it (waited for: it reports it at
-        once); the starter's own while it runs the start that forks it, or if it never did."""
-        while k not in self.pids and self._read(None):
+        once); the starter's own if it never forked it."""
+        while k not in self.pids and k not in self.codes and self._read(None):
             pass
         return self.pids.get(k, self.pid)
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
+import sys
 import threading
 from typing import Callable, Generic, List, Optional, Tuple, TypeVar
 
 __all__ = ["PerProcess", "ProcessMark", "reuse_freed_memory", "MALLOC_ENV",
-           "one_thread_per_library", "LIBRARY_THREADS_ENV"]
+           "one_thread_per_library", "LIBRARY_THREADS_ENV", "end_with_parent"]
 
 T = TypeVar("T")
 
@@ -243,3 +245,23 @@ def one_thread_per_library() -> List[str]:
     for name in unset:
         os.environ[name] = "1"
     return unset
+
+
+#: Linux's ``prctl`` option that signals a process when its parent ends (None elsewhere).
+_PR_SET_PDEATHSIG = 1 if sys.platform.startswith("linux") else None
+
+
+def end_with_parent(parent: ProcessMark) -> bool:
+    """Have the kernel kill this process (SIGKILL) when ``parent``, the process that forked
+    it, ends: Linux's ``prctl(PR_SET_PDEATHSIG)``. A process forked to serve another is not
+    left running when that one is killed from outside. If ``parent`` ended already (before
+    the call took), this process exits at once. Returns whether the setting took: False
+    where the system has no such call (macOS), the caller's other way to end then applies."""
+    if _PR_SET_PDEATHSIG is None:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent.pid:
+        os._exit(1)
+    return True
