@@ -461,6 +461,49 @@ def test_a_starter_killed_from_outside_takes_its_workers_with_it():
     assert time.monotonic() - t0 < 30
 
 
+def _leave_a_child_then_die(path):  # a task whose child outlives its worker
+    pid = os.fork()
+    if pid == 0:  # it holds the worker's socket open
+        time.sleep(60)
+        os._exit(0)
+    with open(path, "w") as f:
+        f.write(str(pid))
+    os._exit(7)
+
+
+def test_a_worker_that_dies_while_a_child_of_its_task_runs_on_is_seen_at_once(tmp_path):
+    """A task that started a process, then its worker died: that process holds the
+    worker's socket open, so the socket does not end; the starter's report of the worker's
+    end is what the pool sees, at once, not when that process ends."""
+    pool = start_encoder_pool(1)
+    marker = tmp_path / "child"
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ConversionError, match="exit code 7"):
+            pool.submit(_leave_a_child_then_die, str(marker)).get()
+        assert time.monotonic() - t0 < 30
+    finally:
+        stop_pool(pool)
+        if marker.exists():
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+
+
+def _ignore_sigchld(preload):  # a set-up that leaves the reaping of children to the kernel
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+
+def test_a_set_up_that_ignores_child_ends_still_gets_each_workers_exit_code():
+    pool = EncoderPool(1, _ignore_sigchld)
+    try:
+        pid = pool.submit(os.getpid).get()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ConversionError, match="exit code -9"):
+            for _ in range(4):
+                pool.submit(abs, -1).get()
+    finally:
+        stop_pool(pool)
+
+
 def _second_fork_fails(preload):  # a start whose second fork fails (no more processes)
     real = os.fork
     calls = []
@@ -587,8 +630,10 @@ def test_large_tasks_and_results_both_ways_do_not_deadlock():
 
 
 def _threads_and_settings():  # what a worker runs with, once its task function is loaded
-    import sys  # (numpy and OpenCV came with the preloaded encoder)
-    return (len(os.listdir("/proc/self/task")), "numpy" in sys.modules,
+    loaded = "numpy" in sys.modules  # (numpy and OpenCV came with the worker's set-up)
+    a = sys.modules["numpy"].ones((256, 256))
+    a @ a  # OpenBLAS starts its threads at its first product, not at import
+    return (len(os.listdir("/proc/self/task")), loaded,
             {name: os.environ.get(name) for name in LIBRARY_THREADS_ENV})
 
 

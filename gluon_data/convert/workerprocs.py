@@ -107,21 +107,38 @@ def _start(ctl: Connection, conns: Sequence[Connection], init: Callable[[Any], N
         for k in range(len(pids), len(conns)):  # their sockets end: the parent sees it
             conns[k].close()
             _report(ctl, ("exit", k, 1))
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (ignored, the kernel would reap them)
     while pids:
-        # which worker ended, left unreaped until its end is reported: the parent, which
-        # signals a worker only while no end was reported, never signals a reused pid
         try:
-            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+            pid, exitcode = _next_end()
         except ChildProcessError:  # (none left: never, while pids has one)
             break
-        if info is None:  # (only with WNOHANG)
-            continue
-        exited = info.si_code == os.CLD_EXITED
-        if info.si_pid in pids:
-            _report(ctl, ("exit", pids.pop(info.si_pid),
-                          info.si_status if exited else -info.si_status))
-        os.waitpid(info.si_pid, 0)
+        if pid in pids:
+            _report(ctl, ("exit", pids.pop(pid), exitcode))
+        if REPORT_BEFORE_REAPING:
+            os.waitpid(pid, 0)
     _flush_and_exit(code)
+
+
+#: Whether the starter reports a worker's end before it reaps it (``waitid`` with
+#: ``WNOWAIT``): the parent, which signals a worker only while no end is reported, then
+#: does not signal a pid the system may have given to another process (but in the
+#: microseconds between its check and its signal). macOS's ``waitid`` misreports a
+#: killed child's status and returns for stopped ones: there the starter reaps, then reports.
+REPORT_BEFORE_REAPING = sys.platform.startswith("linux")
+
+
+def _next_end() -> Tuple[int, int]:  # pragma: no cover  (in the starter)
+    """``(pid, exit code)`` of the next child of this process to end (negative: the
+    signal that ended it), waited for; left unreaped where :data:`REPORT_BEFORE_REAPING`."""
+    if not REPORT_BEFORE_REAPING:
+        pid, status = os.wait()
+        return pid, os.waitstatus_to_exitcode(status)
+    while True:
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        if info is not None:  # (None only with WNOHANG)
+            exited = info.si_code == os.CLD_EXITED
+            return info.si_pid, info.si_status if exited else -info.si_status
 
 
 def _worker(conn: Connection, others: Sequence[Connection],
@@ -164,6 +181,13 @@ def _report(ctl: Connection, message: tuple) -> None:  # pragma: no cover  (in t
         ctl.send(message)
     except OSError:  # the parent is gone: its workers see their sockets end, and exit
         pass
+
+
+def send_pickled(conn: Connection, obj: Any) -> None:
+    """``conn.send(obj)``, pickled into bytes first: the memoryview ``send`` pickles into,
+    kept alive by an interrupted send's frame in a traceback, would pin its buffer, which
+    the interpreter's exit then fails to close ("Exception ignored in: <_io.BytesIO ...>")."""
+    conn.send_bytes(bytes(ForkingPickler.dumps(obj)))
 
 
 def serve(conn: Connection) -> None:  # pragma: no cover  (in a worker)
@@ -222,13 +246,17 @@ class Starter:
         self.pids: Dict[int, int] = {}  # worker -> its pid
         self.codes: Dict[int, int] = {}  # worker -> its exit code
         try:  # both lie in the socket's buffer until read
-            parent.send(_worker_path())
-            parent.send((init, preload, SETUP_BEFORE_FORK))
-        except BaseException:  # (an init that cannot be pickled; Ctrl-C): no process stays
+            for message in (_worker_path(), (init, preload, SETUP_BEFORE_FORK)):
+                send_pickled(parent, message)
+        except BaseException as e:  # (an init that cannot be pickled; Ctrl-C): no process stays
             parent.close()
             self._ctl = None
             self._popen.kill()
             self._popen.wait()
+            if isinstance(e, OSError):  # it ended before it read them
+                raise ConversionError("the conversion's worker starter (pid %d) ended with "
+                                      "exit code %s before it started any worker"
+                                      % (self.pid, self._popen.returncode)) from None
             raise
 
     def _read(self, timeout: Optional[float]) -> bool:
@@ -248,15 +276,26 @@ class Starter:
         (self.pids if kind == "pid" else self.codes)[k] = value
         return True
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
+        """Take the reports that came, without waiting."""
         while self._read(0):
             pass
+
+    @property
+    def reports(self) -> Optional[Connection]:
+        """The socket the starter's reports come by (None once they ended): ready to read
+        when a worker started or ended."""
+        return self._ctl
+
+    def ended(self, k: int) -> bool:
+        """Whether worker ``k``'s end was reported (the reports that came are taken)."""
+        return self.exitcode(k) is not None
 
     def exitcode(self, k: int) -> Optional[int]:
         """Worker ``k``'s exit code (negative for a signal), None while it runs. A starter
         that ended without reporting worker ``k`` was killed: the worker, killed with it
         (Linux; elsewhere it ends at its socket's end), takes the starter's code."""
-        self._drain()
+        self.drain()
         if k in self.codes:
             return self.codes[k]
         return None if self._ctl is not None else self._popen.returncode
@@ -294,7 +333,7 @@ class Starter:
         except subprocess.TimeoutExpired:
             self._popen.kill()
             self._popen.wait()
-        self._drain()
+        self.drain()
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None

@@ -33,9 +33,13 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import ConversionError
-from .workerprocs import Starter, WorkerProcess
+from .workerprocs import Starter, WorkerProcess, send_pickled
 
 __all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES"]
+
+#: How long a worker whose stream ended is waited for, for its exit code (the starter's
+#: report comes within milliseconds of its end; a busy machine can take longer).
+_REPORT_WAIT = 10.0
 
 #: The largest pickled task that may wait in a worker's pipe behind the one it runs: far
 #: below a socket's send buffer (Linux's default is 208 KiB), so sending it never blocks.
@@ -184,7 +188,7 @@ class EncoderPool:
                 try:
                     self._conns[k].send_bytes(task)
                 except OSError:  # (BrokenPipeError) it died: at its start, or killed
-                    self._procs[k].join(1.0)
+                    self._procs[k].join(_REPORT_WAIT)
                     raise ConversionError(self._ended(k, "before its task")) from None
                 tasks.append(tid)
 
@@ -196,7 +200,14 @@ class EncoderPool:
         if not busy:
             return
         conns = [self._conns[k] for k in busy]
-        ready = self._waiting.wait(conns, timeout)  # a worker's end is the end of its stream
+        # a worker's end is the end of its stream, or (a process a task started holds the
+        # stream open) the starter's report of it
+        reports = self._starter.reports
+        ready = self._waiting.wait(conns + ([reports] if reports is not None else []),
+                                   timeout)
+        reported = reports is not None and reports in ready
+        if reported:  # (taken now: left unread, the next wait would not wait)
+            self._starter.drain()
         for k, conn in zip(busy, conns):
             ended = False
             while self._running[k] and (conn in ready or self._waiting.readable(conn)):
@@ -216,8 +227,8 @@ class EncoderPool:
                 self._answered.add(k)
             if not self._running[k]:
                 continue
-            if ended:
-                self._procs[k].join(1.0)
+            if ended or (reported and self._starter.ended(k)):
+                self._procs[k].join(_REPORT_WAIT)
                 raise ConversionError(self._ended(k, "while converting"))
         self._dispatch()
 
@@ -269,7 +280,7 @@ class EncoderPool:
             self.collect(None)
         for conn in self._conns:
             try:
-                conn.send(None)
+                send_pickled(conn, None)
             except OSError:  # (a worker gone already: reaped below)
                 pass
         for p in self._procs:
