@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import ConversionError
 from ..storage.perprocess import ProcessMark, end_with_parent
 
-__all__ = ["Starter", "WorkerProcess"]
+__all__ = ["Starter", "WorkerProcess", "pickled", "send_pickled"]
 
 #: What the starter runs (``python -c``, with its control socket and one socket per
 #: worker): the parent's ``sys.path``, then :func:`_start` with the ``init`` and ``preload``
@@ -178,16 +178,21 @@ def _flush_and_exit(code: int) -> None:  # pragma: no cover  (in the starter, a 
 
 def _report(ctl: Connection, message: tuple) -> None:  # pragma: no cover  (in the starter)
     try:
-        ctl.send(message)
+        send_pickled(ctl, message)
     except OSError:  # the parent is gone: its workers see their sockets end, and exit
         pass
 
 
+def pickled(obj: Any) -> bytes:
+    """``obj`` pickled as a message, into bytes: not the memoryview ``dumps`` gives, which,
+    kept alive by an interrupted send's frame in a traceback, would pin its buffer, and the
+    interpreter's exit then fails to close it ("Exception ignored in: <_io.BytesIO ...>")."""
+    return bytes(ForkingPickler.dumps(obj))
+
+
 def send_pickled(conn: Connection, obj: Any) -> None:
-    """``conn.send(obj)``, pickled into bytes first: the memoryview ``send`` pickles into,
-    kept alive by an interrupted send's frame in a traceback, would pin its buffer, which
-    the interpreter's exit then fails to close ("Exception ignored in: <_io.BytesIO ...>")."""
-    conn.send_bytes(bytes(ForkingPickler.dumps(obj)))
+    """``conn.send(obj)``, pickled by :func:`pickled`."""
+    conn.send_bytes(pickled(obj))
 
 
 def serve(conn: Connection) -> None:  # pragma: no cover  (in a worker)

@@ -33,7 +33,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tuple
 
 from ..errors import ConversionError
-from .workerprocs import Starter, WorkerProcess, send_pickled
+from .workerprocs import Starter, WorkerProcess, pickled, send_pickled
 
 __all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES"]
 
@@ -167,10 +167,7 @@ class EncoderPool:
                             "processes do not import: define it in a module the script "
                             "imports" % getattr(inner, "__qualname__", inner))
         tid = next(self._ids)
-        # bytes, not the memoryview dumps gives: a view kept alive by an interrupted
-        # send (its frame in a traceback) would pin its BytesIO, which the interpreter's
-        # exit then fails to close ("Exception ignored in: <_io.BytesIO ...>")
-        self._queued.append((tid, bytes(ForkingPickler.dumps((fn, args)))))
+        self._queued.append((tid, pickled((fn, args))))
         self._dispatch()
         return Ticket(self, tid)
 
