@@ -17,10 +17,18 @@ The datasets (``segmentation train``: ``base_size=520, crop_size=480``, uint8 CH
   changes, emulated here (the mask cast in the worker; ``cv2.setNumThreads(0)`` in a
   ``worker_init_fn``);
 * ``ours, mask_dtype='uint8'``: the dataset's own option, where this version has it;
+* ``ours, uint8, workers niced``: the same with each worker at a lower CPU priority than the
+  consumer (``os.nice(10)`` in a ``worker_init_fn``), so that where the cores are all busy
+  the consumer is served first;
 * ``files``: a PIL + numpy loader of the JPEG and PNG files, written as torchvision's
   segmentation reference does (random resize 0.5-2.0 of 520, pad, crop 480, flip; uint8 masks);
 * ``burn``: a control that spins ours' in-process CPU per item and returns zeros of ours'
-  shapes and types (``burn, uint8 masks``: the same with 1-byte masks).
+  shapes and types (``burn, uint8 masks``: the same with 1-byte masks);
+* ``free`` / ``free, uint8 masks``: zeros of those shapes and types made at no cost: what
+  the consumer takes at most of batches of that size, the main process's own share of each
+  batch (receiving it, mapping its shared memory, the copy) included. A loader can deliver
+  no more than this ceiling, whatever its speed; each row's ``of ceil.`` is its rate under
+  the consumer over min(its standalone rate, the ceiling of batches of its size).
 
 Beside the rates it reads, per dataset, what each candidate cause costs: the main process's
 CPU per batch standalone (receiving, unpickling, mapping the shared memory), the workers' CPU
@@ -177,6 +185,12 @@ def opencv_sequential(_worker_id=None):
     cv2.setNumThreads(0)
 
 
+def niced(_worker_id=None):
+    """A ``worker_init_fn``: the worker at 10 steps of niceness below the process that
+    started it (a process cannot take that back)."""
+    os.nice(10)
+
+
 def _spin(ms: float) -> None:
     end = time.perf_counter() + ms / 1000
     while time.perf_counter() < end:
@@ -303,11 +317,15 @@ def datasets(workdir: str, n: int, which=None) -> dict:
             "ours, both": (CastMasks(ours), opencv_sequential),
             "files": (FilePairs(voc, ids), None),
             "burn": (Burn(len(ids), burn_ms), None),
-            "burn, uint8 masks": (Burn(len(ids), burn_ms, np.uint8), None)}
+            "burn, uint8 masks": (Burn(len(ids), burn_ms, np.uint8), None),
+            "free": (Burn(len(ids), 0.0), None),
+            "free, uint8 masks": (Burn(len(ids), 0.0, np.uint8), None)}
     if "mask_dtype" in inspect.signature(SegmentationDataset).parameters:  # the real option
-        sets["ours, mask_dtype='uint8'"] = (SegmentationDataset(
-            rec, mode="train", base_size=BASE, crop_size=CROP, seed=0, output="uint8",
-            mask_dtype="uint8", ignore_value=255), None)  # (uint8 cannot hold -1)
+        uint8 = SegmentationDataset(rec, mode="train", base_size=BASE, crop_size=CROP, seed=0,
+                                    output="uint8", mask_dtype="uint8",
+                                    ignore_value=255)  # (uint8 cannot hold -1)
+        sets["ours, mask_dtype='uint8'"] = (uint8, None)
+        sets["ours, uint8, workers niced"] = (uint8, niced)
     return {k: v for k, v in sets.items() if which is None or k in which}
 
 
@@ -332,9 +350,14 @@ def run_feed(workdir: str, n: int = 240, workers: int = 2, rounds: int = 3, batc
           "most %.0f items/s); %d workers, %d rounds, medians" % (
               spin_ms, sleep_ms, BATCH, ", the batch copied once" if touch else "", cap,
               workers, rounds), file=out)
-    print("%-22s %9s %9s %6s %9s %9s %9s %9s %9s %7s %9s %8s" % (
-        "dataset", "alone/s", "busy/s", "share", "main ms/b", "wkr ms/it", "dataset", "loader",
+    print("%-26s %9s %9s %6s %8s %9s %9s %9s %9s %9s %7s %9s %8s" % (
+        "dataset", "alone/s", "busy/s", "share", "of ceil.", "main ms/b", "wkr ms/it",
+        "dataset", "loader",
         "busy wkr", "threads", "sysc/item", "preempt"), file=out)
+    ceilings = {}  # batch bytes -> the free control's rate under the consumer, per round
+    for name, runs in got.items():
+        if name.startswith("free"):
+            ceilings[runs["busy"][0]["batch bytes"]] = [b["items/s"] for b in runs["busy"]]
     for name, runs in got.items():
         row = {key: statistics.median(r[key] for r in runs["alone"]) for key in runs["alone"][0]}
         row["busy"] = {key: statistics.median(r[key] for r in runs["busy"])
@@ -343,9 +366,14 @@ def run_feed(workdir: str, n: int = 240, workers: int = 2, rounds: int = 3, batc
         row["busy preempted/item"] = row["busy"]["preempted/item"]
         row["share"] = statistics.median(b["items/s"] / min(a["items/s"], cap)
                                          for a, b in zip(runs["alone"], runs["busy"]))
+        ceiling = ceilings.get(runs["busy"][0]["batch bytes"])
+        row["share of ceiling"] = float("nan") if ceiling is None else statistics.median(
+            b["items/s"] / min(a["items/s"], c)
+            for a, b, c in zip(runs["alone"], runs["busy"], ceiling))
         res["rows"][name] = row
-        print("%-22s %9.0f %9.0f %6.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7d %9.1f %8.2f" % (
-            name, row["items/s"], row["busy items/s"], row["share"], row["main ms/batch"],
+        print("%-26s %9.0f %9.0f %6.2f %8.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7d %9.1f %8.2f" % (
+            name, row["items/s"], row["busy items/s"], row["share"], row["share of ceiling"],
+            row["main ms/batch"],
             row["worker ms/item"], row["dataset ms/item"], row["loader ms/item"],
             row["busy"]["worker ms/item"], row["threads"], row["syscalls/item"],
             row["busy preempted/item"]), file=out, flush=True)

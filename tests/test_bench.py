@@ -445,7 +445,8 @@ def test_feed_reproduction_small(tmp_path):
         feed.import_torch()
     except ImportError:
         pytest.skip("PyTorch is not installed (GLUON_DATA_TORCH_PATH names a folder with it)")
-    which = ("ours", "ours, uint8 masks", "files", "burn")
+    which = ("ours", "ours, uint8 masks", "files", "burn", "free, uint8 masks",
+             "ours, uint8, workers niced")
     out = io.StringIO()
     res = feed.run_feed(str(tmp_path / "f"), n=32, workers=1, rounds=1, batches=2,
                         spin_ms=1.0, sleep_ms=1.0, which=which, out=out)
@@ -457,8 +458,20 @@ def test_feed_reproduction_small(tmp_path):
         assert row["worker ms/item"] > 0, name
     assert rows["ours"]["batch bytes"] == 16 * (3 * 480 * 480 + 4 * 480 * 480)
     assert rows["ours, uint8 masks"]["batch bytes"] == rows["files"]["batch bytes"] \
-        == 16 * 4 * 480 * 480
+        == rows["free, uint8 masks"]["batch bytes"] == 16 * 4 * 480 * 480
+    # the ceiling: the free control's rate under the consumer, for batches of its size only
+    assert rows["free, uint8 masks"]["share of ceiling"] == pytest.approx(1.0, abs=0.5)
+    assert rows["files"]["share of ceiling"] > 0
+    assert math.isnan(rows["ours"]["share of ceiling"])  # (no free control of int32 masks)
     assert all(name in out.getvalue() for name in which)
+    # the niced variant's workers run below this process, which is left as it was
+    main = os.nice(0)
+    ds, init = feed.datasets(str(tmp_path / "f"), 32, ("ours, uint8, workers niced",))[
+        "ours, uint8, workers niced"]
+    f = feed.Feed(feed.import_torch(), ds, 1, init)
+    assert os.nice(0) == main
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in f.pids] == [min(19, main + 10)]
+    del f
     # every item a worker reads goes through the timed wrapper, its tally shared with this
     # process: after 4 batches at start-up and 2 + 2 in one measurement, at least 8 x 16
     f = feed.Feed(feed.import_torch(), feed.Burn(64, 0.5), 1)
