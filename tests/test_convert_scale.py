@@ -82,6 +82,7 @@ def test_a_worker_imports_the_encoder_not_the_writers():
             "'gluon_data._callable', 'gluon_data._moved', 'gluon_data._version', "
             "'gluon_data.format', 'gluon_data.format.headers', 'gluon_data.convert.source_files', "
             "'gluon_data.storage', 'gluon_data.storage.fileio', 'gluon_data.storage.perprocess', "
+            "'gluon_data.storage.fsutil', "
             "'gluon_data.format.masks', 'gluon_data.format._maskrle', 'gluon_data.format.rawarray'))\n"
             "assert not heavy, heavy\n"
             "from gluon_data.convert import convert, convert_sharded, drive, Outputs\n"

@@ -495,6 +495,8 @@ def _ignore_sigchld(preload):  # a set-up that leaves the reaping of children to
 def test_a_set_up_that_ignores_child_ends_still_gets_each_workers_exit_code():
     pool = EncoderPool(1, _ignore_sigchld)
     try:
+        # the worker keeps what the set-up chose; only the starter, which reaps, resets it
+        assert pool.submit(signal.getsignal, signal.SIGCHLD).get() == signal.SIG_IGN
         pid = pool.submit(os.getpid).get()
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(ConversionError, match="exit code -9"):
@@ -667,16 +669,16 @@ def test_a_failed_segment_copy_is_raised_before_a_checkpoint_counts_on_it(tmp_pa
     pool = start_encoder_pool(1)
     try:
         copies = loop._Copies(pool, 1)
-        failed = pool.submit(chunks.copy_segments, [(str(tmp_path / "gone"), str(dest),
-                                                    [(0, 16, 0)])])
-        copies.carry(failed)
+        copy = [(str(tmp_path / "gone"), str(dest), [(0, 16, 0)])]
+        failed = pool.submit(chunks.copy_segments, copy)
+        copies.carry(failed, copy)
         for _ in range(1000):  # bounded: the worker answers in milliseconds
             if failed.ready():
                 break
             time.sleep(0.01)
         assert failed.ready()
         with pytest.raises(FileNotFoundError):
-            copies.carry(pool.submit(abs, -1))
+            copies.carry(pool.submit(abs, -1), [])
     finally:
         stop_pool(pool)
 

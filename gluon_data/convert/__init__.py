@@ -19,7 +19,8 @@ The package reads as the data flow, each module one concern, imports pointing on
 ``loop``                  :func:`drive`, the loop every planned conversion runs
 ``engines``               where shard tasks and encoders run (process pool, Dask)
 ``workers``               the process pool of encoders and shard tasks (:class:`EncoderPool`)
-``workerprocs``           how the pool's workers start (forked by one starter) and end
+``workerprocs``           how the pool's workers start (forked by one starter) and end;
+                          the starter also hashes the output as it is written
 ``planning``              a source opened and planned under one :class:`ConvertOptions`
 ``resume``                the plan digest and checkpoints (``--resume``)
 ``outputs``               output names, writers, option checks and metadata

@@ -70,19 +70,29 @@ def start_encoders(workers: int, preload: Optional[Callable[..., Any]] = None) -
     return start_encoder_pool(workers, preload) if workers > 1 else None
 
 
+#: The bytes of an output's ``.rec`` made final before they are handed on to be hashed
+#: (:meth:`_Copies.follow`): a message to the pool's starter per that many.
+FOLLOW_BYTES = 8 << 20
+
+
 class _Copies:
-    """The segment copies of a conversion, made by its workers, not by the parent.
+    """The segment copies of a conversion, made by its workers, not by the parent, and the
+    digest of the ``.rec`` that follows them.
 
     The parent reserves each chunk's place in the output (``reserve_segment``) and queues
     its copy (:meth:`add`); the next chunk handed to a worker carries the queued copies
     (:meth:`take`), which it makes before encoding. :meth:`settle` sees every queued copy
     made (the rest sent to the workers as tasks of their own) before the output is synced:
-    a checkpoint, the end of a split, the digests."""
+    a checkpoint, the end of a split, the digests. The bytes below every place still to be
+    filled are final: :meth:`follow` hands them to the pool's starter, which hashes them
+    while the workers go on, so the digest at the end (:meth:`facts`) reads only the last
+    few megabytes instead of the whole file."""
 
     def __init__(self, pool, size: int):
         self.pool, self.size = pool, size
         self.queued: list = []
-        self.carried: list = []  # the tickets of tasks carrying copies
+        self.carried: list = []  # (the ticket of a task carrying copies, those copies)
+        self.followed: Dict[str, int] = {}  # output -> its bytes handed to be hashed
 
     def add(self, segment: str, dest: str, runs: list) -> None:
         self.queued.append((segment, dest, runs))
@@ -91,28 +101,59 @@ class _Copies:
         taken, self.queued = self.queued, []
         return taken
 
-    def carry(self, result) -> None:
-        """Keep ``result``, the ticket of a task carrying copies, until :meth:`settle`; the
-        tickets already in are dropped, and a copy that failed is raised here (a full
-        disk, say), before any checkpoint counts on its bytes: a checkpoint must never cover
-        a place in the output that was reserved and not filled."""
+    def carry(self, result, copies: list) -> None:
+        """Keep ``result``, the ticket of a task carrying ``copies``, until they are made
+        (:meth:`_prune`) or :meth:`settle`."""
+        self._prune()
+        self.carried.append((result, copies))
+
+    def _prune(self) -> None:
+        """Drop the carried tasks that are done. A copy that failed is raised here (a full
+        disk, say), before any checkpoint or digest counts on its bytes: a checkpoint must
+        never cover a place in the output that was reserved and not filled."""
         running = []
-        for r in self.carried:
+        for r, copies in self.carried:
             if r.ready():
                 r.get()  # raises the worker's error
             else:
-                running.append(r)
-        self.carried = running + [result]
+                running.append((r, copies))
+        self.carried = running
 
     def settle(self) -> None:
         """Return once every copy queued so far is made (or raise the worker's error)."""
         jobs = self.take()
         step = max(1, -(-len(jobs) // self.size))
-        self.carried.extend(self.pool.submit(copy_segments, jobs[k:k + step])
+        self.carried.extend((self.pool.submit(copy_segments, jobs[k:k + step]), None)
                             for k in range(0, len(jobs), step))
-        for r in self.carried:
+        for r, _ in self.carried:
             r.get()
         self.carried = []
+
+    def follow(self, w) -> None:
+        """Hand the final bytes of writer ``w``'s partial ``.rec`` (those below the first
+        place reserved whose copy is not known to be made: every other write is made at
+        once) to the pool's starter to hash (:meth:`~.workers.EncoderPool.follow_file`), at
+        least :data:`FOLLOW_BYTES` at a time. Called between chunks; it asks the workers
+        nothing (the copies known made are those :meth:`carry` saw done), so it costs the
+        parent no system call but the hand-over."""
+        if not hasattr(w, "reserve_segment"):
+            return
+        dest = w.partial_path
+        done = self.followed.get(dest, 0)
+        if w.bytes_written - done < FOLLOW_BYTES:
+            return
+        pending = [copies for _, copies in self.carried if copies is not None]
+        final = min((at for _, d, runs in itertools.chain(self.queued, *pending) if d == dest
+                     for _, _, at in runs), default=w.bytes_written)
+        if final - done >= FOLLOW_BYTES:
+            self.pool.follow_file(dest, final)
+            self.followed[dest] = final
+
+    def facts(self, w) -> Any:
+        """The facts of writer ``w``'s partial ``.rec``, every copy made and written
+        (:meth:`settle`): a ticket whose ``get`` gives them, taken by the pool's starter,
+        which hashes what :meth:`follow` did not hand it yet."""
+        return self.pool.file_facts(w.partial_path, w.bytes_written)
 
 
 def _results(pool, fn, jobs, workers: int, count: int, segments, copies=None):
@@ -145,7 +186,7 @@ def _in_order(pool, size: int, fn, it, chunk: int, segments, copies=None):
                 carried = copies.take() if copies is not None else []
                 pending.append(pool.submit(encode_chunk, fn, c, seg, carried))
                 if carried:
-                    copies.carry(pending[-1])
+                    copies.carry(pending[-1], carried)
         if not pending:
             return
         yield pending.popleft().get()
@@ -224,6 +265,8 @@ def _write_split(s: str, plan: SplitJobs, w, st: RunningStats, results, *, ckpt,
                         copies.settle()
                     ckpt.save(s, pos + 1, w, st, report.skipped)
                     cadence.taken()
+        if copies is not None:
+            copies.follow(w)
         bar.update(len(chunk))
     if copies is not None:
         copies.settle()
@@ -337,16 +380,18 @@ def _publish(writers: Dict[str, Any], stats: Dict[str, RunningStats], ckpt,
     ckpt.remove()
 
 
-def _facts_by(pool, writers: Dict[str, Any]) -> Callable[[str], Optional[dict]]:
+def _facts_by(copies: _Copies, writers: Dict[str, Any]) -> Callable[[str], Optional[dict]]:
     """:func:`~gluon_data.storage.fsutil.file_facts` of every writer's partial ``.rec`` and
-    ``.idx``, taken by the pool's workers in parallel while this process makes the files
-    durable and finishes: the digests are the one pass over the output's bytes, and they
-    read the page cache while the fsync waits for the device."""
+    ``.idx``, taken beside this process while it makes the files durable and finishes: the
+    ``.rec``'s by the pool's starter, which has hashed most of it already
+    (:meth:`_Copies.follow`), the ``.idx``'s by a worker. The digests read the page cache
+    while the fsync waits for the device."""
     taken: Dict[str, Any] = {}
     for w in writers.values():
         if hasattr(w, "partial_files"):
             w.flush()  # every byte in place: the files read as they will be published
-            taken.update((p, pool.submit(file_facts, p)) for p in w.partial_files)
+            taken.update((p, copies.facts(w) if p == w.partial_path
+                          else copies.pool.submit(file_facts, p)) for p in w.partial_files)
     for w in writers.values():
         if hasattr(w, "partial_files"):
             w.sync()
@@ -415,8 +460,8 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
                              ckpt=ckpt, cadence=cadence, report=report, on_error=on_error,
                              bar=bar, last=k == len(splits) - 1, copies=copies)
             facts: Callable[[str], Optional[dict]] = file_facts
-            if pool is not None:  # all results are in: the workers digest the outputs, exit
-                facts = _facts_by(pool, writers)
+            if copies is not None:  # all results are in: the digests are taken, workers exit
+                facts = _facts_by(copies, writers)
                 pool.close()
             _publish(writers, stats, ckpt, report, finish_meta, source, verb, facts)
             if pool is not None:

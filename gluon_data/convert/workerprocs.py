@@ -4,7 +4,10 @@ One fresh interpreter, the *starter*, runs :data:`_BOOT`: it takes the parent's
 ``sys.path``, sets itself up once (``init(preload)``: one thread per numerical library,
 OpenCV single-threaded, signals, the task's module loaded), then forks the workers, one per
 socket the parent made, and stays to reap them, reporting each worker's pid and exit code
-to the parent (:class:`Starter`). The workers inherit its imports instead of importing
+to the parent (:class:`Starter`). Once they are forked it also takes the digests of the
+conversion's output files as the parent tells it their bytes are final
+(:func:`_serve_digests`), on a core the workers leave, so that they need not be read once
+more at the end. The workers inherit its imports instead of importing
 numpy, OpenCV and the encoder once each: a worker costs a fork (milliseconds), not an
 interpreter's start (~0.17 s of CPU here, on every core at once), and its pages of those
 libraries are shared. On macOS each worker runs the set-up itself, after the fork
@@ -28,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from multiprocessing import process, spawn
@@ -35,7 +39,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConversionError
+from ..errors import ConversionError, GluonDataError
+from ..storage.fsutil import GrowingDigest
 from ..storage.perprocess import ProcessMark, end_with_parent
 
 __all__ = ["Starter", "WorkerProcess", "pickled", "send_pickled"]
@@ -91,23 +96,28 @@ def _start(ctl: Connection, conns: Sequence[Connection], init: Callable[[Any], N
     try:
         if setup_first:
             init(preload)
+        # SIGCHLD at its default here from the first fork on (were it ignored, as a set-up
+        # may leave it, the kernel would reap a worker that ends and its exit code be lost);
+        # each worker gets back what the set-up chose
+        chld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         me = ProcessMark()
         for k, conn in enumerate(conns):
             _flush()  # what the set-up printed, printed once, not again by every worker
             pid = os.fork()
             if pid == 0:
                 _worker(conn, [ctl, *conns[k + 1:]],
-                        None if setup_first else (init, preload), me)
+                        None if setup_first else (init, preload), me, chld)
             conn.close()
             pids[pid] = k
             _report(ctl, ("pid", k, pid))
+        # (a thread only now: never one in a process that still forks)
+        threading.Thread(target=_serve_digests, args=(ctl,), daemon=True).start()
     except BaseException:
         traceback.print_exc()
         code = 1
         for k in range(len(pids), len(conns)):  # their sockets end: the parent sees it
             conns[k].close()
             _report(ctl, ("exit", k, 1))
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (ignored, the kernel would reap them)
     while pids:
         try:
             pid, exitcode = _next_end()
@@ -143,13 +153,16 @@ def _next_end() -> Tuple[int, int]:  # pragma: no cover  (in the starter)
 
 def _worker(conn: Connection, others: Sequence[Connection],
             setup: Optional[Tuple[Callable[[Any], None], Any]],
-            starter: ProcessMark) -> None:  # pragma: no cover  (in a worker)
-    """A forked worker's life: bound to end with its ``starter`` (Linux), the sockets that
-    are not its own closed, its ``setup`` ``(init, preload)`` run where the starter did not
-    run it, :func:`serve`, then an exit without the interpreter's teardown of numpy, OpenCV
-    and Pillow (about half a second per worker on a busy machine)."""
+            starter: ProcessMark, chld: Any) -> None:  # pragma: no cover  (in a worker)
+    """A forked worker's life: the SIGCHLD disposition ``chld`` the set-up chose restored,
+    bound to end with its ``starter`` (Linux), the sockets that are not its own closed, its
+    ``setup`` ``(init, preload)`` run where the starter did not run it, :func:`serve`, then
+    an exit without the interpreter's teardown of numpy, OpenCV and Pillow (about half a
+    second per worker on a busy machine)."""
     code = 1
     try:
+        if chld is not None:  # (None: a handler not set from Python, left as it is)
+            signal.signal(signal.SIGCHLD, chld)
         end_with_parent(starter)  # (elsewhere it ends at its socket's end, after its task)
         for c in others:
             c.close()
@@ -176,11 +189,52 @@ def _flush_and_exit(code: int) -> None:  # pragma: no cover  (in the starter, a 
     os._exit(code)
 
 
+#: The starter's two threads both report on its control socket, one message at a time.
+_SENDING = threading.Lock()
+
+
 def _report(ctl: Connection, message: tuple) -> None:  # pragma: no cover  (in the starter)
     try:
-        send_pickled(ctl, message)
+        with _SENDING:
+            send_pickled(ctl, message)
     except OSError:  # the parent is gone: its workers see their sockets end, and exit
         pass
+
+
+def _serve_digests(ctl: Connection) -> None:
+    """The starter's second thread, started once every worker is forked: the parent's
+    requests on the control socket, until it closes it. ``("follow", path, upto)``: hash
+    ``path``'s bytes up to ``upto``, which the parent knows are final
+    (:class:`~gluon_data.storage.fsutil.GrowingDigest`); ``("facts", path, size)``: hash the
+    rest, answered ``("facts", path, facts)``, or the reason as a string where the file
+    could not be read (every later request for it is then answered so)."""
+    digests: Dict[str, GrowingDigest] = {}
+    failed: Dict[str, str] = {}
+    while True:
+        try:
+            kind, path, upto = ForkingPickler.loads(ctl.recv_bytes())
+        except (EOFError, OSError):  # the parent closed it, or is gone
+            break
+        facts = None
+        if path not in failed:
+            try:
+                digest = digests.get(path)
+                if digest is None:
+                    digest = digests[path] = GrowingDigest(path)
+                digest.advance(upto)
+                facts = digest.facts(upto) if kind == "facts" else None
+            except (OSError, GluonDataError) as e:
+                failed[path] = getattr(e, "reason", None) or str(e) or type(e).__name__
+                digest = digests.pop(path, None)
+                if digest is not None:
+                    digest.close()
+        if kind == "facts":
+            done = digests.pop(path, None)
+            if done is not None:
+                done.close()
+            _report(ctl, ("facts", path, facts if facts is not None else failed[path]))
+    for digest in digests.values():
+        digest.close()
 
 
 def pickled(obj: Any) -> bytes:
@@ -250,6 +304,7 @@ class Starter:
         self._ctl: Optional[Connection] = parent
         self.pids: Dict[int, int] = {}  # worker -> its pid
         self.codes: Dict[int, int] = {}  # worker -> its exit code
+        self._facts: Dict[str, Any] = {}  # path -> its facts (or why none), as answered
         try:  # both lie in the socket's buffer until read
             for message in (_worker_path(), (init, preload, SETUP_BEFORE_FORK)):
                 send_pickled(parent, message)
@@ -278,8 +333,44 @@ class Starter:
             self._ctl = None
             self._popen.wait()  # (its reports end when it exits)
             return False
-        (self.pids if kind == "pid" else self.codes)[k] = value
+        if kind == "facts":
+            self._facts[k] = value
+        else:
+            (self.pids if kind == "pid" else self.codes)[k] = value
         return True
+
+    def follow(self, path: str, upto: int) -> None:
+        """Have the starter hash ``path``'s bytes up to ``upto`` now: they must be final, no
+        write will change them again (:func:`_serve_digests`)."""
+        self._ask(("follow", path, upto))
+
+    def ask_facts(self, path: str, size: int) -> None:
+        """Have the starter finish ``path``'s digest at ``size`` bytes (:meth:`facts`)."""
+        self._ask(("facts", path, size))
+
+    def facts(self, path: str) -> dict:
+        """``path``'s facts (``{"bytes", "sha256"}``) that :meth:`ask_facts` asked for,
+        waited for; a file it could not read, or a starter gone before it answered, is a
+        :class:`ConversionError`."""
+        while path not in self._facts:
+            if not self._read(None) and self._ctl is None:
+                raise ConversionError("the conversion's worker starter (pid %d) ended with "
+                                      "exit code %s before it gave the digest of the output"
+                                      % (self.pid, self._popen.returncode), path)
+        got = self._facts.pop(path)
+        if isinstance(got, str):
+            raise ConversionError("cannot take the digest of the output: %s" % got, path)
+        return got
+
+    def _ask(self, message: tuple) -> None:
+        try:
+            if self._ctl is None:
+                raise OSError("its control socket is closed")
+            send_pickled(self._ctl, message)
+        except OSError:
+            raise ConversionError("the conversion's worker starter (pid %d) is gone: the "
+                                  "output's digest cannot be taken" % self.pid,
+                                  message[1]) from None
 
     def drain(self) -> None:
         """Take the reports that came, without waiting."""

@@ -35,7 +35,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Set, Tu
 from ..errors import ConversionError
 from .workerprocs import Starter, WorkerProcess, pickled, send_pickled
 
-__all__ = ["EncoderPool", "Ticket", "QUEUED_MAX_BYTES"]
+__all__ = ["EncoderPool", "Ticket", "FactsTicket", "QUEUED_MAX_BYTES"]
 
 #: How long a worker whose stream ended is waited for, for its exit code (the starter's
 #: report comes within milliseconds of its end; a busy machine can take longer).
@@ -113,6 +113,21 @@ class Ticket:
         return value
 
 
+class FactsTicket:
+    """A file's facts asked of a pool's starter (:meth:`EncoderPool.file_facts`):
+    :meth:`get` waits for them (a :class:`~gluon_data.errors.ConversionError` where the
+    file could not be read)."""
+
+    def __init__(self, starter: Starter, path: str):
+        self._starter, self.path = starter, path
+        self._facts: Optional[dict] = None
+
+    def get(self) -> dict:
+        if self._facts is None:
+            self._facts = self._starter.facts(self.path)
+        return self._facts
+
+
 class EncoderPool:
     """``workers`` worker processes, forked by one starter process that ran ``init(preload)``
     (SIGINT ignored, OpenCV single-threaded: ``engines.worker_init``) once for them all (on
@@ -170,6 +185,19 @@ class EncoderPool:
         self._queued.append((tid, pickled((fn, args))))
         self._dispatch()
         return Ticket(self, tid)
+
+    def follow_file(self, path: str, upto: int) -> None:
+        """Have the pool's starter take ``path``'s SHA-256 up to byte ``upto`` now, beside
+        the workers: those bytes must be final, no write will change them again
+        (:class:`~gluon_data.storage.fsutil.GrowingDigest`)."""
+        self._starter.follow(path, upto)
+
+    def file_facts(self, path: str, size: int) -> "FactsTicket":
+        """:func:`~gluon_data.storage.fsutil.file_facts` of ``path``, ``size`` bytes long,
+        taken by the pool's starter (what :meth:`follow_file` did not hash yet is hashed
+        now): its :meth:`FactsTicket.get` waits for them."""
+        self._starter.ask_facts(path, size)
+        return FactsTicket(self._starter, path)
 
     def _dispatch(self) -> None:
         for held in (0, 1):  # the idle workers first, then one waiting task each

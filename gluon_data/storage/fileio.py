@@ -3,7 +3,8 @@
 The containers (:mod:`gluon_data.stores.recordio`, :mod:`gluon_data.stores.lmdbio`) and the metadata
 reader (:mod:`gluon_data.format.meta`) share these, so each lives once, below all of them: this
 module imports nothing of ours but :mod:`gluon_data.errors` and the per-process rule
-(:mod:`gluon_data.storage.perprocess`), and no MXNet.
+(:mod:`gluon_data.storage.perprocess`), no MXNet, and numpy only where a read-ahead hint
+needs it.
 """
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import errno
 import os
 import stat
 import warnings
-from typing import IO, Any, Callable, Optional, Sequence, Tuple, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, Union
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from ..errors import FormatError, ResourceError
 from .perprocess import PerProcess
@@ -259,6 +261,9 @@ def advise_willneed(fd: int, starts: Union[np.ndarray, Sequence[int]],
     ``posix_fadvise``; an OS error is ignored (a hint, not a read)."""
     if _FADV_WILLNEED is None or not len(starts):
         return
+    # numpy here only: the rest of this module runs without it, so a conversion's worker
+    # starter imports it (its outputs' digests) before it limits numpy's threads
+    import numpy as np
     starts = np.asarray(starts, np.int64)
     ends = np.asarray(ends, np.int64)
     order = np.argsort(starts, kind="stable")

@@ -20,12 +20,12 @@ import shutil
 import stat
 from typing import IO, Any, Iterable, List, Optional, Tuple
 
-from ..errors import CacheError, ConversionError, OutputError, ResourceError
-from .fileio import open_regular
+from ..errors import CacheError, ConversionError, FormatError, OutputError, ResourceError
+from .fileio import open_or_explain, open_regular
 
 __all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
            "OutputLock", "holds_only_lmdb", "LMDB_DATA", "LMDB_LOCK", "sha256_file",
-           "file_facts"]
+           "file_facts", "GrowingDigest", "start_writeback"]
 
 #: LMDB's own files in an environment directory: the data, and the lock file py-lmdb makes
 #: beside it (never published: FORMAT.md section 5). Defined here, the lowest layer naming them.
@@ -424,3 +424,62 @@ def file_facts(path: str) -> Optional[dict]:
         return {"bytes": size, "sha256": sha256_file(path)}
     except FileNotFoundError:
         return None
+
+
+class GrowingDigest:
+    """:func:`file_facts` of a file that is still being written, its bytes hashed as they
+    become final: :meth:`advance` takes them up to an offset the caller knows no write will
+    change again, and :meth:`facts` the rest, up to the file's size, then gives what
+    :func:`file_facts` gives (the same ``{"bytes", "sha256"}``). A conversion's output is
+    so hashed while its later records are still written, instead of read once more at the
+    end. Each range hashed is also handed to the device (:func:`start_writeback`), so the
+    writer's final ``fsync`` has little left to wait for."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.pos = 0  # the bytes hashed so far
+        self._fd = open_or_explain(path)  # (the one input rule: a regular file)
+        self._sha = hashlib.sha256()
+
+    def advance(self, upto: int) -> None:
+        """Hash the bytes from where the last call stopped up to offset ``upto``. A file
+        that ends before is a :class:`~gluon_data.errors.FormatError` naming it."""
+        while self.pos < upto:
+            data = os.pread(self._fd, min(upto - self.pos, 4 << 20), self.pos)
+            if not data:
+                raise FormatError("the file ends at byte %d, before the %d its writer has "
+                                  "written" % (self.pos, upto), self.path)
+            self._sha.update(data)
+            start_writeback(self._fd, self.pos, len(data))
+            self.pos += len(data)
+
+    def facts(self, size: int) -> dict:
+        """The file's facts, its first ``size`` bytes hashed (:meth:`advance`); it must be
+        no longer (a longer one is a :class:`~gluon_data.errors.FormatError`)."""
+        self.advance(size)
+        have = os.fstat(self._fd).st_size
+        if have != size:
+            raise FormatError("the file has %d bytes, its writer wrote %d" % (have, size),
+                              self.path)
+        return {"bytes": size, "sha256": self._sha.hexdigest()}
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """Have the system start writing the ``nbytes`` bytes of ``fd`` from ``offset`` to the
+    device now, without waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``): a later
+    ``fsync`` then waits for less. Durability still needs that ``fsync``. Returns whether
+    it was started: False where the system has no such call, or refused it."""
+    try:
+        fn = _get_libc().sync_file_range
+    except AttributeError:  # no libc, or no sync_file_range in it (macOS)
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    return fn(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0
