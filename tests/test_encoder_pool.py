@@ -492,6 +492,33 @@ def _ignore_sigchld(preload):  # a set-up that leaves the reaping of children to
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 
 
+def _kill_the_first_worker_at_its_fork(preload):
+    """A set-up that ignores SIGCHLD, then has the starter kill its first worker as soon as
+    it is forked and wait, before it forks the next."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    real, forked = os.fork, []
+
+    def fork():
+        pid = real()
+        forked.append(pid)
+        if pid and len(forked) == 1:
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)  # (the kernel would reap it meanwhile, were SIGCHLD ignored)
+        return pid
+
+    os.fork = fork
+
+
+def test_a_worker_that_ends_while_the_others_are_forked_keeps_its_exit_code():
+    pool = EncoderPool(2, _kill_the_first_worker_at_its_fork)
+    try:
+        pool._procs[0].join(30)
+        assert pool._procs[0].exitcode == -9
+        assert pool._procs[1].exitcode is None
+    finally:
+        stop_pool(pool)
+
+
 def test_a_set_up_that_ignores_child_ends_still_gets_each_workers_exit_code():
     pool = EncoderPool(1, _ignore_sigchld)
     try:

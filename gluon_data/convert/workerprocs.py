@@ -40,7 +40,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConversionError, GluonDataError
-from ..storage.fsutil import GrowingDigest
+from ..storage.fsutil import GrowingDigest, file_facts
 from ..storage.perprocess import ProcessMark, end_with_parent
 
 __all__ = ["Starter", "WorkerProcess", "pickled", "send_pickled"]
@@ -80,7 +80,8 @@ def _worker_path() -> List[str]:
 #: Whether the starter runs the workers' set-up before it forks them (they inherit it), or
 #: each worker after (macOS: its system libraries are not safe to use in a child forked
 #: after they were loaded, which is why ``multiprocessing`` spawns there; the starter has
-#: then loaded only this module when it forks, as ``multiprocessing``'s forkserver does).
+#: then loaded only this module and the standard library's, no image or numerical library,
+#: when it forks, as ``multiprocessing``'s forkserver does).
 SETUP_BEFORE_FORK = sys.platform != "darwin"
 
 
@@ -110,8 +111,7 @@ def _start(ctl: Connection, conns: Sequence[Connection], init: Callable[[Any], N
             conn.close()
             pids[pid] = k
             _report(ctl, ("pid", k, pid))
-        # (a thread only now: never one in a process that still forks)
-        threading.Thread(target=_serve_digests, args=(ctl,), daemon=True).start()
+        _start_digests(ctl)  # (a thread only now: never one in a process that still forks)
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -161,8 +161,8 @@ def _worker(conn: Connection, others: Sequence[Connection],
     second per worker on a busy machine)."""
     code = 1
     try:
-        if chld is not None:  # (None: a handler not set from Python, left as it is)
-            signal.signal(signal.SIGCHLD, chld)
+        if chld is not None:  # (None: a handler set outside Python, which cannot be put
+            signal.signal(signal.SIGCHLD, chld)  # back from here: the default stays)
         end_with_parent(starter)  # (elsewhere it ends at its socket's end, after its task)
         for c in others:
             c.close()
@@ -201,20 +201,41 @@ def _report(ctl: Connection, message: tuple) -> None:  # pragma: no cover  (in t
         pass
 
 
+def _start_digests(ctl: Connection) -> None:  # pragma: no cover  (in the starter)
+    """Start the thread that takes the output's digests (:func:`_serve_digests`); where it
+    cannot start (a limit on threads), or once it stops for anything but the parent's end,
+    the parent is told ``("digests", -1, reason)`` and takes the digests itself."""
+    try:
+        threading.Thread(target=_serve_digests, args=(ctl,), daemon=True).start()
+    except Exception as e:  # ("can't start new thread")
+        _report(ctl, ("digests", -1, "%s: %s" % (type(e).__name__, e)))
+
+
 def _serve_digests(ctl: Connection) -> None:
     """The starter's second thread, started once every worker is forked: the parent's
     requests on the control socket, until it closes it. ``("follow", path, upto)``: hash
     ``path``'s bytes up to ``upto``, which the parent knows are final
     (:class:`~gluon_data.storage.fsutil.GrowingDigest`); ``("facts", path, size)``: hash the
     rest, answered ``("facts", path, facts)``, or the reason as a string where the file
-    could not be read (every later request for it is then answered so)."""
+    could not be read (every later request for it is then answered so). Whatever else
+    stops it is reported as ``("digests", -1, reason)``: the parent never waits on it."""
     digests: Dict[str, GrowingDigest] = {}
+    try:
+        _answer_digests(ctl, digests)
+    except BaseException as e:
+        _report(ctl, ("digests", -1, "%s: %s" % (type(e).__name__, e)))
+    finally:
+        for digest in digests.values():
+            digest.close()
+
+
+def _answer_digests(ctl: Connection, digests: Dict[str, GrowingDigest]) -> None:
     failed: Dict[str, str] = {}
     while True:
         try:
             kind, path, upto = ForkingPickler.loads(ctl.recv_bytes())
         except (EOFError, OSError):  # the parent closed it, or is gone
-            break
+            return
         facts = None
         if path not in failed:
             try:
@@ -223,18 +244,16 @@ def _serve_digests(ctl: Connection) -> None:
                     digest = digests[path] = GrowingDigest(path)
                 digest.advance(upto)
                 facts = digest.facts(upto) if kind == "facts" else None
-            except (OSError, GluonDataError) as e:
+            except Exception as e:  # (a file gone, unreadable, shorter than written)
                 failed[path] = getattr(e, "reason", None) or str(e) or type(e).__name__
-                digest = digests.pop(path, None)
-                if digest is not None:
-                    digest.close()
+                gone = digests.pop(path, None)
+                if gone is not None:
+                    gone.close()
         if kind == "facts":
             done = digests.pop(path, None)
             if done is not None:
                 done.close()
             _report(ctl, ("facts", path, facts if facts is not None else failed[path]))
-    for digest in digests.values():
-        digest.close()
 
 
 def pickled(obj: Any) -> bytes:
@@ -305,6 +324,7 @@ class Starter:
         self.pids: Dict[int, int] = {}  # worker -> its pid
         self.codes: Dict[int, int] = {}  # worker -> its exit code
         self._facts: Dict[str, Any] = {}  # path -> its facts (or why none), as answered
+        self._no_digests: Optional[str] = None  # why the starter takes none (it said so)
         try:  # both lie in the socket's buffer until read
             for message in (_worker_path(), (init, preload, SETUP_BEFORE_FORK)):
                 send_pickled(parent, message)
@@ -335,6 +355,8 @@ class Starter:
             return False
         if kind == "facts":
             self._facts[k] = value
+        elif kind == "digests":
+            self._no_digests = value
         else:
             (self.pids if kind == "pid" else self.codes)[k] = value
         return True
@@ -342,22 +364,29 @@ class Starter:
     def follow(self, path: str, upto: int) -> None:
         """Have the starter hash ``path``'s bytes up to ``upto`` now: they must be final, no
         write will change them again (:func:`_serve_digests`)."""
-        self._ask(("follow", path, upto))
+        if self._no_digests is None:
+            self._ask(("follow", path, upto))
 
     def ask_facts(self, path: str, size: int) -> None:
         """Have the starter finish ``path``'s digest at ``size`` bytes (:meth:`facts`)."""
-        self._ask(("facts", path, size))
+        if self._no_digests is None:
+            self._ask(("facts", path, size))
 
     def facts(self, path: str) -> dict:
         """``path``'s facts (``{"bytes", "sha256"}``) that :meth:`ask_facts` asked for,
-        waited for; a file it could not read, or a starter gone before it answered, is a
-        :class:`ConversionError`."""
-        while path not in self._facts:
+        waited for; where the starter said it takes no digests, read here instead
+        (:func:`~gluon_data.storage.fsutil.file_facts`). A file it could not read, or a
+        starter gone before it answered, is a :class:`ConversionError`."""
+        while path not in self._facts and self._no_digests is None:
             if not self._read(None) and self._ctl is None:
                 raise ConversionError("the conversion's worker starter (pid %d) ended with "
                                       "exit code %s before it gave the digest of the output"
                                       % (self.pid, self._popen.returncode), path)
-        got = self._facts.pop(path)
+        got = self._facts.pop(path, None)
+        if got is None:  # (the starter takes none)
+            got = file_facts(path)
+            if got is None:
+                raise ConversionError("the output is gone before its digest was taken", path)
         if isinstance(got, str):
             raise ConversionError("cannot take the digest of the output: %s" % got, path)
         return got
@@ -368,9 +397,9 @@ class Starter:
                 raise OSError("its control socket is closed")
             send_pickled(self._ctl, message)
         except OSError:
-            raise ConversionError("the conversion's worker starter (pid %d) is gone: the "
-                                  "output's digest cannot be taken" % self.pid,
-                                  message[1]) from None
+            raise ConversionError("the conversion's worker starter (pid %d) ended (exit code "
+                                  "%s), and its workers with it; the conversion stopped"
+                                  % (self.pid, self._popen.poll()), message[1]) from None
 
     def drain(self) -> None:
         """Take the reports that came, without waiting."""
