@@ -230,6 +230,8 @@ def _serve_digests(ctl: Connection) -> None:
 
 
 def _answer_digests(ctl: Connection, digests: Dict[str, GrowingDigest]) -> None:
+    """:func:`_serve_digests`' requests, each answered or its failure kept for its file,
+    until the parent closes the socket; ``digests``: each file's digest under way."""
     failed: Dict[str, str] = {}
     while True:
         try:
