@@ -4,7 +4,8 @@ A task is a picklable top-level function applied to one picklable job; it writes
 and returns a small summary. The engine only schedules: locally the converter's own pool
 (:class:`~gluon_data.convert.workers.EncoderPool`, whose workers are forked from one fresh
 interpreter that never imports the caller's script); on Dask, Dask retries a failed task
-and reschedules the tasks of a worker that died. Dask is imported here only, and only for ``engine='dask'``.
+and reschedules the tasks of a worker that died. Dask is imported here only, and only for
+``engine='dask'``.
 """
 from __future__ import annotations
 

@@ -123,8 +123,8 @@ class _Copies:
         """Return once every copy queued so far is made (or raise the worker's error)."""
         jobs = self.take()
         step = max(1, -(-len(jobs) // self.size))
-        self.carried.extend((self.pool.submit(copy_segments, jobs[k:k + step]), None)
-                            for k in range(0, len(jobs), step))
+        parts = [jobs[k:k + step] for k in range(0, len(jobs), step)]
+        self.carried.extend((self.pool.submit(copy_segments, part), part) for part in parts)
         for r, _ in self.carried:
             r.get()
         self.carried = []
@@ -142,7 +142,7 @@ class _Copies:
         done = self.followed.get(dest, 0)
         if w.bytes_written - done < FOLLOW_BYTES:
             return
-        pending = [copies for _, copies in self.carried if copies is not None]
+        pending = [copies for _, copies in self.carried]
         final = min((at for _, d, runs in itertools.chain(self.queued, *pending) if d == dest
                      for _, _, at in runs), default=w.bytes_written)
         if final - done >= FOLLOW_BYTES:

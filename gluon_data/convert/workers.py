@@ -131,8 +131,8 @@ class FactsTicket:
 class EncoderPool:
     """``workers`` worker processes, forked by one starter process that ran ``init(preload)``
     (SIGINT ignored, OpenCV single-threaded: ``engines.worker_init``) once for them all (on
-    macOS each worker runs it after the fork: :mod:`.workerprocs`), running the tasks :meth:`submit` gives them, in the order given,
-    each worker holding at most two.
+    macOS each worker runs it after the fork: :mod:`.workerprocs`), running the tasks
+    :meth:`submit` gives them, in the order given, each worker holding at most two.
 
     The parent's main thread does everything: :meth:`submit` pickles and queues (never
     blocks), and waiting for a result (:meth:`Ticket.get`) reads the results that came in and

@@ -21,7 +21,7 @@ import stat
 from typing import IO, Any, Iterable, List, Optional, Tuple
 
 from ..errors import CacheError, ConversionError, FormatError, OutputError, ResourceError
-from .fileio import open_or_explain, open_regular
+from .fileio import open_or_explain
 
 __all__ = ["open_new", "atomic_write", "fsync_dir", "remove_partial_dir", "exchange_dirs",
            "OutputLock", "holds_only_lmdb", "LMDB_DATA", "LMDB_LOCK", "sha256_file",
@@ -407,38 +407,38 @@ class OutputLock:
 
 
 def sha256_file(path: str) -> str:
-    """The SHA-256 of a file's bytes (hex), read in 4 MB chunks, under the one input rule
-    (:func:`~gluon_data.storage.fileio.open_regular`: a FIFO is refused, never waited on)."""
-    h = hashlib.sha256()
-    with open_regular(path) as f:
-        for chunk in iter(lambda: f.read(4 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """The SHA-256 of a file's bytes (hex): :func:`file_facts`' digest, one read of the file
+    under the one input rule (a FIFO is refused, never waited on)."""
+    with GrowingDigest(path) as digest:
+        return digest.facts()["sha256"]
 
 
 def file_facts(path: str) -> Optional[dict]:
     """What the done rule (:mod:`gluon_data.convert.done`) records of the file at ``path``:
     ``{"bytes": n, "sha256": s}`` (``None`` when it is missing). Reads the file once."""
     try:
-        size = os.path.getsize(path)
-        return {"bytes": size, "sha256": sha256_file(path)}
+        with GrowingDigest(path) as digest:
+            return digest.facts()
     except FileNotFoundError:
         return None
 
 
 class GrowingDigest:
-    """:func:`file_facts` of a file that is still being written, its bytes hashed as they
-    become final: :meth:`advance` takes them up to an offset the caller knows no write will
-    change again, and :meth:`facts` the rest, up to the file's size, then gives what
-    :func:`file_facts` gives (the same ``{"bytes", "sha256"}``). A conversion's output is
-    so hashed while its later records are still written, instead of read once more at the
-    end. Each range hashed is also handed to the device (:func:`start_writeback`), so the
-    writer's final ``fsync`` has little left to wait for."""
+    """The one pass that hashes a file, whole (:func:`file_facts`, :func:`sha256_file`) or
+    while it is still being written, its bytes hashed as they become final: :meth:`advance`
+    takes them up to an offset the caller knows no write will change again, and
+    :meth:`facts` the rest, then gives ``{"bytes", "sha256"}``. A conversion's output is so
+    hashed while its later records are still written, instead of read once more at the
+    end. The file is opened under the one input rule
+    (:func:`~gluon_data.storage.fileio.open_or_explain`: a FIFO is refused, never waited
+    on) and read in 4 MB pieces; each range hashed is also handed to the device
+    (:func:`start_writeback`), so a writer's ``fsync`` after it has little left to wait
+    for (where the pages are written already, that costs nothing)."""
 
     def __init__(self, path: str):
         self.path = path
         self.pos = 0  # the bytes hashed so far
-        self._fd = open_or_explain(path)  # (the one input rule: a regular file)
+        self._fd = open_or_explain(path)
         self._sha = hashlib.sha256()
 
     def advance(self, upto: int) -> None:
@@ -453,9 +453,12 @@ class GrowingDigest:
             start_writeback(self._fd, self.pos, len(data))
             self.pos += len(data)
 
-    def facts(self, size: int) -> dict:
-        """The file's facts, its first ``size`` bytes hashed (:meth:`advance`); it must be
-        no longer (a longer one is a :class:`~gluon_data.errors.FormatError`)."""
+    def facts(self, size: Optional[int] = None) -> dict:
+        """The file's facts, its first ``size`` bytes hashed (:meth:`advance`; None: as
+        long as it is now); it must be no longer (a longer one is a
+        :class:`~gluon_data.errors.FormatError`)."""
+        if size is None:
+            size = os.fstat(self._fd).st_size
         self.advance(size)
         have = os.fstat(self._fd).st_size
         if have != size:
@@ -467,6 +470,12 @@ class GrowingDigest:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def __enter__(self) -> "GrowingDigest":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 _SYNC_FILE_RANGE_WRITE = 2
