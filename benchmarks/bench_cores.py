@@ -11,12 +11,14 @@ the same VOC-like pairs (``bench_common.make_dataset``), it measures in items/s:
 * ``gluon-data convert`` (pass-through) with N workers;
 * ``gluon_data.arrays.SegmentationDataset(mode='train', base_size=520, crop_size=480,
   output='uint8')`` in a torch ``DataLoader`` (batch 16, N workers; torch from ``sys.path`` or
-  ``$GLUON_DATA_TORCH_PATH``) and in a Gluon ``DataLoader`` where MXNet is installed, against
-  a plain PIL + numpy file loader of the same pairs in the same loader (the one
-  ``bench_feed.py`` defines, written as torchvision's segmentation reference does);
+  ``$GLUON_DATA_TORCH_PATH``), also with ``collate_fn=BatchRing()`` there, and in a Gluon
+  ``DataLoader`` where MXNet is installed, against a plain PIL + numpy file loader of the
+  same pairs in the same loader (the one ``bench_feed.py`` defines, written as torchvision's
+  segmentation reference does);
 * where a CUDA device and torchvision are present: ``lraspp_mobilenet_v3_large`` training
-  steps (bf16, channels_last, batch 16 at 480x480) fed by our loader at the most workers,
-  against the same steps on one batch already on the GPU.
+  steps (bf16, channels_last, batch 16 at 480x480) fed by our loader (uint8 masks,
+  ``pin_memory=True``; default collation, then ``BatchRing``) at the most workers, against
+  the same steps on one batch already on the GPU.
 
 Each loader runs in its own interpreter (torch and MXNet never share one, and no loader forks
 from a process whose OpenCV threads already ran). It prints the table and the ratios, writes
@@ -41,7 +43,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIMIT = "decode limit"
 CONVERT = "ours convert"
 LOADERS = ("ours", "files")
+#: ours in torch's DataLoader with ``collate_fn=BatchRing()``
+RING = "ours, batch ring"
 MODEL = "lraspp_mobilenet_v3_large"
+UINT8 = "ours, mask_dtype='uint8'"
 
 
 def worker_counts(most: int) -> List[int]:
@@ -57,11 +62,14 @@ def _loader_rates(kind: str, workdir: str, n: int, counts, rounds: int) -> dict:
     """In this process (a child): name -> {workers: items/s} for ours and the file loader in
     ``kind``'s DataLoader ('torch' or 'gluon'), best of ``rounds`` passes after a warm one."""
     import bench_feed
-    sets = bench_feed.datasets(workdir, n, ("ours", "files"))
+    sets = {name: (ds, None) for name, (ds, _) in
+            bench_feed.datasets(workdir, n, ("ours", "files")).items()}
+    if kind == "torch" and bench_feed.BatchRing is not None:
+        sets[RING] = (sets["ours"][0], bench_feed.BatchRing())
     out = {}
-    for name, (ds, _) in sets.items():
+    for name, (ds, collate) in sets.items():
         for w in counts:
-            loader = _loader(kind, ds, w)
+            loader = _loader(kind, ds, w, collate)
             best = 0.0
             for r in range(rounds + 1):
                 t0, seen = time.perf_counter(), 0
@@ -74,12 +82,13 @@ def _loader_rates(kind: str, workdir: str, n: int, counts, rounds: int) -> dict:
     return out
 
 
-def _loader(kind: str, ds, workers: int):
+def _loader(kind: str, ds, workers: int, collate=None):
     if kind == "torch":
         import bench_feed
         torch = bench_feed.import_torch()
         return torch.utils.data.DataLoader(ds, batch_size=bench_feed.BATCH, shuffle=True,
-                                           num_workers=workers, persistent_workers=True)
+                                           num_workers=workers, persistent_workers=True,
+                                           collate_fn=collate)
     import mxnet as mx
     return mx.gluon.data.DataLoader(ds, batch_size=16, shuffle=True, num_workers=workers,
                                     last_batch="keep")
@@ -117,7 +126,8 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
         import torchvision
     except ImportError as e:
         return {"skipped": "torchvision does not import (%s)" % e}
-    ours = bench_feed.datasets(workdir, n, ("ours",))["ours"][0]
+    # masks in one byte, 255 ignored (what the step's loss ignores; int32 masks hold -1)
+    ours = bench_feed.datasets(workdir, n, (UINT8,))[UINT8][0]
     dev = torch.device("cuda")
     model = torchvision.models.segmentation.__dict__[MODEL](
         weights=None, weights_backbone=None, num_classes=21).to(dev)
@@ -138,29 +148,38 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
 
     prefetch = 4
     ctx = multiprocessing.get_context()
-    counted = bench_feed.Timed(ours, ctx)  # the items the workers read, in shared memory
-    loader = torch.utils.data.DataLoader(counted, batch_size=bench_feed.BATCH, shuffle=True,
-                                         num_workers=workers, drop_last=True, pin_memory=True,
-                                         persistent_workers=True, prefetch_factor=prefetch,
-                                         multiprocessing_context=ctx)
-
-    def forever():
-        while True:
-            yield from loader
-
     sync = torch.cuda.synchronize
-    fed = fed_rate(step, forever(), prefetch * workers, steps, sync, lambda: counted.tally[1])
-    img, mask = next(iter(loader))
-    resident = (img.to(dev), mask.to(dev))
+    fed = {}
+    for name, collate in (("fed items/s", None), ("fed items/s, batch ring",
+                                                  bench_feed.collate_for("batch ring"))):
+        counted = bench_feed.Timed(ours, ctx)  # the items the workers read, in shared memory
+        loader = torch.utils.data.DataLoader(
+            counted, batch_size=bench_feed.BATCH, shuffle=True, num_workers=workers,
+            drop_last=True, pin_memory=True, persistent_workers=True, prefetch_factor=prefetch,
+            multiprocessing_context=ctx, collate_fn=collate)
+
+        def forever():
+            while True:
+                yield from loader
+
+        fed[name] = fed_rate(step, forever(), prefetch * workers, steps, sync,
+                             lambda: counted.tally[1])
+        if collate is None:
+            img, mask = next(iter(loader))
+            resident = (img.to(dev), mask.to(dev))
+        del loader
 
     def same():
         while True:
             yield resident
 
     on_gpu = fed_rate(step, same(), 0, steps, sync)
-    return {"fed items/s": fed, "GPU-resident items/s": on_gpu, "workers": workers,
-            "fed / GPU-resident": fed / on_gpu, "model": MODEL, "device":
-            torch.cuda.get_device_name(0)}
+    res = {"GPU-resident items/s": on_gpu, "workers": workers, "model": MODEL,
+           "device": torch.cuda.get_device_name(0)}
+    for name, rate in fed.items():
+        res[name] = rate
+        res[name.replace("fed items/s", "fed / GPU-resident")] = rate / on_gpu
+    return res
 
 
 def _child(kind: str, workdir: str, n: int, counts, rounds: int) -> dict:
@@ -230,9 +249,11 @@ def run_cores(workdir: str, n: int = 480, max_workers: Optional[int] = None, rou
         if name != LIMIT:
             ratios[name + " / " + LIMIT] = {k: v / rows[LIMIT][k] for k, v in rows[name].items()}
     for kind in ("torch", "gluon"):
-        a, b = "ours, %s DataLoader" % kind, "files, %s DataLoader" % kind
-        if a in rows and b in rows:
-            ratios[a + " / " + b] = {k: rows[a][k] / rows[b][k] for k in rows[a]}
+        b = "files, %s DataLoader" % kind
+        for ours in ("ours", RING):
+            a = "%s, %s DataLoader" % (ours, kind)
+            if a in rows and b in rows:
+                ratios[a + " / " + b] = {k: rows[a][k] / rows[b][k] for k in rows[a]}
     res = {"cpus": os.cpu_count(), "images": n, "workers": counts, "rows": rows,
            "ratios": ratios, "gpu": gpu, "skipped": skipped}
     _report(say, res)
@@ -262,9 +283,11 @@ def _report(say, res: dict) -> None:
     if "skipped" in gpu:
         say("GPU (%s fed by ours / GPU-resident): skipped: %s" % (MODEL, gpu["skipped"]))
     else:
-        say("GPU %s, %s, %d workers: fed %.0f items/s, GPU-resident %.0f: %.2f" % (
-            gpu["device"], MODEL, gpu["workers"], gpu["fed items/s"],
-            gpu["GPU-resident items/s"], gpu["fed / GPU-resident"]))
+        say("GPU %s, %s, %d workers: fed %.0f items/s (%.0f with BatchRing), GPU-resident "
+            "%.0f: %.2f (%.2f)" % (
+                gpu["device"], MODEL, gpu["workers"], gpu["fed items/s"],
+                gpu["fed items/s, batch ring"], gpu["GPU-resident items/s"],
+                gpu["fed / GPU-resident"], gpu["fed / GPU-resident, batch ring"]))
 
 
 def plot(res: dict, path: str) -> str:

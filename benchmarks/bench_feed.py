@@ -20,6 +20,9 @@ The datasets (``segmentation train``: ``base_size=520, crop_size=480``, uint8 CH
 * ``ours, uint8, workers niced``: the same with each worker at a lower CPU priority than the
   consumer (``os.nice(10)`` in a ``worker_init_fn``), so that where the cores are all busy
   the consumer is served first;
+* ``ours, uint8, batch ring``: the same collated by ``gluon_data.arrays.BatchRing`` (each
+  worker's batches in shared memory it reuses, not a new segment per batch), where this
+  version has it; ``free, uint8, batch ring`` is its ceiling;
 * ``files``: a PIL + numpy loader of the JPEG and PNG files, written as torchvision's
   segmentation reference does (random resize 0.5-2.0 of 520, pad, crop 480, flip; uint8 masks);
 * ``burn``: a control that spins ours' in-process CPU per item and returns zeros of ours'
@@ -57,6 +60,11 @@ import time
 import numpy as np
 
 from bench_common import _cpu_s, make_dataset
+
+try:
+    from gluon_data.arrays import BatchRing
+except ImportError:  # a version without it: its rows are left out
+    BatchRing = None
 
 BATCH = 16
 BASE, CROP = 520, 480
@@ -224,13 +232,14 @@ class Feed:
     """One dataset in a persistent torch DataLoader, measured standalone and under the
     consumer as often as asked, on the same workers."""
 
-    def __init__(self, torch, dataset, workers: int, init=None):
+    def __init__(self, torch, dataset, workers: int, init=None, collate=None):
         ctx = multiprocessing.get_context()
         self.timed = Timed(dataset, ctx)
         self.loader = torch.utils.data.DataLoader(
             self.timed, batch_size=BATCH, shuffle=True, num_workers=workers, drop_last=True,
             persistent_workers=workers > 0, prefetch_factor=2 if workers else None,
-            worker_init_fn=init, multiprocessing_context=ctx if workers else None)
+            worker_init_fn=init, multiprocessing_context=ctx if workers else None,
+            collate_fn=collate)
         self.ahead = 2 * workers  # the batches the workers may have read ahead
         self._it = self._forever()
         for _ in range(self.ahead + 2):  # start-up and the batches queued ahead
@@ -326,7 +335,16 @@ def datasets(workdir: str, n: int, which=None) -> dict:
                                     ignore_value=255)  # (uint8 cannot hold -1)
         sets["ours, mask_dtype='uint8'"] = (uint8, None)
         sets["ours, uint8, workers niced"] = (uint8, niced)
+        if BatchRing is not None:  # (a version with it has the option too)
+            sets["ours, uint8, batch ring"] = (uint8, None)
+            sets["free, uint8, batch ring"] = (Burn(len(ids), 0.0, np.uint8), None)
     return {k: v for k, v in sets.items() if which is None or k in which}
+
+
+def collate_for(name: str):
+    """The ``collate_fn`` of the dataset ``name``: :class:`BatchRing` for the rows that say
+    so, else the default."""
+    return BatchRing() if name.endswith("batch ring") else None
 
 
 def run_feed(workdir: str, n: int = 240, workers: int = 2, rounds: int = 3, batches: int = 30,
@@ -337,7 +355,8 @@ def run_feed(workdir: str, n: int = 240, workers: int = 2, rounds: int = 3, batc
     torch = import_torch()
     torch.set_num_threads(1)  # the consumer's own copies: one thread, as a training loop's
     sets = datasets(workdir, n, which)
-    feeds = {name: Feed(torch, ds, workers, init) for name, (ds, init) in sets.items()}
+    feeds = {name: Feed(torch, ds, workers, init, collate_for(name))
+             for name, (ds, init) in sets.items()}
     cap = 1000.0 * BATCH / (spin_ms + sleep_ms) if spin_ms + sleep_ms else float("inf")
     got = {name: {"alone": [], "busy": []} for name in feeds}
     for _ in range(rounds):
@@ -354,10 +373,13 @@ def run_feed(workdir: str, n: int = 240, workers: int = 2, rounds: int = 3, batc
         "dataset", "alone/s", "busy/s", "share", "of ceil.", "main ms/b", "wkr ms/it",
         "dataset", "loader",
         "busy wkr", "threads", "sysc/item", "preempt"), file=out)
-    ceilings = {}  # batch bytes -> the free control's rate under the consumer, per round
+    # (batch bytes, collated by the ring) -> the free control's rate under the consumer, per
+    # round
+    ceilings = {}
     for name, runs in got.items():
         if name.startswith("free"):
-            ceilings[runs["busy"][0]["batch bytes"]] = [b["items/s"] for b in runs["busy"]]
+            ceilings[runs["busy"][0]["batch bytes"], name.endswith("batch ring")] = [
+                b["items/s"] for b in runs["busy"]]
     for name, runs in got.items():
         row = {key: statistics.median(r[key] for r in runs["alone"]) for key in runs["alone"][0]}
         row["busy"] = {key: statistics.median(r[key] for r in runs["busy"])
@@ -366,7 +388,7 @@ def run_feed(workdir: str, n: int = 240, workers: int = 2, rounds: int = 3, batc
         row["busy preempted/item"] = row["busy"]["preempted/item"]
         row["share"] = statistics.median(b["items/s"] / min(a["items/s"], cap)
                                          for a, b in zip(runs["alone"], runs["busy"]))
-        ceiling = ceilings.get(runs["busy"][0]["batch bytes"])
+        ceiling = ceilings.get((runs["busy"][0]["batch bytes"], name.endswith("batch ring")))
         row["share of ceiling"] = float("nan") if ceiling is None else statistics.median(
             b["items/s"] / min(a["items/s"], c)
             for a, b, c in zip(runs["alone"], runs["busy"], ceiling))

@@ -409,6 +409,9 @@ def test_cores_sweep_small(tmp_path, capsys):
         assert (loaders <= set(rows)) != ("%s DataLoader" % kind in res["skipped"]), kind
     if importlib.util.find_spec("mxnet") is not None:
         assert "ours, gluon DataLoader" in rows
+    if "torch DataLoader" not in res["skipped"]:  # BatchRing's row, against the file loader
+        ring = "ours, batch ring, torch DataLoader"
+        assert ring in rows and ring + " / files, torch DataLoader" in res["ratios"]
     for name, by_count in rows.items():
         assert set(by_count) == {"1", "2"} and all(0 < v < math.inf for v in by_count.values())
         assert name == "decode limit" or name + " / decode limit" in res["ratios"]

@@ -185,6 +185,17 @@ class ProcessMark:
         """Whether the calling process is the marked one."""
         return self.pid == os.getpid()
 
+    def alive(self) -> bool:
+        """Whether the marked process still exists (a process that ended and was reaped
+        does not; its id may in time be another process's, which then reads as alive)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # (another user's process now has the id)
+            return True
+        return True
+
     def __reduce__(self):
         return ProcessMark, (self.pid,)
 
