@@ -1,10 +1,11 @@
 """BatchRing, the collate_fn that hands batches over in shared memory each worker reuses.
 
-The layout of a batch (what a slot holds, what goes the default way) is checked here without
-PyTorch; the batches themselves in a PyTorch client subprocess (skipped without PyTorch) with
-two real workers: equal to ``default_collate``'s, type for type, in a ring that the training
-process mapped once per worker, its slots reused once freed and never while a batch, or a view
-of one, is kept.
+The layout of a batch (what a slot holds, what travels by value, what goes the default way)
+is checked here without PyTorch; the batches themselves in a PyTorch client subprocess
+(skipped without PyTorch) with two real workers: equal to ``default_collate``'s, type for
+type, in a ring that the training process mapped once per worker, its slots reused once
+freed and never while a batch, a view of one or a numpy array taken from one is kept, and
+its rings let go once their workers or their loader are gone.
 """
 import json
 import subprocess
@@ -14,39 +15,45 @@ import numpy as np
 import pytest
 
 from gluon_data.arrays import BatchRing
-from gluon_data.arrays.batchring import layout
+from gluon_data.arrays.batchring import BY_VALUE_BYTES, layout
 from gluon_data.storage.perprocess import ProcessMark
 from conftest import torch_client_env
 
 
 def test_layout_of_a_segmentation_batch_puts_each_field_on_its_own_cache_line():
-    samples = [(np.zeros((3, 5, 7), np.uint8), np.ones((5, 7), np.int32)) for _ in range(4)]
+    samples = [(np.zeros((3, 100, 100), np.uint8), np.ones((100, 100), np.int32), 7)
+               for _ in range(4)]
     one, columns, fields = layout(samples)
-    assert not one and len(columns) == 2
-    assert fields == [("|u1", (4, 3, 5, 7), 0, 420), ("<i4", (4, 5, 7), 448, 560)]
+    assert not one and len(columns) == 3
+    assert fields == [("|u1", (4, 3, 100, 100), 0, 120000),
+                      ("<i4", (4, 100, 100), 120000, 160000),
+                      ("<i8", (4,), -1, 32)]  # (a label travels by value: keeping it keeps no slot)
 
 
 def test_layout_of_scalars_follows_default_collate_dtypes():
-    samples = [(np.zeros(2, np.float32), 1, 2.5, True, np.float32(3)) for _ in range(3)]
+    big = np.zeros(BY_VALUE_BYTES // 4, np.float32)  # a field of 4 samples needs a slot
+    samples = [(big, 1, 2.5, True, np.float32(3)) for _ in range(4)]
     _, _, fields = layout(samples)
     assert [f[0] for f in fields] == ["<f4", "<i8", "<f8", "|b1", "<f4"]
-    assert all(f[1][0] == 3 for f in fields)
-    one, _, fields = layout([np.arange(6, dtype=np.int16).reshape(2, 3)] * 5)
-    assert one and fields == [("<i2", (5, 2, 3), 0, 60)]
+    assert [f[2] for f in fields] == [0, -1, -1, -1, -1]
+    assert all(f[1][0] == 4 for f in fields)
+    one, _, fields = layout([np.zeros((100, 100), np.int16)] * 5)
+    assert one and fields == [("<i2", (5, 100, 100), 0, 100000)]
 
 
 @pytest.mark.parametrize("samples", [
     [],
-    [(np.zeros(3), np.zeros(2)), (np.zeros(4), np.zeros(2))],           # shapes differ
-    [(np.zeros(3, np.uint16),)] * 2,                                       # torch takes no uint16
-    [(np.zeros(3, ">f4"),)] * 2,                                           # not native order
-    [(np.zeros(3), "name")] * 2,                                           # a string
-    [{"image": np.zeros(3)}] * 2,                                          # a dict
-    [(1, 2.0), (1.0, 2.0)],                                                # int, then float
-    [(2 ** 63,)] * 2,                                                      # beyond int64
-    [(np.zeros(3),), [np.zeros(3)]],                                       # tuple, then list
-    [np.array(["a", "b"])] * 2,                                            # a string array
-    [np.arange(4)[::-1]] * 2,                                              # torch refuses it
+    [(np.zeros((3, 10, 10)), np.zeros(2))] * 2,                            # every field small
+    [(np.zeros(9000), np.zeros(2)), (np.zeros(9001), np.zeros(2))],        # shapes differ
+    [(np.zeros(9000, np.uint16),)] * 8,                                    # torch takes no uint16
+    [(np.zeros(9000, ">f4"),)] * 8,                                        # not native order
+    [(np.zeros(9000), "name")] * 8,                                        # a string
+    [{"image": np.zeros(9000)}] * 8,                                       # a dict
+    [(np.zeros(9000), 1), (np.zeros(9000), 1.0)],                          # int, then float
+    [(np.zeros(9000), 2 ** 63)] * 8,                                       # beyond int64
+    [(np.zeros(9000),), [np.zeros(9000)]],                                 # tuple, then list
+    [np.array(["a", "b"] * 9000)] * 8,                                     # a string array
+    [np.arange(9000)[::-1]] * 8,                                           # torch refuses it
 ])
 def test_layout_leaves_what_a_slot_cannot_hold_to_default_collate(samples):
     assert layout(samples) is None
@@ -66,9 +73,9 @@ def test_a_process_mark_tells_a_reaped_process_from_a_live_one():
 
 
 #: The client: every scenario's batches through BatchRing with two workers, compared in the
-#: client with default_collate's (num_workers=0, same order), and what the ring did.
+#: client with the same loader's batches collated by default_collate, and what the ring did.
 CLIENT = r"""
-import json, sys, weakref
+import gc, json, sys, weakref
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
@@ -79,50 +86,54 @@ seg_path, cls_path = sys.argv[1], sys.argv[2]
 
 
 class Mixed:
-    # samples of numbers beside arrays, and of a size that grows with the index
-    def __init__(self, grow=False):
-        self.grow = grow
+    # samples of numbers beside arrays (102 KB a batch of 4), of a size that grows with the
+    # index where asked (by 102 KB a batch of 4)
+    def __init__(self, grow=False, n=24):
+        self.grow, self.n = grow, n
 
     def __len__(self):
-        return 24
+        return self.n
 
     def __getitem__(self, i):
-        n = 1000 * (1 + i // 4) if self.grow else 1  # (a batch of 4 grows 48 KB a time)
-        return (np.full((n, 3), i, np.float32), i, i / 4, i % 2 == 0, np.int16(-i),
+        n = 1 + (i // 4 if self.grow else 0)
+        return (np.full((n, 80, 80), i, np.float32), i, i / 4, i % 2 == 0, np.int16(-i),
                 np.arange(n * 2, dtype=np.uint8).reshape(n, 2))
 
 
 class Named(Mixed):
     def __getitem__(self, i):
-        return (np.full(3, i, np.float32), "item%d" % i)
+        return (np.full(9000, i, np.float32), "item%d" % i)
 
 
-def corner(img, label):
-    return np.ascontiguousarray(img[:16, :16]), label
+def corner(img, label):  # a fixed-size image (49 KB), so that a batch of them stacks
+    return np.ascontiguousarray(np.tile(img[:16, :16], (8, 8, 1))), label
 
 
-def mapped():
-    return batchring._MAPPED.get(dict)
+def rings():
+    return sum(len(v) for v in batchring._MAPPED.get(dict).values())
 
 
 RING = {}  # id of a tensor made from a slot -> its ring, while the tensor lives
 received = batchring._received  # (what unpickles a batch sent in a slot)
 
 
-def record(token, *args):
-    out = received(token, *args)
+def record(place, *args):
+    out = received(place, *args)
     for t in ([out] if isinstance(out, torch.Tensor) else out):
-        RING[id(t)] = token
-        weakref.finalize(t, RING.pop, id(t), None)
+        if t.numel() * t.element_size() > batchring.BY_VALUE_BYTES:  # (not sent by value)
+            RING[id(t)] = place[1]
+            weakref.finalize(t, RING.pop, id(t), None)
     return out
 
 
 batchring._received = record
 
 
-def where(t):
-    # the ring of the slot the tensor was made from, or None (collated the default way)
-    return RING.get(id(t))
+def where(batch):
+    # the ring of the slot the batch was made from, or None (collated the default way)
+    places = {RING.get(id(t)) for t in tensors(batch)} - {None}
+    assert len(places) <= 1, places  # a batch lies in one slot, or in none
+    return places.pop() if places else None
 
 
 def same(a, b):
@@ -139,62 +150,93 @@ def tensors(batch):
         t for t in batch if isinstance(t, torch.Tensor)]
 
 
-def loader(ds, batch_size, collate_fn, persistent, workers):
+def loader(ds, batch_size, collate_fn, persistent, workers, ctx="fork"):
     # the same seed for both loaders: their workers draw the same augmentations
     return DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate_fn,
                       persistent_workers=persistent and workers > 0,
-                      multiprocessing_context="fork" if workers else None,
+                      multiprocessing_context=ctx if workers else None,
                       generator=torch.Generator().manual_seed(5))
 
 
-def run(ds, batch_size=4, keep=False, slots=8, persistent=True, epochs=1, workers=2):
-    default = loader(ds, batch_size, None, persistent, workers)
+def run(ds, batch_size=4, keep=None, slots=8, persistent=True, epochs=1, workers=2,
+        ctx="fork", share=False):
+    default = loader(ds, batch_size, None, persistent, workers, ctx)
     want = [list(default) for _ in range(epochs)]
-    ring = loader(ds, batch_size, BatchRing(slots), persistent, workers)
-    out = {"equal": True, "in ring": 0, "batches": 0, "rings seen": set(), "ptrs": set()}
+    del default
+    ring = loader(ds, batch_size, BatchRing(slots), persistent, workers, ctx)
+    out = {"equal": True, "in ring": 0, "batches": 0, "rings seen": set(), "ptrs": set(),
+           "counts": True, "kept still equal": True, "most rings": 0}
     for epoch in range(epochs):
-        kept = []
+        kept, n = [], 0
         for got, ref in zip(ring, want[epoch]):
+            n += 1
             out["equal"] &= same(got, ref)
-            places = {where(t) for t in tensors(got)}
-            assert len(places) == 1, places  # a batch lies in one slot, or in none
-            place = places.pop()
+            place = where(got)
             out["batches"] += 1
+            out["most rings"] = max(out["most rings"], rings())
             if place is not None:
                 out["in ring"] += 1
                 out["rings seen"].add(place)
                 out["ptrs"].add(tensors(got)[0].data_ptr())
-            if keep:
+            if keep == "batch":
                 kept.append((got, ref))
-        out["kept still equal"] = all(same(g, r) for g, r in kept)
-    out["rings mapped"] = len(mapped())
+            elif keep == "labels":  # a metric's targets, kept to the end of the epoch
+                kept.append((got[1], ref[1]))
+            elif keep == "numpy":  # a numpy array of the batch
+                kept.append((got[0].numpy(), ref[0]))
+        out["counts"] &= n == len(want[epoch])
+        out["kept still equal"] &= all(
+            np.array_equal(g, r.numpy()) if isinstance(g, np.ndarray) else same(g, r)
+            for g, r in kept)
+        del kept
     out["rings seen"], out["ptrs"] = len(out["rings seen"]), len(out["ptrs"])
+    del ring, got
+    gc.collect()
+    out["rings after"] = rings()  # the loader gone: its rings let go
     return out
 
 
-seg = dict(mode="train", base_size=40, crop_size=32, seed=3)
+seg = dict(mode="train", base_size=200, crop_size=160, seed=3)  # (307 KB a batch of 4)
 res = {
     "seg": run(SegmentationDataset(seg_path, **seg)),
     "seg uint8": run(SegmentationDataset(seg_path, mask_dtype="uint8", ignore_value=255,
                                          **seg)),
     "cls": run(ClassificationDataset(cls_path, transform=corner)),
     "mixed": run(Mixed()),
-    "kept": run(Mixed(), keep=True, slots=2),
-    "reused": run(Mixed(), batch_size=1, slots=4),
+    "kept": run(Mixed(), keep="batch", slots=2),
+    "labels kept": run(Mixed(n=96), keep="labels", slots=4),
+    "numpy kept": run(Mixed(), keep="numpy", slots=2),
+    "reused": run(Mixed(n=96), slots=4),
     "new workers each epoch": run(Mixed(), persistent=False, epochs=3),
-    "growing": run(Mixed(grow=True), batch_size=4, slots=4),
+    "growing": run(Mixed(grow=True), slots=4),
     "strings": run(Named()),
     "in process": run(Mixed(), workers=0),
+    "spawn": run(SegmentationDataset(seg_path, **seg), ctx="spawn"),
 }
+
 # a view of a batch outlives the batch: its slot is not reused under it
-loader = DataLoader(Mixed(), batch_size=2, num_workers=1, collate_fn=BatchRing(1),
-                    persistent_workers=True, multiprocessing_context="fork")
+one = DataLoader(Mixed(), batch_size=4, num_workers=1, collate_fn=BatchRing(1),
+                 persistent_workers=True, multiprocessing_context="fork")
 view, first, in_ring = None, None, None
-for i, batch in enumerate(loader):
+for batch in one:
     if view is None:
-        view, first, in_ring = batch[0][1:], batch[0][1:].clone(), where(batch[0]) is not None
+        view, first, in_ring = batch[0][1:], batch[0][1:].clone(), where(batch) is not None
     del batch
 res["view kept"] = {"equal": bool(torch.equal(view, first)), "in ring": in_ring}
+
+# an epoch left early, then a whole one, on the same persistent workers
+for _ in one:
+    break
+res["after a break"] = {"equal": all(same(a, b) for a, b in zip(one, DataLoader(
+    Mixed(), batch_size=4))), "batches": len(list(one))}
+
+# a collate_fn that wraps BatchRing is told what to do instead
+wrapped = BatchRing()
+try:
+    next(iter(DataLoader(Mixed(), batch_size=4, num_workers=1,
+                         collate_fn=lambda s: wrapped(s)[0], multiprocessing_context="fork")))
+except TypeError as e:
+    res["wrapped"] = str(e)
 print(json.dumps(res, default=str))
 """
 
@@ -208,18 +250,30 @@ def client(voc_rec, cls_rec):
     return json.loads(run.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", ["seg", "seg uint8", "cls", "mixed"])
+@pytest.mark.parametrize("case", ["seg", "seg uint8", "cls", "mixed", "spawn"])
 def test_batches_equal_default_collate_and_come_through_the_ring(client, case):
     got = client[case]
-    assert got["equal"], got
+    assert got["equal"] and got["counts"], got
     assert got["in ring"] == got["batches"] > 0, got
-    assert got["rings seen"] == 2, got  # one per worker, each mapped once
+    assert got["rings seen"] == 2 and got["rings after"] == 0, got  # a ring a worker
 
 
 def test_kept_batches_stay_intact_and_the_rest_go_the_default_way(client):
     got = client["kept"]
-    assert got["equal"] and got["kept still equal"], got
+    assert got["equal"] and got["counts"] and got["kept still equal"], got
     assert 0 < got["in ring"] <= 2 * 2 < got["batches"], got  # two slots a worker, all kept
+
+
+def test_kept_labels_keep_no_slot(client):
+    got = client["labels kept"]
+    assert got["equal"] and got["kept still equal"], got
+    assert got["in ring"] == got["batches"] == 24, got  # (kept slots: at most 2 * 4)
+
+
+def test_a_numpy_array_of_a_batch_keeps_its_slot(client):
+    got = client["numpy kept"]
+    assert got["equal"] and got["kept still equal"], got
+    assert 0 < got["in ring"] < got["batches"], got  # kept slots: the rest go the default way
 
 
 def test_freed_slots_are_reused(client):
@@ -230,14 +284,14 @@ def test_freed_slots_are_reused(client):
 
 def test_rings_of_ended_workers_are_let_go(client):
     got = client["new workers each epoch"]
-    assert got["equal"] and got["in ring"] == got["batches"] == 18, got
-    assert got["rings seen"] == 6 and got["rings mapped"] <= 2, got
+    assert got["equal"] and got["counts"] and got["in ring"] == got["batches"] == 18, got
+    assert got["rings seen"] == 6 and got["most rings"] <= 2 and got["rings after"] == 0, got
 
 
 def test_a_batch_larger_than_the_slots_gets_a_larger_ring(client):
     got = client["growing"]
-    assert got["equal"] and got["in ring"] == got["batches"], got
-    assert got["rings seen"] > 2 and got["rings mapped"] <= 2, got  # the smaller ones let go
+    assert got["equal"] and got["counts"] and got["in ring"] == got["batches"], got
+    assert got["rings seen"] > 2 and got["most rings"] <= 2, got  # the smaller ones let go
 
 
 def test_what_the_ring_cannot_hold_and_the_main_process_collate_as_default(client):
@@ -248,3 +302,11 @@ def test_what_the_ring_cannot_hold_and_the_main_process_collate_as_default(clien
 
 def test_a_view_of_a_freed_batch_keeps_its_slot(client):
     assert client["view kept"] == {"equal": True, "in ring": True}
+
+
+def test_an_epoch_left_early_leaves_the_next_one_whole(client):
+    assert client["after a break"] == {"equal": True, "batches": 6}
+
+
+def test_a_collate_fn_wrapping_the_ring_is_told_to_use_it_directly(client):
+    assert "give BatchRing itself to the DataLoader as its collate_fn" in client["wrapped"]

@@ -36,6 +36,11 @@ __all__ = ["BatchRing", "RING_AVAILABLE"]
 #: :class:`BatchRing` collates every batch as ``default_collate`` does.
 RING_AVAILABLE = hasattr(os, "memfd_create")
 
+#: A field of a batch of at most this many bytes (labels, class ids) is sent inside the
+#: message rather than in the slot: a training loop that keeps its labels (for a metric at
+#: the end of the epoch) then keeps no slot, and copying it costs next to nothing.
+BY_VALUE_BYTES = 64 << 10
+
 _PAGE = mmap.PAGESIZE
 _ALIGN = 64  # each field starts on a cache line
 _FREE, _TAKEN = 0, 1
@@ -93,10 +98,12 @@ def _column_field(column: Sequence[Any]) -> Optional[Tuple[np.dtype, Tuple[int, 
 
 
 def layout(samples: Sequence[Any]) -> Optional[Tuple[bool, List[Sequence[Any]], List[Field]]]:
-    """How a batch of ``samples`` lies in a slot: ``(one, columns, fields)``, ``one`` when
-    each sample is one array (the batch is one tensor) rather than a tuple or list of fields
-    (the batch is a list of tensors, as ``default_collate`` makes it); ``None`` when it is
-    anything else, which is then collated the default way."""
+    """How a batch of ``samples`` is sent: ``(one, columns, fields)``, ``one`` when each
+    sample is one array (the batch is one tensor) rather than a tuple or list of fields (the
+    batch is a list of tensors, as ``default_collate`` makes it); ``None`` when it is
+    anything else, or too small to need a slot, and is then collated the default way. A
+    field of at most :data:`BY_VALUE_BYTES` (labels) travels in the message itself, its
+    offset ``-1``, so that keeping it keeps no slot."""
     if not samples:
         return None
     first = samples[0]
@@ -114,9 +121,16 @@ def layout(samples: Sequence[Any]) -> Optional[Tuple[bool, List[Sequence[Any]], 
             return None
         dtype, shape = got
         nbytes = int(np.prod(shape)) * dtype.itemsize
+        if nbytes <= BY_VALUE_BYTES:
+            fields.append((dtype.str, shape, -1, nbytes))
+            continue
         fields.append((dtype.str, shape, offset, nbytes))
         offset += -(-nbytes // _ALIGN) * _ALIGN
-    return one, columns, fields
+    return (one, columns, fields) if offset else None
+
+
+def _slot_bytes(fields: List[Field]) -> int:
+    return max(off + nbytes for _, _, off, nbytes in fields)
 
 
 class _Ring:
@@ -165,85 +179,135 @@ class _Ring:
 
 class _Sent:
     """A batch in a slot, as a worker sends it: pickled as its place (the ring's file too,
-    the first time), unpickled in the training process as its tensors (:func:`_received`)."""
+    the first time) and its small fields' values, unpickled in the training process as its
+    tensors (:func:`_received`). It is not the batch: a ``collate_fn`` that wraps
+    :class:`BatchRing` gets this, not tensors, and is told so."""
 
-    __slots__ = ("ring", "slot", "fields", "one")
+    __slots__ = ("key", "ring", "slot", "fields", "values", "one")
 
-    def __init__(self, ring: _Ring, slot: int, fields: List[Field], one: bool):
-        self.ring, self.slot, self.fields, self.one = ring, slot, fields, one
+    def __init__(self, key: str, ring: _Ring, slot: int, fields: List[Field],
+                 values: Dict[int, np.ndarray], one: bool):
+        self.key, self.ring, self.slot, self.fields = key, ring, slot, fields
+        self.values, self.one = values, one
 
     def __reduce__(self):
         r = self.ring
-        return _received, (r.token, r.owner, r.size, r.slots, r.handle(), r.replaces,
-                           _PAGE + self.slot * r.slot_bytes, self.slot, self.fields, self.one)
+        place = (self.key, r.token, r.owner, r.size, r.slots, r.handle(), r.replaces)
+        return _received, (place, _PAGE + self.slot * r.slot_bytes, self.slot, self.fields,
+                           self.values, self.one)
+
+    def _not_a_batch(self, *_):
+        raise TypeError("a BatchRing batch becomes tensors only in the process that receives "
+                        "it from the worker: give BatchRing itself to the DataLoader as its "
+                        "collate_fn, and change batches after the loader")
+
+    __iter__ = __len__ = __getitem__ = _not_a_batch
 
 
 class _Mapped:
-    """A worker's ring as the training process maps it."""
+    """A worker's ring as the training process maps it (``mapper``: that process)."""
 
-    __slots__ = ("mm", "flags", "address", "owner")
+    __slots__ = ("mm", "flags", "address", "owner", "mapper")
 
     def __init__(self, mm: mmap.mmap, slots: int, owner: ProcessMark):
-        self.mm, self.owner = mm, owner
+        self.mm, self.owner, self.mapper = mm, owner, ProcessMark()
         self.flags = np.frombuffer(mm, np.uint8, slots)
         self.address: int = self.flags.ctypes.data
 
 
+class _Held:
+    """One received batch's hold on its slot: the slot goes back to its worker when this is
+    collected, after every array and tensor of the batch that refers to it."""
+
+    __slots__ = ("__weakref__",)
+
+    def __init__(self, ring: _Mapped, slot: int):
+        done = weakref.finalize(self, _free, ring, slot)
+        done.atexit = False  # (at exit the worker is going too; a forked child must not)
+
+
 class _Slot:
-    """The memory of one received batch: every array of the batch is a view of it (numpy
-    keeps it as their base), and the slot is freed for its worker when it is collected,
-    once the last of them is (a memoryview would not do: numpy keeps the buffer it exports,
-    not the view, and would free the slot too soon)."""
+    """The memory of one field of a received batch: numpy keeps it as the base of the
+    field's array and every view of it (a memoryview would not do: numpy keeps the buffer
+    it exports, not the view, and the slot would be freed too soon)."""
 
-    __slots__ = ("__array_interface__", "ring", "__weakref__")
+    __slots__ = ("__array_interface__", "held")
 
-    def __init__(self, ring: _Mapped, slot: int, offset: int, nbytes: int):
-        self.ring = ring
+    def __init__(self, ring: _Mapped, held: _Held, offset: int, nbytes: int):
+        self.held = held
         self.__array_interface__ = {"data": (ring.address + offset, False), "shape": (nbytes,),
                                     "typestr": "|u1", "version": 3}
-        weakref.finalize(self, _free, ring.flags, slot)
 
 
-#: The rings this process has mapped, by token (a forked child starts with none).
-_MAPPED: PerProcess[Dict[str, _Mapped]] = PerProcess()
+#: The rings this process has mapped: ``BatchRing`` key -> ring token -> ring. A forked
+#: child starts with none.
+_MAPPED: PerProcess[Dict[str, Dict[str, _Mapped]]] = PerProcess()
 
 
-def _map(token: str, owner: ProcessMark, size: int, slots: int, handle: Handle,
-         replaces: Optional[str]) -> None:
-    fd = handle.detach()
-    try:
-        mm = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
+def _prune(rings: Dict[str, Dict[str, _Mapped]], key: Optional[str],
+           replaced: Optional[str]) -> None:
+    """Forget the rings of ``key``'s ``BatchRing`` (collected with its loader), the ring
+    ``replaced`` and every ring whose worker has ended (a loader's workers of a past epoch):
+    no batch comes from them any more. Their memory stays mapped only while their tensors
+    live. The caller holds ``_MAPPED``'s lock."""
+    if key is not None:
+        rings.pop(key, None)
+    for mine in rings.values():
+        for t in [t for t, r in mine.items() if t == replaced or not r.owner.alive()]:
+            del mine[t]
+
+
+def _let_go(key: Optional[str] = None) -> None:
+    """:func:`_prune`, unless another thread is at the rings (then the next time will do):
+    before a fork and when a ``BatchRing`` is collected."""
+    rings = _MAPPED.peek()
+    lock = _MAPPED.lock()
+    if rings and lock.acquire(blocking=False):
+        try:
+            _prune(rings, key, None)
+        finally:
+            lock.release()
+
+
+if hasattr(os, "register_at_fork"):  # a worker forked now does not inherit ended rings
+    os.register_at_fork(before=_let_go)
+
+
+def _free(ring: _Mapped, slot: int) -> None:
+    if ring.mapper.here():
+        ring.flags[slot] = _FREE
+
+
+def _received(place: tuple, offset: int, slot: int, fields: List[Field],
+              values: Dict[int, np.ndarray], one: bool) -> Any:
+    """A batch in a slot, in the training process: its tensors, views of the slot (its
+    small fields from ``values``); the slot goes back to its worker once the last of them,
+    and the last view of one, is freed."""
+    key, token, owner, size, slots, handle, replaces = place
     rings = _MAPPED.get(dict)
-    with _MAPPED.lock():
-        # a ring its worker replaced, or whose worker has ended (a loader's workers of a
-        # past epoch), gets no batch any more: its memory stays only while its tensors do
-        for gone in [t for t, r in rings.items() if t == replaces or not r.owner.alive()]:
-            del rings[gone]
-        rings[token] = _Mapped(mm, slots, owner)
-
-
-def _free(flags: np.ndarray, slot: int) -> None:
-    flags[slot] = _FREE
-
-
-def _received(token: str, owner: ProcessMark, size: int, slots: int, handle: Optional[Handle],
-              replaces: Optional[str], offset: int, slot: int, fields: List[Field],
-              one: bool) -> Any:
-    """A batch in a slot, in the training process: its tensors, views of the slot, which
-    goes back to its worker once the last of them is freed."""
     if handle is not None:
-        _map(token, owner, size, slots, handle, replaces)
-    ring = _MAPPED.get(dict).get(token)
+        fd = handle.detach()
+        try:
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        with _MAPPED.lock():
+            _prune(rings, None, replaces)
+            rings.setdefault(key, {})[token] = _Mapped(mm, slots, owner)
+    ring = rings.get(key, {}).get(token)
     if ring is None:
         raise GluonDataError("a batch arrived in batch ring %s of worker process %d, which "
                              "this process never mapped (a batch ring's batches are unpickled "
                              "only by the process that received its first)" % (token, owner.pid))
-    memory = np.asarray(_Slot(ring, slot, offset, fields[-1][2] + fields[-1][3]))
     torch = _torch()
-    tensors = [torch.from_numpy(memory[off:off + nbytes].view(np.dtype(dt)).reshape(shape))
-               for dt, shape, off, nbytes in fields]
+    held = _Held(ring, slot)
+    tensors = []
+    for k, (dt, shape, off, nbytes) in enumerate(fields):
+        if off < 0:
+            tensors.append(torch.from_numpy(values[k]))
+            continue
+        memory = np.asarray(_Slot(ring, held, offset + off, nbytes))
+        tensors.append(torch.from_numpy(memory.view(np.dtype(dt)).reshape(shape)))
     return tensors[0] if one else tensors
 
 
@@ -273,14 +337,28 @@ class BatchRing:
     -----
     A batch's slot is reused once every tensor of that batch, and every view of one, is
     freed: keeping a batch (or a view of it) keeps its slot, and writing into it is safe.
-    ``pin_memory=True`` copies each batch out of its slot, which is then free at once.
+    ``pin_memory=True`` copies each batch out of its slot, which is then free at once. A
+    field of at most :data:`BY_VALUE_BYTES` (labels) is sent by value: keeping it keeps no
+    slot.
+
+    The tensors are not in torch's shared memory (``is_shared()`` is False, where
+    ``default_collate``'s are). ``share_memory_()``, or a ``torch.multiprocessing`` queue,
+    moves one into new shared memory and lets its slot go: a numpy array or DLPack capsule
+    taken from it before then no longer follows it, and its memory may be refilled. Take
+    them after, or ``clone()`` first.
+
+    Give ``BatchRing`` to the loader as its ``collate_fn`` itself: in a worker it returns a
+    placeholder that becomes the batch only where the loader receives it, so a function
+    that wraps it is refused (``TypeError``); change batches after the loader.
     """
 
     def __init__(self, slots: int = 8):
         if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 255:
             raise ValueError("slots must be an integer from 1 to 255, got %r" % (slots,))
         self.slots = slots
+        self.key = os.urandom(8).hex()  # its workers' rings, in the training process
         self._ring: PerProcess[_Ring] = PerProcess()
+        weakref.finalize(self, _let_go, self.key).atexit = False
 
     def __call__(self, samples: Sequence[Any]) -> Any:
         torch = _torch()
@@ -289,19 +367,22 @@ class BatchRing:
         if planned is None:
             return torch.utils.data.default_collate(samples)
         one, columns, fields = planned
-        ring = self._ring_for(fields[-1][2] + fields[-1][3])
+        ring = self._ring_for(_slot_bytes(fields))
         slot = ring.take()
         if slot is None:  # every slot in the training process's hands
             return torch.utils.data.default_collate(samples)
-        base = _PAGE + slot * ring.slot_bytes
-        for column, (dt, shape, off, _) in zip(columns, fields):
-            out = np.frombuffer(ring.mm, np.dtype(dt), int(np.prod(shape)),
-                                base + off).reshape(shape)
+        base, values = _PAGE + slot * ring.slot_bytes, {}
+        for k, (column, (dt, shape, off, _)) in enumerate(zip(columns, fields)):
+            if off < 0:
+                out = values[k] = np.empty(shape, np.dtype(dt))
+            else:
+                out = np.frombuffer(ring.mm, np.dtype(dt), int(np.prod(shape)),
+                                    base + off).reshape(shape)
             if isinstance(column[0], np.ndarray):
                 np.stack(column, out=out)
             else:
                 out[...] = column
-        return _Sent(ring, slot, fields, one)
+        return _Sent(self.key, ring, slot, fields, values, one)
 
     def _ring_for(self, nbytes: int) -> _Ring:
         """This worker's ring, a new one with larger slots where a batch of ``nbytes`` does
