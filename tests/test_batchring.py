@@ -81,6 +81,7 @@ import torch
 from torch.utils.data import DataLoader
 from gluon_data.arrays import BatchRing, ClassificationDataset, SegmentationDataset
 from gluon_data.arrays import batchring
+from gluon_data.storage import sharedmem
 
 seg_path, cls_path = sys.argv[1], sys.argv[2]
 
@@ -110,7 +111,7 @@ def corner(img, label):  # a fixed-size image (49 KB), so that a batch of them s
 
 
 def rings():
-    return sum(len(v) for v in batchring._MAPPED.get(dict).values())
+    return sharedmem.mapped_count()
 
 
 RING = {}  # id of a tensor made from a slot -> its ring, while the tensor lives

@@ -129,3 +129,38 @@ def test_host_view_is_a_writable_view_in_place():
     assert buffers.host_view(mx.nd.array(np.zeros((0, 3)))).shape == (0, 3)
     csr = mx.nd.sparse.zeros("csr", (2, 2))
     np.testing.assert_array_equal(buffers.host_view(csr), np.zeros((2, 2)))
+
+
+def test_the_main_process_maps_each_worker_segment_once_and_lets_it_go():
+    """A segment's descriptor crosses with its first batch only; later batches from it name
+    it, and the main process finds its mapping again. Once the workers are gone, so are the
+    mappings."""
+    from gluon_data.storage import sharedmem
+    places = []
+    rebuild = buffers._rebuild  # (what unpickles a segment's batch: looked up by name)
+
+    def record(place, *args):
+        places.append((place[1], place[4] is not None))
+        return rebuild(place, *args)
+
+    loader = mx.gluon.data.DataLoader(_Samples(), batch_size=8, shuffle=True, num_workers=2,
+                                      batchify_fn=StackBatchify())
+    plain = {int(i): v for i, v in enumerate(mx.nd.stack(*[_Samples()[i][0]
+                                                           for i in range(N)]).asnumpy())}
+    buffers._rebuild = record
+    try:
+        for _ in range(3):
+            for imgs, labels in loader:
+                ids = (labels.asnumpy() * 2).astype(int)
+                for k, i in enumerate(ids):
+                    np.testing.assert_array_equal(imgs[k].asnumpy(), plain[int(i)])
+    finally:
+        buffers._rebuild = rebuild
+    segments = {token for token, _ in places}
+    assert len(places) == 3 * N // 8 > len(segments)  # segments reused batch after batch
+    assert sum(handed for _, handed in places) == len(segments)  # a descriptor once each
+    assert 0 < sharedmem.mapped_count("gluon") <= len(segments)
+    del loader
+    gc.collect()
+    sharedmem.let_go()  # (as before any fork): the workers have ended
+    assert sharedmem.mapped_count("gluon") == 0

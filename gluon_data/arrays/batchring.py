@@ -9,10 +9,11 @@ about 6 ms of the training process's time per batch of sixteen 480x480 images an
 (14.7 MB) on the machine the benchmarks ran on, in the thread that also runs the training step.
 
 :class:`BatchRing` collates instead into one of a few *slots* of a shared-memory file that
-each worker makes once (``memfd_create``: not ``/dev/shm``, so a container's small
-``/dev/shm`` does not limit it). The training process maps each worker's file once, at its
-first batch, and afterwards receives a slot number: the batch's tensors are views of that
-slot. The slot goes back to its worker when the last of them is freed (every tensor of the
+each worker makes once (:class:`~gluon_data.storage.sharedmem.SharedFile`: ``memfd_create``,
+not ``/dev/shm``, so a container's small ``/dev/shm`` does not limit it). The training
+process maps each worker's file once, at its first batch
+(:func:`~gluon_data.storage.sharedmem.mapped`), and afterwards receives a slot number: the
+batch's tensors are views of that slot. The slot goes back to its worker when the last of them is freed (every tensor of the
 batch and every view of one), never before; a worker whose slots are all held (a training
 loop that keeps its batches) collates the next batch the default way. The tensors are those
 ``default_collate`` makes, value for value, type for type.
@@ -22,19 +23,19 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
-from multiprocessing.reduction import DupFd
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import GluonDataError
-from ..storage.perprocess import PerProcess, ProcessMark
+from ..storage import sharedmem
+from ..storage.perprocess import PerProcess
+from ..storage.sharedmem import Mapped, Place, SharedFile
 
-__all__ = ["BatchRing", "RING_AVAILABLE"]
+__all__ = ["BatchRing", "RING_AVAILABLE", "BY_VALUE_BYTES", "layout"]
 
 #: Whether this system has what a ring needs (Linux's ``memfd_create``); elsewhere
 #: :class:`BatchRing` collates every batch as ``default_collate`` does.
-RING_AVAILABLE = hasattr(os, "memfd_create")
+RING_AVAILABLE = sharedmem.AVAILABLE
 
 #: A field of a batch of at most this many bytes (labels, class ids) is sent inside the
 #: message rather than in the slot: a training loop that keeps its labels (for a metric at
@@ -52,10 +53,6 @@ _SCALARS = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(n
 
 #: (numpy dtype string, shape, offset in the slot, bytes) of one field of a batch
 Field = Tuple[str, Tuple[int, ...], int, int]
-#: what ``multiprocessing.reduction.DupFd`` returns: pickled, it hands a descriptor over to
-#: the process that unpickles it, whose ``detach()`` returns it there (the standard library
-#: does not type it)
-Handle = Any
 
 
 def _torch():
@@ -134,24 +131,16 @@ def _slot_bytes(fields: List[Field]) -> int:
 
 
 class _Ring:
-    """One worker's slots: ``slots`` of ``slot_bytes`` each in one shared-memory file, after
-    a first page that holds a flag per slot (taken by the worker, freed by the training
-    process)."""
+    """One worker's slots: ``slots`` of ``slot_bytes`` each in one shared file
+    (:class:`~gluon_data.storage.sharedmem.SharedFile`), after a first page that holds a
+    flag per slot (taken by the worker, freed by the training process)."""
 
     def __init__(self, slots: int, slot_bytes: int, replaces: Optional[str]):
-        self.slots, self.slot_bytes, self.replaces = slots, slot_bytes, replaces
-        self.size = _PAGE + slots * slot_bytes
-        fd = os.memfd_create("gluon-data-batches", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, self.size)
-            self.mm = mmap.mmap(fd, self.size)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd: Optional[int] = fd
+        self.slots, self.slot_bytes = slots, slot_bytes
+        self.file = SharedFile(_PAGE + slots * slot_bytes)
+        self.mm = self.file.map
         self.flags = np.frombuffer(self.mm, np.uint8, slots)
-        self.token = os.urandom(8).hex()
-        self.owner = ProcessMark()
+        self.gone = [replaces] if replaces else []  # told with the first batch
 
     def take(self) -> Optional[int]:
         """A free slot, now taken (the lowest: its pages are the warmest), or ``None``."""
@@ -162,19 +151,9 @@ class _Ring:
         self.flags[slot] = _TAKEN
         return slot
 
-    def handle(self) -> Optional[Handle]:
-        """The file, for the first batch sent only: the training process maps it then."""
-        if self.fd is None:
-            return None
-        fd, self.fd = self.fd, None
-        try:
-            return DupFd(fd)
-        finally:
-            os.close(fd)
-
-    def __del__(self):
-        if getattr(self, "fd", None) is not None:
-            os.close(self.fd)
+    def place(self, key: str) -> Place:
+        gone, self.gone = self.gone, []
+        return self.file.place(key, gone)
 
 
 class _Sent:
@@ -192,9 +171,8 @@ class _Sent:
 
     def __reduce__(self):
         r = self.ring
-        place = (self.key, r.token, r.owner, r.size, r.slots, r.handle(), r.replaces)
-        return _received, (place, _PAGE + self.slot * r.slot_bytes, self.slot, self.fields,
-                           self.values, self.one)
+        return _received, (r.place(self.key), _PAGE + self.slot * r.slot_bytes, self.slot,
+                           self.fields, self.values, self.one)
 
     def _not_a_batch(self, *_):
         raise TypeError("a BatchRing batch becomes tensors only in the process that receives "
@@ -204,24 +182,13 @@ class _Sent:
     __iter__ = __len__ = __getitem__ = _not_a_batch
 
 
-class _Mapped:
-    """A worker's ring as the training process maps it (``mapper``: that process)."""
-
-    __slots__ = ("mm", "flags", "address", "owner", "mapper")
-
-    def __init__(self, mm: mmap.mmap, slots: int, owner: ProcessMark):
-        self.mm, self.owner, self.mapper = mm, owner, ProcessMark()
-        self.flags = np.frombuffer(mm, np.uint8, slots)
-        self.address: int = self.flags.ctypes.data
-
-
 class _Held:
     """One received batch's hold on its slot: the slot goes back to its worker when this is
     collected, after every array and tensor of the batch that refers to it."""
 
     __slots__ = ("__weakref__",)
 
-    def __init__(self, ring: _Mapped, slot: int):
+    def __init__(self, ring: Mapped, slot: int):
         done = weakref.finalize(self, _free, ring, slot)
         done.atexit = False  # (at exit the worker is going too; a forked child must not)
 
@@ -233,72 +200,23 @@ class _Slot:
 
     __slots__ = ("__array_interface__", "held")
 
-    def __init__(self, ring: _Mapped, held: _Held, offset: int, nbytes: int):
+    def __init__(self, ring: Mapped, held: _Held, offset: int, nbytes: int):
         self.held = held
         self.__array_interface__ = {"data": (ring.address + offset, False), "shape": (nbytes,),
                                     "typestr": "|u1", "version": 3}
 
 
-#: The rings this process has mapped: ``BatchRing`` key -> ring token -> ring. A forked
-#: child starts with none.
-_MAPPED: PerProcess[Dict[str, Dict[str, _Mapped]]] = PerProcess()
-
-
-def _prune(rings: Dict[str, Dict[str, _Mapped]], key: Optional[str],
-           replaced: Optional[str]) -> None:
-    """Forget the rings of ``key``'s ``BatchRing`` (collected with its loader), the ring
-    ``replaced`` and every ring whose worker has ended (a loader's workers of a past epoch):
-    no batch comes from them any more. Their memory stays mapped only while their tensors
-    live. The caller holds ``_MAPPED``'s lock."""
-    if key is not None:
-        rings.pop(key, None)
-    for mine in rings.values():
-        for t in [t for t, r in mine.items() if t == replaced or not r.owner.alive()]:
-            del mine[t]
-
-
-def _let_go(key: Optional[str] = None) -> None:
-    """:func:`_prune`, unless another thread is at the rings (then the next time will do):
-    before a fork and when a ``BatchRing`` is collected."""
-    rings = _MAPPED.peek()
-    lock = _MAPPED.lock()
-    if rings and lock.acquire(blocking=False):
-        try:
-            _prune(rings, key, None)
-        finally:
-            lock.release()
-
-
-if hasattr(os, "register_at_fork"):  # a worker forked now does not inherit ended rings
-    os.register_at_fork(before=_let_go)
-
-
-def _free(ring: _Mapped, slot: int) -> None:
+def _free(ring: Mapped, slot: int) -> None:
     if ring.mapper.here():
-        ring.flags[slot] = _FREE
+        ring.map[slot] = _FREE
 
 
-def _received(place: tuple, offset: int, slot: int, fields: List[Field],
+def _received(place: Place, offset: int, slot: int, fields: List[Field],
               values: Dict[int, np.ndarray], one: bool) -> Any:
     """A batch in a slot, in the training process: its tensors, views of the slot (its
     small fields from ``values``); the slot goes back to its worker once the last of them,
     and the last view of one, is freed."""
-    key, token, owner, size, slots, handle, replaces = place
-    rings = _MAPPED.get(dict)
-    if handle is not None:
-        fd = handle.detach()
-        try:
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        with _MAPPED.lock():
-            _prune(rings, None, replaces)
-            rings.setdefault(key, {})[token] = _Mapped(mm, slots, owner)
-    ring = rings.get(key, {}).get(token)
-    if ring is None:
-        raise GluonDataError("a batch arrived in batch ring %s of worker process %d, which "
-                             "this process never mapped (a batch ring's batches are unpickled "
-                             "only by the process that received its first)" % (token, owner.pid))
+    ring = sharedmem.mapped(place)
     torch = _torch()
     held = _Held(ring, slot)
     tensors = []
@@ -358,7 +276,7 @@ class BatchRing:
         self.slots = slots
         self.key = os.urandom(8).hex()  # its workers' rings, in the training process
         self._ring: PerProcess[_Ring] = PerProcess()
-        weakref.finalize(self, _let_go, self.key).atexit = False
+        weakref.finalize(self, sharedmem.let_go, self.key).atexit = False
 
     def __call__(self, samples: Sequence[Any]) -> Any:
         torch = _torch()
@@ -390,7 +308,7 @@ class BatchRing:
         ring = self._ring.peek()
         if ring is None or ring.slot_bytes < nbytes:
             ring = _Ring(self.slots, -(-nbytes // _PAGE) * _PAGE,
-                         ring.token if ring is not None else None)
+                         ring.file.token if ring is not None else None)
             self._ring.set(ring)
         return ring
 

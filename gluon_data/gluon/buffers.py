@@ -13,15 +13,18 @@ allocates and zeroes each of its pages on first touch, and the main process maps
 For a 16 x 3 x 320 x 320 float32 batch that costs about 20 ms on a 2-core machine, ten times
 the copy of the samples into it, and more than decoding three of its JPEGs.
 
-Here each worker keeps a few anonymous shared-memory segments (``memfd``) sized for its
-batches and reuses one once the main process has released the batch built in it:
+Here each worker keeps a few anonymous shared-memory segments sized for its batches and
+reuses one once the main process has released the batch built in it (each a
+:class:`~gluon_data.storage.sharedmem.SharedFile`, as ``BatchRing``'s rings for PyTorch are):
 
 * the worker builds the batch in a free segment and returns an NDArray over it;
-* pickling that NDArray (Gluon's worker-to-main transport) passes the segment's file
-  descriptor, as Gluon does for its own shared arrays, and counts the batch as *sent*;
-* the main process maps the segment and wraps it in an NDArray without copying; when MXNet
-  frees that NDArray (after every operation on it has finished) the batch counts as
-  *returned*;
+* pickling that NDArray (Gluon's worker-to-main transport) counts the batch as *sent* and
+  names its segment; the first batch of a segment also passes its file descriptor;
+* the main process maps the segment at its first batch and keeps it mapped
+  (:func:`~gluon_data.storage.sharedmem.mapped`), and wraps each batch in an NDArray without
+  copying; when MXNet frees that NDArray (after every operation on it has finished) the
+  batch counts as *returned*. A segment the worker closes is named to the main process
+  with its next batch, which then lets it go;
 * a segment is free again when all batches sent from it have been returned and the worker
   no longer holds its own NDArray over it.
 
@@ -42,15 +45,14 @@ segment, holds it: a segment is reused only when no slot, no local batch and no 
 refers to it any more. A staged sample's NDArray is a row (``_at``) of one NDArray over the
 segment's slots, made once per segment, not a new ``from_numpy`` per sample (5 us, not 50).
 
-Small batches (labels: at most :data:`BY_VALUE_BYTES`) are not worth a descriptor: handing
-one to the main process is a connection to the worker's resource sharer and back, per batch,
-where copying 128 bytes into the pickle is nothing. They live in plain memory and pickle by
-value, arriving as the same plain CPU NDArray a segment's batch arrives as.
+Small batches (labels: at most :data:`BY_VALUE_BYTES`) are not worth a segment: copying 128
+bytes into the pickle is nothing, and a loop that keeps them then keeps no segment. They
+live in plain memory and pickle by value, arriving as the same plain CPU NDArray a
+segment's batch arrives as.
 """
 from __future__ import annotations
 
 import ctypes
-import mmap
 import multiprocessing
 import os
 import threading
@@ -62,7 +64,9 @@ import mxnet as mx
 import numpy as np
 from mxnet.ndarray.sparse import BaseSparseNDArray
 
+from ..storage import sharedmem
 from ..storage.perprocess import PerProcess
+from ..storage.sharedmem import Place, SharedFile
 
 __all__ = ["batch_buffer", "stack_staged", "host_view", "SamplePool", "samples"]
 
@@ -72,16 +76,19 @@ __all__ = ["batch_buffer", "stack_staged", "host_view", "SamplePool", "samples"]
 SEGMENTS_PER_SIZE = 6
 _HEADER = 64  # int64 counters [sent, returned], padded to a cache line
 #: A worker's batch of at most this many bytes (labels, sizes) travels inside the pickle, by
-#: value: copying it costs less than handing a segment's descriptor to the main process.
+#: value: copying it costs less than a segment's bookkeeping, and keeping it keeps no segment.
 BY_VALUE_BYTES = 1 << 10
 
 
 class _Segment:
+    """A batch-sized shared file of a worker (:class:`~gluon_data.storage.sharedmem.
+    SharedFile`: mapped once in the main process), its header counting the batches sent from
+    it and returned."""
+
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.fd = os.memfd_create("gluon_data-batch", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, _HEADER + capacity)
-        self.map = mmap.mmap(self.fd, _HEADER + capacity)
+        self.file = SharedFile(_HEADER + capacity, "gluon_data-batch")
+        self.map = self.file.map
         # [sent, returned]; None while close() tries to unmap, and once it has
         self.counts: Optional[np.ndarray] = np.frombuffer(self.map, np.int64, 2)
         self.local = False   # the worker still holds its own NDArray over the segment
@@ -93,18 +100,15 @@ class _Segment:
 
     def address(self) -> int:
         """Where the data (after the header) starts in this process."""
-        return np.frombuffer(self.map, np.uint8, 1, _HEADER).ctypes.data
+        return self.file.address(_HEADER)
 
     def close(self) -> bool:
         """Unmap and close a free segment; False if a view of it is still alive."""
         counts, self.counts = self.counts, None
         del counts
-        try:
-            self.map.close()
-        except BufferError:
+        if not self.file.close():
             self.counts = np.frombuffer(self.map, np.int64, 2)
             return False
-        os.close(self.fd)
         return True
 
 
@@ -117,6 +121,7 @@ class _Pool:
         self.plans = {}      # (shape, dtype str) -> samples per batch, set by the batchify
         self.staging = {}    # (shape, dtype str) -> [segment, next slot]
         self.adopted = 0     # batches sent without a copy (their samples were staged)
+        self.gone: List[str] = []  # segments closed since the last batch sent
 
     def acquire(self, nbytes: int) -> Optional[_Segment]:
         with self.lock:
@@ -135,6 +140,8 @@ class _Pool:
                 if s.close():  # evict free segments of other sizes to make room
                     self.segments.remove(s)
                     total -= s.capacity
+                    if s.file.handed:  # the main process forgets it with the next batch
+                        self.gone.append(s.file.token)
             if total + nbytes > budget:
                 self.fallbacks += 1
                 return None
@@ -315,12 +322,18 @@ def _returned(counts: np.ndarray) -> None:
     counts[1] += 1
 
 
+#: The main process's group of the Gluon workers' segments (:func:`sharedmem.mapped`).
+_GROUP = "gluon"
+
+
 def _reduce_pooled(arr: _PooledArray):
     seg = arr._gd_segment
     arr.wait_to_read()
     seg.counts[0] += 1
-    return _rebuild, (reduction.DupFd(seg.fd), seg.capacity, arr.shape,
-                      np.dtype(arr.dtype).str)
+    pool = _get_pool()
+    with pool.lock:
+        gone, pool.gone = pool.gone, []
+    return _rebuild, (seg.file.place(_GROUP, gone), arr.shape, np.dtype(arr.dtype).str)
 
 
 class _ValueArray(mx.nd.NDArray):
@@ -343,12 +356,8 @@ def _rebuild_value(host: np.ndarray) -> mx.nd.NDArray:
 reduction.ForkingPickler.register(_ValueArray, _reduce_value)
 
 
-def _rebuild(dupfd, capacity: int, shape: Tuple[int, ...], dtype: str) -> mx.nd.NDArray:
-    fd = dupfd.detach()
-    try:
-        m = mmap.mmap(fd, _HEADER + capacity)
-    finally:
-        os.close(fd)
+def _rebuild(place: Place, shape: Tuple[int, ...], dtype: str) -> mx.nd.NDArray:
+    m = sharedmem.mapped(place).map  # (mapped at the segment's first batch)
     counts = np.frombuffer(m, np.int64, 2)
     view = np.frombuffer(m, np.dtype(dtype), int(np.prod(shape, dtype=np.int64)),
                          _HEADER).reshape(shape)
@@ -397,8 +406,7 @@ def stack_staged(arrays) -> Optional[mx.nd.NDArray]:
     segment (:meth:`SamplePool.take` stages them once a batch of this shape was seen);
     ``None`` otherwise (the caller copies them into :func:`batch_buffer`). Only in worker
     processes, where the batch is pickled to the main process."""
-    if (multiprocessing.parent_process() is None or not arrays
-            or not hasattr(os, "memfd_create")):
+    if multiprocessing.parent_process() is None or not arrays or not sharedmem.AVAILABLE:
         return None
     return _get_pool().adopt(arrays)
 
@@ -422,7 +430,7 @@ def batch_buffer(shape, dtype) -> Tuple[mx.nd.NDArray, np.ndarray]:
         out = mx.nd.from_numpy(host.view(), zero_copy=True, array_cls=_ValueArray)
         out._gd_host = host  # what the pickle copies (host.view() went read-only)
         return out, host
-    seg = (_get_pool().acquire(nbytes) if in_worker and nbytes and hasattr(os, "memfd_create")
+    seg = (_get_pool().acquire(nbytes) if in_worker and nbytes and sharedmem.AVAILABLE
            and dtype.str[1:] in _DL else None)
     if seg is None:
         ctx = mx.Context("cpu_shared", 0) if in_worker else mx.cpu()
