@@ -267,7 +267,8 @@ class BatchRing:
 
     Give ``BatchRing`` to the loader as its ``collate_fn`` itself: in a worker it returns a
     placeholder that becomes the batch only where the loader receives it, so a function
-    that wraps it is refused (``TypeError``); change batches after the loader.
+    that calls it and indexes or unpacks the result gets a ``TypeError`` saying so; change
+    batches after the loader.
     """
 
     def __init__(self, slots: int = 8):

@@ -131,8 +131,10 @@ def let_go(group: Optional[str] = None) -> None:
     thread is at them (the next time will do): their memory stays only while arrays over it
     live. Run before every fork, and when a user of a group is collected."""
     files = _MAPPED.peek()
+    if not files:  # (before most forks: nothing to do, no lock made)
+        return
     lock = _MAPPED.lock()
-    if files and lock.acquire(blocking=False):
+    if lock.acquire(blocking=False):
         try:
             _prune(files, group, ())
         finally:
