@@ -462,8 +462,13 @@ def test_feed_reproduction_small(tmp_path):
     assert rows["ours"]["batch bytes"] == 16 * (3 * 480 * 480 + 4 * 480 * 480)
     assert rows["ours, uint8 masks"]["batch bytes"] == rows["files"]["batch bytes"] \
         == rows["free, uint8 masks"]["batch bytes"] == 16 * 4 * 480 * 480
-    # the ceiling: the free control's rate under the consumer, for batches of its size only
-    assert rows["free, uint8 masks"]["share of ceiling"] == pytest.approx(1.0, abs=0.5)
+    # the ceiling: the free control's rate under the consumer, for batches of its size only.
+    # Against itself (one round) the control's share is busy / min(standalone, busy): 1 where
+    # its standalone rate is the higher, above 1 where two noisy batches made it the lower.
+    free = rows["free, uint8 masks"]
+    assert free["share of ceiling"] == pytest.approx(
+        free["busy items/s"] / min(free["items/s"], free["busy items/s"]))
+    assert free["share of ceiling"] >= 1.0 - 1e-9
     assert rows["files"]["share of ceiling"] > 0
     assert math.isnan(rows["ours"]["share of ceiling"])  # (no free control of int32 masks)
     assert all(name in out.getvalue() for name in which)
