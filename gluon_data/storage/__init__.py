@@ -1,1 +1,2 @@
-"""Where bytes live: files, locks, ownership-free writes, the cache, fsspec access (no format knowledge)."""
+"""Where bytes live: files, locks, ownership-free writes, the cache, fsspec access, shared
+memory between a loader's processes (no format knowledge)."""
