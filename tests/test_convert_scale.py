@@ -4,6 +4,7 @@ item and each run costs beside the work itself (the workers' imports and exit, t
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -161,7 +162,14 @@ def test_workers_start_while_the_source_is_listed_and_stop_if_it_fails(voc150, t
     real = local.plan_source
 
     def listing(*a, **k):
-        seen.append(len(pool_processes()[0]))
+        # a starter just started may not show its command line in /proc yet (the kernel
+        # resumes its parent before it sets the new program's arguments): look a few times
+        for _ in range(100):
+            starters = len(pool_processes()[0])
+            if starters:
+                break
+            time.sleep(0.01)
+        seen.append(starters)
         return real(*a, **k)
     monkeypatch.setattr(local, "plan_source", listing)
     out = str(tmp_path / "o.rec")
