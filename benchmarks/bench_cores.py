@@ -150,8 +150,8 @@ def _gpu_rates(workdir: str, n: int, workers: int, steps: int = 30) -> dict:
     ctx = multiprocessing.get_context()
     sync = torch.cuda.synchronize
     fed = {}
-    for name, collate in (("fed items/s", None), ("fed items/s, batch ring",
-                                                  bench_feed.collate_for("batch ring"))):
+    for name, collate in (("fed items/s", None),
+                          ("fed items/s, batch ring", bench_feed.BatchRing())):
         counted = bench_feed.Timed(ours, ctx)  # the items the workers read, in shared memory
         loader = torch.utils.data.DataLoader(
             counted, batch_size=bench_feed.BATCH, shuffle=True, num_workers=workers,

@@ -31,11 +31,7 @@ from ..storage import sharedmem
 from ..storage.perprocess import PerProcess
 from ..storage.sharedmem import Mapped, Place, SharedFile
 
-__all__ = ["BatchRing", "RING_AVAILABLE", "BY_VALUE_BYTES", "layout"]
-
-#: Whether this system has what a ring needs (Linux's ``memfd_create``); elsewhere
-#: :class:`BatchRing` collates every batch as ``default_collate`` does.
-RING_AVAILABLE = sharedmem.AVAILABLE
+__all__ = ["BatchRing", "BY_VALUE_BYTES", "layout"]
 
 #: A field of a batch of at most this many bytes (labels, class ids) is sent inside the
 #: message rather than in the slot: a training loop that keeps its labels (for a metric at
@@ -136,10 +132,9 @@ class _Ring:
     flag per slot (taken by the worker, freed by the training process)."""
 
     def __init__(self, slots: int, slot_bytes: int, replaces: Optional[str]):
-        self.slots, self.slot_bytes = slots, slot_bytes
+        self.slot_bytes = slot_bytes
         self.file = SharedFile(_PAGE + slots * slot_bytes)
-        self.mm = self.file.map
-        self.flags = np.frombuffer(self.mm, np.uint8, slots)
+        self.flags = np.frombuffer(self.file.map, np.uint8, slots)
         self.gone = [replaces] if replaces else []  # told with the first batch
 
     def take(self) -> Optional[int]:
@@ -281,8 +276,8 @@ class BatchRing:
 
     def __call__(self, samples: Sequence[Any]) -> Any:
         torch = _torch()
-        planned = (layout(samples) if RING_AVAILABLE and torch.utils.data.get_worker_info()
-                   is not None else None)
+        planned = (layout(samples) if sharedmem.AVAILABLE
+                   and torch.utils.data.get_worker_info() is not None else None)
         if planned is None:
             return torch.utils.data.default_collate(samples)
         one, columns, fields = planned
@@ -295,7 +290,7 @@ class BatchRing:
             if off < 0:
                 out = values[k] = np.empty(shape, np.dtype(dt))
             else:
-                out = np.frombuffer(ring.mm, np.dtype(dt), int(np.prod(shape)),
+                out = np.frombuffer(ring.file.map, np.dtype(dt), int(np.prod(shape)),
                                     base + off).reshape(shape)
             if isinstance(column[0], np.ndarray):
                 np.stack(column, out=out)
