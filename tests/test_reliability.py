@@ -293,6 +293,35 @@ def test_killed_worker_is_an_error_within_seconds_not_a_120s_hang():
     assert time.monotonic() - t0 < 60
 
 
+class _SlowItems(mx.gluon.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        time.sleep(0.3)  # a batch of 2 takes longer than the loader's 0.2 s poll
+        return np.float32(i)
+
+
+def test_a_worker_replaced_before_an_epoch_begins_is_an_error_not_a_lost_batch():
+    """A worker killed and replaced by its pool before the next epoch's iterator looks: the
+    iterator still tells that a worker died (the training recipe once waited forever when its
+    epoch began in the moment the pool listed no worker, and the replacement then died with
+    the batch it held)."""
+    loader = DataLoader(_SlowItems(), batch_size=2, num_workers=1)
+    (first,) = loader._worker_pool._pool
+    os.kill(first.pid, signal.SIGKILL)
+    for _ in range(1000):  # the pool's handler replaces it within about 0.1 s
+        listed = list(loader._worker_pool._pool)
+        if listed and first not in listed:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("the pool did not replace its killed worker")
+    with pytest.raises(WorkerDiedError, match=r"\(pid %d\) died, killed by signal SIGKILL" % first.pid):
+        for _ in loader:
+            pass
+
+
 IDLE_KILL = """
 import os, signal, sys, time
 import numpy as np
@@ -314,6 +343,9 @@ if __name__ == "__main__":
     time.sleep(1.0)  # the workers have read ahead and wait for tasks (one holds the queue's lock)
     for p in loader._worker_pool._pool:
         os.kill(p.pid, signal.SIGKILL)
+    if sys.argv[1:] == ["exit"]:  # the program ends without reading on
+        print("exiting")
+        sys.exit(0)
     try:
         for _ in it:
             pass
@@ -331,6 +363,17 @@ def test_workers_killed_while_idle_are_an_error_not_a_deadlock(tmp_path):
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                        timeout=120)  # (deadlocked, it never ends: the timeout fails it)
     assert p.returncode == 0 and "raised: DataLoader worker" in p.stdout, p.stderr[-3000:]
+
+
+def test_a_program_whose_workers_were_killed_while_idle_still_exits(tmp_path):
+    """The same kill, and the program ends without reading on: it exits (its loader's pool
+    stopped within seconds), where multiprocessing's exit handler waited forever for the
+    queue lock that a killed worker held."""
+    script = tmp_path / "idle_kill.py"
+    script.write_text(IDLE_KILL)
+    p = subprocess.run([sys.executable, str(script), "exit"], capture_output=True, text=True,
+                       timeout=120)  # (deadlocked, it never ends: the timeout fails it)
+    assert p.returncode == 0 and p.stdout == "exiting\n", p.stderr[-3000:]
 
 
 class _FailsWhileFlagged(mx.gluon.data.Dataset):

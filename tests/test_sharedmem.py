@@ -63,6 +63,10 @@ def test_a_file_is_mapped_once_found_again_and_let_go():
         child.join(timeout=60)
     sharedmem.let_go()  # (as before a fork): its worker has ended
     assert sharedmem.mapped_count("test") == 0
+    # a batch of it still on its way now (its worker was killed after sending it) says so
+    with pytest.raises(GluonDataError, match=r"process %d, which ended before the batch was "
+                                             r"received" % child.pid):
+        sharedmem.mapped(got[5][0])
 
 
 def test_a_group_let_go_forgets_its_files_only():

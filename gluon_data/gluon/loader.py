@@ -12,9 +12,12 @@ read, so a cold batch's records are fetched from the device together (see
 """
 from __future__ import annotations
 
+import atexit
 import pickle
 import signal
 import time
+import weakref
+from typing import Optional
 
 from mxnet.gluon.data import dataloader as _dl
 
@@ -107,8 +110,8 @@ SAME_PROCESS_AHEAD = 2
 
 
 class _WatchedIter(_dl._MultiWorkerIter):
-    def __init__(self, *args, poll: float = 0.2, **kwargs):
-        self._procs = list(getattr(kwargs.get("worker_pool") or args[0], "_pool", []))
+    def __init__(self, *args, pool_workers: list, poll: float = 0.2, **kwargs):
+        self._pool_workers = pool_workers
         self._poll = poll
         _drain_abandoned()
         super().__init__(*args, **kwargs)
@@ -119,7 +122,10 @@ class _WatchedIter(_dl._MultiWorkerIter):
             _drain_abandoned()
 
     def _check_workers(self) -> None:
-        for p in self._procs:
+        """Raise :class:`WorkerDiedError` if a worker the loader's pool started with has
+        ended. A dead worker's replacements are never looked at: any batch lost is lost by
+        one of these or by a replacement of one of them, so one of these has ended."""
+        for p in self._pool_workers:
             code = p.exitcode
             if code is not None:
                 # bounded: a worker killed while it waited for its next task held the task
@@ -149,6 +155,11 @@ class _WatchedIter(_dl._MultiWorkerIter):
             while time.monotonic() < deadline:
                 self._check_workers()
                 time.sleep(0.05)
+            raise
+        except Exception:
+            # a batch of a worker killed since it sent it (its shared memory let go when the
+            # pool forked the replacement) is the death, not the batch's fault
+            self._check_workers()
             raise
 
 
@@ -181,14 +192,26 @@ class _WatchedIter(_dl._MultiWorkerIter):
         return batch
 
 
+#: The live loaders that have a worker pool, which the exit handler below stops.
+_WITH_POOLS: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
+
+
+def _stop_pools_at_exit() -> None:
+    for loader in list(_WITH_POOLS):
+        if loader._stop is not None:
+            loader._stop()
+
+
 class DataLoader(_dl.DataLoader):
     """``mx.gluon.data.DataLoader`` with dead-worker detection and batch prefetching; same
     arguments.
 
     With ``num_workers > 0`` (processes), a worker that dies raises :class:`WorkerDiedError`
-    within about ``poll`` seconds instead of blocking for ``timeout`` seconds. The batches a
-    loop leaves unread when it breaks early are released as they finish, so their workers
-    can reuse the shared memory they were built in (see :mod:`gluon_data.gluon.buffers`).
+    within about ``poll`` seconds instead of blocking for ``timeout`` seconds, also when it
+    died between epochs and the pool replaced it. The pool is stopped within seconds when the
+    loader is collected or the interpreter exits. The batches a loop leaves unread when it
+    breaks early are released as they finish, so their workers can reuse the shared memory
+    they were built in (see :mod:`gluon_data.gluon.buffers`).
 
     Every batch's indices go to the dataset's ``will_need`` (:func:`prefetch_batch`) in
     the main process as the batch is handed to a worker (``prefetch`` batches before it is
@@ -203,6 +226,29 @@ class DataLoader(_dl.DataLoader):
     ...                     batch_size=16, shuffle=True, num_workers=4)
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the pool's workers as it started them (Pool() starts all before it returns): an
+        # iterator's own look at the pool could begin while a dead worker is dropped from
+        # it and its replacement not yet listed, and then miss the death
+        self._pool_workers = list(getattr(self._worker_pool, "_pool", None) or [])
+        # the pool stopped within seconds (once) when the loader is collected or the program
+        # exits, never by Gluon's __del__ or multiprocessing's exit handler
+        self._stop: Optional[weakref.finalize] = None
+        if self._worker_pool is not None:
+            self._stop = weakref.finalize(self, stop_pool, self._worker_pool)
+            self._stop.atexit = False
+            _WITH_POOLS.add(self)
+            # (again) the last exit handler, so the first to run: multiprocessing's, there
+            # now that a pool is, would wait forever in Pool.terminate() for a queue lock
+            # that a killed worker held, as Gluon's DataLoader.__del__ would
+            atexit.unregister(_stop_pools_at_exit)
+            atexit.register(_stop_pools_at_exit)
+
+    def __del__(self):
+        if getattr(self, "_stop", None) is not None:
+            self._stop()
+
     def _prefetch_iter(self):
         if self._num_workers == 0:
             return self._same_process_iter()
@@ -214,9 +260,10 @@ class DataLoader(_dl.DataLoader):
                 prefetch=self._prefetch, dataset=self._dataset, data_loader=self,
                 timeout=self._timeout)
         return _WatchedIter(self._worker_pool, self._batchify_fn, batches,
-                            pin_memory=self._pin_memory, pin_device_id=self._pin_device_id,
-                            worker_fn=_dl._worker_fn, prefetch=self._prefetch, dataset=None,
-                            data_loader=self, timeout=self._timeout)
+                            pool_workers=self._pool_workers, pin_memory=self._pin_memory,
+                            pin_device_id=self._pin_device_id, worker_fn=_dl._worker_fn,
+                            prefetch=self._prefetch, dataset=None, data_loader=self,
+                            timeout=self._timeout)
 
     def _same_process_iter(self):
         """Gluon's ``num_workers=0`` loop over :class:`HintedBatches`."""

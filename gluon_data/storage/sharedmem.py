@@ -148,7 +148,8 @@ if hasattr(os, "register_at_fork"):  # a worker forked now does not inherit ende
 def mapped(place: Place) -> Mapped:
     """In the training process: the file a batch was sent from, mapped at the first batch
     that carried its descriptor. Raises :class:`~gluon_data.errors.GluonDataError` for a
-    file this process never mapped (its first batch was unpickled elsewhere)."""
+    file this process never mapped (its first batch was unpickled elsewhere) or no longer
+    maps (its worker was killed with the batch on its way)."""
     group, token, owner, size, handle, gone = place
     files = _MAPPED.get(dict)
     if handle is not None or gone:
@@ -165,9 +166,12 @@ def mapped(place: Place) -> Mapped:
                 files.setdefault(group, {})[token] = Mapped(mm, owner)
     got = files.get(group, {}).get(token)
     if got is None:
-        raise GluonDataError("a batch arrived in shared memory %s of worker process %d, which "
-                             "this process never mapped (its batches are unpickled only by "
-                             "the process that received its first)" % (token, owner.pid))
+        why = ("which ended before the batch was received (its memory was let go with it)"
+               if not owner.alive() else
+               "which this process never mapped (its batches are unpickled only by the "
+               "process that received its first)")
+        raise GluonDataError("a batch arrived in shared memory %s of worker process %d, %s"
+                             % (token, owner.pid, why))
     return got
 
 
