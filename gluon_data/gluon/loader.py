@@ -1,4 +1,4 @@
-"""A Gluon ``DataLoader`` that notices a dead worker within a second instead of hanging.
+"""A Gluon ``DataLoader`` that notices a dead worker within seconds instead of hanging.
 
 When a worker process of ``mx.gluon.data.DataLoader`` dies (the kernel's OOM killer, a crash
 in a native decoder, ``kill -9``), ``multiprocessing.Pool`` quietly starts a replacement and
@@ -129,8 +129,9 @@ class _WatchedIter(_dl._MultiWorkerIter):
             code = p.exitcode
             if code is not None:
                 # bounded: a worker killed while it waited for its next task held the task
-                # queue's lock, and Pool.terminate() waits for that lock forever
-                stop_pool(self._worker_pool)
+                # queue's lock, and Pool.terminate() waits for that lock forever (after a
+                # second, the workers are killed)
+                stop_pool(self._worker_pool, timeout=1.0)
                 raise WorkerDiedError(
                     "DataLoader worker (pid %d) died, %s, while batches were loading; its "
                     "batch is lost. Common causes: out of memory (the OOM killer), a crash "
@@ -207,11 +208,12 @@ class DataLoader(_dl.DataLoader):
     arguments.
 
     With ``num_workers > 0`` (processes), a worker that dies raises :class:`WorkerDiedError`
-    within about ``poll`` seconds instead of blocking for ``timeout`` seconds, also when it
-    died between epochs and the pool replaced it. The pool is stopped within seconds when the
-    loader is collected or the interpreter exits. The batches a loop leaves unread when it
-    breaks early are released as they finish, so their workers can reuse the shared memory
-    they were built in (see :mod:`gluon_data.gluon.buffers`).
+    within a second or two (``poll``, then at most a second to stop the pool) instead of
+    blocking for ``timeout`` seconds, also when it died between epochs and the pool replaced
+    it. The pool is stopped within seconds when the loader is collected or the interpreter
+    exits. The batches a loop leaves unread when it breaks early are released as they
+    finish, so their workers can reuse the shared memory they were built in (see
+    :mod:`gluon_data.gluon.buffers`).
 
     Every batch's indices go to the dataset's ``will_need`` (:func:`prefetch_batch`) in
     the main process as the batch is handed to a worker (``prefetch`` batches before it is
