@@ -17,6 +17,7 @@ from gluon_data.format import codec
 from gluon_data import convert
 from gluon_data.tools import salvage, verify
 from gluon_data.errors import ConversionError, FormatError, GluonDataError
+from gluon_data.gluon.batchify import StackBatchify
 from gluon_data.gluon.loader import WorkerDiedError
 from gluon_data.convert.sample import make_voc
 
@@ -322,6 +323,71 @@ def test_a_worker_replaced_before_an_epoch_begins_is_an_error_not_a_lost_batch()
             pass
 
 
+def test_a_worker_killed_after_the_last_batch_ends_the_epoch_then_the_next_raises():
+    """All of an epoch's batches arrived: the epoch ends as usual, whatever happened to a
+    worker meanwhile; the next epoch, which its pool cannot serve, raises."""
+    loader = DataLoader(_SlowItems(), batch_size=2, num_workers=2)
+    victim = loader._worker_pool._pool[0]
+    got = []
+    for i, batch in enumerate(loader):
+        got += batch.asnumpy().tolist()
+        if i == 3:  # the last batch: every task was handed out and done
+            os.kill(victim.pid, signal.SIGKILL)
+            for _ in range(1000):  # (dead before the loop asks for the next batch)
+                if victim.exitcode is not None:
+                    break
+                time.sleep(0.02)
+    assert sorted(got) == list(range(8))
+    with pytest.raises(WorkerDiedError, match=r"\(pid %d\) died" % victim.pid):
+        for _ in loader:
+            pass
+
+
+class _DiesInBatch12(mx.gluon.data.Dataset):
+    """Samples of 48 KB (batches travel in the worker's reused shared segments); the worker
+    that reads sample 24 is killed."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 24 and os.getpid() != PARENT:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.full((64, 64, 3), i, np.float32)
+
+
+def test_a_finished_batch_of_a_worker_killed_since_is_worker_died_error():
+    """Batch 11 is done and sent when its worker dies reading batch 12; the pool's start of a
+    replacement lets the dead worker's shared memory go before batch 11 is received. Reading
+    it is WorkerDiedError (it was an error about unmapped shared memory, and the program
+    then hung at exit)."""
+    loader = DataLoader(_DiesInBatch12(), batch_size=2, num_workers=1,
+                        batchify_fn=StackBatchify())
+    (first,) = loader._worker_pool._pool
+    seen = []
+    with pytest.raises(WorkerDiedError, match=r"\(pid %d\) died" % first.pid) as e:
+        for i, batch in enumerate(loader):
+            seen.append(int(batch.asnumpy()[0, 0, 0, 0]))
+            del batch
+            if i == 10:  # batches 11 and 12 are on their way: wait for the replacement
+                for _ in range(1000):
+                    listed = list(loader._worker_pool._pool)
+                    if listed and first not in listed:
+                        break
+                    time.sleep(0.02)
+    assert seen == list(range(0, 22, 2))
+    # what failed first: batch 11's shared memory, let go (or, in a new segment, the
+    # descriptor that its dead worker could no longer hand over)
+    assert isinstance(e.value.__context__, (GluonDataError, OSError, EOFError))
+
+
+def test_auto_reload_with_worker_processes():
+    loader = DataLoader(np.arange(8, dtype=np.float32), batch_size=2, num_workers=1,
+                        auto_reload=True)
+    for _ in range(2):
+        assert sorted(x for b in loader for x in b.asnumpy().tolist()) == list(range(8))
+
+
 IDLE_KILL = """
 import os, signal, sys, time
 import numpy as np
@@ -344,6 +410,8 @@ if __name__ == "__main__":
     for p in loader._worker_pool._pool:
         os.kill(p.pid, signal.SIGKILL)
     if sys.argv[1:] == ["exit"]:  # the program ends without reading on
+        import multiprocessing.util
+        multiprocessing.util.get_logger()  # (re-registers multiprocessing's exit handler last)
         print("exiting")
         sys.exit(0)
     try:
@@ -368,7 +436,8 @@ def test_workers_killed_while_idle_are_an_error_not_a_deadlock(tmp_path):
 def test_a_program_whose_workers_were_killed_while_idle_still_exits(tmp_path):
     """The same kill, and the program ends without reading on: it exits (its loader's pool
     stopped within seconds), where multiprocessing's exit handler waited forever for the
-    queue lock that a killed worker held."""
+    queue lock that a killed worker held; also when that handler was registered again after
+    the loader was made (as ``multiprocessing.util.get_logger()`` does)."""
     script = tmp_path / "idle_kill.py"
     script.write_text(IDLE_KILL)
     p = subprocess.run([sys.executable, str(script), "exit"], capture_output=True, text=True,

@@ -12,11 +12,11 @@ read, so a cold batch's records are fetched from the device together (see
 """
 from __future__ import annotations
 
-import atexit
 import pickle
 import signal
 import time
 import weakref
+from multiprocessing import util as mp_util
 from typing import Optional
 
 from mxnet.gluon.data import dataloader as _dl
@@ -133,9 +133,10 @@ class _WatchedIter(_dl._MultiWorkerIter):
                 # second, the workers are killed)
                 stop_pool(self._worker_pool, timeout=1.0)
                 raise WorkerDiedError(
-                    "DataLoader worker (pid %d) died, %s, while batches were loading; its "
-                    "batch is lost. Common causes: out of memory (the OOM killer), a crash "
-                    "in native code, or the process was killed" % (p.pid, _describe(code)))
+                    "DataLoader worker (pid %d) died, %s: the batch it was loading, if any, "
+                    "is lost, and its pool is stopped. Common causes: out of memory (the OOM "
+                    "killer), a crash in native code, or the process was killed"
+                    % (p.pid, _describe(code)))
 
     def __next__(self):
         if _abandoned:
@@ -156,6 +157,8 @@ class _WatchedIter(_dl._MultiWorkerIter):
             while time.monotonic() < deadline:
                 self._check_workers()
                 time.sleep(0.05)
+            raise
+        except StopIteration:  # the epoch's end: every batch arrived
             raise
         except Exception:
             # a batch of a worker killed since it sent it (its shared memory let go when the
@@ -193,14 +196,21 @@ class _WatchedIter(_dl._MultiWorkerIter):
         return batch
 
 
-#: The live loaders that have a worker pool, which the exit handler below stops.
+#: The live loaders that have a worker pool, which :func:`_stop_pools_at_exit` stops.
 _WITH_POOLS: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
 
 
 def _stop_pools_at_exit() -> None:
+    """Stop the pools of the loaders still alive (those not stopped yet: ``detach``)."""
     for loader in list(_WITH_POOLS):
-        if loader._stop is not None:
-            loader._stop()
+        if loader._stop is not None and loader._stop.detach() is not None:
+            stop_pool(loader._worker_pool)
+
+
+# Run by multiprocessing's own exit handler, before each pool's Pool.terminate() (exit
+# priority 15), which waits forever for a queue lock that a killed worker held; in this
+# process only (a forked child skips it).
+mp_util.Finalize(None, _stop_pools_at_exit, exitpriority=100)
 
 
 class DataLoader(_dl.DataLoader):
@@ -230,26 +240,28 @@ class DataLoader(_dl.DataLoader):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # the pool's workers as it started them (Pool() starts all before it returns): an
-        # iterator's own look at the pool could begin while a dead worker is dropped from
-        # it and its replacement not yet listed, and then miss the death
-        self._pool_workers = list(getattr(self._worker_pool, "_pool", None) or [])
+        self._started_workers()
         # the pool stopped within seconds (once) when the loader is collected or the program
-        # exits, never by Gluon's __del__ or multiprocessing's exit handler
+        # exits (_stop_pools_at_exit), never by Gluon's __del__ (whose Pool.terminate() can
+        # wait forever for a queue lock that a killed worker held)
         self._stop: Optional[weakref.finalize] = None
         if self._worker_pool is not None:
             self._stop = weakref.finalize(self, stop_pool, self._worker_pool)
             self._stop.atexit = False
             _WITH_POOLS.add(self)
-            # (again) the last exit handler, so the first to run: multiprocessing's, there
-            # now that a pool is, would wait forever in Pool.terminate() for a queue lock
-            # that a killed worker held, as Gluon's DataLoader.__del__ would
-            atexit.unregister(_stop_pools_at_exit)
-            atexit.register(_stop_pools_at_exit)
 
     def __del__(self):
         if getattr(self, "_stop", None) is not None:
             self._stop()
+
+    def _started_workers(self) -> list:
+        """The pool's workers as it started them, taken once (``Pool()`` starts all before
+        it returns; Gluon's ``auto_reload`` makes the first iterator before ``__init__``
+        returns): an iterator's own look at the pool could come while a dead worker is
+        dropped from it and its replacement not yet listed, and then miss the death."""
+        if getattr(self, "_pool_workers", None) is None:
+            self._pool_workers = list(getattr(self._worker_pool, "_pool", None) or [])
+        return self._pool_workers
 
     def _prefetch_iter(self):
         if self._num_workers == 0:
@@ -262,7 +274,7 @@ class DataLoader(_dl.DataLoader):
                 prefetch=self._prefetch, dataset=self._dataset, data_loader=self,
                 timeout=self._timeout)
         return _WatchedIter(self._worker_pool, self._batchify_fn, batches,
-                            pool_workers=self._pool_workers, pin_memory=self._pin_memory,
+                            pool_workers=self._started_workers(), pin_memory=self._pin_memory,
                             pin_device_id=self._pin_device_id, worker_fn=_dl._worker_fn,
                             prefetch=self._prefetch, dataset=None, data_loader=self,
                             timeout=self._timeout)
