@@ -7,9 +7,11 @@ document (no ``done`` field), and refuses a tampered one with a ConversionError 
 Real conversions, real files, moto's S3 server (tests/s3_server.py) where uploads are
 involved."""
 import fcntl
+import hashlib
 import json
 import errno
 import os
+import pickle
 import stat
 import subprocess
 import sys
@@ -22,6 +24,7 @@ from gluon_data.stores.lmdb_writer import LMDBWriter
 from gluon_data.convert.done import Done, is_done, read_records, why_not_done
 from gluon_data.convert.sample import make_imagefolder
 from gluon_data.convert.sharded import convert_sharded
+from gluon_data.convert.sources import open_source
 from gluon_data.errors import ConversionError
 from gluon_data.format.meta import dumps_meta, meta_path
 from gluon_data.stores.recordio import RecordFile
@@ -480,3 +483,26 @@ def test_a_tampered_receipt_record_is_refused_naming_it(s3, src, tmp_path):
     with pytest.raises(ConversionError, match="upload receipt is unreadable") as e:
         convert_to_uri(src, out, "imagefolder", resume=True, task_retries=0, **kw)
     assert e.value.path == receipt and "digest" in str(e.value)
+
+
+def test_a_plans_prefix_digest_grows_with_its_checkpoints_and_equals_the_whole_hash(tmp_path):
+    """A checkpoint binds the digest of the items written so far: hashed as the conversion
+    goes, it equals the hash of the whole prefix document, whatever order it is asked in, and
+    after the digest is pickled."""
+    src = make_imagefolder(str(tmp_path / "src"), classes=("a", "b"), per_class=6)
+    s = open_source(src, "imagefolder")
+    d = plan_digest({"source": "x"}, s.splits, s.root)
+
+    def whole(n):
+        items = [[e, [st for _, st in pairs]] for e, pairs in d.stamped["train"][:n]]
+        return hashlib.sha256(json.dumps({"names": d.names, "items": items}, sort_keys=True,
+                                         default=str).encode()).hexdigest()
+
+    seen = {d.prefix("train", n) for n in range(13)}
+    assert len(seen) == 13  # each item moves it
+    for n in (0, 3, 12, 5, 40, 12, 1, -2):
+        assert d.prefix("train", n) == whole(n), n
+    again = pickle.loads(pickle.dumps(d))
+    assert again == d and again.prefix("train", 7) == whole(7)
+    assert d.prefix("test", 2) == hashlib.sha256(json.dumps(
+        {"names": d.names, "items": []}, sort_keys=True).encode()).hexdigest()

@@ -106,6 +106,34 @@ def test_symlinks_out_of_the_root_are_refused_in_every_layout_unless_opted_in(tm
     assert confine(voc, img) and confine(voc, img, follow_symlinks=True) is None
 
 
+def test_confine_with_a_listings_folder_verdicts_says_what_the_full_rule_says(tmp_path):
+    """A listing shares one dict across its files (each folder judged once, then one lstat a
+    file): every path gets the answer the rule gives it alone, in any order."""
+    root = tmp_path / "root"
+    (root / "in").mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "o.jpg").write_bytes(b"x")
+    (root / "in" / "a.jpg").write_bytes(b"x")
+    os.symlink(tmp_path / "out" / "o.jpg", root / "in" / "link.jpg")  # a file linked out
+    os.symlink(root / "in" / "a.jpg", root / "in" / "near.jpg")  # a link that stays inside
+    os.symlink(tmp_path / "out", root / "away")  # a folder linked out
+    os.symlink("in", root / "alias")  # a folder linked within
+    r = str(root)
+    paths = [os.path.join(r, "in", "a.jpg"), os.path.join(r, "in", "link.jpg"),
+             os.path.join(r, "in", "near.jpg"), os.path.join(r, "away", "o.jpg"),
+             os.path.join(r, "alias", "a.jpg"), os.path.join(r, "in", "missing.jpg"),
+             os.path.join(r, "in", "..", "..", "out", "o.jpg"), os.path.join(r, "..", "x"),
+             os.path.join(r, "in", ".."), os.path.join(r, "in", "."), r,
+             str(tmp_path / "out" / "o.jpg")]
+    for follow in (False, True):
+        alone = [confine(r, p, follow) for p in paths]
+        assert alone.count(None) < len(paths) and None in alone  # both answers are tested
+        for order in (paths, paths[::-1]):
+            dirs: dict = {}
+            shared = {p: confine(r, p, follow, dirs) for p in order}
+            assert [shared[p] for p in paths] == alone, follow
+
+
 def test_cli_follow_symlinks_flag(tmp_path):
     voc = make_voc(str(tmp_path / "VOC2012"), num_images=3, size_range=(20, 32))
     img = os.path.join(voc, "JPEGImages", "2007_000001.jpg")

@@ -54,6 +54,30 @@ def _lexically_inside(root: str, path: str, dirs: Optional[dict] = None) -> bool
     return p == root_abs or p.startswith(root_abs.rstrip(os.sep) + os.sep)
 
 
+def _plainly_inside(root: str, path: str, follow_symlinks: bool, dirs: dict) -> bool:
+    """The common case of :func:`confine` in one ``lstat``: ``path`` names a file (not a
+    symlink, unless they are followed) in a folder that lies inside the root both as spelled
+    and resolved, a verdict kept in ``dirs`` per folder. False says "look in full", never
+    "refused"."""
+    head, tail = os.path.split(path)
+    if tail in ("", ".", ".."):
+        return False
+    key = ("inside", head)
+    verdict = dirs.get(key)
+    if verdict is None:  # a name in the folder stands for all of them (a link: not plainly)
+        probe = os.path.join(head, "_")
+        verdict = dirs[key] = (_lexically_inside(root, probe, dirs), _inside(root, probe, dirs))
+    if not verdict[0]:
+        return False
+    if follow_symlinks:
+        return True
+    try:
+        link = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # missing: its read says so
+        link = False
+    return verdict[1] and not link
+
+
 def confine(root: str, path: str, follow_symlinks: bool = False,
             dirs: Optional[dict] = None) -> Optional[str]:
     """The one rule every layout applies to every file it lists: why ``path`` may not be
@@ -64,6 +88,8 @@ def confine(root: str, path: str, follow_symlinks: bool = False,
     is refused unless ``follow_symlinks`` (trees that link to shared storage on purpose).
     ``dirs``: a dict shared by the calls of one listing, so each folder is resolved once.
     """
+    if dirs is not None and _plainly_inside(root, path, follow_symlinks, dirs):
+        return None
     if not _lexically_inside(root, path, dirs):
         return "path leaves the image root %s" % root
     if not follow_symlinks and not _inside(root, path, dirs):

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..storage.fileio import path_stamp
 
@@ -96,9 +96,37 @@ class PlanDigest(str):
 
     def prefix(self, split: str, n: int) -> str:
         """The digest of the first ``n`` items of ``split`` with their stamps: what a
-        checkpoint that has written them binds (later items may still change)."""
-        return _sha256({"names": self.names, "items": [  # stamps, not paths as spelled
-            [e, [st for _, st in pairs]] for e, pairs in self.stamped.get(split, [])[:n]]})
+        checkpoint that has written them binds (later items may still change).
+
+        It is :func:`_sha256` of ``{"items": [[entry, stamps]...], "names": names}`` (stamps,
+        not paths as spelled), hashed as it grows: each checkpoint of a conversion hashes
+        only the items written since the last one, not all of them again (a conversion's
+        checkpoints would otherwise cost its parent time in the square of its size)."""
+        entries = self.stamped.get(split, [])
+        n = len(range(len(entries))[:n])  # (as ``entries[:n]`` counts)
+        run = self._runs.get(split)
+        if run is None or run[1] > n:
+            run = (hashlib.sha256(b'{"items": ['), 0)
+        h, at = run
+        for k in range(at, n):
+            e, pairs = entries[k]
+            h.update(((", " if k else "") + _json([e, [st for _, st in pairs]])).encode())
+        self._runs[split] = (h, n)
+        end = h.copy()
+        end.update(('], "names": %s}' % _json(self.names)).encode())
+        return end.hexdigest()
+
+    @property
+    def _runs(self) -> Dict[str, Tuple[Any, int]]:
+        """Per split, the hash of the items' part of :meth:`prefix` so far and their count
+        (kept out of the pickled state: a hash object does not pickle)."""
+        runs = self.__dict__.get("_prefix_runs")
+        if runs is None:
+            runs = self.__dict__["_prefix_runs"] = {}
+        return runs
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_prefix_runs"}
 
     def files_of(self, split: str, n: int) -> List[Tuple[str, Optional[List[int]]]]:
         """``(path, stamp)`` of the files the first ``n`` items of ``split`` read."""
@@ -163,8 +191,12 @@ def source_head(src, opts, options: dict) -> dict:
             "opts": repr(opts)}
 
 
+def _json(doc) -> str:
+    return json.dumps(doc, sort_keys=True, default=str)
+
+
 def _sha256(doc) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(_json(doc).encode()).hexdigest()
 
 
 def changed_files(files: Iterable[Tuple[str, Optional[List[int]]]], since_ns: int,

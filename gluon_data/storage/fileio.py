@@ -9,10 +9,11 @@ needs it.
 from __future__ import annotations
 
 import errno
+import operator
 import os
 import stat
 import warnings
-from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence, Tuple, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,7 +41,15 @@ def stat_stamp(st: os.stat_result, fields: Sequence[str] = STAMP_FIELDS) -> Tupl
     >>> stat_stamp(st, FILE_ID) == (st.st_dev, st.st_ino)
     True
     """
-    return tuple(getattr(st, "st_" + name) for name in fields)
+    key = tuple(fields)
+    get = _GETTERS.get(key)
+    if get is None:  # (one getter per subset: a conversion stamps every file of its source)
+        get = _GETTERS[key] = operator.attrgetter(*("st_" + name for name in key))
+    got = get(st)
+    return got if len(key) > 1 else (got,)
+
+
+_GETTERS: Dict[Tuple[str, ...], Callable[[os.stat_result], Any]] = {}
 
 
 def path_stamp(path: str, fields: Sequence[str] = STAMP_FIELDS) -> Optional[Tuple[int, ...]]:
