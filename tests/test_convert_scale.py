@@ -13,7 +13,8 @@ from gluon_data.convert import sources
 from gluon_data.errors import ConversionError
 from gluon_data.convert import encode, local, loop, resume
 from gluon_data.convert.engines import start_encoder_pool, stop_pool
-from gluon_data.convert.sample import make_voc
+from gluon_data.convert.chunks import CHUNK_ITEMS, chunk_size
+from gluon_data.convert.sample import make_imagefolder, make_voc
 
 from conftest import pool_processes
 
@@ -226,3 +227,29 @@ def test_a_worker_loads_the_preloaded_encoder_as_it_starts():
         stop_pool(pool)
         raise
     assert "gluon_data.convert.encode" in mods, mods
+
+
+def test_a_source_of_small_files_goes_to_the_workers_in_larger_chunks(tmp_path, monkeypatch):
+    """Each task costs the parent the same whatever it carries, so small items travel more
+    to a task (up to about CHUNK_BYTES of source files); the output is the same bytes as a
+    run in one process."""
+    src = make_imagefolder(str(tmp_path / "src"), classes=("a", "b", "c"), per_class=100,
+                           size_range=(16, 24))
+    files = [os.path.join(dp, f) for dp, _, fs in os.walk(src) for f in fs]
+    mean = sum(os.path.getsize(f) for f in files) / len(files)
+    want = chunk_size(300, 2, mean)
+    assert want > CHUNK_ITEMS[0] and chunk_size(300, 2) == CHUNK_ITEMS[0]
+    sizes = []
+    real_results = loop._results
+
+    def results(*a, **k):
+        for seg, chunk in real_results(*a, **k):
+            sizes.append(len(chunk))
+            yield seg, chunk
+    monkeypatch.setattr(loop, "_results", results)
+    convert(src, str(tmp_path / "two.rec"), "imagefolder", workers=2)
+    assert sizes[0] == want and sum(sizes) == 300 and max(sizes) == want
+    convert(src, str(tmp_path / "one.rec"), "imagefolder", workers=1)
+    for ext in (".rec", ".idx"):
+        assert open(tmp_path / ("two" + ext), "rb").read() == \
+            open(tmp_path / ("one" + ext), "rb").read()

@@ -1,6 +1,7 @@
-"""A conversion worker's tasks: a chunk of items encoded into a segment of framed records
-(:func:`encode_chunk`), and earlier chunks' segments copied into the output at the offsets
-the writer reserved for them (:func:`copy_segments`).
+"""A conversion worker's tasks: a chunk of items (as many as :func:`chunk_size` says)
+encoded into a segment of framed records (:func:`encode_chunk`), and earlier chunks'
+segments copied into the output at the offsets the writer reserved for them
+(:func:`copy_segments`).
 
 The ordered writing, the checkpoints and the index stay in the main process
 (:mod:`.loop`); these functions are what a worker process unpickles with each task, so
@@ -15,7 +16,31 @@ from ..format import codec
 from ..storage.fsutil import open_new
 from ..storage.rangecopy import copy_segment
 
-__all__ = ["encode_chunk", "copy_segments"]
+__all__ = ["encode_chunk", "copy_segments", "chunk_size", "CHUNK_ITEMS", "CHUNK_BYTES"]
+
+#: Items per worker task: at least CHUNK_ITEMS[0] where the source allows, and as many more,
+#: up to CHUNK_ITEMS[1], as CHUNK_BYTES of source files hold. Each task costs the parent the
+#: same CPU whatever it carries (its message, its ordered result, its segment's place in the
+#: output); its bytes are what the worker's segment holds until it is copied.
+CHUNK_ITEMS = (16, 64)
+CHUNK_BYTES = 4 << 20
+
+
+def chunk_size(count: int, workers: int, item_bytes: Optional[float] = None) -> int:
+    """Items per task message of a conversion of ``count`` items in ``workers`` workers:
+    enough to amortise the per-message cost (more for small items, :data:`CHUNK_BYTES`),
+    small enough that every worker still gets several chunks (the ordered results wait for
+    the slowest). ``item_bytes``: the mean size of an item's source files, where known.
+
+    >>> chunk_size(2400, 2), chunk_size(2400, 2, 70e3), chunk_size(2400, 2, 3e6)
+    (16, 59, 16)
+    >>> chunk_size(2400, 64, 1e3), chunk_size(5, 2, 1e3)
+    (4, 1)
+    """
+    low, high = CHUNK_ITEMS
+    cap = low if not item_bytes else max(low, min(high, int(CHUNK_BYTES // item_bytes)))
+    return max(1, min(cap, count // (8 * workers)))
+
 
 #: A segment copy: ``(segment, output, runs)``, runs ``(offset, nbytes, output offset)``.
 Copy = Tuple[str, str, Sequence[Tuple[int, int, int]]]

@@ -11,6 +11,7 @@ from typing import List, Optional
 from .engines import refuse_in_bootstrap, stop_pool
 from ..errors import ConversionError
 from ..format.ownership import check_disjoint
+from ..format.plan import PlanDigest
 from ..stores.shards import dataset_files
 from .sources import Item
 from .copy import copy_dataset, import_lmdb
@@ -81,11 +82,12 @@ def _drive_args(planned: Planned, report: ConversionReport):
     plan, and the plan's digest (every file stamped)."""
     src, plan, opts, options = planned.src, planned.plan, planned.opts, planned.options
     seg = src.task == "segmentation"
+    whole = source_plan_digest(src, plan, opts, options)
     splits = {s: SplitJobs(len(items), partial(_from, list(enumerate(items))),
                            partial(_item_key, items),
-                           partial(_item_name, items) if seg else (lambda pos: None))
+                           partial(_item_name, items) if seg else (lambda pos: None),
+                           _item_bytes(whole, s))
               for s, items in plan.items()}
-    whole = source_plan_digest(src, plan, opts, options)
 
     def finish_meta(s, w, st, digest, facts=file_facts):
         meta = split_metadata(src, s, w.count, st, opts, planned.classes, planned.num_classes,
@@ -95,6 +97,14 @@ def _drive_args(planned: Planned, report: ConversionReport):
         return meta
 
     return splits, finish_meta, whole
+
+
+def _item_bytes(digest: PlanDigest, split: str) -> Optional[float]:
+    """The mean size of an item's files in ``split``, from the stamps the plan's digest
+    took (None where it took none)."""
+    entries = digest.stamped.get(split) or []
+    sizes = [st[0] for _, pairs in entries for _, st in pairs if st]
+    return sum(sizes) / len(entries) if sizes else None
 
 
 def _from(jobs: list, start: int) -> list:

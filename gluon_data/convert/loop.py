@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Optional, cast
 
 from ..format import codec
-from .chunks import copy_segments, encode_chunk
+from .chunks import chunk_size, copy_segments, encode_chunk
 from .engines import start_encoder_pool, stop_pool
 from ..errors import ConversionError, EmptyOutputError
 from .done import file_facts
@@ -41,7 +41,8 @@ class SplitJobs:
     ``count`` items; ``jobs(start)`` yields ``(position, item)`` from position ``start``
     on (what the work function takes); ``key(pos)`` is the record key an item carries (None:
     the next position in the output) and ``name(pos)`` the source name kept in the metadata
-    (None: none kept).
+    (None: none kept). ``item_bytes``: the mean size of an item's source files, where the
+    plan knows it (it sets how many items a worker's task carries: :func:`~.chunks.chunk_size`).
 
     >>> s = SplitJobs(2, lambda start: enumerate(["a", "b"][start:], start))
     >>> list(s.jobs(1))
@@ -52,12 +53,7 @@ class SplitJobs:
     jobs: Callable[[int], Iterable]
     key: Callable[[int], Optional[int]] = lambda pos: None
     name: Callable[[int], Optional[str]] = lambda pos: None
-
-
-def _chunksize(count: int, workers: int) -> int:
-    """Items per task message: enough to amortise the per-message cost, small enough that
-    every worker still gets several chunks (the ordered results wait for the slowest)."""
-    return max(1, min(16, count // (8 * workers)))
+    item_bytes: Optional[float] = None
 
 
 def start_encoders(workers: int, preload: Optional[Callable[..., Any]] = None) -> Any:
@@ -156,7 +152,8 @@ class _Copies:
         return self.pool.file_facts(w.partial_path, w.bytes_written)
 
 
-def _results(pool, fn, jobs, workers: int, count: int, segments, copies=None):
+def _results(pool, fn, jobs, workers: int, count: int, segments, copies=None,
+             item_bytes: Optional[float] = None):
     """``fn`` over ``jobs`` in order, in chunks ``(segment, results)`` (see
     :func:`~.chunks.encode_chunk`): in this process alone (no segments), or in the pool of
     :func:`start_encoders` (:func:`_in_order`), which writes segments where ``segments``
@@ -165,8 +162,8 @@ def _results(pool, fn, jobs, workers: int, count: int, segments, copies=None):
     bounded."""
     if pool is None:
         return ((None, [fn(j)]) for j in jobs)
-    return _in_order(pool, workers, fn, iter(jobs), _chunksize(count, workers), segments,
-                     copies)
+    return _in_order(pool, workers, fn, iter(jobs), chunk_size(count, workers, item_bytes),
+                     segments, copies)
 
 
 def _in_order(pool, size: int, fn, it, chunk: int, segments, copies=None):
@@ -456,7 +453,8 @@ def drive(output: str, outputs: Outputs, splits: Dict[str, SplitJobs], fn, *,
                     report.resumed[s] = w.count
                 _write_split(s, plan, w, st,
                              _results(pool, fn, plan.jobs(start), workers, plan.count - start,
-                                      w.segment_path if w.takes_segments else None, copies),
+                                      w.segment_path if w.takes_segments else None, copies,
+                                      plan.item_bytes),
                              ckpt=ckpt, cadence=cadence, report=report, on_error=on_error,
                              bar=bar, last=k == len(splits) - 1, copies=copies)
             facts: Callable[[str], Optional[dict]] = file_facts

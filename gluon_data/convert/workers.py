@@ -43,7 +43,7 @@ _REPORT_WAIT = 10.0
 
 #: The largest pickled task that may wait in a worker's pipe behind the one it runs: far
 #: below a socket's send buffer (Linux's default is 208 KiB), so sending it never blocks.
-#: A conversion's chunk of 16 jobs pickles to a few KiB; jobs that carry their records
+#: A conversion's chunk of up to 64 jobs pickles to a few KiB; jobs that carry their records
 #: (a legacy LMDB's) can be larger, and wait for an idle worker.
 QUEUED_MAX_BYTES = 32 << 10
 
