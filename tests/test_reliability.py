@@ -389,7 +389,7 @@ def test_auto_reload_with_worker_processes():
 
 
 IDLE_KILL = """
-import os, signal, sys, time
+import gc, os, signal, sys, threading, time
 import numpy as np
 import mxnet as mx
 from gluon_data import DataLoader
@@ -419,18 +419,25 @@ if __name__ == "__main__":
             pass
     except WorkerDiedError as e:
         print("raised:", e)
+    del it, loader
+    gc.collect()
+    print("threads left:", sorted(t.name for t in threading.enumerate()
+                                  if t is not threading.main_thread()))
 """
 
 
 def test_workers_killed_while_idle_are_an_error_not_a_deadlock(tmp_path):
     """Workers killed while they wait for their next task (one of them holding the task
     queue's lock): WorkerDiedError, where stopping the pool with Pool.terminate() waited for
-    that lock forever (the training recipe hung so after an out-of-memory kill)."""
+    that lock forever (the training recipe hung so after an out-of-memory kill). The pool
+    is stopped whole: no thread of it is left waiting on the dead worker's lock (each such
+    error left two behind)."""
     script = tmp_path / "idle_kill.py"
     script.write_text(IDLE_KILL)
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                        timeout=120)  # (deadlocked, it never ends: the timeout fails it)
     assert p.returncode == 0 and "raised: DataLoader worker" in p.stdout, p.stderr[-3000:]
+    assert "threads left: []" in p.stdout, p.stdout
 
 
 def test_a_program_whose_workers_were_killed_while_idle_still_exits(tmp_path):

@@ -248,29 +248,60 @@ def worker_pool(workers: int, preload: Optional[Callable[..., Any]] = None):
 
 
 def stop_pool(pool: Any, timeout: float = 5.0) -> None:
-    """Terminate a pool within ``timeout`` seconds whatever state it is in, reaping every
-    worker: the converter's :class:`~gluon_data.convert.workers.EncoderPool` (SIGTERM, then
-    SIGKILL), or a ``multiprocessing.Pool`` (a Gluon ``DataLoader``'s), whose
-    ``Pool.terminate`` runs in a helper thread; if it has not returned in time (a worker
-    killed from outside while it held a queue lock), the workers are killed."""
+    """Terminate a pool whatever state it is in, reaping every worker: the converter's
+    :class:`~gluon_data.convert.workers.EncoderPool` (SIGTERM, then SIGKILL, within
+    ``timeout`` seconds), or a ``multiprocessing.Pool`` (a Gluon ``DataLoader``'s), whose
+    ``Pool.terminate`` runs in a helper thread. A worker killed from outside may have died
+    holding one of the pool's queue locks, which ``Pool.terminate`` takes and would wait
+    for forever: if it has not returned in ``timeout`` seconds, the workers are killed and
+    a lock that only a dead worker can hold is let go (:func:`_free_dead_locks`), so that
+    it returns and leaves no thread of the pool behind."""
     if isinstance(pool, EncoderPool):
         pool.terminate(timeout)
         return
-    procs = list(getattr(pool, "_pool", []))
+    started = list(getattr(pool, "_pool", []))
     t = threading.Thread(target=pool.terminate, name="gluon-data-pool-stop", daemon=True)
-    t.start()
+    t.start()  # (it marks the pool terminating first: no worker is replaced from then on)
     t.join(timeout)
-    if t.is_alive():
-        for p in procs + list(getattr(pool, "_pool", [])):
-            try:
+    for _ in range(_STOP_ROUNDS):
+        workers = started + list(getattr(pool, "_pool", []))
+        if not t.is_alive():
+            break
+        for p in workers:
+            with contextlib.suppress(OSError, AttributeError, ValueError):
                 p.kill()
-            except (OSError, AttributeError, ValueError):
-                pass
-    for p in procs + list(getattr(pool, "_pool", [])):
-        try:
+        for p in workers:
+            with contextlib.suppress(OSError, AssertionError, ValueError):
+                p.join(1.0)
+        if all(p.exitcode is not None for p in workers):
+            _free_dead_locks(pool)
+        t.join(0.1)
+    for p in started + list(getattr(pool, "_pool", [])):
+        with contextlib.suppress(OSError, AssertionError, ValueError):
             p.join(timeout)
-        except (OSError, AssertionError, ValueError):
-            pass
+
+
+#: How many times :func:`stop_pool` kills a stuck ``multiprocessing.Pool``'s workers and
+#: lets go of its dead workers' locks (a worker started just as the pool was stopped can
+#: take a lock once more): each round waits at most about a second.
+_STOP_ROUNDS = 5
+
+
+def _free_dead_locks(pool: Any) -> None:
+    """Let go of the ``multiprocessing.Pool`` queue locks its workers take, the task queue's
+    reading lock and the result queue's writing lock, where one is held. Called once every
+    worker has ended: a worker may have died holding one, and the only other taker is
+    ``Pool.terminate`` itself, which needs neither lock again once it got past it."""
+    for queue, name in ((getattr(pool, "_inqueue", None), "_rlock"),
+                        (getattr(pool, "_outqueue", None), "_wlock")):
+        lock = getattr(queue, name, None)
+        if lock is None:
+            continue
+        if lock.acquire(False):  # free: left as it was
+            lock.release()
+            continue
+        with contextlib.suppress(ValueError):  # (released meanwhile)
+            lock.release()
 
 
 def _wait_for_a_worker(client: Any, scheduler: str, seconds: float) -> None:

@@ -129,9 +129,9 @@ class _WatchedIter(_dl._MultiWorkerIter):
             code = p.exitcode
             if code is not None:
                 # bounded: a worker killed while it waited for its next task held the task
-                # queue's lock, and Pool.terminate() waits for that lock forever (after a
-                # second, the workers are killed)
-                stop_pool(self._worker_pool, timeout=1.0)
+                # queue's lock, and Pool.terminate() waits for that lock forever (stop_pool
+                # kills the workers and lets go of the dead one's lock after 0.2 s)
+                stop_pool(self._worker_pool, timeout=0.2)
                 raise WorkerDiedError(
                     "DataLoader worker (pid %d) died, %s: the batch it was loading, if any, "
                     "is lost, and its pool is stopped. Common causes: out of memory (the OOM "
