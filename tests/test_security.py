@@ -116,22 +116,30 @@ def test_confine_with_a_listings_folder_verdicts_says_what_the_full_rule_says(tm
     (root / "in" / "a.jpg").write_bytes(b"x")
     os.symlink(tmp_path / "out" / "o.jpg", root / "in" / "link.jpg")  # a file linked out
     os.symlink(root / "in" / "a.jpg", root / "in" / "near.jpg")  # a link that stays inside
-    os.symlink(tmp_path / "out", root / "away")  # a folder linked out
+    os.symlink(tmp_path / "out", root / "away")  # a folder linked out...
+    os.symlink(root, tmp_path / "out" / "_")  # ...holding a name that links back in
     os.symlink("in", root / "alias")  # a folder linked within
+    under = tmp_path / "imgs" / "_"  # a root named as a probe name might be
+    under.mkdir(parents=True)
+    (under / "ok.jpg").write_bytes(b"x")
+    (tmp_path / "imgs" / "private.jpg").write_bytes(b"x")
     r = str(root)
-    paths = [os.path.join(r, "in", "a.jpg"), os.path.join(r, "in", "link.jpg"),
-             os.path.join(r, "in", "near.jpg"), os.path.join(r, "away", "o.jpg"),
-             os.path.join(r, "alias", "a.jpg"), os.path.join(r, "in", "missing.jpg"),
-             os.path.join(r, "in", "..", "..", "out", "o.jpg"), os.path.join(r, "..", "x"),
-             os.path.join(r, "in", ".."), os.path.join(r, "in", "."), r,
-             str(tmp_path / "out" / "o.jpg")]
+    cases = [(r, [os.path.join(r, "in", "a.jpg"), os.path.join(r, "in", "link.jpg"),
+                  os.path.join(r, "in", "near.jpg"), os.path.join(r, "away", "o.jpg"),
+                  os.path.join(r, "alias", "a.jpg"), os.path.join(r, "in", "missing.jpg"),
+                  os.path.join(r, "in", "..", "..", "out", "o.jpg"), os.path.join(r, "..", "x"),
+                  os.path.join(r, "in", ".."), os.path.join(r, "in", "."), r,
+                  str(tmp_path / "out" / "o.jpg")]),
+             (str(under), [str(under / "ok.jpg"), str(under / ".." / "private.jpg"),
+                           str(tmp_path / "imgs" / "private.jpg")])]
     for follow in (False, True):
-        alone = [confine(r, p, follow) for p in paths]
-        assert alone.count(None) < len(paths) and None in alone  # both answers are tested
-        for order in (paths, paths[::-1]):
-            dirs: dict = {}
-            shared = {p: confine(r, p, follow, dirs) for p in order}
-            assert [shared[p] for p in paths] == alone, follow
+        for r, paths in cases:
+            alone = [confine(r, p, follow) for p in paths]
+            assert alone.count(None) < len(paths) and None in alone  # both answers tested
+            for order in (paths, paths[::-1]):
+                dirs: dict = {}
+                shared = {p: confine(r, p, follow, dirs) for p in order}
+                assert [shared[p] for p in paths] == alone, (follow, r)
 
 
 def test_cli_follow_symlinks_flag(tmp_path):

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import linecache
 import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
+import time
 from multiprocessing import resource_tracker
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
@@ -253,9 +256,10 @@ def stop_pool(pool: Any, timeout: float = 5.0) -> None:
     ``timeout`` seconds), or a ``multiprocessing.Pool`` (a Gluon ``DataLoader``'s), whose
     ``Pool.terminate`` runs in a helper thread. A worker killed from outside may have died
     holding one of the pool's queue locks, which ``Pool.terminate`` takes and would wait
-    for forever: if it has not returned in ``timeout`` seconds, the workers are killed and
-    a lock that only a dead worker can hold is let go (:func:`_free_dead_locks`), so that
-    it returns and leaves no thread of the pool behind."""
+    for forever: if it has not returned in ``timeout`` seconds, the workers are killed, and
+    a lock that a thread of this process waits for while only a dead worker can hold it is
+    let go (:func:`_free_dead_locks`), so that it returns and leaves no thread of the pool
+    behind (within :data:`STUCK_STOP_SECONDS` more; a pool still stuck then is left)."""
     if isinstance(pool, EncoderPool):
         pool.terminate(timeout)
         return
@@ -263,16 +267,15 @@ def stop_pool(pool: Any, timeout: float = 5.0) -> None:
     t = threading.Thread(target=pool.terminate, name="gluon-data-pool-stop", daemon=True)
     t.start()  # (it marks the pool terminating first: no worker is replaced from then on)
     t.join(timeout)
-    for _ in range(_STOP_ROUNDS):
+    deadline = time.monotonic() + STUCK_STOP_SECONDS
+    while t.is_alive() and time.monotonic() < deadline:
         workers = started + list(getattr(pool, "_pool", []))
-        if not t.is_alive():
-            break
         for p in workers:
             with contextlib.suppress(OSError, AttributeError, ValueError):
                 p.kill()
         for p in workers:
             with contextlib.suppress(OSError, AssertionError, ValueError):
-                p.join(1.0)
+                p.join(0.1)
         if all(p.exitcode is not None for p in workers):
             _free_dead_locks(pool)
         t.join(0.1)
@@ -281,27 +284,48 @@ def stop_pool(pool: Any, timeout: float = 5.0) -> None:
             p.join(timeout)
 
 
-#: How many times :func:`stop_pool` kills a stuck ``multiprocessing.Pool``'s workers and
-#: lets go of its dead workers' locks (a worker started just as the pool was stopped can
-#: take a lock once more): each round waits at most about a second.
-_STOP_ROUNDS = 5
+#: How long :func:`stop_pool` goes on killing a stuck ``multiprocessing.Pool``'s workers and
+#: letting go of its dead workers' locks once ``Pool.terminate`` overran its time.
+STUCK_STOP_SECONDS = 5.0
 
 
 def _free_dead_locks(pool: Any) -> None:
-    """Let go of the ``multiprocessing.Pool`` queue locks its workers take, the task queue's
-    reading lock and the result queue's writing lock, where one is held. Called once every
-    worker has ended: a worker may have died holding one, and the only other taker is
-    ``Pool.terminate`` itself, which needs neither lock again once it got past it."""
-    for queue, name in ((getattr(pool, "_inqueue", None), "_rlock"),
-                        (getattr(pool, "_outqueue", None), "_wlock")):
-        lock = getattr(queue, name, None)
-        if lock is None:
+    """Let go of a ``multiprocessing.Pool``'s queue lock that a thread of this process waits
+    for, called once every worker of the pool has ended. Workers take the task queue's
+    reading lock and the result queue's writing lock; in this process only
+    ``Pool.terminate`` takes the first (once, for good) and ``SimpleQueue.put`` the second
+    (the pool's task thread and ``Pool.terminate``, each once). So a lock held while a thread
+    of ours waits at the line that takes it, and none of ours is past that line, is held by
+    a dead worker. Each is looked at twice, 20 ms apart, so that a thread that has just
+    taken a free lock is seen past that line."""
+    queues = (("_help_stuff_finish", "inqueue", getattr(pool, "_inqueue", None), "_rlock"),
+              ("put", "self", getattr(pool, "_outqueue", None), "_wlock"))
+    for function, name, queue, attr in queues:
+        lock = getattr(queue, attr, None)
+        if lock is None or not _held_by_none_of_ours(lock, function, name, queue, attr):
             continue
-        if lock.acquire(False):  # free: left as it was
-            lock.release()
-            continue
-        with contextlib.suppress(ValueError):  # (released meanwhile)
-            lock.release()
+        time.sleep(0.02)
+        if _held_by_none_of_ours(lock, function, name, queue, attr):
+            with contextlib.suppress(ValueError):  # (released meanwhile)
+                lock.release()
+
+
+def _held_by_none_of_ours(lock: Any, function: str, name: str, queue: Any, attr: str) -> bool:
+    """Whether ``lock`` is held, a thread of this process waits at the line of ``function``
+    (whose local ``name`` is ``queue``) that takes it, and no thread of ours is past it."""
+    if lock.acquire(False):  # free
+        lock.release()
+        return False
+    waiting = False
+    for frame in sys._current_frames().values():
+        f: Any = frame
+        while f is not None:
+            if f.f_code.co_name == function and f.f_locals.get(name) is queue:
+                if "." + attr not in linecache.getline(f.f_code.co_filename, f.f_lineno):
+                    return False  # past it: this thread holds the lock
+                waiting = True
+            f = f.f_back
+    return waiting
 
 
 def _wait_for_a_worker(client: Any, scheduler: str, seconds: float) -> None:

@@ -43,30 +43,36 @@ def _inside(root: str, path: str, dirs: Optional[dict] = None) -> bool:
     return real == root_real or real.startswith(root_real + os.sep)
 
 
-def _lexically_inside(root: str, path: str, dirs: Optional[dict] = None) -> bool:
-    key = ("lexical", root)  # (beside the folders ``dirs`` resolves: the root, normalised)
+def _abs(root: str, dirs: Optional[dict]) -> str:
+    """``os.path.abspath(root)``, kept in ``dirs`` (beside the folders it resolves)."""
+    key = ("lexical", root)
     root_abs = dirs.get(key) if dirs is not None else None
     if root_abs is None:
         root_abs = os.path.abspath(root)
         if dirs is not None:
             dirs[key] = root_abs
+    return root_abs
+
+
+def _lexically_inside(root: str, path: str, dirs: Optional[dict] = None) -> bool:
+    root_abs = _abs(root, dirs)
     p = os.path.abspath(path)  # (normalised too)
     return p == root_abs or p.startswith(root_abs.rstrip(os.sep) + os.sep)
 
 
 def _plainly_inside(root: str, path: str, follow_symlinks: bool, dirs: dict) -> bool:
     """The common case of :func:`confine` in one ``lstat``: ``path`` names a file (not a
-    symlink, unless they are followed) in a folder that lies inside the root both as spelled
-    and resolved, a verdict kept in ``dirs`` per folder. False says "look in full", never
-    "refused"."""
+    symlink, unless they are followed) in a folder that lies inside the root (or is it) both
+    as spelled and resolved, a verdict kept in ``dirs`` per folder. False says "look in
+    full", never "refused"."""
     head, tail = os.path.split(path)
     if tail in ("", ".", ".."):
         return False
     key = ("inside", head)
     verdict = dirs.get(key)
-    if verdict is None:  # a name in the folder stands for all of them (a link: not plainly)
-        probe = os.path.join(head, "_")
-        verdict = dirs[key] = (_lexically_inside(root, probe, dirs), _inside(root, probe, dirs))
+    if verdict is None:
+        spelled = _within(_abs(root, dirs), os.path.abspath(head or os.curdir))
+        verdict = dirs[key] = (spelled, _within(_realdir(root, dirs), _realdir(head, dirs)))
     if not verdict[0]:
         return False
     if follow_symlinks:
@@ -76,6 +82,11 @@ def _plainly_inside(root: str, path: str, follow_symlinks: bool, dirs: dict) -> 
     except OSError:  # missing: its read says so
         link = False
     return verdict[1] and not link
+
+
+def _within(root: str, folder: str) -> bool:
+    """Whether the normalised ``folder`` is the normalised ``root`` or lies under it."""
+    return folder == root or folder.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def confine(root: str, path: str, follow_symlinks: bool = False,

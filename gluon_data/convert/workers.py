@@ -41,11 +41,12 @@ __all__ = ["EncoderPool", "Ticket", "FactsTicket", "QUEUED_MAX_BYTES"]
 #: report comes within milliseconds of its end; a busy machine can take longer).
 _REPORT_WAIT = 10.0
 
-#: The largest pickled task that may wait in a worker's pipe behind the one it runs: far
+#: The largest pickled task that may wait in a worker's pipe behind the one it runs: well
 #: below a socket's send buffer (Linux's default is 208 KiB), so sending it never blocks.
-#: A conversion's chunk of up to 64 jobs pickles to a few KiB; jobs that carry their records
+#: A conversion's chunk of up to 64 jobs pickles to about 150 bytes a job plus its two
+#: paths (10 KiB with 23-character roots, 20 KiB with 99); jobs that carry their records
 #: (a legacy LMDB's) can be larger, and wait for an idle worker.
-QUEUED_MAX_BYTES = 32 << 10
+QUEUED_MAX_BYTES = 64 << 10
 
 
 class _Waiter:

@@ -101,7 +101,8 @@ class PlanDigest(str):
         It is :func:`_sha256` of ``{"items": [[entry, stamps]...], "names": names}`` (stamps,
         not paths as spelled), hashed as it grows: each checkpoint of a conversion hashes
         only the items written since the last one, not all of them again (a conversion's
-        checkpoints would otherwise cost its parent time in the square of its size)."""
+        checkpoints would otherwise cost its parent time in the square of its size). The
+        plan's entries (:attr:`stamped`) are fixed once the digest is made."""
         entries = self.stamped.get(split, [])
         n = len(range(len(entries))[:n])  # (as ``entries[:n]`` counts)
         run = self._runs.get(split)

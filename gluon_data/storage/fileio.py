@@ -42,6 +42,8 @@ def stat_stamp(st: os.stat_result, fields: Sequence[str] = STAMP_FIELDS) -> Tupl
     True
     """
     key = tuple(fields)
+    if not key:
+        return ()
     get = _GETTERS.get(key)
     if get is None:  # (one getter per subset: a conversion stamps every file of its source)
         get = _GETTERS[key] = operator.attrgetter(*("st_" + name for name in key))
