@@ -140,8 +140,10 @@ def test_a_killed_loader_worker_ends_the_recipe_instead_of_hanging_it(voc_recs, 
     try:
         _wait_for_rows(p, log, 8)
         # its workers killed, again each 0.5 s (one may have read its epoch's last batch
-        # already); hung, it would run its 100000 epochs and outlast the 60 s
-        deadline, killed = time.monotonic() + 60, 0
+        # already); hung, it would run its 100000 epochs and outlast the 120 s (a ceiling
+        # far above the 1-2 s it takes: two runs side by side once took 30 s and over 60 s
+        # together, right after a CI run, and never again in 52 runs)
+        deadline, killed = time.monotonic() + 120, 0
         while p.poll() is None and time.monotonic() < deadline:
             for pid in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True,
                                       text=True).stdout.split():
